@@ -1,0 +1,126 @@
+//! ORT's `collect_absolute_value` histogram (symmetric Percentile): a histogram of |x| whose
+//! first batch fixes `[min|x|, max|x|]` and whose later batches extend it upwards with
+//! `np.arange` edges that numpy evaluates in float64.
+//!
+//! Deviation, documented: ORT silently drops later values below the first batch's min|x| (and,
+//! rarely, values above an extension that rounded to nothing). histocal keeps them by adding
+//! bins of the same width below (or above); where ORT drops nothing, the result is identical.
+
+use crate::float::{Float, Widen};
+use crate::histogram::{arange_f64, count_abs_explicit, HistError, UniformBins};
+use crate::scan::Scan;
+use crate::value_histogram::{batch_min_max, Held};
+use crate::view::View;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AbsHistogram<E> {
+    pub hist: Vec<i64>,
+    pub edges: Vec<E>,
+    pub min: Held<E>,
+    pub max: Held<E>,
+}
+
+impl<E: Float> AbsHistogram<E> {
+    /// The first collect: `np.histogram(|x|, n)` over the automatic range `[min|x|, max|x|]`.
+    pub fn first<D: Float + Widen<E>>(views: &[View<D>], scan: &Scan<D>, n_bins: usize) -> Result<Self, HistError> {
+        let (mn, mx) = batch_min_max::<D, E>(scan);
+        let mut hist = vec![0i64; n_bins];
+        let edges = match (scan.finite_abs_min, scan.finite_abs_max) {
+            (Some(lo), Some(hi)) => {
+                let bins = UniformBins::new(lo.widen(), hi.widen(), n_bins)?;
+                views.iter().for_each(|v| bins.count(v, |d: D| Widen::<E>::widen(d).abs(), &mut hist));
+                bins.edges
+            }
+            _ => UniformBins::<E>::empty_auto(n_bins)?.edges,
+        };
+        Ok(AbsHistogram { hist, edges, min: mn, max: mx })
+    }
+
+    /// A later collect: extend the edges if needed, count |x| against them, add the old counts.
+    /// Never fails (the `Result` matches `ValueHistogram::merge`).
+    pub fn merge<D: Float + Widen<E>>(&mut self, views: &[View<D>], scan: &Scan<D>) -> Result<(), HistError> {
+        let (mn, mx) = batch_min_max::<D, E>(scan);
+        self.min = self.min.py_min(mn);
+        self.max = self.max.py_max(mx);
+        let (Some(amin), Some(amax)) = (scan.finite_abs_min, scan.finite_abs_max) else {
+            return Ok(()); // ORT: an all-NaN batch counts nothing (an empty one raises)
+        };
+        let (amin, amax): (E, E) = (amin.widen(), amax.widen());
+        let n = self.edges.len();
+        let last = self.edges[n - 1];
+        let width = self.edges[1].sub(self.edges[0]);
+        let mut edges: Vec<f64> = self.edges.iter().map(|e| e.to_f64()).collect();
+        if amax > last {
+            edges.extend(arange_f64(last.add(width), amax.add(width), width));
+        }
+        let w = width.to_f64();
+        // histocal: keep values ORT would drop (see the module docs).
+        while *edges.last().unwrap() < amax.to_f64() && w > 0.0 {
+            let next = edges[edges.len() - 1] + w;
+            edges.push(next);
+        }
+        let mut below = 0usize;
+        if amin.to_f64() < edges[0] && w > 0.0 {
+            let e0 = edges[0];
+            below = ((e0 - amin.to_f64()) / w).ceil() as usize;
+            while e0 - below as f64 * w > amin.to_f64() {
+                below += 1;
+            }
+            let mut lower: Vec<f64> = (1..=below).rev().map(|k| e0 - k as f64 * w).collect();
+            lower.extend_from_slice(&edges);
+            edges = lower;
+        }
+        let mut hist = vec![0i64; edges.len() - 1];
+        views.iter().for_each(|v| count_abs_explicit(v, &edges, &mut hist));
+        hist[below..below + self.hist.len()].iter_mut().zip(&self.hist).for_each(|(a, b)| *a += b);
+        self.hist = hist;
+        self.edges = edges.iter().map(|&e| E::from_f64(e)).collect();
+        Ok(())
+    }
+
+    pub fn widen<F: Float>(&self) -> AbsHistogram<F> {
+        AbsHistogram {
+            hist: self.hist.clone(),
+            edges: self.edges.iter().map(|e| F::from_f64(e.to_f64())).collect(),
+            min: self.min.cast(),
+            max: self.max.cast(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scan::scan;
+
+    fn step(h: &mut Option<AbsHistogram<f32>>, x: &[f32], n: usize) {
+        let v = View::from_slice(x);
+        let s = scan(&v);
+        match h {
+            None => *h = Some(AbsHistogram::first(&[v], &s, n).unwrap()),
+            Some(st) => st.merge(&[v], &s).unwrap(),
+        }
+    }
+
+    #[test]
+    fn first_batch_uses_auto_range_of_abs() {
+        let mut h = None;
+        step(&mut h, &[0.1, 0.2, 0.3, -0.9, 1.0, 0.15], 8);
+        let st = h.unwrap();
+        assert_eq!(st.hist, vec![3, 1, 0, 0, 0, 0, 0, 2]);
+        assert_eq!(st.edges[0], 0.1);
+        assert_eq!(st.edges[8], 1.0);
+    }
+
+    #[test]
+    fn later_values_below_first_min_are_kept() {
+        let mut h = None;
+        step(&mut h, &[0.5, -1.0], 4);
+        step(&mut h, &[0.1, -0.2, 0.0, 0.75, 2.2], 4);
+        let st = h.unwrap();
+        // ORT would keep 4 of 7; histocal keeps all 7.
+        assert_eq!(st.hist.iter().sum::<i64>(), 7);
+        assert!(st.edges[0] <= 0.0);
+        assert!(*st.edges.last().unwrap() >= 2.2);
+    }
+}

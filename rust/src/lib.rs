@@ -1,0 +1,22 @@
+//! histocal's Rust core: ORT-identical calibration statistics over numpy buffers.
+//!
+//! Kernels are plain Rust over slices and strided views; `bindings` (feature `python`) is the
+//! only PyO3 code.
+
+pub mod abs_histogram;
+pub mod distribution;
+pub mod entropy;
+pub mod float;
+pub mod histogram;
+mod libm;
+pub mod minmax;
+pub mod numpy_log;
+pub mod pairwise;
+pub mod percentile;
+pub mod scan;
+pub mod state;
+pub mod value_histogram;
+pub mod view;
+
+#[cfg(feature = "python")]
+mod bindings;
