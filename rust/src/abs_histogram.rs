@@ -7,9 +7,9 @@
 //! bins of the same width below (or above); where ORT drops nothing, the result is identical.
 
 use crate::float::{Float, Widen};
-use crate::histogram::{arange_f64, count_abs_explicit, HistError, UniformBins};
+use crate::histogram::{arange_f64, count_abs_explicit, HistError, UniformBins, MAX_BINS};
 use crate::scan::Scan;
-use crate::value_histogram::{batch_min_max, Held};
+use crate::value_histogram::{batch_min_max, first_min_max, Held};
 use crate::view::View;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -23,12 +23,12 @@ pub struct AbsHistogram<E> {
 impl<E: Float> AbsHistogram<E> {
     /// The first collect: `np.histogram(|x|, n)` over the automatic range `[min|x|, max|x|]`.
     pub fn first<D: Float + Widen<E>>(views: &[View<D>], scan: &Scan<D>, n_bins: usize) -> Result<Self, HistError> {
-        let (mn, mx) = batch_min_max::<D, E>(scan);
+        let (mn, mx) = first_min_max::<D, E>(scan);
         let mut hist = vec![0i64; n_bins];
         let edges = match (scan.finite_abs_min, scan.finite_abs_max) {
             (Some(lo), Some(hi)) => {
                 let bins = UniformBins::new(lo.widen(), hi.widen(), n_bins)?;
-                views.iter().for_each(|v| bins.count(v, |d: D| Widen::<E>::widen(d).abs(), &mut hist));
+                views.iter().for_each(|v| bins.count(v, true, &mut hist));
                 bins.edges
             }
             _ => UniformBins::<E>::empty_auto(n_bins)?.edges,
@@ -37,13 +37,17 @@ impl<E: Float> AbsHistogram<E> {
     }
 
     /// A later collect: extend the edges if needed, count |x| against them, add the old counts.
-    /// Never fails (the `Result` matches `ValueHistogram::merge`).
+    /// Fails, leaving the state unchanged, where the edges would overflow `E` or exceed
+    /// `MAX_BINS` (the caller then widens `E`).
     pub fn merge<D: Float + Widen<E>>(&mut self, views: &[View<D>], scan: &Scan<D>) -> Result<(), HistError> {
-        let (mn, mx) = batch_min_max::<D, E>(scan);
-        self.min = self.min.py_min(mn);
-        self.max = self.max.py_max(mx);
+        let Some((mn, mx)) = batch_min_max::<D, E>(scan) else {
+            return Ok(()); // ORT: an all-NaN batch counts nothing and keeps min/max
+        };
+        let (new_min, new_max) = (self.min.py_min(mn), self.max.py_max(mx));
         let (Some(amin), Some(amax)) = (scan.finite_abs_min, scan.finite_abs_max) else {
-            return Ok(()); // ORT: an all-NaN batch counts nothing (an empty one raises)
+            // An empty batch (ORT raises; histocal injects 0 like ORT's value path).
+            (self.min, self.max) = (new_min, new_max);
+            return Ok(());
         };
         let (amin, amax): (E, E) = (amin.widen(), amax.widen());
         let n = self.edges.len();
@@ -51,17 +55,26 @@ impl<E: Float> AbsHistogram<E> {
         let width = self.edges[1].sub(self.edges[0]);
         let mut edges: Vec<f64> = self.edges.iter().map(|e| e.to_f64()).collect();
         if amax > last {
-            edges.extend(arange_f64(last.add(width), amax.add(width), width));
+            edges.extend(arange_f64(last.add(width), amax.add(width), width)?);
         }
         let w = width.to_f64();
+        let too_many = |have: usize, extra: f64| !(extra.is_finite() && (have as f64 + extra) < MAX_BINS as f64);
         // histocal: keep values ORT would drop (see the module docs).
-        while *edges.last().unwrap() < amax.to_f64() && w > 0.0 {
-            let next = edges[edges.len() - 1] + w;
-            edges.push(next);
+        if w > 0.0 && *edges.last().unwrap() < amax.to_f64() {
+            if too_many(edges.len(), (amax.to_f64() - edges.last().unwrap()) / w) {
+                return Err(HistError::TooManyBins(MAX_BINS));
+            }
+            while *edges.last().unwrap() < amax.to_f64() {
+                let next = edges[edges.len() - 1] + w;
+                edges.push(next);
+            }
         }
         let mut below = 0usize;
         if amin.to_f64() < edges[0] && w > 0.0 {
             let e0 = edges[0];
+            if too_many(edges.len(), (e0 - amin.to_f64()) / w) {
+                return Err(HistError::TooManyBins(MAX_BINS));
+            }
             below = ((e0 - amin.to_f64()) / w).ceil() as usize;
             while e0 - below as f64 * w > amin.to_f64() {
                 below += 1;
@@ -70,11 +83,16 @@ impl<E: Float> AbsHistogram<E> {
             lower.extend_from_slice(&edges);
             edges = lower;
         }
+        let stored: Vec<E> = edges.iter().map(|&e| E::from_f64(e)).collect();
+        if !stored.last().unwrap().is_finite() {
+            return Err(HistError::NonFiniteRange); // the edges overflow E (f16): widen
+        }
         let mut hist = vec![0i64; edges.len() - 1];
         views.iter().for_each(|v| count_abs_explicit(v, &edges, &mut hist));
         hist[below..below + self.hist.len()].iter_mut().zip(&self.hist).for_each(|(a, b)| *a += b);
         self.hist = hist;
-        self.edges = edges.iter().map(|&e| E::from_f64(e)).collect();
+        self.edges = stored;
+        (self.min, self.max) = (new_min, new_max);
         Ok(())
     }
 

@@ -42,94 +42,170 @@ pub struct EntropyChoice {
 #[derive(Default)]
 struct Scratch {
     p: Vec<i64>,
-    q: Vec<i64>,
     ps: Vec<f32>,
     qs: Vec<f32>,
-    work: Vec<f32>,
+    ratio: Vec<f32>,
     logs: Vec<f32>,
 }
 
-/// ORT's `smooth_distribution` into `out`; false where ORT returns None (all zeros) or where
-/// its assertions would fail (histocal then rules the candidate out instead of crashing).
-fn smooth(x: &[i64], out: &mut Vec<f32>) -> bool {
-    let n_zero_exact = x.iter().filter(|&&v| v == 0).count();
-    // numpy sums the f32 indicator pairwise; exact while the count stays below 2^24.
-    let n_zero: f32 = if x.len() < (1 << 24) {
-        n_zero_exact as f32
+const EPS: f32 = 1e-4f64 as f32;
+
+/// Per-histogram tables shared by all candidates.
+struct Tables<'a> {
+    hist: &'a [i64],
+    /// `hist` as f32 (what `p.astype(float32)` gives for the unfolded bins).
+    hf: Vec<f32>,
+    /// `prefix[k]` = sum of `hist[..k]`.
+    prefix: Vec<i64>,
+    /// `zeros[k]` = number of zero bins in `hist[..k]`.
+    zeros: Vec<u64>,
+}
+
+impl<'a> Tables<'a> {
+    fn new(hist: &'a [i64]) -> Self {
+        let mut prefix = Vec::with_capacity(hist.len() + 1);
+        let mut zeros = Vec::with_capacity(hist.len() + 1);
+        let (mut s, mut z) = (0i64, 0u64);
+        prefix.push(0);
+        zeros.push(0);
+        for &h in hist {
+            s += h;
+            z += (h == 0) as u64;
+            prefix.push(s);
+            zeros.push(z);
+        }
+        Tables { hist, hf: hist.iter().map(|&h| h as f32).collect(), prefix, zeros }
+    }
+}
+
+/// `smooth_distribution`'s offset for the non-zero entries, `f32(-eps1)`, for a distribution of
+/// `len` entries of which `n_zero` are zero; None where ORT returns None (all zeros) or where
+/// its `eps1 < 1` assertion would fail (histocal then rules the candidate out).
+#[inline(always)]
+fn smoothing_offset(len: usize, n_zero: usize, is_zero: impl Fn(usize) -> bool) -> Option<f32> {
+    // numpy sums the f32 zero indicator pairwise: exact while the count stays below 2^24.
+    let n_zero: f32 = if len < (1 << 24) {
+        n_zero as f32
     } else {
-        crate::pairwise::sum_f32_by(x.len(), |i| (x[i] == 0) as i32 as f32)
+        crate::pairwise::sum_f32_by(len, |i| is_zero(i) as i32 as f32)
     };
-    let n_nonzero: f32 = (x.len() as f32) - n_zero;
+    let n_nonzero: f32 = (len as f32) - n_zero;
     if n_nonzero == 0.0 {
-        return false;
+        return None;
     }
     let eps1 = 1e-4 * (n_zero as f64) / (n_nonzero as f64);
-    if !(eps1 < 1.0) {
-        return false;
-    }
-    let eps = 1e-4f64 as f32;
-    let neg_eps1 = (-eps1) as f32;
-    out.clear();
-    out.extend(x.iter().map(|&v| if v == 0 { eps } else { (v as f32) + neg_eps1 }));
-    !out.iter().any(|&h| h <= 0.0)
+    (eps1 < 1.0).then_some((-eps1) as f32)
 }
 
 /// ORT's float32 `entropy(pk, qk)` (relative entropy, natural log, pairwise sums).
-fn kl_f32(ps: &[f32], qs: &[f32], work: &mut Vec<f32>, logs: &mut Vec<f32>) -> f32 {
+/// `ps` is overwritten with `pk * log(pk / qk)`.
+#[inline(always)]
+fn kl_f32(ps: &mut [f32], qs: &[f32], ratio: &mut Vec<f32>, logs: &mut Vec<f32>) -> f32 {
+    let n = ps.len();
     let sp = sum_f32(ps);
     let sq = sum_f32(qs);
-    work.clear();
-    work.extend(ps.iter().zip(qs).map(|(&p, &q)| (p / sp) / (q / sq)));
-    logs.resize(work.len(), 0.0);
-    log_f32_slice(work, logs);
-    for (i, (&p, &q)) in ps.iter().zip(qs).enumerate() {
-        let pk = p / sp;
-        let qk = q / sq;
-        let mut r = pk * logs[i];
-        if pk == 0.0 && qk >= 0.0 {
-            r = 0.0;
-        }
-        if !(pk > 0.0 && qk > 0.0) {
-            r = f32::INFINITY;
-        }
-        work[i] = r;
+    ratio.resize(n, 0.0);
+    logs.resize(n, 0.0);
+    let (qs, ratio) = (&qs[..n], &mut ratio[..n]);
+    for k in 0..n {
+        let pk = ps[k] / sp;
+        ps[k] = pk;
+        ratio[k] = pk / (qs[k] / sq);
     }
-    sum_f32(work)
+    log_f32_slice(ratio, logs);
+    let logs = &logs[..n];
+    for k in 0..n {
+        let pk = ps[k];
+        let qk = qs[k] / sq;
+        let r = pk * logs[k];
+        let r = if pk == 0.0 && qk >= 0.0 { 0.0 } else { r };
+        ps[k] = if pk > 0.0 && qk > 0.0 { r } else { f32::INFINITY };
+    }
+    sum_f32(ps)
 }
+
+crate::simd::dispatch_avx2!(
+    fn candidate_kl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32
+        => candidate_kl_impl
+);
 
 /// KL divergence of candidate `i` (half-width in bins), as f32 before rounding to the edge type;
 /// +inf where ORT's smoothing yields None.
-fn candidate_kl(hist: &[i64], prefix: &[i64], nq: usize, i: usize, s: &mut Scratch) -> f32 {
+#[inline(always)]
+fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
+    let Tables { hist, hf, prefix, zeros } = t;
     let n = hist.len();
     let zb = n / 2;
     let start = zb - i;
     let end = (zb + i + 1).min(n);
     let len = end - start;
-    let sl = &hist[start..end];
-    s.p.clear();
-    s.p.extend_from_slice(sl);
-    s.p[0] += prefix[start];
-    s.p[len - 1] += prefix[n] - prefix[end];
+    let Scratch { p, ps, qs, ratio, logs } = s;
+    // Reference p: the slice with the outliers folded into its end bins.
+    p.clear();
+    p.extend_from_slice(&hist[start..end]);
+    p[0] += prefix[start];
+    p[len - 1] += prefix[n] - prefix[end];
+    // Zero counts come from the zero-prefix table, corrected at the two folded end bins.
+    let fold_fix = |k: usize| (p[k] == 0) as i64 - (hist[start + k] == 0) as i64;
+    let (fix_first, fix_last) = (fold_fix(0), if len > 1 { fold_fix(len - 1) } else { 0 });
+    let p_zeros = (zeros[end] - zeros[start]) as i64 + fix_first + fix_last;
+    let p_zeros = p_zeros as usize;
+    let Some(off_p) = smoothing_offset(len, p_zeros, |k| p[k] == 0) else {
+        return f32::INFINITY;
+    };
+    ps.resize(len, 0.0);
+    let (pv, hs, out) = (&p[..len], &hf[start..end], &mut ps[..len]);
+    for k in 0..len {
+        out[k] = if pv[k] == 0 { EPS } else { hs[k] + off_p };
+    }
+    for k in [0, len - 1] {
+        ps[k] = if p[k] == 0 { EPS } else { p[k] as f32 + off_p };
+    }
+    // Non-zero counts are >= 1, so they stay positive unless the offset rounds to -1.
+    if 1.0 + off_p <= 0.0 && ps.iter().any(|&h| h <= 0.0) {
+        return f32::INFINITY;
+    }
+    // Candidate q: the slice (without outliers) merged into nq bins, spread back evenly over
+    // the bins where p is non-zero, then written into *every* bin of the group, as ORT does.
     let m = len / nq;
-    s.q.clear();
-    s.q.resize(len, 0);
+    // Group holding the last bin (if any group does): its zero count gets `fix_last`.
+    let last_group = if m > 0 { (len - 1) / m } else { usize::MAX };
+    let mut group_values: Vec<i64> = Vec::with_capacity(nq);
+    let mut q_zeros = len - nq * m;
     for j in 0..nq {
         let (a, b) = (j * m, j * m + m);
         let mut qb = prefix[start + b] - prefix[start + a];
         if j == nq - 1 {
             qb += prefix[end] - prefix[start + nq * m];
         }
-        let norm = s.p[a..b].iter().filter(|&&v| v != 0).count();
-        if norm != 0 {
-            let v = (qb as f64 / norm as f64) as i64;
-            s.q[a..b].iter_mut().for_each(|x| *x = v);
+        let mut z = (zeros[start + b] - zeros[start + a]) as i64;
+        if j == 0 && m > 0 {
+            z += fix_first;
         }
+        if j == last_group && len > 1 {
+            z += fix_last;
+        }
+        let norm = m - z as usize;
+        let v = if norm != 0 { (qb as f64 / norm as f64) as i64 } else { 0 };
+        if v == 0 {
+            q_zeros += m;
+        }
+        group_values.push(v);
     }
-    let Scratch { p, q, ps, qs, work, logs } = s;
-    if !smooth(p, ps) || !smooth(q, qs) {
+    let is_q_zero = |k: usize| if k < nq * m { group_values[k / m] == 0 } else { true };
+    let Some(off_q) = smoothing_offset(len, q_zeros, is_q_zero) else {
         return f32::INFINITY;
+    };
+    qs.clear();
+    for &v in &group_values {
+        let x = if v == 0 { EPS } else { v as f32 + off_q };
+        if x <= 0.0 {
+            return f32::INFINITY;
+        }
+        qs.resize(qs.len() + m, x);
     }
-    kl_f32(ps, qs, work, logs)
+    qs.resize(len, EPS);
+    kl_f32(ps, qs, ratio, logs)
 }
 
 /// All candidates' KL values as ORT stores them (rounded to `E`, then widened to f64).
@@ -139,14 +215,10 @@ pub fn kl_values<E: Float>(hist: &[i64], nq: usize) -> Result<Vec<f64>, EntropyE
     if nq == 0 || zb < hq {
         return Err(EntropyError::NoCandidates { n_bins: n, n_quantized: nq });
     }
-    let mut prefix = Vec::with_capacity(n + 1);
-    prefix.push(0i64);
-    for &h in hist {
-        prefix.push(prefix.last().unwrap() + h);
-    }
+    let tables = Tables::new(hist);
     Ok((hq..=zb)
         .into_par_iter()
-        .map_init(Scratch::default, |s, i| E::from_f32(candidate_kl(hist, &prefix, nq, i, s)).to_f64())
+        .map_init(Scratch::default, |s, i| E::from_f32(candidate_kl(&tables, nq, i, s)).to_f64())
         .collect())
 }
 

@@ -8,10 +8,14 @@
 //! Explicit edges (`bins=array`, the symmetric-percentile merges): exact membership, compared in
 //! f64, with the interior bins half-open and the last bin closed.
 
-use crate::float::Float;
+use crate::float::{Float, Widen};
 use crate::scan::PAR_CHUNK;
 use crate::view::View;
 use rayon::prelude::*;
+
+/// The most bins a histogram may grow to (2^24 bins: 128 MiB of counts). Beyond that ORT
+/// exhausts memory or numpy refuses; histocal reports an error naming the tensor.
+pub const MAX_BINS: usize = 1 << 24;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum HistError {
@@ -112,18 +116,21 @@ impl<E: Float> UniformBins<E> {
         Some(idx)
     }
 
-    /// Count the values of `view` (mapped to `E` by `map`, e.g. an exact widening) into `counts`.
-    pub fn count<D: Float, F: Fn(D) -> E + Sync>(&self, view: &View<D>, map: F, counts: &mut [i64]) {
+    /// Count the values of `view` (widened exactly to `E`; `|x|` when `abs`) into `counts`.
+    pub fn count<D: Float + Widen<E>>(&self, view: &View<D>, abs: bool, counts: &mut [i64]) {
         let n = self.n_bins();
         assert_eq!(counts.len(), n);
         let len = view.len();
         let chunks = len.div_ceil(PAR_CHUNK);
+        let fast = self.fast_f32::<D>();
         let total = (0..chunks)
             .into_par_iter()
             .map(|c| {
                 let mut local = vec![0i64; n];
-                view.for_each_block(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len), |b| {
-                    self.count_block(b, &map, &mut local)
+                view.for_each_block(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len), |b| match &fast {
+                    // SAFETY: `fast_f32` is Some only when D is f32.
+                    Some(f) => f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, abs, &mut local),
+                    None => self.count_block(b, abs, &mut local),
                 });
                 local
             })
@@ -136,11 +143,116 @@ impl<E: Float> UniformBins<E> {
         }
     }
 
-    fn count_block<D: Float, F: Fn(D) -> E>(&self, block: &[D], map: &F, counts: &mut [i64]) {
+    fn count_block<D: Float + Widen<E>>(&self, block: &[D], abs: bool, counts: &mut [i64]) {
         for &d in block {
-            if let Some(i) = self.bin_of(map(d)) {
+            let v: E = d.widen();
+            if let Some(i) = self.bin_of(if abs { v.abs() } else { v }) {
                 counts[i] += 1;
             }
+        }
+    }
+
+    /// The vectorised f32 kernel's tables, when both data and bins are f32.
+    fn fast_f32<D: 'static>(&self) -> Option<FastF32> {
+        use std::any::TypeId;
+        if TypeId::of::<D>() != TypeId::of::<f32>() || TypeId::of::<E>() != TypeId::of::<f32>() || self.n_bins() > 1 << 24 {
+            return None;
+        }
+        let f = |x: E| x.to_f32();
+        let n = self.n_bins();
+        // Padded edges: index n is a dummy bin for out-of-range values; its neighbours make
+        // both corrections no-ops (-inf below, NaN above).
+        let mut edges: Vec<f32> = self.edges.iter().map(|&e| f(e)).collect();
+        edges[n] = f32::NEG_INFINITY;
+        edges.push(f32::NAN);
+        Some(FastF32 { first: f(self.first), last: f(self.last), norm: f(self.norm), n_f: f(self.n_e), n, edges })
+    }
+}
+
+/// numpy's f32 estimate-and-correct binning, in two passes per block: a vectorised estimate,
+/// then the two corrections and the increments (over 4 interleaved sub-histograms, so runs of
+/// equal values, e.g. ReLU zeros, don't serialise on one counter).
+struct FastF32 {
+    first: f32,
+    last: f32,
+    norm: f32,
+    n_f: f32,
+    n: usize,
+    edges: Vec<f32>,
+}
+
+const FAST_BLOCK: usize = 2048;
+
+impl FastF32 {
+    fn count(&self, data: &[f32], abs: bool, counts: &mut [i64]) {
+        let mut sub = vec![0u32; 4 * (self.n + 1)];
+        let mut idx = [0u32; FAST_BLOCK];
+        for block in data.chunks(FAST_BLOCK) {
+            if abs {
+                estimate_abs(self, block, &mut idx);
+            } else {
+                estimate(self, block, &mut idx);
+            }
+            if abs {
+                correct_and_count::<true>(self, block, &idx, &mut sub);
+            } else {
+                correct_and_count::<false>(self, block, &idx, &mut sub);
+            }
+        }
+        let stride = self.n + 1;
+        for (i, c) in counts.iter_mut().enumerate() {
+            *c += (sub[i] + sub[stride + i] + sub[2 * stride + i] + sub[3 * stride + i]) as i64;
+        }
+    }
+}
+
+#[inline(always)]
+fn estimate_impl(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK], abs: bool) {
+    let (first, last, norm, n_f) = (t.first, t.last, t.norm, t.n_f);
+    let top = (t.n - 1) as f32; // exact: fast_f32 requires n <= 2^24
+    let dummy = t.n as u32;
+    for (o, &x) in idx.iter_mut().zip(block) {
+        let v = if abs { x.abs() } else { x };
+        let f = ((v - first) / norm) * n_f;
+        // f is in [0, n] for in-range values; clamping to n-1 first is numpy's `== n` rule
+        // (truncation of anything in [n-1, n] gives n-1), and NaN/negative go to 0.
+        let f = if f > 0.0 { f } else { 0.0 };
+        let f = if f < top { f } else { top };
+        // SAFETY: f is finite and in [0, n-1].
+        let i = unsafe { f.to_int_unchecked::<i32>() } as u32;
+        *o = if v >= first && v <= last { i } else { dummy };
+    }
+}
+
+#[inline(always)]
+fn estimate_plain(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) {
+    estimate_impl(t, block, idx, false)
+}
+
+#[inline(always)]
+fn estimate_abs_impl(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) {
+    estimate_impl(t, block, idx, true)
+}
+
+crate::simd::dispatch_avx2!(fn estimate(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) -> () => estimate_plain);
+crate::simd::dispatch_avx2!(fn estimate_abs(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) -> () => estimate_abs_impl);
+
+#[inline(always)]
+fn correct_and_count<const ABS: bool>(t: &FastF32, block: &[f32], idx: &[u32; FAST_BLOCK], sub: &mut [u32]) {
+    let e = &t.edges[..];
+    let last_bin = t.n - 1;
+    let stride = t.n + 1;
+    assert!(e.len() == t.n + 2 && sub.len() == 4 * stride);
+    for (k, (&x, &i0)) in block.iter().zip(idx.iter()).enumerate() {
+        let v = if ABS { x.abs() } else { x };
+        let mut i = i0 as usize;
+        // SAFETY: i0 <= n; an in-range v never moves below bin 0 (v >= e[0]) and the dummy bin
+        // n never moves (e[n] = -inf, e[n+1] = NaN), so every index stays < n + 2 (edges) and
+        // the counter index < 4 * (n + 1).
+        unsafe {
+            i -= (v < *e.get_unchecked(i)) as usize;
+            i += ((v >= *e.get_unchecked(i + 1)) & (i != last_bin)) as usize;
+            *sub.get_unchecked_mut((k & 3) * stride + i) += 1;
         }
     }
 }
@@ -174,7 +286,11 @@ pub fn count_abs_explicit<D: Float>(view: &View<D>, edges: &[f64], counts: &mut 
             let mut local = vec![0i64; n];
             view.for_each_block(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len), |b| {
                 for &d in b {
-                    if let Some(i) = bin_of(d.to_f64().abs()) {
+                    let v = d.to_f64().abs();
+                    if !v.is_finite() {
+                        continue; // never binned, even if an edge is infinite
+                    }
+                    if let Some(i) = bin_of(v) {
                         local[i] += 1;
                     }
                 }
@@ -192,10 +308,15 @@ pub fn count_abs_explicit<D: Float>(view: &View<D>, edges: &[f64], counts: &mut 
 
 /// `np.arange(start, stop, step)` for scalars of type `E`, which numpy evaluates into float64:
 /// the length in `E`, the second element in `E`, the rest as `start + i * (x1 - start)` in f64.
-pub fn arange_f64<E: Float>(start: E, stop: E, step: E) -> Vec<f64> {
+/// Fails where numpy would ("Maximum allowed size exceeded") or the length is beyond
+/// `MAX_BINS`.
+pub fn arange_f64<E: Float>(start: E, stop: E, step: E) -> Result<Vec<f64>, HistError> {
     let len_e = stop.sub(start).div(step).to_f64().ceil();
+    if len_e.is_nan() && !(start.is_finite() && stop.is_finite()) || len_e > MAX_BINS as f64 {
+        return Err(HistError::TooManyBins(MAX_BINS));
+    }
     if !(len_e > 0.0) {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     let len = len_e as usize;
     let s = start.to_f64();
@@ -209,7 +330,7 @@ pub fn arange_f64<E: Float>(start: E, stop: E, step: E) -> Vec<f64> {
             out.push(s + i as f64 * d);
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -220,7 +341,7 @@ mod tests {
     fn hist_of(x: &[f32], n: usize, t: f32) -> (Vec<i64>, Vec<f32>) {
         let b = UniformBins::new(-t, t, n).unwrap();
         let mut c = vec![0; n];
-        b.count(&View::from_slice(x), |v| v, &mut c);
+        b.count(&View::from_slice(x), false, &mut c);
         (c, b.edges)
     }
 
@@ -229,6 +350,23 @@ mod tests {
         let (c, e) = hist_of(&[-1.0, 0.5, 2.0], 8, 2.0);
         assert_eq!(c, vec![0, 0, 1, 0, 0, 1, 0, 1]);
         assert_eq!(e, vec![-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0]);
+    }
+
+    #[test]
+    fn fast_f32_path_equals_the_literal_algorithm() {
+        let mut x: Vec<f32> = (0..200_000).map(|i| ((i as f32) * 0.7071).sin() * 3.0).collect();
+        x.extend([f32::NAN, f32::INFINITY, -f32::INFINITY, 5.0, -5.0, 0.0, -0.0]);
+        for &(t, n) in &[(3.0f32, 2048usize), (2.9f32, 1000), (0.3, 7), (3.0, 1)] {
+            let b = UniformBins::new(-t, t, n).unwrap();
+            x.extend(b.edges.iter().flat_map(|&e| [e, f32::from_bits(e.to_bits() + 1), f32::from_bits(e.to_bits().wrapping_sub(1))]));
+            for abs in [false, true] {
+                let mut fast = vec![0; n];
+                b.count(&View::from_slice(&x), abs, &mut fast);
+                let mut slow = vec![0; n];
+                b.count_block(&x, abs, &mut slow);
+                assert_eq!(fast, slow, "t={t} n={n} abs={abs}");
+            }
+        }
     }
 
     #[test]
@@ -266,11 +404,15 @@ mod tests {
     #[test]
     fn arange_matches_numpy_example() {
         // edges up to 1.0 with width 0.125 and amax 2.2: ext = [1.125 .. 2.25]
-        let e = arange_f64(1.125f32, 2.2f32 + 0.125, 0.125);
+        let e = arange_f64(1.125f32, 2.2f32 + 0.125, 0.125).unwrap();
         assert_eq!(e.first(), Some(&1.125));
         assert_eq!(e.last(), Some(&2.25));
         assert_eq!(e.len(), 10);
         // start == stop after rounding: empty.
-        assert!(arange_f64(17.5f32, 17.5f32, 3.5).is_empty());
+        assert!(arange_f64(17.5f32, 17.5f32, 3.5).unwrap().is_empty());
+        // f16 overflow and lengths beyond MAX_BINS are errors, not allocations.
+        let inf = half::f16::INFINITY;
+        assert!(arange_f64(inf, inf, half::f16::from_f32(8.0)).is_err());
+        assert!(arange_f64(0.0f32, 1e9, 1e-3).is_err());
     }
 }

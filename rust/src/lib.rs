@@ -14,6 +14,7 @@ pub mod numpy_log;
 pub mod pairwise;
 pub mod percentile;
 pub mod scan;
+mod simd;
 pub mod state;
 pub mod value_histogram;
 pub mod view;

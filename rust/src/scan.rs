@@ -139,8 +139,11 @@ fn scan_block<D: Float>(block: &[D]) -> Scan<D> {
     }
 }
 
+crate::simd::dispatch_avx2!(fn scan_f32(b: &[f32]) -> Scan<f32> => scan_f32_impl);
+
 /// The f32 hot path, written branch-free in 8 lanes so LLVM vectorises it.
-fn scan_f32(b: &[f32]) -> Scan<f32> {
+#[inline(always)]
+fn scan_f32_impl(b: &[f32]) -> Scan<f32> {
     const L: usize = 8;
     let mut mn = [f32::INFINITY; L];
     let mut mx = [f32::NEG_INFINITY; L];

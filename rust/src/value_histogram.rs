@@ -54,36 +54,46 @@ pub struct ValueHistogram<E> {
     pub threshold: Held<E>,
 }
 
-/// The batch's (min, max) as ORT computes them: nanmin/nanmax scalars, or 0-d zeros if empty.
-pub fn batch_min_max<D: Float + Widen<E>, E: Float>(scan: &Scan<D>) -> (Held<E>, Held<E>) {
+/// The batch's (min, max) as ORT computes them: nanmin/nanmax scalars, or 0-d zeros if the
+/// batch is empty. None for a non-empty batch without finite values: ORT's NaN min/max then
+/// leave the merged min/max unchanged (Python `min(old, nan)` keeps `old`).
+pub fn batch_min_max<D: Float + Widen<E>, E: Float>(scan: &Scan<D>) -> Option<(Held<E>, Held<E>)> {
     match (scan.finite_min, scan.finite_max) {
-        (Some(mn), Some(mx)) => (Held::scalar(mn.widen()), Held::scalar(mx.widen())),
-        _ => (Held::array(E::ZERO), Held::array(E::ZERO)),
+        (Some(mn), Some(mx)) => Some((Held::scalar(mn.widen()), Held::scalar(mx.widen()))),
+        _ if scan.len() == 0 => Some((Held::array(E::ZERO), Held::array(E::ZERO))),
+        _ => None,
     }
+}
+
+/// A first batch without finite values starts the state like an empty batch (ORT raises).
+pub fn first_min_max<D: Float + Widen<E>, E: Float>(scan: &Scan<D>) -> (Held<E>, Held<E>) {
+    batch_min_max(scan).unwrap_or((Held::array(E::ZERO), Held::array(E::ZERO)))
 }
 
 impl<E: Float> ValueHistogram<E> {
     /// The first collect: `np.histogram(x, n, range=(-t, t))` with `t = max(|min|, |max|)`.
     pub fn first<D: Float + Widen<E>>(views: &[View<D>], scan: &Scan<D>, n_bins: usize) -> Result<Self, HistError> {
-        let (mn, mx) = batch_min_max::<D, E>(scan);
+        let (mn, mx) = first_min_max::<D, E>(scan);
         let t = py_max(mn.value.abs(), mx.value.abs());
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
         let mut hist = vec![0i64; n_bins];
         if scan.n_finite > 0 {
-            views.iter().for_each(|v| bins.count(v, |d: D| d.widen(), &mut hist));
+            views.iter().for_each(|v| bins.count(v, false, &mut hist));
         }
         Ok(ValueHistogram { hist, edges: bins.edges, min: mn, max: mx, threshold: Held::array(t) })
     }
 
     /// ORT's `merge_histogram`. On error the state is left unchanged.
     pub fn merge<D: Float + Widen<E>>(&mut self, views: &[View<D>], scan: &Scan<D>) -> Result<(), HistError> {
-        let (mn, mx) = batch_min_max::<D, E>(scan);
+        let Some((mn, mx)) = batch_min_max::<D, E>(scan) else {
+            return Ok(()); // nothing finite to count, min/max unchanged
+        };
         let t = py_max(mn.value.abs(), mx.value.abs());
         let old_t = self.threshold.value;
         let n_old = self.hist.len();
         let count = |bins: &UniformBins<E>, hist: &mut [i64]| {
             if scan.n_finite > 0 {
-                views.iter().for_each(|v| bins.count(v, |d: D| d.widen(), hist));
+                views.iter().for_each(|v| bins.count(v, false, hist));
             }
         };
         if t <= old_t {

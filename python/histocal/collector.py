@@ -1,0 +1,198 @@
+"""A drop-in for onnxruntime's ``HistogramCollector``, computed by histocal's Rust core.
+
+Same constructor, same ``collect`` / ``compute_collection_result`` / ``histogram_dict``, and the
+same result objects down to numpy scalar-vs-0-d-array kinds and dtypes. Where ORT crashes or
+silently drops data, histocal returns a result instead (see the README's "Deviations").
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from onnxruntime.quantization.calibrate import CalibrationDataCollector, TensorData
+
+from . import _core
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("entropy", "percentile", "distribution")
+SCENARIOS = ("same", "p3")
+
+
+@dataclass(frozen=True)
+class ValueCounts:
+    """How many values of a tensor were collected, by kind. Non-finite values are never binned."""
+
+    finite: int
+    nan: int
+    posinf: int
+    neginf: int
+    batches: int
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def float_batches(name: str, data: Any) -> list[np.ndarray]:
+    """One tensor's data (an array or a list of per-batch arrays) as float arrays Rust can read.
+
+    Batches keep their own shapes (ORT stacks them, which fails for dynamic shapes). Mixed
+    float dtypes are promoted like ``np.asarray`` would; non-float data is a TypeError.
+    """
+    items = list(data) if isinstance(data, (list, tuple)) else [data]
+    arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in items]
+    for a in arrays:
+        if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
+            raise TypeError(
+                f"tensor {name!r}: expected float16, float32 or float64 data, got {a.dtype}"
+            )
+    if len({a.dtype for a in arrays}) > 1:
+        common = np.result_type(*arrays)
+        arrays = [a.astype(common) for a in arrays]
+    return [
+        a if a.dtype.isnative and a.flags.aligned else a.astype(a.dtype.newbyteorder("="))
+        for a in arrays
+    ]
+
+
+def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
+    """ORT holds some values as numpy scalars and others as 0-d arrays; mirror which."""
+    return np.array(value, dtype=dtype) if is_array else dtype.type(value)
+
+
+class HistogramCollector(CalibrationDataCollector):
+    """ORT's ``HistogramCollector``, identical results, computed in Rust."""
+
+    def __init__(
+        self,
+        method: str,
+        symmetric: bool,
+        num_bins: int,
+        num_quantized_bins: int,
+        percentile: float,
+        scenario: str,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
+        num_bins = _check_int("num_bins", num_bins, 1)
+        if method == "entropy":
+            num_quantized_bins = _check_int("num_quantized_bins", num_quantized_bins, 1)
+            if num_bins < num_quantized_bins:
+                raise ValueError(
+                    f"num_bins ({num_bins}) must be >= num_quantized_bins ({num_quantized_bins})"
+                )
+        if method == "percentile" and (
+            percentile is None or not 0 <= percentile <= 100 or np.isnan(percentile)
+        ):
+            raise ValueError("Invalid percentile. Must be in range 0 <= percentile <= 100.")
+        if method == "distribution" and scenario not in SCENARIOS:
+            raise ValueError("Invalid scenario. Must be in {'same', 'p3'}.")
+        self.method = method
+        self.symmetric = symmetric
+        self.num_bins = num_bins
+        self.num_quantized_bins = num_quantized_bins
+        self.percentile = percentile
+        self.scenario = scenario
+        kind = "abs" if method == "percentile" and symmetric else "value"
+        self._histograms = _core.Histograms(kind, num_bins)
+        self._dict: dict[str, tuple] | None = None
+
+    def collect(self, name_to_arr: Mapping[str, Any]) -> None:
+        """Add one ``collect`` call's data: per tensor an array or a list of per-batch arrays."""
+        items = [(name, float_batches(name, data)) for name, data in name_to_arr.items()]
+        self._dict = None
+        self._histograms.collect(items)
+
+    @property
+    def histogram_dict(self) -> dict[str, tuple]:
+        """ORT's tuples: ``(hist, edges, min, max, threshold)``, or ``(hist, edges, min, max)``
+        for the symmetric-percentile |x| histogram."""
+        if self._dict is None:
+            self._dict = {name: self._entry(name) for name in self._histograms.names()}
+        return self._dict
+
+    def get_histogram_dict(self) -> dict[str, tuple]:
+        return self.histogram_dict
+
+    @property
+    def counts(self) -> dict[str, ValueCounts]:
+        return {n: ValueCounts(*self._histograms.counts(n)) for n in self._histograms.names()}
+
+    def _entry(self, name: str) -> tuple:
+        hist, edges, mn, mx, threshold, _ = self._histograms.state(name)
+        dtype = edges.dtype
+        entry = (hist, edges, _held(*mn, dtype), _held(*mx, dtype))
+        return entry if threshold is None else (*entry, _held(*threshold, dtype))
+
+    def compute_collection_result(self) -> dict[str, Any]:
+        if not self._histograms.names():
+            raise ValueError("Histogram has not been collected. Please run collect() first.")
+        logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
+        if self.method == "entropy":
+            return self._entropy()
+        if self.method == "percentile":
+            return self._percentile()
+        return self._distribution()
+
+    def _entropy(self) -> dict[str, tuple]:
+        hd = self.histogram_dict
+        out = {}
+        for name, start, end in self._histograms.entropy(self.num_quantized_bins):
+            hist, edges, mn, mx = hd[name][:4]
+            lo, hi = _clip(edges[start], edges[end], mn, mx)
+            out[name] = (lo, hi, hist, edges)
+        return out
+
+    def _percentile(self) -> dict[str, tuple]:
+        hd = self.histogram_dict
+        out = {}
+        for name, i_lo, i_hi in self._histograms.percentile(float(self.percentile), self.symmetric):
+            hist, edges, mn, mx = hd[name][:4]
+            if self.symmetric:
+                lo, hi = -np.array(edges[i_hi], edges.dtype), np.array(edges[i_hi], edges.dtype)
+            else:
+                lo, hi = np.array(edges[i_lo], edges.dtype), np.array(edges[i_hi], edges.dtype)
+            out[name] = (*_clip(lo, hi, mn, mx), *hist[:2])
+        return out
+
+    def _distribution(self) -> dict[str, TensorData]:
+        if self.num_bins < 512:
+            raise ValueError("Invalid num_bins. Must be in range 512 <= num_bins.")
+        hd = self.histogram_dict
+        out = {}
+        for name, avg, std in self._histograms.distribution(self.scenario):
+            hist, edges = hd[name][:2]
+            if edges.dtype == np.float64:
+                raise ValueError(
+                    f"tensor {name!r}: float64 data has no Distribution result "
+                    "(onnxruntime's TensorData holds float16/float32 only)"
+                )
+            out[name] = TensorData(
+                avg=np.array(avg, dtype=edges.dtype),
+                std=np.array(std, dtype=edges.dtype),
+                hist=hist,
+                hist_edges=edges,
+                lowest=edges.min(),
+                highest=edges.max(),
+            )
+        return out
+
+
+def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:
+    """ORT's clipping of a threshold pair to the data's min/max (keeping whichever object)."""
+    if lo < mn:
+        lo = mn
+    if hi > mx:
+        hi = mx
+    return lo, hi
+
+
+__all__ = ["HistogramCollector", "ValueCounts", "float_batches"]

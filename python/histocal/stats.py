@@ -1,0 +1,69 @@
+"""Streaming min/max statistics over numpy arrays (any float dtype, any strides), in Rust."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import _core
+from .collector import float_batches
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """``nanmin``/``nanmax`` (±Inf included), min/max over finite values, and value counts.
+    A bound is None when there is no value of that kind."""
+
+    min: Optional[float]
+    max: Optional[float]
+    finite_min: Optional[float]
+    finite_max: Optional[float]
+    finite: int
+    nan: int
+    posinf: int
+    neginf: int
+
+
+def tensor_stats(arr: np.ndarray, name: str = "array") -> TensorStats:
+    """One pass over ``arr`` (GIL released, parallel over chunks)."""
+    (a,) = float_batches(name, [arr])
+    return TensorStats(*_core.tensor_stats(a))
+
+
+def channel_min_max(arr: np.ndarray, axis: int = 1, name: str = "array") -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel ``nanmin``/``nanmax`` along ``axis`` (NaN for an all-NaN channel), in the
+    array's dtype: ORT's per-channel ReduceMin/ReduceMax, NaN-ignoring."""
+    (a,) = float_batches(name, [arr])
+    if a.ndim == 0:
+        raise ValueError(f"{name}: per-channel statistics need at least one dimension")
+    mins, maxs = _core.channel_min_max(a, axis % a.ndim)
+    return mins, maxs
+
+
+def nanmean_pairwise(values: np.ndarray) -> np.generic:
+    """ORT's per-tensor moving-average mean of per-batch values (numpy's pairwise order)."""
+    v = np.ascontiguousarray(values).reshape(-1)
+    return v.dtype.type(_core.nanmean_pairwise(v))
+
+
+def nanmean_sequential(values: np.ndarray) -> np.generic:
+    """ORT's per-channel moving-average mean of one channel's per-batch values (sequential)."""
+    v = np.ascontiguousarray(values).reshape(-1)
+    return v.dtype.type(_core.nanmean_sequential(v))
+
+
+def moving_average(old: np.ndarray, new: np.ndarray, averaging_constant: float) -> np.ndarray:
+    """ORT's ``merge_range`` EMA, ``old + T(c) * (new - old)`` in the arrays' dtype."""
+    return old + averaging_constant * (new - old)
+
+
+__all__ = [
+    "TensorStats",
+    "tensor_stats",
+    "channel_min_max",
+    "nanmean_pairwise",
+    "nanmean_sequential",
+    "moving_average",
+]

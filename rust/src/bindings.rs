@@ -1,0 +1,400 @@
+//! The only PyO3 code: numpy arrays in, plain kernel calls (GIL released, on histocal's
+//! thread pool), Python values out. Type fidelity to ORT's objects lives in the Python layer.
+
+use crate::distribution::{avg_std, Scenario};
+use crate::entropy::entropy_threshold;
+use crate::float::Float;
+use crate::minmax;
+use crate::percentile::percentile_indices;
+use crate::scan::{scan, Scan};
+use crate::state::{collect, Batches, Family, Histogram, Kind, TensorState, Typed};
+use crate::view::View;
+use half::f16;
+use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use rayon::prelude::*;
+use rayon::{ThreadPool, ThreadPoolBuilder};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+static POOL: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
+
+fn default_threads() -> usize {
+    std::env::var("HISTOCAL_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+fn pool() -> Arc<ThreadPool> {
+    let mut g = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(|| Arc::new(ThreadPoolBuilder::new().num_threads(default_threads()).build().expect("thread pool")))
+        .clone()
+}
+
+/// Run `f` on histocal's pool with the GIL released.
+fn run<T: Send, F: FnOnce() -> T + Send>(py: Python<'_>, f: F) -> T {
+    let p = pool();
+    py.detach(|| p.install(f))
+}
+
+/// Set the number of worker threads (0: the default, `HISTOCAL_NUM_THREADS` or all cores).
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    let n = if n == 0 { default_threads() } else { n };
+    let p = ThreadPoolBuilder::new().num_threads(n).build().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    *POOL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(p));
+    Ok(())
+}
+
+#[pyfunction]
+fn get_num_threads() -> usize {
+    pool().current_num_threads()
+}
+
+fn view_of<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>) -> View<'a, T> {
+    let v = a.as_array();
+    // SAFETY: the readonly borrow keeps the buffer alive and unmodified for 'a; ndarray's
+    // shape/strides (in elements) describe it.
+    unsafe { View::from_raw(v.as_ptr(), v.shape(), v.strides()) }
+}
+
+/// Borrowed arrays of one dtype.
+enum Borrowed<'py> {
+    F16(Vec<PyReadonlyArrayDyn<'py, f16>>),
+    F32(Vec<PyReadonlyArrayDyn<'py, f32>>),
+    F64(Vec<PyReadonlyArrayDyn<'py, f64>>),
+}
+
+fn borrow_all<'py>(name: &str, arrays: &[Bound<'py, PyAny>]) -> PyResult<Borrowed<'py>> {
+    fn all<'py, T: Element>(arrays: &[Bound<'py, PyAny>]) -> Option<Vec<PyReadonlyArrayDyn<'py, T>>> {
+        arrays.iter().map(|a| a.cast::<PyArrayDyn<T>>().ok().map(|x| x.readonly())).collect()
+    }
+    let first = arrays.first();
+    let is = |f: fn(&Bound<'py, PyAny>) -> bool| first.map(f).unwrap_or(false);
+    let out = if is(|a| a.cast::<PyArrayDyn<f32>>().is_ok()) {
+        all::<f32>(arrays).map(Borrowed::F32)
+    } else if is(|a| a.cast::<PyArrayDyn<f16>>().is_ok()) {
+        all::<f16>(arrays).map(Borrowed::F16)
+    } else if is(|a| a.cast::<PyArrayDyn<f64>>().is_ok()) {
+        all::<f64>(arrays).map(Borrowed::F64)
+    } else {
+        None
+    };
+    out.ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "tensor {name:?}: expected native-endian float16/float32/float64 arrays of one dtype"
+        ))
+    })
+}
+
+fn batches_of<'a>(b: &'a Borrowed<'_>) -> Batches<'a> {
+    match b {
+        Borrowed::F16(v) => Batches::F16(v.iter().map(view_of).collect()),
+        Borrowed::F32(v) => Batches::F32(v.iter().map(view_of).collect()),
+        Borrowed::F64(v) => Batches::F64(v.iter().map(view_of).collect()),
+    }
+}
+
+/// Per-tensor histogram states of one kind, in first-collected order.
+#[pyclass(module = "histocal._core")]
+pub struct Histograms {
+    kind: Kind,
+    num_bins: usize,
+    order: Vec<String>,
+    states: HashMap<String, TensorState>,
+}
+
+/// Apply `f` to a typed histogram whatever its arithmetic type.
+macro_rules! with_typed {
+    ($h:expr, |$x:ident, $E:ident| $body:expr) => {
+        match $h {
+            Typed::F16($x) => {
+                type $E = f16;
+                $body
+            }
+            Typed::F32($x) => {
+                type $E = f32;
+                $body
+            }
+            Typed::F64($x) => {
+                type $E = f64;
+                $body
+            }
+        }
+    };
+}
+
+fn typed_dtype<Fm: Family>(t: &Typed<Fm>) -> &'static str {
+    match t {
+        Typed::F16(_) => "float16",
+        Typed::F32(_) => "float32",
+        Typed::F64(_) => "float64",
+    }
+}
+
+fn held<E: Float>(h: crate::value_histogram::Held<E>) -> (f64, bool) {
+    (h.value.to_f64(), h.is_array)
+}
+
+#[pymethods]
+impl Histograms {
+    #[new]
+    fn new(kind: &str, num_bins: usize) -> PyResult<Self> {
+        let kind = match kind {
+            "value" => Kind::Value,
+            "abs" => Kind::Abs,
+            _ => return Err(PyValueError::new_err(format!("unknown histogram kind {kind:?}"))),
+        };
+        if num_bins < 1 {
+            return Err(PyValueError::new_err("num_bins must be >= 1"));
+        }
+        Ok(Histograms { kind, num_bins, order: Vec::new(), states: HashMap::new() })
+    }
+
+    /// Collect `[(name, [arrays...]), ...]`: each tensor's arrays form one ORT collect call.
+    fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let borrowed: Vec<(String, Borrowed)> =
+            items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect::<PyResult<_>>()?;
+        let mut work: Vec<(&str, Batches, Option<TensorState>)> =
+            borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b), self.states.remove(n))).collect();
+        let (kind, n_bins) = (self.kind, self.num_bins);
+        let results: Vec<Result<(), String>> = run(py, || {
+            work.par_iter_mut()
+                .map(|(_, batches, state)| collect(state, kind, batches, n_bins).map_err(|e| e.to_string()))
+                .collect()
+        });
+        let mut first_error = None;
+        for ((name, _, state), r) in work.into_iter().zip(results) {
+            if let Some(s) = state {
+                if !self.order.iter().any(|o| o == name) {
+                    self.order.push(name.to_string());
+                }
+                self.states.insert(name.to_string(), s);
+            }
+            if let (Err(e), None) = (r, &first_error) {
+                first_error = Some(PyValueError::new_err(format!("tensor {name:?}: {e}")));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.order.clone()
+    }
+
+    /// `(hist, edges, (min, is_array), (max, is_array), threshold or None, data dtype)`.
+    #[allow(clippy::type_complexity)]
+    fn state<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, (f64, bool), (f64, bool), Option<(f64, bool)>, &'static str)> {
+        let st = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        Ok(match &st.histogram {
+            Histogram::Value(t) => with_typed!(t, |h, E| {
+                let _: &crate::value_histogram::ValueHistogram<E> = h;
+                (
+                    PyArray1::from_slice(py, &h.hist).into_any(),
+                    PyArray1::from_slice(py, &h.edges).into_any(),
+                    held(h.min),
+                    held(h.max),
+                    Some(held(h.threshold)),
+                    st.dtype,
+                )
+            }),
+            Histogram::Abs(t) => with_typed!(t, |h, E| {
+                let _: &crate::abs_histogram::AbsHistogram<E> = h;
+                (
+                    PyArray1::from_slice(py, &h.hist).into_any(),
+                    PyArray1::from_slice(py, &h.edges).into_any(),
+                    held(h.min),
+                    held(h.max),
+                    None,
+                    st.dtype,
+                )
+            }),
+        })
+    }
+
+    /// `(finite, nan, posinf, neginf, batches)`.
+    fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
+        let c = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?.counts;
+        Ok((c.finite, c.nan, c.posinf, c.neginf, c.batches))
+    }
+
+    /// The histogram's arithmetic dtype (the data dtype unless numpy would have failed).
+    fn edge_dtype(&self, name: &str) -> PyResult<&'static str> {
+        let st = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        Ok(match &st.histogram {
+            Histogram::Value(t) => typed_dtype(t),
+            Histogram::Abs(t) => typed_dtype(t),
+        })
+    }
+
+    /// Entropy: `[(name, start, end)]`, thresholds `(edges[start], edges[end])` before clipping.
+    fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<(String, usize, usize)>> {
+        let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+        let out: Vec<Result<(String, usize, usize), String>> = run(py, || {
+            states
+                .par_iter()
+                .map(|(name, st)| {
+                    let choice = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins)),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins)),
+                    };
+                    choice.map(|c| ((*name).clone(), c.start, c.end)).map_err(|e| format!("tensor {name:?}: {e}"))
+                })
+                .collect()
+        });
+        out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
+    }
+
+    /// Percentile: `[(name, low_index, high_index)]` into each tensor's edges.
+    fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> Vec<(String, usize, usize)> {
+        let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+        run(py, || {
+            states
+                .par_iter()
+                .map(|(name, st)| {
+                    let hist = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| {
+                            let _: &crate::value_histogram::ValueHistogram<E> = h;
+                            &h.hist
+                        }),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| {
+                            let _: &crate::abs_histogram::AbsHistogram<E> = h;
+                            &h.hist
+                        }),
+                    };
+                    let (lo, hi) = percentile_indices(hist, percentile, symmetric);
+                    ((*name).clone(), lo, hi)
+                })
+                .collect()
+        })
+    }
+
+    /// Distribution: `[(name, avg, std)]` in f64, before rounding to the edge dtype.
+    fn distribution(&self, py: Python<'_>, scenario: &str) -> PyResult<Vec<(String, f64, f64)>> {
+        let scenario = match scenario {
+            "same" => Scenario::Same,
+            "p3" => Scenario::P3,
+            _ => return Err(PyValueError::new_err("Invalid scenario. Must be in {'same', 'p3'}.")),
+        };
+        let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+        Ok(run(py, || {
+            states
+                .par_iter()
+                .map(|(name, st)| {
+                    let (a, s) = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges, scenario)),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges, scenario)),
+                    };
+                    ((*name).clone(), a, s)
+                })
+                .collect()
+        }))
+    }
+}
+
+type Stats = (Option<f64>, Option<f64>, Option<f64>, Option<f64>, u64, u64, u64, u64);
+
+fn stats_of<T: Float>(s: &Scan<T>) -> Stats {
+    let f = |v: Option<T>| v.map(|x| x.to_f64());
+    (f(s.nan_min()), f(s.nan_max()), f(s.finite_min), f(s.finite_max), s.n_finite, s.n_nan, s.n_posinf, s.n_neginf)
+}
+
+/// `(nanmin, nanmax, finite_min, finite_max, n_finite, n_nan, n_posinf, n_neginf)` of a tensor.
+#[pyfunction]
+fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<Stats> {
+    let b = borrow_all("array", std::slice::from_ref(&arr))?;
+    let batches = batches_of(&b);
+    Ok(run(py, || match &batches {
+        Batches::F16(v) => stats_of(&scan(&v[0])),
+        Batches::F32(v) => stats_of(&scan(&v[0])),
+        Batches::F64(v) => stats_of(&scan(&v[0])),
+    }))
+}
+
+fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>, axis: usize) -> Vec<View<'a, T>> {
+    let v = a.as_array();
+    let (shape, strides) = (v.shape(), v.strides());
+    let rest_shape: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
+    let rest_strides: Vec<isize> = strides.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
+    (0..shape[axis])
+        .map(|c| {
+            // SAFETY: channel c's elements lie inside the borrowed array.
+            unsafe { View::from_raw(v.as_ptr().offset(c as isize * strides[axis]), &rest_shape, &rest_strides) }
+        })
+        .collect()
+}
+
+/// Per-channel `(nanmin, nanmax)` along `axis` (NaN for an all-NaN channel), as arrays of the
+/// input dtype: what ORT's ReduceMin/ReduceMax over the other axes give, NaN-ignoring.
+#[pyfunction]
+fn channel_min_max<'py>(py: Python<'py>, arr: Bound<'py, PyAny>, axis: usize) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    fn go<'py, T: Float + Element>(py: Python<'py>, a: &PyReadonlyArrayDyn<'_, T>, axis: usize) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
+        let views = channel_views(a, axis);
+        let scans: Vec<Scan<T>> = run(py, || views.par_iter().map(scan).collect());
+        let nan = T::from_f64(f64::NAN);
+        let mins: Vec<T> = scans.iter().map(|s| s.nan_min().unwrap_or(nan)).collect();
+        let maxs: Vec<T> = scans.iter().map(|s| s.nan_max().unwrap_or(nan)).collect();
+        (PyArray1::from_vec(py, mins).into_any(), PyArray1::from_vec(py, maxs).into_any())
+    }
+    let ndim = arr.getattr("ndim")?.extract::<usize>()?;
+    if axis >= ndim.max(1) || ndim == 0 {
+        return Err(PyValueError::new_err(format!("axis {axis} is out of range for an array of {ndim} dimensions")));
+    }
+    Ok(match borrow_all("array", std::slice::from_ref(&arr))? {
+        Borrowed::F16(v) => go(py, &v[0], axis),
+        Borrowed::F32(v) => go(py, &v[0], axis),
+        Borrowed::F64(v) => go(py, &v[0], axis),
+    })
+}
+
+/// Apply a per-dtype function to a 1-D contiguous float array, returning a scalar as f64.
+fn reduce_1d(arr: &Bound<'_, PyAny>, f16f: fn(&[f16]) -> f64, f32f: fn(&[f32]) -> f64, f64f: fn(&[f64]) -> f64) -> PyResult<f64> {
+    let b = borrow_all("values", std::slice::from_ref(arr))?;
+    let err = || PyValueError::new_err("values must be a contiguous 1-D array");
+    Ok(match &b {
+        Borrowed::F16(v) => f16f(v[0].as_slice().map_err(|_| err())?),
+        Borrowed::F32(v) => f32f(v[0].as_slice().map_err(|_| err())?),
+        Borrowed::F64(v) => f64f(v[0].as_slice().map_err(|_| err())?),
+    })
+}
+
+/// ORT's per-tensor `np.nanmean` of per-batch values (pairwise order), as f64 of the dtype.
+#[pyfunction]
+fn nanmean_pairwise(values: Bound<'_, PyAny>) -> PyResult<f64> {
+    reduce_1d(
+        &values,
+        |v| minmax::nanmean_pairwise(v).to_f64(),
+        |v| minmax::nanmean_pairwise(v).to_f64(),
+        |v| minmax::nanmean_pairwise(v).to_f64(),
+    )
+}
+
+/// ORT's per-channel `np.nanmean(axis=0)` of one column (sequential order).
+#[pyfunction]
+fn nanmean_sequential(values: Bound<'_, PyAny>) -> PyResult<f64> {
+    reduce_1d(
+        &values,
+        |v| minmax::nanmean_sequential(v).to_f64(),
+        |v| minmax::nanmean_sequential(v).to_f64(),
+        |v| minmax::nanmean_sequential(v).to_f64(),
+    )
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Histograms>()?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(channel_min_max, m)?)?;
+    m.add_function(wrap_pyfunction!(nanmean_pairwise, m)?)?;
+    m.add_function(wrap_pyfunction!(nanmean_sequential, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,504 @@
+"""Parity of histocal.HistogramCollector with onnxruntime's HistogramCollector.
+
+Wherever ORT produces a result, histocal must produce the identical one: histogram counts,
+edges (dtype and bits), min/max/threshold (value and Python object kind), and the per-method
+results. The only accepted differences are the documented deviations (ORT_PARITY.md §4.2, §8):
+
+1. ORT raises (non-finite data, empty + non-empty or differently shaped batches in one list,
+   "Too many bins", entropy smoothing assertion, an empty later batch on the |x| path, and - not
+   in ORT_PARITY §8 - float16 overflow while extending the |x| histogram): histocal returns a
+   result. It is compared exactly with ORT run on the finite values flattened per collect when
+   ORT can compute that (conftest.fallback_variants), else checked for sanity: finite range and
+   every finite value in the histogram.
+2. Symmetric percentile merges where ORT drops values: histocal keeps every finite value.
+3. The sign of a zero min/max (numpy's nanmin is order-dependent on 0.0 vs -0.0).
+
+Entropy thresholds must be identical; a different threshold is only accepted when ORT's own KL
+vector (captured with a spy on ``calibrate.np.argmin``) shows a float near-tie (<= 4 ulps of the
+tensor's float type) between ORT's choice and histocal's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import event, given, note, settings
+from hypothesis import strategies as st
+
+from conftest import (
+    argmin_spy,
+    assert_hist_tuple_same,
+    check_parity,
+    examples,
+    run_histocal,
+    run_ort,
+)
+from strategies import NUM_BINS, PERCENTILES, build_collects, plans
+
+
+def _cfg(method, symmetric=False, num_bins=128, num_quantized_bins=128, percentile=99.999, scenario="same"):
+    return dict(
+        method=method,
+        symmetric=symmetric,
+        num_bins=num_bins,
+        num_quantized_bins=num_quantized_bins,
+        percentile=percentile,
+        scenario=scenario,
+    )
+
+
+def _describe(collects):
+    lines = []
+    for i, c in enumerate(collects):
+        for name, v in c.items():
+            bs = v if isinstance(v, list) else [v]
+            desc = ", ".join(f"{b.dtype}{list(b.shape)}" for b in bs)
+            lines.append(f"  collect {i} {name!r}: {'list ' if isinstance(v, list) else ''}[{desc}]")
+    return "\n".join(lines)
+
+
+def _run_property(cfg, plan, growth):
+    collects = build_collects(plan, cfg, growth)
+    note(f"cfg={cfg}\nplan={plan}\n{_describe(collects)}")
+    report = check_parity(cfg, collects)
+    for reason in report.deviations.values():
+        event(f"deviation: {reason}")
+    for name in report.near_ties:
+        event("entropy threshold differs: accepted as a KL near-tie")
+    for reason in report.fallback.values():
+        event(f"compared against ORT on flattened finite values: {reason}")
+    event(f"tensors compared exactly: {min(len(report.compared), 2)}{'+' if len(report.compared) > 2 else ''}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Property tests, one per method / histogram family
+# ----------------------------------------------------------------------------------------------
+
+# ORT's entropy search is a slow Python loop: 2048 bins is drawn rarely (and also has example tests).
+ENTROPY_BINS = [7, 8, 128, 129, 512, 1000] * 2 + [2048]
+
+
+@st.composite
+def entropy_cfgs(draw):
+    nb = draw(st.sampled_from(ENTROPY_BINS))
+    nq = draw(st.sampled_from([q for q in (4, 5, 8, 128) if q <= nb]))
+    return _cfg("entropy", symmetric=draw(st.booleans()), num_bins=nb, num_quantized_bins=nq)
+
+
+@settings(max_examples=examples(100))
+@given(cfg=entropy_cfgs(), plan=plans(max_tensors=2, max_collects=4))
+def test_entropy_parity(cfg, plan):
+    # ORT's entropy search is a Python loop over every candidate: keep grown histograms ~<= 1500 bins.
+    growth = 1.0 if cfg["num_bins"] == 2048 else max(1.5, 1024 / cfg["num_bins"])
+    _run_property(cfg, plan, growth)
+
+
+@settings(max_examples=examples(150))
+@given(
+    nb=st.sampled_from(NUM_BINS),
+    p=st.sampled_from(PERCENTILES),
+    plan=plans(),
+)
+def test_percentile_parity(nb, p, plan):
+    _run_property(_cfg("percentile", symmetric=False, num_bins=nb, percentile=p), plan, growth=32.0)
+
+
+@settings(max_examples=examples(150))
+@given(
+    nb=st.sampled_from(NUM_BINS),
+    p=st.sampled_from(PERCENTILES),
+    plan=plans(),
+)
+def test_percentile_symmetric_parity(nb, p, plan):
+    _run_property(_cfg("percentile", symmetric=True, num_bins=nb, percentile=p), plan, growth=32.0)
+
+
+@settings(max_examples=examples(120))
+@given(
+    nb=st.sampled_from([512, 1000, 2048]),
+    scenario=st.sampled_from(["same", "p3"]),
+    symmetric=st.booleans(),
+    plan=plans(f16_weight=1),  # f16 mostly fails "Too many bins" here: fewer f16 tensors
+)
+def test_distribution_parity(nb, scenario, symmetric, plan):
+    _run_property(_cfg("distribution", symmetric=symmetric, num_bins=nb, scenario=scenario), plan, growth=16.0)
+
+
+@settings(max_examples=examples(60))
+@given(
+    method=st.sampled_from(["entropy", "percentile", "percentile-sym", "distribution"]),
+    plan=plans(max_tensors=3, max_collects=3, nonfinite=False, allow_empty=False, ragged=False),
+)
+def test_parity_clean_inputs_compare_everything(method, plan):
+    """Finite, non-empty, same-shape inputs (f32/f16 with <= 1024 bins): no tensor may deviate
+    except through the documented f16 "Too many bins" or the |x|-path drops."""
+    if method == "entropy":
+        cfg = _cfg("entropy", num_bins=129, num_quantized_bins=8)
+    elif method == "percentile":
+        cfg = _cfg("percentile", num_bins=1000, percentile=99.9)
+    elif method == "percentile-sym":
+        cfg = _cfg("percentile", symmetric=True, num_bins=1000, percentile=99.9)
+    else:
+        cfg = _cfg("distribution", num_bins=1000, scenario="same")
+    collects = build_collects(plan, cfg, growth=4.0)
+    note(f"cfg={cfg}\n{_describe(collects)}")
+    report = check_parity(cfg, collects)
+    allowed = {"too many bins", "symmetric percentile dropped values", "|x| extension overflow (later +inf or float16)"}
+    assert set(report.deviations.values()) <= allowed, report.deviations
+
+
+# ----------------------------------------------------------------------------------------------
+# Worked examples from ORT_PARITY.md (exact ORT behaviour at known corner cases)
+# ----------------------------------------------------------------------------------------------
+
+f32 = np.float32
+f16 = np.float16
+
+
+def _parity(cfg, collects):
+    return check_parity(cfg, collects)
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
+def test_worked_example_value_path_merges(method):
+    """§4.1 table: first, t_new <= t_old, growth, growth by an exact multiple of the stride."""
+    nb = 8 if method != "distribution" else 512
+    cfg = _cfg(method, num_bins=nb, num_quantized_bins=4, percentile=50.0)
+    seq = [[-1, 0.5, 2], [1.5, -0.2], [3.3], [-4.5]]
+    collects = [{"t": np.array(x, f32)} for x in seq]
+    rep = _parity(cfg, collects)
+    assert rep.compared == ["t"]
+    if method == "entropy":
+        ort = run_ort(cfg, collects)
+        assert ort.collector.histogram_dict["t"][0].size == 20  # the exact-multiple growth really happened
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
+def test_worked_example_zero_threshold_then_growth(method):
+    """§4.1: old_t == 0 (all zeros first) adds the old counts index-wise without re-binning."""
+    nb = 8 if method != "distribution" else 512
+    cfg = _cfg(method, num_bins=nb, num_quantized_bins=4, percentile=99.9)
+    collects = [{"z": np.zeros(5, f32)}, {"z": np.array([0.3, -1], f32)}]
+    assert _parity(cfg, collects).compared == ["z"]
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "percentile-sym", "distribution"])
+def test_empty_batch_injects_zero_into_min_max(method):
+    """§4.1/§8: an empty later collect injects 0 into min/max (0-d arrays for empty batches)."""
+    sym = method == "percentile-sym"
+    m = "percentile" if sym else method
+    cfg = _cfg(m, symmetric=sym, num_bins=512, num_quantized_bins=8, percentile=99.9)
+    collects = [{"e": np.zeros(0, f32)}, {"e": np.array([1, 2], f32)}]
+    assert _parity(cfg, collects).compared == ["e"]
+    if not sym:  # the |x| path raises on an empty *later* batch (documented deviation)
+        collects = [{"e": np.array([1, 2], f32)}, {"e": np.zeros((0, 3), f32)}]
+        assert _parity(cfg, collects).compared == ["e"]
+
+
+@pytest.mark.parametrize("sym", [False, True])
+@pytest.mark.parametrize("dtype", [f32, f16])
+def test_empty_only(sym, dtype):
+    """§8: empty data only: Entropy (0,0); Percentile (0.0, -0.5) / (-0.0, 0.0); Distribution NaN."""
+    for cfg in (
+        _cfg("entropy", symmetric=sym, num_bins=8, num_quantized_bins=4),
+        _cfg("percentile", symmetric=sym, num_bins=1000, percentile=99.999),
+        _cfg("distribution", symmetric=sym, num_bins=512, scenario="same"),
+        _cfg("distribution", symmetric=sym, num_bins=512, scenario="p3"),
+    ):
+        collects = [{"e": np.zeros((0, 4), dtype), "f": [np.zeros((2, 0), dtype), np.zeros((2, 0), dtype)]}]
+        rep = _parity(cfg, collects)
+        assert sorted(rep.compared) == ["e", "f"], (cfg, rep)
+
+
+@pytest.mark.parametrize("c", [0.0, 3.0, -3.0, 1e-3, 65504.0])
+@pytest.mark.parametrize("dtype", [f32, f16])
+def test_constant_data(c, dtype):
+    """§8: constant data: ±0.5 ranges, lo > hi for non-symmetric percentile at c=3."""
+    data = {"c": np.full((3, 7), c, dtype)}
+    for cfg in (
+        _cfg("entropy", num_bins=128, num_quantized_bins=4),
+        _cfg("percentile", num_bins=1000, percentile=99.999),
+        _cfg("percentile", num_bins=2048, percentile=99.999),
+        _cfg("percentile", symmetric=True, num_bins=2048, percentile=99.999),
+        _cfg("distribution", num_bins=512, scenario="p3"),
+    ):
+        _parity(cfg, [data, data])
+
+
+@pytest.mark.parametrize("p", PERCENTILES)
+def test_percentile_worked_example(p):
+    """§5.1: data [0.1,0.2,0.3,-0.9,1.0,0.15], 8 bins, both symmetric modes."""
+    x = np.array([0.1, 0.2, 0.3, -0.9, 1.0, 0.15], f32)
+    for sym in (False, True):
+        assert _parity(_cfg("percentile", symmetric=sym, num_bins=8, percentile=p), [{"x": x}]).compared == ["x"]
+
+
+@pytest.mark.parametrize("n", [3, 10, 129])
+def test_percentile_100_depends_on_cdf_last_bits(n):
+    """§5.1: p=100 with n equal bins: cdf[-1] == 1.0 or 0.9999999999999999 picks e[n-1] or e[n]."""
+    x = (np.arange(n, dtype=np.float64) + 0.5).astype(f32) * np.float32(3 / n)
+    for sym in (False, True):
+        _parity(_cfg("percentile", symmetric=sym, num_bins=n, percentile=100.0), [{"x": x}])
+
+
+def test_symmetric_percentile_extension_and_drop():
+    """§4.2: extension with f64 arange edges (overshoot); values below the first min|x| dropped by
+    ORT (deviation 2: histocal keeps them, so its count is the number of finite values)."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=4, percentile=99.9)
+    collects = [{"a": np.array([0.5, -1.0], f32)}, {"a": np.array([0.75, 2.2, -1.9], f32)}]
+    assert _parity(cfg, collects).compared == ["a"]  # extension only, nothing dropped
+    collects = [{"a": np.array([0.5, -1.0], f32)}, {"a": np.array([0.1, -0.2, 0.0, 0.75, 2.2], f32)}]
+    rep = _parity(cfg, collects)
+    assert rep.deviations == {"a": "symmetric percentile dropped values"}
+    ort = run_ort(cfg, collects)
+    assert int(ort.collector.histogram_dict["a"][0].sum()) == 4  # ORT really dropped 3 of 7
+
+
+def test_symmetric_percentile_empty_extension():
+    """§4.2: edges [0,3.5,...,14] and amax=14.000001: ORT's extension is empty and drops the value."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=4, percentile=100.0)
+    collects = [{"a": np.array([0, 14], f32)}, {"a": np.array([14.000001, 1], f32)}]
+    rep = _parity(cfg, collects)
+    ort = run_ort(cfg, collects)
+    if int(ort.collector.histogram_dict["a"][0].sum()) == 3:
+        assert rep.deviations == {"a": "symmetric percentile dropped values"}
+
+
+def test_symmetric_percentile_all_nan_later_batch_is_ignored():
+    """§4.2/§8: an all-NaN later batch on the |x| path leaves ORT's state (including min/max) unchanged."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=8, percentile=99.9)
+    collects = [{"a": np.array([1, 2], f32)}, {"a": np.array([np.nan, np.nan], f32)}]
+    assert _parity(cfg, collects).compared == ["a"]
+
+
+def test_symmetric_percentile_nan_in_later_batch_dropped():
+    cfg = _cfg("percentile", symmetric=True, num_bins=8, percentile=50.0)
+    collects = [{"a": np.array([1, -2, 0.5], f32)}, {"a": [np.array([np.nan, 3], f32), np.array([-0.7, np.nan], f32)]}]
+    assert _parity(cfg, collects).compared == ["a"]
+
+
+def test_value_path_nan_dropped_silently():
+    for cfg in (_cfg("entropy", num_bins=8, num_quantized_bins=4), _cfg("distribution", num_bins=512)):
+        collects = [{"a": np.array([1, np.nan, -2], f32)}, {"a": np.array([np.nan, 3.0, 0.25], f32)}]
+        assert _parity(cfg, collects).compared == ["a"]
+
+
+def test_f16_bin_misplacement_is_reproduced():
+    """§4.3.5: with f16, numpy's estimate-and-correct puts 19.83 in bin 967 (not 966) for n=1000,
+    t=f16(21.22). A port must reproduce this, not a binary search."""
+    x = np.array([21.22, -3.0, 19.83], f16)
+    for cfg in (_cfg("percentile", num_bins=1000, percentile=50.0), _cfg("distribution", num_bins=1000)):
+        assert _parity(cfg, [{"h": x}]).compared == ["h"]
+    ort = run_ort(_cfg("percentile", num_bins=1000), [{"h": x}])
+    assert ort.collector.histogram_dict["h"][0][967] == 1
+
+
+def test_f32_values_on_edges_and_one_ulp_away():
+    """§4.3.5: f32 values exactly on edges and ±1 ulp, fed into a second collect (no growth)."""
+    rng = np.random.default_rng(5)
+    for nb in (7, 128, 1000, 2048):
+        for method, sym in (("percentile", False), ("percentile", True), ("distribution", False)):
+            if method == "distribution" and nb < 512:
+                continue
+            cfg = _cfg(method, symmetric=sym, num_bins=nb, percentile=99.9)
+            first = {"e": (rng.standard_normal(500) * 3.7).astype(f32)}
+            ort = run_ort(cfg, [first])
+            edges = ort.collector.histogram_dict["e"][1]
+            second = np.concatenate(
+                [edges, np.nextafter(edges, f32(np.inf)), np.nextafter(edges, f32(-np.inf))]
+            )
+            if not sym:
+                second = second[(second >= edges[0]) & (second <= edges[-1])]
+            _parity(cfg, [first, {"e": second}, {"e": -second}])
+
+
+def test_entropy_default_128_bins_is_minmax():
+    """§5.2: 128/128 has a single candidate and returns exactly the data (min, max)."""
+    x = (np.random.default_rng(1).standard_normal(10000) * 2 + 0.3).astype(f32)
+    cfg = _cfg("entropy", num_bins=128, num_quantized_bins=128)
+    assert _parity(cfg, [{"x": x}]).compared == ["x"]
+    _, res = run_histocal(cfg, [{"x": x}])
+    assert res["x"][0] == x.min() and res["x"][1] == x.max()
+
+
+@pytest.mark.parametrize("dtype", [f32, f16])
+def test_entropy_2048_bins(dtype):
+    """The percentile/distribution default bin count, with entropy (ORT's slow path, one example).
+    f16 with 2048 bins only works in ORT when t is a power of two (§4.3.6)."""
+    x = (np.random.default_rng(2).standard_t(3, 20000)).astype(dtype)
+    cfg = _cfg("entropy", num_bins=2048, num_quantized_bins=128)
+    if dtype == f16:
+        x = np.clip(x, -2, 2).astype(f16)  # t = 2: ORT can make 2048 f16 bins
+        x[0] = 2
+    assert _parity(cfg, [{"x": x}]).compared == ["x"]
+    if dtype == f16:
+        y = (x * f16(1.5)).astype(f16)  # t = 3: "Too many bins" in ORT
+        assert _parity(cfg, [{"y": y}]).deviations == {"y": "too many bins"}
+
+
+def test_entropy_grown_histogram_f16_ties():
+    """§5.2: f16 KL is rounded to f16 and ties are common; first-minimum tie breaking."""
+    rng = np.random.default_rng(3)
+    cfg = _cfg("entropy", num_bins=128, num_quantized_bins=8)
+    collects = [{"h": (rng.standard_normal(4000)).astype(f16)}, {"h": (rng.standard_normal(4000) * 3).astype(f16)}]
+    assert _parity(cfg, collects).compared == ["h"]
+
+
+def test_entropy_worked_example_p_q():
+    """§5.2: n=8, nq=4, hist [0,3,0,1,2,0,0,4]-like data; even-n asymmetric candidates."""
+    x = np.array([-1.5, -1.5, -1.5, -0.25, 0.25, 0.25, 1.9, 1.9, 1.9, 2.0], f32)
+    for nq in (2, 4, 5, 8):
+        assert _parity(_cfg("entropy", num_bins=8, num_quantized_bins=nq), [{"x": x}]).compared == ["x"]
+
+
+def test_kl_spy_captures_ort_kl_vector():
+    """Self-test of the near-tie machinery: the spy sees one KL vector per tensor, of length K."""
+    rng = np.random.default_rng(4)
+    cfg = _cfg("entropy", num_bins=129, num_quantized_bins=8)
+    run = run_ort(cfg, [{"a": rng.standard_normal(100).astype(f32), "b": rng.standard_normal(50).astype(f16)}])
+    assert run.error is None
+    assert set(run.kl) == {"a", "b"}
+    assert run.kl["a"].size == 129 // 2 - 8 // 2 + 1
+    assert int(np.argmin(run.kl["a"])) in range(run.kl["a"].size)
+    records: list = []
+    with argmin_spy(records):
+        pass
+    assert np.argmin is not None and "spy" not in np.argmin.__name__  # restored
+
+
+def test_near_tie_checker_accepts_ties_and_rejects_real_differences():
+    """Self-test of the KL near-tie rule used when entropy thresholds differ."""
+    from conftest import assert_entropy_threshold, entropy_candidates
+
+    rng = np.random.default_rng(8)
+    cfg = _cfg("entropy", num_bins=129, num_quantized_bins=8)
+    run = run_ort(cfg, [{"a": rng.standard_normal(3000).astype(f32)}])
+    hist_t, res, kl = run.collector.histogram_dict["a"], run.result["a"], run.kl["a"].copy()
+    cands = entropy_candidates(hist_t, 8)
+    j = int(np.argmin(kl))
+    assert (cands[j][0], cands[j][1]) == (res[0], res[1])  # the candidate model matches ORT
+    k = next(i for i, c in enumerate(cands) if c != cands[j])
+    other = (cands[k][0], cands[k][1], res[2], res[3])
+    # identical threshold: accepted, no near-tie
+    assert assert_entropy_threshold("a", res, res, hist_t, kl, 8) is False
+    # candidate k within 1 f32 ulp of the minimum: accepted as a near-tie
+    tie = kl.copy()
+    tie[k] = float(np.nextafter(f32(tie[j]), f32(np.inf)))
+    assert assert_entropy_threshold("a", res, other, hist_t, tie, 8) is True
+    # candidate k clearly worse: rejected
+    far = kl.copy()
+    far[k] = kl[j] * 1.01 + 1e-3
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_entropy_threshold("a", res, other, hist_t, far, 8)
+    # a threshold that is no candidate at all: rejected
+    with pytest.raises(AssertionError, match="not one of ORT's candidates"):
+        assert_entropy_threshold("a", res, (f32(-123.0), f32(77.0), res[2], res[3]), hist_t, kl, 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# Documented ORT crashes: histocal returns a result instead
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "percentile-sym", "distribution"])
+def test_deviation_ragged_batches(method):
+    """§3.4: batches of different shapes (and empty + non-empty) in one list: ORT raises
+    'inhomogeneous'; histocal equals ORT on the flattened concatenation."""
+    sym = method == "percentile-sym"
+    m = "percentile" if sym else method
+    cfg = _cfg(m, symmetric=sym, num_bins=512, num_quantized_bins=8, percentile=99.9)
+    rng = np.random.default_rng(6)
+    for batches in (
+        [rng.standard_normal((1, 3)).astype(f32), rng.standard_normal((1, 2)).astype(f32)],
+        [rng.standard_normal((2, 3)).astype(f32), rng.standard_normal((3, 2)).astype(f32)],
+        [np.zeros((0, 4), f32), rng.standard_normal((1, 4)).astype(f32)],
+    ):
+        # later |x| >= 3, above the first min|x|, so the |x| path drops nothing and compares exactly
+        later = [np.copysign(3 + np.abs(rng.standard_normal(s)), rng.standard_normal(s)).astype(f32) for s in ((7, 5), (2,))]
+        collects = [{"r": batches}, {"r": later}]
+        ort = run_ort(cfg, collects)
+        assert ort.error is not None and "inhomogeneous" in str(ort.error)
+        rep = _parity(cfg, collects)
+        assert rep.compared == ["r"], rep  # flattened reference computed and compared exactly
+
+
+@pytest.mark.parametrize("method", ["percentile", "percentile-sym", "distribution"])
+def test_deviation_f16_too_many_bins(method):
+    """§4.3.6: f16 with 2048 bins raises 'Too many bins' in ORT; histocal returns a result."""
+    sym = method == "percentile-sym"
+    m = "percentile" if sym else method
+    cfg = _cfg(m, symmetric=sym, num_bins=2048, percentile=99.999)
+    x = (np.random.default_rng(7).standard_normal(3000) * 1.5).astype(f16)
+    ort = run_ort(cfg, [{"h": x}])
+    assert ort.error is not None and "Too many bins" in str(ort.error)
+    rep = _parity(cfg, [{"h": x}, {"h": x * f16(2)}])
+    assert rep.deviations == {"h": "too many bins"}
+
+
+def test_deviation_entropy_smoothing_assertion():
+    """§5.2: ORT's smooth_distribution asserts (eps1 >= 1) on very sparse wide histograms."""
+    x = np.zeros(1001, f32)
+    x[-1] = 1
+    cfg = _cfg("entropy", num_bins=20480, num_quantized_bins=20000)
+    ort = run_ort(cfg, [{"s": x}])
+    assert isinstance(ort.error, AssertionError) and "n_zeros=" in str(ort.error)
+    rep = _parity(cfg, [{"s": x}])
+    assert rep.deviations == {"s": "entropy smoothing"}
+    # the histogram state is still compared exactly (ORT's collect succeeded)
+    hc, _ = run_histocal(cfg, [{"s": x}])
+    assert_hist_tuple_same(ort.collector.histogram_dict["s"], hc.histogram_dict["s"], "histogram_dict['s']")
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile", "percentile-sym", "distribution"])
+@pytest.mark.parametrize("where", ["first", "later"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, "all-nan"])
+def test_deviation_non_finite(method, where, bad):
+    """§8: NaN/Inf data. Where ORT raises, histocal equals ORT on the finite values."""
+    sym = method == "percentile-sym"
+    m = "percentile" if sym else method
+    cfg = _cfg(m, symmetric=sym, num_bins=512, num_quantized_bins=8, percentile=99.9)
+    good = np.array([[0.5, -1.25, 2.0], [0.1, 0.0, -0.3]], f32)
+    if bad == "all-nan":
+        badarr = np.full((2, 2), np.nan, f32)
+    else:
+        badarr = np.array([1.5, bad, -0.75], f32)
+    collects = [{"n": badarr}, {"n": good}] if where == "first" else [{"n": good}, {"n": badarr}]
+    rep = _parity(cfg, collects)
+    assert set(rep.compared) | set(rep.deviations) == {"n"}
+
+
+def test_deviation_f16_abs_extension_overflows_f16_max():
+    """Not in ORT_PARITY §8: an f16 |x| extension past 65504. ORT: 'arange: cannot compute length'.
+    histocal must keep finite edges and never bin the later +inf."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=7, percentile=100.0)
+    collects = [
+        {"t": np.array([1, 60000], f16)},
+        {"t": np.array([60030], f16)},
+        {"t": np.array([np.inf, 2], f16)},
+    ]
+    ort = run_ort(cfg, collects[:2])
+    assert ort.error is not None and "arange" in str(ort.error)
+    rep = _parity(cfg, collects)  # checks: hist sum == 4 finite values, finite range
+    assert "t" in rep.deviations
+    hc, _ = run_histocal(cfg, collects)
+    assert np.all(np.isfinite(hc.histogram_dict["t"][1].astype(np.float64))), hc.histogram_dict["t"][1]
+
+
+@pytest.mark.parametrize(
+    "first,later",
+    [
+        ([0, 0.0003], [0.009895]),
+        ([0, 1], [40.0]),  # the default 2048 bins: any later |x| > ~33 after a [0, 1] batch
+        ([], [40.0]),  # an empty first batch gives edges over [0, 1]
+        ([np.nan], [40.0]),  # so does an all-NaN one (histocal)
+    ],
+)
+def test_deviation_f16_abs_extension_length_overflow(first, later):
+    """Not in ORT_PARITY §8: an f16 |x| extension of more than 65504 bins (its length overflows
+    f16). ORT: 'Maximum allowed size exceeded'; histocal returns a result."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=2048, percentile=99.9)
+    collects = [{"x": np.array(first, f16)}, {"x": np.array(later, f16)}]
+    ort = run_ort(cfg, collects if first != [np.nan] else [{"x": np.zeros(0, f16)}, collects[1]])
+    assert ort.error is not None and "Maximum allowed size exceeded" in str(ort.error)
+    rep = _parity(cfg, collects)
+    assert "x" in rep.deviations
