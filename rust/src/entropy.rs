@@ -41,7 +41,6 @@ pub struct EntropyChoice {
 /// Scratch buffers reused across candidates on one thread.
 #[derive(Default)]
 struct Scratch {
-    p: Vec<i64>,
     ps: Vec<f32>,
     qs: Vec<f32>,
     ratio: Vec<f32>,
@@ -139,27 +138,31 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let start = zb - i;
     let end = (zb + i + 1).min(n);
     let len = end - start;
-    let Scratch { p, ps, qs, ratio, logs } = s;
-    // Reference p: the slice with the outliers folded into its end bins.
-    p.clear();
-    p.extend_from_slice(&hist[start..end]);
-    p[0] += prefix[start];
-    p[len - 1] += prefix[n] - prefix[end];
+    let Scratch { ps, qs, ratio, logs } = s;
+    // Reference p: the slice with the outliers folded into its end bins (only the two end
+    // values differ from `hist`, so p is never materialised).
+    let (left, right) = (prefix[start], prefix[n] - prefix[end]);
+    let (p_first, p_last) = if len == 1 {
+        (hist[start] + left + right, hist[start] + left + right)
+    } else {
+        (hist[start] + left, hist[end - 1] + right)
+    };
+    let p_at = |k: usize| if k == 0 { p_first } else if k == len - 1 { p_last } else { hist[start + k] };
     // Zero counts come from the zero-prefix table, corrected at the two folded end bins.
-    let fold_fix = |k: usize| (p[k] == 0) as i64 - (hist[start + k] == 0) as i64;
-    let (fix_first, fix_last) = (fold_fix(0), if len > 1 { fold_fix(len - 1) } else { 0 });
-    let p_zeros = (zeros[end] - zeros[start]) as i64 + fix_first + fix_last;
-    let p_zeros = p_zeros as usize;
-    let Some(off_p) = smoothing_offset(len, p_zeros, |k| p[k] == 0) else {
+    let fix_first = (p_first == 0) as i64 - (hist[start] == 0) as i64;
+    let fix_last = if len > 1 { (p_last == 0) as i64 - (hist[end - 1] == 0) as i64 } else { 0 };
+    let p_zeros = ((zeros[end] - zeros[start]) as i64 + fix_first + fix_last) as usize;
+    let Some(off_p) = smoothing_offset(len, p_zeros, |k| p_at(k) == 0) else {
         return f32::INFINITY;
     };
     ps.resize(len, 0.0);
-    let (pv, hs, out) = (&p[..len], &hf[start..end], &mut ps[..len]);
+    let (hs, out) = (&hf[start..end], &mut ps[..len]);
     for k in 0..len {
-        out[k] = if pv[k] == 0 { EPS } else { hs[k] + off_p };
+        // hf is 0.0 exactly where the count is 0
+        out[k] = if hs[k] == 0.0 { EPS } else { hs[k] + off_p };
     }
-    for k in [0, len - 1] {
-        ps[k] = if p[k] == 0 { EPS } else { p[k] as f32 + off_p };
+    for (k, v) in [(0, p_first), (len - 1, p_last)] {
+        ps[k] = if v == 0 { EPS } else { v as f32 + off_p };
     }
     // Non-zero counts are >= 1, so they stay positive unless the offset rounds to -1.
     if 1.0 + off_p <= 0.0 && ps.iter().any(|&h| h <= 0.0) {
