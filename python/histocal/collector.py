@@ -167,8 +167,12 @@ class HistogramCollector(CalibrationDataCollector):
         if self.num_bins < 512:
             raise ValueError("Invalid num_bins. Must be in range 512 <= num_bins.")
         hd = self.histogram_dict
+        if self.scenario == "same":
+            moments = {n: (a, s) for n, a, s in self._histograms.distribution(self.scenario)}
+        else:
+            moments = {n: _p3_avg_std(*hd[n][:2]) for n in hd}
         out = {}
-        for name, avg, std in self._histograms.distribution(self.scenario):
+        for name, (avg, std) in moments.items():
             hist, edges = hd[name][:2]
             if edges.dtype == np.float64:
                 raise ValueError(
@@ -184,6 +188,21 @@ class HistogramCollector(CalibrationDataCollector):
                 highest=edges.max(),
             )
         return out
+
+
+def _p3_avg_std(hist: np.ndarray, edges: np.ndarray) -> tuple[Any, Any]:
+    """ORT's ``_avg_std(power=1/3)``, on the histogram (a few thousand values), with numpy's own
+    float ``power``: its SIMD kernel differs from libm and between CPUs, so only numpy itself
+    gives ORT's bits on every machine."""
+    with np.errstate(all="ignore"):
+        values = (edges[:-1] + edges[1:]) * 0.5
+        fact = np.abs(values) / values
+        fact[np.isnan(fact)] = 1
+        fact[np.isinf(fact)] = 1
+        values = np.abs(values) ** (1.0 / 3.0) * fact
+        avg = (hist * values).sum() / hist.sum()
+        std = ((hist * values**2).sum() / hist.sum() - avg**2) ** 0.5
+    return avg, std
 
 
 def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:

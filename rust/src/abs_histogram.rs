@@ -7,10 +7,10 @@
 //! bins of the same width below (or above); where ORT drops nothing, the result is identical.
 
 use crate::float::{Float, Widen};
-use crate::histogram::{arange_f64, count_abs_explicit, HistError, UniformBins, MAX_BINS};
+use crate::binning::Binning;
+use crate::histogram::{arange_f64, HistError, UniformBins, MAX_BINS};
 use crate::scan::Scan;
 use crate::value_histogram::{batch_min_max, first_min_max, Held};
-use crate::view::View;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AbsHistogram<E> {
@@ -22,32 +22,32 @@ pub struct AbsHistogram<E> {
 
 impl<E: Float> AbsHistogram<E> {
     /// The first collect: `np.histogram(|x|, n)` over the automatic range `[min|x|, max|x|]`.
-    pub fn first<D: Float + Widen<E>>(views: &[View<D>], scan: &Scan<D>, n_bins: usize) -> Result<Self, HistError> {
+    /// Returns the empty histogram and the binning its batches are then counted with.
+    pub fn first<D: Float + Widen<E>>(scan: &Scan<D>, n_bins: usize) -> Result<(Self, Binning<E>), HistError> {
         let (mn, mx) = first_min_max::<D, E>(scan);
-        let mut hist = vec![0i64; n_bins];
-        let edges = match (scan.finite_abs_min, scan.finite_abs_max) {
+        let (edges, binning) = match (scan.finite_abs_min, scan.finite_abs_max) {
             (Some(lo), Some(hi)) => {
                 let bins = UniformBins::new(lo.widen(), hi.widen(), n_bins)?;
-                views.iter().for_each(|v| bins.count(v, true, &mut hist));
-                bins.edges
+                (bins.edges.clone(), Binning::Uniform { bins, abs: true })
             }
-            _ => UniformBins::<E>::empty_auto(n_bins)?.edges,
+            _ => (UniformBins::<E>::empty_auto(n_bins)?.edges, Binning::Nothing),
         };
-        Ok(AbsHistogram { hist, edges, min: mn, max: mx })
+        Ok((AbsHistogram { hist: vec![0i64; n_bins], edges, min: mn, max: mx }, binning))
     }
 
-    /// A later collect: extend the edges if needed, count |x| against them, add the old counts.
-    /// Fails, leaving the state unchanged, where the edges would overflow `E` or exceed
-    /// `MAX_BINS` (the caller then widens `E`).
-    pub fn merge<D: Float + Widen<E>>(&mut self, views: &[View<D>], scan: &Scan<D>) -> Result<(), HistError> {
+    /// A later collect: extend the edges if needed and lay the old counts on them; returns the
+    /// binning (|x| against those edges) the collect's batches are counted with. Fails, leaving
+    /// the state unchanged, where the edges would overflow `E` or exceed `MAX_BINS` (the caller
+    /// then widens `E`).
+    pub fn merge<D: Float + Widen<E>>(&mut self, scan: &Scan<D>) -> Result<Binning<E>, HistError> {
         let Some((mn, mx)) = batch_min_max::<D, E>(scan) else {
-            return Ok(()); // ORT: an all-NaN batch counts nothing and keeps min/max
+            return Ok(Binning::Nothing); // ORT: an all-NaN batch counts nothing and keeps min/max
         };
         let (new_min, new_max) = (self.min.py_min(mn), self.max.py_max(mx));
         let (Some(amin), Some(amax)) = (scan.finite_abs_min, scan.finite_abs_max) else {
             // An empty batch (ORT raises; histocal injects 0 like ORT's value path).
             (self.min, self.max) = (new_min, new_max);
-            return Ok(());
+            return Ok(Binning::Nothing);
         };
         let (amin, amax): (E, E) = (amin.widen(), amax.widen());
         let n = self.edges.len();
@@ -88,12 +88,11 @@ impl<E: Float> AbsHistogram<E> {
             return Err(HistError::NonFiniteRange); // the edges overflow E (f16): widen
         }
         let mut hist = vec![0i64; edges.len() - 1];
-        views.iter().for_each(|v| count_abs_explicit(v, &edges, &mut hist));
-        hist[below..below + self.hist.len()].iter_mut().zip(&self.hist).for_each(|(a, b)| *a += b);
+        hist[below..below + self.hist.len()].copy_from_slice(&self.hist);
         self.hist = hist;
         self.edges = stored;
         (self.min, self.max) = (new_min, new_max);
-        Ok(())
+        Ok(Binning::Explicit(edges))
     }
 
     pub fn widen<F: Float>(&self) -> AbsHistogram<F> {
@@ -110,14 +109,20 @@ impl<E: Float> AbsHistogram<E> {
 mod tests {
     use super::*;
     use crate::scan::scan;
+    use crate::view::View;
 
     fn step(h: &mut Option<AbsHistogram<f32>>, x: &[f32], n: usize) {
         let v = View::from_slice(x);
         let s = scan(&v);
-        match h {
-            None => *h = Some(AbsHistogram::first(&[v], &s, n).unwrap()),
-            Some(st) => st.merge(&[v], &s).unwrap(),
-        }
+        let binning = match h {
+            None => {
+                let (st, b) = AbsHistogram::first(&s, n).unwrap();
+                *h = Some(st);
+                b
+            }
+            Some(st) => st.merge(&s).unwrap(),
+        };
+        binning.count(&v, &mut h.as_mut().unwrap().hist);
     }
 
     #[test]

@@ -7,7 +7,9 @@ use crate::float::Float;
 use crate::minmax;
 use crate::percentile::percentile_indices;
 use crate::scan::{scan, Scan};
-use crate::state::{collect, Batches, Family, Histogram, Kind, TensorState, Typed};
+use crate::state::{collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
+use crate::stream_histogram::StreamHistogram;
+use crate::histogram::HistError;
 use crate::view::View;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
@@ -105,6 +107,8 @@ pub struct Histograms {
     num_bins: usize,
     order: Vec<String>,
     states: HashMap<String, TensorState>,
+    /// Two-pass collects: the combined scan and batch count of the collect being scanned.
+    pending: HashMap<String, (Scans, u64)>,
 }
 
 /// Apply `f` to a typed histogram whatever its arithmetic type.
@@ -139,6 +143,23 @@ fn held<E: Float>(h: crate::value_histogram::Held<E>) -> (f64, bool) {
     (h.value.to_f64(), h.is_array)
 }
 
+fn borrow_items<'py>(items: &[(String, Vec<Bound<'py, PyAny>>)]) -> PyResult<Vec<(String, Borrowed<'py>)>> {
+    items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect()
+}
+
+fn named(name: &str, e: CollectError) -> PyErr {
+    PyValueError::new_err(format!("tensor {name:?}: {e}"))
+}
+
+impl Histograms {
+    fn insert(&mut self, name: &str, state: TensorState) {
+        if !self.states.contains_key(name) && !self.order.iter().any(|o| o == name) {
+            self.order.push(name.to_string());
+        }
+        self.states.insert(name.to_string(), state);
+    }
+}
+
 #[pymethods]
 impl Histograms {
     #[new]
@@ -151,32 +172,74 @@ impl Histograms {
         if num_bins < 1 {
             return Err(PyValueError::new_err("num_bins must be >= 1"));
         }
-        Ok(Histograms { kind, num_bins, order: Vec::new(), states: HashMap::new() })
+        Ok(Histograms { kind, num_bins, order: Vec::new(), states: HashMap::new(), pending: HashMap::new() })
     }
 
     /// Collect `[(name, [arrays...]), ...]`: each tensor's arrays form one ORT collect call.
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
-        let borrowed: Vec<(String, Borrowed)> =
-            items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect::<PyResult<_>>()?;
+        let borrowed = borrow_items(&items)?;
         let mut work: Vec<(&str, Batches, Option<TensorState>)> =
             borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b), self.states.remove(n))).collect();
         let (kind, n_bins) = (self.kind, self.num_bins);
-        let results: Vec<Result<(), String>> = run(py, || {
-            work.par_iter_mut()
-                .map(|(_, batches, state)| collect(state, kind, batches, n_bins).map_err(|e| e.to_string()))
-                .collect()
-        });
+        let results: Vec<Result<(), CollectError>> =
+            run(py, || work.par_iter_mut().map(|(_, batches, state)| collect(state, kind, batches, n_bins)).collect());
         let mut first_error = None;
         for ((name, _, state), r) in work.into_iter().zip(results) {
             if let Some(s) = state {
-                if !self.order.iter().any(|o| o == name) {
-                    self.order.push(name.to_string());
-                }
-                self.states.insert(name.to_string(), s);
+                self.insert(name, s);
             }
-            if let (Err(e), None) = (r, &first_error) {
-                first_error = Some(PyValueError::new_err(format!("tensor {name:?}: {e}")));
+            first_error = first_error.or(r.err().map(|e| named(name, e)));
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Two-pass collect, pass 1: add batches to each tensor's pending scan (nothing is binned).
+    fn scan(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let borrowed = borrow_items(&items)?;
+        let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+        let scans: Vec<(Scans, u64)> = run(py, || batches.par_iter().map(|(_, b)| (Scans::of(b), b.len() as u64)).collect());
+        for ((name, _), (scan, n)) in batches.iter().zip(scans) {
+            let merged = match self.pending.remove(*name) {
+                None => (scan, n),
+                Some((old, m)) => (old.merge(scan).map_err(|e| named(name, e))?, m + n),
+            };
+            self.pending.insert(name.to_string(), merged);
+        }
+        Ok(())
+    }
+
+    /// Two-pass collect, between the passes: start each scanned tensor's collect from its
+    /// combined scan (ORT's ranges for the whole call). Pass 2 then `count`s every batch.
+    fn plan(&mut self, py: Python<'_>) -> PyResult<()> {
+        let mut work: Vec<(String, (Scans, u64), Option<TensorState>)> =
+            self.pending.drain().map(|(n, p)| { let st = self.states.remove(&n); (n, p, st) }).collect();
+        work.sort_by(|a, b| a.0.cmp(&b.0));
+        let (kind, n_bins) = (self.kind, self.num_bins);
+        let results: Vec<Result<(), CollectError>> =
+            run(py, || work.par_iter_mut().map(|(_, (scan, n), state)| plan(state, kind, scan, *n, n_bins)).collect());
+        let mut first_error = None;
+        for ((name, _, state), r) in work.into_iter().zip(results) {
+            if let Some(s) = state {
+                self.insert(&name, s);
             }
+            first_error = first_error.or(r.err().map(|e| named(&name, e)));
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Two-pass collect, pass 2: count batches with the binning `plan` fixed.
+    fn count(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let borrowed = borrow_items(&items)?;
+        let mut work: Vec<(&str, Batches, TensorState)> = Vec::with_capacity(borrowed.len());
+        for (n, b) in &borrowed {
+            let st = self.states.remove(n).ok_or_else(|| PyValueError::new_err(format!("tensor {n:?}: counted before it was planned")))?;
+            work.push((n.as_str(), batches_of(b), st));
+        }
+        let results: Vec<Result<(), CollectError>> = run(py, || work.par_iter_mut().map(|(_, b, st)| count(st, b)).collect());
+        let mut first_error = None;
+        for ((name, _, state), r) in work.into_iter().zip(results) {
+            self.states.insert(name.to_string(), state);
+            first_error = first_error.or(r.err().map(|e| named(name, e)));
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -299,6 +362,126 @@ impl Histograms {
     }
 }
 
+/// Per-tensor streaming histograms (batch-invariant), in first-collected order.
+#[pyclass(module = "histocal._core")]
+pub struct StreamHistograms {
+    log_half: u32,
+    order: Vec<String>,
+    states: HashMap<String, (&'static str, StreamHistogram)>,
+}
+
+/// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
+/// ("Too many bins"), the next wider one.
+fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<Histogram, HistError> {
+    fn value<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::value_histogram::ValueHistogram<E>, HistError> {
+        h.to_value::<E>(n)
+    }
+    fn abs<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::abs_histogram::AbsHistogram<E>, HistError> {
+        h.to_abs::<E>(n)
+    }
+    let start = match dtype {
+        "float16" => 0,
+        "float32" => 1,
+        _ => 2,
+    };
+    let mut last = HistError::NonFiniteRange;
+    for level in start..3 {
+        let r = match (kind, level) {
+            (Kind::Value, 0) => value::<f16>(h, n).map(|x| Histogram::Value(Typed::F16(x))),
+            (Kind::Value, 1) => value::<f32>(h, n).map(|x| Histogram::Value(Typed::F32(x))),
+            (Kind::Value, _) => value::<f64>(h, n).map(|x| Histogram::Value(Typed::F64(x))),
+            (Kind::Abs, 0) => abs::<f16>(h, n).map(|x| Histogram::Abs(Typed::F16(x))),
+            (Kind::Abs, 1) => abs::<f32>(h, n).map(|x| Histogram::Abs(Typed::F32(x))),
+            (Kind::Abs, _) => abs::<f64>(h, n).map(|x| Histogram::Abs(Typed::F64(x))),
+        };
+        match r {
+            Ok(x) => return Ok(x),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+#[pymethods]
+impl StreamHistograms {
+    #[new]
+    fn new(num_bins: usize) -> PyResult<Self> {
+        if !num_bins.is_power_of_two() || !(8..=(1 << 25)).contains(&num_bins) {
+            return Err(PyValueError::new_err(format!("streaming num_bins must be a power of two in [8, 2^25], got {num_bins}")));
+        }
+        Ok(StreamHistograms { log_half: num_bins.trailing_zeros() - 1, order: Vec::new(), states: HashMap::new() })
+    }
+
+    #[getter]
+    fn num_bins(&self) -> usize {
+        2 << self.log_half
+    }
+
+    /// Add `[(name, [batch arrays...]), ...]`; how data is split into calls and batches, and
+    /// their order, never changes the result.
+    fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let borrowed = borrow_items(&items)?;
+        let mut work = Vec::with_capacity(borrowed.len());
+        for (n, b) in &borrowed {
+            let batches = batches_of(b);
+            let (dtype, h) = match self.states.remove(n) {
+                Some((d, h)) if d != batches.dtype() => {
+                    self.states.insert(n.clone(), (d, h));
+                    return Err(named(n, CollectError::DtypeChanged { before: d, now: batches.dtype() }));
+                }
+                Some(x) => x,
+                None => (batches.dtype(), StreamHistogram::new(self.log_half)),
+            };
+            work.push((n.as_str(), batches, dtype, h));
+        }
+        run(py, || {
+            work.par_iter_mut().for_each(|(_, batches, _, h)| match batches {
+                Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
+                Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
+                Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
+            })
+        });
+        for (n, _, d, h) in work {
+            if !self.order.iter().any(|o| o == n) {
+                self.order.push(n.to_string());
+            }
+            self.states.insert(n.to_string(), (d, h));
+        }
+        Ok(())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.order.clone()
+    }
+
+    /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods.
+    fn to_histograms(&self, py: Python<'_>, kind: &str, num_bins: usize) -> PyResult<Histograms> {
+        let mut out = Histograms::new(kind, num_bins)?;
+        let kind = out.kind;
+        let states: Vec<(&String, &(&'static str, StreamHistogram))> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+        let built: Vec<Result<TensorState, String>> = run(py, || {
+            states
+                .par_iter()
+                .map(|(name, (dtype, h))| {
+                    let histogram = ort_shaped(dtype, h, kind, num_bins).map_err(|e| format!("tensor {name:?}: {e}"))?;
+                    let counts = Counts { finite: h.n_finite, nan: h.n_nan, posinf: h.n_posinf, neginf: h.n_neginf, batches: h.batches };
+                    Ok(TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts })
+                })
+                .collect()
+        });
+        for (name, st) in self.order.iter().zip(built) {
+            out.insert(name, st.map_err(PyValueError::new_err)?);
+        }
+        Ok(out)
+    }
+
+    /// `(finite, nan, posinf, neginf, batches)`.
+    fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
+        let (_, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        Ok((h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches))
+    }
+}
+
 type Stats = (Option<f64>, Option<f64>, Option<f64>, Option<f64>, u64, u64, u64, u64);
 
 fn stats_of<T: Float>(s: &Scan<T>) -> Stats {
@@ -390,6 +573,7 @@ fn nanmean_sequential(values: Bound<'_, PyAny>) -> PyResult<f64> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Histograms>()?;
+    m.add_class::<StreamHistograms>()?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_stats, m)?)?;

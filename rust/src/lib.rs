@@ -4,6 +4,7 @@
 //! only PyO3 code.
 
 pub mod abs_histogram;
+pub mod binning;
 pub mod distribution;
 pub mod entropy;
 pub mod float;
@@ -16,6 +17,7 @@ pub mod percentile;
 pub mod scan;
 mod simd;
 pub mod state;
+pub mod stream_histogram;
 pub mod value_histogram;
 pub mod view;
 

@@ -6,6 +6,7 @@
 //! state is widened exactly (f16 -> f32 -> f64) and that step is redone in the wider type.
 
 use crate::abs_histogram::AbsHistogram;
+use crate::binning::Binning;
 use crate::float::{Float, Widen};
 use crate::histogram::HistError;
 use crate::scan::{scan_all, Scan};
@@ -21,6 +22,18 @@ pub enum Batches<'a> {
 }
 
 impl Batches<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Batches::F16(v) => v.len(),
+            Batches::F32(v) => v.len(),
+            Batches::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn dtype(&self) -> &'static str {
         match self {
             Batches::F16(_) => "float16",
@@ -33,10 +46,11 @@ impl Batches<'_> {
 /// A histogram family (ORT's value or |x| histogram), generic over its arithmetic type.
 pub trait Family {
     type H<E: Float>: Clone + std::fmt::Debug + PartialEq;
-    fn first<E: Float, D: Float + Widen<E>>(views: &[View<D>], scan: &Scan<D>, n_bins: usize) -> Result<Self::H<E>, HistError>;
+    fn first<E: Float, D: Float + Widen<E>>(scan: &Scan<D>, n_bins: usize) -> Result<(Self::H<E>, Binning<E>), HistError>;
     /// Must leave `h` unchanged on error.
-    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, views: &[View<D>], scan: &Scan<D>) -> Result<(), HistError>;
+    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, scan: &Scan<D>) -> Result<Binning<E>, HistError>;
     fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F>;
+    fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64];
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -46,27 +60,33 @@ pub struct AbsFamily;
 
 impl Family for ValueFamily {
     type H<E: Float> = ValueHistogram<E>;
-    fn first<E: Float, D: Float + Widen<E>>(v: &[View<D>], s: &Scan<D>, n: usize) -> Result<Self::H<E>, HistError> {
-        ValueHistogram::first(v, s, n)
+    fn first<E: Float, D: Float + Widen<E>>(s: &Scan<D>, n: usize) -> Result<(Self::H<E>, Binning<E>), HistError> {
+        ValueHistogram::first(s, n)
     }
-    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, v: &[View<D>], s: &Scan<D>) -> Result<(), HistError> {
-        h.merge(v, s)
+    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, s: &Scan<D>) -> Result<Binning<E>, HistError> {
+        h.merge(s)
     }
     fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F> {
         h.widen()
+    }
+    fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64] {
+        &mut h.hist
     }
 }
 
 impl Family for AbsFamily {
     type H<E: Float> = AbsHistogram<E>;
-    fn first<E: Float, D: Float + Widen<E>>(v: &[View<D>], s: &Scan<D>, n: usize) -> Result<Self::H<E>, HistError> {
-        AbsHistogram::first(v, s, n)
+    fn first<E: Float, D: Float + Widen<E>>(s: &Scan<D>, n: usize) -> Result<(Self::H<E>, Binning<E>), HistError> {
+        AbsHistogram::first(s, n)
     }
-    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, v: &[View<D>], s: &Scan<D>) -> Result<(), HistError> {
-        h.merge(v, s)
+    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, s: &Scan<D>) -> Result<Binning<E>, HistError> {
+        h.merge(s)
     }
     fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F> {
         h.widen()
+    }
+    fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64] {
+        &mut h.hist
     }
 }
 
@@ -78,67 +98,108 @@ pub enum Typed<Fm: Family> {
     F64(Fm::H<f64>),
 }
 
+/// The binning of the collect in progress, in the histogram's arithmetic type.
+#[derive(Clone, Debug, Default)]
+pub enum TypedBinning {
+    #[default]
+    Nothing,
+    F16(Binning<f16>),
+    F32(Binning<f32>),
+    F64(Binning<f64>),
+}
+
 /// The widening chain each data type starts from: f16 -> f32 -> f64, f32 -> f64, f64.
+/// Planning (creating or growing the histogram) may fail in a narrow type and is then redone
+/// in the next; counting uses whatever type planning ended in.
 pub trait Chain: Float {
-    fn first<Fm: Family>(views: &[View<Self>], scan: &Scan<Self>, n_bins: usize) -> Result<Typed<Fm>, HistError>;
-    fn merge<Fm: Family>(h: &mut Typed<Fm>, views: &[View<Self>], scan: &Scan<Self>) -> Result<(), HistError>;
+    fn first<Fm: Family>(scan: &Scan<Self>, n_bins: usize) -> Result<(Typed<Fm>, TypedBinning), HistError>;
+    fn merge<Fm: Family>(h: &mut Typed<Fm>, scan: &Scan<Self>) -> Result<TypedBinning, HistError>;
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, view: &View<Self>);
+}
+
+fn mismatch() -> ! {
+    unreachable!("a histogram is counted in the arithmetic type it was planned in")
 }
 
 impl Chain for f16 {
-    fn first<Fm: Family>(v: &[View<f16>], s: &Scan<f16>, n: usize) -> Result<Typed<Fm>, HistError> {
-        Fm::first::<f16, f16>(v, s, n)
-            .map(Typed::F16)
-            .or_else(|_| Fm::first::<f32, f16>(v, s, n).map(Typed::F32))
-            .or_else(|_| Fm::first::<f64, f16>(v, s, n).map(Typed::F64))
+    fn first<Fm: Family>(s: &Scan<f16>, n: usize) -> Result<(Typed<Fm>, TypedBinning), HistError> {
+        Fm::first::<f16, f16>(s, n)
+            .map(|(h, b)| (Typed::F16(h), TypedBinning::F16(b)))
+            .or_else(|_| Fm::first::<f32, f16>(s, n).map(|(h, b)| (Typed::F32(h), TypedBinning::F32(b))))
+            .or_else(|_| Fm::first::<f64, f16>(s, n).map(|(h, b)| (Typed::F64(h), TypedBinning::F64(b))))
     }
-    fn merge<Fm: Family>(h: &mut Typed<Fm>, v: &[View<f16>], s: &Scan<f16>) -> Result<(), HistError> {
+    fn merge<Fm: Family>(h: &mut Typed<Fm>, s: &Scan<f16>) -> Result<TypedBinning, HistError> {
         if let Typed::F16(x) = h {
-            if Fm::merge(x, v, s).is_ok() {
-                return Ok(());
+            if let Ok(b) = Fm::merge(x, s) {
+                return Ok(TypedBinning::F16(b));
             }
             *h = Typed::F32(Fm::widen(x));
         }
         if let Typed::F32(x) = h {
-            if Fm::merge(x, v, s).is_ok() {
-                return Ok(());
+            if let Ok(b) = Fm::merge(x, s) {
+                return Ok(TypedBinning::F32(b));
             }
             *h = Typed::F64(Fm::widen(x));
         }
         match h {
-            Typed::F64(x) => Fm::merge(x, v, s),
+            Typed::F64(x) => Fm::merge(x, s).map(TypedBinning::F64),
             _ => unreachable!("widened above"),
+        }
+    }
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f16>) {
+        match (h, b) {
+            (_, TypedBinning::Nothing) => {}
+            (Typed::F16(x), TypedBinning::F16(b)) => b.count(v, Fm::hist_mut(x)),
+            (Typed::F32(x), TypedBinning::F32(b)) => b.count(v, Fm::hist_mut(x)),
+            (Typed::F64(x), TypedBinning::F64(b)) => b.count(v, Fm::hist_mut(x)),
+            _ => mismatch(),
         }
     }
 }
 
 impl Chain for f32 {
-    fn first<Fm: Family>(v: &[View<f32>], s: &Scan<f32>, n: usize) -> Result<Typed<Fm>, HistError> {
-        Fm::first::<f32, f32>(v, s, n)
-            .map(Typed::F32)
-            .or_else(|_| Fm::first::<f64, f32>(v, s, n).map(Typed::F64))
+    fn first<Fm: Family>(s: &Scan<f32>, n: usize) -> Result<(Typed<Fm>, TypedBinning), HistError> {
+        Fm::first::<f32, f32>(s, n)
+            .map(|(h, b)| (Typed::F32(h), TypedBinning::F32(b)))
+            .or_else(|_| Fm::first::<f64, f32>(s, n).map(|(h, b)| (Typed::F64(h), TypedBinning::F64(b))))
     }
-    fn merge<Fm: Family>(h: &mut Typed<Fm>, v: &[View<f32>], s: &Scan<f32>) -> Result<(), HistError> {
+    fn merge<Fm: Family>(h: &mut Typed<Fm>, s: &Scan<f32>) -> Result<TypedBinning, HistError> {
         if let Typed::F32(x) = h {
-            if Fm::merge(x, v, s).is_ok() {
-                return Ok(());
+            if let Ok(b) = Fm::merge(x, s) {
+                return Ok(TypedBinning::F32(b));
             }
             *h = Typed::F64(Fm::widen(x));
         }
         match h {
-            Typed::F64(x) => Fm::merge(x, v, s),
+            Typed::F64(x) => Fm::merge(x, s).map(TypedBinning::F64),
             _ => unreachable!("float32 data never has a float16 histogram"),
+        }
+    }
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f32>) {
+        match (h, b) {
+            (_, TypedBinning::Nothing) => {}
+            (Typed::F32(x), TypedBinning::F32(b)) => b.count(v, Fm::hist_mut(x)),
+            (Typed::F64(x), TypedBinning::F64(b)) => b.count(v, Fm::hist_mut(x)),
+            _ => mismatch(),
         }
     }
 }
 
 impl Chain for f64 {
-    fn first<Fm: Family>(v: &[View<f64>], s: &Scan<f64>, n: usize) -> Result<Typed<Fm>, HistError> {
-        Fm::first::<f64, f64>(v, s, n).map(Typed::F64)
+    fn first<Fm: Family>(s: &Scan<f64>, n: usize) -> Result<(Typed<Fm>, TypedBinning), HistError> {
+        Fm::first::<f64, f64>(s, n).map(|(h, b)| (Typed::F64(h), TypedBinning::F64(b)))
     }
-    fn merge<Fm: Family>(h: &mut Typed<Fm>, v: &[View<f64>], s: &Scan<f64>) -> Result<(), HistError> {
+    fn merge<Fm: Family>(h: &mut Typed<Fm>, s: &Scan<f64>) -> Result<TypedBinning, HistError> {
         match h {
-            Typed::F64(x) => Fm::merge(x, v, s),
+            Typed::F64(x) => Fm::merge(x, s).map(TypedBinning::F64),
             _ => unreachable!("float64 data only ever has a float64 histogram"),
+        }
+    }
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f64>) {
+        match (h, b) {
+            (_, TypedBinning::Nothing) => {}
+            (Typed::F64(x), TypedBinning::F64(b)) => b.count(v, Fm::hist_mut(x)),
+            _ => mismatch(),
         }
     }
 }
@@ -167,10 +228,12 @@ pub enum Histogram {
     Abs(Typed<AbsFamily>),
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct TensorState {
     pub dtype: &'static str,
     pub histogram: Histogram,
+    /// How the batches of the collect in progress are counted (set by `plan`).
+    pub binning: TypedBinning,
     pub counts: Counts,
 }
 
@@ -197,52 +260,110 @@ impl From<HistError> for CollectError {
     }
 }
 
-fn step<D>(state: Option<&mut TensorState>, kind: Kind, views: &[View<D>], n_bins: usize) -> Result<Option<TensorState>, CollectError>
-where
-    D: Chain,
-{
-    let scan = scan_all(views);
+/// The combined scan of one collect's batches, in the data's type.
+#[derive(Clone, Copy, Debug)]
+pub enum Scans {
+    F16(Scan<f16>),
+    F32(Scan<f32>),
+    F64(Scan<f64>),
+}
+
+impl Scans {
+    pub fn of(batches: &Batches) -> Self {
+        match batches {
+            Batches::F16(v) => Scans::F16(scan_all(v)),
+            Batches::F32(v) => Scans::F32(scan_all(v)),
+            Batches::F64(v) => Scans::F64(scan_all(v)),
+        }
+    }
+
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            Scans::F16(_) => "float16",
+            Scans::F32(_) => "float32",
+            Scans::F64(_) => "float64",
+        }
+    }
+
+    /// Both scans' data together; an error if their dtypes differ.
+    pub fn merge(self, o: Scans) -> Result<Scans, CollectError> {
+        match (self, o) {
+            (Scans::F16(a), Scans::F16(b)) => Ok(Scans::F16(a.merge(b))),
+            (Scans::F32(a), Scans::F32(b)) => Ok(Scans::F32(a.merge(b))),
+            (Scans::F64(a), Scans::F64(b)) => Ok(Scans::F64(a.merge(b))),
+            (a, b) => Err(CollectError::DtypeChanged { before: a.dtype(), now: b.dtype() }),
+        }
+    }
+}
+
+fn plan_typed<D: Chain>(state: &mut Option<TensorState>, kind: Kind, scan: &Scan<D>, n_batches: u64, n_bins: usize) -> Result<(), CollectError> {
     let add_counts = |c: &mut Counts| {
         c.finite += scan.n_finite;
         c.nan += scan.n_nan;
         c.posinf += scan.n_posinf;
         c.neginf += scan.n_neginf;
-        c.batches += views.len() as u64;
+        c.batches += n_batches;
     };
     match state {
         None => {
-            let histogram = match kind {
-                Kind::Value => Histogram::Value(D::first(views, &scan, n_bins)?),
-                Kind::Abs => Histogram::Abs(D::first(views, &scan, n_bins)?),
+            let (histogram, binning) = match kind {
+                Kind::Value => D::first(scan, n_bins).map(|(h, b)| (Histogram::Value(h), b))?,
+                Kind::Abs => D::first(scan, n_bins).map(|(h, b)| (Histogram::Abs(h), b))?,
             };
             let mut counts = Counts::default();
             add_counts(&mut counts);
-            Ok(Some(TensorState { dtype: D::NAME, histogram, counts }))
+            *state = Some(TensorState { dtype: D::NAME, histogram, binning, counts });
         }
         Some(st) => {
             if st.dtype != D::NAME {
                 return Err(CollectError::DtypeChanged { before: st.dtype, now: D::NAME });
             }
-            match &mut st.histogram {
-                Histogram::Value(h) => D::merge(h, views, &scan)?,
-                Histogram::Abs(h) => D::merge(h, views, &scan)?,
-            }
+            st.binning = match &mut st.histogram {
+                Histogram::Value(h) => D::merge(h, scan)?,
+                Histogram::Abs(h) => D::merge(h, scan)?,
+            };
             add_counts(&mut st.counts);
-            Ok(None)
         }
+    }
+    Ok(())
+}
+
+/// Start one collect (ORT's `collect` call) from the combined scan of all its batches: create
+/// or grow the histogram and fix how the batches are counted. On error the state is unchanged.
+pub fn plan(state: &mut Option<TensorState>, kind: Kind, scans: &Scans, n_batches: u64, n_bins: usize) -> Result<(), CollectError> {
+    match scans {
+        Scans::F16(s) => plan_typed(state, kind, s, n_batches, n_bins),
+        Scans::F32(s) => plan_typed(state, kind, s, n_batches, n_bins),
+        Scans::F64(s) => plan_typed(state, kind, s, n_batches, n_bins),
     }
 }
 
-/// Collect one tensor's batches into `state` (created on the first call).
-/// On error the state is unchanged.
-pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches, n_bins: usize) -> Result<(), CollectError> {
-    let created = match batches {
-        Batches::F16(v) => step(state.as_mut(), kind, v, n_bins)?,
-        Batches::F32(v) => step(state.as_mut(), kind, v, n_bins)?,
-        Batches::F64(v) => step(state.as_mut(), kind, v, n_bins)?,
-    };
-    if let Some(s) = created {
-        *state = Some(s);
+fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<D>]) -> Result<(), CollectError> {
+    if st.dtype != D::NAME {
+        return Err(CollectError::DtypeChanged { before: st.dtype, now: D::NAME });
+    }
+    for v in views {
+        match &mut st.histogram {
+            Histogram::Value(h) => D::count(h, &st.binning, v),
+            Histogram::Abs(h) => D::count(h, &st.binning, v),
+        }
     }
     Ok(())
+}
+
+/// Count batches of the collect `plan` started. Every batch that was scanned for the plan
+/// must be counted exactly once (in any order and grouping) to get ORT's histogram.
+pub fn count(st: &mut TensorState, batches: &Batches) -> Result<(), CollectError> {
+    match batches {
+        Batches::F16(v) => count_typed(st, v),
+        Batches::F32(v) => count_typed(st, v),
+        Batches::F64(v) => count_typed(st, v),
+    }
+}
+
+/// Collect one tensor's batches into `state` (created on the first call): `plan` and `count`
+/// in one step. On error the state is unchanged.
+pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches, n_bins: usize) -> Result<(), CollectError> {
+    plan(state, kind, &Scans::of(batches), batches.len() as u64, n_bins)?;
+    count(state.as_mut().expect("planned above"), batches)
 }

@@ -4,10 +4,10 @@
 //! Non-finite values are never binned (ORT raises on them); a batch without finite values is
 //! treated exactly as ORT treats an empty batch.
 
+use crate::binning::Binning;
 use crate::float::{py_max, Float, Widen};
 use crate::histogram::{HistError, UniformBins};
 use crate::scan::Scan;
-use crate::view::View;
 
 /// A scalar as ORT holds it: numpy scalars from `nanmin`/arithmetic, or 0-d arrays (empty
 /// batches, `np.array(threshold)`). The distinction only shows in the Python objects returned.
@@ -70,42 +70,45 @@ pub fn first_min_max<D: Float + Widen<E>, E: Float>(scan: &Scan<D>) -> (Held<E>,
     batch_min_max(scan).unwrap_or((Held::array(E::ZERO), Held::array(E::ZERO)))
 }
 
+/// Value bins, or nothing to count when the collect has no finite values.
+fn uniform<D: Float, E: Float>(bins: UniformBins<E>, scan: &Scan<D>) -> Binning<E> {
+    if scan.n_finite > 0 {
+        Binning::Uniform { bins, abs: false }
+    } else {
+        Binning::Nothing
+    }
+}
+
 impl<E: Float> ValueHistogram<E> {
     /// The first collect: `np.histogram(x, n, range=(-t, t))` with `t = max(|min|, |max|)`.
-    pub fn first<D: Float + Widen<E>>(views: &[View<D>], scan: &Scan<D>, n_bins: usize) -> Result<Self, HistError> {
+    /// Returns the empty histogram and the binning its batches are then counted with.
+    pub fn first<D: Float + Widen<E>>(scan: &Scan<D>, n_bins: usize) -> Result<(Self, Binning<E>), HistError> {
         let (mn, mx) = first_min_max::<D, E>(scan);
         let t = py_max(mn.value.abs(), mx.value.abs());
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
-        let mut hist = vec![0i64; n_bins];
-        if scan.n_finite > 0 {
-            views.iter().for_each(|v| bins.count(v, false, &mut hist));
-        }
-        Ok(ValueHistogram { hist, edges: bins.edges, min: mn, max: mx, threshold: Held::array(t) })
+        let h = ValueHistogram { hist: vec![0i64; n_bins], edges: bins.edges.clone(), min: mn, max: mx, threshold: Held::array(t) };
+        Ok((h, uniform(bins, scan)))
     }
 
-    /// ORT's `merge_histogram`. On error the state is left unchanged.
-    pub fn merge<D: Float + Widen<E>>(&mut self, views: &[View<D>], scan: &Scan<D>) -> Result<(), HistError> {
+    /// ORT's `merge_histogram`, up to counting: re-lays the old counts on the new edges and
+    /// returns the binning the collect's batches are counted with. On error the state is
+    /// left unchanged.
+    pub fn merge<D: Float + Widen<E>>(&mut self, scan: &Scan<D>) -> Result<Binning<E>, HistError> {
         let Some((mn, mx)) = batch_min_max::<D, E>(scan) else {
-            return Ok(()); // nothing finite to count, min/max unchanged
+            return Ok(Binning::Nothing); // nothing finite to count, min/max unchanged
         };
         let t = py_max(mn.value.abs(), mx.value.abs());
         let old_t = self.threshold.value;
         let n_old = self.hist.len();
-        let count = |bins: &UniformBins<E>, hist: &mut [i64]| {
-            if scan.n_finite > 0 {
-                views.iter().for_each(|v| bins.count(v, false, hist));
-            }
-        };
-        if t <= old_t {
-            let bins = UniformBins::new(old_t.neg(), old_t, n_old)?;
-            count(&bins, &mut self.hist);
+        let binning = if t <= old_t {
+            uniform(UniformBins::new(old_t.neg(), old_t, n_old)?, scan)
         } else if old_t == E::ZERO {
             // ORT re-bins nothing here: old counts are added index-wise (they all sit at 0,
             // in the centre bin of both histograms).
             let bins = UniformBins::new(t.neg(), t, n_old)?;
-            count(&bins, &mut self.hist);
-            self.edges = bins.edges;
+            self.edges = bins.edges.clone();
             self.threshold = Held::array(t);
+            uniform(bins, scan)
         } else {
             let stride = E::from_f64(2.0).mul(old_t).div(E::from_usize(n_old));
             let q = t.sub(old_t).floor_divide(stride).add(E::from_f64(1.0));
@@ -118,15 +121,15 @@ impl<E: Float> ValueHistogram<E> {
             let new_t = E::from_usize(h).mul(stride).add(old_t);
             let bins = UniformBins::new(new_t.neg(), new_t, n_new)?;
             let mut hist = vec![0i64; n_new];
-            count(&bins, &mut hist);
-            hist[h..n_new - h].iter_mut().zip(&self.hist).for_each(|(a, b)| *a += b);
+            hist[h..n_new - h].copy_from_slice(&self.hist);
             self.hist = hist;
-            self.edges = bins.edges;
+            self.edges = bins.edges.clone();
             self.threshold = Held::scalar(new_t);
-        }
+            uniform(bins, scan)
+        };
         self.min = self.min.py_min(mn);
         self.max = self.max.py_max(mx);
-        Ok(())
+        Ok(binning)
     }
 
     /// The same state in a wider arithmetic type (every value converts exactly).
@@ -145,14 +148,20 @@ impl<E: Float> ValueHistogram<E> {
 mod tests {
     use super::*;
     use crate::scan::scan;
+    use crate::view::View;
 
     fn step(h: &mut Option<ValueHistogram<f32>>, x: &[f32], n: usize) {
         let v = View::from_slice(x);
         let s = scan(&v);
-        match h {
-            None => *h = Some(ValueHistogram::first(&[v], &s, n).unwrap()),
-            Some(st) => st.merge(&[v], &s).unwrap(),
-        }
+        let binning = match h {
+            None => {
+                let (st, b) = ValueHistogram::first(&s, n).unwrap();
+                *h = Some(st);
+                b
+            }
+            Some(st) => st.merge(&s).unwrap(),
+        };
+        binning.count(&v, &mut h.as_mut().unwrap().hist);
     }
 
     #[test]

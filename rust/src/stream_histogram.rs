@@ -1,0 +1,339 @@
+//! The streaming histogram: one pass, bounded memory, and a final content that does not depend
+//! on how the data was split into batches or in which order they came.
+//!
+//! `2H` bins (H a power of two) cover `[-2^level, 2^level)`; bin `s` (from `-H` to `H - 1`) holds
+//! `[s w, (s + 1) w)` with `w = 2^level / H`. Both the bin of a value (`floor(v * 2^-k)`, a
+//! power-of-two scaling) and a level increase (bins `2j` and `2j + 1` become bin `j`) are exact,
+//! so the histogram after any sequence of batches equals the histogram of all values binned
+//! directly at the final level, which only depends on the largest |x|. Non-finite values are
+//! counted, never binned. ORT-shaped histograms for ORT's methods are derived from it at the end.
+
+use crate::float::{py_max, Float};
+use crate::histogram::{HistError, UniformBins};
+use crate::scan::{scan, Scan, PAR_CHUNK};
+use crate::value_histogram::Held;
+use crate::view::View;
+use rayon::prelude::*;
+
+/// The lowest level: every |x| below `2^MIN_LEVEL` shares the two centre bins.
+pub const MIN_LEVEL: i32 = -140;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamHistogram {
+    /// log2 of H, the number of bins on each side of zero.
+    pub log_half: u32,
+    /// None until a finite value arrives.
+    pub level: Option<i32>,
+    /// `2H` counts, bin `s` at index `s + H`.
+    pub bins: Vec<u64>,
+    /// Extremes over finite values, exact (the data's own values).
+    pub finite_min: Option<f64>,
+    pub finite_max: Option<f64>,
+    pub abs_min: Option<f64>,
+    pub n_finite: u64,
+    pub n_nan: u64,
+    pub n_posinf: u64,
+    pub n_neginf: u64,
+    pub batches: u64,
+}
+
+/// The smallest level whose range holds `m` (`m < 2^level`), at least `MIN_LEVEL`.
+pub fn level_for(m: f64) -> i32 {
+    if !(m > 0.0) {
+        return MIN_LEVEL;
+    }
+    let bits = m.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    // m = 1.f * 2^(exp - 1023) for normal m, so 2^(exp - 1022) is the first power above it.
+    let level = if exp == 0 { -1022 } else { exp - 1022 };
+    level.max(MIN_LEVEL)
+}
+
+fn pow2(k: i32) -> f64 {
+    // exact for the exponent range used here (|k| < 1100), built in two steps to stay normal
+    let half = k / 2;
+    f64::powi(2.0, half) * f64::powi(2.0, k - half)
+}
+
+impl StreamHistogram {
+    pub fn new(log_half: u32) -> Self {
+        assert!((2..=24).contains(&log_half), "log_half must be in 2..=24");
+        StreamHistogram {
+            log_half,
+            level: None,
+            bins: vec![0; 2 << log_half],
+            finite_min: None,
+            finite_max: None,
+            abs_min: None,
+            n_finite: 0,
+            n_nan: 0,
+            n_posinf: 0,
+            n_neginf: 0,
+            batches: 0,
+        }
+    }
+
+    pub fn half(&self) -> usize {
+        1 << self.log_half
+    }
+
+    /// Bin width at the current level (None before any finite value).
+    pub fn width(&self) -> Option<f64> {
+        self.level.map(|l| pow2(l - self.log_half as i32))
+    }
+
+    /// Raise the level to `level` (if higher), merging bins exactly.
+    pub fn raise(&mut self, level: i32) {
+        let Some(cur) = self.level else {
+            self.level = Some(level);
+            return;
+        };
+        if level <= cur {
+            return;
+        }
+        let k = (level - cur).min(62) as u32;
+        let h = self.half() as i64;
+        let mut out = vec![0u64; self.bins.len()];
+        for (i, &c) in self.bins.iter().enumerate() {
+            if c != 0 {
+                let s = i as i64 - h;
+                out[((s >> k) + h) as usize] += c;
+            }
+        }
+        self.bins = out;
+        self.level = Some(level);
+    }
+
+    /// Add one batch.
+    pub fn add<D: Float>(&mut self, view: &View<D>) {
+        let sc = scan(view);
+        self.add_scanned(view, &sc);
+    }
+
+    /// Add one batch whose scan is already known.
+    pub fn add_scanned<D: Float>(&mut self, view: &View<D>, sc: &Scan<D>) {
+        self.batches += 1;
+        self.n_nan += sc.n_nan;
+        self.n_posinf += sc.n_posinf;
+        self.n_neginf += sc.n_neginf;
+        let (Some(mn), Some(mx), Some(amn)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
+            return;
+        };
+        let (mn, mx, amn) = (mn.to_f64(), mx.to_f64(), amn.to_f64());
+        self.n_finite += sc.n_finite;
+        self.finite_min = Some(self.finite_min.map_or(mn, |m| m.min(mn)));
+        self.finite_max = Some(self.finite_max.map_or(mx, |m| m.max(mx)));
+        self.abs_min = Some(self.abs_min.map_or(amn, |m| m.min(amn)));
+        self.raise(level_for(mn.abs().max(mx.abs())));
+        let level = self.level.expect("raised above");
+        let scale = pow2(self.log_half as i32 - level);
+        let h = self.half() as i64;
+        let n = view.len();
+        let chunks = n.div_ceil(PAR_CHUNK);
+        let nb = self.bins.len();
+        let local: Vec<Vec<u32>> = (0..chunks)
+            .into_par_iter()
+            .map(|c| {
+                let mut counts = vec![0u32; nb];
+                view.for_each_block(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(n), |block| {
+                    for &x in block {
+                        let v = x.to_f64();
+                        if v.is_finite() {
+                            counts[bin_index(v, scale, h)] += 1;
+                        }
+                    }
+                });
+                counts
+            })
+            .collect();
+        // PAR_CHUNK < 2^32, so a chunk's u32 counts cannot overflow.
+        for counts in local {
+            for (b, c) in self.bins.iter_mut().zip(counts) {
+                *b += c as u64;
+            }
+        }
+    }
+
+    /// Add another streaming histogram's data (same `log_half`): the result equals one
+    /// histogram over both data sets.
+    pub fn merge(&mut self, o: &StreamHistogram) -> Result<(), String> {
+        if o.log_half != self.log_half {
+            return Err(format!("streaming histograms differ in size ({} vs {} bins)", 2usize << self.log_half, 2usize << o.log_half));
+        }
+        let mut o = o.clone();
+        if let Some(l) = o.level {
+            self.raise(l);
+        }
+        if let Some(l) = self.level {
+            o.raise(l);
+        }
+        self.bins.iter_mut().zip(&o.bins).for_each(|(a, b)| *a += b);
+        let pick = |a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64| match (a, b) {
+            (Some(x), Some(y)) => Some(f(x, y)),
+            (x, None) => x,
+            (None, y) => y,
+        };
+        self.finite_min = pick(self.finite_min, o.finite_min, f64::min);
+        self.finite_max = pick(self.finite_max, o.finite_max, f64::max);
+        self.abs_min = pick(self.abs_min, o.abs_min, f64::min);
+        self.n_finite += o.n_finite;
+        self.n_nan += o.n_nan;
+        self.n_posinf += o.n_posinf;
+        self.n_neginf += o.n_neginf;
+        self.batches += o.batches;
+        Ok(())
+    }
+
+    /// `(centre of bin, count)` for every non-empty bin, signed values.
+    fn centres(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        let w = self.width().unwrap_or(0.0);
+        let h = self.half() as i64;
+        self.bins.iter().enumerate().filter(|(_, &c)| c != 0).map(move |(i, &c)| (((i as i64 - h) as f64 + 0.5) * w, c))
+    }
+
+    /// `(centre of |x| bin, count)`: bins `s` and `-s - 1` hold the same |x| range.
+    fn abs_centres(&self) -> Vec<(f64, u64)> {
+        let w = self.width().unwrap_or(0.0);
+        let h = self.half();
+        (0..h)
+            .filter_map(|j| {
+                let c = self.bins[h + j] + self.bins[h - 1 - j];
+                (c != 0).then(|| ((j as f64 + 0.5) * w, c))
+            })
+            .collect()
+    }
+}
+
+#[inline(always)]
+fn bin_index(v: f64, scale: f64, h: i64) -> usize {
+    let f = (v * scale).floor();
+    // a negative value whose scaled form underflowed to -0 belongs below zero
+    let s = if f == 0.0 && v < 0.0 { -1 } else { f as i64 };
+    (s.clamp(-h, h - 1) + h) as usize
+}
+
+/// Put `(value, count)` pairs into `bins`, clamping values outside its range to the end bins.
+fn rebin<E: Float>(bins: &UniformBins<E>, items: impl Iterator<Item = (f64, u64)>) -> Vec<i64> {
+    let n = bins.n_bins();
+    let mut hist = vec![0i64; n];
+    let (lo, hi) = (bins.first.to_f64(), bins.last.to_f64());
+    for (x, c) in items {
+        let i = if x <= lo {
+            0
+        } else if x >= hi {
+            n - 1
+        } else {
+            bins.bin_of(E::from_f64(x)).unwrap_or(if x < 0.0 { 0 } else { n - 1 })
+        };
+        hist[i] += c as i64;
+    }
+    hist
+}
+
+fn held<E: Float>(v: Option<f64>) -> Held<E> {
+    match v {
+        Some(x) => Held::scalar(E::from_f64(x)),
+        None => Held::array(E::ZERO),
+    }
+}
+
+impl StreamHistogram {
+    /// ORT's value histogram (`collect_value`) as one collect of all the data would build it:
+    /// `n_bins` over `(-t, t)`, `t = max(|min|, |max|)`, counts re-binned from the streaming
+    /// bins by their centres.
+    pub fn to_value<E: Float>(&self, n_bins: usize) -> Result<crate::value_histogram::ValueHistogram<E>, HistError> {
+        let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
+        let t = py_max(mn.value.abs(), mx.value.abs());
+        let bins = UniformBins::new(t.neg(), t, n_bins)?;
+        let hist = rebin(&bins, self.centres());
+        Ok(crate::value_histogram::ValueHistogram { hist, edges: bins.edges, min: mn, max: mx, threshold: Held::array(t) })
+    }
+
+    /// ORT's |x| histogram (`collect_absolute_value`, symmetric percentile) as one collect of
+    /// all the data would build it: `n_bins` over `[min|x|, max|x|]`.
+    pub fn to_abs<E: Float>(&self, n_bins: usize) -> Result<crate::abs_histogram::AbsHistogram<E>, HistError> {
+        let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
+        let (hist, edges) = match (self.abs_min, self.finite_min, self.finite_max) {
+            (Some(lo), Some(a), Some(b)) => {
+                let hi = a.abs().max(b.abs());
+                let bins = UniformBins::new(E::from_f64(lo), E::from_f64(hi), n_bins)?;
+                (rebin(&bins, self.abs_centres().into_iter()), bins.edges)
+            }
+            _ => (vec![0; n_bins], UniformBins::<E>::empty_auto(n_bins)?.edges),
+        };
+        Ok(crate::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hist_of(batches: &[Vec<f32>], log_half: u32) -> StreamHistogram {
+        let mut h = StreamHistogram::new(log_half);
+        for b in batches {
+            h.add(&View::from_slice(b));
+        }
+        h
+    }
+
+    #[test]
+    fn level_is_the_first_power_of_two_above() {
+        assert_eq!(level_for(1.0), 1);
+        assert_eq!(level_for(0.99), 0);
+        assert_eq!(level_for(3.0), 2);
+        assert_eq!(level_for(4.0), 3);
+        assert_eq!(level_for(0.0), MIN_LEVEL);
+    }
+
+    #[test]
+    fn bins_are_half_open_and_exact() {
+        let h = hist_of(&[vec![-1.0, -0.25, 0.0, 0.25, 0.999]], 2);
+        // level 1: [-2, 2) in 8 bins of 0.5
+        assert_eq!(h.level, Some(1));
+        assert_eq!(h.bins, vec![0, 0, 1, 1, 2, 1, 0, 0]);
+    }
+
+    #[test]
+    fn result_does_not_depend_on_split_or_order() {
+        let data: Vec<f32> = (0..20_000).map(|i| ((i * 7919 % 10007) as f32 - 5000.0) * 1e-3 * (1 + i % 7) as f32).collect();
+        let whole = hist_of(&[data.clone()], 8);
+        let mut parts: Vec<Vec<f32>> = data.chunks(777).map(|c| c.to_vec()).collect();
+        parts.reverse();
+        let split = hist_of(&parts, 8);
+        assert_eq!(whole.bins, split.bins);
+        assert_eq!(whole.level, split.level);
+        // a small batch first, then the large ones: the level grows by merging
+        let mut grow = vec![vec![1e-6f32, -2e-7]];
+        grow.extend(parts);
+        let mut direct = vec![vec![1e-6f32, -2e-7]];
+        direct.push(data);
+        assert_eq!(hist_of(&grow, 8).bins, hist_of(&direct, 8).bins);
+    }
+
+    #[test]
+    fn merge_equals_one_pass() {
+        let a: Vec<f32> = (0..1000).map(|i| i as f32 * 0.01 - 3.0).collect();
+        let b: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 100.0).collect();
+        let mut ha = hist_of(&[a.clone()], 6);
+        ha.merge(&hist_of(&[b.clone()], 6)).unwrap();
+        assert_eq!(ha, hist_of(&[a, b], 6));
+    }
+
+    #[test]
+    fn non_finite_values_are_counted_not_binned() {
+        let h = hist_of(&[vec![f32::NAN, f32::INFINITY, -1.0, f32::NEG_INFINITY]], 3);
+        assert_eq!((h.n_finite, h.n_nan, h.n_posinf, h.n_neginf), (1, 1, 1, 1));
+        assert_eq!(h.bins.iter().sum::<u64>(), 1);
+    }
+
+    #[test]
+    fn ort_shaped_histograms_hold_every_value() {
+        let data: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let h = hist_of(&[data], 13);
+        let v = h.to_value::<f32>(2048).unwrap();
+        assert_eq!(v.hist.iter().sum::<i64>(), 5000);
+        let a = h.to_abs::<f32>(2048).unwrap();
+        assert_eq!(a.hist.iter().sum::<i64>(), 5000);
+    }
+}
