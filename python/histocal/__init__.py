@@ -1,7 +1,17 @@
 """histocal: Rust-accelerated, ORT-identical histogram calibration for ONNX quantization."""
 
 from ._core import get_num_threads, set_num_threads
+from .calibrators import (
+    DEFAULT_STREAMING_BINS,
+    MODES,
+    DistributionCalibrater,
+    EntropyCalibrater,
+    MinMaxCalibrater,
+    PercentileCalibrater,
+    create_calibrator,
+)
 from .collector import HistogramCollector, ValueCounts
+from .integration import calibrate, is_patched, patch_onnxruntime, quantize_static, unpatch_onnxruntime
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -16,6 +26,18 @@ __version__ = "0.1.0"
 __all__ = [
     "HistogramCollector",
     "ValueCounts",
+    "MinMaxCalibrater",
+    "EntropyCalibrater",
+    "PercentileCalibrater",
+    "DistributionCalibrater",
+    "create_calibrator",
+    "MODES",
+    "DEFAULT_STREAMING_BINS",
+    "patch_onnxruntime",
+    "unpatch_onnxruntime",
+    "is_patched",
+    "calibrate",
+    "quantize_static",
     "TensorStats",
     "tensor_stats",
     "channel_min_max",

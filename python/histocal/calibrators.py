@@ -1,0 +1,435 @@
+"""ORT-compatible calibrators whose statistics run in histocal's Rust core.
+
+Each class subclasses onnxruntime's own (same constructor, graph augmentation, session and
+tensor selection), so it works wherever ORT's does; only data collection and the statistics
+change:
+
+* ``MinMaxCalibrater``: ORT's in-graph ReduceMin/ReduceMax, results identical to ORT's, except
+  that ``max_intermediate_outputs`` folds each chunk into the range instead of discarding it,
+  and per-channel ranges merge across ``collect_data`` calls (ORT raises there).
+* ``EntropyCalibrater``, ``PercentileCalibrater``, ``DistributionCalibrater``: histograms in
+  bounded memory, in one of two modes:
+
+  - ``exact``: the same TensorsData as ORT for the same ``collect_data`` calls. Data that can be
+    read twice is read twice (global ranges, then fixed-edge counting), one batch at a time;
+    data that can only be read once is buffered per call like ORT does, with a warning.
+  - ``streaming``: one pass, one batch in memory at a time, and a histogram that does not depend
+    on how the data is batched or ordered (a power-of-two-aligned histogram of
+    ``streaming_bins`` bins; ORT's methods then run on an ORT-shaped histogram derived from it).
+  - ``auto`` (default): ``exact`` when the data can be read twice, else ``streaming``.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from onnxruntime.quantization import calibrate as ort_calibrate
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+from . import _core
+from .collector import HistogramCollector
+from .readers import DataSource, FeedChecker, progress, run_session
+
+logger = logging.getLogger(__name__)
+
+MODES = ("auto", "exact", "streaming")
+DEFAULT_STREAMING_BINS = 16384
+MODE_OPTION = "CollectionMode"
+STREAMING_BINS_OPTION = "StreamingBins"
+
+_METHODS = {
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+    "distribution": CalibrationMethod.Distribution,
+}
+
+
+def _check_mode(mode: str | None) -> str:
+    mode = "auto" if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def _check_streaming_bins(n: int | None) -> int:
+    n = DEFAULT_STREAMING_BINS if n is None else n
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 8 or n & (n - 1):
+        raise ValueError(f"streaming_bins must be a power of two >= 8, got {n!r}")
+    return int(n)
+
+
+def _run_batches(
+    calibrator: Any,
+    source: DataSource,
+    fetch: list[str],
+    consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
+    desc: str,
+) -> int:
+    """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
+    GIL released) runs on a worker thread while ORT infers the next batch, so at most two
+    batches of outputs are alive. Returns the number of batches."""
+    session = calibrator.infer_session
+    checker = FeedChecker(session)
+    inputs = set(checker.inputs)
+    pending: Future | None = None
+    n = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="histocal") as pool:
+        for feed in progress(source.read(), desc, calibrator.show_progress):
+            outputs = run_session(session, fetch, checker.check(feed, n), n)
+            # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
+            # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
+            items = [(name, [a.copy() if name in inputs else a]) for name, a in zip(fetch, outputs)]
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(consume, n, items)
+            n += 1
+        if pending is not None:
+            pending.result()
+    return n
+
+
+class _HistogramCalibration:
+    """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
+
+    method: str
+    symmetric: bool
+    num_bins: int
+    num_quantized_bins: int
+    percentile: float
+    scenario: str
+    tensors_to_calibrate: set[str] | None
+    collector: HistogramCollector | None
+
+    def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
+        self.mode = _check_mode(mode)
+        self.streaming_bins = _check_streaming_bins(streaming_bins)
+        self.show_progress = show_progress
+        self._stream: Any = None
+        self._mode_used: str | None = None
+        self._new_collector()  # validates the settings now (ORT only does at collect time)
+
+    def _new_collector(self) -> HistogramCollector:
+        return HistogramCollector(
+            method=self.method,
+            symmetric=self.symmetric,
+            num_bins=self.num_bins,
+            num_quantized_bins=self.num_quantized_bins,
+            percentile=self.percentile,
+            scenario=self.scenario,
+        )
+
+    @property
+    def _kind(self) -> str:
+        return "abs" if self.method == "percentile" and self.symmetric else "value"
+
+    def _fetch_names(self) -> list[str]:
+        if self.tensors_to_calibrate is None:
+            raise RuntimeError("call augment_graph() and create_inference_session() before collect_data()")
+        return [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
+
+    def collect_data(self, data_reader: Any) -> None:
+        """Collect one call's batches; may be called several times (ORT's merge rule applies
+        between calls in exact mode; streaming mode treats all calls as one data set)."""
+        source = DataSource(data_reader)
+        if self._mode_used is None:
+            self._mode_used = self.mode if self.mode != "auto" else ("exact" if source.rereadable else "streaming")
+            logger.info("histocal: %s collection", self._mode_used)
+        fetch = self._fetch_names()
+        if self._mode_used == "streaming":
+            n = self._collect_streaming(source, fetch)
+        elif source.rereadable:
+            n = self._collect_two_pass(source, fetch)
+        else:
+            n = self._collect_buffered(source, fetch)
+        if n == 0:
+            raise ValueError("No data is collected.")
+
+    def _collect_streaming(self, source: DataSource, fetch: list[str]) -> int:
+        if self._stream is None:
+            self._stream = _core.StreamHistograms(self.streaming_bins)
+        stream = self._stream
+        return _run_batches(self, source, fetch, lambda _, items: stream.collect(items), "histocal collect")
+
+    def _collect_two_pass(self, source: DataSource, fetch: list[str]) -> int:
+        if self.collector is None:
+            self.collector = self._new_collector()
+        hist = self.collector._histograms
+        shapes: list[list[tuple[int, ...]]] = []
+
+        def scan(i: int, items: list) -> None:
+            shapes.append([a[0].shape for _, a in items])
+            hist.scan(items)
+
+        def count(i: int, items: list) -> None:
+            got = [a[0].shape for _, a in items]
+            if i >= len(shapes) or got != shapes[i]:
+                raise ValueError(
+                    f"batch {i}: the data reader returned different data on its second read "
+                    "(exact mode reads the data twice; it must yield the same batches each time, "
+                    "or use mode='streaming')"
+                )
+            hist.count(items)
+
+        n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
+        if n == 0:
+            return 0
+        hist.plan()
+        n2 = _run_batches(self, source, fetch, count, "histocal pass 2/2 (histograms)")
+        if n2 != n:
+            raise ValueError(
+                f"the data reader returned {n} batches on its first read and {n2} on its second "
+                "(exact mode reads the data twice; it must yield the same batches each time)"
+            )
+        self.collector._dict = None
+        return n
+
+    def _collect_buffered(self, source: DataSource, fetch: list[str]) -> int:
+        logger.warning(
+            "histocal: the calibration data can be read only once, so exact mode keeps every "
+            "batch's outputs in memory like onnxruntime does. To stay in bounded memory, pass a "
+            "list, a reader with rewind(), or a callable returning a fresh iterable, or use "
+            "mode='streaming'."
+        )
+        buffered: dict[str, list[np.ndarray]] = {name: [] for name in fetch}
+
+        def keep(_: int, items: list) -> None:
+            for name, arrays in items:
+                buffered[name].extend(arrays)
+
+        n = _run_batches(self, source, fetch, keep, "histocal collect")
+        if n:
+            if self.collector is None:
+                self.collector = self._new_collector()
+            self.collector.collect(buffered)
+        return n
+
+    def compute_data(self) -> TensorsData:
+        method = _METHODS[self.method]
+        if self._mode_used == "streaming":
+            collector = self._new_collector()
+            collector._histograms = self._stream.to_histograms(self._kind, self.num_bins)
+            return TensorsData(method, collector.compute_collection_result())
+        if self.collector is None:
+            raise ValueError("No collector created and can't generate calibration data.")
+        return TensorsData(method, self.collector.compute_collection_result())
+
+
+class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str = "augmented_model.onnx",
+        use_external_data_format: bool = False,
+        method: str = "entropy",
+        symmetric: bool = False,
+        num_bins: int = 128,
+        num_quantized_bins: int = 128,
+        *,
+        mode: str | None = None,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format,
+            method=method, symmetric=symmetric, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
+        )
+        self._init_histocal(mode, streaming_bins, show_progress)
+
+
+class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str = "augmented_model.onnx",
+        use_external_data_format: bool = False,
+        method: str = "percentile",
+        symmetric: bool = False,
+        num_bins: int = 2048,
+        percentile: float = 99.999,
+        *,
+        mode: str | None = None,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format,
+            method=method, symmetric=symmetric, num_bins=num_bins, percentile=percentile,
+        )
+        self._init_histocal(mode, streaming_bins, show_progress)
+
+
+class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str = "augmented_model.onnx",
+        use_external_data_format: bool = False,
+        method: str = "distribution",
+        num_bins: int = 128,
+        scenario: str = "same",
+        *,
+        mode: str | None = None,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format,
+            method=method, num_bins=num_bins, scenario=scenario,
+        )
+        self._init_histocal(mode, streaming_bins, show_progress)
+
+
+def _py_min(old: Any, new: Any) -> Any:
+    """Python ``min(old, new)`` (NaN in ``old`` sticks), elementwise for per-channel arrays."""
+    if np.ndim(old) == 0 or np.size(old) == 1:
+        return new if new < old else old
+    return np.where(new < old, new, old)
+
+
+def _py_max(old: Any, new: Any) -> Any:
+    if np.ndim(old) == 0 or np.size(old) == 1:
+        return new if new > old else old
+    return np.where(new > old, new, old)
+
+
+class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
+    """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
+    a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
+    chunks instead of discarding them, and per-channel ranges that merge across calls."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str = "augmented_model.onnx",
+        symmetric: bool = False,
+        use_external_data_format: bool = False,
+        moving_average: bool = False,
+        averaging_constant: float = 0.01,
+        max_intermediate_outputs: int | None = None,
+        per_channel: bool = False,
+        *,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path, op_types_to_calibrate, augmented_model_path, symmetric=symmetric,
+            use_external_data_format=use_external_data_format, moving_average=moving_average,
+            averaging_constant=averaging_constant, max_intermediate_outputs=max_intermediate_outputs,
+            per_channel=per_channel,
+        )
+        if max_intermediate_outputs is not None and (
+            isinstance(max_intermediate_outputs, bool) or not isinstance(max_intermediate_outputs, (int, np.integer))
+            or max_intermediate_outputs < 1
+        ):
+            raise ValueError(f"max_intermediate_outputs must be a positive integer, got {max_intermediate_outputs!r}")
+        self.show_progress = show_progress
+
+    def collect_data(self, data_reader: Any) -> None:
+        source = DataSource(data_reader)
+        session = self.infer_session
+        checker = FeedChecker(session)
+        outputs = [o.name for o in session.get_outputs()]
+        fetch = outputs[self.num_model_outputs :]
+        head = [None] * self.num_model_outputs
+        for i, feed in enumerate(progress(source.read(), "histocal collect", self.show_progress)):
+            self.intermediate_outputs.append(head + run_session(session, fetch, checker.check(feed, i), i))
+            if self.max_intermediate_outputs is not None and len(self.intermediate_outputs) == self.max_intermediate_outputs:
+                # ORT discards the chunk here; histocal folds it into the range.
+                self.compute_data()
+                self.clear_collected_data()
+        if len(self.intermediate_outputs) == 0 and self.calibrate_tensors_range is None:
+            raise ValueError("No data is collected.")
+        self.compute_data()
+        self.clear_collected_data()
+
+    def merge_range(self, old_range: Any, new_range: Any) -> Any:
+        if not old_range:
+            return new_range
+        for key, value in old_range.items():
+            old_min, old_max = value.range_value if isinstance(value, TensorData) else value
+            new = new_range[key]
+            new_min, new_max = new.range_value if isinstance(new, TensorData) else new
+            if self.moving_average:
+                min_value = old_min + self.averaging_constant * (new_min - old_min)
+                max_value = old_max + self.averaging_constant * (new_max - old_max)
+            else:
+                min_value, max_value = _py_min(old_min, new_min), _py_max(old_max, new_max)
+            if isinstance(value, TensorData) or isinstance(new, TensorData):
+                new_range[key] = TensorData(lowest=min_value, highest=max_value)
+            else:
+                new_range[key] = (min_value, max_value)
+        return new_range
+
+
+def create_calibrator(
+    model: str | Path,
+    op_types_to_calibrate: Sequence[str] | None = None,
+    augmented_model_path: str = "augmented_model.onnx",
+    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+    use_external_data_format: bool = False,
+    providers: Sequence[Any] | None = None,
+    extra_options: dict[str, Any] | None = None,
+) -> Any:
+    """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
+    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming) and
+    ``StreamingBins`` for the histogram methods."""
+    opts = dict(extra_options or {})
+    hist_opts = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
+    common = dict(use_external_data_format=use_external_data_format)
+    if calibrate_method == CalibrationMethod.MinMax:
+        calibrator: Any = MinMaxCalibrater(
+            model, op_types_to_calibrate, augmented_model_path, **common,
+            symmetric=opts.get("symmetric", False),
+            moving_average=opts.get("moving_average", False),
+            averaging_constant=opts.get("averaging_constant", 0.01),
+            max_intermediate_outputs=opts.get("max_intermediate_outputs", None),
+            per_channel=opts.get("per_channel", False),
+        )
+    elif calibrate_method == CalibrationMethod.Entropy:
+        calibrator = EntropyCalibrater(
+            model, op_types_to_calibrate, augmented_model_path, **common,
+            symmetric=opts.get("symmetric", False),
+            num_bins=opts.get("num_bins", 128),
+            num_quantized_bins=opts.get("num_quantized_bins", 128),
+            **hist_opts,
+        )
+    elif calibrate_method == CalibrationMethod.Percentile:
+        calibrator = PercentileCalibrater(
+            model, op_types_to_calibrate, augmented_model_path, **common,
+            symmetric=opts.get("symmetric", True),
+            num_bins=opts.get("num_bins", 2048),
+            percentile=opts.get("percentile", 99.999),
+            **hist_opts,
+        )
+    elif calibrate_method == CalibrationMethod.Distribution:
+        calibrator = DistributionCalibrater(
+            model, op_types_to_calibrate, augmented_model_path, **common,
+            num_bins=opts.get("num_bins", 2048),
+            scenario=opts.get("scenario", "same"),
+            **hist_opts,
+        )
+    else:
+        raise ValueError(f"Unsupported calibration method {calibrate_method}")
+    calibrator.augment_graph()
+    if providers:
+        calibrator.execution_providers = providers
+    calibrator.create_inference_session()
+    return calibrator
+
+
+__all__ = [
+    "MinMaxCalibrater",
+    "EntropyCalibrater",
+    "PercentileCalibrater",
+    "DistributionCalibrater",
+    "create_calibrator",
+    "MODES",
+    "DEFAULT_STREAMING_BINS",
+]

@@ -1,0 +1,214 @@
+"""Using histocal from onnxruntime's quantization entry points.
+
+* ``patch_onnxruntime()`` makes ``onnxruntime.quantization.quantize_static`` (and every other
+  caller of ORT's ``create_calibrator``) use histocal's calibrators. It is reversible
+  (``unpatch_onnxruntime()``) and also a context manager.
+* ``quantize_static(...)`` takes ORT's arguments and the histogram settings ORT's own
+  ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
+  nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
+  ORT-format calibration cache, and writes the user's ``calibration_cache_path`` if given.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import onnx
+from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+
+from . import calibrators
+
+logger = logging.getLogger(__name__)
+
+# Every module that binds ORT's create_calibrator by name.
+_TARGETS = ("onnxruntime.quantization", "onnxruntime.quantization.calibrate", "onnxruntime.quantization.quantize")
+_lock = threading.Lock()
+_saved: list[tuple[Any, Any]] = []
+_depth = 0
+
+
+def _modules() -> list[Any]:
+    return [importlib.import_module(m) for m in _TARGETS]
+
+
+def _ort_quantize_static(*args: Any) -> None:
+    # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
+    importlib.import_module("onnxruntime.quantization.quantize").quantize_static(*args)
+
+
+def _patch() -> None:
+    global _depth
+    with _lock:
+        if _depth == 0:
+            _saved[:] = [(m, m.create_calibrator) for m in _modules() if hasattr(m, "create_calibrator")]
+            for m, _ in _saved:
+                m.create_calibrator = calibrators.create_calibrator
+        _depth += 1
+
+
+def unpatch_onnxruntime() -> None:
+    """Undo ``patch_onnxruntime()`` (once per call to it)."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            return
+        _depth -= 1
+        if _depth == 0:
+            for m, original in _saved:
+                m.create_calibrator = original
+            _saved.clear()
+
+
+class patch_onnxruntime:
+    """Route onnxruntime's calibrator creation to histocal. Takes effect on construction, so
+    ``patch_onnxruntime()`` alone patches until ``unpatch_onnxruntime()``; ``with
+    patch_onnxruntime(): ...`` patches for the block only. Nested uses are counted."""
+
+    def __init__(self) -> None:
+        _patch()
+        self._active = True
+
+    def __enter__(self) -> "patch_onnxruntime":
+        if not self._active:
+            _patch()
+            self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._active:
+            unpatch_onnxruntime()
+            self._active = False
+
+
+def is_patched() -> bool:
+    return _depth > 0
+
+
+_CALIB_KEYS = (
+    ("CalibTensorRangeSymmetric", "symmetric"),
+    ("CalibMovingAverage", "moving_average"),
+    ("CalibMovingAverageConstant", "averaging_constant"),
+    ("CalibMaxIntermediateOutputs", "max_intermediate_outputs"),
+    ("CalibPercentile", "percentile"),
+)
+
+
+def calibrate(
+    model_input: str | Path | onnx.ModelProto,
+    calibration_data_reader: Any,
+    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+    op_types_to_quantize: list[str] | None = None,
+    extra_options: dict[str, Any] | None = None,
+    calibration_providers: list[Any] | None = None,
+    use_external_data_format: bool = False,
+    **histogram_options: Any,
+) -> TensorsData:
+    """Calibrate as ORT's ``quantize_static`` does (same option mapping, CalibStridedMinMax
+    included), with histocal's calibrators. ``histogram_options``: num_bins,
+    num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins."""
+    extra = dict(extra_options or {})
+    options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
+    if "mode" in histogram_options:
+        histogram_options[calibrators.MODE_OPTION] = histogram_options.pop("mode")
+    options.update({k: v for k, v in histogram_options.items() if v is not None})
+    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
+        if isinstance(model_input, onnx.ModelProto):
+            path = Path(tmp, "model_input.onnx")
+            onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
+            model_input = path
+        calibrator = calibrators.create_calibrator(
+            Path(model_input),
+            op_types_to_quantize,
+            augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
+            calibrate_method=calibrate_method,
+            use_external_data_format=use_external_data_format,
+            providers=calibration_providers,
+            extra_options=options,
+        )
+        stride = extra.get("CalibStridedMinMax")
+        if stride:
+            total = len(calibration_data_reader)
+            if total % stride != 0:
+                raise ValueError(f"Total data size ({total}) is not divisible by stride size ({stride}).")
+            for start in range(0, total, stride):
+                calibration_data_reader.set_range(start_index=start, end_index=start + stride)
+                calibrator.collect_data(calibration_data_reader)
+        else:
+            calibrator.collect_data(calibration_data_reader)
+        result = calibrator.compute_data()
+        del calibrator
+    return result
+
+
+def quantize_static(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    calibration_data_reader: Any = None,
+    quant_format: Any = QuantFormat.QDQ,
+    op_types_to_quantize: list[str] | None = None,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+    activation_type: Any = QuantType.QInt8,
+    weight_type: Any = QuantType.QInt8,
+    nodes_to_quantize: list[str] | None = None,
+    nodes_to_exclude: list[str] | None = None,
+    use_external_data_format: bool = False,
+    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+    calibration_providers: list[Any] | None = None,
+    extra_options: dict[str, Any] | None = None,
+    calibration_cache_path: str | Path | None = None,
+    *,
+    num_bins: int | None = None,
+    num_quantized_bins: int | None = None,
+    scenario: str | None = None,
+    mode: str | None = None,
+    streaming_bins: int | None = None,
+) -> None:
+    """ORT's ``quantize_static`` with histocal calibration, without patching anything.
+    Arguments as ORT's; the keyword-only ones set what ORT's cannot (None keeps ORT's
+    defaults). The calibration cache follows ORT's rules (reuse on a hit, method mismatch is an
+    error, smooth_quant mismatch recomputes)."""
+    from .cache import check_cache, save_tensors_data
+
+    extra = dict(extra_options or {})
+    smooth_quant = bool(extra.get("SmoothQuant", False))
+    if smooth_quant:
+        # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
+        with patch_onnxruntime():
+            _ort_quantize_static(
+                model_input, model_output, calibration_data_reader, quant_format, op_types_to_quantize,
+                per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize, nodes_to_exclude,
+                use_external_data_format, calibrate_method, calibration_providers, extra, calibration_cache_path,
+            )
+        return
+    ranges = None
+    if calibration_cache_path is not None:
+        ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
+    if ranges is None:
+        if calibration_data_reader is None:
+            raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
+        ranges = calibrate(
+            model_input, calibration_data_reader, calibrate_method, op_types_to_quantize, extra,
+            calibration_providers, use_external_data_format,
+            num_bins=num_bins, num_quantized_bins=num_quantized_bins, scenario=scenario,
+            mode=mode, StreamingBins=streaming_bins,
+        )
+        if calibration_cache_path is not None:
+            save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
+    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
+        cache = Path(tmp, "ranges.json")
+        save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
+        _ort_quantize_static(
+            model_input, model_output, None, quant_format, op_types_to_quantize, per_channel, reduce_range,
+            activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
+            calibrate_method, calibration_providers, extra, cache,
+        )
+
+
+__all__ = ["patch_onnxruntime", "unpatch_onnxruntime", "is_patched", "calibrate", "quantize_static"]
