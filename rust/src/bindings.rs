@@ -282,6 +282,84 @@ impl Histograms {
         })
     }
 
+    /// Put back a state `state()` and `counts()` exported (e.g. from a state file), after
+    /// checking it is one histocal could have built. Replaces any state of that name.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, dtype, hist, edges, min, max, threshold, counts))]
+    fn restore(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        hist: numpy::PyReadonlyArray1<'_, i64>,
+        edges: Bound<'_, PyAny>,
+        min: (f64, bool),
+        max: (f64, bool),
+        threshold: Option<(f64, bool)>,
+        counts: (u64, u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        let bad = |why: String| PyValueError::new_err(format!("tensor {name:?}: {why}"));
+        let dtype: &'static str = match dtype {
+            "float16" => "float16",
+            "float32" => "float32",
+            "float64" => "float64",
+            _ => return Err(bad(format!("unsupported dtype {dtype:?}"))),
+        };
+        let hist = hist.as_slice().map_err(|_| bad("hist must be contiguous".into()))?.to_vec();
+        if hist.is_empty() || hist.iter().any(|&c| c < 0) {
+            return Err(bad("hist must be non-empty with counts >= 0".into()));
+        }
+        let (finite, nan, posinf, neginf, batches) = counts;
+        if hist.iter().map(|&c| c as u128).sum::<u128>() > finite as u128 {
+            return Err(bad("hist holds more values than the finite count".into()));
+        }
+        if (self.kind == Kind::Value) != threshold.is_some() {
+            return Err(bad("threshold must be given for value histograms only".into()));
+        }
+        let b = borrow_all(name, std::slice::from_ref(&edges))?;
+        fn build<E: Float + Element>(
+            kind: Kind, hist: Vec<i64>, edges: &[E], min: (f64, bool), max: (f64, bool), threshold: Option<(f64, bool)>,
+        ) -> Result<(Histogram, &'static str), String>
+        where
+            Typed<crate::state::ValueFamily>: From<crate::value_histogram::ValueHistogram<E>>,
+            Typed<crate::state::AbsFamily>: From<crate::abs_histogram::AbsHistogram<E>>,
+        {
+            if edges.len() != hist.len() + 1 {
+                return Err(format!("{} edges for {} bins", edges.len(), hist.len()));
+            }
+            if edges.iter().any(|e| !e.is_finite()) || edges.windows(2).any(|w| !(w[0] < w[1])) {
+                return Err("edges must be finite and increasing".into());
+            }
+            let held = |(v, a): (f64, bool)| {
+                let x = E::from_f64(v);
+                if v.is_nan() || x.to_f64() != v { Err(format!("{v} is not a {} value", E::NAME)) } else { Ok(crate::value_histogram::Held { value: x, is_array: a }) }
+            };
+            let (mn, mx) = (held(min)?, held(max)?);
+            let edges = edges.to_vec();
+            Ok(match kind {
+                Kind::Value => {
+                    let t = held(threshold.expect("checked above"))?;
+                    (Histogram::Value(crate::value_histogram::ValueHistogram { hist, edges, min: mn, max: mx, threshold: t }.into()), E::NAME)
+                }
+                Kind::Abs => (Histogram::Abs(crate::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx }.into()), E::NAME),
+            })
+        }
+        let err = |e: String| bad(e);
+        let edge_slice = |ok: bool| if ok { Ok(()) } else { Err(bad("edges must be a contiguous 1-D array".into())) };
+        let (histogram, edge_dtype) = match &b {
+            Borrowed::F16(v) => { edge_slice(v[0].as_slice().is_ok())?; build(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
+            Borrowed::F32(v) => { edge_slice(v[0].as_slice().is_ok())?; build(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
+            Borrowed::F64(v) => { edge_slice(v[0].as_slice().is_ok())?; build(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
+        };
+        let rank = |d: &str| ["float16", "float32", "float64"].iter().position(|x| *x == d);
+        if rank(edge_dtype) < rank(dtype) {
+            return Err(bad(format!("{edge_dtype} edges cannot hold {dtype} data")));
+        }
+        let counts = Counts { finite, nan, posinf, neginf, batches };
+        self.states.remove(name);
+        self.insert(name, TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts });
+        Ok(())
+    }
+
     /// `(finite, nan, posinf, neginf, batches)`.
     fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
         let c = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?.counts;
@@ -473,6 +551,98 @@ impl StreamHistograms {
             out.insert(name, st.map_err(PyValueError::new_err)?);
         }
         Ok(out)
+    }
+
+    /// `(dtype, level or None, bins (uint64), finite_min, finite_max, abs_min, counts)`.
+    #[allow(clippy::type_complexity)]
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+    ) -> PyResult<(&'static str, Option<i32>, Bound<'py, PyArray1<u64>>, Option<f64>, Option<f64>, Option<f64>, (u64, u64, u64, u64, u64))> {
+        let (d, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        Ok((*d, h.level, PyArray1::from_slice(py, &h.bins), h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+    }
+
+    /// Put back what `export` gave, after checking it is consistent.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, dtype, level, bins, finite_min, finite_max, abs_min, counts))]
+    fn restore(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        level: Option<i32>,
+        bins: numpy::PyReadonlyArray1<'_, u64>,
+        finite_min: Option<f64>,
+        finite_max: Option<f64>,
+        abs_min: Option<f64>,
+        counts: (u64, u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        let bad = |why: &str| PyValueError::new_err(format!("tensor {name:?}: {why}"));
+        let dtype: &'static str = match dtype {
+            "float16" => "float16",
+            "float32" => "float32",
+            "float64" => "float64",
+            _ => return Err(bad("unsupported dtype")),
+        };
+        let bins = bins.as_slice().map_err(|_| bad("bins must be contiguous"))?;
+        if bins.len() != 2usize << self.log_half {
+            return Err(bad(&format!("{} bins, expected {}", bins.len(), 2usize << self.log_half)));
+        }
+        let mut h = StreamHistogram::new(self.log_half);
+        let (n_finite, n_nan, n_posinf, n_neginf, batches) = counts;
+        let total: u128 = bins.iter().map(|&c| c as u128).sum();
+        if total != n_finite as u128 {
+            return Err(bad("bin counts do not add up to the finite count"));
+        }
+        match (level, finite_min, finite_max, abs_min) {
+            (None, None, None, None) if n_finite == 0 => {}
+            (Some(l), Some(mn), Some(mx), Some(amn)) if n_finite > 0 => {
+                let m = mn.abs().max(mx.abs());
+                let ok = mn.is_finite() && mx.is_finite() && amn.is_finite() && mn <= mx && 0.0 <= amn && amn <= m
+                    && (crate::stream_histogram::MIN_LEVEL..=1100).contains(&l) && crate::stream_histogram::level_for(m) <= l;
+                if !ok {
+                    return Err(bad("inconsistent level or extremes"));
+                }
+            }
+            _ => return Err(bad("level and extremes must be given exactly when there are finite values")),
+        }
+        h.level = level;
+        h.bins.copy_from_slice(bins);
+        (h.finite_min, h.finite_max, h.abs_min) = (finite_min, finite_max, abs_min);
+        (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches) = (n_finite, n_nan, n_posinf, n_neginf, batches);
+        if !self.order.iter().any(|o| o == name) {
+            self.order.push(name.to_string());
+        }
+        self.states.insert(name.to_string(), (dtype, h));
+        Ok(())
+    }
+
+    /// Add another run's histograms (same num_bins): the result equals one run over both
+    /// data sets, whatever the order of merging.
+    fn merge(&mut self, other: &StreamHistograms) -> PyResult<()> {
+        if other.log_half != self.log_half {
+            return Err(PyValueError::new_err(format!("cannot merge streaming histograms of {} and {} bins", 2usize << self.log_half, 2usize << other.log_half)));
+        }
+        for name in &other.order {
+            let (d, _) = &other.states[name];
+            if let Some((d0, _)) = self.states.get(name) {
+                if d0 != d {
+                    return Err(named(name, CollectError::DtypeChanged { before: d0, now: d }));
+                }
+            }
+        }
+        for name in &other.order {
+            let (d, h) = &other.states[name];
+            match self.states.get_mut(name) {
+                Some((_, mine)) => mine.merge(h).map_err(PyValueError::new_err)?,
+                None => {
+                    self.order.push(name.clone());
+                    self.states.insert(name.clone(), (d, h.clone()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.

@@ -367,3 +367,21 @@ pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches, n
     plan(state, kind, &Scans::of(batches), batches.len() as u64, n_bins)?;
     count(state.as_mut().expect("planned above"), batches)
 }
+
+macro_rules! typed_from {
+    ($E:ty, $V:ident) => {
+        impl From<ValueHistogram<$E>> for Typed<ValueFamily> {
+            fn from(h: ValueHistogram<$E>) -> Self {
+                Typed::$V(h)
+            }
+        }
+        impl From<AbsHistogram<$E>> for Typed<AbsFamily> {
+            fn from(h: AbsHistogram<$E>) -> Self {
+                Typed::$V(h)
+            }
+        }
+    };
+}
+typed_from!(f16, F16);
+typed_from!(f32, F32);
+typed_from!(f64, F64);
