@@ -11,6 +11,7 @@ from .calibrators import (
     create_calibrator,
 )
 from .collector import HistogramCollector, ValueCounts
+from .state import CalibrationState, merge_states, model_fingerprint
 from .integration import calibrate, is_patched, patch_onnxruntime, quantize_static, unpatch_onnxruntime
 from .stats import (
     TensorStats,
@@ -26,6 +27,9 @@ __version__ = "0.1.0"
 __all__ = [
     "HistogramCollector",
     "ValueCounts",
+    "CalibrationState",
+    "merge_states",
+    "model_fingerprint",
     "MinMaxCalibrater",
     "EntropyCalibrater",
     "PercentileCalibrater",

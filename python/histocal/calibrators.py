@@ -158,6 +158,7 @@ class _HistogramCalibration:
         if self.collector is None:
             self.collector = self._new_collector()
         hist = self.collector._histograms
+        stream = self._exact_stream()
         shapes: list[list[tuple[int, ...]]] = []
 
         def scan(i: int, items: list) -> None:
@@ -173,6 +174,7 @@ class _HistogramCalibration:
                     "or use mode='streaming')"
                 )
             hist.count(items)
+            stream.collect(items)  # the state's streaming histogram (see state.py)
 
         n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
         if n == 0:
@@ -196,7 +198,10 @@ class _HistogramCalibration:
         )
         buffered: dict[str, list[np.ndarray]] = {name: [] for name in fetch}
 
+        stream = self._exact_stream()
+
         def keep(_: int, items: list) -> None:
+            stream.collect(items)  # the state's streaming histogram (see state.py)
             for name, arrays in items:
                 buffered[name].extend(arrays)
 
@@ -206,6 +211,31 @@ class _HistogramCalibration:
                 self.collector = self._new_collector()
             self.collector.collect(buffered)
         return n
+
+    def _exact_stream(self) -> Any:
+        """Exact mode also feeds a streaming histogram, so that its state serves every method."""
+        if self._stream is None:
+            self._stream = _core.StreamHistograms(self.streaming_bins)
+        return self._stream
+
+    @property
+    def state(self) -> Any:
+        """A ``histocal.CalibrationState`` (copy) of what has been collected."""
+        from .state import CalibrationState
+
+        return CalibrationState.from_calibrator(self)
+
+    def save_state(self, path: str | Path, data_fingerprint: str | None = None, compress: bool = False) -> None:
+        """Save the collected histogram state (see ``histocal.CalibrationState``)."""
+        from .state import CalibrationState
+
+        CalibrationState.from_calibrator(self, data_fingerprint).save(path, compress)
+
+    def load_state(self, state: Any) -> None:
+        """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
+        from .state import load_into_calibrator
+
+        load_into_calibrator(self, state)
 
     def compute_data(self) -> TensorsData:
         method = _METHODS[self.method]
