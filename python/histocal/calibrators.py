@@ -92,6 +92,11 @@ def _run_batches(
     return n
 
 
+def _binned_and_finite(hist: Any) -> dict[str, tuple[int, int]]:
+    """Per tensor: values in the histogram, and finite values collected."""
+    return {n: (int(hist.state(n)[0].sum()), hist.counts(n)[0]) for n in hist.names()}
+
+
 class _HistogramCalibration:
     """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
 
@@ -176,6 +181,7 @@ class _HistogramCalibration:
             hist.count(items)
             stream.collect(items)  # the state's streaming histogram (see state.py)
 
+        before = _binned_and_finite(hist)
         n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
         if n == 0:
             return 0
@@ -187,6 +193,16 @@ class _HistogramCalibration:
                 "(exact mode reads the data twice; it must yield the same batches each time)"
             )
         self.collector._dict = None
+        # Values outside the first read's ranges were not binned: the reader changed its data.
+        for name, (binned, finite) in _binned_and_finite(hist).items():
+            b0, f0 = before.get(name, (0, 0))
+            if binned - b0 != finite - f0:
+                raise ValueError(
+                    f"tensor {name!r}: the data reader returned different data on its second read "
+                    f"({finite - f0 - (binned - b0)} values fell outside the ranges of the first read); "
+                    "exact mode reads the data twice and needs the same batches each time, "
+                    "or use mode='streaming'"
+                )
         return n
 
     def _collect_buffered(self, source: DataSource, fetch: list[str]) -> int:
