@@ -12,6 +12,7 @@ use crate::float::{Float, Widen};
 use crate::scan::PAR_CHUNK;
 use crate::view::View;
 use rayon::prelude::*;
+use std::hint::assert_unchecked;
 
 /// The most bins a histogram may grow to (2^24 bins: 128 MiB of counts). Beyond that ORT
 /// exhausts memory or numpy refuses; histocal reports an error naming the tensor.
@@ -160,100 +161,177 @@ impl<E: Float> UniformBins<E> {
         }
         let f = |x: E| x.to_f32();
         let n = self.n_bins();
+        let (first, norm, n_f) = (f(self.first), f(self.norm), f(self.n_e));
+        // The edges below `last` are `f32(i) * step + first` (linspace, `step != 0`): then the
+        // kernel recomputes them instead of loading them. Checked bit for bit, else tables.
+        let step = norm / n_f;
+        let arith = step != 0.0 && (0..n).all(|i| ((i as f32) * step + first).to_bits() == f(self.edges[i]).to_bits());
         // Padded edges: index n is a dummy bin for out-of-range values; its neighbours make
         // both corrections no-ops (-inf below, NaN above).
         let mut edges: Vec<f32> = self.edges.iter().map(|&e| f(e)).collect();
         edges[n] = f32::NEG_INFINITY;
         edges.push(f32::NAN);
-        Some(FastF32 { first: f(self.first), last: f(self.last), norm: f(self.norm), n_f: f(self.n_e), n, edges })
+        Some(FastF32 { first, last: f(self.last), norm, n_f, step, arith, n, edges })
     }
 }
 
-/// numpy's f32 estimate-and-correct binning, in two passes per block: a vectorised estimate,
-/// then the two corrections and the increments (over 4 interleaved sub-histograms, so runs of
-/// equal values, e.g. ReLU zeros, don't serialise on one counter).
+/// numpy's f32 estimate-and-correct binning, in two passes per block: a vectorised pass that
+/// computes each value's bin (or, when the edges cannot be recomputed arithmetically, only the
+/// estimate, corrected in the second pass against the edge table), then the increments, spread
+/// over interleaved u32 sub-histograms so runs of equal bins (e.g. ReLU zeros) don't serialise
+/// on one counter.
 struct FastF32 {
     first: f32,
     last: f32,
     norm: f32,
     n_f: f32,
+    /// `norm / n_f`, linspace's step.
+    step: f32,
+    /// True when edge i (< n) is exactly `f32(i) * step + first`.
+    arith: bool,
     n: usize,
     edges: Vec<f32>,
 }
 
 const FAST_BLOCK: usize = 2048;
+/// Interleaved sub-histograms (value k of a block goes to copy k % SUB).
+const SUB: usize = 4;
 
 impl FastF32 {
     fn count(&self, data: &[f32], abs: bool, counts: &mut [i64]) {
-        let mut sub = vec![0u32; 4 * (self.n + 1)];
+        let stride = self.n + 1;
+        let mut sub = vec![0u32; SUB * stride];
         let mut idx = [0u32; FAST_BLOCK];
         for block in data.chunks(FAST_BLOCK) {
-            if abs {
-                estimate_abs(self, block, &mut idx);
-            } else {
-                estimate(self, block, &mut idx);
+            let idx = &mut idx[..block.len()];
+            match (self.arith, abs) {
+                (true, false) => bins_arith(self, block, idx),
+                (true, true) => bins_arith_abs(self, block, idx),
+                (false, false) => {
+                    estimate(self, block, idx);
+                    correct::<false>(self, block, idx);
+                }
+                (false, true) => {
+                    estimate_abs(self, block, idx);
+                    correct::<true>(self, block, idx);
+                }
             }
-            if abs {
-                correct_and_count::<true>(self, block, &idx, &mut sub);
-            } else {
-                correct_and_count::<false>(self, block, &idx, &mut sub);
-            }
+            scatter(idx, &mut sub, stride);
         }
-        let stride = self.n + 1;
         for (i, c) in counts.iter_mut().enumerate() {
-            *c += (sub[i] + sub[stride + i] + sub[2 * stride + i] + sub[3 * stride + i]) as i64;
+            *c += (0..SUB).map(|s| sub[s * stride + i] as i64).sum::<i64>();
         }
     }
 }
 
+/// numpy's estimate `trunc(f32(f32(f32(v - first) / norm) * n))` with the `== n` rule, for
+/// an in-range `v` (anything else, NaN included, gives some index in `[0, n-1]`).
 #[inline(always)]
-fn estimate_impl(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK], abs: bool) {
-    let (first, last, norm, n_f) = (t.first, t.last, t.norm, t.n_f);
+fn estimate_one(v: f32, first: f32, norm: f32, n_f: f32, top: f32) -> i32 {
+    let f = ((v - first) / norm) * n_f;
+    // f is in [0, n] for in-range values; clamping to n-1 first is numpy's `== n` rule
+    // (truncation of anything in [n-1, n] gives n-1), and NaN/negative go to 0.
+    let f = if f > 0.0 { f } else { 0.0 };
+    let f = if f < top { f } else { top };
+    // SAFETY: f is finite and in [0, n-1].
+    unsafe { f.to_int_unchecked::<i32>() }
+}
+
+/// The whole of numpy's placement, vectorised: estimate, then one correction each way
+/// against the recomputed edges `f32(i) * step + first` (never `last`: the up-correction is
+/// disabled in the last bin). Out-of-range values and NaN get the dummy bin n.
+#[inline(always)]
+fn bins_arith_impl<const ABS: bool>(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    let (first, last, norm, n_f, step) = (t.first, t.last, t.norm, t.n_f, t.step);
     let top = (t.n - 1) as f32; // exact: fast_f32 requires n <= 2^24
+    let last_bin = (t.n - 1) as i32;
+    let dummy = t.n as i32;
+    for (o, &x) in idx.iter_mut().zip(block) {
+        let v = if ABS { x.abs() } else { x };
+        let i = estimate_one(v, first, norm, n_f, top);
+        // In range, v >= first = edge 0, so i never goes below 0.
+        let i = i - (v < (i as f32) * step + first) as i32;
+        let i = i + ((v >= ((i + 1) as f32) * step + first) & (i != last_bin)) as i32;
+        *o = (if v >= first && v <= last { i } else { dummy }) as u32;
+    }
+}
+
+#[inline(always)]
+fn bins_arith_plain(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    bins_arith_impl::<false>(t, block, idx)
+}
+
+#[inline(always)]
+fn bins_arith_abs_impl(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    bins_arith_impl::<true>(t, block, idx)
+}
+
+crate::simd::dispatch_avx2!(fn bins_arith(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => bins_arith_plain);
+crate::simd::dispatch_avx2!(fn bins_arith_abs(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => bins_arith_abs_impl);
+
+/// Estimate only (table path); out-of-range values get the dummy bin n.
+#[inline(always)]
+fn estimate_impl<const ABS: bool>(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    let (first, last, norm, n_f) = (t.first, t.last, t.norm, t.n_f);
+    let top = (t.n - 1) as f32;
     let dummy = t.n as u32;
     for (o, &x) in idx.iter_mut().zip(block) {
-        let v = if abs { x.abs() } else { x };
-        let f = ((v - first) / norm) * n_f;
-        // f is in [0, n] for in-range values; clamping to n-1 first is numpy's `== n` rule
-        // (truncation of anything in [n-1, n] gives n-1), and NaN/negative go to 0.
-        let f = if f > 0.0 { f } else { 0.0 };
-        let f = if f < top { f } else { top };
-        // SAFETY: f is finite and in [0, n-1].
-        let i = unsafe { f.to_int_unchecked::<i32>() } as u32;
+        let v = if ABS { x.abs() } else { x };
+        let i = estimate_one(v, first, norm, n_f, top) as u32;
         *o = if v >= first && v <= last { i } else { dummy };
     }
 }
 
 #[inline(always)]
-fn estimate_plain(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) {
-    estimate_impl(t, block, idx, false)
+fn estimate_plain(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    estimate_impl::<false>(t, block, idx)
 }
 
 #[inline(always)]
-fn estimate_abs_impl(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) {
-    estimate_impl(t, block, idx, true)
+fn estimate_abs_impl(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    estimate_impl::<true>(t, block, idx)
 }
 
-crate::simd::dispatch_avx2!(fn estimate(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) -> () => estimate_plain);
-crate::simd::dispatch_avx2!(fn estimate_abs(t: &FastF32, block: &[f32], idx: &mut [u32; FAST_BLOCK]) -> () => estimate_abs_impl);
+crate::simd::dispatch_avx2!(fn estimate(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => estimate_plain);
+crate::simd::dispatch_avx2!(fn estimate_abs(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => estimate_abs_impl);
 
+/// numpy's two corrections against the padded edge table, in place.
 #[inline(always)]
-fn correct_and_count<const ABS: bool>(t: &FastF32, block: &[f32], idx: &[u32; FAST_BLOCK], sub: &mut [u32]) {
+fn correct<const ABS: bool>(t: &FastF32, block: &[f32], idx: &mut [u32]) {
     let e = &t.edges[..];
     let last_bin = t.n - 1;
-    let stride = t.n + 1;
-    assert!(e.len() == t.n + 2 && sub.len() == 4 * stride);
-    for (k, (&x, &i0)) in block.iter().zip(idx.iter()).enumerate() {
+    assert!(e.len() == t.n + 2 && idx.len() == block.len());
+    for (o, &x) in idx.iter_mut().zip(block) {
         let v = if ABS { x.abs() } else { x };
-        let mut i = i0 as usize;
-        // SAFETY: i0 <= n; an in-range v never moves below bin 0 (v >= e[0]) and the dummy bin
-        // n never moves (e[n] = -inf, e[n+1] = NaN), so every index stays < n + 2 (edges) and
-        // the counter index < 4 * (n + 1).
+        let mut i = *o as usize;
+        // SAFETY: i <= n; an in-range v never moves below bin 0 (v >= e[0]) and the dummy bin
+        // n never moves (e[n] = -inf, e[n+1] = NaN), so every index stays < n + 2.
         unsafe {
             i -= (v < *e.get_unchecked(i)) as usize;
             i += ((v >= *e.get_unchecked(i + 1)) & (i != last_bin)) as usize;
-            *sub.get_unchecked_mut((k & 3) * stride + i) += 1;
         }
+        *o = i as u32;
+    }
+}
+
+/// `sub[(k % SUB) * stride + idx[k]] += 1` for every k.
+#[inline(always)]
+fn scatter(idx: &[u32], sub: &mut [u32], stride: usize) {
+    assert!(sub.len() == SUB * stride);
+    let chunks = idx.chunks_exact(SUB);
+    let rest = chunks.remainder();
+    let p = sub.as_mut_ptr();
+    for c in chunks {
+        // SAFETY: every index is <= n < stride, so each address is inside `sub`.
+        unsafe {
+            for (s, &i) in c.iter().enumerate() {
+                assert_unchecked((i as usize) < stride);
+                *p.add(s * stride + i as usize) += 1;
+            }
+        }
+    }
+    for (s, &i) in rest.iter().enumerate() {
+        sub[s * stride + i as usize] += 1;
     }
 }
 
@@ -365,6 +443,41 @@ mod tests {
                 let mut slow = vec![0; n];
                 b.count_block(&x, abs, &mut slow);
                 assert_eq!(fast, slow, "t={t} n={n} abs={abs}");
+                // The edge-table variant (used when the edges are not linspace's formula).
+                let mut table = b.fast_f32::<f32>().unwrap();
+                assert!(table.arith);
+                table.arith = false;
+                let mut tab = vec![0; n];
+                table.count(&x, abs, &mut tab);
+                assert_eq!(tab, slow, "table path t={t} n={n} abs={abs}");
+            }
+        }
+    }
+
+    #[test]
+    fn fast_f32_path_random_ranges() {
+        // Asymmetric and odd ranges, bin counts up to a few thousand, values on and around
+        // every edge.
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..60 {
+            let a = ((rnd() - 0.5) * 10f64.powf(rnd() * 8.0 - 4.0)) as f32;
+            let w = (10f64.powf(rnd() * 8.0 - 5.0)) as f32;
+            let n = 1 + (rnd() * 4000.0) as usize;
+            let Ok(b) = UniformBins::new(a, a + w, n) else { continue };
+            let mut x: Vec<f32> = (0..20_000).map(|_| (a as f64 + (rnd() * 1.2 - 0.1) * w as f64) as f32).collect();
+            x.extend(b.edges.iter().flat_map(|&e| [e, f32::from_bits(e.to_bits() + 1), f32::from_bits(e.to_bits().wrapping_sub(1)), -e]));
+            for abs in [false, true] {
+                let mut fast = vec![0; n];
+                b.count(&View::from_slice(&x), abs, &mut fast);
+                let mut slow = vec![0; n];
+                b.count_block(&x, abs, &mut slow);
+                assert_eq!(fast, slow, "a={a} w={w} n={n} abs={abs}");
             }
         }
     }
