@@ -7,10 +7,12 @@ own subprocess (``sys.executable``), so each run's peak RSS (``ru_maxrss``) is i
 * setup    ``create_calibrator`` (shape inference, graph augmentation, session creation)
 * collect  ``collect_data`` (minus the time the synthetic reader spends making inputs)
 * compute  ``compute_data``
-* peak RSS of the child; its RSS after imports is reported as the baseline
-* beyond inference = collect + compute - inference, where "inference" is the augmented model's
-  own ``session.run`` over the same samples (all outputs fetched, only ``run`` timed), measured
-  in a separate child for each augmented model (MinMax's, and the histogram methods' one)
+* peak RSS of the child (read before the inference pass below); its RSS after imports is
+  reported as the baseline
+* inference: then, in the same child, a fresh session (created as the calibrators create
+  theirs) of the same augmented model runs the same samples, all outputs fetched, only
+  ``session.run`` timed, so it sees the same machine load as the run it is compared with
+* beyond inference = collect + compute - inference
 
 Configurations (``--only`` names): minmax (ORT, histocal), entropy (default 128 bins),
 entropy2048 (num_bins=2048, num_quantized_bins=128), percentile (default: 2048 bins,
@@ -327,8 +329,28 @@ def ranges_of(tensors_data: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def measure_augmented_inference(augmented_model: str, reader: SyntheticReader) -> tuple[float, int]:
+    """The augmented model's own inference over the reader's samples, in a fresh session made
+    as ORT's calibrators make theirs (cold, like theirs): (seconds in ``session.run``, outputs)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(augmented_model, sess_options=options,
+                                           providers=["CPUExecutionProvider"])
+    seconds, outputs = 0.0, 0
+    for feed in reader:
+        t0 = time.perf_counter()
+        out = session.run(None, feed)
+        seconds += time.perf_counter() - t0
+        outputs = len(out)
+        del out
+    return seconds, outputs
+
+
 def measure_calibration(spec: dict[str, Any]) -> dict[str, Any]:
-    """One calibration run: setup / collect / compute times, peak RSS, ranges to a pickle."""
+    """One calibration run: setup / collect / compute times, peak RSS, ranges to a pickle, then
+    the augmented model's own inference time over the same samples."""
     import onnxruntime.quantization.calibrate as ort_calibrate
     from onnxruntime.quantization.calibrate import CalibrationMethod
 
@@ -377,36 +399,14 @@ def measure_calibration(spec: dict[str, Any]) -> dict[str, Any]:
     if n_total is not None:
         result.update(compute_measured=compute, tensors_computed=len(ranges), tensors=n_total,
                       compute=compute * n_total / len(ranges))
+    del cal, tensors_data
+    result["inference"], result["outputs"] = measure_augmented_inference(spec["augmented"], reader)
     return result
-
-
-def measure_inference(spec: dict[str, Any]) -> dict[str, Any]:
-    """The augmented model's own inference: ``session.run`` (all outputs) over the samples."""
-    import onnxruntime.quantization.calibrate as ort_calibrate
-    from onnxruntime.quantization.calibrate import CalibrationMethod
-
-    reader = SyntheticReader([tuple(s) for s in spec["inputs"]], spec["samples"], spec["seed"])
-    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-        cal = ort_calibrate.create_calibrator(
-            spec["model"], augmented_model_path=spec["augmented"],
-            calibrate_method=CalibrationMethod[spec["method"]],
-        )
-    session = cal.infer_session
-    run_seconds = 0.0
-    outputs = 0
-    for feed in reader:
-        t0 = time.perf_counter()
-        out = session.run(None, feed)
-        run_seconds += time.perf_counter() - t0
-        outputs = len(out)
-        del out
-    return {"inference": run_seconds, "outputs": outputs, "peak_rss_mb": peak_rss_mb()}
 
 
 def child_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
-    result = measure_inference(spec) if spec["kind"] == "inference" else measure_calibration(spec)
-    print("RESULT " + json.dumps(result), flush=True)
+    print("RESULT " + json.dumps(measure_calibration(spec)), flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def child_main(spec_json: str) -> None:
 @dataclass
 class Run:
     config: str
-    impl: str  # ort | histocal | exact | streaming | inference
+    impl: str  # ort | histocal | exact | streaming
     samples: int
     result: dict[str, Any] = field(default_factory=dict)
     ranges: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
@@ -517,13 +517,12 @@ class Benchmark:
         self.args, self.workdir, self.model_path = args, workdir, model_path
         self.inputs = input_specs(model_path, args.dim)
         self.runs: list[Run] = []
-        self.inference: dict[tuple[str, int], dict[str, Any]] = {}
         self.n = 0
 
-    def spec(self, kind: str, method: str, samples: int, **kw: Any) -> dict[str, Any]:
+    def spec(self, method: str, samples: int, **kw: Any) -> dict[str, Any]:
         self.n += 1
         return {
-            "kind": kind, "method": method, "samples": samples, "seed": self.args.seed,
+            "method": method, "samples": samples, "seed": self.args.seed,
             "model": self.model_path, "inputs": self.inputs,
             "augmented": str(self.workdir / f"augmented_{self.n}.onnx"),
             "ranges_out": str(self.workdir / f"ranges_{self.n}.pkl"), **kw,
@@ -532,24 +531,10 @@ class Benchmark:
     def log(self, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    def measure_inference_baseline(self, flavour: str, samples: int) -> None:
-        """flavour: 'minmax' (ReduceMin/Max outputs) or 'histogram' (every tensor an output)."""
-        key = (flavour, samples)
-        if key in self.inference:
-            return
-        method = "MinMax" if flavour == "minmax" else "Entropy"
-        t0 = time.perf_counter()
-        spec = self.spec("inference", method, samples)
-        res = min((run_child(spec, self.args.timeout) for _ in range(self.args.repeat)),
-                  key=lambda r: r["inference"])
-        self.inference[key] = res
-        self.log(f"  inference [{flavour}] x{samples}: {fmt_s(res['inference'])} "
-                 f"({res['outputs']} outputs) [{time.perf_counter() - t0:.1f} s]")
-
     def measure_run(self, config: Config, impl: str, samples: int) -> Run:
         run = Run(config.name, impl, samples)
         cap = self.args.ort_cap if (config.name == "entropy2048" and impl == "ort") else 0
-        spec = self.spec("calibrate", config.method, samples, impl=impl,
+        spec = self.spec(config.method, samples, impl=impl,
                          extra_options=config.extra_options, ort_cap=cap)
         t0 = time.perf_counter()
         try:
@@ -564,7 +549,8 @@ class Benchmark:
             r = run.result
             self.log(f"  {config.name:12s} {impl:9s} x{samples}: setup {fmt_s(r['setup'])}, collect "
                      f"{fmt_s(r['collect'])}, compute {fmt_s(r['compute'])}"
-                     f"{' (extrapolated)' if 'compute_measured' in r else ''}, peak {r['peak_rss_mb']:.0f} MB"
+                     f"{' (extrapolated)' if 'compute_measured' in r else ''}, peak {r['peak_rss_mb']:.0f} MB, "
+                     f"inference {fmt_s(r['inference'])}"
                      f" [{time.perf_counter() - t0:.1f} s]")
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             run.error = str(e).splitlines()[-1] if str(e) else type(e).__name__
@@ -576,18 +562,12 @@ class Benchmark:
 
     def execute(self, configs: list[Config], growth: bool) -> None:
         samples = self.args.samples
-        flavours = {"minmax" if c.name == "minmax" else "histogram" for c in configs}
-        for flavour in sorted(flavours):
-            self.measure_inference_baseline(flavour, samples)
         for config in configs:
             for impl in config.impls:
                 self.measure_run(config, impl, samples)
         if growth:
             names = {c.name for c in configs}
-            todo = [(CONFIGS[c], i) for c, i in GROWTH_RUNS if c in names]
-            if todo:
-                self.measure_inference_baseline("histogram", self.args.growth_samples)
-            for config, impl in todo:
+            for config, impl in [(CONFIGS[c], i) for c, i in GROWTH_RUNS if c in names]:
                 self.measure_run(config, impl, self.args.growth_samples)
 
     # -- reporting ------------------------------------------------------------------------------
@@ -598,25 +578,20 @@ class Benchmark:
                 return r
         return None
 
-    def inference_for(self, run: Run) -> float | None:
-        flavour = "minmax" if run.config == "minmax" else "histogram"
-        res = self.inference.get((flavour, run.samples))
-        return res["inference"] if res else None
-
-    def beyond(self, run: Run) -> tuple[float | None, float | None]:
-        inf = self.inference_for(run)
-        if inf is None:
-            return None, None
-        extra = run.busy - inf
-        return extra, 100.0 * extra / inf
+    @staticmethod
+    def beyond(run: Run) -> tuple[float, float]:
+        """collect + compute - the augmented model's own inference: (seconds, % of inference)."""
+        inference = run.result["inference"]
+        extra = run.busy - inference
+        return extra, 100.0 * extra / inference
 
     def main_table(self, configs: list[Config]) -> list[str]:
         samples = self.args.samples
         lines = [
-            "| config | impl | tensors | setup | collect | compute | total | beyond inference "
+            "| config | impl | tensors | setup | collect | compute | total | inference | beyond inference "
             "(% of inference) | peak RSS (after imports) | ORT / this: total | ORT / this: collect+compute "
             "| ranges vs ORT |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for config in configs:
             ort = self.find(config.name, "ort", samples)
@@ -626,13 +601,13 @@ class Benchmark:
                 if run is None:
                     continue
                 if run.error is not None:
-                    lines.append(f"| {config.label} | {impl} | FAILED: {run.error[:80]} |" + " |" * 9)
+                    lines.append(f"| {config.label} | {impl} | FAILED: {run.error[:80]} |" + " |" * 10)
                     continue
                 r = run.result
                 capped = "compute_measured" in r
                 tilde = "~" if capped else ""
                 extra, pct = self.beyond(run)
-                beyond = "-" if extra is None else f"{tilde}{fmt_s(extra)} ({tilde}{pct:.0f}%)"
+                beyond = f"{tilde}{fmt_s(extra)} ({tilde}{pct:.0f}%)"
                 rss = f"{r['peak_rss_mb']:.0f} MB ({r['base_rss_mb']:.0f})"
                 ratio_total = ratio_busy = "-" if impl != "ort" else "1"
                 verdict = "(reference)" if impl == "ort" else "-"
@@ -654,17 +629,9 @@ class Benchmark:
                 total = tilde + fmt_s(run.total)
                 lines.append(
                     f"| {config.label} | {impl} | {r['tensors']} | {fmt_s(r['setup'])} | {fmt_s(r['collect'])} | "
-                    f"{compute} | {total} | {beyond} | {rss} | {ratio_total} | {ratio_busy} | {verdict} |"
+                    f"{compute} | {total} | {fmt_s(r['inference'])} | {beyond} | {rss} | {ratio_total} | {ratio_busy} | {verdict} |"
                 )
         return lines
-
-    def inference_lines(self) -> list[str]:
-        out = []
-        for (flavour, samples), res in sorted(self.inference.items()):
-            out.append(f"- augmented model inference ({flavour} augmentation, {res['outputs']} outputs), "
-                       f"{samples} samples: {fmt_s(res['inference'])} "
-                       f"({fmt_s(res['inference'] / samples)}/sample), peak RSS {res['peak_rss_mb']:.0f} MB")
-        return out
 
     def growth_table(self) -> list[str]:
         small, big = self.args.samples, self.args.growth_samples
@@ -679,7 +646,7 @@ class Benchmark:
                 continue
             ra, rb = a.result["peak_rss_mb"], b.result["peak_rss_mb"]
             extra, pct = self.beyond(b)
-            beyond = "-" if extra is None else f"{fmt_s(extra)} ({pct:.0f}%)"
+            beyond = f"{fmt_s(extra)} ({pct:.0f}%)"
             lines.append(f"| {CONFIGS[cname].label} | {impl} | {ra:.0f} MB | {rb:.0f} MB | "
                          f"{100 * (rb - ra) / ra:+.1f}% | {fmt_s(b.busy)} | {beyond} |")
         return lines if len(lines) > 2 else []
@@ -703,8 +670,6 @@ class Benchmark:
             if hc is None:
                 continue
             _, pct = self.beyond(hc)
-            if pct is None:
-                continue
             ort_txt = ""
             if o is not None:
                 ort_txt = f" (ORT {self.beyond(o)[1]:.0f}%)"
@@ -804,16 +769,17 @@ def main(argv: list[str]) -> None:
         f"- model: {model_desc}",
         f"- {args.samples} samples (batch as declared), seed {args.seed}, one subprocess per run; "
         + ("times are single runs" if args.repeat == 1 else
-           f"times are the fastest of {args.repeat} runs (inference: fastest of {args.repeat})")
+           f"times are from the fastest of {args.repeat} runs by total")
         + " (perf_counter); collect excludes the reader's input generation",
-        *bench.inference_lines(),
         "",
         f"### Per configuration, {args.samples} samples",
         "",
         *bench.main_table(configs),
         "",
-        "total = setup + collect + compute. beyond inference = collect + compute - the augmented model's own "
-        "inference over the same samples (histocal exact runs inference twice by design, so it is >= 100%). "
+        "total = setup + collect + compute. inference = the augmented model's own inference over the same "
+        "samples, measured in the same process right after (fresh session, all outputs fetched). beyond "
+        "inference = collect + compute - inference (histocal exact runs inference twice by design, so it is "
+        ">= 100%). "
         "Ratios > 1 mean histocal is faster. \"ranges vs ORT\": bit-exact comparison of range_value per tensor "
         "(for streaming, deviations are expected: its histogram has different bin edges). "
         "\"~\": ORT's compute extrapolated from a subset of tensors (--ort-cap).",
