@@ -39,3 +39,51 @@ macro_rules! dispatch_avx2 {
     };
 }
 pub(crate) use dispatch_avx2;
+
+/// True when the AVX-512 variants may run (AVX-512 F/VL/BW/DQ plus AVX2+FMA).
+#[inline]
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx2_fma()
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512dq")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Like `dispatch_avx2!`, with a first tier compiled for AVX-512 (LLVM then vectorises 16
+/// wide). Only for loops of plain IEEE operations, whose results do not depend on the width.
+macro_rules! dispatch_avx512 {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? ($($arg:ident : $t:ty),* $(,)?) -> $ret:ty => $body_fn:ident) => {
+        $(#[$m])*
+        $vis fn $name $(<$($g: $b),*>)? ($($arg: $t),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+                unsafe fn avx512 $(<$($g: $b),*>)? ($($arg: $t),*) -> $ret {
+                    $body_fn $(::<$($g),*>)? ($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2 $(<$($g: $b),*>)? ($($arg: $t),*) -> $ret {
+                    $body_fn $(::<$($g),*>)? ($($arg),*)
+                }
+                if $crate::simd::has_avx512() {
+                    // SAFETY: the CPU features were just detected.
+                    return unsafe { avx512 $(::<$($g),*>)? ($($arg),*) };
+                }
+                if $crate::simd::has_avx2_fma() {
+                    // SAFETY: the CPU features were just detected.
+                    return unsafe { avx2 $(::<$($g),*>)? ($($arg),*) };
+                }
+            }
+            $body_fn $(::<$($g),*>)? ($($arg),*)
+        }
+    };
+}
+pub(crate) use dispatch_avx512;
