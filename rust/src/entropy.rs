@@ -10,7 +10,7 @@
 //! on the thread count.
 
 use crate::float::Float;
-use crate::numpy_log::log_f32_slice;
+use crate::numpy_log::log_lane;
 use crate::pairwise::sum_f32;
 use rayon::prelude::*;
 
@@ -43,8 +43,12 @@ pub struct EntropyChoice {
 struct Scratch {
     ps: Vec<f32>,
     qs: Vec<f32>,
-    ratio: Vec<f32>,
-    logs: Vec<f32>,
+    /// The smoothed quantized distribution's value per group (q is constant on each group).
+    group_q: Vec<f32>,
+    group_values: Vec<i64>,
+    /// `qk = q / sum(q)`, element by element.
+    qk: Vec<f32>,
+    r: Vec<f32>,
 }
 
 const EPS: f32 = 1e-4f64 as f32;
@@ -96,34 +100,42 @@ fn smoothing_offset(len: usize, n_zero: usize, is_zero: impl Fn(usize) -> bool) 
     (eps1 < 1.0).then_some((-eps1) as f32)
 }
 
-/// ORT's float32 `entropy(pk, qk)` (relative entropy, natural log, pairwise sums).
-/// `ps` is overwritten with `pk * log(pk / qk)`.
+/// ORT's float32 `entropy(pk, qk)` (relative entropy, natural log, pairwise sums) for the
+/// smoothed `ps` and `qs`, where `qs` is `m`-long runs of `group_q[j]` followed by `EPS`.
+/// Per element this is exactly ORT's `pk = p / sum(p)`, `qk = q / sum(q)`,
+/// `pk * log(pk / qk)` (numpy's f32 log), but `qk` is divided once per group, not per element,
+/// and the terms are computed in one vectorised pass.
 #[inline(always)]
-fn kl_f32(ps: &mut [f32], qs: &[f32], ratio: &mut Vec<f32>, logs: &mut Vec<f32>) -> f32 {
+fn kl_f32(ps: &[f32], qs: &[f32], group_q: &[f32], m: usize, qk: &mut Vec<f32>, r: &mut Vec<f32>) -> f32 {
     let n = ps.len();
     let sp = sum_f32(ps);
     let sq = sum_f32(qs);
-    ratio.resize(n, 0.0);
-    logs.resize(n, 0.0);
-    let (qs, ratio) = (&qs[..n], &mut ratio[..n]);
-    for k in 0..n {
-        let pk = ps[k] / sp;
-        ps[k] = pk;
-        ratio[k] = pk / (qs[k] / sq);
+    qk.resize(n, 0.0);
+    let nq = group_q.len();
+    if m > 0 {
+        for (run, &q) in qk[..nq * m].chunks_exact_mut(m).zip(group_q) {
+            run.fill(q / sq);
+        }
     }
-    log_f32_slice(ratio, logs);
-    let logs = &logs[..n];
-    for k in 0..n {
-        let pk = ps[k];
-        let qk = qs[k] / sq;
-        let r = pk * logs[k];
-        let r = if pk == 0.0 && qk >= 0.0 { 0.0 } else { r };
-        ps[k] = if pk > 0.0 && qk > 0.0 { r } else { f32::INFINITY };
-    }
-    sum_f32(ps)
+    qk[nq * m..n].fill(EPS / sq);
+    r.resize(n, 0.0);
+    kl_terms(ps, sp, &qk[..n], &mut r[..n]);
+    sum_f32(&r[..n])
 }
 
-crate::simd::dispatch_avx2!(
+/// `r = pk * log(pk / qk)` for `pk = p / sp`, with ORT's special cases (`pk == 0`: 0, then
+/// anything not `pk > 0 && qk > 0`: inf).
+#[inline(always)]
+fn kl_terms(ps: &[f32], sp: f32, qks: &[f32], r: &mut [f32]) {
+    for ((o, &p), &qk) in r.iter_mut().zip(ps).zip(qks) {
+        let pk = p / sp;
+        let t = pk * log_lane(pk / qk);
+        let t = if pk == 0.0 && qk >= 0.0 { 0.0 } else { t };
+        *o = if pk > 0.0 && qk > 0.0 { t } else { f32::INFINITY };
+    }
+}
+
+crate::simd::dispatch_avx512!(
     fn candidate_kl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32
         => candidate_kl_impl
 );
@@ -138,7 +150,7 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let start = zb - i;
     let end = (zb + i + 1).min(n);
     let len = end - start;
-    let Scratch { ps, qs, ratio, logs } = s;
+    let Scratch { ps, qs, group_q, group_values, qk, r } = s;
     // Reference p: the slice with the outliers folded into its end bins (only the two end
     // values differ from `hist`, so p is never materialised).
     let (left, right) = (prefix[start], prefix[n] - prefix[end]);
@@ -156,10 +168,9 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
         return f32::INFINITY;
     };
     ps.resize(len, 0.0);
-    let (hs, out) = (&hf[start..end], &mut ps[..len]);
-    for k in 0..len {
+    for (o, &h) in ps[..len].iter_mut().zip(&hf[start..end]) {
         // hf is 0.0 exactly where the count is 0
-        out[k] = if hs[k] == 0.0 { EPS } else { hs[k] + off_p };
+        *o = if h == 0.0 { EPS } else { h + off_p };
     }
     for (k, v) in [(0, p_first), (len - 1, p_last)] {
         ps[k] = if v == 0 { EPS } else { v as f32 + off_p };
@@ -173,7 +184,7 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let m = len / nq;
     // Group holding the last bin (if any group does): its zero count gets `fix_last`.
     let last_group = if m > 0 { (len - 1) / m } else { usize::MAX };
-    let mut group_values: Vec<i64> = Vec::with_capacity(nq);
+    group_values.clear();
     let mut q_zeros = len - nq * m;
     for j in 0..nq {
         let (a, b) = (j * m, j * m + m);
@@ -199,16 +210,22 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let Some(off_q) = smoothing_offset(len, q_zeros, is_q_zero) else {
         return f32::INFINITY;
     };
-    qs.clear();
-    for &v in &group_values {
+    group_q.clear();
+    for &v in group_values.iter() {
         let x = if v == 0 { EPS } else { v as f32 + off_q };
         if x <= 0.0 {
             return f32::INFINITY;
         }
-        qs.resize(qs.len() + m, x);
+        group_q.push(x);
     }
-    qs.resize(len, EPS);
-    kl_f32(ps, qs, ratio, logs)
+    qs.resize(len, 0.0);
+    if m > 0 {
+        for (run, &x) in qs[..nq * m].chunks_exact_mut(m).zip(group_q.iter()) {
+            run.fill(x);
+        }
+    }
+    qs[nq * m..len].fill(EPS);
+    kl_f32(&ps[..len], &qs[..len], group_q, m, qk, r)
 }
 
 /// All candidates' KL values as ORT stores them (rounded to `E`, then widened to f64).
