@@ -347,6 +347,32 @@ mod tests {
     }
 
     #[test]
+    fn every_dispatch_tier_gives_the_same_kl_bits() {
+        let mut hists: Vec<Vec<i64>> = Vec::new();
+        let mut x: u64 = 99;
+        for (n, relu) in [(300usize, true), (1001, false), (2900, true), (129, false)] {
+            let mut h = vec![0i64; n];
+            for _ in 0..20_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let w = ((x >> 11) as f64) / (1u64 << 53) as f64;
+                let z = (-2.0 * u.ln()).sqrt() * (6.283185307179586 * w).cos();
+                let z = if relu { z.max(0.0) } else { z };
+                h[(((z / 5.0 + 1.0) * (n / 2) as f64) as usize).min(n - 1)] += 1;
+            }
+            hists.push(h);
+        }
+        let run = || -> Vec<u64> { hists.iter().flat_map(|h| kl_values::<f32>(h, 128).unwrap()).map(f64::to_bits).collect() };
+        let best = run();
+        for tier in [0u8, 1] {
+            crate::simd::set_max_tier(tier);
+            assert!(run() == best, "tier {tier}");
+        }
+        crate::simd::set_max_tier(2);
+    }
+
+    #[test]
     fn huge_sparse_histogram_does_not_assert() {
         // ORT: AssertionError n_zeros=20001.0 ... ; histocal rules those candidates out.
         let mut hist = vec![0i64; 20480];

@@ -766,6 +766,19 @@ mod tests {
     }
 
     #[test]
+    fn every_dispatch_tier_gives_the_same_counts() {
+        // One test runs all tiers in turn (the tier is process-wide; other tests running at the
+        // same time stay correct, they only may use a lower tier).
+        for tier in [0u8, 1, 2] {
+            crate::simd::set_max_tier(tier);
+            fast_f32_path_equals_the_literal_algorithm();
+            fast_f32_path_random_ranges();
+            explicit_f32_path_matches_f64_comparisons();
+        }
+        crate::simd::set_max_tier(2);
+    }
+
+    #[test]
     fn equal_range_expands_by_half() {
         let (c, e) = hist_of(&[0.0; 5], 8, 0.0);
         assert_eq!(c, vec![0, 0, 0, 0, 5, 0, 0, 0]);

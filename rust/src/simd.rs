@@ -4,12 +4,24 @@
 //! AVX2+FMA enabled (LLVM then vectorises them 8 wide), and the CPU picks at run time. FMA
 //! being enabled does not change results: Rust never contracts `a * b + c` on its own.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Highest tier the dispatchers may use: 2 = AVX-512, 1 = AVX2+FMA, 0 = baseline. Lowered only
+/// by tests, to run every tier on one machine (every tier gives the same results).
+static MAX_TIER: AtomicU8 = AtomicU8::new(2);
+
+/// Limit the dispatch tier (tests only).
+#[cfg(test)]
+pub(crate) fn set_max_tier(tier: u8) {
+    MAX_TIER.store(tier, Ordering::Relaxed);
+}
+
 /// True when the AVX2+FMA variants may run (cached by std after the first call).
 #[inline]
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        MAX_TIER.load(Ordering::Relaxed) >= 1 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -45,7 +57,8 @@ pub(crate) use dispatch_avx2;
 pub fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        has_avx2_fma()
+        MAX_TIER.load(Ordering::Relaxed) >= 2
+            && has_avx2_fma()
             && std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512vl")
             && std::is_x86_feature_detected!("avx512bw")
