@@ -10,7 +10,7 @@
 //! on the thread count.
 
 use crate::float::Float;
-use crate::numpy_log::log_f32_slice;
+use crate::numpy_log::log_lane;
 use crate::pairwise::sum_f32;
 use rayon::prelude::*;
 
@@ -43,8 +43,17 @@ pub struct EntropyChoice {
 struct Scratch {
     ps: Vec<f32>,
     qs: Vec<f32>,
-    ratio: Vec<f32>,
-    logs: Vec<f32>,
+    /// The smoothed quantized distribution's value per group (q is constant on each group),
+    /// then `EPS` for the leftover tail.
+    group_q: Vec<f32>,
+    group_values: Vec<i64>,
+    /// `q / sum(q)` per group.
+    group_qk: Vec<f32>,
+    group_qb: Vec<i64>,
+    group_norm: Vec<i64>,
+    /// `qk = q / sum(q)`, element by element.
+    qk: Vec<f32>,
+    r: Vec<f32>,
 }
 
 const EPS: f32 = 1e-4f64 as f32;
@@ -96,34 +105,86 @@ fn smoothing_offset(len: usize, n_zero: usize, is_zero: impl Fn(usize) -> bool) 
     (eps1 < 1.0).then_some((-eps1) as f32)
 }
 
-/// ORT's float32 `entropy(pk, qk)` (relative entropy, natural log, pairwise sums).
-/// `ps` is overwritten with `pk * log(pk / qk)`.
+/// ORT's float32 `entropy(pk, qk)` (relative entropy, natural log, pairwise sums) for the
+/// smoothed `ps` and `qs`, where `qs` is `m`-long runs of `group_q[j]` followed by `EPS`.
+/// Per element this is exactly ORT's `pk = p / sum(p)`, `qk = q / sum(q)`,
+/// `pk * log(pk / qk)` (numpy's f32 log), but `qk` is divided once per group, not per element,
+/// and the terms are computed in one vectorised pass.
 #[inline(always)]
-fn kl_f32(ps: &mut [f32], qs: &[f32], ratio: &mut Vec<f32>, logs: &mut Vec<f32>) -> f32 {
+fn kl_f32(ps: &[f32], qs: &[f32], group_q: &[f32], m: usize, group_qk: &mut Vec<f32>, qk: &mut Vec<f32>, r: &mut Vec<f32>) -> f32 {
     let n = ps.len();
     let sp = sum_f32(ps);
     let sq = sum_f32(qs);
-    ratio.resize(n, 0.0);
-    logs.resize(n, 0.0);
-    let (qs, ratio) = (&qs[..n], &mut ratio[..n]);
-    for k in 0..n {
-        let pk = ps[k] / sp;
-        ps[k] = pk;
-        ratio[k] = pk / (qs[k] / sq);
-    }
-    log_f32_slice(ratio, logs);
-    let logs = &logs[..n];
-    for k in 0..n {
-        let pk = ps[k];
-        let qk = qs[k] / sq;
-        let r = pk * logs[k];
-        let r = if pk == 0.0 && qk >= 0.0 { 0.0 } else { r };
-        ps[k] = if pk > 0.0 && qk > 0.0 { r } else { f32::INFINITY };
-    }
-    sum_f32(ps)
+    group_qk.clear();
+    group_qk.extend(group_q.iter().map(|&q| q / sq));
+    fill_runs(qk, n, group_qk, m);
+    r.resize(n, 0.0);
+    kl_terms(ps, sp, &qk[..n], &mut r[..n]);
+    sum_f32(&r[..n])
 }
 
-crate::simd::dispatch_avx2!(
+/// `out[..n]` as `m`-long runs of `values[j]`, then `values[nq]` (the tail) up to n, for
+/// `nq = values.len() - 1` groups. `out` is resized to `n + 16`: the vectorised variant
+/// writes whole 16-lane vectors, each run overwriting the previous run's overhang.
+#[inline(always)]
+fn fill_runs(out: &mut Vec<f32>, n: usize, values: &[f32], m: usize) {
+    let nq = values.len() - 1;
+    assert!(nq * m <= n);
+    out.resize(n + 16, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx512() {
+        // SAFETY: features detected; every store starts below n and out has n + 16 elements.
+        unsafe { fill_runs_avx512(out, n, values, m) };
+        return;
+    }
+    fill_runs_scalar(&mut out[..n], values, m);
+}
+
+fn fill_runs_scalar(out: &mut [f32], values: &[f32], m: usize) {
+    let nq = values.len() - 1;
+    if m > 0 {
+        for (run, &x) in out[..nq * m].chunks_exact_mut(m).zip(values) {
+            run.fill(x);
+        }
+    }
+    out[nq * m..].fill(values[nq]);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+unsafe fn fill_runs_avx512(out: &mut [f32], n: usize, values: &[f32], m: usize) {
+    use std::arch::x86_64::*;
+    let nq = values.len() - 1;
+    let p = out.as_mut_ptr();
+    let put = |from: usize, to: usize, x: f32| {
+        let v = _mm512_set1_ps(x);
+        let mut k = from;
+        while k < to {
+            _mm512_storeu_ps(p.add(k), v);
+            k += 16;
+        }
+    };
+    if m > 0 {
+        for (j, &x) in values[..nq].iter().enumerate() {
+            put(j * m, j * m + m, x);
+        }
+    }
+    put(nq * m, n, values[nq]);
+}
+
+/// `r = pk * log(pk / qk)` for `pk = p / sp`, with ORT's special cases (`pk == 0`: 0, then
+/// anything not `pk > 0 && qk > 0`: inf).
+#[inline(always)]
+fn kl_terms(ps: &[f32], sp: f32, qks: &[f32], r: &mut [f32]) {
+    for ((o, &p), &qk) in r.iter_mut().zip(ps).zip(qks) {
+        let pk = p / sp;
+        let t = pk * log_lane(pk / qk);
+        let t = if pk == 0.0 && qk >= 0.0 { 0.0 } else { t };
+        *o = if pk > 0.0 && qk > 0.0 { t } else { f32::INFINITY };
+    }
+}
+
+crate::simd::dispatch_avx512!(
     fn candidate_kl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32
         => candidate_kl_impl
 );
@@ -138,7 +199,7 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let start = zb - i;
     let end = (zb + i + 1).min(n);
     let len = end - start;
-    let Scratch { ps, qs, ratio, logs } = s;
+    let Scratch { ps, qs, group_q, group_values, group_qk, group_qb, group_norm, qk, r } = s;
     // Reference p: the slice with the outliers folded into its end bins (only the two end
     // values differ from `hist`, so p is never materialised).
     let (left, right) = (prefix[start], prefix[n] - prefix[end]);
@@ -156,10 +217,9 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
         return f32::INFINITY;
     };
     ps.resize(len, 0.0);
-    let (hs, out) = (&hf[start..end], &mut ps[..len]);
-    for k in 0..len {
+    for (o, &h) in ps[..len].iter_mut().zip(&hf[start..end]) {
         // hf is 0.0 exactly where the count is 0
-        out[k] = if hs[k] == 0.0 { EPS } else { hs[k] + off_p };
+        *o = if h == 0.0 { EPS } else { h + off_p };
     }
     for (k, v) in [(0, p_first), (len - 1, p_last)] {
         ps[k] = if v == 0 { EPS } else { v as f32 + off_p };
@@ -173,43 +233,41 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let m = len / nq;
     // Group holding the last bin (if any group does): its zero count gets `fix_last`.
     let last_group = if m > 0 { (len - 1) / m } else { usize::MAX };
-    let mut group_values: Vec<i64> = Vec::with_capacity(nq);
-    let mut q_zeros = len - nq * m;
+    // Per group: the sum of the slice's counts (the leftover bins go to the last group) and
+    // the number of non-zero p bins, then q's integer value, in vectorisable passes.
+    group_qb.clear();
+    group_norm.clear();
     for j in 0..nq {
-        let (a, b) = (j * m, j * m + m);
-        let mut qb = prefix[start + b] - prefix[start + a];
-        if j == nq - 1 {
-            qb += prefix[end] - prefix[start + nq * m];
-        }
-        let mut z = (zeros[start + b] - zeros[start + a]) as i64;
-        if j == 0 && m > 0 {
-            z += fix_first;
-        }
-        if j == last_group && len > 1 {
-            z += fix_last;
-        }
-        let norm = m - z as usize;
-        let v = if norm != 0 { (qb as f64 / norm as f64) as i64 } else { 0 };
-        if v == 0 {
-            q_zeros += m;
-        }
-        group_values.push(v);
+        let a = start + j * m;
+        group_qb.push(prefix[a + m] - prefix[a]);
+        group_norm.push(m as i64 - (zeros[a + m] - zeros[a]) as i64);
     }
+    group_qb[nq - 1] += prefix[end] - prefix[start + nq * m];
+    if m > 0 {
+        group_norm[0] -= fix_first;
+    }
+    if len > 1 && last_group < nq {
+        group_norm[last_group] -= fix_last;
+    }
+    group_values.resize(nq, 0);
+    for ((v, &qb), &norm) in group_values.iter_mut().zip(group_qb.iter()).zip(group_norm.iter()) {
+        *v = if norm != 0 { (qb as f64 / norm as f64) as i64 } else { 0 };
+    }
+    let q_zeros = len - nq * m + m * group_values.iter().filter(|&&v| v == 0).count();
     let is_q_zero = |k: usize| if k < nq * m { group_values[k / m] == 0 } else { true };
     let Some(off_q) = smoothing_offset(len, q_zeros, is_q_zero) else {
         return f32::INFINITY;
     };
-    qs.clear();
-    for &v in &group_values {
-        let x = if v == 0 { EPS } else { v as f32 + off_q };
-        if x <= 0.0 {
-            return f32::INFINITY;
-        }
-        qs.resize(qs.len() + m, x);
+    group_q.clear();
+    group_q.extend(group_values.iter().map(|&v| if v == 0 { EPS } else { v as f32 + off_q }));
+    if group_q.iter().any(|&x| x <= 0.0) {
+        return f32::INFINITY;
     }
-    qs.resize(len, EPS);
-    kl_f32(ps, qs, ratio, logs)
+    group_q.push(EPS); // the leftover tail's value (group id nq)
+    fill_runs(qs, len, group_q, m);
+    kl_f32(&ps[..len], &qs[..len], group_q, m, group_qk, qk, r)
 }
+
 
 /// All candidates' KL values as ORT stores them (rounded to `E`, then widened to f64).
 pub fn kl_values<E: Float>(hist: &[i64], nq: usize) -> Result<Vec<f64>, EntropyError> {
@@ -269,6 +327,49 @@ mod tests {
     fn all_zero_histogram_picks_the_first_candidate() {
         let c = entropy_threshold::<f32>(&[0; 16], 4).unwrap();
         assert_eq!((c.start, c.end), (6, 11));
+    }
+
+    #[test]
+    fn fill_runs_variants_agree() {
+        for nq in [1usize, 3, 128] {
+            let values: Vec<f32> = (0..=nq).map(|j| j as f32 + 0.5).collect();
+            for m in [0usize, 1, 5, 16, 17, 40] {
+                for extra in [0usize, 1, 15, 16, 33] {
+                    let n = nq * m + extra;
+                    let mut a = Vec::new();
+                    fill_runs(&mut a, n, &values, m);
+                    let mut b = vec![0.0; n];
+                    fill_runs_scalar(&mut b, &values, m);
+                    assert_eq!(&a[..n], &b[..], "nq={nq} m={m} extra={extra}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_dispatch_tier_gives_the_same_kl_bits() {
+        let mut hists: Vec<Vec<i64>> = Vec::new();
+        let mut x: u64 = 99;
+        for (n, relu) in [(300usize, true), (1001, false), (2900, true), (129, false)] {
+            let mut h = vec![0i64; n];
+            for _ in 0..20_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let w = ((x >> 11) as f64) / (1u64 << 53) as f64;
+                let z = (-2.0 * u.ln()).sqrt() * (6.283185307179586 * w).cos();
+                let z = if relu { z.max(0.0) } else { z };
+                h[(((z / 5.0 + 1.0) * (n / 2) as f64) as usize).min(n - 1)] += 1;
+            }
+            hists.push(h);
+        }
+        let run = || -> Vec<u64> { hists.iter().flat_map(|h| kl_values::<f32>(h, 128).unwrap()).map(f64::to_bits).collect() };
+        let best = run();
+        for tier in [0u8, 1] {
+            crate::simd::set_max_tier(tier);
+            assert!(run() == best, "tier {tier}");
+        }
+        crate::simd::set_max_tier(2);
     }
 
     #[test]

@@ -68,7 +68,7 @@ const NEG_QNAN_BITS: u32 = 0xffc0_0000;
 /// One lane of the kernel. Written with selects only (no early returns) so
 /// the slice loop below can be vectorised.
 #[inline(always)]
-fn log_lane(x_in: f32) -> f32 {
+pub(crate) fn log_lane(x_in: f32) -> f32 {
     // Lane classification on the *original* input (ordered compares, so NaN
     // is in none of the first three classes).
     let is_neg = x_in < 0.0;
