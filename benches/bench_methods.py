@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""Quantization quality of every calibration method: output SQNR of int8 QDQ models.
+
+Two models are built here with onnx.helper (IR version 10, opset 17):
+
+* ``cnn``: a small ResNet-like CNN (stem Conv+Relu, residual Conv-Relu-Conv + Add + Relu blocks,
+  MaxPool, wider blocks, GlobalAveragePool, Gemm head), input 1x3xSIZExSIZE;
+* ``transformer``: two pre-LN encoder blocks (LayerNormalization, MatMul Q/K/V, Softmax
+  attention, residual Add, Erf-GELU feed-forward) plus a final LayerNormalization and MatMul
+  head, input 1xSEQxDIM, whose residual stream has a few *outlier channels* (50-100x larger
+  magnitude, fixed channels, as observed in LLMs by LLM.int8()): the LayerNormalization outputs
+  that feed the MatMuls then carry outlier channels too.
+
+For each model: seeded calibration inputs and separate (seeded differently) held-back inputs;
+one histocal state collected once (EntropyCalibrater in streaming mode: the streaming histogram
+every method reads); then for every method:
+
+1. ``state.compute(method, **options)`` for all tensors (timed),
+2. quantize: ``histocal.quantize_static(model, out, tensors_range=ranges, quant_format=QDQ,
+   activation_type=QInt8, weight_type=QInt8)`` (when the installed histocal has no
+   ``tensors_range`` keyword yet: onnxruntime's quantize_static with the ranges in an ORT JSON
+   calibration cache written by ``histocal.cache``, which is the same thing),
+3. run the quantized model on the held-back inputs with onnxruntime and report the output SQNR
+   ``10 log10(sum y^2 / sum (y - yq)^2)`` (dB, over all outputs of all held-back inputs) against
+   the float model.
+
+Methods: minmax, entropy (ORT's, 128 bins), entropy with 2048 bins, percentile (99.999,
+symmetric), distribution (float8 only in ORT: reported as not applicable to int8), mse, kl,
+pow2 NonOverflow, pow2 MinMSE, auto. A method the installed histocal does not know is reported as
+such (the harness runs against any build).
+
+Usage:
+    python3 benches/bench_methods.py                 # both models (a few minutes on 2 cores)
+    python3 benches/bench_methods.py --quick         # smaller models and fewer inputs
+    python3 benches/bench_methods.py --models transformer --out RESULTS_methods.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import io
+import logging
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# (label, method, options); options go to state.compute
+METHODS: list[tuple[str, str, dict[str, Any]]] = [
+    ("minmax", "minmax", {}),
+    ("entropy (128)", "entropy", {"num_bins": 128, "num_quantized_bins": 128}),
+    ("entropy (2048)", "entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
+    ("percentile 99.999", "percentile", {"percentile": 99.999, "symmetric": True}),
+    ("distribution", "distribution", {}),  # float8 only (avg/std): reported, not quantized
+    ("mse", "mse", {"qtype": "int8", "symmetric": False}),
+    ("kl", "kl", {"num_bins": 2048, "num_quantized_bins": 128}),
+    ("pow2 NonOverflow", "pow2", {"qtype": "int8", "pow2_method": "NonOverflow"}),
+    ("pow2 MinMSE", "pow2", {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"}),
+    ("auto", "auto", {"qtype": "int8", "symmetric": False}),
+]
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------------------------
+# models
+
+
+class Graph:
+    def __init__(self, seed: int) -> None:
+        from onnx import helper, numpy_helper
+
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self.n = 0
+
+    def const(self, arr: np.ndarray, prefix: str = "c") -> str:
+        self.n += 1
+        name = f"{prefix}{self.n}"
+        self.inits.append(self.numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], prefix: str | None = None, **attrs: Any) -> str:
+        self.n += 1
+        out = f"{prefix or op.lower()}_{self.n}"
+        self.nodes.append(self.helper.make_node(op, inputs, [out], name=f"{op}_{self.n}", **attrs))
+        return out
+
+    def model(self, name: str, inputs: list[Any], outputs: list[Any]) -> Any:
+        import onnx
+
+        graph = self.helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
+        model = self.helper.make_model(graph, ir_version=10, opset_imports=[self.helper.make_opsetid("", 17)])
+        onnx.checker.check_model(model)
+        return model
+
+    # CNN pieces
+    def conv(self, x: str, cin: int, cout: int, k: int = 3, stride: int = 1, relu: bool = True, gain: float = 1.0) -> str:
+        w = self.rng.standard_normal((cout, cin, k, k)) * gain * math.sqrt(2.0 / (cin * k * k))
+        b = self.rng.normal(0.0, 0.1, cout)
+        p = k // 2
+        y = self.node("Conv", [x, self.const(w.astype(np.float32), "w"), self.const(b.astype(np.float32), "b")], "conv",
+                      kernel_shape=[k, k], strides=[stride, stride], pads=[p, p, p, p])
+        return self.node("Relu", [y]) if relu else y
+
+    def block(self, x: str, c: int) -> str:
+        y = self.conv(x, c, c)
+        y = self.conv(y, c, c, relu=False, gain=0.5)
+        return self.node("Relu", [self.node("Add", [y, x])])
+
+    # transformer pieces
+    def linear(self, x: str, din: int, dout: int, gain: float = 1.0, rows: np.ndarray | None = None) -> str:
+        w = self.rng.standard_normal((din, dout)) * gain / math.sqrt(din)
+        if rows is not None:
+            w = w * rows[:, None]
+        y = self.node("MatMul", [x, self.const(w.astype(np.float32), "w")], "matmul")
+        return self.node("Add", [y, self.const(self.rng.normal(0, 0.02, dout).astype(np.float32), "b")], "bias")
+
+    def layernorm(self, x: str, d: int) -> str:
+        gamma = (1 + 0.1 * self.rng.standard_normal(d)).astype(np.float32)
+        beta = (0.05 * self.rng.standard_normal(d)).astype(np.float32)
+        return self.node("LayerNormalization", [x, self.const(gamma, "g"), self.const(beta, "beta")], "ln",
+                         axis=-1, epsilon=1e-5)
+
+
+def build_cnn(size: int, width: int, seed: int) -> Any:
+    from onnx import TensorProto, helper
+
+    g = Graph(seed)
+    x = g.conv("X", 3, width)
+    x = g.block(x, width)
+    x = g.block(x, width)
+    x = g.node("MaxPool", [x], "pool", kernel_shape=[2, 2], strides=[2, 2])
+    x = g.conv(x, width, 2 * width)
+    x = g.block(x, 2 * width)
+    x = g.block(x, 2 * width)
+    x = g.node("MaxPool", [x], "pool", kernel_shape=[2, 2], strides=[2, 2])
+    x = g.conv(x, 2 * width, 4 * width)
+    x = g.block(x, 4 * width)
+    x = g.node("GlobalAveragePool", [x], "gap")
+    x = g.node("Flatten", [x], "flat", axis=1)
+    w = (g.rng.standard_normal((10, 4 * width)) / math.sqrt(4 * width)).astype(np.float32)
+    g.nodes.append(helper.make_node("Gemm", [x, g.const(w, "fc"), g.const(np.zeros(10, np.float32), "fcb")], ["Y"],
+                                    name="head", transB=1))
+    return g.model("cnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 10])])
+
+
+def outlier_channels(dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(channel indices, signed magnitudes 50..100) of the residual stream's outlier channels."""
+    rng = np.random.default_rng(seed + 1000)
+    k = max(2, dim // 16)
+    return rng.choice(dim, k, replace=False), rng.uniform(50, 100, k) * rng.choice([-1.0, 1.0], k)
+
+
+def build_transformer(seq: int, dim: int, ff: int, layers: int, seed: int) -> Any:
+    from onnx import TensorProto, helper
+
+    g = Graph(seed)
+    ch, _ = outlier_channels(dim, seed)
+    # LN outputs carry the outlier channels (~50-100x): their weight rows are scaled down so that
+    # projections stay O(1), as in trained LLMs, without removing the outliers' contribution.
+    rows = np.ones(dim)
+    rows[ch] = 0.1
+    inv_sqrt = g.const(np.array(1 / math.sqrt(dim), np.float32), "s")
+    sqrt2, one, half = (g.const(np.array(v, np.float32), "k") for v in (math.sqrt(2), 1.0, 0.5))
+    x = "X"
+    for _ in range(layers):
+        h = g.layernorm(x, dim)
+        q, k, v = (g.linear(h, dim, dim, rows=rows) for _ in range(3))
+        kt = g.node("Transpose", [k], "kt", perm=[0, 2, 1])
+        scores = g.node("Mul", [g.node("MatMul", [q, kt], "scores"), inv_sqrt], "scaled")
+        probs = g.node("Softmax", [scores], "probs", axis=-1)
+        ctx = g.node("MatMul", [probs, v], "ctx")
+        x = g.node("Add", [x, g.linear(ctx, dim, dim, gain=0.5)], "res")
+        h = g.layernorm(x, dim)
+        u = g.linear(h, dim, ff, rows=rows)
+        erf = g.node("Erf", [g.node("Div", [u, sqrt2], "div")], "erf")
+        gelu = g.node("Mul", [g.node("Mul", [u, g.node("Add", [erf, one], "erf1")], "mul"), half], "gelu")
+        x = g.node("Add", [x, g.linear(gelu, ff, dim, gain=0.5)], "res")
+    h = g.layernorm(x, dim)
+    w = (g.rng.standard_normal((dim, dim)) / math.sqrt(dim) * rows[:, None]).astype(np.float32)
+    g.nodes.append(helper.make_node("MatMul", [h, g.const(w, "head")], ["Y"], name="head"))
+    return g.model("transformer", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, seq, dim])],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, seq, dim])])
+
+
+def cnn_inputs(n: int, size: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Smooth random images (low-frequency noise upsampled, plus fine noise), per-image contrast."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        coarse = rng.standard_normal((1, 3, size // 4, size // 4))
+        img = np.repeat(np.repeat(coarse, 4, axis=2), 4, axis=3) + 0.3 * rng.standard_normal((1, 3, size, size))
+        out.append({"X": (img * rng.uniform(0.5, 1.5) + rng.normal(0, 0.2)).astype(np.float32)})
+    return out
+
+
+def transformer_inputs(n: int, seq: int, dim: int, seed: int, model_seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    ch, mag = outlier_channels(dim, model_seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((1, seq, dim))
+        x[..., ch] = mag * (1 + 0.3 * rng.standard_normal((1, seq, len(ch))))
+        out.append({"X": x.astype(np.float32)})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# running
+
+
+def session(path: str) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def run_all(path: str, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
+    sess = session(path)
+    return np.concatenate([np.concatenate([o.ravel() for o in sess.run(None, f)]) for f in feeds]).astype(np.float64)
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    noise = float(np.sum((ref - got) ** 2))
+    signal = float(np.sum(ref**2))
+    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
+
+
+def as_ranges(td: Any) -> Any:
+    """Any TensorsData -> a MinMax TensorsData of (lowest, highest) (what the quantizer reads)."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    out = {}
+    for name, d in td.data.items():
+        if not hasattr(d, "lowest"):
+            raise ValueError("no ranges (lowest/highest): this method's results are not int8 ranges")
+        out[name] = TensorData(lowest=np.asarray(d.lowest).reshape(-1)[:1].astype(np.float32).reshape(()),
+                               highest=np.asarray(d.highest).reshape(-1)[:1].astype(np.float32).reshape(()))
+    return TensorsData(CalibrationMethod.MinMax, out)
+
+
+def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path) -> str:
+    """Quantize with the given ranges, no calibration. Returns how."""
+    import histocal
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    kw = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    quiet = contextlib.redirect_stdout(io.StringIO())
+    logging.disable(logging.WARNING)
+    try:
+        if "tensors_range" in inspect.signature(histocal.quantize_static).parameters:
+            with quiet:
+                histocal.quantize_static(model_path, out_path, tensors_range=ranges, **kw)
+            return "histocal.quantize_static(tensors_range=)"
+        import importlib
+
+        from histocal.cache import save_tensors_data
+        from onnxruntime.quantization import CalibrationMethod
+
+        cache = workdir / "ranges.json"
+        with contextlib.suppress(FileNotFoundError):
+            cache.unlink()
+        save_tensors_data(ranges, cache)
+        ort_q = importlib.import_module("onnxruntime.quantization.quantize")
+        with quiet:
+            ort_q.quantize_static(model_path, out_path, None, calibrate_method=CalibrationMethod.MinMax,
+                                  calibration_cache_path=str(cache), **kw)
+        return "onnxruntime quantize_static + histocal.cache calibration cache"
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@dataclass
+class Row:
+    model: str
+    label: str
+    compute_s: float | None = None
+    quantize_s: float | None = None
+    sqnr: float | None = None
+    note: str = ""
+
+
+@dataclass
+class ModelRun:
+    name: str
+    desc: str
+    tensors: int = 0
+    collect_s: float = 0.0
+    float_sqnr_note: str = ""
+    rows: list[Row] = field(default_factory=list)
+    how: str = ""
+
+
+def collect_state(model_path: str, feeds: list[dict], workdir: Path) -> tuple[Any, float]:
+    import histocal
+    from onnxruntime.quantization import CalibrationMethod
+
+    cal = histocal.create_calibrator(
+        model_path, augmented_model_path=str(workdir / "augmented.onnx"),
+        calibrate_method=CalibrationMethod.Entropy, extra_options={"CollectionMode": "streaming"},
+    )
+    t0 = time.perf_counter()
+    cal.collect_data(feeds)
+    elapsed = time.perf_counter() - t0
+    return cal.state, elapsed
+
+
+def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[dict], workdir: Path,
+                methods: list[tuple[str, str, dict]]) -> ModelRun:
+    import onnx
+
+    run = ModelRun(name, desc)
+    path = str(workdir / f"{name}.onnx")
+    onnx.save(model, path)
+    ref = run_all(path, held)
+    state, run.collect_s = collect_state(path, calib, workdir)
+    run.tensors = len(state.names)
+    log(f"{name}: {run.tensors} tensors, collected {len(calib)} inputs in {run.collect_s:.2f} s")
+    for label, method, options in methods:
+        row = Row(name, label)
+        run.rows.append(row)
+        try:
+            t0 = time.perf_counter()
+            td = state.compute(method, **options)
+            row.compute_s = time.perf_counter() - t0
+        except ValueError as exc:
+            row.note = f"not available: {str(exc)[:90]}"
+            log(f"  {label:18s} {row.note}")
+            continue
+        if method == "distribution":
+            # ORT uses Distribution's avg/std for float8 scales only; its lowest/highest are just the
+            # histogram's edges (+-max|x|, also for Relu outputs), not a calibrated int8 range.
+            row.note = "n/a for int8: ORT uses Distribution (avg/std) for float8 only"
+            log(f"  {label:18s} compute {row.compute_s:.3f} s, {row.note}")
+            continue
+        ranges = as_ranges(td)
+        qpath = str(workdir / f"{name}.q.onnx")
+        t0 = time.perf_counter()
+        run.how = quantize(path, qpath, ranges, workdir)
+        row.quantize_s = time.perf_counter() - t0
+        row.sqnr = sqnr_db(ref, run_all(qpath, held))
+        log(f"  {label:18s} compute {row.compute_s:.3f} s, quantize {row.quantize_s:.2f} s, SQNR {row.sqnr:.2f} dB")
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+def machine_info() -> list[str]:
+    import onnxruntime
+
+    import histocal
+
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or "unknown CPU"
+    return [f"{cpu}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, numpy {np.__version__}, "
+            f"onnxruntime {onnxruntime.__version__}, histocal {histocal.__version__} "
+            f"({histocal.get_num_threads()} threads)"]
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed: float) -> str:
+    md = ["## Calibration methods: int8 QDQ output SQNR", "", "Command (from the repository root):", "",
+          "```", command, "```", ""]
+    md += [f"- {line}" for line in machine_info()]
+    md += [f"- {len(runs) and runs[0].how or '-'}; QDQ, activations and weights QInt8 (per tensor), "
+           f"{args.calib} calibration inputs, {args.held} held-back inputs (seeds {args.seed} / {args.seed + 1}); "
+           f"wall time {elapsed:.0f} s"]
+    for r in runs:
+        md.append(f"- `{r.name}`: {r.desc}; {r.tensors} calibrated tensors; streaming state collected in "
+                  f"{r.collect_s:.2f} s")
+    md += ["", "SQNR of the model output vs the float model on the held-back inputs (dB, higher is better); "
+           "compute = `state.compute(method)` for all tensors; quantize = building the QDQ model.", ""]
+    names = [r.name for r in runs]
+    md.append("| method | " + " | ".join(f"{n} SQNR (dB) | {n} compute (s)" for n in names) + " |")
+    md.append("|---|" + "---:|---:|" * len(names))
+    labels = [m[0] for m in METHODS if any(row.label == m[0] for r in runs for row in r.rows)]
+    best = {r.name: max((row.sqnr for row in r.rows if row.sqnr is not None), default=None) for r in runs}
+    notes = []
+    for label in labels:
+        cells = []
+        for r in runs:
+            row = next((x for x in r.rows if x.label == label), None)
+            if row is None:
+                cells += ["-", "-"]
+                continue
+            s = fmt(row.sqnr, ".2f")
+            if row.sqnr is not None and row.sqnr == best[r.name]:
+                s = f"**{s}**"
+            if row.note:
+                s = "n/a" if row.sqnr is None else s
+                notes.append(f"- {r.name} / {label}: {row.note}")
+            cells += [s, fmt(row.compute_s, ".3f")]
+        md.append(f"| {label} | " + " | ".join(cells) + " |")
+    if notes:
+        md += ["", *sorted(set(notes))]
+    return "\n".join(md) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller models, 4 + 4 inputs (smoke test)")
+    ap.add_argument("--models", nargs="+", choices=["cnn", "transformer"], default=["cnn", "transformer"])
+    ap.add_argument("--methods", nargs="+", metavar="LABEL", help="only these method labels (e.g. mse kl auto)")
+    ap.add_argument("--calib", type=int, default=None, help="calibration inputs per model (default 16; --quick 4)")
+    ap.add_argument("--held", type=int, default=None, help="held-back inputs per model (default 16; --quick 4)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="also write the markdown report to this file")
+    args = ap.parse_args(argv)
+    args.calib = args.calib or (4 if args.quick else 16)
+    args.held = args.held or (4 if args.quick else 16)
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    command = "python3 " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__), *argv])
+    methods = [m for m in METHODS if not args.methods or m[0] in args.methods or m[1] in args.methods]
+    started = time.perf_counter()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench_methods.") as tmp:
+        workdir = Path(tmp)
+        if "cnn" in args.models:
+            size, width = (16, 8) if args.quick else (32, 16)
+            runs.append(bench_model(
+                "cnn", f"ResNet-like CNN, input 1x3x{size}x{size}, widths {width}/{2 * width}/{4 * width}",
+                build_cnn(size, width, args.seed), cnn_inputs(args.calib, size, args.seed),
+                cnn_inputs(args.held, size, args.seed + 1), workdir, methods))
+        if "transformer" in args.models:
+            seq, dim, ff, layers = (16, 32, 64, 1) if args.quick else (32, 64, 256, 2)
+            ch, mag = outlier_channels(dim, args.seed)
+            runs.append(bench_model(
+                "transformer",
+                f"{layers} pre-LN encoder blocks, input 1x{seq}x{dim}, FF {ff}, outlier channels {sorted(ch.tolist())} "
+                f"at {', '.join(f'{abs(m):.0f}' for m in mag)}x",
+                build_transformer(seq, dim, ff, layers, args.seed),
+                transformer_inputs(args.calib, seq, dim, args.seed, args.seed),
+                transformer_inputs(args.held, seq, dim, args.seed + 1, args.seed), workdir, methods))
+    text = report(runs, command, args, time.perf_counter() - started)
+    sys.stdout.write(text)
+    if args.out:
+        Path(args.out).write_text(text)
+        log(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
