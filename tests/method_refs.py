@@ -82,15 +82,16 @@ def qrange(qtype: str, symmetric: bool) -> tuple[int, int]:
 
 def ort_scale_zp(low: float, high: float, qtype: str, symmetric: bool) -> tuple[float, int]:
     """Scale (float32 value, as a Python float) and zero point of the range ``(low, high)``:
-    onnxruntime's ``compute_scale_zp`` on float64 ranges, its scale rounded to float32 (ORT stores
-    float32 scales), and the spec's rule that a float32 scale below float32 ``tiny`` means
-    ``scale = 1, zero point = 0`` (ORT's check on float32 data)."""
+    onnxruntime's ``compute_scale_zp`` on float64 ranges (so the zero point comes from the float64
+    scale, as in ORT), its scale then rounded to float32 (ORT stores float32 scales); a float64
+    scale below float32's ``tiny`` means ``scale = 1, zero point = 0`` (ORT's test for float32
+    data, made on the float64 scale; the spec's wording would test the float32-rounded scale,
+    which differs only for scales within half a float32 subnormal step below ``tiny``)."""
     qmin, qmax = get_qmin_qmax_for_qType(QTYPES[qtype], reduce_range=False, symmetric=symmetric)
     zp, scale = compute_scale_zp(np.array(low, np.float64), np.array(high, np.float64), qmin, qmax, symmetric)
-    s32 = float(np.float32(scale))
-    if s32 < F32_TINY:
+    if float(scale) < F32_TINY:
         return 1.0, 0
-    return s32, int(zp)
+    return float(np.float32(scale)), int(zp)
 
 
 def scale_zp_many(lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -108,8 +109,8 @@ def scale_zp_many(lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bo
     else:
         with np.errstate(divide="ignore", invalid="ignore"):
             zp = np.round(qmin - rmin / scale64)
+    tiny = scale64 < F32_TINY
     scale = scale64.astype(np.float32).astype(np.float64)  # ORT stores float32 scales
-    tiny = scale < F32_TINY
     scale = np.where(tiny, 1.0, scale)
     zp = np.where(tiny, 0.0, np.clip(zp, qmin, qmax))
     return scale, zp

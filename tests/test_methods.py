@@ -178,6 +178,10 @@ def ranges_for(draw, h: Hist):
     if kind == 5:
         return -a * draw(st.floats(1e-45, 1.0)), -a * 1e-3  # negative only: rmax = 0
     if kind == 6:
+        if draw(st.booleans()):
+            # a float64 scale just below / at / above float32's tiny (ORT: scale 1 below it)
+            t = R.F32_TINY * 255 * draw(st.sampled_from([1 - 2**-30, 1.0, 1 + 2**-30]))
+            return 0.0, t
         t = draw(st.sampled_from([1e-45, 1e-39, 1e-38, 2e-36, 1e-30, 1e30, 1e36]))
         return -t, t * draw(st.sampled_from([0.0, 0.5, 1.0, 3.0]))
     k = draw(st.integers(-140, 100))
