@@ -75,6 +75,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 from . import _core
 from .cache import atomic_write_bytes
+from . import methods
 from .collector import HistogramCollector
 
 __all__ = ["CalibrationState", "merge_states", "model_fingerprint", "FORMAT_NAME", "FORMAT_VERSION"]
@@ -311,6 +312,7 @@ class CalibrationState:
         if stream is None and exact is None:
             raise ValueError("the calibrator has not collected any data yet (call collect_data first)")
         settings = {k: _plain(getattr(cal, k)) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")}
+        settings.update({k: _plain(v) for k, v in getattr(cal, "method_options", {}).items()})
         return cls(
             names=names, mode=mode, stream=stream, exact=exact, exact_kind=kind, exact_num_bins=nbins,
             model_fingerprint=_calibrator_fingerprint(cal),
@@ -347,12 +349,29 @@ class CalibrationState:
     # -- results --------------------------------------------------------------------------------
 
     def compute(self, method: Any, **settings: Any) -> TensorsData:
-        """onnxruntime ``TensorsData`` for ``method`` (name or CalibrationMethod) and settings."""
-        if isinstance(method, CalibrationMethod):
-            method = method.name
-        if not isinstance(method, str) or method.lower() not in _ORT_METHODS:
-            raise ValueError(f"method must be one of {sorted(_ORT_METHODS)}, got {method!r}")
-        method = method.lower()
+        """onnxruntime ``TensorsData`` for ``method`` and its settings: ORT's four methods (name or
+        CalibrationMethod), histocal's mse/kl/pow2/auto and registered methods (see
+        ``histocal.methods``; their ranges travel as MinMax-style TensorsData)."""
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            return self._compute_ort(name, settings)
+        pairs, _ = self.method_ranges(name, **settings)
+        return methods.to_tensors_data(self.names, pairs, {n: self.dtype(n) for n in self.names})
+
+    def method_ranges(self, method: Any, **options: Any) -> tuple[list[tuple[float, float]], list[str] | None]:
+        """Per-tensor ``(low, high)`` (in ``names`` order) of a histocal or registered method, and
+        for ``auto`` the candidate chosen for each tensor."""
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            raise ValueError(f"{name} is an onnxruntime method: use compute()")
+        if name == self.method:
+            options = {**{k: self.settings[k] for k in methods.METHOD_OPTIONS.get(name, ()) if k in self.settings}, **options}
+        options = methods.check_options(name, options)
+        if self.stream is None:
+            raise ValueError(f"{name} needs the streaming histogram, and this state holds only exact histograms")
+        return methods.ranges(self.stream, self.names, name, options, self._compute_ort)
+
+    def _compute_ort(self, method: str, settings: dict[str, Any]) -> TensorsData:
         allowed = _DEFAULTS[method]
         unknown = set(settings) - set(allowed)
         if unknown:
@@ -759,6 +778,12 @@ def _settings(v: Any) -> dict[str, Any]:
                 _fail(f"{where}: expected a number in [0, 100]")
         elif key == "scenario":
             _str(value, where, ("same", "p3"))
+        elif key == "qtype":
+            _str(value, where, methods.QTYPES)
+        elif key == "pow2_method":
+            _str(value, where, ("NonOverflow", "MinMSE"))
+        elif key == "minmse_mode":
+            _str(value, where, ("All", "MostCommon"))
         else:
             _fail(f"{where}: unknown setting")
         out[key] = value
@@ -807,7 +832,7 @@ def _parse(raw: bytes) -> CalibrationState:
         _fail("options: a streaming-mode state has streaming histograms and no exact ones")
     if sbins is None and kind is None:
         _fail("options: the state holds no histograms")
-    method = _str(o["method"], "options.method", ("entropy", "percentile", "distribution"), none=True)
+    method = _str(o["method"], "options.method", none=True, max_len=64)
     settings = _settings(o["settings"])
     tensors = h["tensors"]
     if type(tensors) is not list or not tensors:
