@@ -16,7 +16,7 @@ import logging
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType

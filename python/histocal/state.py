@@ -63,8 +63,6 @@ import io
 import json
 import math
 import os
-import re
-import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +72,7 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from . import _core
-from .cache import atomic_write_bytes
+from .cache import atomic_write_bytes, parse_bounded_json, read_bounded_file
 from . import methods
 from .collector import HistogramCollector
 
@@ -519,7 +517,7 @@ class CalibrationState:
     def load(cls, path: PathLike) -> "CalibrationState":
         """Read a state file (untrusted input: see the module docstring)."""
         path = Path(path)
-        raw = _read_file(path)
+        raw = read_bounded_file(path, MAX_STATE_BYTES, what="calibration state")
         return cls.from_bytes(raw, what=str(path))
 
     @classmethod
@@ -595,36 +593,6 @@ def load_into_calibrator(cal: Any, state: "CalibrationState | PathLike") -> None
 # ----------------------------------------------------------------------------------------------
 
 
-def _read_file(path: Path) -> bytes:
-    def fail(problem: object) -> NoReturn:
-        raise ValueError(f"Invalid calibration state {path}: {problem}") from None
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"calibration state not found: {path}") from None
-    except (OSError, ValueError) as exc:
-        fail(exc)
-    try:
-        info = os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        fail(exc)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        fail("not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if info.st_size > MAX_STATE_BYTES:
-                fail(f"file is {info.st_size} bytes, more than the limit of {MAX_STATE_BYTES}")
-            raw = f.read(MAX_STATE_BYTES + 1)
-        except OSError as exc:
-            fail(exc)
-    if len(raw) > MAX_STATE_BYTES:
-        fail(f"file is more than the limit of {MAX_STATE_BYTES} bytes")
-    return raw
-
-
 def _read_members(raw: bytes) -> dict[str, np.ndarray]:
     try:
         zf = zipfile.ZipFile(io.BytesIO(raw))
@@ -693,28 +661,6 @@ def _parse_npy(key: str, data: bytes) -> np.ndarray:
     if count * want.itemsize != len(data) - offset:
         _fail(f"{key}: {len(data) - offset} data bytes for shape {shape} of {want}")
     return np.frombuffer(data, want, count, offset).reshape(shape)
-
-
-def _parse_bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 100:  # int() on huge digit strings is quadratic
-        _fail(f"header: integer with {len(text)} digits")
-    return int(text)
-
-
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
-
-
-def _json_depth(text: str) -> int:
-    """Deepest [/{ nesting outside strings (an upper bound of what json.loads recurses)."""
-    codes = np.frombuffer(_JSON_STRING.sub("", text).encode("utf-8"), np.uint8)
-    codes = codes[(codes == 91) | (codes == 93) | (codes == 123) | (codes == 125)]
-    if not codes.size:
-        return 0
-    return int(np.cumsum(np.where((codes == 91) | (codes == 123), 1, -1)).max())
-
-
-def _reject_constant(token: str) -> NoReturn:
-    _fail(f"header: {token} where a number is required")
 
 
 def _nan(v: float | None) -> float:
@@ -795,19 +741,7 @@ def _parse(raw: bytes) -> CalibrationState:
     text_bytes = arrays["header"].tobytes()
     if len(text_bytes) > MAX_HEADER_BYTES:
         _fail("header too large")
-    try:
-        text = text_bytes.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        _fail(f"header is not UTF-8 ({exc})")
-    depth = _json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        _fail(f"header JSON nested {depth} levels deep, more than the limit of {MAX_JSON_DEPTH}")
-    try:
-        h = json.loads(text, parse_int=_parse_bounded_int, parse_constant=_reject_constant)
-    except StateError:
-        raise
-    except (ValueError, RecursionError) as exc:
-        _fail(f"header is not valid JSON ({exc})")
+    h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
     h = _obj(h, "header", ("format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors", "exact_order"))
     if h["format"] != FORMAT_NAME:
         _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
