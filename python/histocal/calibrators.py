@@ -139,7 +139,25 @@ class _HistogramCalibration:
 
     def collect_data(self, data_reader: Any) -> None:
         """Collect one call's batches; may be called several times (ORT's merge rule applies
-        between calls in exact mode; streaming mode treats all calls as one data set)."""
+        between calls in exact mode; streaming mode treats all calls as one data set). A call
+        that fails leaves what earlier calls collected unchanged."""
+        saved = self._snapshot()
+        try:
+            self._collect_call(data_reader)
+        except BaseException:
+            self._mode_used, self.collector, self._stream = saved
+            raise
+
+    def _snapshot(self) -> tuple[Any, Any, Any]:
+        from .state import _copy_stream, copy_histograms
+
+        collector = None
+        if self.collector is not None:
+            collector = self._new_collector()
+            copy_histograms(self.collector._histograms, collector._histograms)
+        return self._mode_used, collector, None if self._stream is None else _copy_stream(self._stream)
+
+    def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
         if self._mode_used is None:
             self._mode_used = self.mode if self.mode != "auto" else ("exact" if source.rereadable else "streaming")

@@ -210,6 +210,12 @@ def _restore_exact(hists: Any, name: str, e: _Exact) -> None:
                   e.min, e.max, e.threshold, e.counts)
 
 
+def copy_histograms(source: Any, target: Any) -> None:
+    """Put every tensor of one ``_core.Histograms`` into another (empty, same kind and bins)."""
+    for name in source.names():
+        _restore_exact(target, name, _export_exact(source, name))
+
+
 def _held_min(old: tuple[float, bool], new: tuple[float, bool]) -> tuple[float, bool]:
     return new if new[0] < old[0] else old  # Python's min(old, new)
 
@@ -304,8 +310,7 @@ class CalibrationState:
             src = cal.collector._histograms
             kind, nbins = cal._kind, int(cal.num_bins)
             exact = _core.Histograms(kind, nbins)
-            for n in src.names():
-                _restore_exact(exact, n, _export_exact(src, n))
+            copy_histograms(src, exact)
             names = names or list(src.names())
         if stream is None and exact is None:
             raise ValueError("the calibrator has not collected any data yet (call collect_data first)")
@@ -583,8 +588,7 @@ def load_into_calibrator(cal: Any, state: "CalibrationState | PathLike") -> None
     if state.mode == "exact":
         cal.collector = cal._new_collector()
         if state.exact is not None:
-            for name in state.exact.names():
-                _restore_exact(cal.collector._histograms, name, _export_exact(state.exact, name))
+            copy_histograms(state.exact, cal.collector._histograms)
         cal.collector._dict = None
 
 
