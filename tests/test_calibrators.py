@@ -1155,3 +1155,38 @@ def test_exact_mode_rejects_a_reader_whose_second_read_differs(paths, tmp_path):
     )
     with pytest.raises(ValueError, match="different data on its second read"):
         cal.collect_data(Reader())
+    # the failed second pass was rolled back: nothing is left of it
+    with pytest.raises(ValueError, match="No collector"):
+        cal.compute_data()
+    feeds = [{"X": np.full((4, 4), v, np.float32)} for v in (1.0, -2.0)]
+    cal.collect_data(feeds)
+    ref = histocal.create_calibrator(
+        paths["passthrough"], None, str(tmp_path / "aug2.onnx"), CalibrationMethod.Distribution,
+        extra_options={"CollectionMode": "exact"},
+    )
+    ref.collect_data(feeds)
+    assert_tensors_same(cal.compute_data(), ref.compute_data(), "after the rollback")
+
+
+@pytest.mark.parametrize("mode", ["exact", "streaming"])
+def test_a_failed_collect_leaves_earlier_data_unchanged(paths, tmp_path, mode):
+    """A collect_data call that fails (here: a bad batch after good ones, in pass 2 of exact
+    mode or midway in streaming mode) changes nothing: the calibrator can go on as if it had
+    not happened."""
+    good = models.cnn_feeds(3)
+    bad = list(models.cnn_feeds(2)) + [{"X": np.zeros((1, 2), np.float32)}]
+    cal = make_histocal(paths["cnn"], PCT, {}, tmp_path / "a.onnx", mode=mode)
+    cal.collect_data(list(good))
+    before = cal.compute_data()
+    state_before = cal.state
+    with pytest.raises(ValueError):
+        cal.collect_data(bad)
+    assert_tensors_same(cal.compute_data(), before, "after a failed call")
+    for name in state_before.names:
+        assert cal.state.counts(name) == state_before.counts(name)
+    # and it still collects, like a calibrator that never saw the failed call
+    cal.collect_data(list(good))
+    ref = make_histocal(paths["cnn"], PCT, {}, tmp_path / "b.onnx", mode=mode)
+    ref.collect_data(list(good))
+    ref.collect_data(list(good))
+    assert_tensors_same(cal.compute_data(), ref.compute_data(), "continued")

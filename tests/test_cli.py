@@ -364,7 +364,7 @@ def test_missing_model(tmp_path, capsys, work):
         ["frobnicate"],
         ["calibrate", "m.onnx"],  # no --data
         ["calibrate", "m.onnx", "--data", "d"],  # neither --cache nor --state
-        ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--method", "kl"],
+        ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--method", "klx"],
         ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bins", "0"],
         ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--percentile", "101"],
         ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--input-shape", "1,x"],

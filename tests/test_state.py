@@ -215,8 +215,10 @@ def test_compute_errors(model_path, tmp_path):
     with pytest.raises(ValueError, match="needs value histograms of 128 bins"):
         exact_only.compute("entropy")
     _assert_same(exact_only.compute("percentile", num_bins=512, symmetric=False, percentile=99.999), cal.compute_data())
-    with pytest.raises(ValueError, match="method must be one of"):
-        state.compute("kl")
+    with pytest.raises(ValueError, match="unknown calibration method 'klx'"):
+        state.compute("klx")
+    with pytest.raises(ValueError, match="needs the streaming histogram"):
+        exact_only.compute("mse")
     with pytest.raises(ValueError, match="unknown settings"):
         state.compute("entropy", percentile=3)
     with pytest.raises(ValueError, match="percentile"):

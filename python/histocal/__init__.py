@@ -6,11 +6,13 @@ from .calibrators import (
     MODES,
     DistributionCalibrater,
     EntropyCalibrater,
+    MethodCalibrater,
     MinMaxCalibrater,
     PercentileCalibrater,
     create_calibrator,
 )
 from .collector import HistogramCollector, ValueCounts
+from .methods import TensorHistogram, register_method, registered_methods, unregister_method
 from .state import CalibrationState, merge_states, model_fingerprint
 from .integration import calibrate, is_patched, patch_onnxruntime, quantize_static, unpatch_onnxruntime
 from .stats import (
@@ -34,7 +36,12 @@ __all__ = [
     "EntropyCalibrater",
     "PercentileCalibrater",
     "DistributionCalibrater",
+    "MethodCalibrater",
     "create_calibrator",
+    "TensorHistogram",
+    "register_method",
+    "unregister_method",
+    "registered_methods",
     "MODES",
     "DEFAULT_STREAMING_BINS",
     "patch_onnxruntime",

@@ -18,7 +18,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, NoReturn, Union
+from typing import Any, Callable, NoReturn, Union
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -110,14 +110,11 @@ def _json_depth(outside_strings: bytes) -> int:
     return deepest
 
 
-def read_json_file(
-    path: StrPath, max_bytes: int = MAX_CACHE_BYTES, max_depth: int = MAX_JSON_DEPTH, *, what: str = "JSON file"
-) -> Any:
-    """Parse an untrusted JSON file with bounded size and nesting; ``NaN``/``Infinity`` tokens are accepted.
+def read_bounded_file(path: StrPath, max_bytes: int, *, what: str) -> bytes:
+    """The bytes of an untrusted regular file of at most ``max_bytes`` (checked before reading).
 
-    Raises FileNotFoundError if ``path`` does not exist, otherwise ValueError naming the file for anything
-    else: not a regular file, unreadable, too large (checked before reading), not UTF-8, too deep, bad JSON.
-    """
+    FileNotFoundError if ``path`` does not exist, otherwise ValueError ``Invalid <what> <path>: ...``
+    (not a regular file, unreadable, too large)."""
     path = Path(path)
 
     def fail(problem: object) -> NoReturn:
@@ -144,6 +141,12 @@ def read_json_file(
         os.close(fd)
     if len(raw) > max_bytes:
         fail(f"file is more than the limit of {max_bytes} bytes")
+    return raw
+
+
+def parse_bounded_json(raw: bytes, max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True) -> Any:
+    """Parse untrusted JSON bytes with bounded nesting and number length; ``constants``: accept
+    ``NaN``/``Infinity``. Every problem goes to ``fail``."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -155,10 +158,29 @@ def read_json_file(
     # int() is quadratic and sys.int_max_str_digits may be off. (translate + find: a regex is slow here)
     if b"0" * (MAX_NUMBER_DIGITS + 1) in outside_strings.translate(_DIGITS_AS_ZEROS):
         fail(f"a number with more than {MAX_NUMBER_DIGITS} digits")
+
+    def reject(token: str) -> NoReturn:
+        fail(f"{token} where a number is required")
+
     try:
-        return json.loads(text)
+        return json.loads(text) if constants else json.loads(text, parse_constant=reject)
     except (ValueError, RecursionError, MemoryError) as exc:  # RecursionError/MemoryError: defence in depth
         fail(f"malformed JSON ({type(exc).__name__}: {exc})")
+
+
+def read_json_file(
+    path: StrPath, max_bytes: int = MAX_CACHE_BYTES, max_depth: int = MAX_JSON_DEPTH, *, what: str = "JSON file"
+) -> Any:
+    """Parse an untrusted JSON file with bounded size and nesting; ``NaN``/``Infinity`` tokens are accepted.
+
+    Raises FileNotFoundError if ``path`` does not exist, otherwise ValueError naming the file for anything
+    else: not a regular file, unreadable, too large (checked before reading), not UTF-8, too deep, bad JSON.
+    """
+
+    def fail(problem: object) -> NoReturn:
+        raise ValueError(f"Invalid {what} {path}: {problem}") from None
+
+    return parse_bounded_json(read_bounded_file(path, max_bytes, what=what), max_depth, fail)
 
 
 # ----------------------------------------------------------------------------------------------

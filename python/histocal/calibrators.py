@@ -30,7 +30,7 @@ import numpy as np
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from . import _core
+from . import _core, methods
 from .collector import HistogramCollector
 from .readers import DataSource, FeedChecker, progress, run_session
 
@@ -40,6 +40,7 @@ MODES = ("auto", "exact", "streaming")
 DEFAULT_STREAMING_BINS = 16384
 MODE_OPTION = "CollectionMode"
 STREAMING_BINS_OPTION = "StreamingBins"
+METHOD_OPTIONS_OPTION = "MethodOptions"
 
 _METHODS = {
     "entropy": CalibrationMethod.Entropy,
@@ -138,7 +139,25 @@ class _HistogramCalibration:
 
     def collect_data(self, data_reader: Any) -> None:
         """Collect one call's batches; may be called several times (ORT's merge rule applies
-        between calls in exact mode; streaming mode treats all calls as one data set)."""
+        between calls in exact mode; streaming mode treats all calls as one data set). A call
+        that fails leaves what earlier calls collected unchanged."""
+        saved = self._snapshot()
+        try:
+            self._collect_call(data_reader)
+        except BaseException:
+            self._mode_used, self.collector, self._stream = saved
+            raise
+
+    def _snapshot(self) -> tuple[Any, Any, Any]:
+        from .state import _copy_stream, copy_histograms
+
+        collector = None
+        if self.collector is not None:
+            collector = self._new_collector()
+            copy_histograms(self.collector._histograms, collector._histograms)
+        return self._mode_used, collector, None if self._stream is None else _copy_stream(self._stream)
+
+    def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
         if self._mode_used is None:
             self._mode_used = self.mode if self.mode != "auto" else ("exact" if source.rereadable else "streaming")
@@ -332,6 +351,41 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         self._init_histocal(mode, streaming_bins, show_progress)
 
 
+class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
+    """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
+    pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
+    ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
+    histogram)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str = "augmented_model.onnx",
+        use_external_data_format: bool = False,
+        method: str = "mse",
+        method_options: dict[str, Any] | None = None,
+        *,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            raise ValueError(f"{name} is an onnxruntime method: use its own calibrator (or create_calibrator)")
+        self.method_options = methods.check_options(name, dict(method_options or {}))
+        super().__init__(model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format, method=name)
+        self.mode = "streaming"
+        self.streaming_bins = _check_streaming_bins(streaming_bins)
+        self.show_progress = show_progress
+        self._stream = None
+        self._mode_used = None
+
+    def compute_data(self) -> TensorsData:
+        if self._stream is None:
+            raise ValueError("No collector created and can't generate calibration data.")
+        return self.state.compute(self.method, **self.method_options)
+
+
 def _py_min(old: Any, new: Any) -> Any:
     """Python ``min(old, new)`` (NaN in ``old`` sticks), elementwise for per-channel arrays."""
     if np.ndim(old) == 0 or np.size(old) == 1:
@@ -418,19 +472,31 @@ def create_calibrator(
     model: str | Path,
     op_types_to_calibrate: Sequence[str] | None = None,
     augmented_model_path: str = "augmented_model.onnx",
-    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+    calibrate_method: CalibrationMethod | str = CalibrationMethod.MinMax,
     use_external_data_format: bool = False,
     providers: Sequence[Any] | None = None,
     extra_options: dict[str, Any] | None = None,
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
     ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming) and
-    ``StreamingBins`` for the histogram methods."""
+    ``StreamingBins`` for the histogram methods. ``calibrate_method`` may also name a histocal
+    method (mse, kl, pow2, auto) or a registered one, with its options in
+    ``extra_options["MethodOptions"]`` (a dict)."""
     opts = dict(extra_options or {})
     hist_opts = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
     common = dict(use_external_data_format=use_external_data_format)
+    if isinstance(calibrate_method, str):
+        name = methods.canonical_name(calibrate_method)
+        if name not in methods.ORT_METHODS:
+            calibrator: Any = MethodCalibrater(
+                model, op_types_to_calibrate, augmented_model_path, **common,
+                method=name, method_options=opts.get(METHOD_OPTIONS_OPTION),
+                streaming_bins=opts.get(STREAMING_BINS_OPTION),
+            )
+            return _prepare(calibrator, providers)
+        calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
     if calibrate_method == CalibrationMethod.MinMax:
-        calibrator: Any = MinMaxCalibrater(
+        calibrator = MinMaxCalibrater(
             model, op_types_to_calibrate, augmented_model_path, **common,
             symmetric=opts.get("symmetric", False),
             moving_average=opts.get("moving_average", False),
@@ -463,6 +529,10 @@ def create_calibrator(
         )
     else:
         raise ValueError(f"Unsupported calibration method {calibrate_method}")
+    return _prepare(calibrator, providers)
+
+
+def _prepare(calibrator: Any, providers: Sequence[Any] | None) -> Any:
     calibrator.augment_graph()
     if providers:
         calibrator.execution_providers = providers
@@ -475,6 +545,7 @@ __all__ = [
     "EntropyCalibrater",
     "PercentileCalibrater",
     "DistributionCalibrater",
+    "MethodCalibrater",
     "create_calibrator",
     "MODES",
     "DEFAULT_STREAMING_BINS",

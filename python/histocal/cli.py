@@ -29,7 +29,10 @@ logger = logging.getLogger("histocal.cli")
 
 METHODS = ("minmax", "entropy", "percentile", "distribution")
 HISTOGRAM_METHODS = METHODS[1:]
+HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
 _METHOD_NAMES = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
+# Options of histocal's own methods (mse, kl, pow2, auto), passed as MethodOptions.
+_METHOD_OPTION_KEYS = ("qtype", "pow2_method", "minmse_mode")
 QUANT_TYPES = ("qint8", "quint8", "qint16", "quint16", "qint4", "quint4", "qfloat8e4m3fn")
 FORMATS = ("qdq", "qoperator")
 
@@ -50,8 +53,44 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def _display(method: str) -> str:
+    return _METHOD_NAMES.get(method, method)
+
+
+def _check_method(args: argparse.Namespace) -> None:
+    """Resolve --method (after --plugin imports) to its canonical name; usage error if unknown."""
+    from . import methods
+
+    if getattr(args, "method", None) is None:
+        return
+    try:
+        args.method = methods.canonical_name(args.method)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _load_plugins(args: argparse.Namespace) -> None:
+    """--plugin MODULE (its import registers methods) or MODULE:FUNC (FUNC registered as FUNC)."""
+    import importlib
+
+    from . import methods
+
+    for spec in getattr(args, "plugin", None) or ():
+        module_name, _, attr = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+            if attr:
+                methods.register_method(attr, getattr(module, attr), replace=True)
+        except Exception as exc:  # a user's module: report it as one line
+            raise CliError(f"--plugin {spec}: {exc!r}") from None
+
+
 def _method_enum(name: str) -> Any:
+    """ORT's CalibrationMethod for ORT's methods; histocal's methods travel as MinMax."""
     from onnxruntime.quantization.calibrate import CalibrationMethod
+
+    if name not in _METHOD_NAMES:
+        return CalibrationMethod.MinMax
 
     return CalibrationMethod[_METHOD_NAMES[name]]
 
@@ -130,10 +169,13 @@ def _staged(final: Path, suffix: str = "") -> Iterator[Path]:
 def _add_method_options(p: argparse.ArgumentParser, *, default_method: str | None, minmax: bool = True,
                         per_channel: bool = True, collection: bool = True, required: bool = False) -> None:
     """Method options; ``minmax=False``: only the options a state's ``compute`` takes."""
-    choices = METHODS
     g = p.add_argument_group("calibration method")
-    g.add_argument("--method", choices=choices, default=default_method, required=required,
-                   help=f"calibration method (default: {default_method or 'see below'})")
+    g.add_argument("--method", metavar="METHOD", default=default_method, required=required,
+                   help=f"{', '.join(METHODS + HISTOCAL_METHODS)} or a method registered by --plugin "
+                        f"(default: {default_method or 'see below'})")
+    g.add_argument("--plugin", action="append", metavar="MODULE[:FUNC]",
+                   help="import MODULE (which calls histocal.register_method), or register MODULE's FUNC "
+                        "as method FUNC; repeatable")
     g.add_argument("--num-bins", type=_positive_int, metavar="N",
                    help="histogram bins (ORT defaults: entropy 128, percentile/distribution 2048)")
     g.add_argument("--num-quantized-bins", type=_positive_int, metavar="N",
@@ -142,6 +184,11 @@ def _add_method_options(p: argparse.ArgumentParser, *, default_method: str | Non
     g.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
                    help="symmetric ranges (ORT defaults: percentile yes, others no)")
     g.add_argument("--scenario", choices=("same", "p3"), help="distribution: scenario (default same)")
+    g.add_argument("--qtype", choices=("int8", "uint8", "int16", "uint16"),
+                   help="mse/pow2/auto: target type of the error model (default int8; quantize: the activation type)")
+    g.add_argument("--pow2-method", choices=("NonOverflow", "MinMSE"), help="pow2: scale choice (default MinMSE)")
+    g.add_argument("--minmse-mode", choices=("All", "MostCommon"),
+                   help="pow2 MinMSE: over all data, or the most common per-batch choice (default All)")
     if minmax:
         g.add_argument("--moving-average", action="store_true", default=None, help="minmax: moving average of ranges")
         g.add_argument("--averaging-constant", type=_float, metavar="C",
@@ -189,14 +236,15 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         "per_channel": getattr(args, "calib_per_channel", None),
         "CollectionMode": getattr(args, "mode", None),
         "StreamingBins": getattr(args, "streaming_bins", None),
+        **{k: getattr(args, k, None) for k in _METHOD_OPTION_KEYS},
     }
     applies = {
         "minmax": {"symmetric", "moving_average", "averaging_constant", "max_intermediate_outputs", "per_channel"},
         "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins"},
         "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins"},
         "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins"},
-    }[method]
-    options = {}
+    }.get(method) or {"StreamingBins", *_histocal_option_names(method)}
+    options: dict[str, Any] = {}
     for key, value in given.items():
         if value is None:
             continue
@@ -204,7 +252,15 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
             options[key] = value
         else:
             logger.warning("option %s does not apply to --method %s; ignored", _flag(key), method)
+    if method not in _METHOD_NAMES:
+        options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k != "StreamingBins"}
     return options
+
+
+def _histocal_option_names(method: str) -> tuple[str, ...]:
+    from . import methods
+
+    return tuple(methods.METHOD_OPTIONS.get(method, ()))
 
 
 def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -214,10 +270,10 @@ def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
         "entropy": ("num_bins", "num_quantized_bins", "symmetric"),
         "percentile": ("num_bins", "percentile", "symmetric"),
         "distribution": ("num_bins", "scenario"),
-    }[args.method]
+    }.get(args.method) or _histocal_option_names(args.method)
     settings = {}
     for key in ("num_bins", "num_quantized_bins", "percentile", "symmetric", "scenario", "moving_average",
-                "averaging_constant", "max_intermediate_outputs", "mode", "streaming_bins"):
+                "averaging_constant", "max_intermediate_outputs", "mode", "streaming_bins", *_METHOD_OPTION_KEYS):
         value = getattr(args, key, None)
         if value is None:
             continue
@@ -260,7 +316,7 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
             model,
             args.op_types,
             augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
-            calibrate_method=_method_enum(args.method),
+            calibrate_method=args.method,
             providers=args.providers,
             extra_options=options,
         )
@@ -323,7 +379,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     fingerprint = _data_fingerprint(data.files) if args.state else None
     _write_outputs(ranges, args.cache and Path(args.cache), calibrator, args.state and Path(args.state), fingerprint)
     sys.stdout.write(
-        f"calibrated {len(ranges.data)} tensors ({_METHOD_NAMES[args.method]}, {data.num_samples} samples)"
+        f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples)"
         + (f"; cache: {args.cache}" if args.cache else "")
         + (f"; state: {args.state}" if args.state else "")
         + "\n"
@@ -355,7 +411,8 @@ def _ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
         stored = getattr(state, "method", None)
         if stored is None:
             raise _UsageError("--method is required with --state")
-        args.method = _method_key(stored)
+        args.method = _method_key(stored) if stored in METHODS else stored
+        _check_method(args)
     return state.compute(args.method, **_compute_settings(args))
 
 
@@ -363,7 +420,7 @@ def cmd_recompute(args: argparse.Namespace) -> int:
     state = _load_state(args.state)
     ranges = _ranges_from_state(args, state)
     _write_outputs(ranges, Path(args.cache), None, None)
-    sys.stdout.write(f"computed {len(ranges.data)} tensors ({_METHOD_NAMES[args.method]}) from {args.state}; "
+    sys.stdout.write(f"computed {len(ranges.data)} tensors ({_display(args.method)}) from {args.state}; "
                      f"cache: {args.cache}\n")
     return 0
 
@@ -377,6 +434,21 @@ def _quant_type(name: str) -> Any:
 
     members = {m.lower(): m for m in QuantType.__members__}
     return QuantType[members[name]]
+
+
+def _default_error_model(args: argparse.Namespace) -> None:
+    """histocal's methods minimize the error of the quantization that will be applied: their
+    qtype and symmetry default to the activation type and --symmetric-activations."""
+    from . import methods
+
+    options = _histocal_option_names(args.method) if args.method else ()
+    if "qtype" in options and args.qtype is None:
+        try:
+            args.qtype = methods.qtype_of(_quant_type(args.activation_type))
+        except ValueError as exc:
+            raise CliError(f"--method {args.method}: {exc}") from None
+    if "symmetric" in options and args.symmetric is None and args.symmetric_activations is not None:
+        args.symmetric = args.symmetric_activations
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -394,6 +466,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
     write_cache = False
+    _default_error_model(args)
 
     if args.state is not None:
         ranges = _ranges_from_state(args, _load_state(args.state))
@@ -450,7 +523,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
             os.replace(f, output.parent / f.name)
     logger.info("wrote %s", output)
-    sys.stdout.write(f"quantized {model} -> {output} ({_METHOD_NAMES[args.method]} ranges, {args.format}, "
+    sys.stdout.write(f"quantized {model} -> {output} ({_display(args.method)} ranges, {args.format}, "
                      f"activations {args.activation_type}, weights {args.weight_type})\n")
     return 0
 
@@ -936,6 +1009,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     with _logging(level):
         try:
+            _load_plugins(args)
+            _check_method(args)
             return args.func(args)
         except _UsageError as e:
             subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

@@ -16,13 +16,13 @@ import logging
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
-from . import calibrators
+from . import calibrators, methods
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ _CALIB_KEYS = (
 def calibrate(
     model_input: str | Path | onnx.ModelProto,
     calibration_data_reader: Any,
-    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+    calibrate_method: CalibrationMethod | str = CalibrationMethod.MinMax,
     op_types_to_quantize: list[str] | None = None,
     extra_options: dict[str, Any] | None = None,
     calibration_providers: list[Any] | None = None,
@@ -110,12 +110,15 @@ def calibrate(
     **histogram_options: Any,
 ) -> TensorsData:
     """Calibrate as ORT's ``quantize_static`` does (same option mapping, CalibStridedMinMax
-    included), with histocal's calibrators. ``histogram_options``: num_bins,
-    num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins."""
+    included), with histocal's calibrators. ``calibrate_method`` may also name a histocal or
+    registered method (see ``histocal.methods``). ``histogram_options``: num_bins,
+    num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins,
+    method_options (a dict for the histocal methods)."""
     extra = dict(extra_options or {})
     options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
-    if "mode" in histogram_options:
-        histogram_options[calibrators.MODE_OPTION] = histogram_options.pop("mode")
+    for key, option in (("mode", calibrators.MODE_OPTION), ("method_options", calibrators.METHOD_OPTIONS_OPTION)):
+        if key in histogram_options:
+            histogram_options[option] = histogram_options.pop(key)
     options.update({k: v for k, v in histogram_options.items() if v is not None})
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         if isinstance(model_input, onnx.ModelProto):
@@ -159,7 +162,7 @@ def quantize_static(
     nodes_to_quantize: list[str] | None = None,
     nodes_to_exclude: list[str] | None = None,
     use_external_data_format: bool = False,
-    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+    calibrate_method: CalibrationMethod | str = CalibrationMethod.MinMax,
     calibration_providers: list[Any] | None = None,
     extra_options: dict[str, Any] | None = None,
     calibration_cache_path: str | Path | None = None,
@@ -169,15 +172,35 @@ def quantize_static(
     scenario: str | None = None,
     mode: str | None = None,
     streaming_bins: int | None = None,
+    method_options: dict[str, Any] | None = None,
+    tensors_range: TensorsData | None = None,
 ) -> None:
     """ORT's ``quantize_static`` with histocal calibration, without patching anything.
     Arguments as ORT's; the keyword-only ones set what ORT's cannot (None keeps ORT's
     defaults). The calibration cache follows ORT's rules (reuse on a hit, method mismatch is an
-    error, smooth_quant mismatch recomputes)."""
+    error, smooth_quant mismatch recomputes).
+
+    ``calibrate_method`` may also name a histocal method (mse, kl, pow2, auto) or a registered
+    one; ``method_options`` are its options, and its ``qtype``/``symmetric`` default to
+    ``activation_type`` and ``extra_options["ActivationSymmetric"]`` (so the error it minimizes
+    is the one of the quantized model). Their ranges reach ORT (and the cache file) as MinMax
+    results: ORT's cache format cannot record other method names, so a cache made with one
+    histocal method is a hit for every other one. ``tensors_range`` skips calibration and
+    quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``)."""
     from .cache import check_cache, save_tensors_data
 
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
+    method_arg: CalibrationMethod | str = calibrate_method
+    name = methods.canonical_name(calibrate_method)
+    if name not in methods.ORT_METHODS:
+        method_arg = name
+        method_options = _default_method_options(name, method_options, activation_type, extra)
+        calibrate_method = CalibrationMethod.MinMax  # how the ranges travel through ORT
+    elif method_options:
+        raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
+    if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
+        raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods and no tensors_range")
     if smooth_quant:
         # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
         with patch_onnxruntime():
@@ -187,20 +210,23 @@ def quantize_static(
                 use_external_data_format, calibrate_method, calibration_providers, extra, calibration_cache_path,
             )
         return
-    ranges = None
-    if calibration_cache_path is not None:
-        ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
-    if ranges is None:
-        if calibration_data_reader is None:
-            raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
-        ranges = calibrate(
-            model_input, calibration_data_reader, calibrate_method, op_types_to_quantize, extra,
-            calibration_providers, use_external_data_format,
-            num_bins=num_bins, num_quantized_bins=num_quantized_bins, scenario=scenario,
-            mode=mode, StreamingBins=streaming_bins,
-        )
+    if tensors_range is not None:
+        ranges = tensors_range
+        calibrate_method = ranges.calibration_method
+    else:
+        ranges = None
         if calibration_cache_path is not None:
-            save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
+            ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
+        if ranges is None:
+            if calibration_data_reader is None:
+                raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
+            ranges = calibrate(
+                model_input, calibration_data_reader, method_arg, op_types_to_quantize, extra, calibration_providers,
+                use_external_data_format, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
+                scenario=scenario, mode=mode, StreamingBins=streaming_bins, method_options=method_options,
+            )
+            if calibration_cache_path is not None:
+                save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         cache = Path(tmp, "ranges.json")
         save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
@@ -209,6 +235,16 @@ def quantize_static(
             activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
             calibrate_method, calibration_providers, extra, cache,
         )
+
+
+def _default_method_options(name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    options = dict(given or {})
+    allowed = methods.METHOD_OPTIONS.get(name, {})
+    if "qtype" in allowed:
+        options.setdefault("qtype", methods.qtype_of(activation_type))
+    if "symmetric" in allowed:
+        options.setdefault("symmetric", bool(extra.get("ActivationSymmetric", False)))
+    return options
 
 
 __all__ = ["patch_onnxruntime", "unpatch_onnxruntime", "is_patched", "calibrate", "quantize_static"]

@@ -63,8 +63,6 @@ import io
 import json
 import math
 import os
-import re
-import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +72,8 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from . import _core
-from .cache import atomic_write_bytes
+from .cache import atomic_write_bytes, parse_bounded_json, read_bounded_file
+from . import methods
 from .collector import HistogramCollector
 
 __all__ = ["CalibrationState", "merge_states", "model_fingerprint", "FORMAT_NAME", "FORMAT_VERSION"]
@@ -211,6 +210,12 @@ def _restore_exact(hists: Any, name: str, e: _Exact) -> None:
                   e.min, e.max, e.threshold, e.counts)
 
 
+def copy_histograms(source: Any, target: Any) -> None:
+    """Put every tensor of one ``_core.Histograms`` into another (empty, same kind and bins)."""
+    for name in source.names():
+        _restore_exact(target, name, _export_exact(source, name))
+
+
 def _held_min(old: tuple[float, bool], new: tuple[float, bool]) -> tuple[float, bool]:
     return new if new[0] < old[0] else old  # Python's min(old, new)
 
@@ -305,12 +310,12 @@ class CalibrationState:
             src = cal.collector._histograms
             kind, nbins = cal._kind, int(cal.num_bins)
             exact = _core.Histograms(kind, nbins)
-            for n in src.names():
-                _restore_exact(exact, n, _export_exact(src, n))
+            copy_histograms(src, exact)
             names = names or list(src.names())
         if stream is None and exact is None:
             raise ValueError("the calibrator has not collected any data yet (call collect_data first)")
         settings = {k: _plain(getattr(cal, k)) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")}
+        settings.update({k: _plain(v) for k, v in getattr(cal, "method_options", {}).items()})
         return cls(
             names=names, mode=mode, stream=stream, exact=exact, exact_kind=kind, exact_num_bins=nbins,
             model_fingerprint=_calibrator_fingerprint(cal),
@@ -347,12 +352,29 @@ class CalibrationState:
     # -- results --------------------------------------------------------------------------------
 
     def compute(self, method: Any, **settings: Any) -> TensorsData:
-        """onnxruntime ``TensorsData`` for ``method`` (name or CalibrationMethod) and settings."""
-        if isinstance(method, CalibrationMethod):
-            method = method.name
-        if not isinstance(method, str) or method.lower() not in _ORT_METHODS:
-            raise ValueError(f"method must be one of {sorted(_ORT_METHODS)}, got {method!r}")
-        method = method.lower()
+        """onnxruntime ``TensorsData`` for ``method`` and its settings: ORT's four methods (name or
+        CalibrationMethod), histocal's mse/kl/pow2/auto and registered methods (see
+        ``histocal.methods``; their ranges travel as MinMax-style TensorsData)."""
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            return self._compute_ort(name, settings)
+        pairs, _ = self.method_ranges(name, **settings)
+        return methods.to_tensors_data(self.names, pairs, {n: self.dtype(n) for n in self.names})
+
+    def method_ranges(self, method: Any, **options: Any) -> tuple[list[tuple[float, float]], list[str] | None]:
+        """Per-tensor ``(low, high)`` (in ``names`` order) of a histocal or registered method, and
+        for ``auto`` the candidate chosen for each tensor."""
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            raise ValueError(f"{name} is an onnxruntime method: use compute()")
+        if name == self.method:
+            options = {**{k: self.settings[k] for k in methods.METHOD_OPTIONS.get(name, ()) if k in self.settings}, **options}
+        options = methods.check_options(name, options)
+        if self.stream is None:
+            raise ValueError(f"{name} needs the streaming histogram, and this state holds only exact histograms")
+        return methods.ranges(self.stream, self.names, name, options, self._compute_ort)
+
+    def _compute_ort(self, method: str, settings: dict[str, Any]) -> TensorsData:
         allowed = _DEFAULTS[method]
         unknown = set(settings) - set(allowed)
         if unknown:
@@ -500,7 +522,7 @@ class CalibrationState:
     def load(cls, path: PathLike) -> "CalibrationState":
         """Read a state file (untrusted input: see the module docstring)."""
         path = Path(path)
-        raw = _read_file(path)
+        raw = read_bounded_file(path, MAX_STATE_BYTES, what="calibration state")
         return cls.from_bytes(raw, what=str(path))
 
     @classmethod
@@ -566,44 +588,13 @@ def load_into_calibrator(cal: Any, state: "CalibrationState | PathLike") -> None
     if state.mode == "exact":
         cal.collector = cal._new_collector()
         if state.exact is not None:
-            for name in state.exact.names():
-                _restore_exact(cal.collector._histograms, name, _export_exact(state.exact, name))
+            copy_histograms(state.exact, cal.collector._histograms)
         cal.collector._dict = None
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading (untrusted input)
 # ----------------------------------------------------------------------------------------------
-
-
-def _read_file(path: Path) -> bytes:
-    def fail(problem: object) -> NoReturn:
-        raise ValueError(f"Invalid calibration state {path}: {problem}") from None
-
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"calibration state not found: {path}") from None
-    except (OSError, ValueError) as exc:
-        fail(exc)
-    try:
-        info = os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        fail(exc)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        fail("not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if info.st_size > MAX_STATE_BYTES:
-                fail(f"file is {info.st_size} bytes, more than the limit of {MAX_STATE_BYTES}")
-            raw = f.read(MAX_STATE_BYTES + 1)
-        except OSError as exc:
-            fail(exc)
-    if len(raw) > MAX_STATE_BYTES:
-        fail(f"file is more than the limit of {MAX_STATE_BYTES} bytes")
-    return raw
 
 
 def _read_members(raw: bytes) -> dict[str, np.ndarray]:
@@ -676,28 +667,6 @@ def _parse_npy(key: str, data: bytes) -> np.ndarray:
     return np.frombuffer(data, want, count, offset).reshape(shape)
 
 
-def _parse_bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 100:  # int() on huge digit strings is quadratic
-        _fail(f"header: integer with {len(text)} digits")
-    return int(text)
-
-
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
-
-
-def _json_depth(text: str) -> int:
-    """Deepest [/{ nesting outside strings (an upper bound of what json.loads recurses)."""
-    codes = np.frombuffer(_JSON_STRING.sub("", text).encode("utf-8"), np.uint8)
-    codes = codes[(codes == 91) | (codes == 93) | (codes == 123) | (codes == 125)]
-    if not codes.size:
-        return 0
-    return int(np.cumsum(np.where((codes == 91) | (codes == 123), 1, -1)).max())
-
-
-def _reject_constant(token: str) -> NoReturn:
-    _fail(f"header: {token} where a number is required")
-
-
 def _nan(v: float | None) -> float:
     return math.nan if v is None else float(v)
 
@@ -759,6 +728,12 @@ def _settings(v: Any) -> dict[str, Any]:
                 _fail(f"{where}: expected a number in [0, 100]")
         elif key == "scenario":
             _str(value, where, ("same", "p3"))
+        elif key == "qtype":
+            _str(value, where, methods.QTYPES)
+        elif key == "pow2_method":
+            _str(value, where, ("NonOverflow", "MinMSE"))
+        elif key == "minmse_mode":
+            _str(value, where, ("All", "MostCommon"))
         else:
             _fail(f"{where}: unknown setting")
         out[key] = value
@@ -770,19 +745,7 @@ def _parse(raw: bytes) -> CalibrationState:
     text_bytes = arrays["header"].tobytes()
     if len(text_bytes) > MAX_HEADER_BYTES:
         _fail("header too large")
-    try:
-        text = text_bytes.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        _fail(f"header is not UTF-8 ({exc})")
-    depth = _json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        _fail(f"header JSON nested {depth} levels deep, more than the limit of {MAX_JSON_DEPTH}")
-    try:
-        h = json.loads(text, parse_int=_parse_bounded_int, parse_constant=_reject_constant)
-    except StateError:
-        raise
-    except (ValueError, RecursionError) as exc:
-        _fail(f"header is not valid JSON ({exc})")
+    h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
     h = _obj(h, "header", ("format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors", "exact_order"))
     if h["format"] != FORMAT_NAME:
         _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
@@ -807,7 +770,7 @@ def _parse(raw: bytes) -> CalibrationState:
         _fail("options: a streaming-mode state has streaming histograms and no exact ones")
     if sbins is None and kind is None:
         _fail("options: the state holds no histograms")
-    method = _str(o["method"], "options.method", ("entropy", "percentile", "distribution"), none=True)
+    method = _str(o["method"], "options.method", none=True, max_len=64)
     settings = _settings(o["settings"])
     tensors = h["tensors"]
     if type(tensors) is not list or not tensors:

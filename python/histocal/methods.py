@@ -1,0 +1,260 @@
+"""Calibration methods beyond onnxruntime's, computed from a state's streaming histogram.
+
+Every histocal state holds, per tensor, a streaming histogram (a signed histogram of equal-width
+bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without running the model:
+
+* ``"mse"``: the range with the least mean squared quantization error (rounding plus clipping)
+  for the target type, under onnxruntime's own scale/zero-point rule (symmetric or not);
+* ``"kl"``: TensorRT's entropy calibration (one-sided |x| histogram of ``num_bins`` bins,
+  thresholds from ``num_quantized_bins`` bins upward, KL divergence with the quantized
+  distribution zero where the reference is zero);
+* ``"pow2"``: power-of-two scales as in AMD Quark: ``NonOverflow`` (the smallest power-of-two
+  scale whose range covers the data) or ``MinMSE`` (the power-of-two scale with the least squared
+  error, over all data, ``All``, or the most common per-batch choice, ``MostCommon``); the range
+  returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into scale
+  ``s`` and zero point 0;
+* ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
+  mse has the least estimated quantization error (the ``mse`` error model).
+
+``register_method(name, fn)`` adds a method: ``fn`` receives a :class:`TensorHistogram` and
+returns ``(low, high)``; the name then works wherever the built-in ones do (``CalibrationState.
+compute``, ``create_calibrator``/``quantize_static``'s ``calibrate_method``, the CLI with
+``--plugin``). Tensors without finite values get ``(0.0, 0.0)`` from every method (custom ones
+are not called for them).
+
+The error model (``qerror``): the bins' centres (clamped to the data's min/max) stand for their
+values; onnxruntime's ``compute_scale_zp`` maps the range to a float32 scale and a zero point;
+the error is the count-weighted mean of ``(x - dequantize(quantize(x)))^2``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+logger = logging.getLogger(__name__)
+
+ORT_METHODS = ("minmax", "entropy", "percentile", "distribution")
+HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
+QTYPES = ("int8", "uint8", "int16", "uint16")
+POW2_QTYPES = ("int8", "uint8", "int16")
+
+# Options of the histocal methods and their defaults.
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {
+    "mse": {"qtype": "int8", "symmetric": False},
+    "kl": {"num_bins": 2048, "num_quantized_bins": 128},
+    "pow2": {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"},
+    "auto": {"qtype": "int8", "symmetric": False},
+}
+# auto's candidates: (label, method, options), in tie-breaking order.
+AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("minmax", "minmax", {"symmetric": False}),
+    ("percentile 99.99", "percentile", {"symmetric": True, "num_bins": 2048, "percentile": 99.99}),
+    ("percentile 99.999", "percentile", {"symmetric": True, "num_bins": 2048, "percentile": 99.999}),
+    ("entropy", "entropy", {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128}),
+    ("kl", "kl", {}),
+    ("mse", "mse", {}),
+)
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class TensorHistogram:
+    """One tensor's collected state, as a custom method sees it.
+
+    ``counts[i]`` values lie in ``[edges[i], edges[i + 1])`` (a signed histogram of equal-width
+    bins); ``min``/``max`` are the exact finite extremes; non-finite values are only counted."""
+
+    name: str
+    dtype: str
+    counts: np.ndarray  # uint64
+    edges: np.ndarray  # float64, len(counts) + 1
+    min: float
+    max: float
+    n_nan: int
+    n_posinf: int
+    n_neginf: int
+    batches: int
+
+
+MethodFn = Callable[[TensorHistogram], "tuple[float, float]"]
+
+_registry: dict[str, MethodFn] = {}
+_lock = threading.Lock()
+
+
+def register_method(name: str, fn: MethodFn, *, replace: bool = False) -> None:
+    """Make ``fn`` available as calibration method ``name`` (see the module docstring)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"method name must be an identifier-like string of at most 64 characters, got {name!r}")
+    if name.lower() in ORT_METHODS + HISTOCAL_METHODS:
+        raise ValueError(f"{name!r} is a built-in method and cannot be replaced")
+    if not callable(fn):
+        raise TypeError(f"method {name!r}: fn must be callable, got {type(fn).__name__}")
+    with _lock:
+        if name in _registry and not replace:
+            raise ValueError(f"method {name!r} is already registered (pass replace=True to replace it)")
+        _registry[name] = fn
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method added by ``register_method`` (KeyError if there is none)."""
+    with _lock:
+        if name not in _registry:
+            raise KeyError(f"no registered method {name!r}")
+        del _registry[name]
+
+
+def registered_methods() -> list[str]:
+    with _lock:
+        return sorted(_registry)
+
+
+def method_names() -> list[str]:
+    """Every method name ``CalibrationState.compute`` accepts."""
+    return list(ORT_METHODS + HISTOCAL_METHODS) + registered_methods()
+
+
+def canonical_name(method: Any) -> str:
+    """The method's name: ORT's enum or any built-in name (any case), or a registered name."""
+    if isinstance(method, CalibrationMethod):
+        return method.name.lower()
+    if isinstance(method, str):
+        if method.lower() in ORT_METHODS + HISTOCAL_METHODS:
+            return method.lower()
+        with _lock:
+            if method in _registry:
+                return method
+    raise ValueError(f"unknown calibration method {method!r}; known: {method_names()}")
+
+
+def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of a histocal method with defaults filled in; ValueError names a bad one."""
+    if method in _registry:
+        if options:
+            raise ValueError(f"registered method {method!r} takes no options, got {sorted(options)}")
+        return {}
+    allowed = METHOD_OPTIONS[method]
+    unknown = set(options) - set(allowed)
+    if unknown:
+        raise ValueError(f"unknown options for {method}: {sorted(unknown)} (allowed: {sorted(allowed)})")
+    out = {**allowed, **options}
+    if "qtype" in out:
+        choices = POW2_QTYPES if method == "pow2" else QTYPES
+        if out["qtype"] not in choices:
+            raise ValueError(f"{method}: qtype must be one of {list(choices)}, got {out['qtype']!r}")
+    if "symmetric" in out and not isinstance(out["symmetric"], (bool, np.bool_)):
+        raise ValueError(f"{method}: symmetric must be a boolean, got {out['symmetric']!r}")
+    for key in ("num_bins", "num_quantized_bins"):
+        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], (int, np.integer)) or out[key] < 1):
+            raise ValueError(f"{method}: {key} must be a positive integer, got {out[key]!r}")
+    if method == "kl" and out["num_bins"] < out["num_quantized_bins"]:
+        raise ValueError(f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})")
+    if method == "pow2":
+        if out["pow2_method"] not in ("NonOverflow", "MinMSE"):
+            raise ValueError(f"pow2: pow2_method must be 'NonOverflow' or 'MinMSE', got {out['pow2_method']!r}")
+        if out["minmse_mode"] not in ("All", "MostCommon"):
+            raise ValueError(f"pow2: minmse_mode must be 'All' or 'MostCommon', got {out['minmse_mode']!r}")
+    return out
+
+
+def qtype_of(activation_type: Any) -> str:
+    """histocal's qtype name for an onnxruntime ``QuantType`` (or a qtype name)."""
+    name = getattr(activation_type, "name", activation_type)
+    table = {"QInt8": "int8", "QUInt8": "uint8", "QInt16": "int16", "QUInt16": "uint16"}
+    if name in table:
+        return table[name]
+    if name in QTYPES:
+        return str(name)
+    raise ValueError(f"histocal methods quantize to int8/uint8/int16/uint16, not {activation_type!r}")
+
+
+def tensor_histogram(stream: Any, name: str) -> TensorHistogram:
+    """A tensor's streaming histogram as a :class:`TensorHistogram`."""
+    dtype, level, bins, fmin, fmax, _, counts = stream.export(name)
+    half = len(bins) // 2
+    top = math.ldexp(1.0, level if level is not None else 0)
+    edges = np.linspace(-top, top, 2 * half + 1)  # exact: power-of-two steps
+    nan = math.nan
+    return TensorHistogram(
+        name=name, dtype=dtype, counts=np.asarray(bins), edges=edges,
+        min=nan if fmin is None else fmin, max=nan if fmax is None else fmax,
+        n_nan=counts[1], n_posinf=counts[2], n_neginf=counts[3], batches=counts[4],
+    )
+
+
+def _custom_ranges(stream: Any, names: Sequence[str], method: str) -> list[tuple[float, float]]:
+    with _lock:
+        fn = _registry[method]
+    out = []
+    for name in names:
+        t = tensor_histogram(stream, name)
+        if not int(t.counts.sum()):
+            out.append((0.0, 0.0))
+            continue
+        try:
+            low, high = fn(t)
+            low, high = float(low), float(high)
+        except Exception as exc:  # a user's function: report which tensor it failed on
+            raise ValueError(f"method {method!r} failed on tensor {name!r}: {exc!r}") from exc
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError(f"method {method!r} returned ({low}, {high}) for tensor {name!r}: expected finite low <= high")
+        out.append((low, high))
+    return out
+
+
+def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str, Any], ort_ranges: Callable[[str, dict], TensorsData]) -> tuple[list[tuple[float, float]], list[str] | None]:
+    """Per-tensor ``(low, high)`` of a histocal or registered method, and for ``auto`` the
+    label of the candidate chosen per tensor. ``ort_ranges(method, settings)`` computes an ORT
+    method's TensorsData from the same state (auto's candidates)."""
+    if method in _registry:
+        return _custom_ranges(stream, names, method), None
+    if method != "auto":
+        return list(stream.ranges(method, list(names), **options)), None
+    qtype, symmetric = options["qtype"], bool(options["symmetric"])
+    best = [(math.inf, (0.0, 0.0), "mse")] * len(names)
+    for label, cand, settings in AUTO_CANDIDATES:
+        if cand in ORT_METHODS:
+            td = ort_ranges(cand, settings)
+            cand_ranges = [_pair(td[n]) for n in names]
+        else:
+            cand_ranges = list(stream.ranges(cand, list(names), **{k: v for k, v in options.items() if k in METHOD_OPTIONS[cand]}))
+        finite = [i for i, r in enumerate(cand_ranges) if math.isfinite(r[0]) and math.isfinite(r[1])]
+        errors = stream.qerrors([names[i] for i in finite], [cand_ranges[i] for i in finite], qtype=qtype, symmetric=symmetric)
+        for i, err in zip(finite, errors):
+            if err < best[i][0]:
+                best[i] = (err, cand_ranges[i], label)
+    return [b[1] for b in best], [b[2] for b in best]
+
+
+def _pair(td: TensorData) -> tuple[float, float]:
+    return float(np.asarray(td.range_value[0]).reshape(-1)[0]), float(np.asarray(td.range_value[1]).reshape(-1)[0])
+
+
+def to_tensors_data(names: Sequence[str], pairs: Sequence[tuple[float, float]], dtypes: Mapping[str, str]) -> TensorsData:
+    """TensorsData carrying the ranges (as MinMax results: onnxruntime's TensorsData has no other
+    way to carry plain ranges; quantize_static only reads lowest/highest from it)."""
+    out = {}
+    for name, (low, high) in zip(names, pairs):
+        dt = np.dtype(dtypes[name])
+        out[name] = TensorData(lowest=np.array([low], dt), highest=np.array([high], dt))
+    return TensorsData(CalibrationMethod.MinMax, out)
+
+
+__all__ = [
+    "TensorHistogram",
+    "register_method",
+    "unregister_method",
+    "registered_methods",
+    "method_names",
+    "METHOD_OPTIONS",
+    "AUTO_CANDIDATES",
+]
