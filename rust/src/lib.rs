@@ -14,6 +14,7 @@ pub mod minmax;
 pub mod numpy_log;
 pub mod pairwise;
 pub mod percentile;
+pub mod qerror;
 pub mod scan;
 mod simd;
 pub mod state;
