@@ -11,6 +11,7 @@ pub mod float;
 pub mod histogram;
 mod libm;
 pub mod minmax;
+pub mod mse;
 pub mod numpy_log;
 pub mod pairwise;
 pub mod percentile;

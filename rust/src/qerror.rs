@@ -6,6 +6,42 @@
 //! the bins give the squared error of all bins that round to one level in O(1), so a range
 //! costs O(min(levels, bins)) after an O(bins) table ([`ErrorTable`]).
 
+/// `x.round_ties_even()` without a libm call (baseline x86-64 has no rounding instruction):
+/// adding and removing 2^52 rounds |x| < 2^52 to an integer in the default rounding mode,
+/// ties to even; larger floats are integers already.
+#[inline(always)]
+pub fn round_half_even(x: f64) -> f64 {
+    const TWO_52: f64 = 4503599627370496.0;
+    let a = x.abs();
+    if a < TWO_52 {
+        ((a + TWO_52) - TWO_52).copysign(x)
+    } else {
+        x
+    }
+}
+
+/// `x.ceil()` without a libm call.
+#[inline(always)]
+fn ceil(x: f64) -> f64 {
+    let r = round_half_even(x);
+    if r < x {
+        r + 1.0
+    } else {
+        r
+    }
+}
+
+/// `x.floor()` without a libm call.
+#[inline(always)]
+fn floor(x: f64) -> f64 {
+    let r = round_half_even(x);
+    if r > x {
+        r - 1.0
+    } else {
+        r
+    }
+}
+
 /// ORT's integer target types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QType {
@@ -72,13 +108,13 @@ impl Quantizer {
         if !(scale >= f32::MIN_POSITIVE as f64) {
             return Quantizer { scale: 1.0, zero_point: 0.0, qmin, qmax };
         }
-        let zero_point = if symmetric { ((qmin + qmax) / 2.0).round_ties_even() } else { (qmin - rmin / scale).round_ties_even() };
+        let zero_point = round_half_even(if symmetric { (qmin + qmax) / 2.0 } else { qmin - rmin / scale });
         Quantizer { scale: scale as f32 as f64, zero_point: zero_point.clamp(qmin, qmax), qmin, qmax }
     }
 
     #[inline]
     pub fn dequantize(&self, x: f64) -> f64 {
-        let q = ((x / self.scale).round_ties_even() + self.zero_point).clamp(self.qmin, self.qmax);
+        let q = (round_half_even(x / self.scale) + self.zero_point).clamp(self.qmin, self.qmax);
         (q - self.zero_point) * self.scale
     }
 }
@@ -125,12 +161,13 @@ impl<'a> UniformHistogram<'a> {
 /// Wrapping integer arithmetic for the prefix moments: differences of wrapped prefix sums are
 /// exact whenever the true difference fits, which [`ErrorTable::new`] guarantees by choosing
 /// the width.
-trait Moment: Copy {
+trait Moment: Copy + PartialEq {
     fn of(x: u64) -> Self;
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
-    fn unsigned_f64(self) -> f64;
+    /// The value of a non-negative moment, known to be below 2^63 (u64) or 2^127 (u128).
+    fn small_f64(self) -> f64;
     fn signed_f64(self) -> f64;
 }
 
@@ -152,8 +189,9 @@ impl Moment for u64 {
         self.wrapping_mul(o)
     }
     #[inline(always)]
-    fn unsigned_f64(self) -> f64 {
-        self as f64
+    fn small_f64(self) -> f64 {
+        // one instruction, unlike the unsigned conversion
+        self as i64 as f64
     }
     #[inline(always)]
     fn signed_f64(self) -> f64 {
@@ -179,8 +217,8 @@ impl Moment for u128 {
         self.wrapping_mul(o)
     }
     #[inline(always)]
-    fn unsigned_f64(self) -> f64 {
-        self as f64
+    fn small_f64(self) -> f64 {
+        self as i128 as f64
     }
     #[inline(always)]
     fn signed_f64(self) -> f64 {
@@ -222,6 +260,8 @@ pub struct ErrorTable<'a> {
     above: u64,
     /// Position of the value 0.
     zero: f64,
+    /// The interior bin holding the median of the interior values.
+    median: usize,
     moments: Moments,
 }
 
@@ -233,13 +273,20 @@ impl<'a> ErrorTable<'a> {
         let interior = &hist.counts[first..end];
         let below: u64 = hist.counts[..first].iter().sum();
         let above: u64 = hist.counts[end..].iter().sum();
-        // u64 moments are exact when every segment's sum of c (k - r)^2 fits in 64 bits.
+        // u64 moments are exact when every segment's sums of c, c (k - r) and c (k - r)^2 are
+        // below 2^63.
         let span = interior.len().saturating_sub(1) as u64;
         let interior_total: u64 = interior.iter().sum();
-        let narrow = span.checked_mul(span).and_then(|s| s.checked_mul(interior_total)).is_some_and(|v| v <= i64::MAX as u64);
+        let narrow = interior_total <= i64::MAX as u64
+            && span.checked_mul(span).and_then(|s| s.checked_mul(interior_total)).is_some_and(|v| v <= i64::MAX as u64);
+        let mut cumulative = 0;
+        let median = interior.iter().position(|&c| {
+            cumulative += c;
+            2 * (cumulative as u128) >= interior_total as u128
+        });
         let moments = if narrow { Moments::Narrow(prefix_moments(interior)) } else { Moments::Wide(prefix_moments(interior)) };
         let zero = -hist.left / hist.width - 0.5 - first as f64;
-        ErrorTable { hist, first, n: interior.len(), below, above, zero, moments }
+        ErrorTable { hist, first, n: interior.len(), below, above, zero, median: median.unwrap_or(0), moments }
     }
 
     pub fn hist(&self) -> &UniformHistogram<'a> {
@@ -299,13 +346,13 @@ impl<'a> ErrorTable<'a> {
         }
         // First bin at or above the rounding boundary between levels m and m + 1 (a bin exactly
         // on a boundary has the same error on either side).
-        let edge = |m: f64| (zero + (m + 0.5) * sigma).ceil().clamp(0.0, n as f64) as usize;
+        let edge = |m: f64| ceil(zero + (m + 0.5) * sigma).clamp(0.0, n as f64) as usize;
         let level = |m: f64| zero + m * sigma;
         // Everything rounding to the end levels or beyond is clipped to them.
         let low_end = edge(mlo);
         let high_start = edge(mhi - 1.0).max(low_end);
-        acc += segment(m, 0, low_end, level(mlo));
-        acc += segment(m, high_start, n, level(mhi));
+        acc += segment(m[0], m[low_end], 0, low_end, level(mlo));
+        acc += segment(m[high_start], m[n], high_start, n, level(mhi));
         if acc > bound {
             return None;
         }
@@ -316,25 +363,73 @@ impl<'a> ErrorTable<'a> {
             // more levels than bins: each bin's own level is cheaper
             return self.per_bin(low_end, high_start, q, acc, bound);
         }
-        // The level of bin low_end: the smallest m with edge(m) > low_end.
-        let mut mm = ((low_end as f64 - zero) / sigma).round().clamp(mlo + 1.0, mhi - 1.0);
-        while mm > mlo + 1.0 && edge(mm - 1.0) > low_end {
-            mm -= 1.0;
-        }
-        while mm < mhi - 1.0 && edge(mm) <= low_end {
-            mm += 1.0;
-        }
-        let mut start = low_end;
-        while start < high_start {
-            let end = if mm >= mhi - 1.0 { high_start } else { edge(mm).min(high_start) };
-            acc += segment(m, start, end, level(mm));
+        // Levels mlo + 1 ..= mhi - 1 hold bins [low_end, high_start). They are summed from the
+        // level of the interior's median bin outwards, alternately up and down, so that the
+        // levels holding most of the data come first and a range beyond `bound` stops early.
+        let (first_level, last_level) = (mlo + 1.0, mhi - 1.0);
+        // the level of bin k: the m with edge(m - 1) <= k < edge(m)
+        let level_of = |k: usize| {
+            let mut l = round_half_even((k as f64 - zero) / sigma).clamp(first_level, last_level);
+            while l > first_level && edge(l - 1.0) > k {
+                l -= 1.0;
+            }
+            while l < last_level && edge(l) <= k {
+                l += 1.0;
+            }
+            l
+        };
+        let mut up = level_of(self.median.clamp(low_end, high_start - 1));
+        let mut down = up - 1.0;
+        let split = if up > first_level { edge(up - 1.0).clamp(low_end, high_start) } else { low_end };
+        let (mut up_start, mut up_moments) = (split, m[split]);
+        let (mut down_end, mut down_moments) = (split, m[split]);
+        while up_start < high_start || down_end > low_end {
+            if up_start < high_start {
+                let end = if up >= last_level { high_start } else { edge(up).min(high_start) };
+                let next = m[end];
+                acc += segment(up_moments, next, up_start, end, level(up));
+                (up_start, up_moments, up) = (end, next, up + 1.0);
+            }
+            if down_end > low_end {
+                let start = if down <= first_level { low_end } else { edge(down - 1.0).max(low_end) };
+                let next = m[start];
+                acc += segment(next, down_moments, start, down_end, level(down));
+                (down_end, down_moments, down) = (start, next, down - 1.0);
+            }
             if acc > bound {
                 return None;
             }
-            start = end;
-            mm += 1.0;
         }
         Some(acc)
+    }
+
+    /// `sum c (low - x)^2` over the values `x <= low` plus `sum c (x - high)^2` over the values
+    /// `x >= high` (`low < high`), in units of `width^2`: the error of clipping alone, at most
+    /// the error of any quantizer whose extreme levels lie inside `[low, high]`.
+    pub fn clipping_error_sum(&self, low: f64, high: f64) -> f64 {
+        match &self.moments {
+            Moments::Narrow(m) => self.clipping_with(m, low, high),
+            Moments::Wide(m) => self.clipping_with(m, low, high),
+        }
+    }
+
+    fn clipping_with<T: Moment>(&self, m: &[[T; 3]], low: f64, high: f64) -> f64 {
+        let h = &self.hist;
+        let point = |x: f64, count: u64| {
+            let d = if x <= low { (low - x) / h.width } else if x >= high { (x - high) / h.width } else { 0.0 };
+            count as f64 * (d * d)
+        };
+        let mut acc = point(h.min, self.below) + point(h.max, self.above);
+        if self.n > 0 {
+            let n = self.n as f64;
+            let position = |x: f64| (x - h.left) / h.width - 0.5 - self.first as f64;
+            let (pl, ph) = (position(low), position(high));
+            let low_end = (floor(pl) + 1.0).clamp(0.0, n);
+            let high_start = ceil(ph).clamp(0.0, n);
+            let (low_end, high_start) = (low_end as usize, high_start as usize);
+            acc += segment(m[0], m[low_end], 0, low_end, pl) + segment(m[high_start], m[self.n], high_start, self.n, ph);
+        }
+        acc
     }
 
     /// Interior bins `[a, b)` one by one, with the quantizer's own rounding.
@@ -354,28 +449,23 @@ impl<'a> ErrorTable<'a> {
     }
 }
 
-/// `sum c (k - t)^2` over local bins `[a, b)`. With r the bin nearest t (within `[a, b)`) and
-/// `d = r - t`, this is `A + 2 d B + d^2 C` for the exact integers `A = sum c (k - r)^2`,
-/// `B = sum c (k - r)`, `C = sum c`: either |d| <= 1/2 or every k - r has the sign of d, so the
-/// terms do not cancel.
+/// `sum c (k - t)^2` over local bins `[a, b)`, from the prefix moments at a and b. With r the
+/// bin nearest t (within `[a, b)`) and `d = r - t`, this is `A + 2 d B + d^2 C` for the exact
+/// integers `A = sum c (k - r)^2`, `B = sum c (k - r)`, `C = sum c`: either |d| <= 1/2 or every
+/// k - r has the sign of d, so the terms do not cancel.
 #[inline(always)]
-fn segment<T: Moment>(m: &[[T; 3]], a: usize, b: usize, t: f64) -> f64 {
-    if a >= b {
-        return 0.0;
-    }
-    let (hi, lo) = (&m[b], &m[a]);
+fn segment<T: Moment>(lo: [T; 3], hi: [T; 3], a: usize, b: usize, t: f64) -> f64 {
     let c = hi[0].sub(lo[0]);
-    let c_f = c.unsigned_f64();
-    if c_f == 0.0 {
+    if a >= b || c == T::of(0) {
         return 0.0;
     }
     let (s1, s2) = (hi[1].sub(lo[1]), hi[2].sub(lo[2]));
-    let r = t.round().clamp(a as f64, (b - 1) as f64);
+    let r = round_half_even(t).clamp(a as f64, (b - 1) as f64);
     let ri = T::of(r as u64);
     let bsum = s1.sub(ri.mul(c));
     let asum = s2.sub(ri.mul(s1.add(bsum)));
     let d = r - t;
-    (asum.unsigned_f64() + d * (2.0 * bsum.signed_f64() + d * c_f)).max(0.0)
+    (asum.small_f64() + d * (2.0 * bsum.signed_f64() + d * c.small_f64())).max(0.0)
 }
 
 /// The mean squared quantization error of the range `(low, high)` on `hist`.
@@ -446,6 +536,24 @@ pub(crate) mod testing {
         }
     }
 
+    /// The definition of the error: every bin's value dequantized on its own, O(bins).
+    pub fn direct_error(h: &super::UniformHistogram, q: &super::Quantizer) -> f64 {
+        let (mut sum, mut n) = (0.0, 0.0);
+        for (i, &c) in h.counts.iter().enumerate() {
+            if c != 0 {
+                let x = h.value(i);
+                let e = x - q.dequantize(x);
+                sum += c as f64 * e * e;
+                n += c as f64;
+            }
+        }
+        if n == 0.0 {
+            0.0
+        } else {
+            sum / n
+        }
+    }
+
     /// Data sets covering the edge cases every method must handle.
     pub fn edge_case_data(rng: &mut Rng) -> Vec<(&'static str, Vec<f64>)> {
         let normal: Vec<f64> = (0..20_000).map(|_| rng.normal()).collect();
@@ -472,24 +580,6 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
-
-    /// The definition: every bin's value dequantized on its own, O(bins).
-    fn direct_error(h: &UniformHistogram, q: &Quantizer) -> f64 {
-        let (mut sum, mut n) = (0.0, 0.0);
-        for (i, &c) in h.counts.iter().enumerate() {
-            if c != 0 {
-                let x = h.value(i);
-                let e = x - q.dequantize(x);
-                sum += c as f64 * e * e;
-                n += c as f64;
-            }
-        }
-        if n == 0.0 {
-            0.0
-        } else {
-            sum / n
-        }
-    }
 
     fn assert_close(got: f64, want: f64, tol: f64, what: &str) {
         let ok = got == want || (got - want).abs() <= tol * want.abs().max(got.abs());
@@ -519,6 +609,19 @@ mod tests {
         assert_eq!(Quantizer::for_range(0.0, 0.0, QType::Int8, false).scale, 1.0);
         // beyond float32: an infinite scale
         assert_eq!(Quantizer::for_range(-1e300, 1e300, QType::Int8, false).scale, f64::INFINITY);
+    }
+
+    #[test]
+    fn software_rounding_is_exact() {
+        let mut rng = Rng(4);
+        let specials = [0.5, 1.5, 2.5, -0.5, -2.5, -0.4, 4503599627370495.5, 4503599627370497.0, 1e300, -1e-300, 0.0, -0.0];
+        let random = (0..100_000).map(|_| (rng.uniform() - 0.5) * 10f64.powf(rng.uniform() * 40.0 - 20.0));
+        for x in specials.into_iter().chain(random) {
+            assert_eq!(round_half_even(x).to_bits(), x.round_ties_even().to_bits(), "{x}");
+            assert_eq!(ceil(x), x.ceil(), "{x}");
+            assert_eq!(floor(x), x.floor(), "{x}");
+        }
+        assert!(round_half_even(f64::NAN).is_nan());
     }
 
     #[test]
@@ -633,6 +736,26 @@ mod tests {
     }
 
     #[test]
+    fn clipping_error_is_the_clipped_values_error() {
+        let mut rng = Rng(5);
+        for (name, data) in edge_case_data(&mut rng) {
+            let b = Binned::of(&data, 512);
+            let h = b.hist();
+            let t = ErrorTable::new(h);
+            for _ in 0..50 {
+                let (low, high) = (h.min * rng.uniform() * 1.1, h.max * rng.uniform() * 1.1 + 1e-300);
+                let mut want = 0.0;
+                for (i, &c) in h.counts.iter().enumerate() {
+                    let x = h.value(i);
+                    let d = if x <= low { low - x } else if x >= high { x - high } else { 0.0 };
+                    want += c as f64 * (d / h.width).powi(2);
+                }
+                assert_close(t.clipping_error_sum(low, high), want, 1e-10, name);
+            }
+        }
+    }
+
+    #[test]
     fn bounded_sums_stop_early_but_never_change_the_value() {
         let mut rng = Rng(3);
         let data: Vec<f64> = (0..5000).map(|_| rng.normal()).collect();
@@ -646,3 +769,4 @@ mod tests {
         }
     }
 }
+
