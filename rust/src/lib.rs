@@ -15,6 +15,7 @@ pub mod mse;
 pub mod numpy_log;
 pub mod pairwise;
 pub mod percentile;
+pub mod pow2;
 pub mod qerror;
 pub mod scan;
 mod simd;
