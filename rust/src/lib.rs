@@ -9,6 +9,7 @@ pub mod distribution;
 pub mod entropy;
 pub mod float;
 pub mod histogram;
+pub mod kl_tensorrt;
 mod libm;
 pub mod minmax;
 pub mod mse;
