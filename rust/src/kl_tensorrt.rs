@@ -60,16 +60,22 @@ impl std::fmt::Display for KlError {
 
 /// The KL threshold range `(-t, t)` of `hist`; (0, 0) when it is empty or all its values are 0.
 pub fn kl_range(hist: &UniformHistogram, num_bins: usize, num_quantized_bins: usize) -> Result<(f64, f64), KlError> {
+    check_settings(num_bins, num_quantized_bins)?;
+    let Some((abs, a)) = abs_histogram(hist, num_bins) else { return Ok((0.0, 0.0)) };
+    let i = best_candidate(&abs, num_quantized_bins);
+    let t = a * i as f64 / num_bins as f64;
+    Ok((-t, t))
+}
+
+/// At least one quantized bin, and at least as many bins.
+pub fn check_settings(num_bins: usize, num_quantized_bins: usize) -> Result<(), KlError> {
     if num_quantized_bins == 0 {
         return Err(KlError::NoQuantizedBins);
     }
     if num_bins < num_quantized_bins {
         return Err(KlError::TooFewBins { num_bins, num_quantized_bins });
     }
-    let Some((abs, a)) = abs_histogram(hist, num_bins) else { return Ok((0.0, 0.0)) };
-    let i = best_candidate(&abs, num_quantized_bins);
-    let t = a * i as f64 / num_bins as f64;
-    Ok((-t, t))
+    Ok(())
 }
 
 /// The |x| histogram of step 1 and its range A; None when there is no non-zero value.

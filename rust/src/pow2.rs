@@ -46,8 +46,8 @@ impl Pow2Type {
 
 /// Largest power-of-two search window below the NonOverflow exponent.
 const MIN_MSE_WINDOW: i32 = 30;
-const MIN_EXPONENT: i32 = -1074;
-const MAX_EXPONENT: i32 = 1023;
+pub const MIN_EXPONENT: i32 = -1074;
+pub const MAX_EXPONENT: i32 = 1023;
 
 /// `2^k` exactly, for k in `MIN_EXPONENT..=MAX_EXPONENT`.
 pub fn pow2(k: i32) -> f64 {
