@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from onnx import TensorProto
@@ -376,6 +377,22 @@ def pow2_error(h: Hist, k: int, qtype: str) -> float:
     q = np.clip(np.round(np.ldexp(x, -k)), qmin, qmax)
     d = x - np.ldexp(q, k)
     return float(np.sum(c * d * d) / np.sum(c))
+
+
+def pow2_error_exact(h: Hist, k: int, qtype: str) -> Fraction:
+    """E(k) in exact rational arithmetic (every value, level and difference is a dyadic rational):
+    decides exact ties, which the spec breaks towards the larger k."""
+    x, c = _nonzero(h)
+    if c.size == 0:
+        return Fraction(0)
+    qmin, qmax = POW2_RANGES[qtype]
+    q = np.clip(np.round(np.ldexp(x, -k)), qmin, qmax)  # x 2^-k is exact: the rounding is the spec's
+    step = Fraction(2) ** k
+    total = Fraction(0)
+    for xi, qi, ci in zip(x, q, h.counts[h.counts != 0]):
+        d = Fraction(float(xi)) - int(qi) * step
+        total += int(ci) * d * d
+    return total / int(h.counts.sum(dtype=np.uint64))
 
 
 def pow2_nonoverflow_k(h: Hist, qtype: str) -> int | None:
