@@ -568,11 +568,14 @@ def _api_batches() -> list[dict[str, np.ndarray]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
+@pytest.fixture(scope="module", params=[STREAMING_BINS, None], ids=["bins2048", "bins_default"])
+def api(request, tmp_path_factory):
+    """A streaming state of the model (2048 streaming bins, and histocal's default), and one
+    state per batch (what each batch's histogram is on its own)."""
     import histocal
     from onnxruntime.quantization import CalibrationMethod
 
+    bins = request.param
     tmp = tmp_path_factory.mktemp("methods_api")
     path = str(tmp / "model.onnx")
     onnx.save(_api_model(), path)
@@ -580,7 +583,7 @@ def api(tmp_path_factory):
     def collect(batches, tag):
         cal = histocal.create_calibrator(
             path, augmented_model_path=str(tmp / f"aug_{tag}.onnx"), calibrate_method=CalibrationMethod.Entropy,
-            extra_options={"CollectionMode": "streaming", "StreamingBins": STREAMING_BINS},
+            extra_options={"CollectionMode": "streaming", **({"StreamingBins": bins} if bins else {})},
         )
         cal.collect_data(batches)
         return cal.state
