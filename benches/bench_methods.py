@@ -259,12 +259,13 @@ def as_ranges(td: Any) -> Any:
     return TensorsData(CalibrationMethod.MinMax, out)
 
 
-def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path) -> str:
+def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetric: bool) -> str:
     """Quantize with the given ranges, no calibration. Returns how."""
     import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
 
-    kw = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    kw = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+              extra_options={"ActivationSymmetric": symmetric})
     quiet = contextlib.redirect_stdout(io.StringIO())
     logging.disable(logging.WARNING)
     try:
@@ -290,10 +291,14 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path) -> str:
         logging.disable(logging.NOTSET)
 
 
+MODES = ("asymmetric", "symmetric")
+
+
 @dataclass
 class Row:
     model: str
     label: str
+    mode: str
     compute_s: float | None = None
     quantize_s: float | None = None
     sqnr: float | None = None
@@ -336,30 +341,33 @@ def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[
     state, run.collect_s = collect_state(path, calib, workdir)
     run.tensors = len(state.names)
     log(f"{name}: {run.tensors} tensors, collected {len(calib)} inputs in {run.collect_s:.2f} s")
-    for label, method, options in methods:
-        row = Row(name, label)
+    for mode, (label, method, options) in ((m, x) for m in MODES for x in methods):
+        row = Row(name, label, mode)
         run.rows.append(row)
+        symmetric = mode == "symmetric"
+        if "symmetric" in options:
+            options = {**options, "symmetric": symmetric}
         try:
             t0 = time.perf_counter()
             td = state.compute(method, **options)
             row.compute_s = time.perf_counter() - t0
         except ValueError as exc:
             row.note = f"not available: {str(exc)[:90]}"
-            log(f"  {label:18s} {row.note}")
+            log(f"  {mode[:4]} {label:18s} {row.note}")
             continue
         if method == "distribution":
             # ORT uses Distribution's avg/std for float8 scales only; its lowest/highest are just the
             # histogram's edges (+-max|x|, also for Relu outputs), not a calibrated int8 range.
             row.note = "n/a for int8: ORT uses Distribution (avg/std) for float8 only"
-            log(f"  {label:18s} compute {row.compute_s:.3f} s, {row.note}")
+            log(f"  {mode[:4]} {label:18s} compute {row.compute_s:.3f} s, {row.note}")
             continue
         ranges = as_ranges(td)
         qpath = str(workdir / f"{name}.q.onnx")
         t0 = time.perf_counter()
-        run.how = quantize(path, qpath, ranges, workdir)
+        run.how = quantize(path, qpath, ranges, workdir, symmetric)
         row.quantize_s = time.perf_counter() - t0
         row.sqnr = sqnr_db(ref, run_all(qpath, held))
-        log(f"  {label:18s} compute {row.compute_s:.3f} s, quantize {row.quantize_s:.2f} s, SQNR {row.sqnr:.2f} dB")
+        log(f"  {mode[:4]} {label:18s} compute {row.compute_s:.3f} s, quantize {row.quantize_s:.2f} s, SQNR {row.sqnr:.2f} dB")
     return run
 
 
@@ -395,28 +403,38 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
     for r in runs:
         md.append(f"- `{r.name}`: {r.desc}; {r.tensors} calibrated tensors; streaming state collected in "
                   f"{r.collect_s:.2f} s")
-    md += ["", "SQNR of the model output vs the float model on the held-back inputs (dB, higher is better); "
-           "compute = `state.compute(method)` for all tensors; quantize = building the QDQ model.", ""]
+    md += [
+        "",
+        "SQNR of the model output vs the float model on the held-back inputs (dB, higher is better), with "
+        "onnxruntime's default asymmetric activations (asym) and with `extra_options={\"ActivationSymmetric\": "
+        "True}` (sym; mse and auto then search symmetric ranges). compute = `state.compute(method)` for all "
+        "tensors (asym run). Best per column in bold.",
+        "",
+    ]
     names = [r.name for r in runs]
-    md.append("| method | " + " | ".join(f"{n} SQNR (dB) | {n} compute (s)" for n in names) + " |")
-    md.append("|---|" + "---:|---:|" * len(names))
+    md.append("| method | " + " | ".join(f"{n} asym (dB) | {n} sym (dB) | {n} compute (s)" for n in names) + " |")
+    md.append("|---|" + "---:|---:|---:|" * len(names))
     labels = [m[0] for m in METHODS if any(row.label == m[0] for r in runs for row in r.rows)]
-    best = {r.name: max((row.sqnr for row in r.rows if row.sqnr is not None), default=None) for r in runs}
+    best = {(r.name, mode): max((row.sqnr for row in r.rows if row.sqnr is not None and row.mode == mode), default=None)
+            for r in runs for mode in MODES}
     notes = []
     for label in labels:
         cells = []
         for r in runs:
-            row = next((x for x in r.rows if x.label == label), None)
-            if row is None:
-                cells += ["-", "-"]
-                continue
-            s = fmt(row.sqnr, ".2f")
-            if row.sqnr is not None and row.sqnr == best[r.name]:
-                s = f"**{s}**"
-            if row.note:
-                s = "n/a" if row.sqnr is None else s
-                notes.append(f"- {r.name} / {label}: {row.note}")
-            cells += [s, fmt(row.compute_s, ".3f")]
+            for mode in MODES:
+                row = next((x for x in r.rows if x.label == label and x.mode == mode), None)
+                if row is None:
+                    cells.append("-")
+                    continue
+                s = fmt(row.sqnr, ".2f")
+                if row.sqnr is not None and row.sqnr == best[(r.name, mode)]:
+                    s = f"**{s}**"
+                if row.note:
+                    s = "n/a" if row.sqnr is None else s
+                    notes.append(f"- {label}: {row.note}")
+                cells.append(s)
+            row = next((x for x in r.rows if x.label == label and x.mode == MODES[0]), None)
+            cells.append(fmt(row.compute_s if row else None, ".3f"))
         md.append(f"| {label} | " + " | ".join(cells) + " |")
     if notes:
         md += ["", *sorted(set(notes))]
@@ -428,13 +446,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smaller models, 4 + 4 inputs (smoke test)")
     ap.add_argument("--models", nargs="+", choices=["cnn", "transformer"], default=["cnn", "transformer"])
     ap.add_argument("--methods", nargs="+", metavar="LABEL", help="only these method labels (e.g. mse kl auto)")
-    ap.add_argument("--calib", type=int, default=None, help="calibration inputs per model (default 16; --quick 4)")
-    ap.add_argument("--held", type=int, default=None, help="held-back inputs per model (default 16; --quick 4)")
+    ap.add_argument("--calib", type=int, default=None, help="calibration inputs per model (default 32; --quick 4)")
+    ap.add_argument("--held", type=int, default=None, help="held-back inputs per model (default 32; --quick 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the markdown report to this file")
     args = ap.parse_args(argv)
-    args.calib = args.calib or (4 if args.quick else 16)
-    args.held = args.held or (4 if args.quick else 16)
+    args.calib = args.calib or (4 if args.quick else 32)
+    args.held = args.held or (4 if args.quick else 32)
     return args
 
 
