@@ -240,7 +240,7 @@ def _plot_job(t: _Tensor, methods: Sequence[str]) -> dict[str, Any]:
     """What a worker needs to draw one tensor (plain, picklable data)."""
     return {
         "title": t.name, "dtype": t.dtype, "finite": t.finite, "counts": t.counts, "edges": t.edges,
-        "ranges": [(m, t.ranges[m]) for m in methods if m in t.ranges and all(math.isfinite(v) for v in t.ranges[m])],
+        "ranges": [(m, t.ranges[m]) for m in methods if m in t.ranges],
         "auto_choice": t.auto_choice,
     }
 
@@ -288,7 +288,7 @@ class _Canvas:
         from matplotlib.patches import StepPatch
 
         ax, bar = self.ax, self.bar
-        for artist in [*ax.lines, *ax.patches, *ax.collections, *ax.texts, *bar.lines]:
+        for artist in [*ax.lines, *ax.patches, *ax.collections, *ax.texts, *bar.lines, *bar.texts]:
             artist.remove()
         self.title.set_text(_plain_text(job["title"], 90) + f"   ({job['dtype']}, {job['finite']:,} finite values)")
         ranges = job["ranges"]
@@ -298,11 +298,11 @@ class _Canvas:
             ax.add_artist(StepPatch(counts, edges, baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
             ax.add_artist(StepPatch(counts, edges, baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
             ax.set_ylim(0.7, float(counts.max()) * 2.0)
-            points = [edges[0], edges[-1]] + [v for _, r in ranges for v in r]
+            points = [edges[0], edges[-1]] + [v for _, r in ranges for v in r if math.isfinite(v)]
         else:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", fontsize=9)
             ax.set_ylim(0.7, 10.0)
-            points = [v for _, r in ranges for v in r] or [0.0]
+            points = [v for _, r in ranges for v in r if math.isfinite(v)] or [0.0]
         lo, hi = min(points), max(points)
         pad = (hi - lo) * 0.03 or max(abs(lo) * 0.05, 1e-6)
         ax.set_xlim(lo - pad, hi + pad)
@@ -310,12 +310,16 @@ class _Canvas:
         for row, (method, (low, high)) in enumerate(ranges):
             colour = COLOURS[method]
             auto = method == "auto"
-            ax.vlines([low, high], 0, 1, transform=ax.get_xaxis_transform(), colors=colour,
-                      linestyles="--" if auto else "-", linewidth=1.6 if auto else 1.0, alpha=0.85)
             y = self.rows - 1 - row
-            bar.plot([low, high], [y, y], color=colour, linewidth=4.5, solid_capstyle="butt")
-            bar.plot([low, high], [y, y], linestyle="none", marker="|", color=colour, markersize=7,
-                     markeredgewidth=1.2)
+            if not (math.isfinite(low) and math.isfinite(high)):
+                bar.text(0.5, y, f"{_fmt_num(low)} \u2026 {_fmt_num(high)}: not finite, not drawn",
+                         transform=bar.get_yaxis_transform(), ha="center", va="center", fontsize=6.5, color=colour)
+            else:
+                ax.vlines([low, high], 0, 1, transform=ax.get_xaxis_transform(), colors=colour,
+                          linestyles="--" if auto else "-", linewidth=1.6 if auto else 1.0, alpha=0.85)
+                bar.plot([low, high], [y, y], color=colour, linewidth=4.5, solid_capstyle="butt")
+                bar.plot([low, high], [y, y], linestyle="none", marker="|", color=colour, markersize=7,
+                         markeredgewidth=1.2)
             label = LABELS.get(method, method)
             if auto and job["auto_choice"]:
                 label = f"auto \u2192 {job['auto_choice']}"
@@ -449,7 +453,8 @@ def _range_cell(t: _Tensor, method: str, best: float | None) -> str:
     else:
         quality = "SQNR ∞" if math.isinf(sqnr) else f"{sqnr:.1f} dB"
     best_cls = " best" if sqnr is not None and best is not None and sqnr >= best - 1e-9 else ""
-    return (f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}">'
+    err = f' data-error="{t.errors[method]!r}"' if method in t.errors else ""
+    return (f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}"{err}>'
             f"{_fmt_num(low)} … {_fmt_num(high)}<small>{quality}</small></td>")
 
 
