@@ -326,6 +326,13 @@ def test_rewrite_replaces_images_and_keeps_other_files(state, tmp_path):
     with pytest.raises(ValueError, match="not report images"):
         report.write_report(state, out, methods=["minmax"])
     assert (out / "tensors" / "data.npy").read_bytes() == b"precious"
+    # nor an index.html that is not a report
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "index.html").write_text("<html>my page</html>")
+    with pytest.raises(ValueError, match="not a histocal report"):
+        report.write_report(state, other, methods=["minmax"])
+    assert (other / "index.html").read_text() == "<html>my page</html>" and not (other / "tensors").exists()
 
 
 # ---------------------------------------------------------------------------------------------

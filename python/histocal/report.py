@@ -23,7 +23,8 @@ Images need matplotlib (``pip install 'histocal[report]'``); it is used through 
 the Agg canvas, so the caller's pyplot backend is left alone. The directory is written atomically
 as far as a directory can be: everything is rendered into a temporary sibling, then the
 ``tensors`` folder and ``index.html`` (last) are moved into place; an existing ``DIR`` keeps its
-other files, and its ``tensors`` folder is replaced only when it holds nothing but PNG files.
+other files, and is written into only when its ``index.html`` (if any) is a previous report and its
+``tensors`` folder (if any) holds nothing but PNG files.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ FIG_SIZE = (7.0, 3.3)  # inches
 FIG_DPI = 80
 _PARALLEL_MIN = 48  # tensors to plot before worker processes pay off
 _INSTALL_HINT = "pip install 'histocal[report]'"
+_GENERATOR = '<meta name="generator" content="histocal report">'
 
 
 class MissingDependency(ImportError):
@@ -472,7 +474,7 @@ def _ratio_cell(t: _Tensor) -> str:
 
 def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, str], info: dict[str, Any]) -> str:
     out = ['<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-           '<meta name="generator" content="histocal report">',
+           _GENERATOR,
            '<meta name="viewport" content="width=device-width,initial-scale=1">',
            f"<title>histocal report: {_e(info['source'])}</title><style>{_CSS}</style></head><body>",
            "<h1>histocal calibration report</h1>"]
@@ -556,6 +558,11 @@ def _check_replaceable(out_dir: Path) -> None:
     index = out_dir / "index.html"
     if index.is_symlink() or (index.exists() and not index.is_file()):
         raise ValueError(f"{index}: exists and is not a file; choose another output directory")
+    if index.is_file():
+        with open(index, "rb") as f:
+            head = f.read(4096)
+        if _GENERATOR.encode() not in head:
+            raise ValueError(f"{index}: exists and is not a histocal report; choose another output directory")
 
 
 def _install(staging: Path, out_dir: Path) -> None:
