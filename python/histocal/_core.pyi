@@ -35,6 +35,26 @@ class StreamHistograms:
     def names(self) -> list[str]: ...
     def to_histograms(self, kind: str, num_bins: int) -> Histograms: ...
     def counts(self, name: str) -> tuple[int, int, int, int, int]: ...
+    def ranges(
+        self,
+        method: str,
+        names: Optional[Sequence[str]] = None,
+        *,
+        qtype: str = "int8",
+        symmetric: bool = False,
+        num_bins: int = 2048,
+        num_quantized_bins: int = 128,
+        pow2_method: str = "MinMSE",
+        minmse_mode: str = "All",
+    ) -> list[tuple[float, float]]: ...
+    def qerrors(
+        self,
+        names: Sequence[str],
+        ranges: Sequence[tuple[float, float]],
+        *,
+        qtype: str = "int8",
+        symmetric: bool = False,
+    ) -> list[float]: ...
 
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
@@ -44,3 +64,40 @@ def tensor_stats(
 def channel_min_max(arr: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]: ...
 def nanmean_pairwise(values: np.ndarray) -> float: ...
 def nanmean_sequential(values: np.ndarray) -> float: ...
+def histogram_range(
+    method: str,
+    counts: np.ndarray,
+    left: float,
+    width: float,
+    min: float,
+    max: float,
+    *,
+    qtype: str = "int8",
+    symmetric: bool = False,
+    num_bins: int = 2048,
+    num_quantized_bins: int = 128,
+    pow2_method: str = "MinMSE",
+    minmse_mode: str = "All",
+    votes: Optional[Sequence[tuple[int, int]]] = None,
+) -> tuple[float, float]: ...
+def histogram_qerror(
+    counts: np.ndarray,
+    left: float,
+    width: float,
+    min: float,
+    max: float,
+    low: float,
+    high: float,
+    *,
+    qtype: str = "int8",
+    symmetric: bool = False,
+) -> float: ...
+def pow2_error(
+    counts: np.ndarray,
+    left: float,
+    width: float,
+    min: float,
+    max: float,
+    exponent: int,
+    qtype: str,
+) -> float: ...

@@ -4,7 +4,11 @@
 use crate::distribution::{avg_std, Scenario};
 use crate::entropy::entropy_threshold;
 use crate::float::Float;
+use crate::kl_tensorrt;
 use crate::minmax;
+use crate::mse::mse_range;
+use crate::pow2::{self, Pow2Type};
+use crate::qerror::{ErrorTable, QType, Quantizer, UniformHistogram};
 use crate::percentile::percentile_indices;
 use crate::scan::{scan, Scan};
 use crate::state::{collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
@@ -645,11 +649,279 @@ impl StreamHistograms {
         Ok(())
     }
 
+    /// `(low, high)` of `method` ("mse", "kl" or "pow2", options as for `histogram_range`)
+    /// for each tensor of `names` (default: all, in `names()` order), computed in parallel;
+    /// (0, 0) for a tensor without finite values.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (method, names=None, *, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
+    fn ranges(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        names: Option<Vec<String>>,
+        qtype: &str,
+        symmetric: bool,
+        num_bins: i64,
+        num_quantized_bins: i64,
+        pow2_method: &str,
+        minmse_mode: &str,
+    ) -> PyResult<Vec<(f64, f64)>> {
+        let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
+        if method.needs_votes() {
+            return Err(PyValueError::new_err(
+                "MostCommon needs per-batch votes, which streaming histograms do not collect yet; use minmse_mode='All'",
+            ));
+        }
+        let selected = self.selected(names)?;
+        let out: Vec<Result<(f64, f64), String>> = run(py, || {
+            selected
+                .par_iter()
+                .map(|(name, h)| Ok(stream_uniform(name, h)?.map_or((0.0, 0.0), |hist| method.range(hist, &[]))))
+                .collect()
+        });
+        out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
+    }
+
+    /// The mean squared quantization error of `ranges[k]` on tensor `names[k]`, in parallel
+    /// (0.0 for a tensor without finite values).
+    #[pyo3(signature = (names, ranges, *, qtype="int8", symmetric=false))]
+    fn qerrors(&self, py: Python<'_>, names: Vec<String>, ranges: Vec<(f64, f64)>, qtype: &str, symmetric: bool) -> PyResult<Vec<f64>> {
+        if names.len() != ranges.len() {
+            return Err(PyValueError::new_err(format!("{} names but {} ranges", names.len(), ranges.len())));
+        }
+        let qtype = parse_qtype(qtype)?;
+        for (name, &(low, high)) in names.iter().zip(&ranges) {
+            if !(low.is_finite() && high.is_finite()) {
+                return Err(PyValueError::new_err(format!("tensor {name:?}: range ({low}, {high}) is not finite")));
+            }
+        }
+        let selected = self.selected(Some(names))?;
+        let out: Vec<Result<f64, String>> = run(py, || {
+            selected
+                .par_iter()
+                .zip(&ranges)
+                .map(|((name, h), &(low, high))| {
+                    Ok(stream_uniform(name, h)?
+                        .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+                })
+                .collect()
+        });
+        out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
+    }
+
     /// `(finite, nan, posinf, neginf, batches)`.
     fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
         let (_, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok((h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches))
     }
+}
+
+impl StreamHistograms {
+    /// The histograms of `names` (default: all, in `names()` order).
+    fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, &StreamHistogram)>> {
+        names
+            .unwrap_or_else(|| self.order.clone())
+            .into_iter()
+            .map(|n| match self.states.get(&n) {
+                Some((_, h)) => Ok((n, h)),
+                None => Err(PyValueError::new_err(format!("no histogram for tensor {n:?}"))),
+            })
+            .collect()
+    }
+}
+
+/// A streaming histogram as a uniform signed histogram: `2H` bins of width `2^(level - log2 H)`
+/// from `-2^level`; None without finite values. Levels from 1023 on (float64 data of
+/// magnitude 2^1022 or more) have no finite right edge and are an error.
+fn stream_uniform<'a>(name: &str, h: &'a StreamHistogram) -> Result<Option<UniformHistogram<'a>>, String> {
+    let (Some(level), Some(min), Some(max)) = (h.level, h.finite_min, h.finite_max) else { return Ok(None) };
+    if level >= 1023 {
+        return Err(format!("tensor {name:?}: values of magnitude 2^1022 or more cannot be calibrated"));
+    }
+    UniformHistogram::new(&h.bins, -pow2::pow2(level), pow2::pow2(level - h.log_half as i32), min, max)
+        .map(Some)
+        .map_err(|e| format!("tensor {name:?}: {e}"))
+}
+
+fn parse_qtype(qtype: &str) -> PyResult<QType> {
+    QType::parse(qtype).ok_or_else(|| PyValueError::new_err(format!("unknown qtype {qtype:?}: expected one of {}", QType::NAMES)))
+}
+
+fn parse_pow2_type(qtype: &str) -> PyResult<Pow2Type> {
+    Pow2Type::parse(qtype).ok_or_else(|| PyValueError::new_err(format!("qtype {qtype:?} is not supported by pow2: expected one of {}", Pow2Type::NAMES)))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pow2Choice {
+    NonOverflow,
+    MinMseAll,
+    MostCommon,
+}
+
+/// A histogram range method with validated options.
+#[derive(Clone, Copy)]
+enum RangeMethod {
+    Mse { qtype: QType, symmetric: bool },
+    Kl { num_bins: usize, num_quantized_bins: usize },
+    Pow2 { qtype: Pow2Type, choice: Pow2Choice },
+}
+
+impl RangeMethod {
+    /// The names (qtype, pow2_method, minmse_mode) are checked whatever the method, since a
+    /// typo is an error either way; the bin counts only for kl, which uses them.
+    fn parse(
+        method: &str,
+        qtype: &str,
+        symmetric: bool,
+        num_bins: i64,
+        num_quantized_bins: i64,
+        pow2_method: &str,
+        minmse_mode: &str,
+    ) -> PyResult<Self> {
+        let bad = |msg: String| PyValueError::new_err(msg);
+        let choice = match (pow2_method, minmse_mode) {
+            (_, m) if m != "All" && m != "MostCommon" => return Err(bad(format!("unknown minmse_mode {m:?}: expected 'All' or 'MostCommon'"))),
+            ("NonOverflow", _) => Pow2Choice::NonOverflow,
+            ("MinMSE", "All") => Pow2Choice::MinMseAll,
+            ("MinMSE", _) => Pow2Choice::MostCommon,
+            (p, _) => return Err(bad(format!("unknown pow2_method {p:?}: expected 'NonOverflow' or 'MinMSE'"))),
+        };
+        let q = parse_qtype(qtype)?;
+        match method {
+            "mse" => Ok(RangeMethod::Mse { qtype: q, symmetric }),
+            "kl" => {
+                let count = |name: &str, v: i64| usize::try_from(v).map_err(|_| bad(format!("{name} must be >= 1, got {v}")));
+                let (num_bins, num_quantized_bins) = (count("num_bins", num_bins)?, count("num_quantized_bins", num_quantized_bins)?);
+                kl_tensorrt::check_settings(num_bins, num_quantized_bins).map_err(|e| bad(e.to_string()))?;
+                Ok(RangeMethod::Kl { num_bins, num_quantized_bins })
+            }
+            "pow2" => Ok(RangeMethod::Pow2 { qtype: parse_pow2_type(qtype)?, choice }),
+            _ => Err(bad(format!("unknown method {method:?}: expected 'mse', 'kl' or 'pow2'"))),
+        }
+    }
+
+    fn needs_votes(&self) -> bool {
+        matches!(self, RangeMethod::Pow2 { choice: Pow2Choice::MostCommon, .. })
+    }
+
+    /// The range of one histogram; `votes` (exponent, count) serve MostCommon only.
+    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)]) -> (f64, f64) {
+        match *self {
+            RangeMethod::Mse { qtype, symmetric } => mse_range(&ErrorTable::new(hist), qtype, symmetric),
+            RangeMethod::Kl { num_bins, num_quantized_bins } => {
+                kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins).expect("settings checked by parse")
+            }
+            RangeMethod::Pow2 { qtype, choice } => {
+                let k = match choice {
+                    Pow2Choice::NonOverflow => pow2::non_overflow_exponent(&hist, qtype),
+                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype),
+                    Pow2Choice::MostCommon => pow2::most_common(votes),
+                };
+                k.map_or((0.0, 0.0), |k| pow2::range(k, qtype))
+            }
+        }
+    }
+}
+
+fn counts_array<'py>(counts: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, u64>> {
+    Ok(counts.cast::<PyArray1<u64>>().map_err(|_| PyTypeError::new_err("counts must be a 1-D numpy array of uint64"))?.readonly())
+}
+
+/// The counts as a slice, copied only when the array is not contiguous.
+fn counts_of<'a>(counts: &'a numpy::PyReadonlyArray1<'_, u64>) -> std::borrow::Cow<'a, [u64]> {
+    match counts.as_slice() {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(counts.as_array().to_vec()),
+    }
+}
+
+fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResult<UniformHistogram<'_>> {
+    UniformHistogram::new(counts, left, width, min, max).map_err(PyValueError::new_err)
+}
+
+/// `(low, high)` of `method` ("mse", "kl" or "pow2") on one uniform signed histogram: `counts`
+/// (uint64) over bins of `width` from `left`, of data with finite extremes `min <= max`.
+/// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE with `minmse_mode="MostCommon"`
+/// decides from.
+#[allow(clippy::too_many_arguments)]
+#[pyfunction]
+#[pyo3(signature = (method, counts, left, width, min, max, *, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
+fn histogram_range(
+    py: Python<'_>,
+    method: &str,
+    counts: Bound<'_, PyAny>,
+    left: f64,
+    width: f64,
+    min: f64,
+    max: f64,
+    qtype: &str,
+    symmetric: bool,
+    num_bins: i64,
+    num_quantized_bins: i64,
+    pow2_method: &str,
+    minmse_mode: &str,
+    votes: Option<Vec<(i32, u64)>>,
+) -> PyResult<(f64, f64)> {
+    let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
+    if method.needs_votes() && votes.is_none() {
+        return Err(PyValueError::new_err("minmse_mode='MostCommon' needs votes: a list of (exponent, count)"));
+    }
+    let counts = counts_array(&counts)?;
+    let counts = counts_of(&counts);
+    let hist = uniform(&counts, left, width, min, max)?;
+    let votes = votes.unwrap_or_default();
+    Ok(run(py, || method.range(hist, &votes)))
+}
+
+/// The mean squared error of quantizing the histogram's values with the range `(low, high)`
+/// (ORT's scale and zero point for `qtype`, `symmetric`).
+#[allow(clippy::too_many_arguments)]
+#[pyfunction]
+#[pyo3(signature = (counts, left, width, min, max, low, high, *, qtype="int8", symmetric=false))]
+fn histogram_qerror(
+    py: Python<'_>,
+    counts: Bound<'_, PyAny>,
+    left: f64,
+    width: f64,
+    min: f64,
+    max: f64,
+    low: f64,
+    high: f64,
+    qtype: &str,
+    symmetric: bool,
+) -> PyResult<f64> {
+    let qtype = parse_qtype(qtype)?;
+    if !(low.is_finite() && high.is_finite()) {
+        return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
+    }
+    let counts = counts_array(&counts)?;
+    let counts = counts_of(&counts);
+    let hist = uniform(&counts, left, width, min, max)?;
+    Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+}
+
+/// pow2's `E(k)`: the mean squared error of scale `2^exponent`, zero point 0, in `qtype`.
+#[allow(clippy::too_many_arguments)]
+#[pyfunction]
+fn pow2_error(
+    py: Python<'_>,
+    counts: Bound<'_, PyAny>,
+    left: f64,
+    width: f64,
+    min: f64,
+    max: f64,
+    exponent: i64,
+    qtype: &str,
+) -> PyResult<f64> {
+    let qtype = parse_pow2_type(qtype)?;
+    let k = i32::try_from(exponent)
+        .ok()
+        .filter(|k| (pow2::MIN_EXPONENT..=pow2::MAX_EXPONENT).contains(k))
+        .ok_or_else(|| PyValueError::new_err(format!("exponent must be in [{}, {}], got {exponent}", pow2::MIN_EXPONENT, pow2::MAX_EXPONENT)))?;
+    let counts = counts_array(&counts)?;
+    let counts = counts_of(&counts);
+    let hist = uniform(&counts, left, width, min, max)?;
+    Ok(run(py, || pow2::error(&ErrorTable::new(hist), k, qtype)))
 }
 
 type Stats = (Option<f64>, Option<f64>, Option<f64>, Option<f64>, u64, u64, u64, u64);
@@ -750,5 +1022,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(channel_min_max, m)?)?;
     m.add_function(wrap_pyfunction!(nanmean_pairwise, m)?)?;
     m.add_function(wrap_pyfunction!(nanmean_sequential, m)?)?;
+    m.add_function(wrap_pyfunction!(histogram_range, m)?)?;
+    m.add_function(wrap_pyfunction!(histogram_qerror, m)?)?;
+    m.add_function(wrap_pyfunction!(pow2_error, m)?)?;
     Ok(())
 }

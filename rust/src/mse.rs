@@ -1,0 +1,210 @@
+//! The mse method: the range with the least quantization error ([`crate::qerror`]) among a
+//! fixed grid of candidates, the first in grid order on ties.
+//!
+//! With `lo = min(min, 0)`, `hi = max(max, 0)`, `a = max(|lo|, |hi|)`: symmetric candidates
+//! are `(-t, t)`, `t = a k / 1024` for k = 1..=1024; asymmetric ones `(lo i / 128, hi j / 128)`
+//! for i = 0..=128 (outer), j = 0..=128 (inner), without the range (0, 0), and only i = 0
+//! when lo == 0, only j = 0 when hi == 0.
+//!
+//! The result is the one evaluating every candidate gives, found with far fewer evaluations:
+//! a coarse sub-grid first sets a good bound; then each row of the grid (fixed i, or the
+//! symmetric t's) is walked from its widest candidate down, and stops at the first candidate
+//! whose clipping error alone exceeds the bound, since narrower ones clip more; the other
+//! candidates' error sums stop as soon as they exceed the bound.
+
+use crate::qerror::{ErrorTable, QType, Quantizer};
+
+const SYMMETRIC_STEPS: usize = 1024;
+const SIDE_STEPS: usize = 128;
+/// The coarse sub-grid: every PROBE_STRIDE-th candidate of each row and column.
+const PROBE_STRIDE: usize = 8;
+
+/// The mse range of `table`'s histogram: (0, 0) when it is empty or all its values are 0.
+///
+/// A candidate whose scale overflows float32 (infinite error) never wins; when every one
+/// does (float64 data beyond ~1e40), the result is the whole range: `(-a, a)` or `(lo, hi)`.
+pub fn mse_range(table: &ErrorTable, qtype: QType, symmetric: bool) -> (f64, f64) {
+    let h = table.hist();
+    let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
+    let a = lo.abs().max(hi.abs());
+    if h.total == 0 || a == 0.0 {
+        return (0.0, 0.0);
+    }
+    if symmetric {
+        let range = |_: usize, k: usize| {
+            let t = a * (k + 1) as f64 / SYMMETRIC_STEPS as f64;
+            Some((-t, t))
+        };
+        least_error(table, qtype, true, (1, SYMMETRIC_STEPS), range).unwrap_or((-a, a))
+    } else {
+        let i_steps = if lo == 0.0 { 0 } else { SIDE_STEPS };
+        let j_steps = if hi == 0.0 { 0 } else { SIDE_STEPS };
+        let range = |i: usize, j: usize| {
+            let r = (lo * i as f64 / SIDE_STEPS as f64, hi * j as f64 / SIDE_STEPS as f64);
+            (r != (0.0, 0.0)).then_some(r)
+        };
+        least_error(table, qtype, false, (i_steps + 1, j_steps + 1), range).unwrap_or((lo, hi))
+    }
+}
+
+/// Bounds on the extreme levels `(qmin - zp) s` and `(qmax - zp) s` ORT's rule gives the
+/// range `(low, high)`: the zero point is rounded by at most 1/2, so they lie within `s / 2`
+/// of the (symmetrized) `rmin` and `rmax`, widened for the float32 rounding of the scale.
+/// None where the scale would be below float32's tiny: it becomes 1, and every value then
+/// rounds to 0 (all |x| are tiny), an error no clipping bound exceeds.
+fn extreme_level_bounds(low: f64, high: f64, qtype: QType, symmetric: bool) -> Option<(f64, f64)> {
+    const WIDEN: f64 = 1.0 + 1.0 / (1u64 << 23) as f64;
+    let (qmin, qmax) = qtype.qmin_qmax(symmetric);
+    let (mut rmin, mut rmax) = (low.min(0.0), high.max(0.0));
+    if symmetric {
+        let a = rmin.abs().max(rmax.abs());
+        (rmin, rmax) = (-a, a);
+    }
+    let s = (rmax - rmin) / (qmax - qmin) as f64;
+    (s >= f32::MIN_POSITIVE as f64).then(|| ((rmin - s / 2.0) * WIDEN, (rmax + s / 2.0) * WIDEN))
+}
+
+/// The candidate `range(row, col)` (None: not a candidate) with the least finite error, the
+/// first in (row, col) order on ties. Within a row, a smaller col must mean a range inside
+/// the larger col's range on both sides (so that its clipping error is at least as large).
+fn least_error(
+    table: &ErrorTable,
+    qtype: QType,
+    symmetric: bool,
+    (rows, cols): (usize, usize),
+    range: impl Fn(usize, usize) -> Option<(f64, f64)>,
+) -> Option<(f64, f64)> {
+    let offer = |best: &mut Option<(f64, (usize, usize))>, at: (usize, usize)| {
+        let Some((low, high)) = range(at.0, at.1) else { return };
+        let bound = best.map_or(f64::INFINITY, |(e, _)| e);
+        let Some(e) = table.squared_error_sum(&Quantizer::for_range(low, high, qtype, symmetric), bound) else { return };
+        if e.is_finite() && best.is_none_or(|(be, b_at)| e < be || (e == be && at < b_at)) {
+            *best = Some((e, at));
+        }
+    };
+    let mut best = None;
+    for row in (0..rows).step_by(PROBE_STRIDE) {
+        for col in (0..cols).step_by(PROBE_STRIDE) {
+            offer(&mut best, (row, col));
+        }
+    }
+    for row in 0..rows {
+        for col in (0..cols).rev() {
+            let Some((low, high)) = range(row, col) else { continue };
+            if let (Some((be, _)), Some((l, h))) = (best, extreme_level_bounds(low, high, qtype, symmetric)) {
+                // with a margin for rounding, so that only clear losers are skipped
+                if table.clipping_error_sum(l, h) * (1.0 - 1e-9) > be {
+                    break;
+                }
+            }
+            offer(&mut best, (row, col));
+        }
+    }
+    best.and_then(|(_, (row, col))| range(row, col))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qerror::testing::*;
+    use crate::qerror::UniformHistogram;
+
+    /// The definition: every candidate's direct O(bins) error, the first minimum.
+    fn brute_force(h: &UniformHistogram, qtype: QType, symmetric: bool) -> (f64, f64) {
+        let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
+        let a = lo.abs().max(hi.abs());
+        if h.total == 0 || a == 0.0 {
+            return (0.0, 0.0);
+        }
+        let mut candidates = vec![];
+        if symmetric {
+            for k in 1..=1024 {
+                let t = a * k as f64 / 1024.0;
+                candidates.push((-t, t));
+            }
+        } else {
+            for i in 0..=if lo == 0.0 { 0 } else { 128 } {
+                for j in 0..=if hi == 0.0 { 0 } else { 128 } {
+                    let r = (lo * i as f64 / 128.0, hi * j as f64 / 128.0);
+                    if r != (0.0, 0.0) {
+                        candidates.push(r);
+                    }
+                }
+            }
+        }
+        let mut best = (f64::INFINITY, (lo, hi));
+        for r in candidates {
+            let e = direct_error(h, &Quantizer::for_range(r.0, r.1, qtype, symmetric));
+            if e < best.0 {
+                best = (e, r);
+            }
+        }
+        best.1
+    }
+
+    /// Equal to the brute force, or (where two candidates' errors differ by rounding only)
+    /// as good.
+    fn check(h: &UniformHistogram, qtype: QType, symmetric: bool, what: &str) {
+        let got = mse_range(&ErrorTable::new(*h), qtype, symmetric);
+        let want = brute_force(h, qtype, symmetric);
+        if got != want {
+            let e = |r: (f64, f64)| direct_error(h, &Quantizer::for_range(r.0, r.1, qtype, symmetric));
+            let (eg, ew) = (e(got), e(want));
+            assert!(eg <= ew * (1.0 + 1e-9), "{what} {qtype:?} sym={symmetric}: got {got:?} ({eg:e}), want {want:?} ({ew:e})");
+        }
+    }
+
+    #[test]
+    fn grid_search_equals_brute_force_on_edge_cases() {
+        let mut rng = Rng(10);
+        for (name, data) in edge_case_data(&mut rng) {
+            let b = Binned::of(&data, 256);
+            for qtype in [QType::Int8, QType::UInt8, QType::Int16, QType::UInt16] {
+                for symmetric in [false, true] {
+                    check(&b.hist(), qtype, symmetric, name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grid_search_equals_brute_force_on_random_histograms() {
+        let mut rng = Rng(11);
+        for case in 0..20 {
+            let nb = 1 + rng.below(600) as usize;
+            let counts: Vec<u64> = (0..nb).map(|_| if rng.below(3) == 0 { 0 } else { rng.below(500) }).collect();
+            let width = 0.01 + rng.uniform();
+            let left = -rng.uniform() * nb as f64 * width;
+            let (min, max) = (left + 0.3 * width, left + (nb as f64 - 0.2) * width);
+            let h = UniformHistogram::new(&counts, left, width, min, max).unwrap();
+            check(&h, QType::Int8, false, &format!("case {case}"));
+            check(&h, QType::UInt8, true, &format!("case {case}"));
+        }
+    }
+
+    #[test]
+    fn trivial_histograms() {
+        let counts = [0u64, 3, 0];
+        // all values 0
+        let h = UniformHistogram::new(&counts, -1.5, 1.0, 0.0, 0.0).unwrap();
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (0.0, 0.0));
+        // empty
+        let empty = [0u64; 3];
+        let h = UniformHistogram::new(&empty, -1.5, 1.0, -1.0, 1.0).unwrap();
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true), (0.0, 0.0));
+        // one positive value: asymmetric candidates (0, hi j / 128); j = 128 is exact
+        let h = UniformHistogram::new(&counts, -1.5, 1.0, 0.25, 0.25).unwrap();
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (0.0, 0.25));
+        // one negative value: candidates (lo i / 128, 0)
+        let h = UniformHistogram::new(&counts, -1.5, 1.0, -0.25, -0.25).unwrap();
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (-0.25, 0.0));
+    }
+
+    #[test]
+    fn scales_beyond_float32_fall_back_to_the_whole_range() {
+        let counts = [1u64, 0, 0, 1];
+        let h = UniformHistogram::new(&counts, -2e300, 1e300, -1.5e300, 1.5e300).unwrap();
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (-1.5e300, 1.5e300));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true), (-1.5e300, 1.5e300));
+    }
+}

@@ -1,0 +1,772 @@
+//! The quantization error of a range, the error model of the mse, pow2 and auto methods: ORT's
+//! scale and zero-point rule, applied to a uniform signed histogram whose bins stand for their
+//! centres clamped into the data's `[min, max]`, as a mean squared error.
+//!
+//! Evaluating one range walks quantization levels, not bins: exact integer prefix moments of
+//! the bins give the squared error of all bins that round to one level in O(1), so a range
+//! costs O(min(levels, bins)) after an O(bins) table ([`ErrorTable`]).
+
+/// `x.round_ties_even()` without a libm call (baseline x86-64 has no rounding instruction):
+/// adding and removing 2^52 rounds |x| < 2^52 to an integer in the default rounding mode,
+/// ties to even; larger floats are integers already.
+#[inline(always)]
+pub fn round_half_even(x: f64) -> f64 {
+    const TWO_52: f64 = 4503599627370496.0;
+    let a = x.abs();
+    if a < TWO_52 {
+        ((a + TWO_52) - TWO_52).copysign(x)
+    } else {
+        x
+    }
+}
+
+/// `x.ceil()` without a libm call.
+#[inline(always)]
+fn ceil(x: f64) -> f64 {
+    let r = round_half_even(x);
+    if r < x {
+        r + 1.0
+    } else {
+        r
+    }
+}
+
+/// `x.floor()` without a libm call.
+#[inline(always)]
+fn floor(x: f64) -> f64 {
+    let r = round_half_even(x);
+    if r > x {
+        r - 1.0
+    } else {
+        r
+    }
+}
+
+/// ORT's integer target types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QType {
+    Int8,
+    UInt8,
+    Int16,
+    UInt16,
+}
+
+impl QType {
+    pub const NAMES: &'static str = "'int8', 'uint8', 'int16', 'uint16'";
+
+    pub fn parse(name: &str) -> Option<QType> {
+        match name {
+            "int8" => Some(QType::Int8),
+            "uint8" => Some(QType::UInt8),
+            "int16" => Some(QType::Int16),
+            "uint16" => Some(QType::UInt16),
+            _ => None,
+        }
+    }
+
+    /// ORT's `get_qmin_qmax_for_qType(qtype, reduce_range=False, symmetric)`: symmetric
+    /// ranges exist for the signed types only.
+    pub fn qmin_qmax(self, symmetric: bool) -> (i32, i32) {
+        match (self, symmetric) {
+            (QType::Int8, false) => (-128, 127),
+            (QType::Int8, true) => (-127, 127),
+            (QType::UInt8, _) => (0, 255),
+            (QType::Int16, false) => (-32768, 32767),
+            (QType::Int16, true) => (-32767, 32767),
+            (QType::UInt16, _) => (0, 65535),
+        }
+    }
+}
+
+/// Affine quantization to integers in `[qmin, qmax]` and back:
+/// `dequantize(x) = (clamp(round_half_even(x / scale) + zero_point, qmin, qmax) - zero_point) * scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantizer {
+    pub scale: f64,
+    pub zero_point: f64,
+    pub qmin: f64,
+    pub qmax: f64,
+}
+
+impl Quantizer {
+    /// ORT 1.31's `compute_scale_zp(min(low, 0), max(high, 0), qmin, qmax, symmetric)` for
+    /// `qtype`, with the scale stored as float32 as ORT stores it.
+    ///
+    /// As in ORT's code, the tiny-scale test and the zero point use the float64 scale before it
+    /// is rounded to float32 (the spec's wording leaves open which one). A float64 scale beyond
+    /// float32's range gives an infinite scale, which [`ErrorTable`] reports as an infinite
+    /// error: no float32 scale can quantize that range.
+    pub fn for_range(low: f64, high: f64, qtype: QType, symmetric: bool) -> Quantizer {
+        let (qmin, qmax) = qtype.qmin_qmax(symmetric);
+        let (qmin, qmax) = (qmin as f64, qmax as f64);
+        let (mut rmin, mut rmax) = (low.min(0.0), high.max(0.0));
+        if symmetric {
+            let a = rmin.abs().max(rmax.abs());
+            (rmin, rmax) = (-a, a);
+        }
+        let scale = (rmax - rmin) / (qmax - qmin);
+        if !(scale >= f32::MIN_POSITIVE as f64) {
+            return Quantizer { scale: 1.0, zero_point: 0.0, qmin, qmax };
+        }
+        let zero_point = round_half_even(if symmetric { (qmin + qmax) / 2.0 } else { qmin - rmin / scale });
+        Quantizer { scale: scale as f32 as f64, zero_point: zero_point.clamp(qmin, qmax), qmin, qmax }
+    }
+
+    #[inline]
+    pub fn dequantize(&self, x: f64) -> f64 {
+        let q = (round_half_even(x / self.scale) + self.zero_point).clamp(self.qmin, self.qmax);
+        (q - self.zero_point) * self.scale
+    }
+}
+
+/// A histogram of `counts` over bins of equal `width` from `left`, of data whose finite
+/// extremes are `min <= max`. Bin i stands for its centre clamped into `[min, max]`.
+#[derive(Clone, Copy, Debug)]
+pub struct UniformHistogram<'a> {
+    pub counts: &'a [u64],
+    pub left: f64,
+    pub width: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Sum of the counts.
+    pub total: u64,
+}
+
+impl<'a> UniformHistogram<'a> {
+    /// Check the histogram is one the kernels can evaluate: finite edges, a positive width,
+    /// finite `min <= max`, and counts whose sum fits in 64 bits.
+    pub fn new(counts: &'a [u64], left: f64, width: f64, min: f64, max: f64) -> Result<Self, String> {
+        if !(left.is_finite() && width.is_finite() && width > 0.0 && (left + counts.len() as f64 * width).is_finite()) {
+            return Err(format!("bins must have finite edges and a positive width (left={left}, width={width})"));
+        }
+        if !(min.is_finite() && max.is_finite() && min <= max) {
+            return Err(format!("min and max must be finite with min <= max (min={min}, max={max})"));
+        }
+        let total = counts.iter().try_fold(0u64, |s, &c| s.checked_add(c)).ok_or("the counts add up to more than 2^64 - 1")?;
+        Ok(UniformHistogram { counts, left, width, min, max, total })
+    }
+
+    #[inline]
+    pub fn centre(&self, i: usize) -> f64 {
+        self.left + (i as f64 + 0.5) * self.width
+    }
+
+    /// The value bin `i` stands for: its centre clamped into `[min, max]`.
+    #[inline]
+    pub fn value(&self, i: usize) -> f64 {
+        self.centre(i).clamp(self.min, self.max)
+    }
+}
+
+/// Wrapping integer arithmetic for the prefix moments: differences of wrapped prefix sums are
+/// exact whenever the true difference fits, which [`ErrorTable::new`] guarantees by choosing
+/// the width.
+trait Moment: Copy + PartialEq {
+    fn of(x: u64) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    /// The value of a non-negative moment, known to be below 2^63 (u64) or 2^127 (u128).
+    fn small_f64(self) -> f64;
+    fn signed_f64(self) -> f64;
+}
+
+impl Moment for u64 {
+    #[inline(always)]
+    fn of(x: u64) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.wrapping_sub(o)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self.wrapping_mul(o)
+    }
+    #[inline(always)]
+    fn small_f64(self) -> f64 {
+        // one instruction, unlike the unsigned conversion
+        self as i64 as f64
+    }
+    #[inline(always)]
+    fn signed_f64(self) -> f64 {
+        self as i64 as f64
+    }
+}
+
+impl Moment for u128 {
+    #[inline(always)]
+    fn of(x: u64) -> Self {
+        x as u128
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.wrapping_sub(o)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self.wrapping_mul(o)
+    }
+    #[inline(always)]
+    fn small_f64(self) -> f64 {
+        self as i128 as f64
+    }
+    #[inline(always)]
+    fn signed_f64(self) -> f64 {
+        self as i128 as f64
+    }
+}
+
+/// `[sum c, sum c k, sum c k^2]` over the interior bins before local index k.
+enum Moments {
+    Narrow(Vec<[u64; 3]>),
+    Wide(Vec<[u128; 3]>),
+}
+
+fn prefix_moments<T: Moment>(counts: &[u64]) -> Vec<[T; 3]> {
+    let mut out = Vec::with_capacity(counts.len() + 1);
+    let mut acc = [T::of(0); 3];
+    out.push(acc);
+    for (k, &c) in counts.iter().enumerate() {
+        let (c, k) = (T::of(c), T::of(k as u64));
+        let ck = c.mul(k);
+        acc = [acc[0].add(c), acc[1].add(ck), acc[2].add(ck.mul(k))];
+        out.push(acc);
+    }
+    out
+}
+
+/// A histogram prepared for evaluating the quantization error of many ranges.
+///
+/// Positions inside the table are in local bin units: interior bin k (global bin
+/// `first + k`) is at k, so the squared error of a bin at k rounding to a level at t is
+/// `count * (k - t)^2` in units of `width^2`.
+pub struct ErrorTable<'a> {
+    hist: UniformHistogram<'a>,
+    /// Bins `[first, first + n)` have their centre inside `[min, max]`; bins before them stand
+    /// for `min`, bins after them for `max`.
+    first: usize,
+    n: usize,
+    below: u64,
+    above: u64,
+    /// Position of the value 0.
+    zero: f64,
+    /// The interior bin holding the median of the interior values.
+    median: usize,
+    moments: Moments,
+}
+
+impl<'a> ErrorTable<'a> {
+    pub fn new(hist: UniformHistogram<'a>) -> Self {
+        let nb = hist.counts.len();
+        let first = (0..nb).position(|i| hist.centre(i) >= hist.min).unwrap_or(nb);
+        let end = (first..nb).position(|i| hist.centre(i) > hist.max).map_or(nb, |p| first + p);
+        let interior = &hist.counts[first..end];
+        let below: u64 = hist.counts[..first].iter().sum();
+        let above: u64 = hist.counts[end..].iter().sum();
+        // u64 moments are exact when every segment's sums of c, c (k - r) and c (k - r)^2 are
+        // below 2^63.
+        let span = interior.len().saturating_sub(1) as u64;
+        let interior_total: u64 = interior.iter().sum();
+        let narrow = interior_total <= i64::MAX as u64
+            && span.checked_mul(span).and_then(|s| s.checked_mul(interior_total)).is_some_and(|v| v <= i64::MAX as u64);
+        let mut cumulative = 0;
+        let median = interior.iter().position(|&c| {
+            cumulative += c;
+            2 * (cumulative as u128) >= interior_total as u128
+        });
+        let moments = if narrow { Moments::Narrow(prefix_moments(interior)) } else { Moments::Wide(prefix_moments(interior)) };
+        let zero = -hist.left / hist.width - 0.5 - first as f64;
+        ErrorTable { hist, first, n: interior.len(), below, above, zero, median: median.unwrap_or(0), moments }
+    }
+
+    pub fn hist(&self) -> &UniformHistogram<'a> {
+        &self.hist
+    }
+
+    /// The mean squared error `sum c (x - dequantize(x))^2 / sum c` over the bins' values
+    /// (0 for an empty histogram, infinite for an infinite scale).
+    pub fn mean_squared_error(&self, q: &Quantizer) -> f64 {
+        if self.hist.total == 0 {
+            return 0.0;
+        }
+        let sum = self.squared_error_sum(q, f64::INFINITY).expect("an infinite bound is never exceeded");
+        sum / self.hist.total as f64 * self.hist.width * self.hist.width
+    }
+
+    /// `sum c (x - dequantize(x))^2` in units of `width^2` (so that comparisons between ranges
+    /// neither overflow nor underflow), or None as soon as a partial sum exceeds `bound`:
+    /// the terms are non-negative, so that range cannot beat one whose sum is `bound`.
+    /// The result does not depend on `bound` when it is Some.
+    pub fn squared_error_sum(&self, q: &Quantizer, bound: f64) -> Option<f64> {
+        if q.scale == f64::INFINITY {
+            let sum = if self.hist.total == 0 { 0.0 } else { f64::INFINITY };
+            return (sum <= bound).then_some(sum);
+        }
+        match &self.moments {
+            Moments::Narrow(m) => self.sum_with(m, q, bound),
+            Moments::Wide(m) => self.sum_with(m, q, bound),
+        }
+    }
+
+    fn sum_with<T: Moment>(&self, m: &[[T; 3]], q: &Quantizer, bound: f64) -> Option<f64> {
+        let h = &self.hist;
+        let point = |x: f64| {
+            let e = (x - q.dequantize(x)) / h.width;
+            e * e
+        };
+        let mut acc = 0.0;
+        if self.below > 0 {
+            acc += self.below as f64 * point(h.min);
+        }
+        if self.above > 0 {
+            acc += self.above as f64 * point(h.max);
+        }
+        if acc > bound {
+            return None;
+        }
+        let n = self.n;
+        if n == 0 {
+            return Some(acc);
+        }
+        let sigma = q.scale / h.width;
+        let (mlo, mhi) = (q.qmin - q.zero_point, q.qmax - q.zero_point);
+        let zero = self.zero;
+        if !(sigma.is_finite() && sigma > 0.0 && (zero + mlo * sigma).is_finite() && (zero + mhi * sigma).is_finite()) {
+            return self.per_bin(0, n, q, acc, bound);
+        }
+        // First bin at or above the rounding boundary between levels m and m + 1 (a bin exactly
+        // on a boundary has the same error on either side).
+        let edge = |m: f64| ceil(zero + (m + 0.5) * sigma).clamp(0.0, n as f64) as usize;
+        let level = |m: f64| zero + m * sigma;
+        // Everything rounding to the end levels or beyond is clipped to them.
+        let low_end = edge(mlo);
+        let high_start = edge(mhi - 1.0).max(low_end);
+        acc += segment(m[0], m[low_end], 0, low_end, level(mlo));
+        acc += segment(m[high_start], m[n], high_start, n, level(mhi));
+        if acc > bound {
+            return None;
+        }
+        if low_end == high_start {
+            return Some(acc);
+        }
+        if sigma < 1.0 {
+            // more levels than bins: each bin's own level is cheaper
+            return self.per_bin(low_end, high_start, q, acc, bound);
+        }
+        // Levels mlo + 1 ..= mhi - 1 hold bins [low_end, high_start). They are summed from the
+        // level of the interior's median bin outwards, alternately up and down, so that the
+        // levels holding most of the data come first and a range beyond `bound` stops early.
+        let (first_level, last_level) = (mlo + 1.0, mhi - 1.0);
+        // the level of bin k: the m with edge(m - 1) <= k < edge(m)
+        let level_of = |k: usize| {
+            let mut l = round_half_even((k as f64 - zero) / sigma).clamp(first_level, last_level);
+            while l > first_level && edge(l - 1.0) > k {
+                l -= 1.0;
+            }
+            while l < last_level && edge(l) <= k {
+                l += 1.0;
+            }
+            l
+        };
+        let mut up = level_of(self.median.clamp(low_end, high_start - 1));
+        let mut down = up - 1.0;
+        let split = if up > first_level { edge(up - 1.0).clamp(low_end, high_start) } else { low_end };
+        let (mut up_start, mut up_moments) = (split, m[split]);
+        let (mut down_end, mut down_moments) = (split, m[split]);
+        while up_start < high_start || down_end > low_end {
+            if up_start < high_start {
+                let end = if up >= last_level { high_start } else { edge(up).min(high_start) };
+                let next = m[end];
+                acc += segment(up_moments, next, up_start, end, level(up));
+                (up_start, up_moments, up) = (end, next, up + 1.0);
+            }
+            if down_end > low_end {
+                let start = if down <= first_level { low_end } else { edge(down - 1.0).max(low_end) };
+                let next = m[start];
+                acc += segment(next, down_moments, start, down_end, level(down));
+                (down_end, down_moments, down) = (start, next, down - 1.0);
+            }
+            if acc > bound {
+                return None;
+            }
+        }
+        Some(acc)
+    }
+
+    /// `sum c (low - x)^2` over the values `x <= low` plus `sum c (x - high)^2` over the values
+    /// `x >= high` (`low < high`), in units of `width^2`: the error of clipping alone, at most
+    /// the error of any quantizer whose extreme levels lie inside `[low, high]`.
+    pub fn clipping_error_sum(&self, low: f64, high: f64) -> f64 {
+        match &self.moments {
+            Moments::Narrow(m) => self.clipping_with(m, low, high),
+            Moments::Wide(m) => self.clipping_with(m, low, high),
+        }
+    }
+
+    fn clipping_with<T: Moment>(&self, m: &[[T; 3]], low: f64, high: f64) -> f64 {
+        let h = &self.hist;
+        let point = |x: f64, count: u64| {
+            let d = if x <= low { (low - x) / h.width } else if x >= high { (x - high) / h.width } else { 0.0 };
+            count as f64 * (d * d)
+        };
+        let mut acc = point(h.min, self.below) + point(h.max, self.above);
+        if self.n > 0 {
+            let n = self.n as f64;
+            let position = |x: f64| (x - h.left) / h.width - 0.5 - self.first as f64;
+            let (pl, ph) = (position(low), position(high));
+            let low_end = (floor(pl) + 1.0).clamp(0.0, n);
+            let high_start = ceil(ph).clamp(0.0, n);
+            let (low_end, high_start) = (low_end as usize, high_start as usize);
+            acc += segment(m[0], m[low_end], 0, low_end, pl) + segment(m[high_start], m[self.n], high_start, self.n, ph);
+        }
+        acc
+    }
+
+    /// Interior bins `[a, b)` one by one, with the quantizer's own rounding.
+    fn per_bin(&self, a: usize, b: usize, q: &Quantizer, mut acc: f64, bound: f64) -> Option<f64> {
+        let h = &self.hist;
+        for (k, &c) in h.counts[self.first + a..self.first + b].iter().enumerate() {
+            if c != 0 {
+                let x = h.centre(self.first + a + k);
+                let e = (x - q.dequantize(x)) / h.width;
+                acc += c as f64 * (e * e);
+                if acc > bound {
+                    return None;
+                }
+            }
+        }
+        Some(acc)
+    }
+}
+
+/// `sum c (k - t)^2` over local bins `[a, b)`, from the prefix moments at a and b. With r the
+/// bin nearest t (within `[a, b)`) and `d = r - t`, this is `A + 2 d B + d^2 C` for the exact
+/// integers `A = sum c (k - r)^2`, `B = sum c (k - r)`, `C = sum c`: either |d| <= 1/2 or every
+/// k - r has the sign of d, so the terms do not cancel.
+#[inline(always)]
+fn segment<T: Moment>(lo: [T; 3], hi: [T; 3], a: usize, b: usize, t: f64) -> f64 {
+    let c = hi[0].sub(lo[0]);
+    if a >= b || c == T::of(0) {
+        return 0.0;
+    }
+    let (s1, s2) = (hi[1].sub(lo[1]), hi[2].sub(lo[2]));
+    let r = round_half_even(t).clamp(a as f64, (b - 1) as f64);
+    let ri = T::of(r as u64);
+    let bsum = s1.sub(ri.mul(c));
+    let asum = s2.sub(ri.mul(s1.add(bsum)));
+    let d = r - t;
+    (asum.small_f64() + d * (2.0 * bsum.signed_f64() + d * c.small_f64())).max(0.0)
+}
+
+/// The mean squared quantization error of the range `(low, high)` on `hist`.
+pub fn range_error(hist: UniformHistogram<'_>, low: f64, high: f64, qtype: QType, symmetric: bool) -> f64 {
+    ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))
+}
+
+/// Histograms and a small deterministic generator for the kernels' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// splitmix64.
+    pub struct Rng(pub u64);
+
+    impl Rng {
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        /// Uniform in [0, 1).
+        pub fn uniform(&mut self) -> f64 {
+            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+        pub fn normal(&mut self) -> f64 {
+            let (u, v) = (self.uniform().max(1e-300), self.uniform());
+            (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+        }
+    }
+
+    /// A histogram the way the streaming histogram holds data: `2 * half` bins over
+    /// `[-2^level, 2^level)`, bin of v = floor(v / width), with the exact extremes.
+    pub struct Binned {
+        pub counts: Vec<u64>,
+        pub left: f64,
+        pub width: f64,
+        pub min: f64,
+        pub max: f64,
+    }
+
+    impl Binned {
+        pub fn of(values: &[f64], half: usize) -> Binned {
+            let mut counts = vec![0u64; 2 * half];
+            if values.is_empty() {
+                return Binned { counts, left: -1.0, width: 1.0 / half as f64, min: 0.0, max: 0.0 };
+            }
+            let min = values.iter().cloned().fold(f64::INFINITY, f64::min);
+            let max = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let m = min.abs().max(max.abs());
+            let mut top = 2f64.powi(-140);
+            while top <= m {
+                top *= 2.0;
+            }
+            let width = top / half as f64;
+            for &v in values {
+                let s = ((v / width).floor() as i64).clamp(-(half as i64), half as i64 - 1);
+                counts[(s + half as i64) as usize] += 1;
+            }
+            Binned { counts, left: -top, width, min, max }
+        }
+
+        pub fn hist(&self) -> super::UniformHistogram<'_> {
+            super::UniformHistogram::new(&self.counts, self.left, self.width, self.min, self.max).unwrap()
+        }
+    }
+
+    /// The definition of the error: every bin's value dequantized on its own, O(bins).
+    pub fn direct_error(h: &super::UniformHistogram, q: &super::Quantizer) -> f64 {
+        let (mut sum, mut n) = (0.0, 0.0);
+        for (i, &c) in h.counts.iter().enumerate() {
+            if c != 0 {
+                let x = h.value(i);
+                let e = x - q.dequantize(x);
+                sum += c as f64 * e * e;
+                n += c as f64;
+            }
+        }
+        if n == 0.0 {
+            0.0
+        } else {
+            sum / n
+        }
+    }
+
+    /// Data sets covering the edge cases every method must handle.
+    pub fn edge_case_data(rng: &mut Rng) -> Vec<(&'static str, Vec<f64>)> {
+        let normal: Vec<f64> = (0..20_000).map(|_| rng.normal()).collect();
+        let mut outlier = normal.clone();
+        outlier.push(250.0);
+        vec![
+            ("empty", vec![]),
+            ("one value", vec![0.37]),
+            ("one negative value", vec![-3.0]),
+            ("constant", vec![1.5; 100]),
+            ("zeros", vec![0.0; 10]),
+            ("normal", normal.clone()),
+            ("all negative", normal.iter().map(|x| -x.abs() - 0.1).collect()),
+            ("relu", normal.iter().map(|x| x.max(0.0)).collect()),
+            ("huge", normal.iter().map(|x| x * 1e30).collect()),
+            ("tiny", normal.iter().map(|x| x * 1e-30).collect()),
+            ("one outlier", outlier),
+            ("skewed", normal.iter().map(|x| (x * 0.7).exp() - 0.5).collect()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    fn assert_close(got: f64, want: f64, tol: f64, what: &str) {
+        let ok = got == want || (got - want).abs() <= tol * want.abs().max(got.abs());
+        assert!(ok, "{what}: got {got:e}, want {want:e}");
+    }
+
+    const QTYPES: [QType; 4] = [QType::Int8, QType::UInt8, QType::Int16, QType::UInt16];
+
+    #[test]
+    fn qmin_qmax_and_scale_follow_ort() {
+        assert_eq!(QType::Int8.qmin_qmax(true), (-127, 127));
+        assert_eq!(QType::UInt16.qmin_qmax(true), (0, 65535));
+        // ORT: compute_scale_zp(-1, 3, -128, 127): scale 4/255, zp round(-128 + 63.75) = -64
+        let q = Quantizer::for_range(-1.0, 3.0, QType::Int8, false);
+        assert_eq!(q.scale, (4.0f64 / 255.0) as f32 as f64);
+        assert_eq!(q.zero_point, -64.0);
+        // the range always holds 0
+        let q = Quantizer::for_range(2.0, 3.0, QType::UInt8, false);
+        assert_eq!((q.scale, q.zero_point), ((3.0f64 / 255.0) as f32 as f64, 0.0));
+        // symmetric uint8 keeps (0, 255), zero point round_half_even(127.5) = 128
+        assert_eq!(Quantizer::for_range(-1.0, 1.0, QType::UInt8, true).zero_point, 128.0);
+        // -1/(2/255) = -127.5 in f64 exactly: -128 + 127.5 = -0.5 rounds to even 0
+        assert_eq!(Quantizer::for_range(-1.0, 1.0, QType::Int8, false).zero_point, 0.0);
+        // a scale below float32's tiny: 1 and 0
+        let q = Quantizer::for_range(-1e-40, 1e-40, QType::Int8, false);
+        assert_eq!((q.scale, q.zero_point), (1.0, 0.0));
+        assert_eq!(Quantizer::for_range(0.0, 0.0, QType::Int8, false).scale, 1.0);
+        // beyond float32: an infinite scale
+        assert_eq!(Quantizer::for_range(-1e300, 1e300, QType::Int8, false).scale, f64::INFINITY);
+    }
+
+    #[test]
+    fn software_rounding_is_exact() {
+        let mut rng = Rng(4);
+        let specials = [0.5, 1.5, 2.5, -0.5, -2.5, -0.4, 4503599627370495.5, 4503599627370497.0, 1e300, -1e-300, 0.0, -0.0];
+        let random = (0..100_000).map(|_| (rng.uniform() - 0.5) * 10f64.powf(rng.uniform() * 40.0 - 20.0));
+        for x in specials.into_iter().chain(random) {
+            assert_eq!(round_half_even(x).to_bits(), x.round_ties_even().to_bits(), "{x}");
+            assert_eq!(ceil(x), x.ceil(), "{x}");
+            assert_eq!(floor(x), x.floor(), "{x}");
+        }
+        assert!(round_half_even(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn dequantize_rounds_half_to_even_and_clips() {
+        let q = Quantizer { scale: 1.0, zero_point: 0.0, qmin: -128.0, qmax: 127.0 };
+        assert_eq!(q.dequantize(2.5), 2.0);
+        assert_eq!(q.dequantize(3.5), 4.0);
+        assert_eq!(q.dequantize(1000.0), 127.0);
+        assert_eq!(q.dequantize(-1000.0), -128.0);
+    }
+
+    #[test]
+    fn invalid_histograms_are_rejected() {
+        let c = [1u64, 2];
+        assert!(UniformHistogram::new(&c, 0.0, 0.0, 0.0, 1.0).is_err());
+        assert!(UniformHistogram::new(&c, f64::NAN, 1.0, 0.0, 1.0).is_err());
+        assert!(UniformHistogram::new(&c, 0.0, 1.0, 1.0, 0.0).is_err());
+        assert!(UniformHistogram::new(&c, 0.0, 1.0, 0.0, f64::INFINITY).is_err());
+        assert!(UniformHistogram::new(&[u64::MAX, 1], 0.0, 1.0, 0.0, 1.0).is_err());
+        assert!(UniformHistogram::new(&c, 0.0, 1.0, 0.5, 0.5).is_ok());
+    }
+
+    /// Ranges around, inside and beyond the data, in every type, both modes.
+    fn check_against_direct(h: &UniformHistogram, rng: &mut Rng, what: &str) {
+        let table = ErrorTable::new(*h);
+        let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
+        let a = lo.abs().max(hi.abs()).max(h.width);
+        let mut ranges = vec![(lo, hi), (h.min, h.max), (0.0, 0.0), (-a, a), (lo * 0.5, hi * 0.25), (-a * 10.0, a * 3.0)];
+        for _ in 0..20 {
+            ranges.push((-a * rng.uniform() * 1.2, a * rng.uniform() * 1.2));
+        }
+        for &(low, high) in &ranges {
+            for qt in QTYPES {
+                for sym in [false, true] {
+                    let q = Quantizer::for_range(low, high, qt, sym);
+                    let want = direct_error(h, &q);
+                    let got = table.mean_squared_error(&q);
+                    assert_close(got, want, 1e-10, &format!("{what} ({low}, {high}) {qt:?} sym={sym}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_error_matches_the_direct_sum_on_edge_cases() {
+        let mut rng = Rng(1);
+        for (name, data) in edge_case_data(&mut rng) {
+            for half in [4, 64, 8192] {
+                let b = Binned::of(&data, half);
+                check_against_direct(&b.hist(), &mut rng, &format!("{name}, {} bins", 2 * half));
+            }
+        }
+    }
+
+    #[test]
+    fn fast_error_matches_the_direct_sum_on_random_histograms() {
+        let mut rng = Rng(2);
+        for case in 0..300 {
+            let nb = 1 + rng.below(3000) as usize;
+            let sparse = rng.below(3) == 0;
+            let big = rng.below(4) == 0;
+            let counts: Vec<u64> = (0..nb)
+                .map(|_| if sparse && rng.below(10) != 0 { 0 } else if big { rng.below(1 << 50) } else { rng.below(1000) })
+                .collect();
+            let width = 10f64.powf(rng.uniform() * 8.0 - 4.0);
+            let left = -(rng.uniform() * 1.2) * nb as f64 * width;
+            let right = left + nb as f64 * width;
+            // extremes inside the first/last bins, sometimes exactly on centres
+            let (a, b) = (left + rng.uniform() * width, right - rng.uniform() * width);
+            let (mut min, mut max) = (a.min(b), a.max(b));
+            if rng.below(5) == 0 && nb > 1 {
+                (min, max) = (left + 0.5 * width, right - 0.5 * width);
+            }
+            let h = UniformHistogram::new(&counts, left, width, min, max).unwrap();
+            check_against_direct(&h, &mut rng, &format!("random case {case}"));
+        }
+    }
+
+    #[test]
+    fn wide_moments_stay_exact() {
+        // counts near 2^60 force the 128-bit moments; the error of a range whose levels sit on
+        // bin centres is 0 exactly in the interior.
+        let counts = vec![1u64 << 60; 9];
+        let h = UniformHistogram::new(&counts, -4.5, 1.0, -4.0, 4.0).unwrap();
+        let t = ErrorTable::new(h);
+        assert!(matches!(t.moments, Moments::Wide(_)));
+        let q = Quantizer { scale: 1.0, zero_point: 0.0, qmin: -128.0, qmax: 127.0 };
+        assert_eq!(t.mean_squared_error(&q), 0.0);
+        let q = Quantizer { scale: 2.0, zero_point: 0.0, qmin: -1.0, qmax: 1.0 };
+        assert_close(t.mean_squared_error(&q), direct_error(&h, &q), 1e-12, "wide");
+    }
+
+    #[test]
+    fn clamped_bins_stand_for_the_extremes() {
+        // one value 0.3 in bin [0, 1): its centre 0.5 is clamped to 0.3
+        let counts = [0u64, 5, 0];
+        let h = UniformHistogram::new(&counts, -1.0, 1.0, 0.3, 0.3).unwrap();
+        // 0.3 rounds (or clips) to the top level 255 * scale
+        let top_error = |high: f64| (0.3f64 - 255.0 * (high / 255.0) as f32 as f64).powi(2);
+        assert_eq!(range_error(h, 0.0, 0.3, QType::UInt8, false), top_error(0.3));
+        assert_eq!(range_error(h, 0.0, 0.15, QType::UInt8, false), top_error(0.15));
+    }
+
+    #[test]
+    fn empty_histogram_has_no_error_and_infinite_scale_infinite_error() {
+        let counts = [0u64; 4];
+        let h = UniformHistogram::new(&counts, -2.0, 1.0, 0.0, 0.0).unwrap();
+        assert_eq!(range_error(h, -1.0, 1.0, QType::Int8, false), 0.0);
+        let counts = [1u64, 0, 0, 1];
+        let h = UniformHistogram::new(&counts, -2e300, 1e300, -1.5e300, 1.5e300).unwrap();
+        assert_eq!(range_error(h, -1.5e300, 1.5e300, QType::Int8, false), f64::INFINITY);
+    }
+
+    #[test]
+    fn clipping_error_is_the_clipped_values_error() {
+        let mut rng = Rng(5);
+        for (name, data) in edge_case_data(&mut rng) {
+            let b = Binned::of(&data, 512);
+            let h = b.hist();
+            let t = ErrorTable::new(h);
+            for _ in 0..50 {
+                let (low, high) = (h.min * rng.uniform() * 1.1, h.max * rng.uniform() * 1.1 + 1e-300);
+                let mut want = 0.0;
+                for (i, &c) in h.counts.iter().enumerate() {
+                    let x = h.value(i);
+                    let d = if x <= low { low - x } else if x >= high { x - high } else { 0.0 };
+                    want += c as f64 * (d / h.width).powi(2);
+                }
+                assert_close(t.clipping_error_sum(low, high), want, 1e-10, name);
+            }
+        }
+    }
+
+    #[test]
+    fn bounded_sums_stop_early_but_never_change_the_value() {
+        let mut rng = Rng(3);
+        let data: Vec<f64> = (0..5000).map(|_| rng.normal()).collect();
+        let b = Binned::of(&data, 1024);
+        let t = ErrorTable::new(b.hist());
+        for (low, high) in [(-1.0, 1.0), (-3.0, 4.0), (-0.1, 0.1)] {
+            let q = Quantizer::for_range(low, high, QType::Int8, false);
+            let full = t.squared_error_sum(&q, f64::INFINITY).unwrap();
+            assert_eq!(t.squared_error_sum(&q, full), Some(full));
+            assert_eq!(t.squared_error_sum(&q, full * 0.5), None);
+        }
+    }
+}
+
