@@ -256,12 +256,14 @@ def _fmt_num(x: float) -> str:
 
 
 class _Canvas:
-    """One figure with its two axes, reused for every tensor (building axes and ticks is what
-    costs time in matplotlib; drawing into existing ones is cheap)."""
+    """One figure whose axes and artists are made once and updated for every tensor (creating
+    axes, ticks and artists is what costs time in matplotlib; updating them is cheap)."""
 
     def __init__(self) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import StepPatch
         from matplotlib.ticker import LogLocator, NullLocator
 
         self.fig = Figure(figsize=FIG_SIZE, dpi=FIG_DPI)
@@ -275,7 +277,8 @@ class _Canvas:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, numticks=6))
         ax.yaxis.set_minor_locator(NullLocator())
-        ax.set_ylabel("count (log)", fontsize=7)
+        # (a figure text, not an axis label: placing axis labels measures every tick label)
+        self.fig.text(0.095, 0.6, "count (log)", fontsize=7, rotation=90, ha="center", va="center")
         ax.tick_params(labelsize=7, labelbottom=False)
         ax.grid(axis="y", color="#e5e5e5", linewidth=0.5)
         bar.tick_params(axis="x", labelsize=7)
@@ -285,45 +288,77 @@ class _Canvas:
         for spine in ("top", "right"):
             bar.spines[spine].set_visible(False)
             ax.spines[spine].set_visible(False)
+        # add_artist: no autoscaling (the limits are set per tensor)
+        self.fill = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
+        self.step = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
+        self.empty = ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center",
+                             fontsize=9)
+        xaxis = ax.get_xaxis_transform()
+        self.vlines, self.bars, self.ends, self.notes = [], [], [], []
+        for _ in range(self.rows):
+            self.vlines.append(ax.add_artist(Line2D([], [], transform=xaxis, alpha=0.85)))
+            self.bars.append(bar.add_artist(Line2D([], [], linewidth=4.5, solid_capstyle="butt")))
+            self.ends.append([bar.add_artist(Line2D([], [], linestyle="none", markersize=7, markeredgewidth=1.2))
+                              for _ in range(2)])
+            self.notes.append(bar.text(0.5, 0, "", transform=bar.get_yaxis_transform(), ha="center", va="center",
+                                       fontsize=6.5))
 
     def draw(self, job: dict[str, Any], path: str) -> None:
-        from matplotlib.patches import StepPatch
-
         ax, bar = self.ax, self.bar
-        for artist in [*ax.lines, *ax.patches, *ax.collections, *ax.texts, *bar.lines, *bar.texts]:
-            artist.remove()
         self.title.set_text(_plain_text(job["title"], 90) + f"   ({job['dtype']}, {job['finite']:,} finite values)")
         ranges = job["ranges"]
         counts, edges = job["counts"], job["edges"]
+        finite_ranges = [r for _, r in ranges if math.isfinite(r[0]) and math.isfinite(r[1])]
         if counts.size:
-            # add_artist, not stairs(): the limits are set below, autoscaling them costs time
-            ax.add_artist(StepPatch(counts, edges, baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
-            ax.add_artist(StepPatch(counts, edges, baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
+            self.fill.set_data(counts, edges, baseline=0.7)
+            self.step.set_data(counts, edges, baseline=0.7)
             ax.set_ylim(0.7, float(counts.max()) * 2.0)
-            points = [edges[0], edges[-1]] + [v for _, r in ranges for v in r if math.isfinite(v)]
+            data_lo, data_hi = float(edges[0]), float(edges[-1])
         else:
-            ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", fontsize=9)
             ax.set_ylim(0.7, 10.0)
-            points = [v for _, r in ranges for v in r if math.isfinite(v)] or [0.0]
-        lo, hi = min(points), max(points)
-        pad = (hi - lo) * 0.03 or max(abs(lo) * 0.05, 1e-6)
-        ax.set_xlim(lo - pad, hi + pad)
+            points = [v for r in finite_ranges for v in r] or [0.0]
+            data_lo, data_hi = min(points), max(points)
+        for artist in (self.fill, self.step):
+            artist.set_visible(bool(counts.size))
+        self.empty.set_visible(not counts.size)
+        # the view: the data, widened for the ranges by at most a quarter of the data's width on
+        # each side (a range reaching further is cut, its end drawn as an arrow)
+        reach = (data_hi - data_lo) * 0.25 or max(abs(data_lo), abs(data_hi), 1e-6) * 0.25
+        view_lo = max(min([data_lo] + [r[0] for r in finite_ranges]), data_lo - reach)
+        view_hi = min(max([data_hi] + [r[1] for r in finite_ranges]), data_hi + reach)
+        pad = (view_hi - view_lo) * 0.03 or max(abs(view_lo) * 0.05, 1e-6)
+        ax.set_xlim(view_lo - pad, view_hi + pad)
         labels = []
-        for row, (method, (low, high)) in enumerate(ranges):
+        for row in range(self.rows):
+            vline, line, (left, right), note = self.vlines[row], self.bars[row], self.ends[row], self.notes[row]
+            if row >= len(ranges):
+                for artist in (vline, line, left, right, note):
+                    artist.set_visible(False)
+                continue
+            method, (low, high) = ranges[row]
             colour = COLOURS[method]
-            auto = method == "auto"
             y = self.rows - 1 - row
-            if not (math.isfinite(low) and math.isfinite(high)):
-                bar.text(0.5, y, f"{_fmt_num(low)} \u2026 {_fmt_num(high)}: not finite, not drawn",
-                         transform=bar.get_yaxis_transform(), ha="center", va="center", fontsize=6.5, color=colour)
+            finite = math.isfinite(low) and math.isfinite(high)
+            for artist in (vline, line, left, right):
+                artist.set_visible(finite)
+                artist.set_color(colour)
+            note.set_visible(not finite)
+            if finite:
+                lo, hi = max(low, view_lo - pad), min(high, view_hi + pad)
+                vline.set_data([low, low, math.nan, high, high], [0, 1, math.nan, 0, 1])
+                vline.set_linestyle("--" if method == "auto" else "-")
+                vline.set_linewidth(1.6 if method == "auto" else 1.0)
+                line.set_data([lo, hi], [y, y])
+                left.set_data([lo], [y])
+                left.set_marker("<" if lo > low else "|")  # an arrow: the range goes on out of view
+                right.set_data([hi], [y])
+                right.set_marker(">" if hi < high else "|")
             else:
-                ax.vlines([low, high], 0, 1, transform=ax.get_xaxis_transform(), colors=colour,
-                          linestyles="--" if auto else "-", linewidth=1.6 if auto else 1.0, alpha=0.85)
-                bar.plot([low, high], [y, y], color=colour, linewidth=4.5, solid_capstyle="butt")
-                bar.plot([low, high], [y, y], linestyle="none", marker="|", color=colour, markersize=7,
-                         markeredgewidth=1.2)
+                note.set_text(f"{_fmt_num(low)} \u2026 {_fmt_num(high)}: not finite, not drawn")
+                note.set_color(colour)
+                note.set_y(y)
             label = LABELS.get(method, method)
-            if auto and job["auto_choice"]:
+            if method == "auto" and job["auto_choice"]:
                 label = f"auto \u2192 {job['auto_choice']}"
             labels.append((y, label, colour))
         bar.set_ylim(self.rows - len(ranges) - 0.7, self.rows - 0.3)
