@@ -293,6 +293,26 @@ def test_methods_subset_qtype_and_max_tensors(files, state, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_qtype_and_symmetric_reach_the_methods_and_errors(state, tmp_path):
+    if not KERNELS:
+        pytest.skip("mse/kl/pow2/auto kernels are not in this build")
+    out = tmp_path / "u8"
+    report.write_report(state, out, methods=["mse", "auto", "pow2", "entropy"], qtype="uint8", symmetric=True,
+                        max_tensors=0)
+    rows = {r["name"]: r for r in _page(out).rows}
+    expected = {m: state.method_ranges(m, **o)[0] for m, o in (
+        ("mse", {"qtype": "uint8", "symmetric": True}), ("auto", {"qtype": "uint8", "symmetric": True}),
+        ("pow2", {"qtype": "uint8"}))}
+    entropy = state.compute("entropy", symmetric=True).data
+    for i, name in enumerate(state.names):
+        row = rows[name]
+        for m, pairs in expected.items():
+            assert row["ranges"][m] == tuple(pairs[i]), (m, name)
+        assert row["ranges"]["entropy"] == _pair(entropy[name])
+        for m, err in row["errors"].items():
+            assert err == state.stream.qerrors([name], [row["ranges"][m]], qtype="uint8", symmetric=True)[0]
+
+
 def test_pow2_without_the_qtype_is_reported_not_fatal(state, tmp_path):
     out = tmp_path / "u16"
     report.write_report(state, out, qtype="uint16", methods=["minmax", "pow2"], max_tensors=0)

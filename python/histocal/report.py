@@ -500,11 +500,15 @@ def _nonfinite(t: _Tensor) -> str:
     return f'<span class="nonfinite">{_e(", ".join(parts))}</span>' if parts else "0"
 
 
+def _ratio(r: float) -> str:
+    return f"{r:.2f}" if r < 100 else f"{r:.0f}"
+
+
 def _ratio_cell(t: _Tensor) -> str:
     if math.isnan(t.ratio):
         return '<td class="na">—</td>'
     cls = ' class="out"' if t.ratio > OUTLIER_THRESHOLD else ""
-    return f'<td{cls} data-ratio="{t.ratio!r}">{t.ratio:.3g}</td>'
+    return f'<td{cls} data-ratio="{t.ratio!r}">{_ratio(t.ratio)}</td>'
 
 
 def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, str], info: dict[str, Any]) -> str:
@@ -526,8 +530,9 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
         '<p class="small">Each method cell: the range (low … high) and the estimated SQNR of quantizing the '
         "tensor's histogram with it, 10·log10(mean x² / mean squared error), in dB (higher is better; the best per "
         f"tensor in green). Outlier ratio: max|x| / p{OUTLIER_PERCENTILE:g}(|x|), highlighted above "
-        f"{OUTLIER_THRESHOLD:g}. minmax, entropy and percentile are onnxruntime's methods (the state's own settings "
-        "for the method it was collected with, onnxruntime's defaults otherwise); pow2 is MinMSE over all data. "
+        f"{OUTLIER_THRESHOLD:g}. minmax, entropy and percentile are onnxruntime's methods, here with "
+        f"symmetric={bool(info['symmetric'])} (their other settings: the state's own for the method it was collected "
+        "with, onnxruntime's defaults otherwise); pow2 is MinMSE over all data. "
         "Counts are finite values; NaN and ±Inf are listed apart.</p>")
     if problems:
         out.append('<div class="problems"><b>Not available:</b><ul>' + "".join(
@@ -563,7 +568,7 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
             continue
         facts = [t.dtype, f"{_count(t.finite)} finite values", f"min {_fmt_num(t.min)}", f"max {_fmt_num(t.max)}"]
         if not math.isnan(t.ratio):
-            facts.append(f"outlier ratio {t.ratio:.3g}")
+            facts.append(f"outlier ratio {_ratio(t.ratio)}")
         if t.auto_choice:
             facts.append(f"auto chose {t.auto_choice}")
         out.append(
