@@ -1,4 +1,4 @@
-"""histocal's command line: ``histocal calibrate | quantize | inspect | recompute | demo``.
+"""histocal's command line: ``histocal calibrate | quantize | inspect | recompute | report | demo``.
 
 Exit codes: 0 success, 1 failure (bad data, unreadable file, calibration or quantization error),
 2 usage error. Diagnostics go through :mod:`logging` to stderr (``histocal: error: ...``, one
