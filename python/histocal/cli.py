@@ -1,4 +1,4 @@
-"""histocal's command line: ``histocal calibrate | quantize | inspect | recompute | demo``.
+"""histocal's command line: ``histocal calibrate | quantize | inspect | recompute | report | demo``.
 
 Exit codes: 0 success, 1 failure (bad data, unreadable file, calibration or quantization error),
 2 usage error. Diagnostics go through :mod:`logging` to stderr (``histocal: error: ...``, one
@@ -883,6 +883,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _report_parser(sub: Any) -> None:
+    from .methods import QTYPES
+    from .report import REPORT_METHODS
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+        return value
+
+    p = sub.add_parser("report", help="HTML report of a histocal state: histograms, every method's range and error",
+                       description="Write DIR/index.html (a table of every tensor, worst outliers first: counts, "
+                                   "NaN/Inf, min/max, outlier ratio, each method's range and estimated SQNR, "
+                                   "auto's choice) and one histogram image per tensor (DIR/tensors/*.png) with "
+                                   "each method's range marked. Needs matplotlib: pip install 'histocal[report]'.")
+    p.add_argument("state", metavar="STATE", help="histocal state file")
+    p.add_argument("--out", metavar="DIR", required=True, help="output directory (created if missing)")
+    p.add_argument("--qtype", choices=QTYPES, default="int8", help="target type of the ranges and errors (default int8)")
+    p.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=False,
+                   help="symmetric quantization (default: asymmetric)")
+    p.add_argument("--methods", nargs="+", choices=REPORT_METHODS, metavar="METHOD",
+                   help=f"only these methods ({' '.join(REPORT_METHODS)}; default all)")
+    p.add_argument("--max-tensors", type=count, metavar="N",
+                   help="plot only the N tensors with the largest outlier ratios (the table lists all)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import require_matplotlib, write_report
+
+    require_matplotlib()
+    state = _load_state(args.state)
+    index = write_report(state, Path(args.out), qtype=args.qtype, symmetric=args.symmetric, methods=args.methods,
+                         max_tensors=args.max_tensors, source=args.state)
+    plotted = len(state.names) if args.max_tensors is None else min(args.max_tensors, len(state.names))
+    logger.info("wrote %s", index)
+    sys.stdout.write(f"report of {len(state.names)} tensors ({plotted} plotted): {index}\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Parser and entry point
 
 
@@ -955,6 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(p, default_method=None, minmax=False, collection=False, required=True)
     p.add_argument("--cache", metavar="OUT", required=True, help="ORT calibration cache to write")
     p.set_defaults(func=cmd_recompute)
+    _report_parser(sub)
 
     p = sub.add_parser("demo", help="compare histocal with onnxruntime on a small CNN (time, memory, ranges)",
                        description="Build a small CNN and synthetic data in a temp folder, calibrate with "

@@ -1,0 +1,681 @@
+"""A calibration report: one HTML page and one histogram image per tensor, from a histocal state.
+
+``write_report(state, out_dir)`` (and ``histocal report STATE --out DIR``) writes:
+
+* ``DIR/index.html``: a self-contained page (CSS only: no scripts, nothing fetched) with a summary
+  table, one row per tensor, worst outliers first: dtype, finite count, NaN/+Inf/-Inf counts,
+  min, max, the outlier ratio ``max|x| / p99.99(|x|)`` (highlighted above
+  :data:`OUTLIER_THRESHOLD`), every method's range and its estimated quantization error as an
+  SQNR in dB, and the candidate ``auto`` chose; then one section per plotted tensor;
+* ``DIR/tensors/<file>.png``: the tensor's streaming histogram (trimmed to its occupied span,
+  coarsened to at most :data:`DISPLAY_BINS` bins, log-scale counts) with every method's range as
+  vertical lines, and below it one coloured bar per method (the legend) showing the range.
+
+Methods: ``minmax``, ``entropy`` and ``percentile`` (onnxruntime's, computed by
+``CalibrationState.compute``: the state's own settings for the method it was collected with,
+onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (MinMSE, All) and ``auto``
+(``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
+them and to the error estimate (``state.stream.qerrors``: the mean squared error of quantizing and
+dequantizing the histogram's values with the range, onnxruntime's scale/zero-point rule). SQNR is
+``10 log10(mean(x^2) / error)`` over the same histogram values.
+
+Images need matplotlib (``pip install 'histocal[report]'``); it is used through its object API with
+the Agg canvas, so the caller's pyplot backend is left alone. The directory is written atomically
+as far as a directory can be: everything is rendered into a temporary sibling, then the
+``tensors`` folder and ``index.html`` (last) are moved into place; an existing ``DIR`` keeps its
+other files, and is written into only when its ``index.html`` (if any) is a previous report and its
+``tensors`` folder (if any) holds nothing but PNG files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import html
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import methods as _methods
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["write_report", "require_matplotlib", "REPORT_METHODS", "OUTLIER_THRESHOLD", "MissingDependency"]
+
+REPORT_METHODS = ("minmax", "entropy", "percentile", "mse", "kl", "pow2", "auto")
+LABELS = {"pow2": "pow2 (MinMSE, All)"}
+COLOURS = {
+    "minmax": "#6b6b6b",
+    "entropy": "#1f77b4",
+    "percentile": "#2ca02c",
+    "mse": "#d62728",
+    "kl": "#9467bd",
+    "pow2": "#ff7f0e",
+    "auto": "#111111",
+}
+# auto's candidate labels -> the report method whose colour they take
+_CANDIDATE_METHOD = {"minmax": "minmax", "entropy": "entropy", "kl": "kl", "mse": "mse",
+                     "percentile 99.99": "percentile", "percentile 99.999": "percentile"}
+OUTLIER_THRESHOLD = 4.0  # max|x| / p99.99(|x|) above this is highlighted
+OUTLIER_PERCENTILE = 99.99
+DISPLAY_BINS = 256
+FIG_SIZE = (7.0, 3.3)  # inches
+FIG_DPI = 80
+_PARALLEL_MIN = 48  # tensors to plot before worker processes pay off
+_INSTALL_HINT = "pip install 'histocal[report]'"
+_GENERATOR = '<meta name="generator" content="histocal report">'
+
+
+class MissingDependency(ImportError):
+    """matplotlib is not installed."""
+
+
+def require_matplotlib() -> None:
+    """MissingDependency (an ImportError) with the install command, unless matplotlib imports."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+        from matplotlib.figure import Figure  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependency(f"histocal report needs matplotlib ({exc}): {_INSTALL_HINT}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# What is reported per tensor
+
+
+@dataclass
+class _Tensor:
+    name: str
+    dtype: str
+    finite: int
+    nan: int
+    posinf: int
+    neginf: int
+    batches: int
+    min: float  # NaN without finite values
+    max: float
+    ratio: float  # outlier ratio; NaN without finite values
+    mean_square: float
+    counts: np.ndarray  # display histogram (trimmed, coarsened)
+    edges: np.ndarray
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)  # method -> mean squared error
+    auto_choice: str | None = None
+    file: str | None = None  # PNG name under tensors/, when plotted
+
+    def sqnr(self, method: str) -> float | None:
+        """SQNR in dB (inf for a lossless range), None when unknown."""
+        err = self.errors.get(method)
+        if err is None or not self.mean_square > 0:
+            return None
+        return math.inf if err <= 0 else 10.0 * math.log10(self.mean_square / err)
+
+
+def _summarise(stream: Any, name: str) -> _Tensor:
+    dtype, level, bins, fmin, fmax, _, (finite, nan, posinf, neginf, batches) = stream.export(name)
+    bins = np.asarray(bins, dtype=np.uint64)
+    nz = np.flatnonzero(bins)
+    t = _Tensor(name=name, dtype=dtype, finite=int(finite), nan=int(nan), posinf=int(posinf), neginf=int(neginf),
+                batches=int(batches), min=math.nan if fmin is None else float(fmin),
+                max=math.nan if fmax is None else float(fmax), ratio=math.nan, mean_square=0.0,
+                counts=np.zeros(0, np.uint64), edges=np.zeros(0))
+    if nz.size == 0 or level is None or fmin is None or fmax is None:
+        return t
+    half = bins.size // 2
+    top = math.ldexp(1.0, level)
+    width = top / half
+    # mean square of the bins' representative values (centres clamped to [min, max]), as qerror
+    lo_i, hi_i = int(nz[0]), int(nz[-1]) + 1
+    span = bins[lo_i:hi_i].astype(np.float64)
+    centres = np.clip(-top + (np.arange(lo_i, hi_i) + 0.5) * width, fmin, fmax)
+    total = span.sum()
+    t.mean_square = float(np.dot(span, centres * centres) / total)
+    # outlier ratio: max|x| over the p99.99 of |x| (upper edge of the |x| bin reaching it)
+    absolute = bins[half:][: half].astype(np.float64) + bins[:half][::-1]
+    cum = np.cumsum(absolute)
+    j = int(np.searchsorted(cum, total * OUTLIER_PERCENTILE / 100.0, side="left"))
+    amax = max(abs(fmin), abs(fmax))
+    p = min((min(j, half - 1) + 1) * width, amax)
+    t.ratio = amax / p if p > 0 else 1.0
+    # display histogram: the occupied span, at most DISPLAY_BINS bins
+    k = max(1, -(-span.size // DISPLAY_BINS))
+    padded = np.zeros(-(-span.size // k) * k, np.uint64)
+    padded[: span.size] = bins[lo_i:hi_i]
+    t.counts = padded.reshape(-1, k).sum(axis=1)
+    t.edges = -top + (lo_i + np.arange(t.counts.size + 1) * k) * width
+    return t
+
+
+def _pair(td: Any) -> tuple[float, float]:
+    return float(np.asarray(td.range_value[0]).reshape(-1)[0]), float(np.asarray(td.range_value[1]).reshape(-1)[0])
+
+
+def _method_settings(method: str, qtype: str, symmetric: bool) -> dict[str, Any]:
+    if method in ("minmax", "entropy", "percentile"):
+        return {"symmetric": symmetric}
+    if method == "pow2":
+        return {"qtype": qtype, "pow2_method": "MinMSE", "minmse_mode": "All"}
+    if method == "kl":
+        return {}
+    return {"qtype": qtype, "symmetric": symmetric}  # mse, auto
+
+
+def _compute(state: Any, tensors: list[_Tensor], method: str, qtype: str, symmetric: bool) -> str | None:
+    """Fill each tensor's range, error (and auto's choice) for ``method``; the problem, if any."""
+    names = [t.name for t in tensors]
+    settings = _method_settings(method, qtype, symmetric)
+    if method == "pow2" and qtype not in _methods.POW2_QTYPES:
+        return f"pow2 has no {qtype} variant (only {', '.join(_methods.POW2_QTYPES)})"
+    try:
+        if method in _methods.ORT_METHODS:
+            data = state.compute(method, **settings).data
+            pairs, choices = [_pair(data[n]) for n in names], None
+        else:
+            pairs, choices = state.method_ranges(method, **settings)
+    except Exception as exc:  # noqa: BLE001 - one method failing must not lose the whole report
+        logger.warning("report: %s: %s", method, exc)
+        return f"{type(exc).__name__}: {exc}"
+    for i, (t, pair) in enumerate(zip(tensors, pairs)):
+        t.ranges[method] = (float(pair[0]), float(pair[1]))
+        if choices is not None:
+            t.auto_choice = choices[i]
+    finite = [t for t in tensors if all(math.isfinite(v) for v in t.ranges[method])]
+    if not finite:
+        return None
+    try:
+        errs = state.stream.qerrors([t.name for t in finite], [t.ranges[method] for t in finite],
+                                    qtype=qtype, symmetric=symmetric)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("report: %s: quantization error estimate failed: %s", method, exc)
+        return f"no error estimate ({type(exc).__name__}: {exc})"
+    for t, err in zip(finite, errs):
+        t.errors[method] = float(err)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# File names
+
+
+_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+
+
+def safe_file_names(names: Sequence[str], max_len: int = 80) -> list[str]:
+    """Distinct, portable file stems (ASCII letters, digits, ``._-``) for tensor names; distinct
+    also on case-insensitive file systems. A name that had to change gets a short hash of itself."""
+    used: set[str] = set()
+    out = []
+    for name in names:
+        text = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+        stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
+        stem = "_".join(filter(None, stem.split("_")))[:max_len].strip("_-") or "tensor"
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()
+        if stem != name or stem.lower() in _RESERVED:
+            stem = f"{stem}-{digest[:8]}"
+        candidate, n = stem, 2
+        while candidate.lower() in used:
+            candidate, n = f"{stem}-{n}", n + 1
+        used.add(candidate.lower())
+        out.append(candidate)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Images
+
+
+def _plot_job(t: _Tensor, methods: Sequence[str]) -> dict[str, Any]:
+    """What a worker needs to draw one tensor (plain, picklable data)."""
+    return {
+        "title": t.name, "dtype": t.dtype, "finite": t.finite, "counts": t.counts, "edges": t.edges,
+        "ranges": [(m, t.ranges[m]) for m in methods if m in t.ranges],
+        "auto_choice": t.auto_choice,
+    }
+
+
+def _fmt_num(x: float) -> str:
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    return f"{x:.5g}"
+
+
+class _Canvas:
+    """One figure whose axes and artists are made once and updated for every tensor (creating
+    axes, ticks and artists is what costs time in matplotlib; updating them is cheap)."""
+
+    def __init__(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import StepPatch
+        from matplotlib.ticker import LogLocator, NullLocator
+
+        self.fig = Figure(figsize=FIG_SIZE, dpi=FIG_DPI)
+        FigureCanvasAgg(self.fig)
+        self.rows = len(REPORT_METHODS)
+        grid = self.fig.add_gridspec(2, 1, height_ratios=[3.0, 0.45 + 0.22 * self.rows], hspace=0.06,
+                                     left=0.19, right=0.98, top=0.9, bottom=0.12)
+        self.ax = ax = self.fig.add_subplot(grid[0])
+        self.bar = bar = self.fig.add_subplot(grid[1], sharex=ax)
+        self.title = self.fig.text(0.01, 0.975, "", fontsize=8, ha="left", va="top")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, numticks=6))
+        ax.yaxis.set_minor_locator(NullLocator())
+        # (a figure text, not an axis label: placing axis labels measures every tick label)
+        self.fig.text(0.095, 0.6, "count (log)", fontsize=7, rotation=90, ha="center", va="center")
+        ax.tick_params(labelsize=7, labelbottom=False)
+        ax.grid(axis="y", color="#e5e5e5", linewidth=0.5)
+        bar.tick_params(axis="x", labelsize=7)
+        bar.tick_params(axis="y", length=0, labelsize=6.5)
+        bar.grid(axis="x", color="#eeeeee", linewidth=0.5)
+        bar.yaxis.set_minor_locator(NullLocator())
+        for spine in ("top", "right"):
+            bar.spines[spine].set_visible(False)
+            ax.spines[spine].set_visible(False)
+        # add_artist: no autoscaling (the limits are set per tensor)
+        self.fill = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
+        self.step = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
+        self.empty = ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center",
+                             fontsize=9)
+        xaxis = ax.get_xaxis_transform()
+        self.vlines, self.bars, self.ends, self.notes = [], [], [], []
+        for _ in range(self.rows):
+            self.vlines.append(ax.add_artist(Line2D([], [], transform=xaxis, alpha=0.85)))
+            self.bars.append(bar.add_artist(Line2D([], [], linewidth=4.5, solid_capstyle="butt")))
+            self.ends.append([bar.add_artist(Line2D([], [], linestyle="none", markersize=7, markeredgewidth=1.2))
+                              for _ in range(2)])
+            self.notes.append(bar.text(0.5, 0, "", transform=bar.get_yaxis_transform(), ha="center", va="center",
+                                       fontsize=6.5))
+
+    def draw(self, job: dict[str, Any], path: str) -> None:
+        ax, bar = self.ax, self.bar
+        self.title.set_text(_plain_text(job["title"], 90) + f"   ({job['dtype']}, {job['finite']:,} finite values)")
+        ranges = job["ranges"]
+        counts, edges = job["counts"], job["edges"]
+        finite_ranges = [r for _, r in ranges if math.isfinite(r[0]) and math.isfinite(r[1])]
+        if counts.size:
+            self.fill.set_data(counts, edges, baseline=0.7)
+            self.step.set_data(counts, edges, baseline=0.7)
+            ax.set_ylim(0.7, float(counts.max()) * 2.0)
+            data_lo, data_hi = float(edges[0]), float(edges[-1])
+        else:
+            ax.set_ylim(0.7, 10.0)
+            points = [v for r in finite_ranges for v in r] or [0.0]
+            data_lo, data_hi = min(points), max(points)
+        for artist in (self.fill, self.step):
+            artist.set_visible(bool(counts.size))
+        self.empty.set_visible(not counts.size)
+        # the view: the data, widened for the ranges by at most a quarter of the data's width on
+        # each side (a range reaching further is cut, its end drawn as an arrow)
+        reach = (data_hi - data_lo) * 0.25 or max(abs(data_lo), abs(data_hi), 1e-6) * 0.25
+        view_lo = max(min([data_lo] + [r[0] for r in finite_ranges]), data_lo - reach)
+        view_hi = min(max([data_hi] + [r[1] for r in finite_ranges]), data_hi + reach)
+        pad = (view_hi - view_lo) * 0.03 or max(abs(view_lo) * 0.05, 1e-6)
+        ax.set_xlim(view_lo - pad, view_hi + pad)
+        labels = []
+        for row in range(self.rows):
+            vline, line, (left, right), note = self.vlines[row], self.bars[row], self.ends[row], self.notes[row]
+            if row >= len(ranges):
+                for artist in (vline, line, left, right, note):
+                    artist.set_visible(False)
+                continue
+            method, (low, high) = ranges[row]
+            colour = COLOURS[method]
+            y = self.rows - 1 - row
+            finite = math.isfinite(low) and math.isfinite(high)
+            for artist in (vline, line, left, right):
+                artist.set_visible(finite)
+                artist.set_color(colour)
+            note.set_visible(not finite)
+            if finite:
+                lo, hi = max(low, view_lo - pad), min(high, view_hi + pad)
+                vline.set_data([low, low, math.nan, high, high], [0, 1, math.nan, 0, 1])
+                vline.set_linestyle("--" if method == "auto" else "-")
+                vline.set_linewidth(1.6 if method == "auto" else 1.0)
+                line.set_data([lo, hi], [y, y])
+                left.set_data([lo], [y])
+                left.set_marker("<" if lo > low else "|")  # an arrow: the range goes on out of view
+                right.set_data([hi], [y])
+                right.set_marker(">" if hi < high else "|")
+            else:
+                note.set_text(f"{_fmt_num(low)} \u2026 {_fmt_num(high)}: not finite, not drawn")
+                note.set_color(colour)
+                note.set_y(y)
+            label = LABELS.get(method, method)
+            if method == "auto" and job["auto_choice"]:
+                label = f"auto \u2192 {job['auto_choice']}"
+            labels.append((y, label, colour))
+        bar.set_ylim(self.rows - len(ranges) - 0.7, self.rows - 0.3)
+        bar.set_yticks([y for y, _, _ in labels], [lab for _, lab, _ in labels])
+        for tick, (_, _, colour) in zip(bar.get_yticklabels(), labels):
+            tick.set_color(colour)
+        self.fig.savefig(path, dpi=FIG_DPI, format="png")
+
+
+_missing_glyphs: dict[str, bool] = {}
+
+
+def _plain_text(text: str, limit: int) -> str:
+    """``text`` shortened, with characters the plot font lacks written as ``\\uXXXX`` (matplotlib
+    would draw boxes and warn)."""
+    from matplotlib import font_manager
+
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    font = None
+    out = []
+    for c in text:
+        if c.isascii():
+            out.append(c)
+            continue
+        if c not in _missing_glyphs:
+            font = font or font_manager.get_font(font_manager.findfont(font_manager.FontProperties()))
+            _missing_glyphs[c] = font.get_char_index(ord(c)) == 0
+        out.append(f"\\u{ord(c):04x}" if _missing_glyphs[c] else c)
+    return "".join(out)
+
+
+def _render(jobs: list[tuple[dict[str, Any], str]]) -> None:
+    """Draw and save each (job, png path) with one reused figure."""
+    canvas = _Canvas()
+    for job, path in jobs:
+        canvas.draw(job, path)
+
+
+def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
+    """Render the images, split over ``workers`` processes for large reports: this process takes
+    one share, each other share goes (as JSON on stdin) to a fresh ``python -c`` worker
+    (not multiprocessing, whose spawn would re-run the caller's ``__main__``, nor fork, unsafe in
+    a process running Rust and onnxruntime threads)."""
+    if workers <= 1 or len(jobs) < _PARALLEL_MIN:
+        _render(jobs)
+        return
+    chunks = [jobs[i::workers] for i in range(workers)]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    code = "import sys; from histocal.report import _worker_main; _worker_main(sys.stdin)"
+    procs = []
+    try:
+        for chunk in chunks[1:]:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, env=env, text=True, encoding="utf-8")
+            procs.append(proc)
+            payload = [({**job, "counts": job["counts"].tolist(), "edges": job["edges"].tolist()}, path)
+                       for job, path in chunk]
+            threading.Thread(target=_feed, args=(proc, json.dumps(payload)), daemon=True).start()
+        _render(chunks[0])
+        for proc in procs:
+            stderr = proc.stderr.read()
+            if proc.wait() != 0:
+                last = (stderr.strip().splitlines() or ["no message"])[-1]
+                raise RuntimeError(f"report image worker failed (exit {proc.returncode}): {last}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _feed(proc: subprocess.Popen, text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.write(text)
+        proc.stdin.close()
+
+
+def _worker_main(stream: Any) -> None:
+    """Entry point of an image worker process: JSON ``[[job, path], ...]`` on ``stream``."""
+    jobs = [({**job, "counts": np.asarray(job["counts"], np.uint64), "edges": np.asarray(job["edges"], np.float64),
+              "ranges": [(m, tuple(r)) for m, r in job["ranges"]]}, path) for job, path in json.load(stream)]
+    _render(jobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fff}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px} h3{font-size:15px;margin:0 0 6px;word-break:break-all}
+.meta{color:#555;margin:0 0 12px} .meta code{background:#f3f3f3;padding:0 3px;border-radius:3px}
+.legend span{display:inline-block;margin:0 14px 4px 0} .legend i{display:inline-block;width:14px;height:10px;margin-right:5px;vertical-align:baseline}
+.wrap{overflow-x:auto;border:1px solid #ddd;border-radius:4px}
+table{border-collapse:collapse;font-size:12.5px;font-variant-numeric:tabular-nums}
+th,td{padding:4px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap;vertical-align:top}
+th{background:#f6f6f6;position:sticky;top:0;border-bottom:2px solid #ccc}
+th.m{border-top:3px solid var(--c)}
+td.name,th.name{text-align:left;white-space:normal;word-break:break-all;min-width:14em;max-width:28em}
+tbody tr:nth-child(even){background:#fafafa} tbody tr:hover{background:#eef5fc}
+td.r small{display:block;color:#666} td.best small{color:#0a6b2d;font-weight:600}
+td.out{background:#fde2e1;color:#a1100a;font-weight:600}
+td.na{color:#aaa} .nonfinite{color:#a1100a;font-weight:600}
+section.t{margin:22px 0;padding-top:10px;border-top:1px solid #e3e3e3}
+section.t img{max-width:100%;height:auto;border:1px solid #eee}
+.small{font-size:12px;color:#666} a{color:#1558b0;text-decoration:none} a:hover{text-decoration:underline}
+.problems{background:#fff6e0;border:1px solid #f0d48a;padding:8px 12px;border-radius:4px}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def _range_cell(t: _Tensor, method: str, best: float | None) -> str:
+    pair = t.ranges.get(method)
+    if pair is None:
+        return '<td class="r na">—</td>'
+    low, high = pair
+    sqnr = t.sqnr(method)
+    if sqnr is None:
+        quality = "SQNR n/a"
+    else:
+        quality = "SQNR ∞" if math.isinf(sqnr) else f"{sqnr:.1f} dB"
+    best_cls = " best" if sqnr is not None and best is not None and sqnr >= best - 1e-9 else ""
+    err = f' data-error="{t.errors[method]!r}"' if method in t.errors else ""
+    return (f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}"{err}>'
+            f"{_fmt_num(low)} … {_fmt_num(high)}<small>{quality}</small></td>")
+
+
+def _nonfinite(t: _Tensor) -> str:
+    parts = [f"{_count(v)} {label}" for v, label in ((t.nan, "NaN"), (t.posinf, "+Inf"), (t.neginf, "-Inf")) if v]
+    return f'<span class="nonfinite">{_e(", ".join(parts))}</span>' if parts else "0"
+
+
+def _ratio(r: float) -> str:
+    return f"{r:.2f}" if r < 100 else f"{r:.0f}"
+
+
+def _ratio_cell(t: _Tensor) -> str:
+    if math.isnan(t.ratio):
+        return '<td class="na">—</td>'
+    cls = ' class="out"' if t.ratio > OUTLIER_THRESHOLD else ""
+    return f'<td{cls} data-ratio="{t.ratio!r}">{_ratio(t.ratio)}</td>'
+
+
+def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, str], info: dict[str, Any]) -> str:
+    out = ['<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+           _GENERATOR,
+           '<meta name="viewport" content="width=device-width,initial-scale=1">',
+           f"<title>histocal report: {_e(info['source'])}</title><style>{_CSS}</style></head><body>",
+           "<h1>histocal calibration report</h1>"]
+    flagged = sum(1 for t in tensors if t.ratio > OUTLIER_THRESHOLD)
+    plotted = sum(1 for t in tensors if t.file)
+    out.append(
+        f'<p class="meta">State <code>{_e(info["source"])}</code> · {len(tensors)} tensors · collected in '
+        f'{_e(info["mode"])} mode with {_e(info["method"])} · quantization to <code>{_e(info["qtype"])}</code>, '
+        f'{"symmetric" if info["symmetric"] else "asymmetric"} · {flagged} tensor(s) with outliers · '
+        f'{plotted} plotted · histocal {_e(info["version"])}</p>')
+    out.append('<p class="legend">' + "".join(
+        f'<span><i style="background:{COLOURS[m]}"></i>{_e(LABELS.get(m, m))}</span>' for m in methods) + "</p>")
+    out.append(
+        '<p class="small">Each method cell: the range (low … high) and the estimated SQNR of quantizing the '
+        "tensor's histogram with it, 10·log10(mean x² / mean squared error), in dB (higher is better; the best per "
+        f"tensor in green). Outlier ratio: max|x| / p{OUTLIER_PERCENTILE:g}(|x|), highlighted above "
+        f"{OUTLIER_THRESHOLD:g}. minmax, entropy and percentile are onnxruntime's methods, here with "
+        f"symmetric={bool(info['symmetric'])} (their other settings: the state's own for the method it was collected "
+        "with, onnxruntime's defaults otherwise); pow2 is MinMSE over all data. "
+        "Counts are finite values; NaN and ±Inf are listed apart.</p>")
+    if problems:
+        out.append('<div class="problems"><b>Not available:</b><ul>' + "".join(
+            f"<li><b>{_e(m)}</b>: {_e(p)}</li>" for m, p in problems.items()) + "</ul></div>")
+
+    out.append('<h2 id="summary">Tensors, by outlier ratio</h2><div class="wrap"><table><thead><tr>'
+               '<th>#</th><th class="name">tensor</th><th>dtype</th><th>count</th><th>NaN / Inf</th>'
+               '<th>min</th><th>max</th><th>outlier ratio</th>')
+    out += [f'<th class="m" style="--c:{COLOURS[m]}">{_e(LABELS.get(m, m))}</th>' for m in methods]
+    if "auto" in methods:
+        out.append("<th>auto's choice</th>")
+    out.append("</tr></thead><tbody>")
+    for i, t in enumerate(tensors, 1):
+        name = f'<a href="#{_e(t.file)}">{_e(t.name)}</a>' if t.file else _e(t.name)
+        sqnrs = [s for s in (t.sqnr(m) for m in methods) if s is not None]
+        best = max(sqnrs) if sqnrs else None
+        row = [f"<td>{i}</td>", f'<td class="name" data-name="{_e(t.name)}">{name}</td>', f"<td>{_e(t.dtype)}</td>",
+               f"<td>{_count(t.finite)}</td>", f"<td>{_nonfinite(t)}</td>", f"<td>{_fmt_num(t.min)}</td>",
+               f"<td>{_fmt_num(t.max)}</td>", _ratio_cell(t)]
+        row += [_range_cell(t, m, best) for m in methods]
+        if "auto" in methods:
+            row.append(f'<td data-auto="{_e(t.auto_choice or "")}">{_e(t.auto_choice or "—")}</td>')
+        out.append("<tr>" + "".join(row) + "</tr>")
+    out.append("</tbody></table></div>")
+
+    if plotted:
+        out.append("<h2>Histograms</h2>")
+        if plotted < len(tensors):
+            out.append(f'<p class="small">The {plotted} tensors with the largest outlier ratios '
+                       f"(of {len(tensors)}).</p>")
+    for t in tensors:
+        if not t.file:
+            continue
+        facts = [t.dtype, f"{_count(t.finite)} finite values", f"min {_fmt_num(t.min)}", f"max {_fmt_num(t.max)}"]
+        if not math.isnan(t.ratio):
+            facts.append(f"outlier ratio {_ratio(t.ratio)}")
+        if t.auto_choice:
+            facts.append(f"auto chose {t.auto_choice}")
+        out.append(
+            f'<section class="t" id="{_e(t.file)}"><h3>{_e(t.name)}</h3>'
+            f'<p class="small">{_e(" · ".join(facts))} · <a href="#summary">back to the table</a></p>'
+            f'<img src="tensors/{_e(t.file)}.png" alt="histogram of {_e(t.name)}" loading="lazy" '
+            f'width="{int(FIG_SIZE[0] * FIG_DPI)}" height="{int(FIG_SIZE[1] * FIG_DPI)}"></section>')
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing the directory
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir}: exists and is not a directory")
+    images = out_dir / "tensors"
+    if images.is_symlink() or (images.exists() and not images.is_dir()):
+        raise ValueError(f"{images}: exists and is not a report's image folder; choose another --out")
+    if images.is_dir():
+        strays = [p.name for p in images.iterdir() if p.suffix != ".png" or not p.is_file() or p.is_symlink()]
+        if strays:
+            raise ValueError(f"{images}: holds files that are not report images ({strays[0]!r}, ...); "
+                             "choose another output directory")
+    index = out_dir / "index.html"
+    if index.is_symlink() or (index.exists() and not index.is_file()):
+        raise ValueError(f"{index}: exists and is not a file; choose another output directory")
+    if index.is_file():
+        with open(index, "rb") as f:
+            head = f.read(4096)
+        if _GENERATOR.encode() not in head:
+            raise ValueError(f"{index}: exists and is not a histocal report; choose another output directory")
+
+
+def _install(staging: Path, out_dir: Path) -> None:
+    """Move the staged ``tensors`` folder and ``index.html`` into ``out_dir`` (index last)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images, old = out_dir / "tensors", None
+    if images.exists():
+        old = Path(tempfile.mkdtemp(dir=out_dir, prefix=".tensors.old."))
+        os.replace(images, old / "tensors")
+    os.replace(staging / "tensors", images)
+    os.replace(staging / "index.html", out_dir / "index.html")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_report(state: Any, out_dir: str | os.PathLike[str], *, qtype: str = "int8", symmetric: bool = False,
+                 methods: Sequence[str] | None = None, max_tensors: int | None = None,
+                 workers: int | None = None, source: str | None = None) -> Path:
+    """Write the report of ``state`` (a ``CalibrationState`` or a state file) into ``out_dir``;
+    returns the path of ``index.html``. ``methods``: a subset of :data:`REPORT_METHODS` (default
+    all); ``max_tensors``: plot only that many tensors, the largest outlier ratios first (the table
+    lists every tensor); ``workers``: processes drawing the images (default: the usable CPUs);
+    ``source``: how the page names the state (default: its file, or "in-memory state")."""
+    from .state import CalibrationState
+
+    require_matplotlib()
+    if qtype not in _methods.QTYPES:
+        raise ValueError(f"qtype must be one of {list(_methods.QTYPES)}, got {qtype!r}")
+    methods = list(REPORT_METHODS if methods is None else dict.fromkeys(methods))
+    unknown = [m for m in methods if m not in REPORT_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"report methods must be among {list(REPORT_METHODS)}, got {unknown or methods}")
+    methods = [m for m in REPORT_METHODS if m in methods]
+    if max_tensors is not None and (isinstance(max_tensors, bool) or int(max_tensors) != max_tensors or max_tensors < 0):
+        raise ValueError(f"max_tensors must be a non-negative integer, got {max_tensors!r}")
+    if not isinstance(state, CalibrationState):
+        source = str(state) if source is None else source
+        state = CalibrationState.load(state)
+    source = "in-memory state" if source is None else str(source)
+    if state.stream is None:
+        raise ValueError("the report needs the streaming histogram, and this state holds only exact histograms")
+    out_dir = Path(out_dir)
+    _check_replaceable(out_dir)
+
+    start = time.perf_counter()
+    tensors = [_summarise(state.stream, n) for n in state.names]
+    problems = {}
+    for m in methods:
+        problem = _compute(state, tensors, m, qtype, bool(symmetric))
+        if problem:
+            problems[LABELS.get(m, m)] = problem
+    order = sorted(range(len(tensors)), key=lambda i: (math.isnan(tensors[i].ratio), -np.nan_to_num(tensors[i].ratio)))
+    tensors = [tensors[i] for i in order]
+    plot = tensors if max_tensors is None else tensors[: int(max_tensors)]
+    for t, stem in zip(plot, safe_file_names([t.name for t in plot])):
+        t.file = stem
+    computed = time.perf_counter()
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp."))
+    try:
+        (staging / "tensors").mkdir()
+        jobs = [(_plot_job(t, methods), str(staging / "tensors" / f"{t.file}.png")) for t in plot]
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        _render_all(jobs, max(1, int(workers)))
+        info = {"source": source, "mode": state.mode, "method": state.method or "?", "qtype": qtype,
+                "symmetric": bool(symmetric), "version": state.histocal_version}
+        (staging / "index.html").write_text(_html(tensors, methods, problems, info), encoding="utf-8")
+        _install(staging, out_dir)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staging)
+    logger.info("report: %d tensors (%d plotted): ranges %.2f s, images and page %.2f s", len(tensors), len(plot),
+                computed - start, time.perf_counter() - computed)
+    return out_dir / "index.html"
