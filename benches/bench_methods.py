@@ -438,6 +438,15 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
         md.append(f"| {label} | " + " | ".join(cells) + " |")
     if notes:
         md += ["", *sorted(set(notes))]
+    md += [
+        "",
+        "Note: with asymmetric activations onnxruntime's QDQ quantizer removes Relu/Clip nodes "
+        "(`QDQRemovableActivation`: unless `ActivationSymmetric` or `QDQKeepRemovableActivations` is set) "
+        "and lets the Relu output's range clip the producer's output instead. A range whose low is "
+        "negative on a Relu output (kl's `(-t, t)`, pow2 int8's `(-128 s, 127 s)`) then lets negative "
+        "values through: that, not the ranges' precision, is why those rows collapse in the asym columns "
+        "of models with Relu.",
+    ]
     return "\n".join(md) + "\n"
 
 
