@@ -8,11 +8,13 @@ checked against the plain numpy references of ``method_refs.py`` (a literal read
 * the Python layer (``CalibrationState.compute``, ``register_method``) on a small model's state,
   against the references applied to each tensor's exported streaming histogram.
 
-Comparisons: error values to 1e-9 relative; a search must return one of its grid's candidates whose
-reference error is the reference minimum to 1e-9 relative (a float near-tie may pick another
-candidate than the reference; exact ties of zero error must follow the spec's tie rule); pow2
-exponents must be the brute-force ones exactly (searched over a much wider window than the spec's,
-which also shows that the spec's window never misses a better exponent).
+Comparisons: error values to 1e-9 relative, plus a few ulps of the data's magnitude per value
+(``error_tol``: the kernels work in bin coordinates); a search must return one of its grid's
+candidates whose reference error is the reference minimum within that tolerance (a float near-tie
+may pick another candidate than the reference; exact ties of zero error must follow the spec's tie
+rule); pow2 exponents must be the brute-force ones exactly, exact ties decided in rational
+arithmetic (searched over a much wider window than the spec's, which also shows that the spec's
+window never misses a better exponent).
 """
 
 from __future__ import annotations
