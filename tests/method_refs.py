@@ -341,12 +341,18 @@ class KL:
     def threshold(self, i: int) -> float:
         return self.A * i / self.num_bins
 
+    data_min: float = 0.0
+
+    def low(self, t: float) -> float:
+        """-t, raised to min(data min, 0): a Relu output's range starts at 0."""
+        return max(-t, min(self.data_min, 0.0))
+
     @property
     def result(self) -> tuple[float, float]:
         if self.A == 0:
             return (0.0, 0.0)
         t = self.threshold(self.best_i)
-        return (-t, t)
+        return (self.low(t), t)
 
 
 def kl_search(h: Hist, num_bins: int = 2048, num_quantized_bins: int = 128) -> KL:
@@ -355,7 +361,7 @@ def kl_search(h: Hist, num_bins: int = 2048, num_quantized_bins: int = 128) -> K
     if h.total == 0 or max(abs(h.mn), abs(h.mx)) == 0:
         return KL(np.zeros(0), 0.0, num_bins, num_quantized_bins)
     div, A = kl_divergences(h, num_bins, num_quantized_bins)
-    return KL(div, A, num_bins, num_quantized_bins)
+    return KL(div, A, num_bins, num_quantized_bins, h.mn)
 
 
 # ----------------------------------------------------------------------------------------------

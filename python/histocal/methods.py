@@ -7,7 +7,8 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   for the target type, under onnxruntime's own scale/zero-point rule (symmetric or not);
 * ``"kl"``: TensorRT's entropy calibration (one-sided |x| histogram of ``num_bins`` bins,
   thresholds from ``num_quantized_bins`` bins upward, KL divergence with the quantized
-  distribution zero where the reference is zero);
+  distribution zero where the reference is zero; the low end is raised to the data's min when
+  that is above -t, so a Relu output gets (0, t));
 * ``"pow2"``: power-of-two scales as in AMD Quark: ``NonOverflow`` (the smallest power-of-two
   scale whose range covers the data) or ``MinMSE`` (the power-of-two scale with the least squared
   error, over all data, ``All``, or the most common per-batch choice, ``MostCommon``); the range

@@ -58,13 +58,15 @@ impl std::fmt::Display for KlError {
     }
 }
 
-/// The KL threshold range `(-t, t)` of `hist`; (0, 0) when it is empty or all its values are 0.
+/// The KL threshold range `(-t, t)` of `hist`, its low end raised to `min(data min, 0)` (a Relu
+/// output gets `(0, t)`: ORT's QDQ quantizer removes Relu and lets the range do its clipping);
+/// (0, 0) when it is empty or all its values are 0.
 pub fn kl_range(hist: &UniformHistogram, num_bins: usize, num_quantized_bins: usize) -> Result<(f64, f64), KlError> {
     check_settings(num_bins, num_quantized_bins)?;
     let Some((abs, a)) = abs_histogram(hist, num_bins) else { return Ok((0.0, 0.0)) };
     let i = best_candidate(&abs, num_quantized_bins);
     let t = a * i as f64 / num_bins as f64;
-    Ok((-t, t))
+    Ok(((-t).max(hist.min.min(0.0)), t))
 }
 
 /// At least one quantized bin, and at least as many bins.

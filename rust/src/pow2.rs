@@ -97,6 +97,9 @@ pub fn non_overflow_exponent(hist: &UniformHistogram, t: Pow2Type) -> Option<i32
     Some(k)
 }
 
+/// Errors closer than this (relative) count as equal: the sums round at about 1e-15 per term.
+const TIE_TOLERANCE: f64 = 1e-12;
+
 /// `E(k)`: the mean squared error of scale `2^k`, zero point 0.
 pub fn error(table: &ErrorTable, k: i32, t: Pow2Type) -> f64 {
     table.mean_squared_error(&quantizer(k, t))
@@ -106,10 +109,11 @@ pub fn error(table: &ErrorTable, k: i32, t: Pow2Type) -> f64 {
 pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type) -> Option<i32> {
     let k0 = non_overflow_exponent(table.hist(), t)?;
     let mut best = (f64::INFINITY, k0);
-    // from the top, replacing only on a strictly smaller error: the larger k wins ties
+    // From the top, replacing only on a clearly smaller error: the larger k wins ties, also
+    // exact ties that rounding in the error sums would break either way.
     for k in ((k0 - MIN_MSE_WINDOW).max(MIN_EXPONENT)..=k0).rev() {
         if let Some(e) = table.squared_error_sum(&quantizer(k, t), best.0) {
-            if e < best.0 {
+            if e < best.0 * (1.0 - TIE_TOLERANCE) {
                 best = (e, k);
             }
         }
