@@ -16,6 +16,7 @@ pub mod pairwise;
 pub mod percentile;
 pub mod scan;
 mod simd;
+pub mod stream_bins;
 pub mod state;
 pub mod stream_histogram;
 pub mod value_histogram;
