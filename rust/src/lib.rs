@@ -9,6 +9,7 @@ pub mod distribution;
 pub mod entropy;
 pub mod float;
 pub mod histogram;
+mod lanes;
 mod libm;
 pub mod minmax;
 pub mod numpy_log;

@@ -21,9 +21,9 @@
 //! minimum and maximum is counted and added (ReLU-like data spans half the bins).
 
 use crate::float::Float;
+use crate::lanes::{widen_f16, Lane};
 use crate::scan::{Scan, PAR_CHUNK};
 use crate::view::View;
-use half::slice::HalfFloatSliceExt;
 use half::f16;
 use rayon::prelude::*;
 use std::any::TypeId;
@@ -32,57 +32,6 @@ use std::any::TypeId;
 const BLOCK: usize = 2048;
 /// Counters that exact zeros are spread over.
 const ZERO_SLOTS: usize = 8;
-
-/// The lanes the kernel computes in (f32 or f64).
-trait Lane: Copy + PartialOrd + std::ops::Mul<Output = Self> + 'static {
-    const ZERO: Self;
-    const INFINITY: Self;
-    /// The largest exponent of a finite number.
-    const MAX_EXP: i32;
-    fn abs(self) -> Self;
-    fn of_i32(i: i32) -> Self;
-    /// `trunc(self)`.
-    /// # Safety
-    /// `self` must be finite and inside the i32 range.
-    unsafe fn trunc_i32(self) -> i32;
-    /// `2^k` (`k <= MAX_EXP`), exact down to the smallest subnormal, 0 below it.
-    fn pow2(k: i32) -> Self;
-}
-
-macro_rules! lane {
-    ($t:ty, $bits:ty, $mant:expr, $max_exp:expr) => {
-        impl Lane for $t {
-            const ZERO: Self = 0.0;
-            const INFINITY: Self = <$t>::INFINITY;
-            const MAX_EXP: i32 = $max_exp;
-            #[inline(always)]
-            fn abs(self) -> Self {
-                <$t>::abs(self)
-            }
-            #[inline(always)]
-            fn of_i32(i: i32) -> Self {
-                i as $t
-            }
-            #[inline(always)]
-            unsafe fn trunc_i32(self) -> i32 {
-                self.to_int_unchecked()
-            }
-            fn pow2(k: i32) -> Self {
-                assert!(k <= $max_exp);
-                let min_normal = 1 - $max_exp;
-                if k >= min_normal {
-                    <$t>::from_bits(((k + $max_exp) as $bits) << $mant)
-                } else if k >= min_normal - $mant {
-                    <$t>::from_bits(1 << (k - min_normal + $mant))
-                } else {
-                    0.0
-                }
-            }
-        }
-    };
-}
-lane!(f32, u32, 23, 127);
-lane!(f64, u64, 52, 1023);
 
 /// A level's mapping from values to bins, in lanes of type `T`, restricted to a window of
 /// bins `first..=last` (signed bin numbers) that holds every finite value to be counted.
@@ -180,7 +129,7 @@ impl<T: Lane> Counter<T> {
             let lanes = match cast::<D, f16>(block) {
                 Some(b) => {
                     let w = &mut self.wide[..b.len()];
-                    b.convert_to_f32_slice(w);
+                    widen_f16(b, w);
                     cast::<f32, T>(w)
                 }
                 None => cast::<D, T>(block),
