@@ -135,9 +135,11 @@ impl<T: Lane> Counter<T> {
                 None => cast::<D, T>(block),
             };
             bins(&self.p, lanes.expect("lanes match the data type"), idx);
-            let small = &mut self.small[..];
+            let small = self.small.as_mut_ptr();
             for &i in idx.iter() {
-                small[i as usize] += 1;
+                // SAFETY: `bins` clamps every bin into the window, so its indices (window bins,
+                // the dummy, the zero slots) are < len + 1 + ZERO_SLOTS = small.len().
+                unsafe { *small.add(i as usize) += 1 };
             }
             self.pending += block.len();
         }
