@@ -9,6 +9,10 @@
 (b) ``compute_collection_result`` for method='entropy' (2048 bins, 128 quantized bins) over the
     activation histograms of a small conv/relu CNN (~100 intermediate tensors) run with
     onnxruntime, and a check that every threshold is identical to ORT's.
+(c) the streaming histogram's add (``_core.StreamHistograms``, 16384 bins, what streaming
+    calibration and exact mode's state feed per batch; no ORT counterpart): the (a) batches as
+    float32, their ReLU (half exact zeros), and the first four as float16 and float64, in GB/s
+    of input.
 
 histocal is timed with its default thread count and with 1 thread. ORT's print() output is
 silenced while it is timed. Times are medians of the repeats (perf_counter).
@@ -16,6 +20,7 @@ silenced while it is timed. Times are medians of the repeats (perf_counter).
 Usage:
     python3 benches/bench_collector.py            # full sizes (a few minutes on 2 cores)
     python3 benches/bench_collector.py --quick    # smoke test, a few seconds
+    python3 benches/bench_collector.py --only stream   # one section: collect, entropy or stream
 """
 
 from __future__ import annotations
@@ -409,12 +414,52 @@ def bench_entropy(
 
 
 # ----------------------------------------------------------------------------------------------
+# (c) streaming histogram
+
+
+STREAM_BINS = 16384
+
+
+def bench_stream(batches: list[np.ndarray], reps_hc: int, reps_hc1: int, default_threads: int) -> list[Row]:
+    """``StreamHistograms.collect`` of whole batch lists, default threads and 1 thread."""
+    sets = [
+        ("float32 N(0,1)", batches),
+        ("float32 ReLU (half zeros)", [np.maximum(b, np.float32(0)) for b in batches]),
+        ("float16 N(0,1)", [b.astype(np.float16) for b in batches[:4]]),
+        ("float64 N(0,1)", [b.astype(np.float64) for b in batches[:4]]),
+    ]
+    rows = []
+    for label, data in sets:
+        n = sum(a.size for a in data)
+        r = Row(f"(c) streaming add, {STREAM_BINS} bins: {n / 2**20:.3g}Mi {label}", nbytes=sum(a.nbytes for a in data))
+        for i in range(max(reps_hc, reps_hc1)):
+            for kind, reps in (("hc", reps_hc), ("hc1", reps_hc1)):
+                if i < reps:
+                    set_threads(1 if kind == "hc1" else default_threads)
+                    s = histocal._core.StreamHistograms(STREAM_BINS)
+                    t0 = time.perf_counter()
+                    s.collect([("x", data)])
+                    getattr(r, kind).append(time.perf_counter() - t0)
+        rows.append(r)
+        print(
+            f"  {r.name}: {fmt_s(r.med('hc'))} ({r.nbytes / r.med('hc') / 1e9:.2f} GB/s, "
+            f"{r.med('hc') / n * 1e9:.2f} ns/value), 1 thread {fmt_s(r.med('hc1'))} "
+            f"({r.nbytes / r.med('hc1') / 1e9:.2f} GB/s)"
+        )
+        del data
+    set_threads(default_threads)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke test of a few seconds")
     ap.add_argument("--note", default="", help="free-text note printed with the machine info")
+    ap.add_argument("--only", nargs="+", choices=("collect", "entropy", "stream"), default=("collect", "entropy", "stream"),
+                    help="run only these sections: (a) collect, (b) entropy, (c) stream")
     opts = ap.parse_args()
 
     if opts.quick:
@@ -457,68 +502,77 @@ def main() -> None:
     rng = np.random.default_rng(1234)
     t0 = time.perf_counter()
     first = activation_batches(rng, n_batches, batch, scale=1.0)
-    merge = activation_batches(rng, n_batches, batch, scale=1.5)
     n_vals = n_batches * batch
-    print(
-        f"\n(a) data: first collect {n_batches} x {batch / 2**20:g}Mi float32 (N(0,1), 0.1% 3x outliers), "
-        f"merge collect {n_batches} x {batch / 2**20:g}Mi (1.5x wider); generated in {time.perf_counter() - t0:.1f}s"
-    )
-    for label, method, sym in (
-        ("percentile sym=False (value hist)", "percentile", False),
-        ("entropy (value hist)", "entropy", False),
-        ("percentile sym=True (|x| hist)", "percentile", True),
-    ):
-        t0 = time.perf_counter()
-        rf, rm, check = bench_collect(label, method, sym, first, merge, reps_hc, reps_hc1, reps_ort, default_threads)
-        rows += [rf, rm]
-        notes.append(f"{label}: histogram {check}")
-        for r in (rf, rm):
-            print(
-                f"  {r.name}: ORT {fmt_s(r.med('ort'))}, histocal {fmt_s(r.med('hc'))} "
-                f"({r.nbytes / r.med('hc') / 1e9:.2f} GB/s), 1 thread {fmt_s(r.med('hc1'))}; "
-                f"ORT/histocal {fmt_ratio(r.med('ort') / r.med('hc'))}"
-            )
-        print(f"  {label}: histogram {check}  [{time.perf_counter() - t0:.1f}s]")
+    if "collect" in opts.only:
+        merge = activation_batches(rng, n_batches, batch, scale=1.5)
+        print(
+            f"\n(a) data: first collect {n_batches} x {batch / 2**20:g}Mi float32 (N(0,1), 0.1% 3x outliers), "
+            f"merge collect {n_batches} x {batch / 2**20:g}Mi (1.5x wider); generated in {time.perf_counter() - t0:.1f}s"
+        )
+        for label, method, sym in (
+            ("percentile sym=False (value hist)", "percentile", False),
+            ("entropy (value hist)", "entropy", False),
+            ("percentile sym=True (|x| hist)", "percentile", True),
+        ):
+            t0 = time.perf_counter()
+            rf, rm, check = bench_collect(label, method, sym, first, merge, reps_hc, reps_hc1, reps_ort, default_threads)
+            rows += [rf, rm]
+            notes.append(f"{label}: histogram {check}")
+            for r in (rf, rm):
+                print(
+                    f"  {r.name}: ORT {fmt_s(r.med('ort'))}, histocal {fmt_s(r.med('hc'))} "
+                    f"({r.nbytes / r.med('hc') / 1e9:.2f} GB/s), 1 thread {fmt_s(r.med('hc1'))}; "
+                    f"ORT/histocal {fmt_ratio(r.med('ort') / r.med('hc'))}"
+                )
+            print(f"  {label}: histogram {check}  [{time.perf_counter() - t0:.1f}s]")
 
-    print("\n(a) diagnostics (histocal only):")
-    diag = diagnostics_collect(first, default_threads, diag_reps)
-    for line in diag:
-        print(line)
-    del first, merge
+        print("\n(a) diagnostics (histocal only):")
+        diag = diagnostics_collect(first, default_threads, diag_reps)
+        for line in diag:
+            print(line)
+        del merge
+
+    # (c) ------------------------------------------------------------------------------------
+    if "stream" in opts.only:
+        print("\n(c) streaming histogram add (histocal only):")
+        rows += bench_stream(first, reps_hc, reps_hc1, default_threads)
+    del first
     gc.collect()
 
     # (b) ------------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    names, runs = cnn_activations(n_blocks, n_inputs, channels=8, hw=32, seed=7)
-    calls = collect_calls(names, runs, per_call)
-    amax = [max(float(np.abs(r[j]).max()) for r in runs) for j in range(len(names))]
-    astd = [float(np.std(np.concatenate([r[j].ravel() for r in runs]))) for j in range(len(names))]
-    print(
-        f"\n(b) CNN: {n_blocks} residual blocks on 1x8x32x32 inputs, {len(names)} intermediate tensors, "
-        f"{n_inputs} inputs in {len(calls)} collect calls of {per_call}; |activation| max "
-        f"min/median/max over tensors = {min(amax):.3g}/{np.median(amax):.3g}/{max(amax):.3g}, "
-        f"std {min(astd):.2g}/{np.median(astd):.2g}/{max(astd):.2g} "
-        f"[{time.perf_counter() - t0:.1f}s]"
-    )
-    t0 = time.perf_counter()
-    r_coll, r_ent, ort_res, hc_res, bins = bench_entropy(calls, ent_bins, ent_qbins, e_hc, e_hc1, e_ort, default_threads)
-    rows += [r_coll, r_ent]
-    matches, total, problems = compare_thresholds(ort_res, hc_res)
-    print(
-        f"  bins per histogram after collect: min {bins[0]}, median {bins[len(bins) // 2]}, max {bins[-1]}; "
-        f"{sum(b > ent_bins for b in bins)} of {len(bins)} grew"
-    )
-    print(
-        f"  entropy: ORT {fmt_s(r_ent.med('ort'))} ({fmt_s(r_ent.med('ort') / r_ent.per)}/tensor), "
-        f"histocal {fmt_s(r_ent.med('hc'))} ({fmt_s(r_ent.med('hc') / r_ent.per)}/tensor), "
-        f"1 thread {fmt_s(r_ent.med('hc1'))}; ORT/histocal {fmt_ratio(r_ent.med('ort') / r_ent.med('hc'))}"
-        f"  [{time.perf_counter() - t0:.1f}s]"
-    )
-    print(f"  thresholds identical (lo, hi, dtype, hist, edges): {matches}/{total}")
-    for p in problems:
-        print(f"  MISMATCH {p}")
-    notes.append(f"entropy thresholds identical to ORT: {matches}/{total} tensors")
-    notes.append(f"entropy histograms: {min(bins)}..{max(bins)} bins (median {bins[len(bins) // 2]})")
+    problems: list[str] = []
+    if "entropy" in opts.only:
+        t0 = time.perf_counter()
+        names, runs = cnn_activations(n_blocks, n_inputs, channels=8, hw=32, seed=7)
+        calls = collect_calls(names, runs, per_call)
+        amax = [max(float(np.abs(r[j]).max()) for r in runs) for j in range(len(names))]
+        astd = [float(np.std(np.concatenate([r[j].ravel() for r in runs]))) for j in range(len(names))]
+        print(
+            f"\n(b) CNN: {n_blocks} residual blocks on 1x8x32x32 inputs, {len(names)} intermediate tensors, "
+            f"{n_inputs} inputs in {len(calls)} collect calls of {per_call}; |activation| max "
+            f"min/median/max over tensors = {min(amax):.3g}/{np.median(amax):.3g}/{max(amax):.3g}, "
+            f"std {min(astd):.2g}/{np.median(astd):.2g}/{max(astd):.2g} "
+            f"[{time.perf_counter() - t0:.1f}s]"
+        )
+        t0 = time.perf_counter()
+        r_coll, r_ent, ort_res, hc_res, bins = bench_entropy(calls, ent_bins, ent_qbins, e_hc, e_hc1, e_ort, default_threads)
+        rows += [r_coll, r_ent]
+        matches, total, problems = compare_thresholds(ort_res, hc_res)
+        print(
+            f"  bins per histogram after collect: min {bins[0]}, median {bins[len(bins) // 2]}, max {bins[-1]}; "
+            f"{sum(b > ent_bins for b in bins)} of {len(bins)} grew"
+        )
+        print(
+            f"  entropy: ORT {fmt_s(r_ent.med('ort'))} ({fmt_s(r_ent.med('ort') / r_ent.per)}/tensor), "
+            f"histocal {fmt_s(r_ent.med('hc'))} ({fmt_s(r_ent.med('hc') / r_ent.per)}/tensor), "
+            f"1 thread {fmt_s(r_ent.med('hc1'))}; ORT/histocal {fmt_ratio(r_ent.med('ort') / r_ent.med('hc'))}"
+            f"  [{time.perf_counter() - t0:.1f}s]"
+        )
+        print(f"  thresholds identical (lo, hi, dtype, hist, edges): {matches}/{total}")
+        for p in problems:
+            print(f"  MISMATCH {p}")
+        notes.append(f"entropy thresholds identical to ORT: {matches}/{total} tensors")
+        notes.append(f"entropy histograms: {min(bins)}..{max(bins)} bins (median {bins[len(bins) // 2]})")
 
     # summary --------------------------------------------------------------------------------
     load_end = loadavg()
@@ -535,8 +589,8 @@ def main() -> None:
         print(f"\nNote: {opts.note}")
     print(
         f"\nRepeats (median): (a) histocal {reps_hc}, histocal 1-thread {reps_hc1}, ORT {reps_ort}; "
-        f"(b) histocal {e_hc}, 1-thread {e_hc1}, ORT {e_ort}. "
-        f"(a) input {n_vals / 2**20:.3g}Mi float32 = {n_vals * 4 / 1e9:.3f} GB per collect.\n"
+        f"(b) histocal {e_hc}, 1-thread {e_hc1}, ORT {e_ort}; (c) histocal {reps_hc}, 1-thread {reps_hc1}. "
+        f"Sections run: {', '.join(opts.only)}. (a) input {n_vals / 2**20:.3g}Mi float32 = {n_vals * 4 / 1e9:.3f} GB per collect.\n"
     )
     print(
         "| benchmark | ORT | histocal | histocal GB/s | ORT / histocal | histocal 1 thread | "

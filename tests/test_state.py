@@ -168,6 +168,13 @@ def test_round_trip(model_path, tmp_path, mode):
     assert dict(np.load(path, allow_pickle=False)).keys() >= {"header", "stream_bins"}
 
 
+def test_exact_mode_keeps_the_streaming_histogram_streaming_mode_builds(model_path, tmp_path):
+    # exact mode feeds it from the first read's scans, over two collect_data calls here
+    exact = _calibrate("entropy", model_path, tmp_path, (SHARDS[0], SHARDS[1]), mode="exact")
+    stream = _calibrate("entropy", model_path, tmp_path, (SHARDS[0], SHARDS[1]), mode="streaming")
+    assert _stream_exports(exact.state) == _stream_exports(stream.state)
+
+
 def test_streaming_state_serves_every_method(model_path, tmp_path):
     cal = _calibrate("entropy", model_path, tmp_path, DATA, mode="streaming")
     cal.save_state(tmp_path / "s.npz")

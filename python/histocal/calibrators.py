@@ -187,7 +187,8 @@ class _HistogramCalibration:
 
         def scan(i: int, items: list) -> None:
             shapes.append([a[0].shape for _, a in items])
-            hist.scan(items)
+            # The state's streaming histogram (see state.py) is fed here, from the same scans.
+            hist.scan(items, stream)
 
         def count(i: int, items: list) -> None:
             got = [a[0].shape for _, a in items]
@@ -198,7 +199,6 @@ class _HistogramCalibration:
                     "or use mode='streaming')"
                 )
             hist.count(items)
-            stream.collect(items)  # the state's streaming histogram (see state.py)
 
         before = _binned_and_finite(hist)
         n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")

@@ -197,11 +197,41 @@ impl Histograms {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Two-pass collect, pass 1: add batches to each tensor's pending scan (nothing is binned).
-    fn scan(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+    /// Two-pass collect, pass 1: add batches to each tensor's pending scan (nothing is binned
+    /// here). With `stream`, the batches also go into those streaming histograms, reusing the
+    /// scans.
+    #[pyo3(signature = (items, stream=None))]
+    fn scan(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>, mut stream: Option<PyRefMut<'_, StreamHistograms>>) -> PyResult<()> {
         let borrowed = borrow_items(&items)?;
         let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-        let scans: Vec<(Scans, u64)> = run(py, || batches.par_iter().map(|(_, b)| (Scans::of(b), b.len() as u64)).collect());
+        // Check every dtype before changing anything.
+        for (name, b) in &batches {
+            if let Some((p, _)) = self.pending.get(*name) {
+                if p.dtype() != b.dtype() {
+                    return Err(named(name, CollectError::DtypeChanged { before: p.dtype(), now: b.dtype() }));
+                }
+            }
+        }
+        let mut streams: Vec<Option<StreamState>> = match stream.as_deref_mut() {
+            Some(s) => s.take(&batches)?.into_iter().map(Some).collect(),
+            None => batches.iter().map(|_| None).collect(),
+        };
+        let scans: Vec<(Scans, u64)> = run(py, || {
+            batches
+                .par_iter()
+                .zip(streams.par_iter_mut())
+                .map(|((_, b), st)| {
+                    let scan = match st {
+                        Some((_, h)) => Scans::of_streamed(b, h),
+                        None => Scans::of(b),
+                    };
+                    (scan, b.len() as u64)
+                })
+                .collect()
+        });
+        if let Some(s) = stream.as_deref_mut() {
+            s.put(&batches, streams.into_iter().flatten().collect());
+        }
         for ((name, _), (scan, n)) in batches.iter().zip(scans) {
             let merged = match self.pending.remove(*name) {
                 None => (scan, n),
@@ -449,7 +479,35 @@ impl Histograms {
 pub struct StreamHistograms {
     log_half: u32,
     order: Vec<String>,
-    states: HashMap<String, (&'static str, StreamHistogram)>,
+    states: HashMap<String, StreamState>,
+}
+
+/// A tensor's streaming histogram and its data dtype.
+type StreamState = (&'static str, StreamHistogram);
+
+impl StreamHistograms {
+    /// Take out the histograms of these tensors (new ones for tensors not seen yet) to add
+    /// batches to; an error, changing nothing, if a tensor's dtype changed.
+    fn take(&mut self, batches: &[(&str, Batches)]) -> PyResult<Vec<StreamState>> {
+        for (n, b) in batches {
+            if let Some((d, _)) = self.states.get(*n) {
+                if *d != b.dtype() {
+                    return Err(named(n, CollectError::DtypeChanged { before: d, now: b.dtype() }));
+                }
+            }
+        }
+        Ok(batches.iter().map(|(n, b)| self.states.remove(*n).unwrap_or_else(|| (b.dtype(), StreamHistogram::new(self.log_half)))).collect())
+    }
+
+    /// Put back what `take` gave.
+    fn put(&mut self, batches: &[(&str, Batches)], states: Vec<StreamState>) {
+        for ((n, _), st) in batches.iter().zip(states) {
+            if !self.order.iter().any(|o| o == n) {
+                self.order.push(n.to_string());
+            }
+            self.states.insert(n.to_string(), st);
+        }
+    }
 }
 
 /// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
@@ -503,32 +561,16 @@ impl StreamHistograms {
     /// their order, never changes the result.
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         let borrowed = borrow_items(&items)?;
-        let mut work = Vec::with_capacity(borrowed.len());
-        for (n, b) in &borrowed {
-            let batches = batches_of(b);
-            let (dtype, h) = match self.states.remove(n) {
-                Some((d, h)) if d != batches.dtype() => {
-                    self.states.insert(n.clone(), (d, h));
-                    return Err(named(n, CollectError::DtypeChanged { before: d, now: batches.dtype() }));
-                }
-                Some(x) => x,
-                None => (batches.dtype(), StreamHistogram::new(self.log_half)),
-            };
-            work.push((n.as_str(), batches, dtype, h));
-        }
+        let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+        let mut states = self.take(&batches)?;
         run(py, || {
-            work.par_iter_mut().for_each(|(_, batches, _, h)| match batches {
+            batches.par_iter().zip(states.par_iter_mut()).for_each(|((_, batches), (_, h))| match batches {
                 Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
                 Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
                 Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
             })
         });
-        for (n, _, d, h) in work {
-            if !self.order.iter().any(|o| o == n) {
-                self.order.push(n.to_string());
-            }
-            self.states.insert(n.to_string(), (d, h));
-        }
+        self.put(&batches, states);
         Ok(())
     }
 

@@ -9,7 +9,8 @@ use crate::abs_histogram::AbsHistogram;
 use crate::binning::Binning;
 use crate::float::{Float, Widen};
 use crate::histogram::HistError;
-use crate::scan::{scan_all, Scan};
+use crate::scan::{scan, scan_all, Scan};
+use crate::stream_histogram::StreamHistogram;
 use crate::value_histogram::ValueHistogram;
 use crate::view::View;
 use half::f16;
@@ -277,6 +278,26 @@ impl Scans {
         }
     }
 
+    /// `Scans::of(batches)`, adding each batch to `stream` with its scan on the way (one scan
+    /// serves both).
+    pub fn of_streamed(batches: &Batches, stream: &mut StreamHistogram) -> Self {
+        fn each<D: Float>(views: &[View<D>], h: &mut StreamHistogram) -> Scan<D> {
+            views
+                .iter()
+                .map(|v| {
+                    let s = scan(v);
+                    h.add_scanned(v, &s);
+                    s
+                })
+                .fold(Scan::empty(), Scan::merge)
+        }
+        match batches {
+            Batches::F16(v) => Scans::F16(each(v, stream)),
+            Batches::F32(v) => Scans::F32(each(v, stream)),
+            Batches::F64(v) => Scans::F64(each(v, stream)),
+        }
+    }
+
     pub fn dtype(&self) -> &'static str {
         match self {
             Scans::F16(_) => "float16",
@@ -385,3 +406,25 @@ macro_rules! typed_from {
 typed_from!(f16, F16);
 typed_from!(f32, F32);
 typed_from!(f64, F64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_scan_serves_the_pending_scan_and_the_streaming_histogram() {
+        let a: Vec<f32> = (0..5000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let b: Vec<f32> = vec![0.0, -0.0, f32::NAN, 40.0, -1e-30];
+        let batches = Batches::F32(vec![View::from_slice(&a), View::from_slice(&b)]);
+        let mut streamed = StreamHistogram::new(6);
+        let scans = Scans::of_streamed(&batches, &mut streamed);
+        let mut direct = StreamHistogram::new(6);
+        direct.add(&View::from_slice(&a));
+        direct.add(&View::from_slice(&b));
+        assert_eq!(streamed, direct);
+        match (scans, Scans::of(&batches)) {
+            (Scans::F32(x), Scans::F32(y)) => assert_eq!(x, y),
+            _ => unreachable!(),
+        }
+    }
+}

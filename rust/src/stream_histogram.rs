@@ -10,10 +10,10 @@
 
 use crate::float::{py_max, Float};
 use crate::histogram::{HistError, UniformBins};
-use crate::scan::{scan, Scan, PAR_CHUNK};
+use crate::scan::{scan, Scan};
+use crate::stream_bins::batch_bins;
 use crate::value_histogram::Held;
 use crate::view::View;
-use rayon::prelude::*;
 
 /// The lowest level: every |x| below `2^MIN_LEVEL` shares the two centre bins.
 pub const MIN_LEVEL: i32 = -140;
@@ -125,33 +125,9 @@ impl StreamHistogram {
         self.finite_max = Some(self.finite_max.map_or(mx, |m| m.max(mx)));
         self.abs_min = Some(self.abs_min.map_or(amn, |m| m.min(amn)));
         self.raise(level_for(mn.abs().max(mx.abs())));
-        let level = self.level.expect("raised above");
-        let scale = pow2(self.log_half as i32 - level);
-        let h = self.half() as i64;
-        let n = view.len();
-        let chunks = n.div_ceil(PAR_CHUNK);
-        let nb = self.bins.len();
-        let local: Vec<Vec<u32>> = (0..chunks)
-            .into_par_iter()
-            .map(|c| {
-                let mut counts = vec![0u32; nb];
-                view.for_each_block(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(n), |block| {
-                    for &x in block {
-                        let v = x.to_f64();
-                        if v.is_finite() {
-                            counts[bin_index(v, scale, h)] += 1;
-                        }
-                    }
-                });
-                counts
-            })
-            .collect();
-        // PAR_CHUNK < 2^32, so a chunk's u32 counts cannot overflow.
-        for counts in local {
-            for (b, c) in self.bins.iter_mut().zip(counts) {
-                *b += c as u64;
-            }
-        }
+        // The batch's own histogram at the new level, then added to the running one.
+        let batch = batch_bins(view, sc, self.log_half, self.level.expect("raised above"));
+        batch.add_to(&mut self.bins);
     }
 
     /// Add another streaming histogram's data (same `log_half`): the result equals one
@@ -202,14 +178,6 @@ impl StreamHistogram {
             })
             .collect()
     }
-}
-
-#[inline(always)]
-fn bin_index(v: f64, scale: f64, h: i64) -> usize {
-    let f = (v * scale).floor();
-    // a negative value whose scaled form underflowed to -0 belongs below zero
-    let s = if f == 0.0 && v < 0.0 { -1 } else { f as i64 };
-    (s.clamp(-h, h - 1) + h) as usize
 }
 
 /// Put `(value, count)` pairs into `bins`, clamping values outside its range to the end bins.
@@ -268,6 +236,145 @@ impl StreamHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
+
+    /// The scalar algorithm the vectorised kernel replaced, kept as the reference: each value
+    /// widened to f64, scaled by `2^k`, floored, clamped.
+    fn reference_bins<D: Float>(data: &[D], log_half: u32, level: i32) -> Vec<u64> {
+        let scale = pow2(log_half as i32 - level);
+        let h = 1i64 << log_half;
+        let mut counts = vec![0u64; 2 * h as usize];
+        for &x in data {
+            let v = x.to_f64();
+            if v.is_finite() {
+                let f = (v * scale).floor();
+                // a negative value whose scaled form underflowed to -0 belongs below zero
+                let s = if f == 0.0 && v < 0.0 { -1 } else { f as i64 };
+                counts[(s.clamp(-h, h - 1) + h) as usize] += 1;
+            }
+        }
+        counts
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Values that sit on or next to the bin edges `j * 2^(level - log_half)` of `level`, the
+    /// powers of two, the ends of the type's range, signed zeros and subnormals.
+    fn edge_values(log_half: u32, level: i32, rng: &mut Rng) -> Vec<f64> {
+        let w = pow2(level - log_half as i32);
+        let h = 1i64 << log_half;
+        let mut v = Vec::new();
+        for _ in 0..2000 {
+            let j = rng.below(2 * h as u64 + 3) as i64 - h - 1;
+            v.push(j as f64 * w);
+        }
+        for e in -1080..1030 {
+            v.push(pow2(e));
+        }
+        v.extend([0.0, f64::MIN_POSITIVE, 5e-324, f64::MAX, f32::MAX as f64, f32::MIN_POSITIVE as f64, 1e-45, 65504.0, 6e-8]);
+        let pos: Vec<f64> = v.clone();
+        for x in pos {
+            v.extend([-x, f64::from_bits(x.to_bits() + 1), f64::from_bits(x.to_bits().saturating_sub(1))]);
+        }
+        v
+    }
+
+    /// `batch_bins` as all `2H` bins.
+    fn dense_bins<D: Float>(data: &[D], log_half: u32, level: i32) -> Vec<u64> {
+        let v = View::from_slice(data);
+        let mut bins = vec![0; 2 << log_half];
+        batch_bins(&v, &scan(&v), log_half, level).add_to(&mut bins);
+        bins
+    }
+
+    /// `batch_bins` against the reference for data of type `D` at `level`, at every SIMD tier,
+    /// contiguous and strided.
+    fn check<D: Float>(data: &[D], log_half: u32, level: i32) {
+        let want = reference_bins(data, log_half, level);
+        for tier in [0u8, 1, 2] {
+            crate::simd::set_max_tier(tier);
+            assert!(dense_bins(data, log_half, level) == want, "{} tier {tier} log_half {log_half} level {level}", D::NAME);
+        }
+        crate::simd::set_max_tier(2);
+        if data.len() >= 2 {
+            // every other element: the gathered-block path
+            let odd = data.len() / 2;
+            let v = unsafe { View::from_raw(data.as_ptr(), &[odd], &[2]) };
+            let every_other: Vec<D> = data.iter().step_by(2).take(odd).copied().collect();
+            let mut got = vec![0; 2 << log_half];
+            batch_bins(&v, &scan(&v), log_half, level).add_to(&mut got);
+            assert!(got == reference_bins(&every_other, log_half, level), "strided");
+        }
+    }
+
+    #[test]
+    fn f16_bins_match_the_reference_for_every_value_and_level() {
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        for log_half in [2, 13] {
+            for level in (MIN_LEVEL..=40).chain([127, 128, 129, 300, 1100]) {
+                check(&all, log_half, level);
+            }
+        }
+    }
+
+    #[test]
+    fn f32_bins_match_the_reference() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for log_half in [2, 3, 8, 13] {
+            for level in (MIN_LEVEL..=140).chain([200, 1024, 1100]) {
+                let mut data: Vec<f32> = (0..3000).map(|_| f32::from_bits(rng.next() as u32)).collect();
+                data.extend(edge_values(log_half, level, &mut rng).iter().map(|&x| x as f32));
+                check(&data, log_half, level);
+            }
+        }
+    }
+
+    #[test]
+    fn f64_bins_match_the_reference() {
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        for log_half in [2, 3, 8, 13] {
+            let levels: Vec<i32> = (MIN_LEVEL..=140).step_by(7).chain([-1, 0, 1, 960, 1021, 1022, 1023, 1024, 1025, 1074, 1076, 1100]).collect();
+            for level in levels {
+                let mut data: Vec<f64> = (0..3000).map(|_| f64::from_bits(rng.next())).collect();
+                data.extend(edge_values(log_half, level, &mut rng));
+                check(&data, log_half, level);
+            }
+        }
+    }
+
+    #[test]
+    fn large_batches_and_streams_match_the_reference() {
+        // Several parallel chunks, ReLU-like data (half exact zeros), runs of one value longer
+        // than a u16 counter holds, and whole streams of batches through `add` (levels raised
+        // by the data as it comes).
+        let mut rng = Rng(7);
+        let mut data: Vec<f32> = (0..(3 << 20) + 5).map(|i| if i % 2 == 0 { 0.0 } else { (rng.below(1 << 20) as f32 - 4e5) * 1e-3 }).collect();
+        data[..200_000].fill(0.25);
+        data[200_000..800_000].fill(0.0);
+        check(&data, 13, 10);
+        let batches: Vec<&[f32]> = data.chunks(1 << 19).collect();
+        let mut h = StreamHistogram::new(13);
+        let mut want = StreamHistogram::new(13);
+        for (i, b) in batches.iter().enumerate() {
+            let scaled: Vec<f32> = b.iter().map(|&x| x * (i + 1) as f32).collect();
+            h.add(&View::from_slice(&scaled));
+            let level = h.level.unwrap();
+            want.raise(level);
+            want.bins.iter_mut().zip(reference_bins(&scaled, 13, level)).for_each(|(a, b)| *a += b);
+            assert!(h.bins == want.bins, "batch {i}");
+        }
+    }
 
     fn hist_of(batches: &[Vec<f32>], log_half: u32) -> StreamHistogram {
         let mut h = StreamHistogram::new(log_half);

@@ -1,0 +1,245 @@
+//! The streaming histogram's binning kernel: one batch's counts at a given level, vectorised.
+//!
+//! At level `l` with `H = 2^log_half` bins per side, value `x` goes to bin
+//! `s = floor(x * 2^k)`, `k = log_half - l`, clamped to `[-H, H - 1]`, stored at index `s + H`.
+//! That is the exact (real-number) floor: the product by a power of two is exact unless it
+//! underflows, and an underflowed product has |x * 2^k| < 1, so its bin is 0 for x >= 0 and -1
+//! for x < 0 whatever the rounding (a product rounded to -0 is sent to -1 explicitly; -0.0 itself
+//! is not below zero and goes to bin 0). Because the floor is exact, computing it in f32 gives
+//! the same bins as in f64, provided the scaling is a single rounding of exact factors. The
+//! lane type is f32 for f16 and f32 data (f16 widens to f32 exactly), f64 for f64 data, and
+//! `2^k` is exact in it, as a normal or subnormal number, except:
+//!
+//! * `k` above the largest exponent (f32 data below `2^(log_half - 127)`: tiny values, or all
+//!   zeros at `MIN_LEVEL`): `x` is first multiplied by `2^(k - 127)`, exact because it only
+//!   scales up values that stay far below overflow (`|x| < 2^level`), then by `2^127`;
+//! * `2^k` below the smallest subnormal (only for levels far above the data type's range):
+//!   the factor rounds to 0, and `x * 0 = ±0` gives bin 0 or -1, which is right because
+//!   `|x| < 2^128` (f32) or `2^1024` (f64) makes `|x * 2^k| < 1` there.
+//!
+//! NaN and ±Inf are not binned. Only the window of bins between those of the batch's finite
+//! minimum and maximum is counted and added (ReLU-like data spans half the bins).
+
+use crate::float::Float;
+use crate::lanes::{widen_f16, Lane};
+use crate::scan::{Scan, PAR_CHUNK};
+use crate::view::View;
+use half::f16;
+use rayon::prelude::*;
+use std::any::TypeId;
+
+/// Values binned per kernel call (the index buffer stays in L1).
+const BLOCK: usize = 2048;
+/// Counters that exact zeros are spread over.
+const ZERO_SLOTS: usize = 8;
+
+/// A level's mapping from values to bins, in lanes of type `T`, restricted to a window of
+/// bins `first..=last` (signed bin numbers) that holds every finite value to be counted.
+#[derive(Clone, Copy)]
+struct Pow2Bins<T> {
+    /// `x * pre * scale = x * 2^k`, each product exact or (the last) the one rounding.
+    pre: T,
+    scale: T,
+    /// The window's end bins, as `T`.
+    lo: T,
+    hi: T,
+    first: i32,
+    /// Bins in the window (the dummy index).
+    len: u32,
+}
+
+impl<T: Lane> Pow2Bins<T> {
+    /// The mapping at `level`, restricted to the bins of `min` and `max`.
+    fn new(log_half: u32, level: i32, min: T, max: T) -> Self {
+        let half = 1i32 << log_half;
+        let all = Self::window(log_half, level, -half, half - 1);
+        Self::window(log_half, level, all.bin(min), all.bin(max))
+    }
+
+    fn window(log_half: u32, level: i32, first: i32, last: i32) -> Self {
+        let k = log_half as i32 - level;
+        let scale = T::pow2(k.min(T::MAX_EXP));
+        let pre = T::pow2((k - T::MAX_EXP).max(0));
+        Pow2Bins { pre, scale, lo: T::of_i32(first), hi: T::of_i32(last), first, len: (last - first + 1) as u32 }
+    }
+
+    /// The bin of `x` (see the module doc), clamped to the window; NaN goes to `first`.
+    #[inline(always)]
+    fn bin(&self, x: T) -> i32 {
+        let v = x * self.pre * self.scale;
+        // Clamp first so the truncation is in range; floor commutes with clamping to integers.
+        let c = if v > self.lo { v } else { self.lo };
+        let c = if c < self.hi { c } else { self.hi };
+        // SAFETY: c is finite and in [-H, H - 1], H <= 2^24.
+        let t = unsafe { c.trunc_i32() };
+        // floor = trunc - 1 below a non-integer negative; a negative x scaled to -0 is bin -1.
+        let down = (T::of_i32(t) > c) | ((c == T::ZERO) & (x < T::ZERO));
+        t - down as i32
+    }
+}
+
+/// Window indices of a block: bin - first. NaN and ±Inf get the dummy index `len`, exact zeros
+/// one of the `ZERO_SLOTS` indices after it, by position, so that a run of zeros (ReLU)
+/// increments several counters in turn instead of serialising on one.
+#[inline(always)]
+fn bins_impl<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) {
+    for (j, (o, &x)) in idx.iter_mut().zip(block).enumerate() {
+        let i = (p.bin(x) - p.first) as u32;
+        let i = if x == T::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
+        *o = if x.abs() < T::INFINITY { i } else { p.len };
+    }
+}
+
+crate::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
+
+/// `block` as a slice of `T` when `D` is `T`.
+fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
+    // SAFETY: D and T are the same type.
+    (TypeId::of::<D>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(block.as_ptr() as *const T, block.len()) })
+}
+
+/// Counts the values of one data type `D` in lanes `T` (f32 for f16 and f32 data, f64 for
+/// f64): u16 counters, so that 16384 bins (32 KiB) stay in L1, added into the u64 counts
+/// before any can overflow.
+struct Counter<T> {
+    p: Pow2Bins<T>,
+    /// The window's bins, the dummy bin, then the zero slots.
+    small: Vec<u16>,
+    /// Values counted in `small` since it was last flushed.
+    pending: usize,
+    /// The window's counts flushed so far (empty before the first flush).
+    counts: Vec<u64>,
+    /// A block's indices, and its values widened to f32 (f16 data).
+    idx: Vec<u32>,
+    wide: Vec<f32>,
+}
+
+impl<T: Lane> Counter<T> {
+    fn new(p: Pow2Bins<T>) -> Self {
+        let small = vec![0; p.len as usize + 1 + ZERO_SLOTS];
+        Counter { p, small, pending: 0, counts: Vec::new(), idx: vec![0; BLOCK], wide: vec![0.0; BLOCK] }
+    }
+
+    fn count<D: Float>(&mut self, data: &[D]) {
+        for block in data.chunks(BLOCK) {
+            if self.pending + block.len() > u16::MAX as usize {
+                self.flush(true);
+            }
+            let idx = &mut self.idx[..block.len()];
+            let lanes = match cast::<D, f16>(block) {
+                Some(b) => {
+                    let w = &mut self.wide[..b.len()];
+                    widen_f16(b, w);
+                    cast::<f32, T>(w)
+                }
+                None => cast::<D, T>(block),
+            };
+            bins(&self.p, lanes.expect("lanes match the data type"), idx);
+            let small = self.small.as_mut_ptr();
+            for &i in idx.iter() {
+                // SAFETY: `bins` clamps every bin into the window, so its indices (window bins,
+                // the dummy, the zero slots) are < len + 1 + ZERO_SLOTS = small.len().
+                unsafe { *small.add(i as usize) += 1 };
+            }
+            self.pending += block.len();
+        }
+    }
+
+    /// Move the u16 counts into the u64 ones (`reuse`: zero them for more values).
+    fn flush(&mut self, reuse: bool) {
+        let len = self.p.len as usize;
+        let zeros: u64 = self.small[len + 1..].iter().map(|&s| s as u64).sum();
+        let small = &self.small[..len];
+        if self.counts.is_empty() {
+            self.counts = widen(small);
+        } else {
+            add_u16(&mut self.counts, small);
+        }
+        if zeros > 0 {
+            // zeros exist, so the window holds bin 0
+            self.counts[(-self.p.first) as usize] += zeros;
+        }
+        if reuse {
+            self.small.fill(0);
+            self.pending = 0;
+        }
+    }
+
+    fn finish(mut self) -> Vec<u64> {
+        self.flush(false);
+        self.counts
+    }
+}
+
+// Whole-window passes (once per batch or flush), vectorised.
+#[inline(always)]
+fn widen_impl(small: &[u16]) -> Vec<u64> {
+    small.iter().map(|&s| s as u64).collect()
+}
+
+#[inline(always)]
+fn add_u16_impl(counts: &mut [u64], small: &[u16]) {
+    counts.iter_mut().zip(small).for_each(|(c, &s)| *c += s as u64);
+}
+
+#[inline(always)]
+fn add_u64_impl(bins: &mut [u64], counts: &[u64]) {
+    bins.iter_mut().zip(counts).for_each(|(b, &c)| *b += c);
+}
+
+crate::simd::dispatch_avx512!(fn widen(small: &[u16]) -> Vec<u64> => widen_impl);
+crate::simd::dispatch_avx512!(fn add_u16(counts: &mut [u64], small: &[u16]) -> () => add_u16_impl);
+crate::simd::dispatch_avx512!(fn add_u64(bins: &mut [u64], counts: &[u64]) -> () => add_u64_impl);
+
+/// One batch's own histogram at a level: the counts of bins `first..first + counts.len()`
+/// (indices into the `2H` bins), the span of the batch's finite values; all other bins are 0.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BatchBins {
+    pub first: usize,
+    pub counts: Vec<u64>,
+}
+
+impl BatchBins {
+    /// Add these counts to a histogram's `2H` bins.
+    pub fn add_to(&self, bins: &mut [u64]) {
+        add_u64(&mut bins[self.first..self.first + self.counts.len()], &self.counts);
+    }
+}
+
+/// The histogram of one batch (`scan` is its scan) alone at `level`, which must hold every
+/// finite value of the batch (`|x| < 2^level`).
+pub fn batch_bins<D: Float>(view: &View<D>, scan: &Scan<D>, log_half: u32, level: i32) -> BatchBins {
+    let (Some(min), Some(max)) = (scan.finite_min, scan.finite_max) else {
+        return BatchBins::default();
+    };
+    let half = 1i64 << log_half;
+    let (first, counts) = if TypeId::of::<D>() == TypeId::of::<f64>() {
+        let p = Pow2Bins::<f64>::new(log_half, level, min.to_f64(), max.to_f64());
+        (p.first, count_view(view, p))
+    } else {
+        // f16 and f32 values are exact in f32
+        let p = Pow2Bins::<f32>::new(log_half, level, min.to_f32(), max.to_f32());
+        (p.first, count_view(view, p))
+    };
+    BatchBins { first: (first as i64 + half) as usize, counts }
+}
+
+/// The window's counts of every value of `view`, in parallel over fixed chunks.
+fn count_view<D: Float, T: Lane + Send + Sync>(view: &View<D>, p: Pow2Bins<T>) -> Vec<u64> {
+    let n = view.len();
+    (0..n.div_ceil(PAR_CHUNK))
+        .into_par_iter()
+        .fold(
+            || Counter::new(p),
+            |mut counter, c| {
+                view.for_each_block(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(n), |b| counter.count(b));
+                counter
+            },
+        )
+        .map(Counter::finish)
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        })
+        .unwrap_or_else(|| vec![0; p.len as usize])
+}
