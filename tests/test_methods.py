@@ -596,7 +596,7 @@ def api(request, tmp_path_factory):
     batches = _api_batches()
     state = collect(batches, "all")
     per_batch = [collect([b], f"b{i}") for i, b in enumerate(batches)]
-    return {"path": path, "state": state, "per_batch": per_batch, "tmp": tmp}
+    return {"path": path, "state": state, "per_batch": per_batch, "tmp": tmp, "bins": bins}
 
 
 def _hist(state, name: str) -> Hist | None:
@@ -675,9 +675,23 @@ def test_api_pow2(api, qtype, pow2_method):
 
 @pytest.mark.parametrize("qtype", POW2_QTYPES)
 def test_api_pow2_most_common(api, qtype):
-    """Every batch votes for the MinMSE-All exponent of its own histogram; the most votes win."""
-    state = api["state"]
-    td = state.compute("pow2", qtype=qtype, pow2_method="MinMSE", minmse_mode="MostCommon")
+    """Every batch votes for the MinMSE-All exponent of its own histogram; the most votes win.
+    Votes are collected by a pow2 MostCommon calibrator (and survive saving the state)."""
+    import histocal
+
+    options = {"qtype": qtype, "pow2_method": "MinMSE", "minmse_mode": "MostCommon"}
+    extra = {"MethodOptions": options, **({"StreamingBins": api["bins"]} if api["bins"] else {})}
+    cal = histocal.create_calibrator(api["path"], augmented_model_path=str(api["tmp"] / "aug_votes.onnx"),
+                                     calibrate_method="pow2", extra_options=extra)
+    cal.collect_data(_api_batches())
+    cal.state.save(api["tmp"] / f"votes_{qtype}.hcs")
+    state = histocal.CalibrationState.load(api["tmp"] / f"votes_{qtype}.hcs")
+    td = state.compute("pow2", **options)
+    from_calibrator = cal.compute_data()
+    for name in state.names:
+        assert _range_of(from_calibrator, name) == _range_of(td, name)
+    with pytest.raises(ValueError, match="needs per-batch votes"):
+        api["state"].compute("pow2", **options)  # collected without votes
     for name in state.names:
         votes = []
         for one in api["per_batch"]:
@@ -819,3 +833,32 @@ def test_api_quantize_static_with_pow2_ranges(api):
         assert m == 0.5 and zp == 0 and scale * 127 == hi, (node.input[0], scale, zp, (lo, hi))
         checked += 1
     assert checked >= 3
+
+
+def test_pow2_votes_merge_like_one_run(api):
+    """States of two halves of the data merge into the state of one run over all of it, votes
+    included; merged with a state without votes, MostCommon says it has none."""
+    import histocal
+
+    options = {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "MostCommon"}
+
+    def collect(batches, tag, method="pow2"):
+        cal = histocal.create_calibrator(api["path"], augmented_model_path=str(api["tmp"] / f"aug_m{tag}.onnx"),
+                                         calibrate_method=method,
+                                         extra_options={"MethodOptions": options if method == "pow2" else {}})
+        cal.collect_data(batches)
+        return cal.state
+
+    batches = _api_batches()
+    whole = collect(batches, "w")
+    merged = collect(batches[:2], "a").merge(collect(batches[2:], "b"))
+    for name in whole.names:
+        assert merged.stream.votes(name) == whole.stream.votes(name)
+    assert _ranges(merged.compute("pow2", **options)) == _ranges(whole.compute("pow2", **options))
+    without = merged.merge(collect(batches, "c", method="mse"))
+    with pytest.raises(ValueError, match="needs per-batch votes"):
+        without.compute("pow2", **options)
+
+
+def _ranges(td) -> dict:
+    return {name: _range_of(td, name) for name in td.data}

@@ -174,7 +174,7 @@ class _HistogramCalibration:
 
     def _collect_streaming(self, source: DataSource, fetch: list[str]) -> int:
         if self._stream is None:
-            self._stream = _core.StreamHistograms(self.streaming_bins)
+            self._stream = self._new_stream()
         stream = self._stream
         return _run_batches(self, source, fetch, lambda _, items: stream.collect(items), "histocal collect")
 
@@ -247,10 +247,13 @@ class _HistogramCalibration:
             self.collector.collect(buffered)
         return n
 
+    def _new_stream(self) -> Any:
+        return _core.StreamHistograms(self.streaming_bins)
+
     def _exact_stream(self) -> Any:
         """Exact mode also feeds a streaming histogram, so that its state serves every method."""
         if self._stream is None:
-            self._stream = _core.StreamHistograms(self.streaming_bins)
+            self._stream = self._new_stream()
         return self._stream
 
     @property
@@ -379,6 +382,11 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self.show_progress = show_progress
         self._stream = None
         self._mode_used = None
+
+    def _new_stream(self) -> Any:
+        # pow2 MostCommon needs every batch's vote, collected as the batches come
+        votes = self.method == "pow2" and self.method_options.get("minmse_mode") == "MostCommon"
+        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)
 
     def compute_data(self) -> TensorsData:
         if self._stream is None:

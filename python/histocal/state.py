@@ -44,7 +44,8 @@ plain little-endian numeric ``.npy`` members, never pickles:
   length}`` (the non-zero span of the bins) or null, ``exact`` = ``{edge_dtype, bins}`` or null);
 * ``stream_bins`` (the spans concatenated, as the narrowest of uint8/16/32/64 that holds them), ``stream_stats`` (float64 (n, 3): finite min,
   finite max, min |x|; NaN when there are no finite values), ``stream_counts`` (uint64 (n, 5):
-  finite, NaN, +Inf, -Inf, batches);
+  finite, NaN, +Inf, -Inf, batches), and, when pow2 MostCommon votes were collected,
+  ``stream_votes`` (int64 (m, 4): tensor index, type (int8, uint8, int16), exponent, batches);
 * ``exact_hist`` (concatenated, int64 or the narrowest of uint8/16/32 that holds the counts), ``exact_edges_float16/32/64`` (edges concatenated per edge
   dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
   (uint8 (n, 3): whether ORT holds each as a 0-d array), ``exact_counts`` (uint64 (n, 5)).
@@ -111,6 +112,7 @@ _MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "stream_bins": ("<u8|<u4|<u2|u1", 1, None),
     "stream_stats": ("<f8", 2, 3),
     "stream_counts": ("<u8", 2, 5),
+    "stream_votes": ("<i8", 2, 4),
     "exact_hist": ("<i8|<u4|<u2|u1", 1, None),
     "exact_edges_float16": ("<f2", 1, None),
     "exact_edges_float32": ("<f4", 1, None),
@@ -182,7 +184,7 @@ def _version() -> str:
 
 
 def _copy_stream(stream: Any) -> Any:
-    out = _core.StreamHistograms(stream.num_bins)
+    out = _core.StreamHistograms(stream.num_bins, pow2_votes=stream.pow2_votes)
     out.merge(stream)
     return out
 
@@ -471,6 +473,9 @@ class CalibrationState:
                 arrays["stream_stats"].append(np.array([[_nan(fmin), _nan(fmax), _nan(amin)]], np.float64))
                 arrays["stream_counts"].append(np.array([counts], np.uint64))
                 entry["stream"] = {"level": level, "start": start, "length": stop - start}
+                votes = self.stream.votes(name)
+                if votes:
+                    arrays["stream_votes"].append(np.array([(len(tensors), *v) for v in votes], np.int64))
             tensors.append(entry)
         exact_order = None
         if self.exact is not None:
@@ -500,6 +505,9 @@ class CalibrationState:
                     top = int(joined.max()) if joined.size else 0
                     dtype = next(d for d in ("u1", "<u2", "<u4") if top <= np.iinfo(d).max) if top < 1 << 32 else dtype.split("|")[0]
                 members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
+            elif key == "stream_votes":
+                if self.stream is not None and self.stream.pow2_votes:  # the member says votes were collected
+                    members[key] = np.zeros((0, cols), dtype)
             elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
                 members[key] = np.zeros((0, cols), dtype)
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
@@ -781,7 +789,9 @@ def _parse(raw: bytes) -> CalibrationState:
             _fail(f"missing member {key}")
         return arrays[key]
 
-    stream = _core.StreamHistograms(sbins) if sbins is not None else None
+    if "stream_votes" in arrays and sbins is None:
+        _fail("stream_votes: given without streaming histograms")
+    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
     exact = _core.Histograms(kind, nbins) if kind is not None else None
     n = len(tensors)
     if stream is not None:
@@ -826,6 +836,18 @@ def _parse(raw: bytes) -> CalibrationState:
                 stream.restore(name, dtype, level, bins, *stats, counts)
             except ValueError as exc:
                 _fail(str(exc))
+    if stream is not None and stream.pow2_votes:
+        votes = arr("stream_votes")
+        if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
+            _fail("stream_votes: tensor indices out of order or range")
+        for i, name in enumerate(names):
+            rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
+            if np.any(rows[:, 3] <= 0):
+                _fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
+            try:
+                stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
+            except (ValueError, OverflowError) as exc:
+                _fail(f"stream_votes: {exc}")
     order = h["exact_order"]
     if exact is None:
         if order is not None:

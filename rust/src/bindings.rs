@@ -478,6 +478,8 @@ impl Histograms {
 #[pyclass(module = "histocal._core")]
 pub struct StreamHistograms {
     log_half: u32,
+    /// Whether new tensors collect pow2 MostCommon's per-batch votes.
+    pow2_votes: bool,
     order: Vec<String>,
     states: HashMap<String, StreamState>,
 }
@@ -496,7 +498,15 @@ impl StreamHistograms {
                 }
             }
         }
-        Ok(batches.iter().map(|(n, b)| self.states.remove(*n).unwrap_or_else(|| (b.dtype(), StreamHistogram::new(self.log_half)))).collect())
+        Ok(batches.iter().map(|(n, b)| self.states.remove(*n).unwrap_or_else(|| (b.dtype(), self.new_histogram()))).collect())
+    }
+
+    fn new_histogram(&self) -> StreamHistogram {
+        if self.pow2_votes {
+            StreamHistogram::with_pow2_votes(self.log_half)
+        } else {
+            StreamHistogram::new(self.log_half)
+        }
     }
 
     /// Put back what `take` gave.
@@ -544,12 +554,50 @@ fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<
 
 #[pymethods]
 impl StreamHistograms {
+    /// `pow2_votes`: also collect pow2 MinMSE MostCommon's per-batch votes (costs one pow2
+    /// search per batch and tensor).
     #[new]
-    fn new(num_bins: usize) -> PyResult<Self> {
+    #[pyo3(signature = (num_bins, pow2_votes=false))]
+    fn new(num_bins: usize, pow2_votes: bool) -> PyResult<Self> {
         if !num_bins.is_power_of_two() || !(8..=(1 << 25)).contains(&num_bins) {
             return Err(PyValueError::new_err(format!("streaming num_bins must be a power of two in [8, 2^25], got {num_bins}")));
         }
-        Ok(StreamHistograms { log_half: num_bins.trailing_zeros() - 1, order: Vec::new(), states: HashMap::new() })
+        Ok(StreamHistograms { log_half: num_bins.trailing_zeros() - 1, pow2_votes, order: Vec::new(), states: HashMap::new() })
+    }
+
+    #[getter]
+    fn pow2_votes(&self) -> bool {
+        self.pow2_votes
+    }
+
+    /// A tensor's pow2 MostCommon votes, `[(type index (int8, uint8, int16), exponent,
+    /// batches)]`, or None when they were not collected.
+    fn votes(&self, name: &str) -> PyResult<Option<Vec<(u8, i32, u64)>>> {
+        let (_, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        Ok(h.pow2_votes.as_ref().map(|v| v.iter().map(|(&(t, k), &n)| (t, k, n)).collect()))
+    }
+
+    /// Put back what `votes` gave (None: not collected).
+    fn restore_votes(&mut self, name: &str, votes: Option<Vec<(u8, i32, u64)>>) -> PyResult<()> {
+        let (_, h) = self.states.get_mut(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        h.pow2_votes = match votes {
+            None => None,
+            Some(v) => {
+                let mut map = std::collections::BTreeMap::new();
+                let mut per_type = [0u128; 3];
+                for (t, k, n) in v {
+                    if t > 2 || !(pow2::MIN_EXPONENT..=pow2::MAX_EXPONENT).contains(&k) || map.insert((t, k), n).is_some() {
+                        return Err(PyValueError::new_err(format!("tensor {name:?}: bad or repeated pow2 vote ({t}, {k}, {n})")));
+                    }
+                    per_type[t as usize] += n as u128;
+                }
+                if per_type.iter().any(|&n| n > h.batches as u128) {
+                    return Err(PyValueError::new_err(format!("tensor {name:?}: more pow2 votes than batches")));
+                }
+                Some(map)
+            }
+        };
+        Ok(())
     }
 
     #[getter]
@@ -688,6 +736,11 @@ impl StreamHistograms {
                 }
             }
         }
+        // pow2 votes stay only when both sides collected them (else some batches never voted)
+        self.pow2_votes &= other.pow2_votes;
+        if !self.pow2_votes {
+            self.states.values_mut().for_each(|(_, h)| h.pow2_votes = None);
+        }
         Ok(())
     }
 
@@ -709,16 +762,28 @@ impl StreamHistograms {
         minmse_mode: &str,
     ) -> PyResult<Vec<(f64, f64)>> {
         let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
-        if method.needs_votes() {
-            return Err(PyValueError::new_err(
-                "MostCommon needs per-batch votes, which streaming histograms do not collect yet; use minmse_mode='All'",
-            ));
-        }
         let selected = self.selected(names)?;
         let out: Vec<Result<(f64, f64), String>> = run(py, || {
             selected
                 .par_iter()
-                .map(|(name, h)| Ok(stream_uniform(name, h)?.map_or((0.0, 0.0), |hist| method.range(hist, &[]))))
+                .map(|(name, h)| {
+                    let Some(hist) = stream_uniform(name, h)? else { return Ok((0.0, 0.0)) };
+                    let votes = match (&method, &h.pow2_votes) {
+                        (RangeMethod::Pow2 { qtype, .. }, Some(v)) if method.needs_votes() => {
+                            let t = Pow2Type::ALL.iter().position(|x| x == qtype).expect("a pow2 type") as u8;
+                            v.iter().filter(|((vt, _), _)| *vt == t).map(|(&(_, k), &n)| (k, n)).collect()
+                        }
+                        (_, None) if method.needs_votes() => {
+                            return Err(format!(
+                                "tensor {name:?}: pow2 MinMSE MostCommon needs per-batch votes, which this collection did not \
+                                 record (collect with the pow2 method and minmse_mode='MostCommon', or \
+                                 StreamHistograms(..., pow2_votes=True))"
+                            ))
+                        }
+                        _ => Vec::new(),
+                    };
+                    Ok(method.range(hist, &votes))
+                })
                 .collect()
         });
         out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()

@@ -11,7 +11,10 @@
 use crate::float::{py_max, Float};
 use crate::histogram::{HistError, UniformBins};
 use crate::scan::{scan, Scan};
+use crate::pow2;
+use crate::qerror::UniformHistogram;
 use crate::stream_bins::batch_bins;
+use std::collections::BTreeMap;
 use crate::value_histogram::Held;
 use crate::view::View;
 
@@ -35,6 +38,9 @@ pub struct StreamHistogram {
     pub n_posinf: u64,
     pub n_neginf: u64,
     pub batches: u64,
+    /// pow2 MinMSE MostCommon's per-batch votes, when collected: `(type index in
+    /// Pow2Type::ALL, exponent) -> batches` (each batch votes for its own MinMSE exponent).
+    pub pow2_votes: Option<BTreeMap<(u8, i32), u64>>,
 }
 
 /// The smallest level whose range holds `m` (`m < 2^level`), at least `MIN_LEVEL`.
@@ -70,7 +76,14 @@ impl StreamHistogram {
             n_posinf: 0,
             n_neginf: 0,
             batches: 0,
+            pow2_votes: None,
         }
+    }
+
+    /// A histogram that also collects pow2 MostCommon's per-batch votes (one pow2 MinMSE
+    /// search per batch and type: opt-in).
+    pub fn with_pow2_votes(log_half: u32) -> Self {
+        StreamHistogram { pow2_votes: Some(BTreeMap::new()), ..StreamHistogram::new(log_half) }
     }
 
     pub fn half(&self) -> usize {
@@ -125,9 +138,30 @@ impl StreamHistogram {
         self.finite_max = Some(self.finite_max.map_or(mx, |m| m.max(mx)));
         self.abs_min = Some(self.abs_min.map_or(amn, |m| m.min(amn)));
         self.raise(level_for(mn.abs().max(mx.abs())));
-        // The batch's own histogram at the new level, then added to the running one.
-        let batch = batch_bins(view, sc, self.log_half, self.level.expect("raised above"));
-        batch.add_to(&mut self.bins);
+        let level = self.level.expect("raised above");
+        let Some(votes) = &mut self.pow2_votes else {
+            // The batch's own histogram at the new level, then added to the running one.
+            batch_bins(view, sc, self.log_half, level).add_to(&mut self.bins);
+            return;
+        };
+        // The vote comes from the batch's histogram at its own level (not the running level,
+        // which depends on the batches before it); folding it up to the running level is exact.
+        let own = level_for(mn.abs().max(mx.abs()));
+        let batch = batch_bins(view, sc, self.log_half, own);
+        let w = pow2(own - self.log_half as i32);
+        let left = -pow2(own) + batch.first as f64 * w;
+        // the batch's values are finite and inside its level's range: a valid histogram
+        let hist = UniformHistogram::new(&batch.counts, left, w, mn, mx).expect("a batch histogram is valid");
+        for (t, k) in pow2::batch_votes(hist).into_iter().enumerate() {
+            if let Some(k) = k {
+                *votes.entry((t as u8, k)).or_insert(0) += 1;
+            }
+        }
+        let (h, shift) = (self.half() as i64, (level - own).min(62) as u32);
+        for (i, &c) in batch.counts.iter().enumerate() {
+            let s = (batch.first + i) as i64 - h;
+            self.bins[((s >> shift) + h) as usize] += c;
+        }
     }
 
     /// Add another streaming histogram's data (same `log_half`): the result equals one
@@ -157,6 +191,16 @@ impl StreamHistogram {
         self.n_posinf += o.n_posinf;
         self.n_neginf += o.n_neginf;
         self.batches += o.batches;
+        // votes survive only when both sides have them (otherwise some batches never voted)
+        self.pow2_votes = match (self.pow2_votes.take(), &o.pow2_votes) {
+            (Some(mut a), Some(b)) => {
+                for (key, n) in b {
+                    *a.entry(*key).or_insert(0) += n;
+                }
+                Some(a)
+            }
+            _ => None,
+        };
         Ok(())
     }
 
@@ -416,6 +460,31 @@ mod tests {
         let mut direct = vec![vec![1e-6f32, -2e-7]];
         direct.push(data);
         assert_eq!(hist_of(&grow, 8).bins, hist_of(&direct, 8).bins);
+    }
+
+    #[test]
+    fn pow2_votes_do_not_change_the_histogram_or_depend_on_order() {
+        let big: Vec<f32> = (0..3000).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.37).collect();
+        let small: Vec<f32> = (0..3000).map(|i| ((i * 31 % 997) as f32 - 498.0) * 1e-3).collect();
+        for order in [[&big, &small], [&small, &big]] {
+            let mut voting = StreamHistogram::with_pow2_votes(10);
+            let mut plain = StreamHistogram::new(10);
+            for b in order {
+                voting.add(&View::from_slice(b));
+                plain.add(&View::from_slice(b));
+            }
+            assert_eq!(voting.bins, plain.bins);
+            // each batch votes as it would alone
+            let mut alone = StreamHistogram::with_pow2_votes(10);
+            alone.add(&View::from_slice(&small));
+            let mut want = alone.pow2_votes.clone().unwrap();
+            let mut other = StreamHistogram::with_pow2_votes(10);
+            other.add(&View::from_slice(&big));
+            for (k, n) in other.pow2_votes.unwrap() {
+                *want.entry(k).or_insert(0) += n;
+            }
+            assert_eq!(voting.pow2_votes.unwrap(), want);
+        }
     }
 
     #[test]
