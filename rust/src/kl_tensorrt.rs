@@ -533,10 +533,12 @@ mod tests {
         let hz = UniformHistogram::new(&zeros, -2.0, 1.0, 0.0, 0.0).unwrap();
         assert_eq!(kl_range(&hz, 2048, 128), Ok((0.0, 0.0)));
         // one value: every bin but the last is empty, A is that value; num_bins == nq has the
-        // single candidate i = num_bins, the full range
+        // single candidate i = num_bins, the full range (its low end at 0: the data's min is 0.7)
         let one = [0u64, 0, 3, 0];
         let h1 = UniformHistogram::new(&one, -2.0, 1.0, 0.7, 0.7).unwrap();
-        assert_eq!(kl_range(&h1, 128, 128), Ok((-0.7, 0.7)));
+        assert_eq!(kl_range(&h1, 128, 128), Ok((0.0, 0.7)));
+        let h2 = UniformHistogram::new(&one, -2.0, 1.0, -0.7, -0.7).unwrap();
+        assert_eq!(kl_range(&h2, 128, 128), Ok((-0.7, 0.7)));
         let (abs, a) = abs_histogram(&h1, 16).unwrap();
         assert_eq!((abs[15], a), (3, 0.7));
     }
