@@ -168,7 +168,7 @@ class HistogramCollector(CalibrationDataCollector):
             raise ValueError("Invalid num_bins. Must be in range 512 <= num_bins.")
         hd = self.histogram_dict
         if self.scenario == "same":
-            moments = {n: (a, s) for n, a, s in self._histograms.distribution(self.scenario)}
+            moments = {n: (a, s) for n, a, s in self._histograms.distribution()}
         else:
             moments = {n: _p3_avg_std(*hd[n][:2]) for n in hd}
         out = {}

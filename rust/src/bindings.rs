@@ -1,7 +1,7 @@
 //! The only PyO3 code: numpy arrays in, plain kernel calls (GIL released, on histocal's
 //! thread pool), Python values out. Type fidelity to ORT's objects lives in the Python layer.
 
-use crate::distribution::{avg_std, Scenario};
+use crate::distribution::avg_std;
 use crate::entropy::entropy_threshold;
 use crate::float::Float;
 use crate::kl_tensorrt;
@@ -451,21 +451,17 @@ impl Histograms {
         })
     }
 
-    /// Distribution: `[(name, avg, std)]` in f64, before rounding to the edge dtype.
-    fn distribution(&self, py: Python<'_>, scenario: &str) -> PyResult<Vec<(String, f64, f64)>> {
-        let scenario = match scenario {
-            "same" => Scenario::Same,
-            "p3" => Scenario::P3,
-            _ => return Err(PyValueError::new_err("Invalid scenario. Must be in {'same', 'p3'}.")),
-        };
+    /// Distribution (scenario "same"): `[(name, avg, std)]` in f64, before rounding to the
+    /// edge dtype.
+    fn distribution(&self, py: Python<'_>) -> PyResult<Vec<(String, f64, f64)>> {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
         Ok(run(py, || {
             states
                 .par_iter()
                 .map(|(name, st)| {
                     let (a, s) = match &st.histogram {
-                        Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges, scenario)),
-                        Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges, scenario)),
+                        Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
                     };
                     ((*name).clone(), a, s)
                 })
