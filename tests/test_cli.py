@@ -239,6 +239,55 @@ def test_recompute_from_state(work, tmp_path, capsys):
     assert str(bad) in line and not (tmp_path / "x.json").exists()
 
 
+PLUGIN = """
+import histocal
+
+
+def half_range(t):
+    return t.min / 2, t.max / 2
+
+
+histocal.register_method("cli_plugin_half", half_range, replace=True)
+"""
+
+
+def test_histocal_methods_and_plugins(work, tmp_path, capsys, monkeypatch):
+    """histocal's own methods and registered ones through calibrate, recompute and quantize."""
+    from histocal.state import CalibrationState
+
+    state, cache = tmp_path / "s.hcs", tmp_path / "pow2.json"
+    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "pow2",
+                 "--pow2-method", "MinMSE", "--minmse-mode", "MostCommon", "--qtype", "uint8",
+                 "--cache", str(cache), "--state", str(state)]) == 0
+    loaded = CalibrationState.load(state)
+    options = {"qtype": "uint8", "pow2_method": "MinMSE", "minmse_mode": "MostCommon"}
+    assert_same_tensors_data(ort_calibrate.load_tensors_data(cache), loaded.compute("pow2", **options))
+    mse = tmp_path / "mse.json"
+    assert main(["recompute", str(state), "--method", "mse", "--qtype", "int16", "--symmetric",
+                 "--cache", str(mse)]) == 0
+    assert_same_tensors_data(ort_calibrate.load_tensors_data(mse), loaded.compute("mse", qtype="int16", symmetric=True))
+    # a plugin module registers a method that then works by name
+    (tmp_path / "cli_plugin_mod.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    half = tmp_path / "half.json"
+    assert main(["recompute", str(state), "--plugin", "cli_plugin_mod", "--method", "cli_plugin_half",
+                 "--cache", str(half)]) == 0
+    got = ort_calibrate.load_tensors_data(half)
+    for name in loaded.names:
+        _, _, _, fmin, fmax, _, _ = loaded.stream.export(name)
+        assert float(got.data[name].range_value[0][0]) == np.float32(fmin / 2)
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(work["model"]), str(out), "--state", str(state), "--method", "kl"]) == 0
+    assert out.exists()
+    # unknown method: usage error; a plugin that fails to import: exit 1, named
+    capsys.readouterr()
+    assert main(["recompute", str(state), "--method", "nosuch", "--cache", str(tmp_path / "n.json")]) == 2
+    assert main(["recompute", str(state), "--plugin", "no_such_module_xyz", "--method", "mse",
+                 "--cache", str(tmp_path / "n.json")]) == 1
+    assert "no_such_module_xyz" in capsys.readouterr().err
+    assert not (tmp_path / "n.json").exists()
+
+
 def test_inspect_cache_text_and_json(work, tmp_path, capsys):
     cache = tmp_path / "m.json"
     assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--cache", str(cache)]) == 0
