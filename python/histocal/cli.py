@@ -101,14 +101,22 @@ def _method_key(method: Any) -> str:
     return text.lower()
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(minimum: int, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(1, text)
+
+
+def _count(text: str) -> int:
+    return _int_at_least(0, text)
 
 
 def _float(text: str) -> float:
@@ -890,15 +898,6 @@ def _report_parser(sub: Any) -> None:
     from .methods import QTYPES
     from .report import REPORT_METHODS
 
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-        return value
-
     p = sub.add_parser("report", help="HTML report of a histocal state: histograms, every method's range and error",
                        description="Write DIR/index.html (a table of every tensor, worst outliers first: counts, "
                                    "NaN/Inf, min/max, outlier ratio, each method's range and estimated SQNR, "
@@ -911,7 +910,7 @@ def _report_parser(sub: Any) -> None:
                    help="symmetric quantization (default: asymmetric)")
     p.add_argument("--methods", nargs="+", choices=REPORT_METHODS, metavar="METHOD",
                    help=f"only these methods ({' '.join(REPORT_METHODS)}; default all)")
-    p.add_argument("--max-tensors", type=count, metavar="N",
+    p.add_argument("--max-tensors", type=_count, metavar="N",
                    help="plot only the N tensors with the largest outlier ratios (the table lists all)")
     p.set_defaults(func=cmd_report)
 
