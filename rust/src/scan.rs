@@ -98,7 +98,7 @@ fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
 }
 
 /// The same scan in another type holding the same values (f32 <-> f16 data, f64).
-fn retype<T: Float, D: Float>(s: Scan<T>) -> Scan<D> {
+pub(crate) fn retype<T: Float, D: Float>(s: Scan<T>) -> Scan<D> {
     let r = |v: Option<T>| v.map(|x| D::from_f64(x.to_f64()));
     Scan {
         finite_min: r(s.finite_min),
@@ -144,6 +144,15 @@ fn scan_block<D: Float>(block: &[D]) -> Scan<D> {
         s.finite_max = first_zero();
     }
     s
+}
+
+/// Scan a block of lanes (f32 or f64) with its vectorised kernel (no zero-sign rule).
+pub(crate) fn scan_lanes_block<T: Lane + Float>(b: &[T]) -> Scan<T> {
+    match (cast::<T, f32>(b), cast::<T, f64>(b)) {
+        (Some(b), _) => retype(scan_f32(b)),
+        (_, Some(b)) => retype(scan_f64(b)),
+        _ => unreachable!("lanes are f32 or f64"),
+    }
 }
 
 crate::simd::dispatch_avx2!(fn scan_f32(b: &[f32]) -> Scan<f32> => scan_f32_impl);

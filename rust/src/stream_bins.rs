@@ -22,11 +22,13 @@
 
 use crate::float::Float;
 use crate::lanes::{widen_f16, Lane};
-use crate::scan::{Scan, PAR_CHUNK};
+use crate::scan::{retype, scan_lanes_block, Scan, PAR_CHUNK};
+use crate::stream_histogram::{level_for, raise_bins};
 use crate::view::View;
 use half::f16;
 use rayon::prelude::*;
 use std::any::TypeId;
+use std::cell::RefCell;
 
 /// Values binned per kernel call (the index buffer stays in L1).
 const BLOCK: usize = 2048;
@@ -92,10 +94,82 @@ fn bins_impl<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) {
 
 crate::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
 
+/// A lane type that is also a data type (f32, f64): one bound for the dispatch macro.
+trait LaneFloat: Lane + Float {}
+impl<T: Lane + Float> LaneFloat for T {}
+
+/// `bins_impl` and the block's scan in one loop: min/max and min |x| over finite values and
+/// the counts of finite, +Inf and -Inf values (the rest is NaN). A block holds at most
+/// `BLOCK` values, so u32 lane counters cannot overflow.
+#[inline(always)]
+fn bins_scan_impl<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> Scan<T> {
+    const L: usize = 16;
+    let mut mn = [T::INFINITY; L];
+    let mut mx = [T::NEG_INFINITY; L];
+    let mut amn = [T::INFINITY; L];
+    let mut n_fin = [0u32; L];
+    let mut n_pinf = [0u32; L];
+    let mut n_ninf = [0u32; L];
+    let whole = block.len() / L * L;
+    for (c, o) in block[..whole].chunks_exact(L).zip(idx[..whole].chunks_exact_mut(L)) {
+        for j in 0..L {
+            let x = c[j];
+            let a = Lane::abs(x);
+            let fin = a < T::INFINITY;
+            let i = (p.bin(x) - p.first) as u32;
+            let i = if x == <T as Lane>::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
+            o[j] = if fin { i } else { p.len };
+            let vf = if fin { x } else { T::INFINITY };
+            let vg = if fin { x } else { T::NEG_INFINITY };
+            let af = if fin { a } else { T::INFINITY };
+            mn[j] = if vf < mn[j] { vf } else { mn[j] };
+            mx[j] = if vg > mx[j] { vg } else { mx[j] };
+            amn[j] = if af < amn[j] { af } else { amn[j] };
+            n_fin[j] += fin as u32;
+            n_pinf[j] += (x == T::INFINITY) as u32;
+            n_ninf[j] += (x == T::NEG_INFINITY) as u32;
+        }
+    }
+    let mut tail = Scan::empty();
+    if whole < block.len() {
+        bins_impl(p, &block[whole..], &mut idx[whole..block.len()]);
+        tail = scan_lanes_block(&block[whole..]);
+    }
+    let sum = |a: [u32; L]| a.iter().map(|&n| n as u64).sum::<u64>();
+    let (n_fin, n_pinf, n_ninf) = (sum(n_fin), sum(n_pinf), sum(n_ninf));
+    let red = |a: [T; L], f: fn(T, T) -> T| (n_fin > 0).then(|| a.iter().copied().fold(a[0], f));
+    let body = Scan {
+        finite_min: red(mn, Lane::min),
+        finite_max: red(mx, Lane::max),
+        finite_abs_min: red(amn, Lane::min),
+        finite_abs_max: None, // not needed here
+        n_finite: n_fin,
+        n_nan: whole as u64 - n_fin - n_pinf - n_ninf,
+        n_posinf: n_pinf,
+        n_neginf: n_ninf,
+    };
+    body.merge(tail)
+}
+
+crate::simd::dispatch_avx512!(fn bins_scan<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> Scan<T> => bins_scan_impl);
+
 /// `block` as a slice of `T` when `D` is `T`.
 fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
     // SAFETY: D and T are the same type.
     (TypeId::of::<D>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(block.as_ptr() as *const T, block.len()) })
+}
+
+/// A block (at most `BLOCK` values) as lanes `T`: the data itself, or f16 data widened into `wide`.
+fn lanes_of<'a, D: 'static, T: 'static>(block: &'a [D], wide: &'a mut [f32]) -> &'a [T] {
+    match cast::<D, f16>(block) {
+        Some(h) => {
+            let w = &mut wide[..h.len()];
+            widen_f16(h, w);
+            let w: &'a [f32] = w;
+            cast::<f32, T>(w).expect("f16 data counts in f32 lanes")
+        }
+        None => cast::<D, T>(block).expect("lanes match the data type"),
+    }
 }
 
 /// Counts the values of one data type `D` in lanes `T` (f32 for f16 and f32 data, f64 for
@@ -126,15 +200,7 @@ impl<T: Lane> Counter<T> {
                 self.flush(true);
             }
             let idx = &mut self.idx[..block.len()];
-            let lanes = match cast::<D, f16>(block) {
-                Some(b) => {
-                    let w = &mut self.wide[..b.len()];
-                    widen_f16(b, w);
-                    cast::<f32, T>(w)
-                }
-                None => cast::<D, T>(block),
-            };
-            bins(&self.p, lanes.expect("lanes match the data type"), idx);
+            bins(&self.p, lanes_of(block, &mut self.wide), idx);
             let small = self.small.as_mut_ptr();
             for &i in idx.iter() {
                 // SAFETY: `bins` clamps every bin into the window, so its indices (window bins,
@@ -242,4 +308,174 @@ fn count_view<D: Float, T: Lane + Send + Sync>(view: &View<D>, p: Pow2Bins<T>) -
             a
         })
         .unwrap_or_else(|| vec![0; p.len as usize])
+}
+
+/// Per-thread buffers of the direct path, kept between batches: u16 counters for all `2H` bins
+/// plus the dummy and zero slots (all zero between uses), a block's indices and widened values.
+#[derive(Default)]
+struct Scratch {
+    small: Vec<u16>,
+    idx: Vec<u32>,
+    wide: Vec<f32>,
+    /// Set while counters may be non-zero (a panic mid-batch leaves it set: zero them next time).
+    dirty: bool,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+impl Scratch {
+    fn ready(&mut self, n_small: usize) {
+        if self.small.len() != n_small || self.dirty {
+            self.small.clear();
+            self.small.resize(n_small, 0);
+        }
+        self.idx.resize(BLOCK, 0);
+        self.wide.resize(BLOCK, 0.0);
+        self.dirty = true;
+    }
+}
+
+/// Counts values straight into a histogram's `2H` bins at one level: the window is all `2H`
+/// bins, counted in the scratch's u16 counters and flushed into the u64 bins over the span
+/// touched since the last flush (no per-batch allocation, no batch histogram to add).
+struct DirectCounter<T> {
+    p: Pow2Bins<T>,
+    pending: usize,
+    /// Touched window indices `lo..=hi` since the last flush (`lo > hi`: none).
+    lo: usize,
+    hi: usize,
+}
+
+impl<T: Lane> DirectCounter<T> {
+    fn new(log_half: u32, level: i32) -> Self {
+        let half = 1i32 << log_half;
+        DirectCounter { p: Pow2Bins::window(log_half, level, -half, half - 1), pending: 0, lo: usize::MAX, hi: 0 }
+    }
+
+    /// Count the block whose window indices are `s.idx[..n]` and whose finite values lie in
+    /// `[min, max]`, inside the level's range.
+    fn scatter(&mut self, n: usize, min: T, max: T, s: &mut Scratch, bins: &mut [u64]) {
+        if self.pending + n > u16::MAX as usize {
+            self.flush(s, bins);
+        }
+        let small = s.small.as_mut_ptr();
+        for &i in s.idx[..n].iter() {
+            // SAFETY: `bins` clamps every bin into the window, so its indices (window bins, the
+            // dummy, the zero slots) are < 2H + 1 + ZERO_SLOTS = small.len().
+            unsafe { *small.add(i as usize) += 1 };
+        }
+        self.pending += n;
+        self.lo = self.lo.min((self.p.bin(min) - self.p.first) as usize);
+        self.hi = self.hi.max((self.p.bin(max) - self.p.first) as usize);
+    }
+
+    /// Add the counters into `bins` and zero them.
+    fn flush(&mut self, s: &mut Scratch, bins: &mut [u64]) {
+        let len = self.p.len as usize;
+        let zeros: u64 = s.small[len + 1..].iter().map(|&c| c as u64).sum();
+        if self.lo <= self.hi {
+            add_u16(&mut bins[self.lo..=self.hi], &s.small[self.lo..=self.hi]);
+            s.small[self.lo..=self.hi].fill(0);
+        }
+        // bin 0 is at index H of the 2H bins
+        bins[len / 2] += zeros;
+        s.small[len..].fill(0);
+        self.pending = 0;
+        self.lo = usize::MAX;
+        self.hi = 0;
+    }
+}
+
+/// Add one batch to a streaming histogram (`bins`: its `2H` counts at `*level`, None before any
+/// finite value) in a single read of the data: each block is scanned while in L1, the level
+/// raised (`raise_bins`, exact) when the block holds a value beyond it, and the block counted
+/// at the level. Returns the batch's scan. Sequential: for batches up to a few `PAR_CHUNK`s
+/// (bigger ones are split by the caller's parallel path).
+pub fn add_direct<D: Float>(view: &View<D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64]) -> Scan<D> {
+    assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
+    SCRATCH.with(|cell| {
+        let s = &mut *cell.borrow_mut();
+        s.ready(bins.len() + 1 + ZERO_SLOTS);
+        let scan = if TypeId::of::<D>() == TypeId::of::<f64>() {
+            add_direct_lanes::<D, f64>(view, log_half, level, bins, s)
+        } else {
+            add_direct_lanes::<D, f32>(view, log_half, level, bins, s)
+        };
+        s.dirty = false;
+        scan
+    })
+}
+
+fn add_direct_lanes<D: Float, T: Lane + Float>(view: &View<D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64], s: &mut Scratch) -> Scan<D> {
+    let mut total = Scan::<D>::empty();
+    let mut counter: Option<DirectCounter<T>> = level.map(|l| DirectCounter::new(log_half, l));
+    let mut wide = std::mem::take(&mut s.wide);
+    view.for_each_block(0..view.len(), |block| {
+        for piece in block.chunks(BLOCK) {
+            let lanes: &[T] = lanes_of(piece, &mut wide);
+            let n = lanes.len();
+            // bin at the current level while scanning; a block beyond it is binned again
+            let sc = match &counter {
+                Some(c) => bins_scan(&c.p, lanes, &mut s.idx[..n]),
+                None => scan_lanes_block(lanes),
+            };
+            total = total.merge(retype(sc));
+            let (Some(min), Some(max)) = (sc.finite_min, sc.finite_max) else {
+                continue; // nothing finite to count
+            };
+            let need = level_for(min.to_f64().abs().max(max.to_f64().abs()));
+            if level.is_none_or(|l| need > l) {
+                if let Some(c) = counter.as_mut() {
+                    c.flush(s, bins);
+                }
+                if let Some(l) = *level {
+                    raise_bins(bins, (need - l) as u32);
+                }
+                *level = Some(need);
+                let c = DirectCounter::new(log_half, need);
+                self::bins(&c.p, lanes, &mut s.idx[..n]);
+                counter = Some(c);
+            }
+            counter.as_mut().expect("a level is set").scatter(n, min, max, s, bins);
+        }
+    });
+    s.wide = wide;
+    if let Some(c) = counter.as_mut() {
+        c.flush(s, bins);
+    }
+    total
+}
+
+/// Count a batch whose finite values lie in `[min, max]`, all inside `level`'s range, straight
+/// into the `2H` bins (sequential; the direct path when the scan is already known).
+pub fn count_direct<D: Float>(view: &View<D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64]) {
+    assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
+    SCRATCH.with(|cell| {
+        let s = &mut *cell.borrow_mut();
+        s.ready(bins.len() + 1 + ZERO_SLOTS);
+        if TypeId::of::<D>() == TypeId::of::<f64>() {
+            count_direct_lanes::<D, f64>(view, log_half, level, min, max, bins, s);
+        } else {
+            count_direct_lanes::<D, f32>(view, log_half, level, min, max, bins, s);
+        }
+        s.dirty = false;
+    })
+}
+
+fn count_direct_lanes<D: Float, T: Lane + Float>(view: &View<D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64], s: &mut Scratch) {
+    // min and max are values of the data: exact in its lanes
+    let (min, max) = (T::from_f64(min.to_f64()), T::from_f64(max.to_f64()));
+    let mut counter = DirectCounter::<T>::new(log_half, level);
+    let mut wide = std::mem::take(&mut s.wide);
+    view.for_each_block(0..view.len(), |block| {
+        for piece in block.chunks(BLOCK) {
+            let lanes: &[T] = lanes_of(piece, &mut wide);
+            self::bins(&counter.p, lanes, &mut s.idx[..lanes.len()]);
+            counter.scatter(lanes.len(), min, max, s, bins);
+        }
+    });
+    s.wide = wide;
+    counter.flush(s, bins);
 }

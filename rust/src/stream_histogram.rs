@@ -10,10 +10,10 @@
 
 use crate::float::{py_max, Float};
 use crate::histogram::{HistError, UniformBins};
-use crate::scan::{scan, Scan};
+use crate::scan::{scan, Scan, PAR_CHUNK};
 use crate::pow2;
 use crate::qerror::UniformHistogram;
-use crate::stream_bins::batch_bins;
+use crate::stream_bins::{add_direct, batch_bins, count_direct};
 use std::collections::BTreeMap;
 use crate::value_histogram::Held;
 use crate::view::View;
@@ -53,6 +53,20 @@ pub fn level_for(m: f64) -> i32 {
     // m = 1.f * 2^(exp - 1023) for normal m, so 2^(exp - 1022) is the first power above it.
     let level = if exp == 0 { -1022 } else { exp - 1022 };
     level.max(MIN_LEVEL)
+}
+
+/// Merge `2H` bins (bin `s` at index `s + H`) up by `shift` levels in place: bin `s` goes to
+/// `s >> shift`. Bins `s >= 0` move down (to `s >> shift <= s`) and negative ones up, so
+/// walking each side away from zero only writes to bins already visited.
+pub fn raise_bins(bins: &mut [u64], shift: u32) {
+    let h = bins.len() / 2;
+    let k = shift.min(62);
+    for i in (h..bins.len()).chain((0..h).rev()) {
+        let c = std::mem::take(&mut bins[i]);
+        if c != 0 {
+            bins[(((i as i64 - h as i64) >> k) + h as i64) as usize] += c;
+        }
+    }
 }
 
 fn pow2(k: i32) -> f64 {
@@ -97,51 +111,57 @@ impl StreamHistogram {
 
     /// Raise the level to `level` (if higher), merging bins exactly.
     pub fn raise(&mut self, level: i32) {
-        let Some(cur) = self.level else {
-            self.level = Some(level);
-            return;
-        };
-        if level <= cur {
-            return;
+        match self.level {
+            Some(cur) if level > cur => raise_bins(&mut self.bins, (level - cur) as u32),
+            Some(_) => return,
+            None => {}
         }
-        let k = (level - cur).min(62) as u32;
-        let h = self.half() as i64;
-        let mut out = vec![0u64; self.bins.len()];
-        for (i, &c) in self.bins.iter().enumerate() {
-            if c != 0 {
-                let s = i as i64 - h;
-                out[((s >> k) + h) as usize] += c;
-            }
-        }
-        self.bins = out;
         self.level = Some(level);
     }
 
     /// Add one batch.
     pub fn add<D: Float>(&mut self, view: &View<D>) {
-        let sc = scan(view);
-        self.add_scanned(view, &sc);
+        if self.pow2_votes.is_some() || view.len() > PAR_CHUNK {
+            let sc = scan(view);
+            self.add_scanned(view, &sc);
+            return;
+        }
+        // one read of the data, straight into the bins
+        let sc = add_direct(view, self.log_half, &mut self.level, &mut self.bins);
+        self.record(&sc);
     }
 
-    /// Add one batch whose scan is already known.
-    pub fn add_scanned<D: Float>(&mut self, view: &View<D>, sc: &Scan<D>) {
+    /// Count a batch's scan in the totals and extremes; its finite `(min, max)` if any.
+    fn record<D: Float>(&mut self, sc: &Scan<D>) -> Option<(f64, f64)> {
         self.batches += 1;
         self.n_nan += sc.n_nan;
         self.n_posinf += sc.n_posinf;
         self.n_neginf += sc.n_neginf;
         let (Some(mn), Some(mx), Some(amn)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
-            return;
+            return None;
         };
-        let (mn, mx, amn) = (mn.to_f64(), mx.to_f64(), amn.to_f64());
+        // + 0.0 turns -0 into +0: which zero a scan returns depends on how the data was split
+        let (mn, mx, amn) = (mn.to_f64() + 0.0, mx.to_f64() + 0.0, amn.to_f64());
         self.n_finite += sc.n_finite;
         self.finite_min = Some(self.finite_min.map_or(mn, |m| m.min(mn)));
         self.finite_max = Some(self.finite_max.map_or(mx, |m| m.max(mx)));
         self.abs_min = Some(self.abs_min.map_or(amn, |m| m.min(amn)));
+        Some((mn, mx))
+    }
+
+    /// Add one batch whose scan is already known.
+    pub fn add_scanned<D: Float>(&mut self, view: &View<D>, sc: &Scan<D>) {
+        let Some((mn, mx)) = self.record(sc) else {
+            return;
+        };
         self.raise(level_for(mn.abs().max(mx.abs())));
         let level = self.level.expect("raised above");
         let Some(votes) = &mut self.pow2_votes else {
-            // The batch's own histogram at the new level, then added to the running one.
-            batch_bins(view, sc, self.log_half, level).add_to(&mut self.bins);
+            match (sc.finite_min, sc.finite_max) {
+                (Some(lo), Some(hi)) if view.len() <= PAR_CHUNK => count_direct(view, self.log_half, level, lo, hi, &mut self.bins),
+                // big batches: the batch's own histogram, counted in parallel chunks, then added
+                _ => batch_bins(view, sc, self.log_half, level).add_to(&mut self.bins),
+            }
             return;
         };
         // The vote comes from the batch's histogram at its own level (not the running level,
@@ -443,6 +463,93 @@ mod tests {
         // level 1: [-2, 2) in 8 bins of 0.5
         assert_eq!(h.level, Some(1));
         assert_eq!(h.bins, vec![0, 0, 1, 1, 2, 1, 0, 0]);
+    }
+
+    /// Batches through `add` (one read, levels raised mid-batch as blocks bring larger values)
+    /// against the reference binning of all values at the final level, at every SIMD tier,
+    /// contiguous and strided; totals and extremes against a plain count.
+    fn check_stream<D: Float>(batches: &[Vec<D>], log_half: u32) {
+        let all: Vec<D> = batches.concat();
+        let finite: Vec<f64> = all.iter().map(|x| x.to_f64()).filter(|x| x.is_finite()).collect();
+        let top = finite.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let level = (!finite.is_empty()).then(|| level_for(top));
+        for tier in [0u8, 1, 2] {
+            crate::simd::set_max_tier(tier);
+            let mut h = StreamHistogram::new(log_half);
+            let mut strided = StreamHistogram::new(log_half);
+            for b in batches {
+                h.add(&View::from_slice(b));
+                // the same values, every other element of a buffer twice as long
+                let doubled: Vec<D> = b.iter().flat_map(|&x| [x, D::ZERO]).collect();
+                strided.add(&unsafe { View::from_raw(doubled.as_ptr(), &[b.len()], &[2]) });
+            }
+            assert_eq!(h.level, level, "{} tier {tier}", D::NAME);
+            let want = level.map_or(vec![0; 2 << log_half], |l| reference_bins(&all, log_half, l));
+            assert!(h.bins == want, "{} tier {tier} log_half {log_half}", D::NAME);
+            assert_eq!(strided, h, "{} strided, tier {tier}", D::NAME);
+            assert_eq!(h.n_finite as usize, finite.len());
+            assert_eq!(h.n_nan as usize, all.iter().filter(|x| x.to_f64().is_nan()).count());
+            assert_eq!(h.finite_min, finite.iter().copied().reduce(f64::min).map(|m| m + 0.0));
+            assert_eq!(h.finite_max, finite.iter().copied().reduce(f64::max).map(|m| m + 0.0));
+        }
+        crate::simd::set_max_tier(2);
+    }
+
+    /// Mixed-magnitude batches: small values first (a low level), then larger ones mid-batch.
+    fn growing<D: Float>(values: &[f64], n_batches: usize) -> Vec<Vec<D>> {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(|a, b| a.abs().total_cmp(&b.abs()));
+        let per = sorted.len().div_ceil(n_batches);
+        sorted.chunks(per).map(|c| c.iter().map(|&x| D::from_f64(x)).collect()).collect()
+    }
+
+    #[test]
+    fn one_read_add_matches_the_reference() {
+        let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+        // every f16, in batches of growing magnitude (NaN and Inf among them)
+        let halves: Vec<f64> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f64()).collect();
+        for log_half in [2, 13] {
+            check_stream::<f16>(&growing(&halves, 5), log_half);
+        }
+        for log_half in [3, 13] {
+            let mut v: Vec<f64> = (0..20_000).map(|_| f32::from_bits(rng.next() as u32) as f64).collect();
+            for level in [-140, -20, 0, 3, 40, 127] {
+                v.extend(edge_values(log_half, level, &mut rng).iter().map(|&x| x as f32 as f64));
+            }
+            check_stream::<f32>(&growing(&v, 7), log_half);
+            // the same values shuffled: levels rise inside blocks
+            let mut shuffled = v.clone();
+            for i in (1..shuffled.len()).rev() {
+                shuffled.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            check_stream::<f32>(&growing(&shuffled[..5000], 1), log_half);
+            let mut w: Vec<f64> = (0..20_000).map(|_| f64::from_bits(rng.next())).collect();
+            for level in [-140, 0, 40, 1022, 1024] {
+                w.extend(edge_values(log_half, level, &mut rng));
+            }
+            check_stream::<f64>(&growing(&w, 7), log_half);
+        }
+        // empty batches, all-NaN batches, all zeros (with -0), then data
+        let nan = f32::NAN;
+        check_stream::<f32>(&[vec![], vec![nan, f32::INFINITY], vec![-0.0, 0.0, -0.0], vec![1.5, -3.0, nan]], 13);
+    }
+
+    #[test]
+    fn raise_in_place_equals_merging_bins() {
+        let mut rng = Rng(99);
+        for log_half in [2u32, 5, 13] {
+            let h = 1i64 << log_half;
+            let bins: Vec<u64> = (0..2 * h).map(|_| if rng.below(3) == 0 { 0 } else { rng.below(1000) }).collect();
+            for shift in [1u32, 2, 3, 7, 30, 62, 100] {
+                let mut want = vec![0u64; bins.len()];
+                for (i, &c) in bins.iter().enumerate() {
+                    want[(((i as i64 - h) >> shift.min(62)) + h) as usize] += c;
+                }
+                let mut got = bins.clone();
+                raise_bins(&mut got, shift);
+                assert_eq!(got, want, "log_half {log_half} shift {shift}");
+            }
+        }
     }
 
     #[test]
