@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -112,11 +113,20 @@ class FeedChecker:
         return out
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
+
+
 def progress(iterable: Iterable[Any], desc: str, enabled: bool | None) -> Iterable[Any]:
     """A tqdm bar over batches: off when disabled, when HISTOCAL_PROGRESS=0, or when stderr is
     not a terminal (tqdm's ``disable=None``)."""
     if enabled is False or os.environ.get("HISTOCAL_PROGRESS", "") == "0":
         return iterable
+    if enabled is None and not _is_terminal(sys.stderr):
+        return iterable  # what tqdm's disable=None decides, without importing it (~10 ms)
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
