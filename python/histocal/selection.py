@@ -1,0 +1,238 @@
+"""Choosing calibration ranges by the quantized model's output.
+
+``select_ranges`` quantizes the model once per candidate range set (onnxruntime's
+``quantize_static`` through ``histocal.quantize_static(tensors_range=...)``, with the caller's
+quantization settings), runs each quantized model on evaluation feeds, and keeps the candidate
+whose outputs are closest to the float model's: the highest output SQNR
+
+    10 log10(sum y^2 / sum (y - y_q)^2)
+
+over every numeric graph output of every feed (y: float model, y_q: quantized model). Identical
+outputs score +inf; a candidate whose quantized model fails to build or run, or gives a
+non-finite output where the float model's is finite, scores -inf (so it loses). Ties go to the
+earlier candidate. Candidates whose ranges equal an earlier candidate's are not quantized again.
+
+Cost: one float-model run over the feeds (whose outputs are kept), then per distinct candidate
+one ``quantize_static`` and one run over the feeds; only running sums are kept per candidate.
+
+``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
+from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
+``quantize --method auto --data`` use both (see ``histocal.integration.calibrate_and_select``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+from . import methods
+from .readers import Feed, run_session
+
+logger = logging.getLogger(__name__)
+
+# quantize_static arguments the selection sets itself (the ranges come from each candidate).
+_OWN_ARGUMENTS = ("model_input", "model_output", "calibration_data_reader", "calibrate_method",
+                  "calibration_cache_path", "tensors_range", "num_bins", "num_quantized_bins", "scenario",
+                  "mode", "streaming_bins", "method_options")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The outcome of ``select_ranges``: the chosen candidate's label and ranges, and every
+    candidate's output SQNR (dB, candidate order; -inf for a failed candidate)."""
+
+    label: str
+    ranges: TensorsData
+    sqnr_db: dict[str, float]
+    eval_samples: int
+    seconds: float
+
+    def table(self) -> str:
+        """The SQNR of every candidate, one line each, the chosen one marked."""
+        width = max(len(label) for label in self.sqnr_db)
+        return "\n".join(
+            f"{'*' if label == self.label else ' '} {label:<{width}}  {sqnr:8.2f} dB"
+            for label, sqnr in self.sqnr_db.items()
+        )
+
+
+def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, TensorsData]:
+    """auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``, with this qtype and
+    symmetry) computed from one ``CalibrationState``, by label, in tie-breaking order. Each is a
+    MinMax-style TensorsData (lowest/highest only), the way auto's ranges travel through ORT and
+    its cache whichever candidate wins."""
+    out = {}
+    for label, method, options in methods.model_candidate_options(qtype, symmetric):
+        td = state.compute(method, **options)
+        out[label] = TensorsData(CalibrationMethod.MinMax, {
+            name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()
+        })
+    return out
+
+
+def select_ranges(
+    model_input: str | Path | onnx.ModelProto,
+    feeds: Sequence[Feed],
+    candidates: Mapping[str, TensorsData],
+    *,
+    providers: Sequence[Any] | None = None,
+    **quantize_kwargs: Any,
+) -> Selection:
+    """Quantize ``model_input`` with each candidate's ranges and choose the candidate whose
+    quantized model's outputs on ``feeds`` have the highest SQNR against the float model's (see
+    the module docstring). ``quantize_kwargs`` are ``histocal.quantize_static``'s quantization
+    arguments (quant_format, activation_type, weight_type, per_channel, reduce_range,
+    op_types_to_quantize, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
+    extra_options, calibration_providers); ``providers`` run the float and quantized models
+    (default: the CPU execution provider)."""
+    from .integration import quantize_static
+
+    own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
+    if own:
+        raise TypeError(f"select_ranges sets {own} itself (the ranges come from the candidates)")
+    known = set(inspect.signature(quantize_static).parameters)
+    unknown = sorted(set(quantize_kwargs) - known)
+    if unknown:
+        raise TypeError(f"select_ranges: unknown quantize_static arguments {unknown}")
+    feeds = list(feeds)
+    if not feeds:
+        raise ValueError("select_ranges needs at least one evaluation feed")
+    if not candidates:
+        raise ValueError("select_ranges needs at least one candidate range set")
+    providers = list(providers) if providers else ["CPUExecutionProvider"]
+    start = time.perf_counter()
+    sqnr: dict[str, float] = {}
+    failures: dict[str, BaseException] = {}
+    seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+    with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
+        model_path = _model_path(model_input, Path(tmp))
+        reference = _Reference(model_path, feeds, providers)
+        for i, (label, ranges) in enumerate(candidates.items()):
+            key = _ranges_key(ranges)
+            same = next((other for k, other in seen if k == key), None)
+            if same is not None:
+                logger.debug("auto: candidate %r has the ranges of %r", label, same)
+                sqnr[label] = sqnr[same]
+                continue
+            seen.append((key, label))
+            workdir = Path(tmp, f"candidate{i}")
+            workdir.mkdir()
+            try:
+                quantized = workdir / "model.onnx"
+                quantize_static(model_path, quantized, tensors_range=ranges, **quantize_kwargs)
+                sqnr[label] = reference.sqnr(quantized)
+            except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
+                logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
+                failures[label] = exc
+                sqnr[label] = -math.inf
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
+    if len(failures) == len(sqnr):
+        first, exc = next(iter(failures.items()))
+        raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
+    chosen = next(iter(sqnr))
+    for label, value in sqnr.items():
+        if value > sqnr[chosen]:
+            chosen = label
+    selection = Selection(chosen, candidates[chosen], sqnr, len(feeds), time.perf_counter() - start)
+    logger.info("auto: output SQNR of each candidate on %d evaluation samples (chosen: %s, %.1f s)\n%s",
+                len(feeds), chosen, selection.seconds, selection.table())
+    return selection
+
+
+def _model_path(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
+    if isinstance(model_input, onnx.ModelProto):
+        path = tmp / "model_input.onnx"
+        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
+        return path
+    return Path(model_input)
+
+
+def _ranges_key(ranges: TensorsData) -> tuple:
+    """What the quantizer reads from a TensorsData: the method and each tensor's lowest/highest."""
+    items = []
+    for name in sorted(ranges.data):
+        d = ranges.data[name]
+        items.append((name, *(np.asarray(getattr(d, a, np.nan)).tobytes() for a in ("lowest", "highest"))))
+    return (str(ranges.calibration_method), tuple(items))
+
+
+def _session(path: Path, providers: list[Any]) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(path.as_posix(), options, providers=providers)
+
+
+class _Reference:
+    """The float model's outputs on the evaluation feeds, and the SQNR of a quantized model's."""
+
+    def __init__(self, model_path: Path, feeds: list[Feed], providers: list[Any]) -> None:
+        self.feeds = feeds
+        self.providers = providers
+        session = _session(model_path, providers)
+        names = [o.name for o in session.get_outputs()]
+        self.outputs: list[list[np.ndarray]] = []
+        numeric: list[str] | None = None
+        for i, feed in enumerate(feeds):
+            arrays = dict(zip(names, run_session(session, names, feed, i)))
+            if numeric is None:
+                # Sequences, maps and strings have no SQNR: only numeric tensors count.
+                numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind in "biuf"]
+                if not numeric:
+                    raise ValueError(f"auto: the model has no numeric tensor output to compare (outputs {names})")
+            self.outputs.append([arrays[n] for n in numeric])
+        self.names = numeric or []
+
+    def sqnr(self, quantized: Path) -> float:
+        session = _session(quantized, self.providers)
+        signal = noise = 0.0
+        for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
+            got = run_session(session, self.names, feed, i)
+            for name, y, yq in zip(self.names, reference, got):
+                part = _squared_sums(y, yq)
+                if part is None:
+                    logger.debug("auto: %s output %r of sample %d differs where it must not", quantized, name, i)
+                    return -math.inf
+                signal += part[0]
+                noise += part[1]
+        if noise == 0.0:
+            return math.inf
+        if signal == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(signal / noise)
+
+
+def _squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
+    """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
+    cannot be compared: another shape, a non-finite quantized value where the reference is finite,
+    or a different value where the reference is not finite."""
+    y = np.asarray(reference, np.float64).ravel()
+    yq = np.asarray(quantized)
+    if yq.shape != reference.shape or yq.dtype.kind not in "biuf":
+        return None
+    yq = yq.astype(np.float64).ravel()
+    finite = np.isfinite(y)
+    if not finite.all():
+        if not np.array_equal(y[~finite], yq[~finite], equal_nan=True):
+            return None
+        y, yq = y[finite], yq[finite]
+    if not np.isfinite(yq).all():
+        return None
+    diff = y - yq
+    return float(np.dot(y, y)), float(np.dot(diff, diff))
+
+
+__all__ = ["Selection", "select_ranges", "state_candidates"]
