@@ -278,6 +278,10 @@ def test_errors_are_clear(cnn):
                                  method_options={"bogus": 1})
     with pytest.raises(ValueError, match="quantize_static"):
         histocal.calibrate(cnn["path"], cnn["feeds"], "auto", method_options={"eval_samples": 2})
+    with pytest.raises(TypeError, match="bogus"):
+        histocal.calibrate_and_select(cnn["path"], iter(()), bogus=1)  # before reading any data
+    with pytest.raises(ValueError, match="No data"):
+        histocal.calibrate_and_select(cnn["path"], iter(()))
     with pytest.raises(ValueError, match="SmoothQuant"):
         histocal.calibrate_and_select(cnn["path"], cnn["feeds"], extra_options={"SmoothQuant": True})
     assert not (cnn["tmp"] / "x.onnx").exists()

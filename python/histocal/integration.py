@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -27,6 +27,9 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from . import calibrators, methods
 from .readers import DataSource
+
+if TYPE_CHECKING:
+    from .selection import Selection
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +178,7 @@ def calibrate_and_select(
     streaming_bins: int | None = None,
     show_progress: bool | None = None,
     **quantize_kwargs: Any,
-) -> Any:
+) -> "Selection":
     """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
     of reader), keeping the first ``eval_samples`` feeds; compute every candidate of
     ``methods.MODEL_AUTO_CANDIDATES`` from that one state; return the ``selection.Selection``
@@ -187,6 +190,7 @@ def calibrate_and_select(
     model's outputs on them."""
     from . import selection
 
+    selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
     eval_samples = methods.check_selection_options({"eval_samples": eval_samples})["eval_samples"]
     extra = dict(quantize_kwargs.get("extra_options") or {})
     if extra.get("SmoothQuant", False):

@@ -98,13 +98,7 @@ def select_ranges(
     (default: the CPU execution provider)."""
     from .integration import quantize_static
 
-    own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
-    if own:
-        raise TypeError(f"select_ranges sets {own} itself (the ranges come from the candidates)")
-    known = set(inspect.signature(quantize_static).parameters)
-    unknown = sorted(set(quantize_kwargs) - known)
-    if unknown:
-        raise TypeError(f"select_ranges: unknown quantize_static arguments {unknown}")
+    check_quantize_arguments(quantize_kwargs)
     feeds = list(feeds)
     if not feeds:
         raise ValueError("select_ranges needs at least one evaluation feed")
@@ -149,6 +143,18 @@ def select_ranges(
     logger.info("auto: output SQNR of each candidate on %d evaluation samples (chosen: %s, %.1f s)\n%s",
                 len(feeds), chosen, selection.seconds, selection.table())
     return selection
+
+
+def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
+    """TypeError unless these are quantize_static arguments a selection may pass through."""
+    from .integration import quantize_static
+
+    own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
+    if own:
+        raise TypeError(f"auto's model-level choice sets {own} itself (the ranges come from the candidates)")
+    unknown = sorted(set(quantize_kwargs) - set(inspect.signature(quantize_static).parameters))
+    if unknown:
+        raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
 
 
 def _model_path(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
