@@ -7,6 +7,8 @@
   ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
   nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
   ORT-format calibration cache, and writes the user's ``calibration_cache_path`` if given.
+  With ``calibrate_method="auto"`` it chooses the ranges by the quantized model's output
+  (``calibrate_and_select``, see ``histocal.selection``).
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def calibrate(
 ) -> TensorsData:
     """Calibrate as ORT's ``quantize_static`` does (same option mapping, CalibStridedMinMax
     included), with histocal's calibrators. ``calibrate_method`` may also name a histocal or
-    registered method (see ``histocal.methods``). ``histogram_options``: num_bins,
+    registered method (see ``histocal.methods``; ``"auto"`` gives its per-tensor estimate: the
+    model-level choice is ``quantize_static``'s). ``histogram_options``: num_bins,
     num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins,
     method_options (a dict for the histocal methods)."""
     extra = dict(extra_options or {})
