@@ -140,7 +140,7 @@ def select_ranges(
         if value > sqnr[chosen]:
             chosen = label
     selection = Selection(chosen, candidates[chosen], sqnr, len(feeds), time.perf_counter() - start)
-    logger.info("auto: output SQNR of each candidate on %d evaluation samples (chosen: %s, %.1f s)\n%s",
+    logger.info("auto: output SQNR of each candidate on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
                 len(feeds), chosen, selection.seconds, selection.table())
     return selection
 
