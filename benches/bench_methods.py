@@ -338,7 +338,7 @@ def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool)
         selection_log.propagate = saved[2]
     if not chosen.args:
         raise ValueError("this histocal's quantize_static(calibrate_method='auto') chooses no candidate by the model")
-    _, label, seconds, table = chosen.args
+    _, _, label, seconds, table = chosen.args
     log("    " + "\n    ".join(table.splitlines()))
     return total, float(seconds), str(label)
 

@@ -29,7 +29,7 @@ from .integration import (
     quantize_static,
     unpatch_onnxruntime,
 )
-from .selection import Selection, select_ranges, state_candidates
+from .selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -68,6 +68,7 @@ __all__ = [
     "quantize_static",
     "calibrate_and_select",
     "select_ranges",
+    "select_ranges_cross_validated",
     "state_candidates",
     "Selection",
     "TensorStats",

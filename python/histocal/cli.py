@@ -502,8 +502,8 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
         streaming_bins=options.get("StreamingBins"), show_progress=False if args.no_progress else None,
         **quantization,
     )
-    logger.info("auto chose %s (output SQNR %.2f dB on %d batches) in %.2f s", chosen.label,
-                chosen.sqnr_db[chosen.label], chosen.eval_samples, time.perf_counter() - start)
+    logger.info("auto chose %s (output SQNR %.2f dB, %s on %d batches) in %.2f s", chosen.label,
+                chosen.sqnr_db[chosen.label], chosen.scoring, chosen.eval_samples, time.perf_counter() - start)
     args.auto_choice = chosen.label
     return chosen.ranges
 
@@ -1025,8 +1025,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument("--eval-samples", type=_positive_int, metavar="N",
                    help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
-                        "output is closest to the float model's on the first N calibration batches (of "
-                        f"--batch-size samples), kept in memory (default {AUTO_EVAL_SAMPLES})")
+                        "output is closest to the float model's, 2-fold cross-validated on the first N calibration "
+                        f"batches (of --batch-size samples), kept in memory (default {AUTO_EVAL_SAMPLES})")
     g.add_argument("--per-tensor-estimate", action="store_true",
                    help="auto: per tensor, the candidate with the least estimated error; no model evaluation")
     p.set_defaults(func=cmd_quantize)

@@ -183,14 +183,19 @@ def calibrate_and_select(
     **quantize_kwargs: Any,
 ) -> "Selection":
     """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
-    of reader), keeping the first ``eval_samples`` feeds; compute every candidate of
-    ``methods.MODEL_AUTO_CANDIDATES`` from that one state; return the ``selection.Selection``
-    whose quantized model's output is closest to the float model's on the kept feeds.
+    of reader), keeping the first ``eval_samples`` feeds; choose among the candidates of
+    ``methods.MODEL_AUTO_CANDIDATES`` the one whose quantized model's output is closest to the
+    float model's, scored out of sample by 2-fold cross-validation on the kept feeds (the feeds at
+    even and odd positions; each half is scored with candidates calibrated on the other half, and
+    the SQNR is pooled over both); return the ``selection.Selection`` whose ranges are the chosen
+    candidate computed from the full calibration state. With fewer than 2 kept feeds the
+    candidates are scored in sample (a warning says so).
     ``quantize_kwargs``: ``quantize_static``'s quantization arguments (activation_type,
     extra_options, op_types_to_quantize, calibration_providers, ... : the candidates are quantized
     with them, and qtype/symmetric default to activation_type/ActivationSymmetric).
     ``method_options``: auto's qtype and symmetric. Memory: the kept feeds plus the float
-    model's outputs on them."""
+    model's outputs on half of them. Cost: two small calibrations (one per half), and per
+    distinct candidate and half one quantization and one run over that half."""
     from . import selection
 
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
@@ -221,13 +226,34 @@ def calibrate_and_select(
         start = time.perf_counter()
         _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"),
                  lambda data: _keeping_first(data, kept, eval_samples))
-        state = calibrator.state
+        candidates = selection.state_candidates(calibrator.state, options["qtype"], options["symmetric"])
+        cross_validate = len(kept) >= 2
+        folds = _cross_validation_folds(calibrator, kept, options) if cross_validate else []
+        logger.info("auto: calibrated and computed %d candidates (and %d fold states) in %.2f s",
+                    len(candidates), len(folds), time.perf_counter() - start)
         del calibrator
-        candidates = selection.state_candidates(state, options["qtype"], options["symmetric"])
-        logger.info("auto: calibrated and computed %d candidates in %.2f s", len(candidates), time.perf_counter() - start)
-        del state
-        return selection.select_ranges(model_input, kept, candidates,
-                                       providers=quantize_kwargs.get("calibration_providers"), **quantize_kwargs)
+        providers = quantize_kwargs.get("calibration_providers")
+        if not cross_validate:
+            logger.warning("auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
+                           "sample, on the feed they were fitted on (which favours tight clipping)", len(kept))
+            return selection.select_ranges(model_input, kept, candidates, providers=providers, **quantize_kwargs)
+        return selection.select_ranges_cross_validated(model_input, folds, candidates, providers=providers,
+                                                       **quantize_kwargs)
+
+
+def _cross_validation_folds(calibrator: Any, feeds: list[Any], options: Mapping[str, Any]) -> list[Any]:
+    """2-fold cross-validation of auto's candidates on the kept feeds: the feeds at even and odd
+    positions are the two folds; each fold is scored with the candidates of a state calibrated on
+    the other fold alone (by ``calibrator``, restarted: same model, session and settings)."""
+    from . import selection
+
+    halves = [feeds[0::2], feeds[1::2]]
+    fitted = []
+    for half in halves:
+        calibrator._restart_collection()
+        calibrator.collect_data(half)
+        fitted.append(selection.state_candidates(calibrator.state, options["qtype"], options["symmetric"]))
+    return [(fitted[1], halves[0]), (fitted[0], halves[1])]
 
 
 def quantize_static(
@@ -268,9 +294,10 @@ def quantize_static(
 
     ``"auto"`` here chooses at the model level (``calibrate_and_select``): one calibration pass
     that keeps the first ``method_options["eval_samples"]`` feeds (default 16; they stay in
-    memory), then every candidate range set of ``methods.MODEL_AUTO_CANDIDATES`` is quantized with
-    these arguments and run on those feeds, and the one with the highest output SQNR against the
-    float model is used (and written to ``calibration_cache_path``). ``method_options=
+    memory), then every candidate method of ``methods.MODEL_AUTO_CANDIDATES`` is scored by its
+    quantized model's output SQNR against the float model (with these quantization arguments),
+    out of sample: 2-fold cross-validation on those feeds. The best method's ranges from the full
+    calibration are used (and written to ``calibration_cache_path``). ``method_options=
     {"per_tensor_estimate": True}`` skips that and uses the per-tensor estimate (what
     ``CalibrationState.compute("auto")`` returns). A cache hit is reused either way.
 

@@ -1,23 +1,32 @@
 """Choosing calibration ranges by the quantized model's output.
 
-``select_ranges`` quantizes the model once per candidate range set (onnxruntime's
-``quantize_static`` through ``histocal.quantize_static(tensors_range=...)``, with the caller's
-quantization settings), runs each quantized model on evaluation feeds, and keeps the candidate
-whose outputs are closest to the float model's: the highest output SQNR
+A candidate range set is scored by quantizing the model with it (onnxruntime's ``quantize_static``
+through ``histocal.quantize_static(tensors_range=...)``, with the caller's quantization settings),
+running the quantized model on evaluation feeds, and comparing its outputs with the float
+model's: the output SQNR
 
     10 log10(sum y^2 / sum (y - y_q)^2)
 
 over every numeric graph output of every feed (y: float model, y_q: quantized model). Identical
 outputs score +inf; a candidate whose quantized model fails to build or run, or gives a
-non-finite output where the float model's is finite, scores -inf (so it loses). Ties go to the
-earlier candidate. Candidates whose ranges equal an earlier candidate's are not quantized again.
+non-finite output where the float model's is finite, scores -inf (so it loses). The highest
+score wins; ties go to the earlier candidate. Within one set of feeds, candidates whose ranges
+equal an earlier candidate's are not quantized again.
 
-Cost: one float-model run over the feeds (whose outputs are kept), then per distinct candidate
-one ``quantize_static`` and one run over the feeds; only running sums are kept per candidate.
+``select_ranges`` scores in sample: the candidates are scored on the feeds given, which may be
+the feeds they were fitted on. ``select_ranges_cross_validated`` scores out of sample: each fold's
+candidates were fitted without that fold's feeds, and a candidate's SQNR is pooled over the folds
+(sum of signal energy over sum of error energy). Ranges scored on their own fitting data favour
+tight clipping (a percentile that clips exactly the outliers it saw), which new inputs punish.
+
+Cost, per set of feeds: one float-model run over them (whose outputs are kept while that set is
+scored), then per distinct candidate one ``quantize_static`` and one run over them; only running
+sums are kept per candidate.
 
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
-``quantize --method auto --data`` use both (see ``histocal.integration.calibrate_and_select``).
+``quantize --method auto --data`` use it with 2-fold cross-validation (see
+``histocal.integration.calibrate_and_select``).
 """
 
 from __future__ import annotations
@@ -47,16 +56,24 @@ _OWN_ARGUMENTS = ("model_input", "model_output", "calibration_data_reader", "cal
                   "mode", "streaming_bins", "method_options")
 
 
+Fold = tuple[Mapping[str, TensorsData], Sequence[Feed]]  # (candidates fitted without these feeds, the feeds)
+
+
 @dataclass(frozen=True)
 class Selection:
-    """The outcome of ``select_ranges``: the chosen candidate's label and ranges, and every
-    candidate's output SQNR (dB, candidate order; -inf for a failed candidate)."""
+    """The outcome of a selection: the chosen candidate's label and ranges, and every candidate's
+    output SQNR (dB, candidate order; -inf for a failed candidate), cross-validated or in-sample."""
 
     label: str
     ranges: TensorsData
     sqnr_db: dict[str, float]
     eval_samples: int
     seconds: float
+    cross_validated: bool = False
+
+    @property
+    def scoring(self) -> str:
+        return "2-fold cross-validated" if self.cross_validated else "in-sample"
 
     def table(self) -> str:
         """The SQNR of every candidate, one line each, the chosen one marked."""
@@ -89,60 +106,128 @@ def select_ranges(
     providers: Sequence[Any] | None = None,
     **quantize_kwargs: Any,
 ) -> Selection:
-    """Quantize ``model_input`` with each candidate's ranges and choose the candidate whose
-    quantized model's outputs on ``feeds`` have the highest SQNR against the float model's (see
-    the module docstring). ``quantize_kwargs`` are ``histocal.quantize_static``'s quantization
-    arguments (quant_format, activation_type, weight_type, per_channel, reduce_range,
+    """In-sample selection: quantize ``model_input`` with each candidate's ranges and choose the
+    candidate whose quantized model's outputs on ``feeds`` have the highest SQNR against the float
+    model's (see the module docstring). ``quantize_kwargs`` are ``histocal.quantize_static``'s
+    quantization arguments (quant_format, activation_type, weight_type, per_channel, reduce_range,
     op_types_to_quantize, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
     extra_options, calibration_providers); ``providers`` run the float and quantized models
     (default: the CPU execution provider)."""
-    from .integration import quantize_static
-
-    check_quantize_arguments(quantize_kwargs)
     feeds = list(feeds)
     if not feeds:
         raise ValueError("select_ranges needs at least one evaluation feed")
+    return _select(model_input, [(candidates, feeds)], candidates, providers, quantize_kwargs, cross_validated=False)
+
+
+def select_ranges_cross_validated(
+    model_input: str | Path | onnx.ModelProto,
+    folds: Sequence[Fold],
+    candidates: Mapping[str, TensorsData],
+    *,
+    providers: Sequence[Any] | None = None,
+    **quantize_kwargs: Any,
+) -> Selection:
+    """Out-of-sample selection. Each fold is (candidate ranges fitted without its feeds, its
+    feeds), with the labels of ``candidates``; a candidate's score is its output SQNR pooled over
+    the folds (the sums of signal and error energy over every fold's feeds), so ranges are never
+    scored on the data they were fitted on. The chosen candidate's ranges are returned from
+    ``candidates`` (typically fitted on all the data). Arguments as ``select_ranges``."""
+    folds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
+    if not folds or any(not feeds for _, feeds in folds):
+        raise ValueError("select_ranges_cross_validated needs folds with at least one evaluation feed each")
+    for fold_candidates, _ in folds:
+        if list(fold_candidates) != list(candidates):
+            raise ValueError(f"a fold's candidates {list(fold_candidates)} are not the candidates {list(candidates)}")
+    return _select(model_input, folds, candidates, providers, quantize_kwargs, cross_validated=True)
+
+
+def _select(
+    model_input: str | Path | onnx.ModelProto,
+    folds: list[tuple[Mapping[str, TensorsData], list[Feed]]],
+    candidates: Mapping[str, TensorsData],
+    providers: Sequence[Any] | None,
+    quantize_kwargs: Mapping[str, Any],
+    cross_validated: bool,
+) -> Selection:
+    check_quantize_arguments(quantize_kwargs)
     if not candidates:
         raise ValueError("select_ranges needs at least one candidate range set")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
     start = time.perf_counter()
-    sqnr: dict[str, float] = {}
-    failures: dict[str, BaseException] = {}
-    seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+    signal = dict.fromkeys(candidates, 0.0)
+    noise = dict.fromkeys(candidates, 0.0)
+    failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
     with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
         model_path = _model_path(model_input, Path(tmp))
-        reference = _Reference(model_path, feeds, providers)
-        for i, (label, ranges) in enumerate(candidates.items()):
-            key = _ranges_key(ranges)
-            same = next((other for k, other in seen if k == key), None)
-            if same is not None:
-                logger.debug("auto: candidate %r has the ranges of %r", label, same)
-                sqnr[label] = sqnr[same]
-                continue
-            seen.append((key, label))
-            workdir = Path(tmp, f"candidate{i}")
-            workdir.mkdir()
-            try:
-                quantized = workdir / "model.onnx"
-                quantize_static(model_path, quantized, tensors_range=ranges, **quantize_kwargs)
-                sqnr[label] = reference.sqnr(quantized)
-            except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
-                logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
-                failures[label] = exc
-                sqnr[label] = -math.inf
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
-    if len(failures) == len(sqnr):
-        first, exc = next(iter(failures.items()))
+        for fold_candidates, feeds in folds:
+            # One fold's float outputs at a time: memory is that of the largest fold.
+            energies = _energies(model_path, feeds, fold_candidates, providers, quantize_kwargs, Path(tmp))
+            for label, energy in energies.items():
+                if isinstance(energy, tuple):
+                    signal[label] += energy[0]
+                    noise[label] += energy[1]
+                elif label not in failures:
+                    failures[label] = energy
+    sqnr = {label: -math.inf if label in failures else _sqnr_db(signal[label], noise[label]) for label in candidates}
+    raised = {label: exc for label, exc in failures.items() if exc is not None}
+    if len(raised) == len(sqnr):
+        first, exc = next(iter(raised.items()))
         raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
     chosen = next(iter(sqnr))
     for label, value in sqnr.items():
         if value > sqnr[chosen]:
             chosen = label
-    selection = Selection(chosen, candidates[chosen], sqnr, len(feeds), time.perf_counter() - start)
-    logger.info("auto: output SQNR of each candidate on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
-                len(feeds), chosen, selection.seconds, selection.table())
+    n = sum(len(feeds) for _, feeds in folds)
+    selection = Selection(chosen, candidates[chosen], sqnr, n, time.perf_counter() - start, cross_validated)
+    logger.info("auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
+                selection.scoring, n, chosen, selection.seconds, selection.table())
     return selection
+
+
+def _energies(
+    model_path: Path,
+    feeds: list[Feed],
+    candidates: Mapping[str, TensorsData],
+    providers: list[Any],
+    quantize_kwargs: Mapping[str, Any],
+    tmp: Path,
+) -> dict[str, tuple[float, float] | BaseException | None]:
+    """Per candidate, (sum y^2, sum (y - y_q)^2) over ``feeds``; the exception if its model failed
+    to build or run; None if its outputs cannot be compared (see ``_squared_sums``). Candidates
+    whose ranges equal an earlier one's are not quantized again."""
+    from .integration import quantize_static
+
+    reference = _Reference(model_path, feeds, providers)
+    out: dict[str, tuple[float, float] | BaseException | None] = {}
+    seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+    for i, (label, ranges) in enumerate(candidates.items()):
+        key = _ranges_key(ranges)
+        same = next((other for k, other in seen if k == key), None)
+        if same is not None:
+            logger.debug("auto: candidate %r has the ranges of %r", label, same)
+            out[label] = out[same]
+            continue
+        seen.append((key, label))
+        workdir = tmp / f"candidate{i}"
+        workdir.mkdir()
+        try:
+            quantized = workdir / "model.onnx"
+            quantize_static(model_path, quantized, tensors_range=ranges, **quantize_kwargs)
+            out[label] = reference.energy(quantized)
+        except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
+            logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
+            out[label] = exc
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
+    return out
+
+
+def _sqnr_db(signal: float, noise: float) -> float:
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
 
 
 def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
@@ -202,7 +287,8 @@ class _Reference:
             self.outputs.append([arrays[n] for n in numeric])
         self.names = numeric or []
 
-    def sqnr(self, quantized: Path) -> float:
+    def energy(self, quantized: Path) -> tuple[float, float] | None:
+        """(sum y^2, sum (y - y_q)^2) of a quantized model's outputs; None if they cannot be compared."""
         session = _session(quantized, self.providers)
         signal = noise = 0.0
         for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
@@ -211,14 +297,10 @@ class _Reference:
                 part = _squared_sums(y, yq)
                 if part is None:
                     logger.debug("auto: %s output %r of sample %d differs where it must not", quantized, name, i)
-                    return -math.inf
+                    return None
                 signal += part[0]
                 noise += part[1]
-        if noise == 0.0:
-            return math.inf
-        if signal == 0.0:
-            return -math.inf
-        return 10.0 * math.log10(signal / noise)
+        return signal, noise
 
 
 def _squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
@@ -241,4 +323,4 @@ def _squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] 
     return float(np.dot(y, y)), float(np.dot(diff, diff))
 
 
-__all__ = ["Selection", "select_ranges", "state_candidates"]
+__all__ = ["Selection", "select_ranges", "select_ranges_cross_validated", "state_candidates"]
