@@ -1,6 +1,7 @@
 """auto's model-level choice (histocal.selection, quantize_static(calibrate_method="auto"), the
 CLI's quantize --method auto): the candidate whose quantized model's output is closest to the
-float model's wins, checked against SQNRs computed here with onnxruntime directly."""
+float model's wins (2-fold cross-validated in quantize_static and the CLI), checked against SQNRs
+computed here with onnxruntime directly."""
 
 from __future__ import annotations
 
@@ -48,16 +49,25 @@ def cnn(tmp_path_factory) -> dict:
     return {"tmp": tmp, "path": path, "feeds": feeds, "state": cal.state}
 
 
-def _ort_sqnr(model: Path, quantized: Path, feeds: list[dict]) -> float:
-    """Output SQNR over all outputs and feeds, from onnxruntime runs (the definition, spelled out)."""
+def _ort_energy(model: Path, quantized: Path, feeds: list[dict]) -> tuple[float, float] | None:
+    """(sum y^2, sum (y - y_q)^2) over all outputs and feeds, from onnxruntime runs; None for a
+    non-finite quantized output (the definition, spelled out)."""
     f = ort.InferenceSession(model.as_posix(), providers=["CPUExecutionProvider"])
     q = ort.InferenceSession(quantized.as_posix(), providers=["CPUExecutionProvider"])
     y = np.concatenate([o.ravel() for feed in feeds for o in f.run(None, feed)]).astype(np.float64)
     yq = np.concatenate([o.ravel() for feed in feeds for o in q.run(None, feed)]).astype(np.float64)
     if not np.isfinite(yq).all():
-        return -math.inf
-    noise = float(np.sum((y - yq) ** 2))
-    return math.inf if noise == 0 else 10 * math.log10(float(np.sum(y**2)) / noise)
+        return None
+    return float(np.sum(y**2)), float(np.sum((y - yq) ** 2))
+
+
+def _db(signal: float, noise: float) -> float:
+    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
+
+
+def _ort_sqnr(model: Path, quantized: Path, feeds: list[dict]) -> float:
+    energy = _ort_energy(model, quantized, feeds)
+    return -math.inf if energy is None else _db(*energy)
 
 
 def _ort_quantize(model: Path, out: Path, ranges: TensorsData, **kw) -> None:
@@ -77,6 +87,37 @@ def _ranges(td: TensorsData) -> dict[str, tuple[float, float]]:
 
 def _model_bytes(path: Path) -> bytes:
     return onnx.load(path.as_posix()).SerializeToString()
+
+
+def _streaming_state(model: Path, feeds: list[dict], tmp: Path):
+    """A state calibrated on ``feeds`` with the public calibrator API (auto: streaming)."""
+    cal = histocal.create_calibrator(model, augmented_model_path=str(tmp / "fold_aug.onnx"), calibrate_method="auto")
+    cal.collect_data(feeds)
+    return cal.state
+
+
+def _independent_cv(cnn: dict, kept: list[dict], symmetric: bool = False, **kw) -> tuple[dict[str, float], str]:
+    """auto's 2-fold cross-validated SQNR of each candidate, computed here: the even and odd kept
+    feeds are the folds; each fold is scored (onnxruntime's quantize_static, numpy) with the
+    candidates of a state calibrated on the other fold; energies pooled. (scores, first best)."""
+    halves = [kept[0::2], kept[1::2]]
+    fitted = [selection.state_candidates(_streaming_state(cnn["path"], h, cnn["tmp"]), "int8", symmetric) for h in halves]
+    kw = dict(kw, extra_options={"ActivationSymmetric": symmetric}) if symmetric else kw
+    scores = {}
+    for label in fitted[0]:
+        signal = noise = 0.0
+        finite = True
+        for candidates, feeds in ((fitted[1], halves[0]), (fitted[0], halves[1])):
+            out = cnn["tmp"] / "cv.onnx"
+            _ort_quantize(cnn["path"], out, candidates[label], **kw)
+            energy = _ort_energy(cnn["path"], out, feeds)
+            if energy is None:
+                finite = False
+                break
+            signal, noise = signal + energy[0], noise + energy[1]
+        scores[label] = _db(signal, noise) if finite else -math.inf
+    best = max(scores.values())
+    return scores, next(label for label, v in scores.items() if v == best)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -102,6 +143,49 @@ def test_select_ranges_picks_the_highest_ort_sqnr(cnn, symmetric):
     assert len(set(round(v, 6) for v in want.values())) > 2  # the candidates do differ here
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_calibrate_and_select_cross_validates(cnn, symmetric):
+    """Each candidate's score is its out-of-sample SQNR (fitted on one half of the kept feeds,
+    scored on the other, pooled), as computed here; the best wins; its ranges are from all data."""
+    kept = 4
+    kw = {"extra_options": {"ActivationSymmetric": True}} if symmetric else {}
+    chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=kept, **kw)
+    want, label = _independent_cv(cnn, cnn["feeds"][:kept], symmetric)
+    assert chosen.cross_validated and chosen.eval_samples == kept
+    assert list(chosen.sqnr_db) == list(want)
+    for name in want:
+        assert chosen.sqnr_db[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
+    assert chosen.label == label
+    full = selection.state_candidates(cnn["state"], "int8", symmetric)
+    assert _ranges(chosen.ranges) == _ranges(full[label])
+    # Out of sample is not in sample: the same candidates scored on their own fitting data differ.
+    in_sample = histocal.select_ranges(cnn["path"], cnn["feeds"][:kept],
+                                       selection.state_candidates(_streaming_state(cnn["path"], cnn["feeds"][:kept], cnn["tmp"]),
+                                                                  "int8", symmetric), **kw)
+    assert not in_sample.cross_validated
+    assert all(abs(in_sample.sqnr_db[n] - chosen.sqnr_db[n]) > 1e-6 for n in want if math.isfinite(want[n]))
+
+
+def test_one_kept_feed_falls_back_to_in_sample_with_a_warning(cnn, caplog):
+    with caplog.at_level(logging.WARNING, logger="histocal.integration"):
+        chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=1)
+    assert "too few to cross-validate" in caplog.text
+    candidates = selection.state_candidates(cnn["state"], "int8", False)
+    direct = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], candidates)
+    assert not chosen.cross_validated and chosen.eval_samples == 1
+    assert chosen.label == direct.label and chosen.sqnr_db == direct.sqnr_db
+    assert _ranges(chosen.ranges) == _ranges(candidates[direct.label])
+
+
+def test_cross_validated_folds_need_the_same_candidates(cnn):
+    candidates = selection.state_candidates(cnn["state"], "int8", False)
+    feeds = cnn["feeds"][:1]
+    with pytest.raises(ValueError, match="not the candidates"):
+        histocal.select_ranges_cross_validated(cnn["path"], [({"minmax": candidates["minmax"]}, feeds)], candidates)
+    with pytest.raises(ValueError, match="at least one evaluation feed"):
+        histocal.select_ranges_cross_validated(cnn["path"], [(candidates, feeds), (candidates, [])], candidates)
+
+
 def test_state_candidates_are_the_single_methods(cnn):
     """Each candidate is its method's full range set from the same state (as MinMax TensorsData)."""
     state = cnn["state"]
@@ -124,11 +208,12 @@ def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
     with caplog.at_level(logging.INFO, logger="histocal.selection"):
         histocal.quantize_static(cnn["path"], out, cnn["feeds"], calibrate_method="auto",
                                  method_options={"eval_samples": EVAL}, calibration_cache_path=cache)
-    assert "output SQNR of each candidate" in caplog.text and "per-tensor estimate" in caplog.text
-    chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:EVAL], selection.state_candidates(cnn["state"], "int8", False))
-    assert _ranges(load_tensors_data(cache)) == _ranges(chosen.ranges)
+    assert "output SQNR of each candidate, 2-fold cross-validated" in caplog.text and "per-tensor estimate" in caplog.text
+    _, label = _independent_cv(cnn, cnn["feeds"][:EVAL])
+    chosen = selection.state_candidates(cnn["state"], "int8", False)[label]
+    assert _ranges(load_tensors_data(cache)) == _ranges(chosen)
     again = tmp / "auto_again.onnx"
-    histocal.quantize_static(cnn["path"], again, tensors_range=chosen.ranges)
+    histocal.quantize_static(cnn["path"], again, tensors_range=chosen)
     assert _model_bytes(out) == _model_bytes(again)
     # The cache is a hit from now on: no reader needed, same model.
     hit = tmp / "auto_hit.onnx"
@@ -137,7 +222,7 @@ def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
 
 
 def test_quantize_static_auto_with_a_one_shot_generator(cnn):
-    """A generator is read once: calibration and the kept evaluation feeds come from that read."""
+    """A generator is read once: calibration, the kept evaluation feeds and so the folds come from that read."""
     tmp = cnn["tmp"]
     reads = []
 
@@ -149,9 +234,9 @@ def test_quantize_static_auto_with_a_one_shot_generator(cnn):
     out = tmp / "auto_gen.onnx"
     histocal.quantize_static(cnn["path"], out, one_shot(), calibrate_method="auto", method_options={"eval_samples": EVAL})
     assert reads == [1]
-    chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:EVAL], selection.state_candidates(cnn["state"], "int8", False))
+    _, label = _independent_cv(cnn, cnn["feeds"][:EVAL])
     ref = tmp / "auto_gen_ref.onnx"
-    histocal.quantize_static(cnn["path"], ref, tensors_range=chosen.ranges)
+    histocal.quantize_static(cnn["path"], ref, tensors_range=selection.state_candidates(cnn["state"], "int8", False)[label])
     assert _model_bytes(out) == _model_bytes(ref)
 
 
@@ -171,9 +256,9 @@ def test_calibrate_and_select_keeps_first_feeds_and_reuses_buffers_safely(cnn):
             return {"X": self.buf}
 
     chosen = histocal.calibrate_and_select(cnn["path"], Reader(), eval_samples=EVAL)
-    direct = histocal.select_ranges(cnn["path"], cnn["feeds"][:EVAL], selection.state_candidates(cnn["state"], "int8", False))
+    direct = histocal.calibrate_and_select(cnn["path"], [dict(f) for f in cnn["feeds"]], eval_samples=EVAL)
     assert chosen.label == direct.label and chosen.eval_samples == EVAL
-    assert chosen.sqnr_db == pytest.approx(direct.sqnr_db, rel=1e-12)
+    assert chosen.sqnr_db == direct.sqnr_db
     more = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=100)
     assert more.eval_samples == len(cnn["feeds"])  # at most what the reader has
 
@@ -192,10 +277,16 @@ def test_per_tensor_estimate_keeps_the_state_method(cnn):
 def test_ties_go_to_candidate_order_and_equal_ranges_are_evaluated_once(cnn, monkeypatch):
     mm = selection.state_candidates(cnn["state"], "int8", False)["minmax"]
     runs = []
-    original = selection._Reference.sqnr
-    monkeypatch.setattr(selection._Reference, "sqnr", lambda self, q: runs.append(q) or original(self, q))
+    original = selection._Reference.energy
+    monkeypatch.setattr(selection._Reference, "energy", lambda self, q: runs.append(q) or original(self, q))
     chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], {"b": mm, "a": mm})
     assert chosen.label == "b" and chosen.sqnr_db["a"] == chosen.sqnr_db["b"] and len(runs) == 1
+    # Cross-validated: once per fold. Equal within a fold is what counts, not across folds.
+    runs.clear()
+    pct = selection.state_candidates(cnn["state"], "int8", False)["percentile 99.99"]
+    folds = [({"b": mm, "a": mm}, cnn["feeds"][:1]), ({"b": mm, "a": pct}, cnn["feeds"][1:2])]
+    chosen = histocal.select_ranges_cross_validated(cnn["path"], folds, {"b": mm, "a": mm})
+    assert chosen.cross_validated and len(runs) == 3 and chosen.eval_samples == 2
 
 
 def _log_model() -> onnx.ModelProto:
