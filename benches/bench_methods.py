@@ -28,10 +28,11 @@ Methods: minmax, entropy (ORT's, 128 bins), entropy with 2048 bins, percentile (
 symmetric), distribution (float8 only in ORT: reported as not applicable to int8), mse, kl,
 pow2 NonOverflow, pow2 MinMSE, auto's per-tensor estimate (``state.compute("auto")``), and auto
 as ``histocal.quantize_static(calibrate_method="auto")`` does it: calibrate on the calibration
-inputs, keep the first 16 of them, quantize every candidate (the per-tensor estimate and each
-single method's ranges) and keep the one with the best output SQNR *on those calibration inputs*;
-its SQNR is then measured on the held-back inputs like every other row (the held-back inputs play
-no part in the choice). A method the installed histocal does not know is reported as such (the
+inputs, keep the first 16 of them, score every candidate (the per-tensor estimate and each
+single method) by its output SQNR 2-fold cross-validated *on those calibration inputs* (ranges
+fitted on 8 of them, scored on the other 8, both ways), and use the best one's ranges from the
+full calibration; its SQNR is then measured on the held-back inputs like every other row (the
+held-back inputs play no part in the choice). A method the installed histocal does not know is reported as such (the
 harness runs against any build).
 
 Usage:
@@ -518,10 +519,12 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
                             for row in auto_rows)
         notes.append(
             "- auto: `histocal.quantize_static(calibrate_method=\"auto\")` with the calibration inputs as the reader: "
-            "one streaming calibration pass that keeps the first 16 inputs, then each distinct candidate "
-            "(per-tensor estimate and every single method above) quantized and run on those 16 inputs, the best "
-            "output SQNR there wins; the held-back inputs play no part in the choice. Its compute column is the "
-            f"whole quantize_static call. Chosen (total time, of which the choice): {choices}"
+            "one streaming calibration pass that keeps the first 16 inputs; two more streaming calibrations, on "
+            "the 8 even and the 8 odd of them; each distinct candidate (per-tensor estimate and every single "
+            "method above) of one half's state quantized and run on the other half's 8 inputs, both ways; the "
+            "best pooled (cross-validated) output SQNR wins, with its ranges from the full calibration; the "
+            "held-back inputs play no part in the choice. Its compute column is the whole quantize_static call. "
+            f"Chosen (total time, of which the choice): {choices}"
         )
     if notes:
         md += ["", *sorted(set(notes))]
