@@ -241,7 +241,9 @@ def calibrate_and_select(
                                                        **quantize_kwargs)
 
 
-def _cross_validation_folds(calibrator: Any, feeds: list[Any], options: Mapping[str, Any]) -> list[Any]:
+def _cross_validation_folds(
+    calibrator: Any, feeds: list[dict[str, np.ndarray]], options: Mapping[str, Any]
+) -> list[tuple[dict[str, TensorsData], list[dict[str, np.ndarray]]]]:
     """2-fold cross-validation of auto's candidates on the kept feeds: the feeds at even and odd
     positions are the two folds; each fold is scored with the candidates of a state calibrated on
     the other fold alone (by ``calibrator``, restarted: same model, session and settings)."""

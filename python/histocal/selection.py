@@ -166,7 +166,7 @@ def _select(
                 if isinstance(energy, tuple):
                     signal[label] += energy[0]
                     noise[label] += energy[1]
-                elif label not in failures:
+                elif failures.get(label) is None:  # an exception, if any, is the one to report
                     failures[label] = energy
     sqnr = {label: -math.inf if label in failures else _sqnr_db(signal[label], noise[label]) for label in candidates}
     raised = {label: exc for label, exc in failures.items() if exc is not None}
