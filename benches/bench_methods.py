@@ -26,8 +26,14 @@ every method reads); then for every method:
 
 Methods: minmax, entropy (ORT's, 128 bins), entropy with 2048 bins, percentile (99.999,
 symmetric), distribution (float8 only in ORT: reported as not applicable to int8), mse, kl,
-pow2 NonOverflow, pow2 MinMSE, auto. A method the installed histocal does not know is reported as
-such (the harness runs against any build).
+pow2 NonOverflow, pow2 MinMSE, auto's per-tensor estimate (``state.compute("auto")``), and auto
+as ``histocal.quantize_static(calibrate_method="auto")`` does it: calibrate on the calibration
+inputs, keep the first 16 of them, score every candidate (the per-tensor estimate and each
+single method) by its output SQNR 2-fold cross-validated *on those calibration inputs* (ranges
+fitted on 8 of them, scored on the other 8, both ways), and use the best one's ranges from the
+full calibration; its SQNR is then measured on the held-back inputs like every other row (the
+held-back inputs play no part in the choice). A method the installed histocal does not know is reported as such (the
+harness runs against any build).
 
 Usage:
     python3 benches/bench_methods.py                 # both models (a few minutes on 2 cores)
@@ -55,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+AUTO_MODEL = "auto (model-level)"  # not a state method: see run_auto
 # (label, method, options); options go to state.compute
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("minmax", "minmax", {}),
@@ -66,7 +73,8 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("kl", "kl", {"num_bins": 2048, "num_quantized_bins": 128}),
     ("pow2 NonOverflow", "pow2", {"qtype": "int8", "pow2_method": "NonOverflow"}),
     ("pow2 MinMSE", "pow2", {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"}),
-    ("auto", "auto", {"qtype": "int8", "symmetric": False}),
+    ("auto (per-tensor estimate)", "auto", {"qtype": "int8", "symmetric": False}),
+    ("auto", AUTO_MODEL, {}),  # quantize_static(calibrate_method="auto"): chosen by the model's output
 ]
 
 
@@ -291,6 +299,51 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetr
         logging.disable(logging.NOTSET)
 
 
+class _Chosen(logging.Handler):
+    """Catches histocal.selection's report: (samples, chosen label, seconds, table)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.args: tuple = ()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("auto: output SQNR"):
+            self.args = tuple(record.args or ())
+
+
+def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool) -> tuple[float, float, str]:
+    """histocal.quantize_static(calibrate_method="auto") on the calibration inputs: (total
+    seconds, seconds of the choice, chosen candidate)."""
+    import histocal
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    chosen = _Chosen()
+    selection_log = logging.getLogger("histocal.selection")
+    root = logging.getLogger()
+    saved = selection_log.level, root.level, selection_log.propagate
+    selection_log.addHandler(chosen)
+    selection_log.setLevel(logging.INFO)
+    selection_log.propagate = False  # the table is logged below, once
+    root.setLevel(logging.ERROR)  # onnxruntime's pre-processing advice, once per candidate
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            t0 = time.perf_counter()
+            histocal.quantize_static(model_path, out_path, calib, calibrate_method="auto",
+                                     quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                                     weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": symmetric})
+            total = time.perf_counter() - t0
+    finally:
+        selection_log.removeHandler(chosen)
+        selection_log.setLevel(saved[0])
+        root.setLevel(saved[1])
+        selection_log.propagate = saved[2]
+    if not chosen.args:
+        raise ValueError("this histocal's quantize_static(calibrate_method='auto') chooses no candidate by the model")
+    _, _, label, seconds, table = chosen.args
+    log("    " + "\n    ".join(table.splitlines()))
+    return total, float(seconds), str(label)
+
+
 MODES = ("asymmetric", "symmetric")
 
 
@@ -303,6 +356,8 @@ class Row:
     quantize_s: float | None = None
     sqnr: float | None = None
     note: str = ""
+    chosen: str = ""  # auto (model-level): the candidate it chose
+    select_s: float | None = None  # auto (model-level): time of the choice itself
 
 
 @dataclass
@@ -347,6 +402,18 @@ def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[
         symmetric = mode == "symmetric"
         if "symmetric" in options:
             options = {**options, "symmetric": symmetric}
+        if method == AUTO_MODEL:
+            qpath = str(workdir / f"{name}.q.onnx")
+            try:
+                row.compute_s, row.select_s, row.chosen = run_auto(path, qpath, calib, symmetric)
+            except (TypeError, ValueError) as exc:  # an older histocal without the model-level choice
+                row.note = f"not available: {str(exc)[:90]}"
+                log(f"  {mode[:4]} {label:18s} {row.note}")
+                continue
+            row.sqnr = sqnr_db(ref, run_all(qpath, held))
+            log(f"  {mode[:4]} {label:18s} quantize_static(auto) {row.compute_s:.2f} s (choice {row.select_s:.2f} s): "
+                f"{row.chosen}, SQNR {row.sqnr:.2f} dB")
+            continue
         try:
             t0 = time.perf_counter()
             td = state.compute(method, **options)
@@ -436,6 +503,29 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
             row = next((x for x in r.rows if x.label == label and x.mode == MODES[0]), None)
             cells.append(fmt(row.compute_s if row else None, ".3f"))
         md.append(f"| {label} | " + " | ".join(cells) + " |")
+    gaps = []
+    for r in runs:
+        for mode in MODES:
+            auto = next((x.sqnr for x in r.rows if x.label == "auto" and x.mode == mode), None)
+            single = [x for x in r.rows if x.sqnr is not None and x.mode == mode and not x.label.startswith("auto")]
+            if auto is not None and single:
+                top = max(single, key=lambda x: x.sqnr)
+                gaps.append(f"{r.name} {mode[:4]} {auto - top.sqnr:+.2f} dB (vs {top.label})")
+    if gaps:
+        md += ["", "auto minus the best single method, per column: " + "; ".join(gaps) + "."]
+    auto_rows = [row for r in runs for row in r.rows if row.label == "auto" and row.chosen]
+    if auto_rows:
+        choices = "; ".join(f"{row.model} {row.mode[:4]}: {row.chosen} ({row.compute_s:.2f} s, choice {row.select_s:.2f} s)"
+                            for row in auto_rows)
+        notes.append(
+            "- auto: `histocal.quantize_static(calibrate_method=\"auto\")` with the calibration inputs as the reader: "
+            "one streaming calibration pass that keeps the first 16 inputs; two more streaming calibrations, on "
+            "the 8 even and the 8 odd of them; each distinct candidate (per-tensor estimate and every single "
+            "method above) of one half's state quantized and run on the other half's 8 inputs, both ways; the "
+            "best pooled (cross-validated) output SQNR wins, with its ranges from the full calibration; the "
+            "held-back inputs play no part in the choice. Its compute column is the whole quantize_static call. "
+            f"Chosen (total time, of which the choice): {choices}"
+        )
     if notes:
         md += ["", *sorted(set(notes))]
     md += [

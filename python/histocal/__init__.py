@@ -12,9 +12,24 @@ from .calibrators import (
     create_calibrator,
 )
 from .collector import HistogramCollector, ValueCounts
-from .methods import TensorHistogram, register_method, registered_methods, unregister_method
+from .methods import (
+    AUTO_SELECTION_OPTIONS,
+    MODEL_AUTO_CANDIDATES,
+    TensorHistogram,
+    register_method,
+    registered_methods,
+    unregister_method,
+)
 from .state import CalibrationState, merge_states, model_fingerprint
-from .integration import calibrate, is_patched, patch_onnxruntime, quantize_static, unpatch_onnxruntime
+from .integration import (
+    calibrate,
+    calibrate_and_select,
+    is_patched,
+    patch_onnxruntime,
+    quantize_static,
+    unpatch_onnxruntime,
+)
+from .selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -42,6 +57,8 @@ __all__ = [
     "register_method",
     "unregister_method",
     "registered_methods",
+    "MODEL_AUTO_CANDIDATES",
+    "AUTO_SELECTION_OPTIONS",
     "MODES",
     "DEFAULT_STREAMING_BINS",
     "patch_onnxruntime",
@@ -49,6 +66,11 @@ __all__ = [
     "is_patched",
     "calibrate",
     "quantize_static",
+    "calibrate_and_select",
+    "select_ranges",
+    "select_ranges_cross_validated",
+    "state_candidates",
+    "Selection",
     "TensorStats",
     "tensor_stats",
     "channel_min_max",

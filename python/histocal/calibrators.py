@@ -256,6 +256,13 @@ class _HistogramCalibration:
             self._stream = self._new_stream()
         return self._stream
 
+    def _restart_collection(self) -> None:
+        """Forget everything collected, keeping the augmented model, the session and the mode
+        already settled on (so that new data is collected the way the first was). ORT's
+        ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
+        self.collector = None
+        self._stream = None
+
     @property
     def state(self) -> Any:
         """A ``histocal.CalibrationState`` (copy) of what has been collected."""

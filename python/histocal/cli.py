@@ -33,6 +33,7 @@ HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
 _METHOD_NAMES = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
 # Options of histocal's own methods (mse, kl, pow2, auto), passed as MethodOptions.
 _METHOD_OPTION_KEYS = ("qtype", "pow2_method", "minmse_mode")
+AUTO_EVAL_SAMPLES = 16  # histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] (not imported: fast --help)
 QUANT_TYPES = ("qint8", "quint8", "qint16", "quint16", "qint4", "quint4", "qfloat8e4m3fn")
 FORMATS = ("qdq", "qoperator")
 
@@ -459,9 +460,55 @@ def _default_error_model(args: argparse.Namespace) -> None:
         args.symmetric = args.symmetric_activations
 
 
-def cmd_quantize(args: argparse.Namespace) -> int:
+def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """quantize_static's quantization arguments from the command line (also those auto's
+    model-level choice quantizes its candidates with)."""
     from onnxruntime.quantization import QuantFormat
 
+    extra_options = {}
+    if args.symmetric_activations is not None:
+        extra_options["ActivationSymmetric"] = args.symmetric_activations
+    if args.symmetric_weights is not None:
+        extra_options["WeightSymmetric"] = args.symmetric_weights
+    return dict(
+        quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
+        op_types_to_quantize=args.op_types,
+        per_channel=args.per_channel,
+        reduce_range=args.reduce_range,
+        activation_type=_quant_type(args.activation_type),
+        weight_type=_quant_type(args.weight_type),
+        nodes_to_quantize=args.nodes_to_quantize,
+        nodes_to_exclude=args.nodes_to_exclude,
+        use_external_data_format=args.external_data,
+        calibration_providers=args.providers,
+        extra_options=extra_options,
+    )
+
+
+def _model_level_auto(args: argparse.Namespace) -> bool:
+    return args.method == "auto" and not args.per_tensor_estimate
+
+
+def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization: dict[str, Any]) -> Any:
+    """auto's model-level choice (see histocal.selection): the chosen candidate's ranges."""
+    from . import methods
+    from .integration import calibrate_and_select
+
+    options = _calibrator_options(args)  # warns about options that do not apply to auto
+    eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
+    start = time.perf_counter()
+    chosen = calibrate_and_select(
+        model, data, eval_samples=eval_samples, method_options=options.get("MethodOptions"),
+        streaming_bins=options.get("StreamingBins"), show_progress=False if args.no_progress else None,
+        **quantization,
+    )
+    logger.info("auto chose %s (output SQNR %.2f dB, %s on %d batches) in %.2f s", chosen.label,
+                chosen.sqnr_db[chosen.label], chosen.scoring, chosen.eval_samples, time.perf_counter() - start)
+    args.auto_choice = chosen.label
+    return chosen.ranges
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
     from .cache import check_cache, load_tensors_data, save_tensors_data
     from .integration import quantize_static
 
@@ -475,6 +522,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     cache = Path(args.cache) if args.cache else None
     write_cache = False
     _default_error_model(args)
+    quantization = _quantization_arguments(args)
 
     if args.state is not None:
         ranges = _ranges_from_state(args, _load_state(args.state))
@@ -493,37 +541,25 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         ranges = check_cache(cache, _method_enum(args.method), False) if cache is not None else None
         if ranges is not None:
             logger.info("reusing calibration cache %s", cache)
+        elif _model_level_auto(args):
+            ranges = _select_auto(args, model, data, quantization)
+            write_cache = cache is not None
         else:
             ranges, _ = _calibrate(args, model, data, want_state=False)
             write_cache = cache is not None
+    if args.method != "auto" or args.data is None or args.per_tensor_estimate:
+        for flag, value in (("--eval-samples", args.eval_samples), ("--per-tensor-estimate", args.per_tensor_estimate or None)):
+            if value is not None:
+                logger.warning("option %s applies only to --method auto with --data; ignored", flag)
 
-    extra_options = {}
-    if args.symmetric_activations is not None:
-        extra_options["ActivationSymmetric"] = args.symmetric_activations
-    if args.symmetric_weights is not None:
-        extra_options["WeightSymmetric"] = args.symmetric_weights
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
         ranges_file = Path(tmp, "ranges.json")
         save_tensors_data(ranges, ranges_file)
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        quantize_static(
-            model, staged, None,
-            quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
-            op_types_to_quantize=args.op_types,
-            per_channel=args.per_channel,
-            reduce_range=args.reduce_range,
-            activation_type=_quant_type(args.activation_type),
-            weight_type=_quant_type(args.weight_type),
-            nodes_to_quantize=args.nodes_to_quantize,
-            nodes_to_exclude=args.nodes_to_exclude,
-            use_external_data_format=args.external_data,
-            calibrate_method=ranges.calibration_method,
-            calibration_providers=args.providers,
-            extra_options=extra_options,
-            calibration_cache_path=ranges_file,
-        )
+        quantize_static(model, staged, None, calibrate_method=ranges.calibration_method,
+                        calibration_cache_path=ranges_file, **quantization)
         if write_cache:
             _write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
@@ -531,7 +567,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
             os.replace(f, output.parent / f.name)
     logger.info("wrote %s", output)
-    sys.stdout.write(f"quantized {model} -> {output} ({_display(args.method)} ranges, {args.format}, "
+    how = _display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
+    sys.stdout.write(f"quantized {model} -> {output} ({how} ranges, {args.format}, "
                      f"activations {args.activation_type}, weights {args.weight_type})\n")
     return 0
 
@@ -985,6 +1022,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nodes-to-quantize", nargs="+", metavar="NODE", help="quantize only these nodes")
     g.add_argument("--nodes-to-exclude", nargs="+", metavar="NODE", help="do not quantize these nodes")
     g.add_argument("--external-data", action="store_true", help="write weights as external data")
+    g = p.add_argument_group("auto (--method auto with --data)")
+    g.add_argument("--eval-samples", type=_positive_int, metavar="N",
+                   help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
+                        "output is closest to the float model's, 2-fold cross-validated on the first N calibration "
+                        f"batches (of --batch-size samples), kept in memory (default {AUTO_EVAL_SAMPLES})")
+    g.add_argument("--per-tensor-estimate", action="store_true",
+                   help="auto: per tensor, the candidate with the least estimated error; no model evaluation")
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("inspect", help="show what an ORT calibration cache or a histocal state holds",

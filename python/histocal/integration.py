@@ -7,6 +7,8 @@
   ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
   nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
   ORT-format calibration cache, and writes the user's ``calibration_cache_path`` if given.
+  With ``calibrate_method="auto"`` it chooses the ranges by the quantized model's output
+  (``calibrate_and_select``, see ``histocal.selection``).
 """
 
 from __future__ import annotations
@@ -15,14 +17,21 @@ import importlib
 import logging
 import tempfile
 import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from . import calibrators, methods
+from .readers import DataSource
+
+if TYPE_CHECKING:
+    from .selection import Selection
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +120,8 @@ def calibrate(
 ) -> TensorsData:
     """Calibrate as ORT's ``quantize_static`` does (same option mapping, CalibStridedMinMax
     included), with histocal's calibrators. ``calibrate_method`` may also name a histocal or
-    registered method (see ``histocal.methods``). ``histogram_options``: num_bins,
+    registered method (see ``histocal.methods``; ``"auto"`` gives its per-tensor estimate: the
+    model-level choice is ``quantize_static``'s). ``histogram_options``: num_bins,
     num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins,
     method_options (a dict for the histocal methods)."""
     extra = dict(extra_options or {})
@@ -134,19 +144,118 @@ def calibrate(
             providers=calibration_providers,
             extra_options=options,
         )
-        stride = extra.get("CalibStridedMinMax")
-        if stride:
-            total = len(calibration_data_reader)
-            if total % stride != 0:
-                raise ValueError(f"Total data size ({total}) is not divisible by stride size ({stride}).")
-            for start in range(0, total, stride):
-                calibration_data_reader.set_range(start_index=start, end_index=start + stride)
-                calibrator.collect_data(calibration_data_reader)
-        else:
-            calibrator.collect_data(calibration_data_reader)
+        _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"))
         result = calibrator.compute_data()
         del calibrator
     return result
+
+
+def _collect(calibrator: Any, reader: Any, stride: int | None, wrap: Callable[[Any], Any] = lambda data: data) -> None:
+    """ORT's collection loop (CalibStridedMinMax included); ``wrap`` wraps each read of the reader."""
+    if stride:
+        total = len(reader)
+        if total % stride != 0:
+            raise ValueError(f"Total data size ({total}) is not divisible by stride size ({stride}).")
+        for start in range(0, total, stride):
+            reader.set_range(start_index=start, end_index=start + stride)
+            calibrator.collect_data(wrap(reader))
+    else:
+        calibrator.collect_data(wrap(reader))
+
+
+def _keeping_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int) -> Iterator[Any]:
+    """The feeds of one read of ``data``, passed through, copying the first ``limit`` (over all
+    reads) into ``kept``: the reader's own buffers may be reused for its next feed."""
+    for feed in DataSource(data).read():
+        if len(kept) < limit and isinstance(feed, Mapping):
+            kept.append({name: np.array(value, copy=True) for name, value in feed.items()})
+        yield feed
+
+
+def calibrate_and_select(
+    model_input: str | Path | onnx.ModelProto,
+    calibration_data_reader: Any,
+    *,
+    eval_samples: int = methods.AUTO_SELECTION_OPTIONS["eval_samples"],
+    method_options: dict[str, Any] | None = None,
+    streaming_bins: int | None = None,
+    show_progress: bool | None = None,
+    **quantize_kwargs: Any,
+) -> "Selection":
+    """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
+    of reader), keeping the first ``eval_samples`` feeds; choose among the candidates of
+    ``methods.MODEL_AUTO_CANDIDATES`` the one whose quantized model's output is closest to the
+    float model's, scored out of sample by 2-fold cross-validation on the kept feeds (the feeds at
+    even and odd positions; each half is scored with candidates calibrated on the other half, and
+    the SQNR is pooled over both); return the ``selection.Selection`` whose ranges are the chosen
+    candidate computed from the full calibration state. With fewer than 2 kept feeds the
+    candidates are scored in sample (a warning says so).
+    ``quantize_kwargs``: ``quantize_static``'s quantization arguments (activation_type,
+    extra_options, op_types_to_quantize, calibration_providers, ... : the candidates are quantized
+    with them, and qtype/symmetric default to activation_type/ActivationSymmetric).
+    ``method_options``: auto's qtype and symmetric. Memory: the kept feeds plus the float
+    model's outputs on half of them. Cost: two small calibrations (one per half), and per
+    distinct candidate and half one quantization and one run over that half."""
+    from . import selection
+
+    selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
+    eval_samples = methods.check_selection_options({"eval_samples": eval_samples})["eval_samples"]
+    extra = dict(quantize_kwargs.get("extra_options") or {})
+    if extra.get("SmoothQuant", False):
+        raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods")
+    options = methods.check_options(
+        "auto", _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra)
+    )
+    kept: list[dict[str, np.ndarray]] = []
+    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
+        if isinstance(model_input, onnx.ModelProto):
+            path = Path(tmp, "model_input.onnx")
+            onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
+            model_input = path
+        calibrator = calibrators.create_calibrator(
+            Path(model_input),
+            quantize_kwargs.get("op_types_to_quantize"),
+            augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
+            calibrate_method="auto",
+            use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
+            providers=quantize_kwargs.get("calibration_providers"),
+            extra_options={calibrators.METHOD_OPTIONS_OPTION: options, calibrators.STREAMING_BINS_OPTION: streaming_bins},
+        )
+        if show_progress is not None:
+            calibrator.show_progress = show_progress
+        start = time.perf_counter()
+        _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"),
+                 lambda data: _keeping_first(data, kept, eval_samples))
+        candidates = selection.state_candidates(calibrator.state, options["qtype"], options["symmetric"])
+        cross_validate = len(kept) >= 2
+        folds = _cross_validation_folds(calibrator, kept, options) if cross_validate else []
+        logger.info("auto: calibrated and computed %d candidates (and %d fold states) in %.2f s",
+                    len(candidates), len(folds), time.perf_counter() - start)
+        del calibrator
+        providers = quantize_kwargs.get("calibration_providers")
+        if not cross_validate:
+            logger.warning("auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
+                           "sample, on the feed they were fitted on (which favours tight clipping)", len(kept))
+            return selection.select_ranges(model_input, kept, candidates, providers=providers, **quantize_kwargs)
+        return selection.select_ranges_cross_validated(model_input, folds, candidates, providers=providers,
+                                                       **quantize_kwargs)
+
+
+def _cross_validation_folds(
+    calibrator: Any, feeds: list[dict[str, np.ndarray]], options: Mapping[str, Any]
+) -> list[tuple[dict[str, TensorsData], list[dict[str, np.ndarray]]]]:
+    """2-fold cross-validation of auto's candidates on the kept feeds: the feeds at even and odd
+    positions are the two folds; each fold is scored with the candidates of a state calibrated on
+    the other fold alone (by ``calibrator``, restarted: same model, session and settings)."""
+    from . import selection
+
+    halves = [feeds[0::2], feeds[1::2]]
+    fitted = []
+    for half in halves:
+        calibrator._restart_collection()
+        calibrator.collect_data(half)
+        fitted.append(selection.state_candidates(calibrator.state, options["qtype"], options["symmetric"]))
+    return [(fitted[1], halves[0]), (fitted[0], halves[1])]
 
 
 def quantize_static(
@@ -183,7 +292,18 @@ def quantize_static(
     ``calibrate_method`` may also name a histocal method (mse, kl, pow2, auto) or a registered
     one; ``method_options`` are its options, and its ``qtype``/``symmetric`` default to
     ``activation_type`` and ``extra_options["ActivationSymmetric"]`` (so the error it minimizes
-    is the one of the quantized model). Their ranges reach ORT (and the cache file) as MinMax
+    is the one of the quantized model).
+
+    ``"auto"`` here chooses at the model level (``calibrate_and_select``): one calibration pass
+    that keeps the first ``method_options["eval_samples"]`` feeds (default 16; they stay in
+    memory), then every candidate method of ``methods.MODEL_AUTO_CANDIDATES`` is scored by its
+    quantized model's output SQNR against the float model (with these quantization arguments),
+    out of sample: 2-fold cross-validation on those feeds. The best method's ranges from the full
+    calibration are used (and written to ``calibration_cache_path``). ``method_options=
+    {"per_tensor_estimate": True}`` skips that and uses the per-tensor estimate (what
+    ``CalibrationState.compute("auto")`` returns). A cache hit is reused either way.
+
+    Histocal methods' ranges reach ORT (and the cache file) as MinMax
     results: ORT's cache format cannot record other method names, so a cache made with one
     histocal method is a hit for every other one. ``tensors_range`` skips calibration and
     quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``)."""
@@ -193,6 +313,15 @@ def quantize_static(
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
     name = methods.canonical_name(calibrate_method)
+    select: dict[str, Any] | None = None  # auto's model-level options, when it chooses by the model
+    if name == "auto":
+        given = dict(method_options or {})
+        select = methods.check_selection_options(
+            {k: given.pop(k) for k in list(given) if k in methods.AUTO_SELECTION_OPTIONS}
+        )
+        method_options = given
+        if select["per_tensor_estimate"] or tensors_range is not None:
+            select = None
     if name not in methods.ORT_METHODS:
         method_arg = name
         method_options = _default_method_options(name, method_options, activation_type, extra)
@@ -220,11 +349,22 @@ def quantize_static(
         if ranges is None:
             if calibration_data_reader is None:
                 raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
-            ranges = calibrate(
-                model_input, calibration_data_reader, method_arg, op_types_to_quantize, extra, calibration_providers,
-                use_external_data_format, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
-                scenario=scenario, mode=mode, StreamingBins=streaming_bins, method_options=method_options,
-            )
+            if select is not None:
+                ranges = calibrate_and_select(
+                    model_input, calibration_data_reader, eval_samples=select["eval_samples"],
+                    method_options=method_options, streaming_bins=streaming_bins,
+                    quant_format=quant_format, op_types_to_quantize=op_types_to_quantize, per_channel=per_channel,
+                    reduce_range=reduce_range, activation_type=activation_type, weight_type=weight_type,
+                    nodes_to_quantize=nodes_to_quantize, nodes_to_exclude=nodes_to_exclude,
+                    use_external_data_format=use_external_data_format, calibration_providers=calibration_providers,
+                    extra_options=extra,
+                ).ranges
+            else:
+                ranges = calibrate(
+                    model_input, calibration_data_reader, method_arg, op_types_to_quantize, extra, calibration_providers,
+                    use_external_data_format, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
+                    scenario=scenario, mode=mode, StreamingBins=streaming_bins, method_options=method_options,
+                )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
@@ -247,4 +387,4 @@ def _default_method_options(name: str, given: dict[str, Any] | None, activation_
     return options
 
 
-__all__ = ["patch_onnxruntime", "unpatch_onnxruntime", "is_patched", "calibrate", "quantize_static"]
+__all__ = ["patch_onnxruntime", "unpatch_onnxruntime", "is_patched", "calibrate", "calibrate_and_select", "quantize_static"]

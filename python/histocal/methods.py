@@ -15,7 +15,15 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into scale
   ``s`` and zero point 0;
 * ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
-  mse has the least estimated quantization error (the ``mse`` error model).
+  mse has the least estimated quantization error (the ``mse`` error model). This is what
+  ``CalibrationState.compute("auto")`` (and ``calibrate``, ``create_calibrator``) return: a state
+  has no model to run. The least error per tensor is not always the best model output, so
+  ``histocal.quantize_static(calibrate_method="auto")`` and ``histocal quantize --method auto
+  --data ...``, which have the model and data at hand, choose at the model level instead (see
+  ``histocal.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
+  single method's full range set), the one whose quantized model's output is closest to the float
+  model's, 2-fold cross-validated on the first ``eval_samples`` calibration feeds. Option
+  ``per_tensor_estimate=True`` keeps the per-tensor estimate there too.
 
 ``register_method(name, fn)`` adds a method: ``fn`` receives a :class:`TensorHistogram` and
 returns ``(low, high)``; the name then works wherever the built-in ones do (``CalibrationState.
@@ -63,6 +71,24 @@ AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("kl", "kl", {}),
     ("mse", "mse", {}),
 )
+
+# auto's model-level choice (quantize_static / the CLI's quantize): (label, method, options), in
+# tie-breaking order. Options are completed per run by ``model_candidate_options``: qtype from the
+# activation type, and symmetric (auto, mse, percentile) from ActivationSymmetric.
+MODEL_AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("per-tensor estimate", "auto", {}),
+    ("minmax", "minmax", {"symmetric": False}),
+    ("percentile 99.99", "percentile", {"num_bins": 2048, "percentile": 99.99}),
+    ("percentile 99.999", "percentile", {"num_bins": 2048, "percentile": 99.999}),
+    ("entropy 128", "entropy", {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128}),
+    ("entropy 2048", "entropy", {"symmetric": False, "num_bins": 2048, "num_quantized_bins": 128}),
+    ("kl", "kl", {}),
+    ("mse", "mse", {}),
+    ("pow2 NonOverflow", "pow2", {"pow2_method": "NonOverflow"}),
+    ("pow2 MinMSE", "pow2", {"pow2_method": "MinMSE", "minmse_mode": "All"}),
+)
+# Options of auto's model-level choice (not of the per-tensor method: a state cannot use them).
+AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "per_tensor_estimate": False}
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
 
@@ -145,6 +171,11 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     allowed = METHOD_OPTIONS[method]
     unknown = set(options) - set(allowed)
+    if method == "auto" and unknown and unknown <= set(AUTO_SELECTION_OPTIONS):
+        raise ValueError(
+            f"auto: {sorted(unknown)} are options of auto's model-level choice, which needs the model and data: "
+            "histocal.quantize_static or `histocal quantize --data` (a state or calibrator gives the per-tensor estimate)"
+        )
     if unknown:
         raise ValueError(f"unknown options for {method}: {sorted(unknown)} (allowed: {sorted(allowed)})")
     out = {**allowed, **options}
@@ -236,6 +267,37 @@ def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str,
     return [b[1] for b in best], [b[2] for b in best]
 
 
+def model_candidate_options(qtype: str, symmetric: bool) -> list[tuple[str, str, dict[str, Any]]]:
+    """``MODEL_AUTO_CANDIDATES`` with the run's qtype and symmetry filled in, without the
+    candidates the qtype rules out (pow2 has no uint16)."""
+    out = []
+    for label, method, options in MODEL_AUTO_CANDIDATES:
+        if method == "pow2" and qtype not in POW2_QTYPES:
+            continue
+        options = dict(options)
+        if method in METHOD_OPTIONS:
+            allowed = METHOD_OPTIONS[method]
+            options.update({k: v for k, v in (("qtype", qtype), ("symmetric", symmetric)) if k in allowed})
+        elif method == "percentile":
+            options["symmetric"] = symmetric
+        out.append((label, method, options))
+    return out
+
+
+def check_selection_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """auto's model-level options with defaults filled in; ValueError names a bad one."""
+    unknown = set(options) - set(AUTO_SELECTION_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown options for auto's model-level choice: {sorted(unknown)} (allowed: {sorted(AUTO_SELECTION_OPTIONS)})")
+    out = {**AUTO_SELECTION_OPTIONS, **options}
+    n = out["eval_samples"]
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"auto: eval_samples must be a positive integer, got {n!r}")
+    if not isinstance(out["per_tensor_estimate"], (bool, np.bool_)):
+        raise ValueError(f"auto: per_tensor_estimate must be a boolean, got {out['per_tensor_estimate']!r}")
+    return {"eval_samples": int(n), "per_tensor_estimate": bool(out["per_tensor_estimate"])}
+
+
 def _pair(td: TensorData) -> tuple[float, float]:
     return float(np.asarray(td.range_value[0]).reshape(-1)[0]), float(np.asarray(td.range_value[1]).reshape(-1)[0])
 
@@ -258,4 +320,6 @@ __all__ = [
     "method_names",
     "METHOD_OPTIONS",
     "AUTO_CANDIDATES",
+    "MODEL_AUTO_CANDIDATES",
+    "AUTO_SELECTION_OPTIONS",
 ]

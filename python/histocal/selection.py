@@ -1,0 +1,326 @@
+"""Choosing calibration ranges by the quantized model's output.
+
+A candidate range set is scored by quantizing the model with it (onnxruntime's ``quantize_static``
+through ``histocal.quantize_static(tensors_range=...)``, with the caller's quantization settings),
+running the quantized model on evaluation feeds, and comparing its outputs with the float
+model's: the output SQNR
+
+    10 log10(sum y^2 / sum (y - y_q)^2)
+
+over every numeric graph output of every feed (y: float model, y_q: quantized model). Identical
+outputs score +inf; a candidate whose quantized model fails to build or run, or gives a
+non-finite output where the float model's is finite, scores -inf (so it loses). The highest
+score wins; ties go to the earlier candidate. Within one set of feeds, candidates whose ranges
+equal an earlier candidate's are not quantized again.
+
+``select_ranges`` scores in sample: the candidates are scored on the feeds given, which may be
+the feeds they were fitted on. ``select_ranges_cross_validated`` scores out of sample: each fold's
+candidates were fitted without that fold's feeds, and a candidate's SQNR is pooled over the folds
+(sum of signal energy over sum of error energy). Ranges scored on their own fitting data favour
+tight clipping (a percentile that clips exactly the outliers it saw), which new inputs punish.
+
+Cost, per set of feeds: one float-model run over them (whose outputs are kept while that set is
+scored), then per distinct candidate one ``quantize_static`` and one run over them; only running
+sums are kept per candidate.
+
+``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
+from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
+``quantize --method auto --data`` use it with 2-fold cross-validation (see
+``histocal.integration.calibrate_and_select``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+from . import methods
+from .readers import Feed, run_session
+
+logger = logging.getLogger(__name__)
+
+# quantize_static arguments the selection sets itself (the ranges come from each candidate).
+_OWN_ARGUMENTS = ("model_input", "model_output", "calibration_data_reader", "calibrate_method",
+                  "calibration_cache_path", "tensors_range", "num_bins", "num_quantized_bins", "scenario",
+                  "mode", "streaming_bins", "method_options")
+
+
+Fold = tuple[Mapping[str, TensorsData], Sequence[Feed]]  # (candidates fitted without these feeds, the feeds)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The outcome of a selection: the chosen candidate's label and ranges, and every candidate's
+    output SQNR (dB, candidate order; -inf for a failed candidate), cross-validated or in-sample."""
+
+    label: str
+    ranges: TensorsData
+    sqnr_db: dict[str, float]
+    eval_samples: int
+    seconds: float
+    cross_validated: bool = False
+
+    @property
+    def scoring(self) -> str:
+        return "2-fold cross-validated" if self.cross_validated else "in-sample"
+
+    def table(self) -> str:
+        """The SQNR of every candidate, one line each, the chosen one marked."""
+        width = max(len(label) for label in self.sqnr_db)
+        return "\n".join(
+            f"{'*' if label == self.label else ' '} {label:<{width}}  {sqnr:8.2f} dB"
+            for label, sqnr in self.sqnr_db.items()
+        )
+
+
+def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, TensorsData]:
+    """auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``, with this qtype and
+    symmetry) computed from one ``CalibrationState``, by label, in tie-breaking order. Each is a
+    MinMax-style TensorsData (lowest/highest only), the way auto's ranges travel through ORT and
+    its cache whichever candidate wins."""
+    out = {}
+    for label, method, options in methods.model_candidate_options(qtype, symmetric):
+        td = state.compute(method, **options)
+        out[label] = TensorsData(CalibrationMethod.MinMax, {
+            name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()
+        })
+    return out
+
+
+def select_ranges(
+    model_input: str | Path | onnx.ModelProto,
+    feeds: Sequence[Feed],
+    candidates: Mapping[str, TensorsData],
+    *,
+    providers: Sequence[Any] | None = None,
+    **quantize_kwargs: Any,
+) -> Selection:
+    """In-sample selection: quantize ``model_input`` with each candidate's ranges and choose the
+    candidate whose quantized model's outputs on ``feeds`` have the highest SQNR against the float
+    model's (see the module docstring). ``quantize_kwargs`` are ``histocal.quantize_static``'s
+    quantization arguments (quant_format, activation_type, weight_type, per_channel, reduce_range,
+    op_types_to_quantize, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
+    extra_options, calibration_providers); ``providers`` run the float and quantized models
+    (default: the CPU execution provider)."""
+    feeds = list(feeds)
+    if not feeds:
+        raise ValueError("select_ranges needs at least one evaluation feed")
+    return _select(model_input, [(candidates, feeds)], candidates, providers, quantize_kwargs, cross_validated=False)
+
+
+def select_ranges_cross_validated(
+    model_input: str | Path | onnx.ModelProto,
+    folds: Sequence[Fold],
+    candidates: Mapping[str, TensorsData],
+    *,
+    providers: Sequence[Any] | None = None,
+    **quantize_kwargs: Any,
+) -> Selection:
+    """Out-of-sample selection. Each fold is (candidate ranges fitted without its feeds, its
+    feeds), with the labels of ``candidates``; a candidate's score is its output SQNR pooled over
+    the folds (the sums of signal and error energy over every fold's feeds), so ranges are never
+    scored on the data they were fitted on. The chosen candidate's ranges are returned from
+    ``candidates`` (typically fitted on all the data). Arguments as ``select_ranges``."""
+    folds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
+    if not folds or any(not feeds for _, feeds in folds):
+        raise ValueError("select_ranges_cross_validated needs folds with at least one evaluation feed each")
+    for fold_candidates, _ in folds:
+        if list(fold_candidates) != list(candidates):
+            raise ValueError(f"a fold's candidates {list(fold_candidates)} are not the candidates {list(candidates)}")
+    return _select(model_input, folds, candidates, providers, quantize_kwargs, cross_validated=True)
+
+
+def _select(
+    model_input: str | Path | onnx.ModelProto,
+    folds: list[tuple[Mapping[str, TensorsData], list[Feed]]],
+    candidates: Mapping[str, TensorsData],
+    providers: Sequence[Any] | None,
+    quantize_kwargs: Mapping[str, Any],
+    cross_validated: bool,
+) -> Selection:
+    check_quantize_arguments(quantize_kwargs)
+    if not candidates:
+        raise ValueError("select_ranges needs at least one candidate range set")
+    providers = list(providers) if providers else ["CPUExecutionProvider"]
+    start = time.perf_counter()
+    signal = dict.fromkeys(candidates, 0.0)
+    noise = dict.fromkeys(candidates, 0.0)
+    failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
+    with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
+        model_path = _model_path(model_input, Path(tmp))
+        for fold_candidates, feeds in folds:
+            # One fold's float outputs at a time: memory is that of the largest fold.
+            energies = _energies(model_path, feeds, fold_candidates, providers, quantize_kwargs, Path(tmp))
+            for label, energy in energies.items():
+                if isinstance(energy, tuple):
+                    signal[label] += energy[0]
+                    noise[label] += energy[1]
+                elif failures.get(label) is None:  # an exception, if any, is the one to report
+                    failures[label] = energy
+    sqnr = {label: -math.inf if label in failures else _sqnr_db(signal[label], noise[label]) for label in candidates}
+    raised = {label: exc for label, exc in failures.items() if exc is not None}
+    if len(raised) == len(sqnr):
+        first, exc = next(iter(raised.items()))
+        raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
+    chosen = next(iter(sqnr))
+    for label, value in sqnr.items():
+        if value > sqnr[chosen]:
+            chosen = label
+    n = sum(len(feeds) for _, feeds in folds)
+    selection = Selection(chosen, candidates[chosen], sqnr, n, time.perf_counter() - start, cross_validated)
+    logger.info("auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
+                selection.scoring, n, chosen, selection.seconds, selection.table())
+    return selection
+
+
+def _energies(
+    model_path: Path,
+    feeds: list[Feed],
+    candidates: Mapping[str, TensorsData],
+    providers: list[Any],
+    quantize_kwargs: Mapping[str, Any],
+    tmp: Path,
+) -> dict[str, tuple[float, float] | BaseException | None]:
+    """Per candidate, (sum y^2, sum (y - y_q)^2) over ``feeds``; the exception if its model failed
+    to build or run; None if its outputs cannot be compared (see ``_squared_sums``). Candidates
+    whose ranges equal an earlier one's are not quantized again."""
+    from .integration import quantize_static
+
+    reference = _Reference(model_path, feeds, providers)
+    out: dict[str, tuple[float, float] | BaseException | None] = {}
+    seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+    for i, (label, ranges) in enumerate(candidates.items()):
+        key = _ranges_key(ranges)
+        same = next((other for k, other in seen if k == key), None)
+        if same is not None:
+            logger.debug("auto: candidate %r has the ranges of %r", label, same)
+            out[label] = out[same]
+            continue
+        seen.append((key, label))
+        workdir = tmp / f"candidate{i}"
+        workdir.mkdir()
+        try:
+            quantized = workdir / "model.onnx"
+            quantize_static(model_path, quantized, tensors_range=ranges, **quantize_kwargs)
+            out[label] = reference.energy(quantized)
+        except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
+            logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
+            out[label] = exc
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
+    return out
+
+
+def _sqnr_db(signal: float, noise: float) -> float:
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
+    """TypeError unless these are quantize_static arguments a selection may pass through."""
+    from .integration import quantize_static
+
+    own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
+    if own:
+        raise TypeError(f"auto's model-level choice sets {own} itself (the ranges come from the candidates)")
+    unknown = sorted(set(quantize_kwargs) - set(inspect.signature(quantize_static).parameters))
+    if unknown:
+        raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
+
+
+def _model_path(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
+    if isinstance(model_input, onnx.ModelProto):
+        path = tmp / "model_input.onnx"
+        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
+        return path
+    return Path(model_input)
+
+
+def _ranges_key(ranges: TensorsData) -> tuple:
+    """What the quantizer reads from a TensorsData: the method and each tensor's lowest/highest."""
+    items = []
+    for name in sorted(ranges.data):
+        d = ranges.data[name]
+        items.append((name, *(np.asarray(getattr(d, a, np.nan)).tobytes() for a in ("lowest", "highest"))))
+    return (str(ranges.calibration_method), tuple(items))
+
+
+def _session(path: Path, providers: list[Any]) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(path.as_posix(), options, providers=providers)
+
+
+class _Reference:
+    """The float model's outputs on the evaluation feeds, and the SQNR of a quantized model's."""
+
+    def __init__(self, model_path: Path, feeds: list[Feed], providers: list[Any]) -> None:
+        self.feeds = feeds
+        self.providers = providers
+        session = _session(model_path, providers)
+        names = [o.name for o in session.get_outputs()]
+        self.outputs: list[list[np.ndarray]] = []
+        numeric: list[str] | None = None
+        for i, feed in enumerate(feeds):
+            arrays = dict(zip(names, run_session(session, names, feed, i)))
+            if numeric is None:
+                # Sequences, maps and strings have no SQNR: only numeric tensors count.
+                numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind in "biuf"]
+                if not numeric:
+                    raise ValueError(f"auto: the model has no numeric tensor output to compare (outputs {names})")
+            self.outputs.append([arrays[n] for n in numeric])
+        self.names = numeric or []
+
+    def energy(self, quantized: Path) -> tuple[float, float] | None:
+        """(sum y^2, sum (y - y_q)^2) of a quantized model's outputs; None if they cannot be compared."""
+        session = _session(quantized, self.providers)
+        signal = noise = 0.0
+        for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
+            got = run_session(session, self.names, feed, i)
+            for name, y, yq in zip(self.names, reference, got):
+                part = _squared_sums(y, yq)
+                if part is None:
+                    logger.debug("auto: %s output %r of sample %d differs where it must not", quantized, name, i)
+                    return None
+                signal += part[0]
+                noise += part[1]
+        return signal, noise
+
+
+def _squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
+    """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
+    cannot be compared: another shape, a non-finite quantized value where the reference is finite,
+    or a different value where the reference is not finite."""
+    y = np.asarray(reference, np.float64).ravel()
+    yq = np.asarray(quantized)
+    if yq.shape != reference.shape or yq.dtype.kind not in "biuf":
+        return None
+    yq = yq.astype(np.float64).ravel()
+    finite = np.isfinite(y)
+    if not finite.all():
+        if not np.array_equal(y[~finite], yq[~finite], equal_nan=True):
+            return None
+        y, yq = y[finite], yq[finite]
+    if not np.isfinite(yq).all():
+        return None
+    diff = y - yq
+    return float(np.dot(y, y)), float(np.dot(diff, diff))
+
+
+__all__ = ["Selection", "select_ranges", "select_ranges_cross_validated", "state_candidates"]
