@@ -505,6 +505,18 @@ def test_calibrater_classes_direct(paths, tmp_path, method):
     assert_tensors_same(ort_td, ours, method.name, OrtResult(ort_td, ort_cal, kl), kw.get("num_quantized_bins", 128))
 
 
+def test_histogram_session_sleeps_instead_of_spinning(paths, tmp_path):
+    """The histogram calibrators' session is ORT's (optimizations off) with non-spinning intra-op
+    threads (the Rust work runs alongside inference); MinMax keeps ORT's session as is."""
+    for method in (ENT, PCT, DIST):
+        cal = histocal.create_calibrator(paths["cnn"], augmented_model_path=(tmp_path / "h.onnx").as_posix(), calibrate_method=method)
+        options = cal.infer_session.get_session_options()
+        assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    cal = histocal.create_calibrator(paths["cnn"], augmented_model_path=(tmp_path / "m.onnx").as_posix(), calibrate_method=MM)
+    assert cal.infer_session.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
 def test_minmax_inf_mask_parity(paths, tmp_path):
     """MinMax passes -inf activations (a -inf attention mask) through exactly like ORT."""
     chunks = [models.transformer_feeds([5, 5], fill=-np.inf)]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
@@ -126,6 +127,17 @@ class _HistogramCalibration:
             num_quantized_bins=self.num_quantized_bins,
             percentile=self.percentile,
             scenario=self.scenario,
+        )
+
+    def create_inference_session(self) -> None:
+        """ORT's calibration session (graph optimizations off), except that its intra-op threads
+        sleep between operators instead of spinning: the Rust work on the previous batch runs
+        alongside inference and needs those cycles."""
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.infer_session = onnxruntime.InferenceSession(
+            self.augmented_model_path, sess_options=options, providers=self.execution_providers
         )
 
     @property
