@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -82,11 +83,190 @@ def argmin_spy(records: list):
         np_mod.argmin = original
 
 
+# ----------------------------------------------------------------------------------------------
+# Bounded memory: ORT's histogram growth, predicted before ORT runs
+# ----------------------------------------------------------------------------------------------
+
+# histocal's cap on a histogram's bins (rust/src/histogram.rs). A later |x| far above a narrow
+# first histogram makes ORT's rules build a histogram of any size: ORT then allocates without
+# bound (an empty or all-NaN first collect, whose edges are [0, 1], followed by |x| = 63439
+# needs ~130M bins and several GB; a random run used up 24 GB). histocal raises its "Too many
+# bins" error naming the tensor instead.
+MAX_BINS = 1 << 24
+
+
+_WIDER = {np.dtype(np.float16): np.float32, np.dtype(np.float32): np.float64}
+
+
+def _first_edges(a: np.ndarray, n: int) -> np.ndarray:
+    """ORT's first |x| edges, ``np.histogram(a, n)[1]`` in a's type; where numpy refuses
+    ("Too many bins", f16), histocal's: the same edges in the next wider type."""
+    t = a.dtype.type
+    while True:
+        try:
+            return np.histogram_bin_edges(a.astype(t), n).astype(t)
+        except ValueError:
+            t = _WIDER[np.dtype(t)]
+
+
+def _abs_extension(last, width, amax):
+    """ORT's ``np.arange(last + width, amax + width, width)`` on scalars of one float type,
+    without building it (ORT_PARITY §4.2): (its length, the stored last edge after it), or
+    None where numpy refuses (the length overflows the type)."""
+    t = type(last)
+    start, stop = t(last + width), t(amax + width)
+    length = np.ceil(t((stop - start) / width))
+    if not np.isfinite(length):
+        return None
+    length = max(0, int(length))
+    if length == 0:
+        return 0, last
+    end = float(start) + (length - 1) * (float(t(start + width)) - float(start)) if length > 1 else float(start)
+    new_last = t(end)
+    return (length, new_last) if np.isfinite(new_last) else None
+
+
+def ort_bins_needed(cfg: dict, collects: list[dict], name: str) -> int:
+    """The most bins ORT's collector would give ``name``'s histogram over ``collects``, from
+    scalars only (no histogram is built): ORT's own merge arithmetic (ORT_PARITY §4.1, §4.2).
+
+    The rules are applied to each collect's finite values, as histocal applies them: a first
+    collect without finite values starts from an empty batch, later ones add nothing; a step
+    numpy refuses in float16/float32 is redone in the next wider type. Where the real input
+    makes ORT raise first (NaN, Inf, ragged lists, float16 overflow), the count is what the
+    finite values need: at worst ORT is skipped for an error it would have raised anyway.
+    """
+    with np.errstate(all="ignore"):  # float16/float32 overflow is detected, not warned about
+        return _ort_bins_needed([flat_finite(c[name]) for c in collects if name in c], cfg)
+
+
+def _ort_bins_needed(per: list[np.ndarray], cfg: dict) -> int:
+    if not per:
+        return 0
+    bins = int(cfg["num_bins"])
+    if cfg["method"] == "percentile" and cfg["symmetric"]:
+        # |x| path: a later max|x| above the last edge appends np.arange(last + w, amax + w, w).
+        edges = _first_edges(np.abs(per[0]), bins)
+        last, width = edges[-1], edges[-1].dtype.type(edges[1] - edges[0])
+        for x in per[1:]:
+            if x.size == 0:
+                continue
+            amax = np.abs(x).max()
+            while True:
+                t = type(last)
+                amax_t = t(amax)
+                if not amax_t > last:
+                    break
+                step = _abs_extension(last, width, amax_t)
+                if step is not None and (step[0] <= MAX_BINS or t is np.float64):
+                    bins += step[0]
+                    last = step[1]
+                    break
+                wider = _WIDER[np.dtype(t)]
+                last, width = wider(last), wider(width)
+            if bins > MAX_BINS:
+                return bins
+        return bins
+    # value path: a larger threshold t grows the histogram by h bins on each side.
+    t_type = per[0].dtype.type
+
+    def threshold(x):
+        return max(abs(x.min()), abs(x.max())) if x.size else 0.0
+
+    old_t = t_type(threshold(per[0]))
+    for x in per[1:]:
+        while True:
+            t = t_type(threshold(x))
+            if t <= old_t:
+                break
+            if old_t == 0:
+                old_t = t  # re-binned over (-t, t) with the same number of bins
+                break
+            stride = t_type(2 * old_t / bins)
+            h = (t - old_t) // stride + 1
+            if np.isfinite(h):
+                h = int(h)
+                bins += 2 * h
+                old_t = t_type(h * stride + old_t)
+                break
+            t_type = _WIDER[np.dtype(t_type)]  # np.float64 always has a finite h here
+            old_t = t_type(old_t)
+        if bins > MAX_BINS:
+            return bins
+    return bins
+
+
+def tensors_beyond_max_bins(cfg: dict, collects: list[dict]) -> dict[str, int]:
+    """Tensor -> bins ORT would need, for the tensors that need more than MAX_BINS."""
+    names = {n for c in collects for n in c}
+    need = {n: ort_bins_needed(cfg, collects, n) for n in sorted(names)}
+    return {n: b for n, b in need.items() if b > MAX_BINS}
+
+
+class OrtNotRun(ValueError):
+    """ORT was not run: its histogram would exceed MAX_BINS (its allocation has no bound)."""
+
+
+# Address-space headroom for one ORT or histocal run: a safety net behind ort_bins_needed.
+# A run near MAX_BINS bins peaks at ~0.7 GB (ORT or histocal); generated inputs need far less.
+RUN_ADDRESS_SPACE = 4 << 30
+
+
+def _address_space_in_use() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def bounded_address_space(headroom: int = RUN_ADDRESS_SPACE):
+    """Lower RLIMIT_AS to the current address space + ``headroom`` while active, so that a
+    runaway allocation fails (numpy: MemoryError; Rust: abort with a message) instead of
+    exhausting the machine. The soft limit is only ever lowered, and restored after."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not Linux
+        yield
+        return
+    in_use = _address_space_in_use()
+    if in_use is None:  # pragma: no cover
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = in_use + headroom
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield  # already tighter
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
-    """Run ORT's collector; never raises, the exception (if any) is stored in the run."""
+    """Run ORT's collector; never raises, the exception (if any) is stored in the run.
+
+    ORT is not run at all when a tensor would need more than MAX_BINS bins (run.error is then an
+    OrtNotRun classified as "too many bins"), and it runs under bounded_address_space.
+    """
     hc = OrtCollector(**cfg)
     run = OrtRun(hc)
-    with quiet():
+    too_big = tensors_beyond_max_bins(cfg, collects)
+    if too_big:
+        name, bins = next(iter(too_big.items()))
+        run.error = OrtNotRun(
+            f"Too many bins for data range: ORT's rules need {bins} bins for tensor {name!r} "
+            f"(> MAX_BINS = {MAX_BINS}); ORT not run"
+        )
+        run.stage = "collect"
+        return run
+    with quiet(), bounded_address_space():
         try:
             for c in collects:
                 hc.collect(c)
@@ -110,15 +290,46 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
 
 
 def run_histocal(cfg: dict, collects: list[dict]):
-    """Run histocal's collector. It must not raise on any input the parity tests generate."""
+    """Run histocal's collector. It must not raise on any input the parity tests generate,
+    except as run_histocal_or_too_many_bins allows."""
     import histocal
 
     hc = histocal.HistogramCollector(**cfg)
-    with quiet():
+    with quiet(), bounded_address_space():
         for c in collects:
             hc.collect(c)
         result = hc.compute_collection_result()
     return hc, result
+
+
+_TOO_MANY_BINS = re.compile(r'^tensor "(?P<name>.*)": Too many bins for data range\. Cannot create \d+ finite-sized bins\.$')
+
+
+def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
+    """run_histocal, except that histocal may refuse a tensor with its "Too many bins" error
+    (naming the tensor) when ORT's rules need more than MAX_BINS bins for it: that tensor is
+    then left out and histocal re-run on the others. Returns (hc, result, refused), refused
+    mapping each such tensor to histocal's message; hc and result are None if none is left."""
+    refused: dict[str, str] = {}
+    while True:
+        remaining = [{n: v for n, v in c.items() if n not in refused} for c in collects]
+        if not any(remaining):
+            return None, None, refused
+        try:
+            hc, result = run_histocal(cfg, remaining)
+            return hc, result, refused
+        except ValueError as err:
+            msg = str(err)
+            m = _TOO_MANY_BINS.match(msg)
+            if m is None:
+                raise
+            name = m["name"]
+            assert name in {n for c in remaining for n in c}, f"histocal's error names no collected tensor: {msg}"
+            bins = ort_bins_needed(cfg, collects, name)
+            assert bins > MAX_BINS, (
+                f"histocal raised {msg!r} but ORT's rules need only {bins} bins (MAX_BINS = {MAX_BINS}) for {name!r}"
+            )
+            refused[name] = msg
 
 
 # ORT failures that are documented deviations (ORT_PARITY.md §3.4, §4.2, §4.3.6, §5.2, §8).
@@ -142,6 +353,11 @@ KNOWN_ORT_ERRORS = {
 
 
 def classify_ort_error(err: BaseException) -> str:
+    if isinstance(err, MemoryError):
+        raise AssertionError(
+            f"ORT ran out of its address-space budget ({err!r}): ort_bins_needed missed an input that makes "
+            "ORT's histogram grow without bound"
+        )
     msg = f"{type(err).__name__}: {err}"
     for reason, needles in KNOWN_ORT_ERRORS.items():
         if any(n in msg for n in needles):
@@ -383,14 +599,14 @@ def _tensor_collects(collects, name):
     return [{name: c[name]} for c in collects if name in c]
 
 
-def fallback_variants(collects: list[dict], name: str) -> list[list[dict]]:
+def fallback_variants(collects: list[dict], name: str) -> dict[str, list[dict]]:
     """ORT inputs holding only ``name``'s finite values, flattened to one array per collect.
 
     Where ORT raises, histocal promises the result computed from the finite values. The only
     ambiguity is a collect whose values are *all* non-finite: it may act like an empty batch
     (ORT's empty batch injects 0 into min/max) or not count at all. Variants, in order:
-    A: such a collect becomes an empty array; B: it is skipped unless it is the tensor's first
-    collect; C: it is always skipped (if anything is left).
+    "as empty": such a collect becomes an empty array; "skipped unless first": it is skipped
+    unless it is the tensor's first collect; "always skipped" (if anything is left).
     """
     per = [c[name] for c in collects if name in c]
     flat = [flat_finite(v) for v in per]
@@ -398,10 +614,10 @@ def fallback_variants(collects: list[dict], name: str) -> list[list[dict]]:
     a = [{name: f} for f in flat]
     b = [{name: f} for i, (f, nf) in enumerate(zip(flat, no_finite)) if not (nf and i > 0)]
     c = [{name: f} for f, nf in zip(flat, no_finite) if not nf]
-    out = [a]
-    for v in (b, c):
-        if v and len(v) != len(a) and all(len(v) != len(o) for o in out):
-            out.append(v)
+    out = {"as empty": a}
+    for label, v in (("skipped unless first", b), ("always skipped", c)):
+        if v and len(v) != len(a) and all(len(v) != len(o) for o in out.values()):
+            out[label] = v
     return out
 
 
@@ -461,21 +677,30 @@ def check_parity(cfg: dict, collects: list[dict]) -> ParityReport:
     that tensor's finite values, flattened into one array per collect (see fallback_variants),
     and histocal must match one such reference exactly. If ORT cannot produce any reference,
     histocal's result is only checked for sanity (it exists, its range is finite, every finite
-    value is counted).
+    value is counted). A tensor whose histogram ORT's rules would grow beyond MAX_BINS is never
+    run through ORT, and histocal may refuse it with its "Too many bins" error (a deviation).
     """
-    names = sorted({n for c in collects for n in c})
+    all_names = sorted({n for c in collects for n in c})
     exp = expected_counts(collects)
 
-    hc, ours = run_histocal(cfg, collects)
+    # histocal may refuse a tensor that ORT's rules would grow beyond MAX_BINS; the others are
+    # compared as usual (collects without the refused tensors: histocal's state for them).
+    hc, ours, refused = run_histocal_or_too_many_bins(cfg, collects)
+    report = ParityReport()
+    for name in refused:
+        report.deviations[name] = "too many bins"
+    names = [n for n in all_names if n not in refused]
+    if not names:
+        return report
+    kept = [{n: v for n, v in c.items() if n not in refused} for c in collects]
     ours_hd = hc.histogram_dict
     ours_hd2 = hc.get_histogram_dict()
     assert set(ours_hd) == set(names), f"histogram_dict keys {sorted(ours_hd)} != {names}"
     assert set(ours_hd2) == set(names), f"get_histogram_dict() keys {sorted(ours_hd2)} != {names}"
     assert isinstance(ours, dict) and set(ours) == set(names), f"result keys {sorted(ours)} != {names}"
-    assert_counts(hc, collects)
+    assert_counts(hc, kept)
 
     full = run_ort(cfg, collects)
-    report = ParityReport()
     for name in names:
         if full.error is None:
             _compare_tensor(cfg, name, full, None, hc, ours, exp[name], report)
@@ -486,10 +711,13 @@ def check_parity(cfg: dict, collects: list[dict]) -> ParityReport:
             continue
         reason = classify_ort_error(ref.error)
         refs = []
-        for variant in fallback_variants(collects, name):
+        unavailable = []  # variants ORT cannot collect either
+        variants = fallback_variants(collects, name)
+        for label, variant in variants.items():
             r = run_ort(cfg, variant, compute=False)  # ORT's entropy compute is slow: only when needed
             if r.error is not None and r.stage == "collect":
                 classify_ort_error(r.error)
+                unavailable.append(label)
             else:
                 refs.append((variant, r))
         if not refs:  # ORT cannot compute this tensor at all: sanity checks only
@@ -512,6 +740,13 @@ def check_parity(cfg: dict, collects: list[dict]) -> ParityReport:
             report.deviations.update(trial.deviations)
             break
         else:
+            # histocal starts from an empty batch where a first collect has no finite values and
+            # skips later such collects. Where ORT cannot collect that variant (e.g. its float16
+            # |x| extension overflows), the others are no reference for histocal: sanity only.
+            histocal_like = "skipped unless first" if "skipped unless first" in variants else "as empty"
+            if histocal_like in unavailable:
+                _compare_tensor(cfg, name, None, reason, hc, ours, exp[name], report)
+                continue
             raise AssertionError(
                 f"{name!r}: ORT raised ({reason}: {ref.error!r}); histocal matches no ORT reference on the "
                 f"finite values ({len(refs)} tried). First mismatch: {first_failure}"

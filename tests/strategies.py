@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from conftest import OrtCollector, flat_finite, quiet
+from conftest import MAX_BINS, OrtCollector, bounded_address_space, flat_finite, ort_bins_needed, quiet
 
 NUM_BINS = [7, 8, 128, 129, 512, 1000, 2048]
 PERCENTILES = [0.0, 50.0, 99.9, 99.999, 100.0]
@@ -221,6 +221,7 @@ def build_collects(plan: Plan, cfg: dict, growth: float) -> list[dict]:
         bounds = _Bounds(is_abs, growth)
         # A private ORT collector (this tensor only) provides the current edges for "edges" batches.
         shadow = OrtCollector(**cfg)
+        shadow_fed: list[dict] = []
         shadow_ok = True
         for ci, cs in enumerate(tp.collects):
             if cs is None:
@@ -259,9 +260,16 @@ def build_collects(plan: Plan, cfg: dict, growth: float) -> list[dict]:
             fin = flat_finite(value)
             bounds.update(fin)
             if shadow_ok:
+                shadow_fed.append({tp.name: fin})
+                # _Bounds cannot bound a histogram whose first collect had no finite values, and
+                # ORT's growth beyond MAX_BINS has no memory bound: stop the feedback instead.
+                shadow_ok = ort_bins_needed(cfg, shadow_fed, tp.name) <= MAX_BINS
+            if shadow_ok:
                 try:
-                    with quiet():
+                    with quiet(), bounded_address_space():
                         shadow.collect({tp.name: fin})
+                except MemoryError:
+                    raise  # the bins guard missed a runaway histogram: say so
                 except Exception:  # noqa: BLE001 - ORT failing here only disables edge feedback
                     shadow_ok = False
     return collects
