@@ -610,11 +610,6 @@ def test_value_path_empty_or_all_nan_first_then_huge_does_not_grow(method, first
     assert hc.histogram_dict["v"][0].size == nb
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="histocal bug: value-path growth has no MAX_BINS cap (rust/src/value_histogram.rs merge); "
-    "it allocates ~2e9 bins and aborts instead of raising 'Too many bins' naming the tensor",
-)
 def test_value_path_growth_beyond_max_bins_is_clear_error():
     """Value path: a tiny first max|x| then a huge one grows ORT's histogram by
     2 * (t - old_t) / stride bins (here ~2e9). ORT is not run; histocal must raise its

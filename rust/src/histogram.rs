@@ -54,6 +54,9 @@ impl<E: Float> UniformBins<E> {
         if !(first.is_finite() && last.is_finite()) {
             return Err(HistError::NonFiniteRange);
         }
+        if n > MAX_BINS {
+            return Err(HistError::TooManyBins(n)); // an error, not an allocation that aborts
+        }
         let (first, last) = if first == last {
             (first.sub(E::from_f64(0.5)), last.add(E::from_f64(0.5)))
         } else {

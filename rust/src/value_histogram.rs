@@ -6,7 +6,7 @@
 
 use crate::binning::Binning;
 use crate::float::{py_max, Float, Widen};
-use crate::histogram::{HistError, UniformBins};
+use crate::histogram::{HistError, UniformBins, MAX_BINS};
 use crate::scan::Scan;
 
 /// A scalar as ORT holds it: numpy scalars from `nanmin`/arithmetic, or 0-d arrays (empty
@@ -118,6 +118,9 @@ impl<E: Float> ValueHistogram<E> {
             }
             let h = qf as usize;
             let n_new = n_old + 2 * h;
+            if n_new > MAX_BINS {
+                return Err(HistError::TooManyBins(n_new)); // ORT would allocate them all
+            }
             let new_t = E::from_usize(h).mul(stride).add(old_t);
             let bins = UniformBins::new(new_t.neg(), new_t, n_new)?;
             let mut hist = vec![0i64; n_new];
@@ -149,6 +152,17 @@ mod tests {
     use super::*;
     use crate::scan::scan;
     use crate::view::View;
+
+    #[test]
+    fn growth_beyond_max_bins_is_an_error_not_an_allocation() {
+        let first = scan(&View::from_slice(&[1e-3f32]));
+        let (mut h, _) = ValueHistogram::<f32>::first(&first, 2048).unwrap();
+        let before = h.clone();
+        let huge = scan(&View::from_slice(&[1e3f32]));
+        assert!(matches!(h.merge(&huge), Err(HistError::TooManyBins(n)) if n > MAX_BINS));
+        assert_eq!(h, before, "an error leaves the histogram unchanged");
+        assert!(matches!(UniformBins::<f64>::new(0.0, 1.0, MAX_BINS + 1), Err(HistError::TooManyBins(_))));
+    }
 
     fn step(h: &mut Option<ValueHistogram<f32>>, x: &[f32], n: usize) {
         let v = View::from_slice(x);
