@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Where streaming calibration's time beyond inference comes from: CPU budgets, measured apart.
+
+Streaming collection runs the Rust work on batch n while onnxruntime infers batch n+1. On a
+machine whose cores ORT already keeps busy, that work can only hide in the CPU time ORT leaves
+idle; the rest lengthens the run. This benchmark measures both sides separately, in one process,
+on the built-in CNN of ``bench_calibrate.py`` (or ``--model``):
+
+* ORT: the augmented model's inference per sample (wall, and process CPU from ``getrusage``),
+  with the session histocal's histogram calibrators use (optimizations off, intra-op threads
+  not spinning) and with ORT's calibrators' session (spinning);
+* Rust: ``StreamHistograms.collect`` on the saved outputs of a few samples (wall and CPU per
+  sample, 1 thread and all threads), default 16384 streaming bins;
+
+and derives the least time beyond inference any schedule could reach: the Rust CPU time that
+does not fit in ORT's idle CPU time (cores x wall - ORT's CPU), spread over all cores, as a
+share of inference. Medians over ``--repeat`` passes.
+
+Usage:
+    python3 benches/bench_overlap.py                  # built-in CNN, 8 samples
+    python3 benches/bench_overlap.py --model m.onnx --samples 16 --out RESULTS_overlap.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_calibrate as bc  # noqa: E402  (the model and reader of the end-to-end benchmark)
+
+
+def cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def timed(fn: Any) -> tuple[float, float]:
+    """(wall, process CPU) seconds of fn()."""
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, cpu_seconds() - c0
+
+
+def session(path: str, spinning: bool) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def augmented(model: str, workdir: Path) -> str:
+    import histocal
+    from onnxruntime.quantization import CalibrationMethod
+
+    path = str(workdir / "augmented.onnx")
+    histocal.create_calibrator(model, augmented_model_path=path, calibrate_method=CalibrationMethod.Entropy)
+    return path
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="an ONNX model (default: bench_calibrate.py's built-in CNN)")
+    ap.add_argument("--dim", type=int, default=1, help="value for symbolic input dims (default 1)")
+    ap.add_argument("--samples", type=int, default=8, help="inference samples per pass (default 8)")
+    ap.add_argument("--saved", type=int, default=4, help="samples whose outputs the Rust passes reuse (default 4)")
+    ap.add_argument("--repeat", type=int, default=5, help="passes per measurement; medians are reported (default 5)")
+    ap.add_argument("--out", help="write the markdown report to this file")
+    args = ap.parse_args(argv)
+
+    import histocal
+    from histocal import _core
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="bench_overlap.") as tmp:
+        work = Path(tmp)
+        model = args.model
+        if model is None:
+            model = str(work / "cnn.onnx")
+            onnx.save(bc.build_cnn(224, (5, 8, 14, 6), 32, 0), model)
+        aug = augmented(model, work)
+        reader = bc.SyntheticReader(bc.input_specs(model, args.dim), args.samples, 0)
+        feeds = [reader.sample(i) for i in range(args.samples)]
+        cores = os.cpu_count() or 1
+        rows: list[tuple[str, float, float]] = []  # (what, wall ms per sample, CPU ms per sample)
+        ort_wall: dict[bool, float] = {}
+        ort_cpu: dict[bool, float] = {}
+        for spinning in (False, True):
+            sess = session(aug, spinning)
+            names = [o.name for o in sess.get_outputs()]
+            sess.run(names, feeds[0])  # warm: the first runs fault in ORT's buffers
+            passes = [timed(lambda: [sess.run(names, f) for f in feeds]) for _ in range(args.repeat)]
+            ort_wall[spinning] = statistics.median(w for w, _ in passes) / args.samples
+            ort_cpu[spinning] = statistics.median(c for _, c in passes) / args.samples
+            label = "ORT inference, " + ("spinning threads (ORT's calibrators)" if spinning else "non-spinning threads (histocal's)")
+            rows.append((label, ort_wall[spinning], ort_cpu[spinning]))
+        sess = session(aug, False)
+        names = [o.name for o in sess.get_outputs()]
+        saved = [[(n, [a]) for n, a in zip(names, sess.run(names, feeds[i % len(feeds)]))] for i in range(args.saved)]
+        values = sum(a[0].size for _, a in saved[0])
+        rust_wall: dict[int, float] = {}
+        rust_cpu: dict[int, float] = {}
+        for threads in sorted({1, cores}):
+            _core.set_num_threads(threads)
+            stream = _core.StreamHistograms(histocal.DEFAULT_STREAMING_BINS)
+            for items in saved:
+                stream.collect(items)  # levels settle and pages are faulted in: steady state
+            passes = [timed(lambda: [stream.collect(items) for items in saved]) for _ in range(args.repeat)]
+            rust_wall[threads] = statistics.median(w for w, _ in passes) / args.saved
+            rust_cpu[threads] = statistics.median(c for _, c in passes) / args.saved
+            rows.append((f"Rust streaming collect, {threads} thread{'s' if threads > 1 else ''}", rust_wall[threads], rust_cpu[threads]))
+        _core.set_num_threads(0)
+
+    idle = max(0.0, cores * ort_wall[False] - ort_cpu[False])
+    rust = rust_cpu[1]
+    floor = max(0.0, rust - idle) / cores / ort_wall[False]
+    serial = rust_wall[cores] / ort_wall[False]
+    lines = [
+        "## Streaming collection: CPU budgets of inference and of the Rust work",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        "python3 " + " ".join(shlex.quote(a) for a in ["benches/bench_overlap.py", *argv]),
+        "```",
+        "",
+        f"- {cores} logical CPUs; onnxruntime threads: default; model: {'built-in CNN (bench_calibrate.py)' if args.model is None else args.model}; "
+        f"{len(names)} calibrated outputs, {values / 1e6:.1f}M values ({values * 4 / 1e6:.0f} MB as float32) per sample",
+        f"- medians of {args.repeat} passes; inference over {args.samples} samples (after one warm-up run), Rust over the saved outputs of {args.saved}",
+        "",
+        "| what | wall per sample | CPU per sample | cores busy |",
+        "|---|---:|---:|---:|",
+        *[f"| {what} | {wall * 1e3:.1f} ms | {cpu * 1e3:.1f} ms | {cpu / wall:.2f} |" for what, wall, cpu in rows],
+        "",
+        f"- ORT (histocal's session) leaves {idle * 1e3:.1f} ms of CPU idle per sample ({cores} x wall - CPU); the Rust work needs {rust * 1e3:.1f} ms of CPU per sample (1 thread).",
+        f"- Least time beyond inference any overlap could reach: (Rust CPU - idle CPU) / {cores} cores = **{floor * 100:.0f}%** of inference; with no overlap at all (Rust after each inference, {cores} threads): {serial * 100:.0f}%.",
+    ]
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
