@@ -86,10 +86,16 @@ impl<T: Lane> Pow2Bins<T> {
 #[inline(always)]
 fn bins_impl<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) {
     for (j, (o, &x)) in idx.iter_mut().zip(block).enumerate() {
-        let i = (p.bin(x) - p.first) as u32;
-        let i = if x == T::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
-        *o = if x.abs() < T::INFINITY { i } else { p.len };
+        *o = window_index(p, x, j);
     }
+}
+
+/// The window index of value `x` at position `j` of its block (see `bins_impl`).
+#[inline(always)]
+fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
+    let i = (p.bin(x) - p.first) as u32;
+    let i = if x == T::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
+    if x.abs() < T::INFINITY { i } else { p.len }
 }
 
 crate::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
@@ -114,11 +120,9 @@ fn bins_scan_impl<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -
     for (c, o) in block[..whole].chunks_exact(L).zip(idx[..whole].chunks_exact_mut(L)) {
         for j in 0..L {
             let x = c[j];
+            o[j] = window_index(p, x, j); // j is the position mod 16, the same mod ZERO_SLOTS
             let a = Lane::abs(x);
             let fin = a < T::INFINITY;
-            let i = (p.bin(x) - p.first) as u32;
-            let i = if x == <T as Lane>::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
-            o[j] = if fin { i } else { p.len };
             let vf = if fin { x } else { T::INFINITY };
             let vg = if fin { x } else { T::NEG_INFINITY };
             let af = if fin { a } else { T::INFINITY };
