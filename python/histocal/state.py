@@ -241,6 +241,10 @@ def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
     with np.errstate(all="ignore"):
         b_edges = b.edges.astype(et)
         centres = (b_edges[:-1] + (b_edges[1:] - b_edges[:-1]) / et.type(2)).astype(et)
+        # An |x| histogram whose edges end in +inf (ORT's float16 edges past 65504): a bin
+        # [e, inf) holds finite values from e on, the last bin [inf, inf] holds infinities.
+        open_bins = np.isposinf(b_edges[1:])
+        centres[open_bins] = b_edges[:-1][open_bins]
         weights = b.hist.astype(np.float64)
         old_hist, old_edges = a.hist, a.edges.astype(et)
         if kind == "value":
@@ -262,7 +266,9 @@ def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
                 hist[half : n_new - half] += old_hist
             threshold: tuple[float, bool] | None = (float(thr), a.threshold[1])
         else:
-            amax = b_edges[-1]
+            # The largest finite edge: ORT's rule cannot extend to an infinity (it raises), and an
+            # open top (old_edges[-1] == inf) is never extended.
+            amax = b_edges[np.isfinite(b_edges)][-1]
             if amax > old_edges[-1]:
                 width = old_edges[1] - old_edges[0]
                 old_edges = np.hstack((old_edges, np.arange(old_edges[-1] + width, amax + width, width).astype(et)))
