@@ -6,8 +6,9 @@ results. The only accepted differences are the documented deviations (ORT_PARITY
 
 1. ORT raises (non-finite data, empty + non-empty or differently shaped batches in one list,
    "Too many bins", entropy smoothing assertion, an empty later batch on the |x| path, and - not
-   in ORT_PARITY §8 - float16 overflow while extending the |x| histogram): histocal returns a
-   result. It is compared exactly with ORT run on the finite values flattened per collect when
+   in ORT_PARITY §8 - float16 overflow of the |x| extension's np.arange): histocal returns a
+   result. (Where numpy's float64 extension edges merely pass 65504, ORT does not raise: it
+   stores them as float16 inf and then bins later ±inf; that is compared exactly.) It is compared exactly with ORT run on the finite values flattened per collect when
    ORT can compute that (conftest.fallback_variants), else checked for sanity: finite range and
    every finite value in the histogram.
 2. Symmetric percentile merges where ORT drops values: histocal keeps every finite value.

@@ -31,7 +31,9 @@ the two histograms have identical edges (then the result equals one exact run ov
 otherwise the second state's histogram is merged into the first one by ORT's rule between two
 ``collect_data`` calls (``merge_histogram`` for value histograms, bin extension for |x| histograms),
 with the second histogram's counts placed at its bin centres: the approximation is only in where
-inside a bin a value sits, and (like ORT's rule) the result depends on the order.
+inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
+histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
+and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
 
 File format (``.npz``-compatible zip, written atomically with ``cache.atomic_write_bytes``): only
 plain little-endian numeric ``.npy`` members, never pickles:
