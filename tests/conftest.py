@@ -64,6 +64,8 @@ class OrtRun:
     stage: str | None = None  # "collect" or "compute" when error is set
     result: dict | None = None
     kl: dict = field(default_factory=dict)  # entropy: tensor name -> ORT's KL vector (f64 array)
+    # |x| path: tensor name -> ±inf values ORT binned (accepted once its stored edges end in +inf)
+    infs_binned: dict = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -111,8 +113,9 @@ def _first_edges(a: np.ndarray, n: int) -> np.ndarray:
 
 def _abs_extension(last, width, amax):
     """ORT's ``np.arange(last + width, amax + width, width)`` on scalars of one float type,
-    without building it (ORT_PARITY §4.2): (its length, the stored last edge after it), or
-    None where numpy refuses (the length overflows the type)."""
+    without building it (ORT_PARITY §4.2): (its length, the stored last edge after it, +inf
+    where the f64 edges pass the type's largest value), or None where numpy refuses (the length
+    overflows the type or is NaN)."""
     t = type(last)
     start, stop = t(last + width), t(amax + width)
     length = np.ceil(t((stop - start) / width))
@@ -122,8 +125,7 @@ def _abs_extension(last, width, amax):
     if length == 0:
         return 0, last
     end = float(start) + (length - 1) * (float(t(start + width)) - float(start)) if length > 1 else float(start)
-    new_last = t(end)
-    return (length, new_last) if np.isfinite(new_last) else None
+    return length, t(end)
 
 
 def ort_bins_needed(cfg: dict, collects: list[dict], name: str) -> int:
@@ -269,6 +271,8 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
     with quiet(), bounded_address_space():
         try:
             for c in collects:
+                c = _resolve_open_top(hc, c)
+                _count_infs_binned(hc, c, run.infs_binned)
                 hc.collect(c)
         except Exception as e:  # noqa: BLE001 - every ORT failure is classified by the caller
             run.error, run.stage = e, "collect"
@@ -289,12 +293,66 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
     return run
 
 
+def ort_has_open_top(hc: OrtCollector, name: str) -> bool:
+    """Whether ORT's |x| histogram for ``name`` has stored edges ending in +inf (an f16 extension
+    past 65504): ORT then never extends it again and bins |x| == inf in its last bin instead of
+    raising, so later infinities are part of its result (ORT_PARITY §4.2, §4.4)."""
+    t = hc.histogram_dict.get(name)
+    return t is not None and len(t) == 4 and bool(np.isposinf(t[1][-1]))
+
+
+@dataclass
+class InfinitiesIfOpenTop:
+    """A fallback collect value: ``with_infs`` (finite values and ±inf) when ORT's |x| histogram
+    has an open top at that collect, else ``finite`` (see fallback_variants)."""
+
+    finite: np.ndarray
+    with_infs: np.ndarray
+
+
+def _resolve_open_top(hc: OrtCollector, c: dict) -> dict:
+    return {
+        n: ((v.with_infs if ort_has_open_top(hc, n) else v.finite) if isinstance(v, InfinitiesIfOpenTop) else v)
+        for n, v in c.items()
+    }
+
+
+def _count_infs_binned(hc: OrtCollector, c: dict, out: dict) -> None:
+    for n, v in c.items():
+        if ort_has_open_top(hc, n):
+            k = sum(int(np.isinf(np.asarray(b)).sum()) for b in batches_of(v))
+            out[n] = out.get(n, 0) + k
+
+
+def histocal_infs_binned(cfg: dict, collects: list[dict], name: str) -> int:
+    """The ±inf values of ``name`` that arrived after histocal's own |x| edges ended in +inf
+    (histocal bins exactly those), found by collecting again one collect at a time."""
+    import histocal
+
+    hc = histocal.HistogramCollector(**cfg)
+    k = 0
+    with quiet(), bounded_address_space():
+        for c in collects:
+            if name not in c:
+                continue
+            if name in hc.histogram_dict and np.isposinf(hc.histogram_dict[name][1][-1]):
+                k += sum(int(np.isinf(np.asarray(b)).sum()) for b in batches_of(c[name]))
+            hc.collect({name: c[name]})
+    return k
+
+
+def collects_of(hc) -> list[dict]:
+    """The collects run_histocal fed ``hc``."""
+    return hc._parity_collects
+
+
 def run_histocal(cfg: dict, collects: list[dict]):
     """Run histocal's collector. It must not raise on any input the parity tests generate,
     except as run_histocal_or_too_many_bins allows."""
     import histocal
 
     hc = histocal.HistogramCollector(**cfg)
+    hc._parity_collects = collects  # for histocal_infs_binned
     with quiet(), bounded_address_space():
         for c in collects:
             hc.collect(c)
@@ -444,6 +502,8 @@ def assert_hist_tuple_same(ort_t: tuple, ours_t: tuple, where: str):
 
 
 def batches_of(value) -> list[np.ndarray]:
+    if isinstance(value, InfinitiesIfOpenTop):
+        return [value.finite]  # only for the scalar bin estimate: infinities never grow an open top
     return list(value) if isinstance(value, list) else [value]
 
 
@@ -452,6 +512,13 @@ def flat_finite(value) -> np.ndarray:
     bs = batches_of(value)
     flat = np.concatenate([np.asarray(b).ravel() for b in bs]) if bs else np.zeros(0, np.float32)
     return flat[np.isfinite(flat)]
+
+
+def flat_non_nan(value) -> np.ndarray:
+    """flat_finite, keeping ±inf."""
+    bs = batches_of(value)
+    flat = np.concatenate([np.asarray(b).ravel() for b in bs]) if bs else np.zeros(0, np.float32)
+    return flat[~np.isnan(flat)]
 
 
 @dataclass
@@ -609,11 +676,14 @@ def fallback_variants(collects: list[dict], name: str) -> dict[str, list[dict]]:
     unless it is the tensor's first collect; "always skipped" (if anything is left).
     """
     per = [c[name] for c in collects if name in c]
+    # Once ORT's |x| edges end in +inf it bins infinities (histocal too): there a later collect
+    # keeps its ±inf (InfinitiesIfOpenTop); everywhere else only the finite values.
     flat = [flat_finite(v) for v in per]
+    value = [InfinitiesIfOpenTop(f, flat_non_nan(v)) if i > 0 else f for i, (v, f) in enumerate(zip(per, flat))]
     no_finite = [f.size == 0 and sum(np.asarray(b).size for b in batches_of(v)) > 0 for v, f in zip(per, flat)]
-    a = [{name: f} for f in flat]
-    b = [{name: f} for i, (f, nf) in enumerate(zip(flat, no_finite)) if not (nf and i > 0)]
-    c = [{name: f} for f, nf in zip(flat, no_finite) if not nf]
+    a = [{name: f} for f in value]
+    b = [{name: f} for i, (f, nf) in enumerate(zip(value, no_finite)) if not (nf and i > 0)]
+    c = [{name: f} for f, nf in zip(value, no_finite) if not nf]
     out = {"as empty": a}
     for label, v in (("skipped unless first", b), ("always skipped", c)):
         if v and len(v) != len(a) and all(len(v) != len(o) for o in out.values()):
@@ -627,24 +697,33 @@ def _compare_tensor(cfg, name, ref, reason, hc, ours, e: Expected, report: Parit
     is_abs = method == "percentile" and cfg["symmetric"]
     where = f"{method}[{name!r}]"
     ours_t = hc.histogram_dict[name]
+    # Values ORT's histogram must hold: every finite one, plus the infinities ORT binned once its
+    # |x| edges ended in +inf (ORT_PARITY §4.2: it accepts them there instead of raising).
+    binned = e.finite + (ref.infs_binned.get(name, 0) if ref is not None else 0)
     strict_hist = ref is not None
     if strict_hist and is_abs:
         ort_t = ref.collector.histogram_dict[name]
-        if int(ort_t[0].sum()) != e.finite:
+        if int(ort_t[0].sum()) != binned:
             # Deviation (2): ORT dropped values below the first min|x| (or above an extension
-            # that rounded short); histocal keeps every finite value. min/max are unaffected.
+            # that rounded short); histocal keeps every finite value. min/max are unaffected,
+            # unless the edges' divergence since made only one of the two bin infinities.
             strict_hist = False
             reason = reason or "symmetric percentile dropped values"
-            assert_same(ort_t[2], ours_t[2], f"{where}.min", zero_sign=True)
-            assert_same(ort_t[3], ours_t[3], f"{where}.max", zero_sign=True)
+            if histocal_infs_binned(cfg, collects_of(hc), name) == binned - e.finite:
+                ours_mn, ours_mx = _kept_values_widened(ort_t, ours_t, where)
+                assert_same(ort_t[2], ours_mn, f"{where}.min", zero_sign=True)
+                assert_same(ort_t[3], ours_mx, f"{where}.max", zero_sign=True)
     if strict_hist:
         ort_t = ref.collector.histogram_dict[name]
         assert_hist_tuple_same(ort_t, ours_t, f"histogram_dict[{name!r}]")
         assert_hist_tuple_same(ort_t, hc.get_histogram_dict()[name], f"get_histogram_dict()[{name!r}]")
     else:
-        assert int(ours_t[0].sum()) == e.finite, (
+        # histocal holds every finite value, and the infinities that came after its own |x|
+        # edges ended in +inf (where ORT, with those edges, would bin them too).
+        binned = e.finite + (histocal_infs_binned(cfg, collects_of(hc), name) if is_abs else 0)
+        assert int(ours_t[0].sum()) == binned, (
             f"{where}: deviation ({reason}): histocal's histogram holds {int(ours_t[0].sum())} values, "
-            f"but {e.finite} finite values were collected"
+            f"but {e.finite} finite values (and {binned - e.finite} infinities after an open top) were collected"
         )
     if strict_hist and ref.error is None:
         if assert_result_same(cfg, name, ref.result[name], ours[name], ref.collector.histogram_dict[name], ref.kl.get(name)):
@@ -658,8 +737,26 @@ def _compare_tensor(cfg, name, ref, reason, hc, ours, e: Expected, report: Parit
     assert reason is not None, f"{where}: no comparison and no documented reason"
     report.deviations[name] = reason
     lo, hi = result_range(method, ours[name])
-    if e.finite > 0:
+    if e.finite > 0 and binned == e.finite:  # binned infinities may make the range infinite, as in ORT
         assert np.isfinite(lo) and np.isfinite(hi), f"{where}: deviation ({reason}): range ({lo!r}, {hi!r})"
+
+
+def _kept_values_widened(ort_t: tuple, ours_t: tuple, where: str):
+    """histocal's min/max for comparison with ORT's in the dropped-values deviation. The one case
+    where their dtypes differ: once ORT dropped values its float16 edges and histocal's differ,
+    and a later extension can fail in float16 for histocal only (its arange overflows, or the
+    bins it adds to keep ORT's dropped values would pass 65504), which widens that tensor to
+    float32. Its min/max then hold the same float16 values."""
+    mn, mx = ours_t[2], ours_t[3]
+    if ours_t[1].dtype == ort_t[1].dtype:
+        return mn, mx
+    assert ort_t[1].dtype == np.float16 and ours_t[1].dtype == np.float32, f"{where}: edge dtype {ours_t[1].dtype} != ORT's {ort_t[1].dtype}"
+    out = []
+    for x in (mn, mx):
+        y = x.astype(np.float16)
+        assert float(y) == float(x) or (np.isnan(x) and np.isnan(y)), f"{where}: {x!r} is not a float16 value"
+        out.append(y)
+    return tuple(out)
 
 
 def _state_matches(ort_run: OrtRun, hc, name: str) -> bool:

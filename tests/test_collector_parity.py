@@ -6,8 +6,9 @@ results. The only accepted differences are the documented deviations (ORT_PARITY
 
 1. ORT raises (non-finite data, empty + non-empty or differently shaped batches in one list,
    "Too many bins", entropy smoothing assertion, an empty later batch on the |x| path, and - not
-   in ORT_PARITY §8 - float16 overflow while extending the |x| histogram): histocal returns a
-   result. It is compared exactly with ORT run on the finite values flattened per collect when
+   in ORT_PARITY §8 - float16 overflow of the |x| extension's np.arange): histocal returns a
+   result. (Where numpy's float64 extension edges merely pass 65504, ORT does not raise: it
+   stores them as float16 inf and then bins later ±inf; that is compared exactly.) It is compared exactly with ORT run on the finite values flattened per collect when
    ORT can compute that (conftest.fallback_variants), else checked for sanity: finite range and
    every finite value in the histogram.
 2. Symmetric percentile merges where ORT drops values: histocal keeps every finite value.
@@ -513,6 +514,162 @@ def test_deviation_f16_all_nan_first_then_extension_overflow_with_few_bins():
     assert check_parity(cfg, collects).deviations == {"x": "non-finite data"}
     hc, _ = run_histocal(cfg, collects)
     assert hc.histogram_dict["x"][1][0] == 0 and hc.histogram_dict["x"][0].sum() == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# float16 |x| extensions past 65504: ORT's edges end in +inf ("open top") and ORT carries on
+# ----------------------------------------------------------------------------------------------
+
+
+def _open_top(hist_t) -> bool:
+    return bool(np.isposinf(hist_t[1][-1]))
+
+
+def test_f16_abs_extension_past_f16_max_keeps_orts_infinite_edges():
+    """Regression (hypothesis, thorough profile): numpy's f64 arange carries the f16 extension
+    edges past 65504 and ORT stores them as float16 +inf, without raising. histocal used to
+    widen to float32 (32999 bins instead of 33000, an f32 result); it must hold ORT's state."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=1000, num_quantized_bins=128, percentile=99.9)
+    collects = [{"x": np.array([0, 1664], f16)}, {"x": np.array([-54900], f16)}]
+    ort = run_ort(cfg, collects)
+    assert ort.error is None and _open_top(ort.collector.histogram_dict["x"])
+    rep = check_parity(cfg, collects)
+    assert rep.compared == ["x"] and not rep.deviations and not rep.fallback, rep
+    hc, res = run_histocal(cfg, collects)
+    assert hc.histogram_dict["x"][1].dtype == f16 and res["x"][0].dtype == f16
+
+
+def test_f16_open_top_bins_later_infinities_like_ort():
+    """Once the top is open, `amax > edges[-1]` never holds: no further extension, a later
+    ±inf is binned in the last bin [inf, inf] and enters nanmin/nanmax (ORT raises on a later
+    inf only below a finite top). Values at the last finite edge and at 65504 land in the bin
+    [last finite edge, inf); NaN is ignored; infinities alone, in lists, at p=100 and p=50."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=1000, percentile=99.9)
+    head = [{"x": np.array([0, 1664], f16)}, {"x": np.array([-54900], f16)}]
+    ort = run_ort(cfg, head, compute=False)
+    edges = ort.collector.histogram_dict["x"][1]
+    last_finite = edges[np.isfinite(edges)][-1]
+    tails = [
+        [{"x": np.array([65504, -last_finite, 7, np.nan], f16)}],
+        [{"x": np.array([np.inf, 3, -65504, 65000], f16)}, {"x": np.array([-np.inf, np.nan], f16)}],
+        [{"x": np.full(20, np.inf, f16)}],
+        [{"x": [np.array([np.inf, 1], f16), np.array([2, -np.inf], f16)]}, {"x": np.array([1e4], f16)}],
+    ]
+    for tail in tails:
+        for p in (50.0, 99.9, 100.0):
+            c = dict(cfg, percentile=p)
+            ort = run_ort(c, head + tail)
+            assert ort.error is None, ort.error
+            rep = check_parity(c, head + tail)
+            assert rep.compared == ["x"] and not rep.deviations, (tail, p, rep)
+            n_inf = sum(int(np.isinf(b).sum()) for t in tail for b in (t["x"] if isinstance(t["x"], list) else [t["x"]]))
+            assert ort.infs_binned.get("x", 0) == n_inf  # ORT binned every later infinity
+
+
+def test_f16_open_top_fallback_keeps_infinities():
+    """A ragged list after the top opened: ORT raises ('inhomogeneous'); the reference on the
+    flattened values keeps the ±inf ORT accepts with an open top, and histocal equals it."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=1000, percentile=100.0)
+    collects = [
+        {"x": np.array([0, 1664], f16)},
+        {"x": np.array([-54900], f16)},
+        {"x": [np.array([np.inf, 1, 5], f16), np.array([2, -np.inf], f16)]},
+    ]
+    rep = check_parity(cfg, collects)
+    assert rep.compared == ["x"] and "x" in rep.fallback, rep
+    hc, res = run_histocal(cfg, collects)
+    assert hc.histogram_dict["x"][0][-1] == 2 and np.isposinf(res["x"][1])
+
+
+def test_f16_edges_diverge_after_dropped_values():
+    """A random run: ORT's f16 extension to 65000 falls short (it drops the value), histocal's
+    extra bins keep it; from there their edges differ. ORT's next extension opens its top, while
+    histocal's own edges later fail in f16 and widen to f32. A dropped-values deviation: every
+    finite value held, min/max equal as f16 values; a later inf is binned by ORT only."""
+    cfg = _cfg("percentile", symmetric=True, num_bins=512, percentile=99.9)
+    collects = [{"x": np.array([0, 27970], f16)}] + [{"x": np.array([v], f16)} for v in (65000, 65000, 65472)]
+    ort = run_ort(cfg, collects, compute=False)
+    assert ort.error is None and _open_top(ort.collector.histogram_dict["x"])
+    hc, _ = run_histocal(cfg, collects)
+    assert hc.histogram_dict["x"][1].dtype == f32
+    for tail in ([], [{"x": np.array([np.inf, 3], f16)}]):
+        rep = check_parity(cfg, collects + tail)
+        assert rep.deviations == {"x": "symmetric percentile dropped values"}, rep
+
+
+# Scales near and past f16's largest value (65504), and small ones (values below min|x|).
+# The largest ones most often carry the f64 extension edges past 65504.
+_F16_BIG = [65504.0] * 3 + [65472.0] * 2 + [65440.0, 65000.0, 64000.0, 60000.0, 54900.0, 50000.0, 40000.0, 32768.0, 20000.0]
+_F16_FIRST = [1.0, 10.0, 100.0, 1000.0, 1664.0, 5000.0, 20000.0, 40000.0, 60000.0, 65504.0]
+
+
+@st.composite
+def _f16_values(draw, hi, n_max=6):
+    n = draw(st.integers(1, n_max))
+    xs = draw(st.lists(st.floats(0, hi, width=16), min_size=n, max_size=n))
+    signs = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return [(-x if s else x) for x, s in zip(xs, signs)]
+
+
+@st.composite
+def _f16_later_collect(draw, first_max, kinds=("big", "big", "big", "random", "small", "inf", "nan", "list")):
+    kind = draw(st.sampled_from(kinds))
+    vals = [draw(st.sampled_from(_F16_BIG)) * draw(st.sampled_from([1, -1]))]
+    if kind in ("big", "list"):
+        vals += draw(_f16_values(65504.0, 3))
+    elif kind == "random":
+        vals = draw(_f16_values(65504.0))
+    elif kind == "small":  # below the first collect's min|x|: dropped by ORT, kept by histocal
+        vals += draw(_f16_values(float(f16(max(first_max / 100, 1e-3))), 3))
+    elif kind == "inf":
+        vals += [draw(st.sampled_from([np.inf, -np.inf]))]
+    elif kind == "nan":
+        vals += [np.nan]
+    draw(st.randoms()).shuffle(vals)
+    a = np.array(vals, f16)
+    if kind == "list" and a.size >= 2:
+        k = a.size // 2
+        return [a[:k], a[k : 2 * k]] if draw(st.booleans()) else [a[:k], a[k:]]  # same shapes or ragged
+    return a
+
+
+@st.composite
+def _f16_overflow_cases(draw):
+    nb = draw(st.sampled_from([7, 8, 100, 128, 129, 512, 512, 1000, 1000, 1024]))
+    p = draw(st.sampled_from([0.0, 50.0, 99.0, 99.9, 99.999, 100.0]))
+    if draw(st.integers(0, 3)) == 0:
+        first_max = draw(st.sampled_from(_F16_FIRST))
+    else:  # bins about 1 to 40 wide: the extensions that reach 65504 without overflowing arange
+        first_max = float(f16(min(65504.0, nb * draw(st.sampled_from([1.0, 1.3, 1.664, 2.5, 3.0, 5.0, 10.0, 17.0, 40.0])))))
+    below = draw(_f16_values(first_max)) if draw(st.booleans()) else [0.0]
+    first = np.array(below + [first_max * draw(st.sampled_from([1, -1]))], f16)
+    # The first later collect extends towards 65504; the others may follow an open top.
+    later = [draw(_f16_later_collect(first_max, ("big",)))] + draw(st.lists(_f16_later_collect(first_max), max_size=3))
+    return _cfg("percentile", symmetric=True, num_bins=nb, percentile=p), [{"x": first}] + [{"x": v} for v in later]
+
+
+@settings(max_examples=examples(300))
+@given(case=_f16_overflow_cases())
+def test_f16_abs_extensions_near_f16_max_match_ort(case):
+    """float16 |x| histograms extended up to and past 65504, against ORT itself: where ORT's
+    edges end in +inf, histocal must hold the identical state and result; where ORT raises
+    (arange's start, stop or length overflow f16, a later +inf below a finite top), histocal's
+    documented widening applies."""
+    cfg, collects = case
+    note(f"cfg={cfg}\n{_describe(collects)}\n{collects}")
+    ort = run_ort(cfg, collects, compute=False)
+    if ort.error is None:
+        event(f"ORT collects, open top: {_open_top(ort.collector.histogram_dict['x'])}")
+    else:
+        event(f"ORT raises: {type(ort.error).__name__}: {str(ort.error)[:40]}")
+    report = check_parity(cfg, collects)
+    for reason in report.deviations.values():
+        event(f"deviation: {reason}")
+    for reason in report.fallback.values():
+        event(f"fallback: {reason}")
+    if ort.error is None and "x" in report.compared:
+        hc, _ = run_histocal(cfg, collects)
+        assert _open_top(hc.histogram_dict["x"]) == _open_top(ort.collector.histogram_dict["x"])
 
 
 # ----------------------------------------------------------------------------------------------

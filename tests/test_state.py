@@ -571,3 +571,68 @@ def test_concurrent_writers(model_path, tmp_path):
     assert not errors, errors
     assert path.read_bytes() in expected
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".histocal")] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# float16 |x| histograms whose edges end in +inf (ORT's extension past 65504)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def f16_model_path(tmp_path_factory):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["X"], ["Y"], name="relu")], "f16_state_test",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["N", 2])],
+    )
+    path = tmp_path_factory.mktemp("f16model") / "model.onnx"
+    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def _f16_calls(*rows):
+    return tuple([{"X": np.array([r], np.float16)}] for r in rows)
+
+
+# [0, 1664] in 1000 bins, then 54900: ORT's float16 edges end in 73 infinities; then infinities
+# (binned in the last bin) and repeated f16 edges.
+OPEN_TOP_CALLS = _f16_calls([0, 1664], [-54900, 3], [np.inf, -np.inf], [65504, 1])
+
+
+def test_f16_open_top_state_round_trips(f16_model_path, tmp_path):
+    cal = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS, mode="exact", symmetric=True,
+                     num_bins=1000, percentile=99.9)
+    hist, edges, *_ = cal.state.exact.state("X")
+    assert edges.dtype == np.float16 and np.isposinf(edges[-1]) and hist[-1] == 2
+    assert (edges[1:] == edges[:-1]).any()  # repeated float16 edges
+    path = tmp_path / "open_top.npz"
+    cal.save_state(path)
+    state = CalibrationState.load(path)
+    assert _exact_exports(state) == _exact_exports(cal.state)
+    _assert_same(state.compute("percentile", symmetric=True, num_bins=1000, percentile=99.9), cal.compute_data())
+    # a calibrator continuing from the file holds what one run over all the calls holds
+    cont = _calibrator("percentile", f16_model_path, tmp_path, mode="exact", symmetric=True, num_bins=1000, percentile=99.9)
+    cont.load_state(path)
+    cont.collect_data(*_f16_calls([np.inf, 7]))
+    ref = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS + _f16_calls([np.inf, 7]), mode="exact",
+                     symmetric=True, num_bins=1000, percentile=99.9)
+    assert _exact_exports(cont.state) == _exact_exports(ref.state)
+
+
+def test_f16_open_top_states_merge(f16_model_path, tmp_path):
+    kw = dict(mode="exact", symmetric=True, num_bins=1000, percentile=99.9)
+    open_top = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS, **kw).state
+    finite = _calibrate("percentile", f16_model_path, tmp_path, _f16_calls([0, 1664], [100, 3000]), **kw).state
+    for a, b in ((open_top, finite), (finite, open_top), (open_top, open_top)):
+        merged = a.merge(b)
+        for name in merged.names:
+            hist, edges = merged.exact.state(name)[:2]
+            held = a.exact.state(name)[0].sum() + b.exact.state(name)[0].sum()
+            # b's infinities are kept where the merged edges end in +inf (ORT's rule never extends
+            # to an infinity; extending to b's largest finite edge may overflow float16 as in ORT);
+            # every finite value lands somewhere
+            b_infs = b.exact.state(name)[0][-1] * np.isposinf(b.exact.state(name)[1][-1])
+            lost = 0 if np.isposinf(edges[-1]) else b_infs
+            assert hist.sum() == held - lost, (name, hist.sum(), held, lost)
+            assert edges.dtype == np.float16
+        merged.compute("percentile", symmetric=True, num_bins=1000, percentile=99.9)

@@ -94,9 +94,16 @@ def _run_batches(
     return n
 
 
-def _binned_and_finite(hist: Any) -> dict[str, tuple[int, int]]:
-    """Per tensor: values in the histogram, and finite values collected."""
-    return {n: (int(hist.state(n)[0].sum()), hist.counts(n)[0]) for n in hist.names()}
+def _binned_and_binnable(hist: Any) -> dict[str, tuple[int, int, int, bool]]:
+    """Per tensor: values in the histogram, finite values and infinities collected, and whether
+    the edges end in +inf (an |x| histogram past float16's range: like ORT, it then bins later
+    infinities in its last bin)."""
+    out = {}
+    for n in hist.names():
+        h, edges = hist.state(n)[:2]
+        finite, _, posinf, neginf, _ = hist.counts(n)
+        out[n] = (int(h.sum()), finite, posinf + neginf, bool(np.isposinf(edges[-1])))
+    return out
 
 
 class _HistogramCalibration:
@@ -212,7 +219,7 @@ class _HistogramCalibration:
                 )
             hist.count(items)
 
-        before = _binned_and_finite(hist)
+        before = _binned_and_binnable(hist)
         n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
         if n == 0:
             return 0
@@ -225,12 +232,14 @@ class _HistogramCalibration:
             )
         self.collector._dict = None
         # Values outside the first read's ranges were not binned: the reader changed its data.
-        for name, (binned, finite) in _binned_and_finite(hist).items():
-            b0, f0 = before.get(name, (0, 0))
-            if binned - b0 != finite - f0:
+        for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
+            b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
+            # infinities are binned only where the edges ended in +inf before this collect
+            binnable = finite - f0 + (infs - i0 if open_top else 0)
+            if binned - b0 != binnable:
                 raise ValueError(
                     f"tensor {name!r}: the data reader returned different data on its second read "
-                    f"({finite - f0 - (binned - b0)} values fell outside the ranges of the first read); "
+                    f"({binnable - (binned - b0)} values fell outside the ranges of the first read); "
                     "exact mode reads the data twice and needs the same batches each time, "
                     "or use mode='streaming'"
                 )

@@ -31,7 +31,9 @@ the two histograms have identical edges (then the result equals one exact run ov
 otherwise the second state's histogram is merged into the first one by ORT's rule between two
 ``collect_data`` calls (``merge_histogram`` for value histograms, bin extension for |x| histograms),
 with the second histogram's counts placed at its bin centres: the approximation is only in where
-inside a bin a value sits, and (like ORT's rule) the result depends on the order.
+inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
+histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
+and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
 
 File format (``.npz``-compatible zip, written atomically with ``cache.atomic_write_bytes``): only
 plain little-endian numeric ``.npy`` members, never pickles:
@@ -241,6 +243,10 @@ def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
     with np.errstate(all="ignore"):
         b_edges = b.edges.astype(et)
         centres = (b_edges[:-1] + (b_edges[1:] - b_edges[:-1]) / et.type(2)).astype(et)
+        # An |x| histogram whose edges end in +inf (ORT's float16 edges past 65504): a bin
+        # [e, inf) holds finite values from e on, the last bin [inf, inf] holds infinities.
+        open_bins = np.isposinf(b_edges[1:])
+        centres[open_bins] = b_edges[:-1][open_bins]
         weights = b.hist.astype(np.float64)
         old_hist, old_edges = a.hist, a.edges.astype(et)
         if kind == "value":
@@ -262,7 +268,9 @@ def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
                 hist[half : n_new - half] += old_hist
             threshold: tuple[float, bool] | None = (float(thr), a.threshold[1])
         else:
-            amax = b_edges[-1]
+            # The largest finite edge: ORT's rule cannot extend to an infinity (it raises), and an
+            # open top (old_edges[-1] == inf) is never extended.
+            amax = b_edges[np.isfinite(b_edges)][-1]
             if amax > old_edges[-1]:
                 width = old_edges[1] - old_edges[0]
                 old_edges = np.hstack((old_edges, np.arange(old_edges[-1] + width, amax + width, width).astype(et)))

@@ -343,8 +343,10 @@ impl Histograms {
             return Err(bad("hist must be non-empty with counts >= 0".into()));
         }
         let (finite, nan, posinf, neginf, batches) = counts;
-        if hist.iter().map(|&c| c as u128).sum::<u128>() > finite as u128 {
-            return Err(bad("hist holds more values than the finite count".into()));
+        // An |x| histogram with an open top also bins infinities (see abs_histogram).
+        let binnable = if self.kind == Kind::Abs { finite as u128 + posinf as u128 + neginf as u128 } else { finite as u128 };
+        if hist.iter().map(|&c| c as u128).sum::<u128>() > binnable {
+            return Err(bad("hist holds more values than were collected".into()));
         }
         if (self.kind == Kind::Value) != threshold.is_some() {
             return Err(bad("threshold must be given for value histograms only".into()));
@@ -360,8 +362,13 @@ impl Histograms {
             if edges.len() != hist.len() + 1 {
                 return Err(format!("{} edges for {} bins", edges.len(), hist.len()));
             }
-            if edges.iter().any(|e| !e.is_finite()) || edges.windows(2).any(|w| !(w[0] < w[1])) {
-                return Err("edges must be finite and increasing".into());
+            match kind {
+                Kind::Value => {
+                    if edges.iter().any(|e| !e.is_finite()) || edges.windows(2).any(|w| !(w[0] < w[1])) {
+                        return Err("edges must be finite and increasing".into());
+                    }
+                }
+                Kind::Abs => crate::abs_histogram::check_edges(edges, &hist)?,
             }
             let held = |(v, a): (f64, bool)| {
                 let x = E::from_f64(v);

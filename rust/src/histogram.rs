@@ -361,18 +361,27 @@ fn correct<const ABS: bool>(t: &FastF32, block: &[f32], idx: &mut [u32]) {
 
 /// Count the absolute values of `view` into explicit, non-decreasing f64 `edges` (numpy's `searchsorted` rule):
 /// bin i holds `edges[i] <= v < edges[i+1]`, the last bin also `v == edges[n]`.
+///
+/// The edges may end in `+inf` (ORT's stored f16 edges past 65504): then the bin ending at the
+/// first `inf` holds every finite `v` from the edge before it, the `[inf, inf)` bins stay empty
+/// and `v == inf` goes to the last bin, as numpy's searchsorted puts it.
 pub fn count_abs_explicit<D: Float>(view: &View<D>, edges: &[f64], counts: &mut [i64]) {
     let n = edges.len() - 1;
     assert_eq!(counts.len(), n);
     let fast = ExplicitF32::new::<D>(edges);
     let (lo, hi) = (edges[0], edges[n]);
-    // Bins are close to uniform: estimate from the mean width, then walk to the exact bin.
-    let width = (hi - lo) / n as f64;
+    // Bins are close to uniform up to the last finite edge: estimate from their mean width, then
+    // walk to the exact bin (a finite v never walks into the infinite edges).
+    let top = edges.iter().rposition(|e| e.is_finite()).unwrap_or(0);
+    let width = if top > 0 { (edges[top] - lo) / top as f64 } else { 0.0 };
     let bin_of = |v: f64| -> Option<usize> {
         if !(v >= lo && v <= hi) {
             return None;
         }
-        let mut i = if width > 0.0 { (((v - lo) / width) as usize).min(n - 1) } else { 0 };
+        if v == f64::INFINITY {
+            return Some(n - 1); // only in range when hi is inf: the closed last bin
+        }
+        let mut i = if width > 0.0 { (((v - lo) / width) as usize).min(top).min(n - 1) } else { 0 };
         while i > 0 && v < edges[i] {
             i -= 1;
         }
@@ -398,9 +407,6 @@ pub fn count_abs_explicit<D: Float>(view: &View<D>, edges: &[f64], counts: &mut 
             view.for_each_block(range, |b| {
                 for &d in b {
                     let v = d.to_f64().abs();
-                    if !v.is_finite() {
-                        continue; // never binned, even if an edge is infinite
-                    }
                     if let Some(i) = bin_of(v) {
                         local[i] += 1;
                     }
@@ -811,6 +817,28 @@ mod tests {
         count_abs_explicit(&View::from_slice(&[0.0f32, 1.0, 2.999, 3.0, 3.5, -1.0]), &edges, &mut c);
         // |x| is counted: -1.0 -> 1.0
         assert_eq!(c, vec![1, 2, 2]);
+    }
+
+    #[test]
+    fn explicit_edges_ending_in_infinity_follow_searchsorted() {
+        // numpy: [0, 65472, 65504, inf, inf] puts 65504 in [65504, inf), nothing in [inf, inf)
+        // and inf in the closed last bin; with one inf edge, 65504 and inf share the last bin.
+        let inf = f64::INFINITY;
+        let x: Vec<f16> = [0.0, 65472.0, 65504.0, inf, -inf, 60000.0, f64::NAN, -65504.0].iter().map(|&v| f16::from_f64(v)).collect();
+        for (edges, want) in [
+            (vec![0.0, 65472.0, 65504.0, inf, inf], vec![2, 1, 2, 2]),
+            (vec![0.0, 65472.0, 65504.0, inf], vec![2, 1, 4]),
+            (vec![0.0, 65472.0, inf, inf], vec![2, 3, 2]),
+            (vec![0.0, 65472.0, 65504.0], vec![2, 3]),
+        ] {
+            let mut c = vec![0; edges.len() - 1];
+            count_abs_explicit(&View::from_slice(&x), &edges, &mut c);
+            assert_eq!(c, want, "{edges:?}");
+        }
+        // f32 data takes the scalar path with infinite edges.
+        let mut c = vec![0; 3];
+        count_abs_explicit(&View::from_slice(&[1.0f32, 1e30, f32::INFINITY, 0.5]), &[0.0, 1.0, inf, inf], &mut c);
+        assert_eq!(c, vec![1, 2, 1]);
     }
 
     #[test]
