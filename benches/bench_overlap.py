@@ -11,6 +11,7 @@ on the built-in CNN of ``bench_calibrate.py`` (or ``--model``):
   not spinning) and with ORT's calibrators' session (spinning);
 * Rust: ``StreamHistograms.collect`` on the saved outputs of a few samples (wall and CPU per
   sample, 1 thread and all threads), default 16384 streaming bins;
+* streaming ``collect_data`` as a whole with histocal's session and with a spinning one;
 
 and derives the least time beyond inference any schedule could reach: per sample, a run can
 beat neither its session's own inference nor all the CPU work (ORT's plus the Rust work's)
@@ -70,6 +71,25 @@ def augmented(model: str, workdir: Path) -> str:
     return path
 
 
+def collect_ab(model: str, work: Path, feeds: list[dict], repeat: int) -> dict[bool, float]:
+    """Streaming Entropy collect_data over the feeds, seconds (median), with histocal's session
+    (threads sleeping) and with the same calibrator on a spinning session, alternating."""
+    import histocal
+    from onnxruntime.quantization import CalibrationMethod
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeat):
+        for spinning in (False, True):
+            cal = histocal.create_calibrator(model, augmented_model_path=str(work / "ab.onnx"), calibrate_method=CalibrationMethod.Entropy,
+                                             extra_options={"CollectionMode": "streaming"})
+            if spinning:
+                cal.infer_session = session(cal.augmented_model_path, True)
+            t0 = time.perf_counter()
+            cal.collect_data(feeds)
+            times[spinning].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="an ONNX model (default: bench_calibrate.py's built-in CNN)")
@@ -122,6 +142,7 @@ def main(argv: list[str]) -> None:
             rust_cpu[threads] = statistics.median(c for _, c in passes) / args.saved
             rows.append((f"Rust streaming collect, {threads} thread{'s' if threads > 1 else ''}", rust_wall[threads], rust_cpu[threads]))
         _core.set_num_threads(0)
+        collect = collect_ab(model, work, feeds, args.repeat)
 
     # Per sample, no schedule beats the session's own inference, nor all the CPU work (ORT's and
     # the Rust work's) spread over every core; the baseline is ORT's calibrators' session.
@@ -153,6 +174,9 @@ def main(argv: list[str]) -> None:
         f"**{floor[True] * 100:.0f}%** with ORT's threads spinning, **{floor[False] * 100:.0f}%** with them sleeping "
         f"(spinning CPU counts as busy: an upper bound on what ORT needs); with no overlap at all (Rust after each "
         f"inference, {cores} threads): {serial * 100:.0f}%.",
+        f"- Streaming collect_data (Entropy) of the {args.samples} samples, fresh calibrator each time, alternating: "
+        f"{collect[False] * 1e3:.0f} ms with histocal's session (threads sleeping), {collect[True] * 1e3:.0f} ms with ORT's "
+        f"threads spinning (ratio {collect[False] / collect[True]:.2f}).",
     ]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)

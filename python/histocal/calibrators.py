@@ -139,9 +139,9 @@ class _HistogramCalibration:
     def create_inference_session(self) -> None:
         """ORT's calibration session (graph optimizations off), except that its intra-op threads
         sleep between operators instead of spinning: the Rust work on the previous batch runs
-        alongside inference and needs those cycles. On 2 cores (BENCHMARKS.md): streaming
-        collection ~16% faster while another process is busy, ~6% slower (within noise) on an
-        idle machine."""
+        alongside inference and needs those cycles (benches/bench_overlap.py, 2 cores: streaming
+        collection 10% faster; ORT alone is slower this way on an idle machine, faster when
+        another process wants a core)."""
         options = onnxruntime.SessionOptions()
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
