@@ -704,6 +704,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--model", help="benchmark this ONNX model instead of the built-in CNN")
     ap.add_argument("--dim", type=int, default=1, help="value for symbolic/unknown input dims (default 1)")
     ap.add_argument("--size", type=int, default=None, help="built-in CNN input size (default 224; --quick: 32)")
+    ap.add_argument("--width", type=int, default=32, help="built-in CNN base width (default 32; compute per activation value grows with it)")
     ap.add_argument("--only", nargs="+", choices=sorted(CONFIGS), metavar="CONFIG",
                     help=f"run only these configurations ({', '.join(CONFIGS)})")
     ap.add_argument("--ort-cap", type=int, default=None,
@@ -742,7 +743,7 @@ def main(argv: list[str]) -> None:
         else:
             import onnx
 
-            depth, width = ((1, 1, 1, 1), 8) if args.quick else ((5, 8, 14, 6), 32)
+            depth, width = ((1, 1, 1, 1), 8) if args.quick else ((5, 8, 14, 6), args.width)
             model_path = str(workdir / "cnn.onnx")
             onnx.save(build_cnn(args.size, depth, width, args.seed), model_path)
             model_desc = (f"built-in CNN (stage depths {depth}, base width {width}, input 1x3x{args.size}x{args.size}): "
