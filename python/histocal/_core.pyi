@@ -38,6 +38,9 @@ class StreamHistograms:
     def export(
         self, name: str
     ) -> tuple[str, Optional[int], np.ndarray, Optional[float], Optional[float], Optional[float], tuple[int, int, int, int, int]]: ...
+    def summary(
+        self, name: str
+    ) -> tuple[str, Optional[int], Optional[float], Optional[float], Optional[float], tuple[int, int, int, int, int]]: ...
     def restore(
         self,
         name: str,

@@ -421,7 +421,10 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
     def compute_data(self) -> TensorsData:
         if self._stream is None:
             raise ValueError("No collector created and can't generate calibration data.")
-        return self.state.compute(self.method, **self.method_options)
+        from .state import CalibrationState
+
+        # read the collected histograms in place: no copy of every tensor's bins
+        return CalibrationState._of_calibrator(self, None, copy_stream=False).compute(self.method, **self.method_options)
 
 
 def _py_min(old: Any, new: Any) -> Any:

@@ -310,10 +310,16 @@ class CalibrationState:
     @classmethod
     def from_calibrator(cls, cal: Any, data_fingerprint: str | None = None) -> "CalibrationState":
         """A copy of what a histocal Entropy/Percentile/Distribution calibrator has collected."""
+        return cls._of_calibrator(cal, data_fingerprint, copy_stream=True)
+
+    @classmethod
+    def _of_calibrator(cls, cal: Any, data_fingerprint: str | None, copy_stream: bool) -> "CalibrationState":
+        # copy_stream=False shares the calibrator's streaming histograms: only for reading them
+        # at once (compute_data), never for a state that outlives further collection.
         mode = getattr(cal, "_mode_used", None)
         if mode is None:
             raise ValueError("the calibrator has not collected any data yet (call collect_data first)")
-        stream = None if cal._stream is None else _copy_stream(cal._stream)
+        stream = None if cal._stream is None else (_copy_stream(cal._stream) if copy_stream else cal._stream)
         exact = kind = nbins = None
         names = list(stream.names()) if stream is not None else []
         if mode == "exact" and cal.collector is not None and cal.collector._histograms.names():
@@ -356,7 +362,7 @@ class CalibrationState:
 
     def dtype(self, name: str) -> str:
         if self.stream is not None:
-            return self.stream.export(name)[0]
+            return self.stream.summary(name)[0]
         return self.exact.state(name)[5]
 
     # -- results --------------------------------------------------------------------------------
@@ -413,7 +419,7 @@ class CalibrationState:
             dtype = np.dtype(self.dtype(name))
             finite, nan, posinf, neginf, _ = self.counts(name)
             if self.stream is not None:
-                _, _, _, fmin, fmax, _, _ = self.stream.export(name)
+                _, _, fmin, fmax, _, _ = self.stream.summary(name)
             else:
                 e = _export_exact(self.exact, name)
                 fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)

@@ -661,6 +661,13 @@ impl StreamHistograms {
         Ok((*d, h.level, PyArray1::from_slice(py, &h.bins), h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
     }
 
+    /// `export` without the bins: `(dtype, level or None, finite_min, finite_max, abs_min, counts)`.
+    #[allow(clippy::type_complexity)]
+    fn summary(&self, name: &str) -> PyResult<(&'static str, Option<i32>, Option<f64>, Option<f64>, Option<f64>, (u64, u64, u64, u64, u64))> {
+        let (d, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+        Ok((*d, h.level, h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+    }
+
     /// Put back what `export` gave, after checking it is consistent.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (name, dtype, level, bins, finite_min, finite_max, abs_min, counts))]
