@@ -22,7 +22,7 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   --data ...``, which have the model and data at hand, choose at the model level instead (see
   ``histocal.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
   single method's full range set), the one whose quantized model's output is closest to the float
-  model's, 2-fold cross-validated on the first ``eval_samples`` calibration feeds. Option
+  model's, K-fold cross-validated (option ``folds``) on the first ``eval_samples`` calibration feeds. Option
   ``per_tensor_estimate=True`` keeps the per-tensor estimate there too.
 
 ``register_method(name, fn)`` adds a method: ``fn`` receives a :class:`TensorHistogram` and

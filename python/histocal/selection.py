@@ -25,7 +25,7 @@ sums are kept per candidate.
 
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
-``quantize --method auto --data`` use it with 2-fold cross-validation (see
+``quantize --method auto --data`` use it with K-fold cross-validation (see
 ``histocal.integration.calibrate_and_select``).
 """
 
