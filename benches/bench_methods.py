@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import inspect
 import io
+import json
 import logging
 import math
 import os
@@ -311,9 +312,10 @@ class _Chosen(logging.Handler):
             self.args = tuple(record.args or ())
 
 
-def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool) -> tuple[float, float, str]:
-    """histocal.quantize_static(calibrate_method="auto") on the calibration inputs: (total
-    seconds, seconds of the choice, chosen candidate)."""
+def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool,
+             selection_options: dict[str, Any]) -> tuple[float, float, str]:
+    """histocal.quantize_static(calibrate_method="auto") on the calibration inputs, with auto's
+    selection options as method_options: (total seconds, seconds of the choice, chosen candidate)."""
     import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
 
@@ -330,7 +332,8 @@ def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool)
             t0 = time.perf_counter()
             histocal.quantize_static(model_path, out_path, calib, calibrate_method="auto",
                                      quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                                     weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": symmetric})
+                                     weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": symmetric},
+                                     method_options=dict(selection_options))
             total = time.perf_counter() - t0
     finally:
         selection_log.removeHandler(chosen)
@@ -386,7 +389,7 @@ def collect_state(model_path: str, feeds: list[dict], workdir: Path) -> tuple[An
 
 
 def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[dict], workdir: Path,
-                methods: list[tuple[str, str, dict]]) -> ModelRun:
+                methods: list[tuple[str, str, dict]], auto_options: dict[str, Any]) -> ModelRun:
     import onnx
 
     run = ModelRun(name, desc)
@@ -405,7 +408,7 @@ def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[
         if method == AUTO_MODEL:
             qpath = str(workdir / f"{name}.q.onnx")
             try:
-                row.compute_s, row.select_s, row.chosen = run_auto(path, qpath, calib, symmetric)
+                row.compute_s, row.select_s, row.chosen = run_auto(path, qpath, calib, symmetric, auto_options)
             except (TypeError, ValueError) as exc:  # an older histocal without the model-level choice
                 row.note = f"not available: {str(exc)[:90]}"
                 log(f"  {mode[:4]} {label:18s} {row.note}")
@@ -548,6 +551,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--calib", type=int, default=None, help="calibration inputs per model (default 32; --quick 4)")
     ap.add_argument("--held", type=int, default=None, help="held-back inputs per model (default 32; --quick 4)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--auto-options", type=json.loads, default={}, metavar="JSON",
+                    help='auto\'s selection options, e.g. \'{"folds": 4, "eval_samples": 32}\' (default: the library\'s)')
     ap.add_argument("--out", help="also write the markdown report to this file")
     args = ap.parse_args(argv)
     args.calib = args.calib or (4 if args.quick else 32)
@@ -568,7 +573,7 @@ def main(argv: list[str]) -> None:
             runs.append(bench_model(
                 "cnn", f"ResNet-like CNN, input 1x3x{size}x{size}, widths {width}/{2 * width}/{4 * width}",
                 build_cnn(size, width, args.seed), cnn_inputs(args.calib, size, args.seed),
-                cnn_inputs(args.held, size, args.seed + 1), workdir, methods))
+                cnn_inputs(args.held, size, args.seed + 1), workdir, methods, args.auto_options))
         if "transformer" in args.models:
             seq, dim, ff, layers = (16, 32, 64, 1) if args.quick else (32, 64, 256, 2)
             ch, mag = outlier_channels(dim, args.seed)
@@ -578,7 +583,7 @@ def main(argv: list[str]) -> None:
                 f"at {', '.join(f'{abs(m):.0f}' for m in mag)}x",
                 build_transformer(seq, dim, ff, layers, args.seed),
                 transformer_inputs(args.calib, seq, dim, args.seed, args.seed),
-                transformer_inputs(args.held, seq, dim, args.seed + 1, args.seed), workdir, methods))
+                transformer_inputs(args.held, seq, dim, args.seed + 1, args.seed), workdir, methods, args.auto_options))
     text = report(runs, command, args, time.perf_counter() - started)
     sys.stdout.write(text)
     if args.out:

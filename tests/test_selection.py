@@ -1,6 +1,6 @@
 """auto's model-level choice (histocal.selection, quantize_static(calibrate_method="auto"), the
 CLI's quantize --method auto): the candidate whose quantized model's output is closest to the
-float model's wins (2-fold cross-validated in quantize_static and the CLI), checked against SQNRs
+float model's wins (K-fold cross-validated in quantize_static and the CLI), checked against SQNRs
 computed here with onnxruntime directly."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData
 import histocal
 from histocal import methods, selection
 from histocal.cache import load_tensors_data, save_tensors_data
-from histocal.cli import AUTO_EVAL_SAMPLES, main
+from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
 
 EVAL = 3  # evaluation samples in these tests
 
@@ -96,21 +96,26 @@ def _streaming_state(model: Path, feeds: list[dict], tmp: Path):
     return cal.state
 
 
-def _independent_cv(cnn: dict, kept: list[dict], symmetric: bool = False, **kw) -> tuple[dict[str, float], str]:
-    """auto's 2-fold cross-validated SQNR of each candidate, computed here: the even and odd kept
-    feeds are the folds; each fold is scored (onnxruntime's quantize_static, numpy) with the
-    candidates of a state calibrated on the other fold; energies pooled. (scores, first best)."""
-    halves = [kept[0::2], kept[1::2]]
-    fitted = [selection.state_candidates(_streaming_state(cnn["path"], h, cnn["tmp"]), "int8", symmetric) for h in halves]
+def _independent_cv(cnn: dict, kept: int, folds: int = methods.AUTO_SELECTION_OPTIONS["folds"], symmetric: bool = False, **kw) -> tuple[dict[str, float], str]:
+    """auto's K-fold cross-validated SQNR of each candidate, computed here: kept feed i (of the
+    first ``kept``) is in fold i mod K; each fold is scored (onnxruntime's quantize_static, numpy)
+    with the candidates of a state calibrated, in one pass, on every feed but that fold's;
+    energies pooled. (scores, first best)."""
+    feeds = cnn["feeds"]
+    k = min(folds, kept)
+    fold_feeds = [list(range(kept))[i::k] for i in range(k)]
+    fitted = [selection.state_candidates(
+        _streaming_state(cnn["path"], [f for j, f in enumerate(feeds) if j not in fold], cnn["tmp"]), "int8", symmetric)
+        for fold in fold_feeds]
     kw = dict(kw, extra_options={"ActivationSymmetric": symmetric}) if symmetric else kw
     scores = {}
     for label in fitted[0]:
         signal = noise = 0.0
         finite = True
-        for candidates, feeds in ((fitted[1], halves[0]), (fitted[0], halves[1])):
+        for candidates, fold in zip(fitted, fold_feeds):
             out = cnn["tmp"] / "cv.onnx"
             _ort_quantize(cnn["path"], out, candidates[label], **kw)
-            energy = _ort_energy(cnn["path"], out, feeds)
+            energy = _ort_energy(cnn["path"], out, [feeds[j] for j in fold])
             if energy is None:
                 finite = False
                 break
@@ -143,27 +148,51 @@ def test_select_ranges_picks_the_highest_ort_sqnr(cnn, symmetric):
     assert len(set(round(v, 6) for v in want.values())) > 2  # the candidates do differ here
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_calibrate_and_select_cross_validates(cnn, symmetric):
-    """Each candidate's score is its out-of-sample SQNR (fitted on one half of the kept feeds,
-    scored on the other, pooled), as computed here; the best wins; its ranges are from all data."""
+@pytest.mark.parametrize("symmetric, folds", [(False, 2), (True, 2), (False, 3), (False, 8)])
+def test_calibrate_and_select_cross_validates(cnn, symmetric, folds):
+    """Each candidate's score is its out-of-sample SQNR (fitted on all the data but one fold of the
+    kept feeds, scored on that fold, pooled), as computed here; the best wins; its ranges are from
+    all data. More folds than kept feeds: one feed per fold."""
     kept = 4
     kw = {"extra_options": {"ActivationSymmetric": True}} if symmetric else {}
-    chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=kept, **kw)
-    want, label = _independent_cv(cnn, cnn["feeds"][:kept], symmetric)
-    assert chosen.cross_validated and chosen.eval_samples == kept
+    chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=kept, folds=folds, **kw)
+    want, label = _independent_cv(cnn, kept, folds, symmetric)
+    assert chosen.folds == min(folds, kept) and chosen.eval_samples == kept
+    assert chosen.scoring == f"{min(folds, kept)}-fold cross-validated"
     assert list(chosen.sqnr_db) == list(want)
     for name in want:
         assert chosen.sqnr_db[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
     assert chosen.label == label
     full = selection.state_candidates(cnn["state"], "int8", symmetric)
     assert _ranges(chosen.ranges) == _ranges(full[label])
+    if folds != 2:
+        return
     # Out of sample is not in sample: the same candidates scored on their own fitting data differ.
     in_sample = histocal.select_ranges(cnn["path"], cnn["feeds"][:kept],
                                        selection.state_candidates(_streaming_state(cnn["path"], cnn["feeds"][:kept], cnn["tmp"]),
                                                                   "int8", symmetric), **kw)
-    assert not in_sample.cross_validated
+    assert not in_sample.cross_validated and in_sample.folds == 0
     assert all(abs(in_sample.sqnr_db[n] - chosen.sqnr_db[n]) > 1e-6 for n in want if math.isfinite(want[n]))
+
+
+def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
+    """Kept feed i is in fold i mod K; a fold's candidates equal those of one calibration pass over
+    every other feed (kept or not), the returned ones those of a pass over all feeds: the merged
+    streaming states are exact."""
+    seen = []
+    original = selection.select_ranges_cross_validated
+    monkeypatch.setattr(selection, "select_ranges_cross_validated",
+                        lambda model, folds, candidates, **kw: seen.append((folds, candidates)) or original(model, folds, candidates, **kw))
+    histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=5, folds=3)
+    (folds, candidates), = seen
+    assert [[f["X"].tobytes() for f in feeds] for _, feeds in folds] == \
+        [[cnn["feeds"][j]["X"].tobytes() for j in fold] for fold in ([0, 3], [1, 4], [2])]
+    for (fold_candidates, _), fold in zip(folds, ([0, 3], [1, 4], [2])):
+        others = [f for j, f in enumerate(cnn["feeds"]) if j not in fold]
+        want = selection.state_candidates(_streaming_state(cnn["path"], others, cnn["tmp"]), "int8", False)
+        assert {k: _ranges(v) for k, v in fold_candidates.items()} == {k: _ranges(v) for k, v in want.items()}
+    full = selection.state_candidates(cnn["state"], "int8", False)
+    assert {k: _ranges(v) for k, v in candidates.items()} == {k: _ranges(v) for k, v in full.items()}
 
 
 def test_one_kept_feed_falls_back_to_in_sample_with_a_warning(cnn, caplog):
@@ -172,7 +201,7 @@ def test_one_kept_feed_falls_back_to_in_sample_with_a_warning(cnn, caplog):
     assert "too few to cross-validate" in caplog.text
     candidates = selection.state_candidates(cnn["state"], "int8", False)
     direct = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], candidates)
-    assert not chosen.cross_validated and chosen.eval_samples == 1
+    assert not chosen.cross_validated and chosen.folds == 0 and chosen.eval_samples == 1
     assert chosen.label == direct.label and chosen.sqnr_db == direct.sqnr_db
     assert _ranges(chosen.ranges) == _ranges(candidates[direct.label])
 
@@ -208,8 +237,8 @@ def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
     with caplog.at_level(logging.INFO, logger="histocal.selection"):
         histocal.quantize_static(cnn["path"], out, cnn["feeds"], calibrate_method="auto",
                                  method_options={"eval_samples": EVAL}, calibration_cache_path=cache)
-    assert "output SQNR of each candidate, 2-fold cross-validated" in caplog.text and "per-tensor estimate" in caplog.text
-    _, label = _independent_cv(cnn, cnn["feeds"][:EVAL])
+    assert f"output SQNR of each candidate, {min(EVAL, methods.AUTO_SELECTION_OPTIONS['folds'])}-fold cross-validated" in caplog.text and "per-tensor estimate" in caplog.text
+    _, label = _independent_cv(cnn, EVAL)
     chosen = selection.state_candidates(cnn["state"], "int8", False)[label]
     assert _ranges(load_tensors_data(cache)) == _ranges(chosen)
     again = tmp / "auto_again.onnx"
@@ -234,7 +263,7 @@ def test_quantize_static_auto_with_a_one_shot_generator(cnn):
     out = tmp / "auto_gen.onnx"
     histocal.quantize_static(cnn["path"], out, one_shot(), calibrate_method="auto", method_options={"eval_samples": EVAL})
     assert reads == [1]
-    _, label = _independent_cv(cnn, cnn["feeds"][:EVAL])
+    _, label = _independent_cv(cnn, EVAL)
     ref = tmp / "auto_gen_ref.onnx"
     histocal.quantize_static(cnn["path"], ref, tensors_range=selection.state_candidates(cnn["state"], "int8", False)[label])
     assert _model_bytes(out) == _model_bytes(ref)
@@ -261,6 +290,7 @@ def test_calibrate_and_select_keeps_first_feeds_and_reuses_buffers_safely(cnn):
     assert chosen.sqnr_db == direct.sqnr_db
     more = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=100)
     assert more.eval_samples == len(cnn["feeds"])  # at most what the reader has
+    assert _ranges(more.ranges) == _ranges(selection.state_candidates(cnn["state"], "int8", False)[more.label])
 
 
 def test_per_tensor_estimate_keeps_the_state_method(cnn):
@@ -361,6 +391,12 @@ def test_errors_are_clear(cnn):
         with pytest.raises(ValueError, match="eval_samples"):
             histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
                                      method_options={"eval_samples": bad})
+    for bad in (1, 0, True, 2.5):
+        with pytest.raises(ValueError, match="folds"):
+            histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
+                                     method_options={"folds": bad})
+        with pytest.raises(ValueError, match="folds"):
+            histocal.calibrate_and_select(cnn["path"], iter(()), folds=bad)  # before reading any data
     with pytest.raises(ValueError, match="per_tensor_estimate"):
         histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
                                  method_options={"per_tensor_estimate": "yes"})
@@ -386,14 +422,16 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
     feeds = [{"X": f["X"][:1]} for f in cnn["feeds"]]
     cache = tmp_path / "cache.json"
     rc = main(["quantize", str(cnn["path"]), str(tmp_path / "q.onnx"), "--data", str(data), "--method", "auto",
-               "--eval-samples", str(EVAL), "--cache", str(cache), "--no-progress"])
+               "--eval-samples", str(EVAL), "--folds", "3", "--cache", str(cache), "--no-progress"])
     assert rc == 0
-    want = histocal.calibrate_and_select(cnn["path"], feeds, eval_samples=EVAL)
+    want = histocal.calibrate_and_select(cnn["path"], feeds, eval_samples=EVAL, folds=3)
     assert f"auto ({want.label}) ranges" in capsys.readouterr().out
     assert _ranges(load_tensors_data(cache)) == _ranges(want.ranges)
     ref = tmp_path / "ref.onnx"
     histocal.quantize_static(cnn["path"], ref, tensors_range=want.ranges)
     assert _model_bytes(tmp_path / "q.onnx") == _model_bytes(ref)
+    assert main(["quantize", str(cnn["path"]), str(tmp_path / "x.onnx"), "--data", str(data), "--method", "auto",
+                 "--folds", "1"]) == 2  # a usage error
 
     estimate = tmp_path / "estimate.json"
     rc = main(["quantize", str(cnn["path"]), str(tmp_path / "e.onnx"), "--data", str(data), "--method", "auto",
@@ -404,5 +442,6 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
     assert _ranges(load_tensors_data(estimate)) == _ranges(cal.state.compute("auto", qtype="int8", symmetric=False))
 
 
-def test_cli_default_eval_samples_is_the_library_default():
+def test_cli_defaults_are_the_library_defaults():
     assert AUTO_EVAL_SAMPLES == methods.AUTO_SELECTION_OPTIONS["eval_samples"]
+    assert AUTO_FOLDS == methods.AUTO_SELECTION_OPTIONS["folds"]

@@ -33,7 +33,9 @@ HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
 _METHOD_NAMES = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
 # Options of histocal's own methods (mse, kl, pow2, auto), passed as MethodOptions.
 _METHOD_OPTION_KEYS = ("qtype", "pow2_method", "minmse_mode")
-AUTO_EVAL_SAMPLES = 16  # histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] (not imported: fast --help)
+# histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] and ["folds"] (not imported: fast --help)
+AUTO_EVAL_SAMPLES = 16
+AUTO_FOLDS = 2
 QUANT_TYPES = ("qint8", "quint8", "qint16", "quint16", "qint4", "quint4", "qfloat8e4m3fn")
 FORMATS = ("qdq", "qoperator")
 
@@ -114,6 +116,10 @@ def _int_at_least(minimum: int, text: str) -> int:
 
 def _positive_int(text: str) -> int:
     return _int_at_least(1, text)
+
+
+def _folds(text: str) -> int:
+    return _int_at_least(2, text)
 
 
 def _count(text: str) -> int:
@@ -496,9 +502,10 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
 
     options = _calibrator_options(args)  # warns about options that do not apply to auto
     eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
+    folds = args.folds or methods.AUTO_SELECTION_OPTIONS["folds"]
     start = time.perf_counter()
     chosen = calibrate_and_select(
-        model, data, eval_samples=eval_samples, method_options=options.get("MethodOptions"),
+        model, data, eval_samples=eval_samples, folds=folds, method_options=options.get("MethodOptions"),
         streaming_bins=options.get("StreamingBins"), show_progress=False if args.no_progress else None,
         **quantization,
     )
@@ -548,7 +555,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             ranges, _ = _calibrate(args, model, data, want_state=False)
             write_cache = cache is not None
     if args.method != "auto" or args.data is None or args.per_tensor_estimate:
-        for flag, value in (("--eval-samples", args.eval_samples), ("--per-tensor-estimate", args.per_tensor_estimate or None)):
+        for flag, value in (("--eval-samples", args.eval_samples), ("--folds", args.folds),
+                            ("--per-tensor-estimate", args.per_tensor_estimate or None)):
             if value is not None:
                 logger.warning("option %s applies only to --method auto with --data; ignored", flag)
 
@@ -1025,8 +1033,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument("--eval-samples", type=_positive_int, metavar="N",
                    help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
-                        "output is closest to the float model's, 2-fold cross-validated on the first N calibration "
+                        "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
                         f"batches (of --batch-size samples), kept in memory (default {AUTO_EVAL_SAMPLES})")
+    g.add_argument("--folds", type=_folds, metavar="K",
+                   help="auto: K-fold cross-validation on those batches (batch i in fold i mod K; each fold scored "
+                        f"with ranges calibrated on all the other data) (default {AUTO_FOLDS})")
     g.add_argument("--per-tensor-estimate", action="store_true",
                    help="auto: per tensor, the candidate with the least estimated error; no model evaluation")
     p.set_defaults(func=cmd_quantize)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import tempfile
 import threading
@@ -150,26 +151,39 @@ def calibrate(
     return result
 
 
-def _collect(calibrator: Any, reader: Any, stride: int | None, wrap: Callable[[Any], Any] = lambda data: data) -> None:
-    """ORT's collection loop (CalibStridedMinMax included); ``wrap`` wraps each read of the reader."""
+def _collect(calibrator: Any, reader: Any, stride: int | None, collect: Callable[[Any], Any] | None = None) -> None:
+    """ORT's collection loop (CalibStridedMinMax included); ``collect`` collects one read of the
+    reader (default: ``calibrator.collect_data``)."""
+    collect = collect or calibrator.collect_data
     if stride:
         total = len(reader)
         if total % stride != 0:
             raise ValueError(f"Total data size ({total}) is not divisible by stride size ({stride}).")
         for start in range(0, total, stride):
             reader.set_range(start_index=start, end_index=start + stride)
-            calibrator.collect_data(wrap(reader))
+            collect(reader)
     else:
-        calibrator.collect_data(wrap(reader))
+        collect(reader)
 
 
-def _keeping_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int) -> Iterator[Any]:
-    """The feeds of one read of ``data``, passed through, copying the first ``limit`` (over all
-    reads) into ``kept``: the reader's own buffers may be reused for its next feed."""
+def _withholding_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int) -> Iterator[Any]:
+    """The feeds of one read of ``data`` except the first ``limit`` (over all reads), which are
+    copied into ``kept`` instead: the reader's own buffers may be reused for its next feed."""
     for feed in DataSource(data).read():
         if len(kept) < limit and isinstance(feed, Mapping):
             kept.append({name: np.array(value, copy=True) for name, value in feed.items()})
-        yield feed
+        else:
+            yield feed
+
+
+def _collect_unless_empty(calibrator: Any, feeds: Iterator[Any]) -> bool:
+    """``calibrator.collect_data(feeds)`` unless ``feeds`` is empty (then it would raise); whether it collected."""
+    end = object()
+    first = next(feeds, end)
+    if first is end:
+        return False
+    calibrator.collect_data(itertools.chain([first], feeds))
+    return True
 
 
 def calibrate_and_select(
@@ -177,6 +191,7 @@ def calibrate_and_select(
     calibration_data_reader: Any,
     *,
     eval_samples: int = methods.AUTO_SELECTION_OPTIONS["eval_samples"],
+    folds: int = methods.AUTO_SELECTION_OPTIONS["folds"],
     method_options: dict[str, Any] | None = None,
     streaming_bins: int | None = None,
     show_progress: bool | None = None,
@@ -185,21 +200,27 @@ def calibrate_and_select(
     """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
     of reader), keeping the first ``eval_samples`` feeds; choose among the candidates of
     ``methods.MODEL_AUTO_CANDIDATES`` the one whose quantized model's output is closest to the
-    float model's, scored out of sample by 2-fold cross-validation on the kept feeds (the feeds at
-    even and odd positions; each half is scored with candidates calibrated on the other half, and
-    the SQNR is pooled over both); return the ``selection.Selection`` whose ranges are the chosen
-    candidate computed from the full calibration state. With fewer than 2 kept feeds the
-    candidates are scored in sample (a warning says so).
+    float model's, scored out of sample by ``folds``-fold cross-validation on the kept feeds
+    (kept feed i is in fold i mod ``folds``; each fold is scored with candidates calibrated on all
+    the calibration data but that fold's feeds, and the SQNR is pooled over the folds); return the
+    ``selection.Selection`` whose ranges are the chosen candidate computed from all the
+    calibration data. With fewer kept feeds than folds, each kept feed is a fold; with fewer than
+    2 the candidates are scored in sample (a warning says so).
     ``quantize_kwargs``: ``quantize_static``'s quantization arguments (activation_type,
     extra_options, op_types_to_quantize, calibration_providers, ... : the candidates are quantized
     with them, and qtype/symmetric default to activation_type/ActivationSymmetric).
     ``method_options``: auto's qtype and symmetric. Memory: the kept feeds plus the float
-    model's outputs on half of them. Cost: two small calibrations (one per half), and per
-    distinct candidate and half one quantization and one run over that half."""
+    model's outputs on one fold, and one calibration state per fold. Cost: the augmented model
+    runs once per feed, as in one calibration (the kept feeds are collected fold by fold into
+    their own states, the rest into one; streaming states merge exactly, so each fold's training
+    state and the full state are merges); per fold the candidates are computed from its training
+    state, and per distinct candidate and fold there is one quantization and one run over the fold."""
     from . import selection
+    from .state import merge_states
 
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
-    eval_samples = methods.check_selection_options({"eval_samples": eval_samples})["eval_samples"]
+    select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
+    eval_samples, folds = select["eval_samples"], select["folds"]
     extra = dict(quantize_kwargs.get("extra_options") or {})
     if extra.get("SmoothQuant", False):
         raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods")
@@ -224,38 +245,37 @@ def calibrate_and_select(
         if show_progress is not None:
             calibrator.show_progress = show_progress
         start = time.perf_counter()
+        rest_collected = []  # per read: whether feeds beyond the kept ones reached the calibrator
         _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"),
-                 lambda data: _keeping_first(data, kept, eval_samples))
-        candidates = selection.state_candidates(calibrator.state, options["qtype"], options["symmetric"])
-        cross_validate = len(kept) >= 2
-        folds = _cross_validation_folds(calibrator, kept, options) if cross_validate else []
-        logger.info("auto: calibrated and computed %d candidates (and %d fold states) in %.2f s",
-                    len(candidates), len(folds), time.perf_counter() - start)
+                 lambda data: rest_collected.append(_collect_unless_empty(calibrator, _withholding_first(data, kept, eval_samples))))
+        if not kept and not any(rest_collected):
+            raise ValueError("No data is collected.")
+        rest = calibrator.state if any(rest_collected) else None
+        fold_feeds = [kept[k::min(folds, len(kept))] for k in range(min(folds, len(kept)))]
+        fold_states = []
+        for feeds in fold_feeds:
+            calibrator._restart_collection()
+            calibrator.collect_data(iter(feeds))  # an iterator: streaming, like the pass over the reader
+            fold_states.append(calibrator.state)
         del calibrator
+
+        def candidates_of(states: list[Any]) -> dict[str, TensorsData]:
+            merged = merge_states(*[s for s in states if s is not None])
+            return selection.state_candidates(merged, options["qtype"], options["symmetric"])
+
+        candidates = candidates_of([rest, *fold_states])
+        cross_validate = len(fold_feeds) >= 2
+        cv_folds = [(candidates_of([rest, *fold_states[:k], *fold_states[k + 1:]]), feeds)
+                    for k, feeds in enumerate(fold_feeds)] if cross_validate else []
+        logger.info("auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
+                    len(candidates), len(cv_folds), time.perf_counter() - start)
         providers = quantize_kwargs.get("calibration_providers")
         if not cross_validate:
             logger.warning("auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
                            "sample, on the feed they were fitted on (which favours tight clipping)", len(kept))
             return selection.select_ranges(model_input, kept, candidates, providers=providers, **quantize_kwargs)
-        return selection.select_ranges_cross_validated(model_input, folds, candidates, providers=providers,
+        return selection.select_ranges_cross_validated(model_input, cv_folds, candidates, providers=providers,
                                                        **quantize_kwargs)
-
-
-def _cross_validation_folds(
-    calibrator: Any, feeds: list[dict[str, np.ndarray]], options: Mapping[str, Any]
-) -> list[tuple[dict[str, TensorsData], list[dict[str, np.ndarray]]]]:
-    """2-fold cross-validation of auto's candidates on the kept feeds: the feeds at even and odd
-    positions are the two folds; each fold is scored with the candidates of a state calibrated on
-    the other fold alone (by ``calibrator``, restarted: same model, session and settings)."""
-    from . import selection
-
-    halves = [feeds[0::2], feeds[1::2]]
-    fitted = []
-    for half in halves:
-        calibrator._restart_collection()
-        calibrator.collect_data(half)
-        fitted.append(selection.state_candidates(calibrator.state, options["qtype"], options["symmetric"]))
-    return [(fitted[1], halves[0]), (fitted[0], halves[1])]
 
 
 def quantize_static(
@@ -298,7 +318,7 @@ def quantize_static(
     that keeps the first ``method_options["eval_samples"]`` feeds (default 16; they stay in
     memory), then every candidate method of ``methods.MODEL_AUTO_CANDIDATES`` is scored by its
     quantized model's output SQNR against the float model (with these quantization arguments),
-    out of sample: 2-fold cross-validation on those feeds. The best method's ranges from the full
+    out of sample: K-fold cross-validation on those feeds (``method_options["folds"]``, default 2). The best method's ranges from the full
     calibration are used (and written to ``calibration_cache_path``). ``method_options=
     {"per_tensor_estimate": True}`` skips that and uses the per-tensor estimate (what
     ``CalibrationState.compute("auto")`` returns). A cache hit is reused either way.
@@ -351,7 +371,7 @@ def quantize_static(
                 raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
             if select is not None:
                 ranges = calibrate_and_select(
-                    model_input, calibration_data_reader, eval_samples=select["eval_samples"],
+                    model_input, calibration_data_reader, eval_samples=select["eval_samples"], folds=select["folds"],
                     method_options=method_options, streaming_bins=streaming_bins,
                     quant_format=quant_format, op_types_to_quantize=op_types_to_quantize, per_channel=per_channel,
                     reduce_range=reduce_range, activation_type=activation_type, weight_type=weight_type,

@@ -22,7 +22,7 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   --data ...``, which have the model and data at hand, choose at the model level instead (see
   ``histocal.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
   single method's full range set), the one whose quantized model's output is closest to the float
-  model's, 2-fold cross-validated on the first ``eval_samples`` calibration feeds. Option
+  model's, K-fold cross-validated (option ``folds``) on the first ``eval_samples`` calibration feeds. Option
   ``per_tensor_estimate=True`` keeps the per-tensor estimate there too.
 
 ``register_method(name, fn)`` adds a method: ``fn`` receives a :class:`TensorHistogram` and
@@ -88,7 +88,7 @@ MODEL_AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("pow2 MinMSE", "pow2", {"pow2_method": "MinMSE", "minmse_mode": "All"}),
 )
 # Options of auto's model-level choice (not of the per-tensor method: a state cannot use them).
-AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "per_tensor_estimate": False}
+AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "folds": 2, "per_tensor_estimate": False}
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
 
@@ -293,9 +293,12 @@ def check_selection_options(options: Mapping[str, Any]) -> dict[str, Any]:
     n = out["eval_samples"]
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"auto: eval_samples must be a positive integer, got {n!r}")
+    k = out["folds"]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
+        raise ValueError(f"auto: folds must be an integer of at least 2, got {k!r}")
     if not isinstance(out["per_tensor_estimate"], (bool, np.bool_)):
         raise ValueError(f"auto: per_tensor_estimate must be a boolean, got {out['per_tensor_estimate']!r}")
-    return {"eval_samples": int(n), "per_tensor_estimate": bool(out["per_tensor_estimate"])}
+    return {"eval_samples": int(n), "folds": int(k), "per_tensor_estimate": bool(out["per_tensor_estimate"])}
 
 
 def _pair(td: TensorData) -> tuple[float, float]:

@@ -25,7 +25,7 @@ sums are kept per candidate.
 
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
-``quantize --method auto --data`` use it with 2-fold cross-validation (see
+``quantize --method auto --data`` use it with K-fold cross-validation (see
 ``histocal.integration.calibrate_and_select``).
 """
 
@@ -69,11 +69,15 @@ class Selection:
     sqnr_db: dict[str, float]
     eval_samples: int
     seconds: float
-    cross_validated: bool = False
+    folds: int = 0  # cross-validation folds; 0: scored in sample
+
+    @property
+    def cross_validated(self) -> bool:
+        return self.folds > 0
 
     @property
     def scoring(self) -> str:
-        return "2-fold cross-validated" if self.cross_validated else "in-sample"
+        return f"{self.folds}-fold cross-validated" if self.folds else "in-sample"
 
     def table(self) -> str:
         """The SQNR of every candidate, one line each, the chosen one marked."""
@@ -178,7 +182,8 @@ def _select(
         if value > sqnr[chosen]:
             chosen = label
     n = sum(len(feeds) for _, feeds in folds)
-    selection = Selection(chosen, candidates[chosen], sqnr, n, time.perf_counter() - start, cross_validated)
+    selection = Selection(chosen, candidates[chosen], sqnr, n, time.perf_counter() - start,
+                          len(folds) if cross_validated else 0)
     logger.info("auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
                 selection.scoring, n, chosen, selection.seconds, selection.table())
     return selection
