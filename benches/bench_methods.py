@@ -522,11 +522,12 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
                             for row in auto_rows)
         notes.append(
             "- auto: `histocal.quantize_static(calibrate_method=\"auto\")` with the calibration inputs as the reader: "
-            "one streaming calibration pass that keeps the first 16 inputs; two more streaming calibrations, on "
-            "the 8 even and the 8 odd of them; each distinct candidate (per-tensor estimate and every single "
-            "method above) of one half's state quantized and run on the other half's 8 inputs, both ways; the "
-            "best pooled (cross-validated) output SQNR wins, with its ranges from the full calibration; the "
-            "held-back inputs play no part in the choice. Its compute column is the whole quantize_static call. "
+            "one streaming calibration pass that sets the first 16 inputs aside (each in one of 2 folds, by "
+            "position) and collects the rest into one state, then one state per fold; each fold's 8 inputs are "
+            "scored with every distinct candidate (per-tensor estimate and every single method above) computed "
+            "from all the other data (the rest merged with the other fold), quantized and run; the best pooled "
+            "(cross-validated) output SQNR wins, with its ranges from all the data merged; the held-back inputs "
+            "play no part in the choice. Its compute column is the whole quantize_static call. "
             f"Chosen (total time, of which the choice): {choices}"
         )
     if notes:
