@@ -132,10 +132,7 @@ def calibrate(
             histogram_options[option] = histogram_options.pop(key)
     options.update({k: v for k, v in histogram_options.items() if v is not None})
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
-        if isinstance(model_input, onnx.ModelProto):
-            path = Path(tmp, "model_input.onnx")
-            onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
-            model_input = path
+        model_input = model_file(model_input, Path(tmp))
         calibrator = calibrators.create_calibrator(
             Path(model_input),
             op_types_to_quantize,
@@ -149,6 +146,16 @@ def calibrate(
         result = calibrator.compute_data()
         del calibrator
     return result
+
+
+def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
+    """The model's path: as given, or a ModelProto saved into ``tmp`` (its weights as external
+    data, so models over 2 GB work)."""
+    if isinstance(model_input, onnx.ModelProto):
+        path = tmp / "model_input.onnx"
+        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
+        return path
+    return Path(model_input)
 
 
 def _collect(calibrator: Any, reader: Any, stride: int | None, collect: Callable[[Any], Any] | None = None) -> None:
@@ -229,10 +236,7 @@ def calibrate_and_select(
     )
     kept: list[dict[str, np.ndarray]] = []
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
-        if isinstance(model_input, onnx.ModelProto):
-            path = Path(tmp, "model_input.onnx")
-            onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
-            model_input = path
+        model_input = model_file(model_input, Path(tmp))
         calibrator = calibrators.create_calibrator(
             Path(model_input),
             quantize_kwargs.get("op_types_to_quantize"),
@@ -257,7 +261,7 @@ def calibrate_and_select(
             calibrator._restart_collection()
             calibrator.collect_data(iter(feeds))  # an iterator: streaming, like the pass over the reader
             fold_states.append(calibrator.state)
-        del calibrator
+        calibrator = None  # its session's memory, before the candidates' sessions
 
         def candidates_of(states: list[Any]) -> dict[str, TensorsData]:
             merged = merge_states(*[s for s in states if s is not None])

@@ -46,6 +46,7 @@ import onnx
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from . import methods
+from .integration import model_file
 from .readers import Feed, run_session
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def _select(
     noise = dict.fromkeys(candidates, 0.0)
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
     with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
-        model_path = _model_path(model_input, Path(tmp))
+        model_path = model_file(model_input, Path(tmp))
         for fold_candidates, feeds in folds:
             # One fold's float outputs at a time: memory is that of the largest fold.
             energies = _energies(model_path, feeds, fold_candidates, providers, quantize_kwargs, Path(tmp))
@@ -245,14 +246,6 @@ def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
     unknown = sorted(set(quantize_kwargs) - set(inspect.signature(quantize_static).parameters))
     if unknown:
         raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
-
-
-def _model_path(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
-    if isinstance(model_input, onnx.ModelProto):
-        path = tmp / "model_input.onnx"
-        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
-        return path
-    return Path(model_input)
 
 
 def _ranges_key(ranges: TensorsData) -> tuple:
