@@ -171,60 +171,40 @@ trait Moment: Copy + PartialEq {
     fn signed_f64(self) -> f64;
 }
 
-impl Moment for u64 {
-    #[inline(always)]
-    fn of(x: u64) -> Self {
-        x
-    }
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self.wrapping_add(o)
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self.wrapping_sub(o)
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self.wrapping_mul(o)
-    }
-    #[inline(always)]
-    fn small_f64(self) -> f64 {
-        // one instruction, unlike the unsigned conversion
-        self as i64 as f64
-    }
-    #[inline(always)]
-    fn signed_f64(self) -> f64 {
-        self as i64 as f64
-    }
+/// `Moment` for an unsigned width and its signed twin (whose conversion to f64 is one
+/// instruction, unlike the unsigned one, and also reads a wrapped difference as signed).
+macro_rules! moment {
+    ($u:ty, $i:ty) => {
+        impl Moment for $u {
+            #[inline(always)]
+            fn of(x: u64) -> Self {
+                x as $u
+            }
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline(always)]
+            fn small_f64(self) -> f64 {
+                self as $i as f64
+            }
+            #[inline(always)]
+            fn signed_f64(self) -> f64 {
+                self as $i as f64
+            }
+        }
+    };
 }
-
-impl Moment for u128 {
-    #[inline(always)]
-    fn of(x: u64) -> Self {
-        x as u128
-    }
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self.wrapping_add(o)
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self.wrapping_sub(o)
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self.wrapping_mul(o)
-    }
-    #[inline(always)]
-    fn small_f64(self) -> f64 {
-        self as i128 as f64
-    }
-    #[inline(always)]
-    fn signed_f64(self) -> f64 {
-        self as i128 as f64
-    }
-}
+moment!(u64, i64);
+moment!(u128, i128);
 
 /// `[sum c, sum c k, sum c k^2]` over the interior bins before local index k.
 enum Moments {
