@@ -21,6 +21,8 @@ import contextlib
 import importlib
 import logging
 import random
+import re
+import tracemalloc
 
 import numpy as np
 import onnx
@@ -106,6 +108,8 @@ def as_form(feeds, form):
         return RewindReader(feeds)
     if form == "once":
         return OnceReader(feeds)
+    if form == "as is":
+        return feeds
     raise AssertionError(form)
 
 
@@ -1202,3 +1206,109 @@ def test_a_failed_collect_leaves_earlier_data_unchanged(paths, tmp_path, mode):
     ref.collect_data(list(good))
     ref.collect_data(list(good))
     assert_tensors_same(cal.compute_data(), ref.compute_data(), "continued")
+
+
+@pytest.mark.parametrize("max_intermediate_outputs", [None, 1])
+def test_minmax_failed_collect_leaves_earlier_data_unchanged(paths, tmp_path, max_intermediate_outputs):
+    """MinMax follows the histogram calibrators' rule: a failed collect_data call leaves nothing
+    behind (ORT keeps the batches before the failure, and folds them into a later result), also
+    when max_intermediate_outputs folded some of them into the range during the call."""
+    good = models.cnn_feeds(3)
+    bad = [{"X": f["X"] * np.float32(1000)} for f in models.cnn_feeds(2)] + [{"X": np.zeros((1, 2), np.float32)}]
+    opts = {"max_intermediate_outputs": max_intermediate_outputs}
+    with quiet():
+        cal = make_histocal(paths["cnn"], MM, opts, tmp_path / "a.onnx", mode=None)
+        cal.collect_data(list(good))
+        before = cal.compute_data()
+        with pytest.raises(ValueError, match="batch 2"):
+            cal.collect_data(list(bad))
+        assert cal.intermediate_outputs == []
+        assert_tensors_same(before, cal.compute_data(), "after a failed call")
+        cal.collect_data(list(good))
+        ref = make_histocal(paths["cnn"], MM, opts, tmp_path / "b.onnx", mode=None)
+        ref.collect_data(list(good))
+        ref.collect_data(list(good))
+        assert_tensors_same(ref.compute_data(), cal.compute_data(), "continued")
+
+
+def test_falsy_feed_in_the_middle_ends_the_data_with_a_warning(paths, tmp_path, caplog):
+    """ORT's rule ends the data at the first falsy feed; histocal keeps it for every kind of data
+    and warns when a list or iterator has items after it (an end marker ends a reader silently)."""
+    feeds = models.cnn_feeds(3)
+    ref = run_ort(paths["cnn"], PCT, {}, [[feeds[0]]], tmp_path / "o.onnx")
+    cases = {
+        "list": ([feeds[0], {}, feeds[1], feeds[2]], "the 2 item(s) after it are not used"),
+        "iterator": (iter([feeds[0], None, feeds[1]]), "the items after it are not used"),
+        "list ending in None": ([feeds[0], None], None),
+        "reader": (RewindReader([feeds[0], {}, feeds[1]]), None),
+    }
+    for name, (data, warning) in cases.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="histocal"):
+            ours = run_histocal(paths["cnn"], PCT, {}, [data], tmp_path / "h.onnx", form="as is")
+        assert_tensors_same(ref.td, ours, name)
+        messages = [r.getMessage() for r in caplog.records if "ends the data" in r.getMessage()]
+        if warning is None:
+            assert messages == [], name
+        else:
+            assert len(messages) == 1 and "item 1 is" in messages[0] and warning in messages[0], (name, messages)
+
+
+class ShapeChangingReader(RewindReader):
+    """Its second read has other batch shapes from batch ``k`` on (the values stay in range)."""
+
+    def __init__(self, n: int, k: int | None, second_n: int | None = None):
+        super().__init__([{"X": np.ones((1 + i % 2, 4), np.float32)} for i in range(n)])
+        self.first, self.k, self.second_n = list(self.feeds), k, second_n
+
+    def rewind(self):
+        super().rewind()
+        self.feeds = [{"X": np.ones((3, 4), np.float32)} if self.k is not None and i >= self.k else f
+                      for i, f in enumerate(self.first)]
+        if self.second_n is not None:
+            self.feeds = (self.feeds * 2)[: self.second_n]
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 5, 13, 38])
+def test_second_read_with_other_shapes_names_the_batches(paths, tmp_path, k):
+    """Exact mode checks the second read against digests of the first (constant memory per
+    batch): the error names a span of batches that holds the first difference, found by batch
+    2k + 1 (or at the end)."""
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    with quiet(), pytest.raises(ValueError, match="different data on its second read") as err:
+        cal.collect_data(ShapeChangingReader(40, k))
+    text = str(err.value)
+    span = re.match(r"batch(?:es)? (\d+)(?: to (\d+))?:", text)
+    assert span, text
+    first, last = int(span[1]), int(span[2] or span[1])
+    assert first <= k <= last and (last <= 2 * k + 1 or last == 39), text
+
+
+@pytest.mark.parametrize("second_n", [7, 13])
+def test_second_read_with_another_batch_count(paths, tmp_path, second_n):
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    want = "10 batches on its first read and " + ("7 on its second" if second_n < 10 else "more on its second")
+    with quiet(), pytest.raises(ValueError, match=want):
+        cal.collect_data(ShapeChangingReader(10, None, second_n))
+
+
+def test_exact_mode_memory_is_flat_over_many_batches(paths, tmp_path):
+    """Exact mode keeps no per-batch record of the first read (it kept every batch's output
+    shapes: ~250 bytes a batch here, 1.4 MB over the extra batches below)."""
+    feed = {"X": np.ones((1, 4), np.float32)}
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+
+    def peak_growth(n: int) -> int:
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            cal.collect_data(lambda: (feed for _ in range(n)))  # a callable: read twice, exact mode
+            return tracemalloc.get_traced_memory()[1] - start
+        finally:
+            tracemalloc.stop()
+
+    with quiet():
+        cal.collect_data([feed] * 10)  # first-call allocations out of the way
+        small, large = peak_growth(200), peak_growth(6000)
+    assert cal.state.counts("X")[4] == 6210
+    assert large - small < 32 << 10, (small, large)

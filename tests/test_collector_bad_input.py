@@ -411,3 +411,44 @@ def test_compute_before_collect_is_value_error(key):
         hc.compute_collection_result()
     ort = run_ort(_cfg(key), [{}])
     assert isinstance(ort.error, ValueError) and "collect" in str(ort.error)
+
+
+def _threads_from_environment(value: str | None) -> tuple[str, str]:
+    """``histocal.get_num_threads()`` in a fresh interpreter with HISTOCAL_NUM_THREADS=value
+    (None: unset), and its stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HISTOCAL_NUM_THREADS"}
+    if value is not None:
+        env["HISTOCAL_NUM_THREADS"] = value
+    run = subprocess.run([sys.executable, "-c", "import histocal; print(histocal.get_num_threads())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    return run.stdout.strip(), run.stderr
+
+
+def test_bad_thread_count_in_the_environment_is_an_error():
+    """HISTOCAL_NUM_THREADS that is not a whole number >= 0 fails the import with an error naming
+    it (it was silently ignored); blanks around a number, an empty value and 0 are fine."""
+    for value in ("abc", "-3", "1.5"):
+        out, err = _threads_from_environment(value)
+        assert out == "" and (
+            f'HISTOCAL_NUM_THREADS must be a whole number of threads >= 0 (0 or unset: one per core), got "{value}"' in err
+        ), err
+    one_per_core = _threads_from_environment(None)[0]
+    got = [_threads_from_environment(v)[0] for v in ("3", " 2 ", "", "0")]
+    assert got == ["3", "2", one_per_core, one_per_core]
+
+
+@pytest.mark.parametrize("value,error", [(-1, ValueError), (10**30, ValueError), (True, TypeError), (1.5, TypeError), ("2", TypeError)])
+def test_bad_thread_count_argument_is_a_clear_error(value, error):
+    """set_num_threads(-1) gave an OverflowError; a bool or a float was taken as a number."""
+    histocal = _histocal()
+    saved = histocal.get_num_threads()
+    with pytest.raises(error, match=r"set_num_threads: n must be a whole number of threads >= 0"):
+        histocal.set_num_threads(value)
+    assert histocal.get_num_threads() == saved
+    histocal.set_num_threads(np.int64(1))
+    assert histocal.get_num_threads() == 1
+    histocal.set_num_threads(saved)

@@ -636,3 +636,22 @@ def test_f16_open_top_states_merge(f16_model_path, tmp_path):
             assert hist.sum() == held - lost, (name, hist.sum(), held, lost)
             assert edges.dtype == np.float16
         merged.compute("percentile", symmetric=True, num_bins=1000, percentile=99.9)
+
+
+def test_states_and_caches_share_one_file_mode(model_path, tmp_path):
+    """One rule for the files histocal saves: 0600 like onnxruntime's calibration cache, whatever
+    the umask and the mode of the file replaced (states were 0644, caches 0600)."""
+    from histocal import cache
+
+    cal = _calibrate("percentile", model_path, tmp_path, DATA)
+    state_path, cache_path = tmp_path / "s.hcs", tmp_path / "c.json"
+    for path in (state_path, cache_path):
+        path.write_bytes(b"")
+        path.chmod(0o644)
+    old = os.umask(0o022)
+    try:
+        cal.save_state(state_path)
+        cache.save_tensors_data(cal.compute_data(), cache_path)
+    finally:
+        os.umask(old)
+    assert (state_path.stat().st_mode & 0o777) == (cache_path.stat().st_mode & 0o777) == 0o600

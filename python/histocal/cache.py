@@ -54,12 +54,14 @@ _INT64 = np.iinfo(np.int64)
 # ----------------------------------------------------------------------------------------------
 
 
-def atomic_write_bytes(path: StrPath, data: bytes, mode: int = 0o600, *, prefix: str = ".histocal_") -> None:
+def atomic_write_bytes(path: StrPath, data: bytes, *, prefix: str = ".histocal_") -> None:
     """Replace ``path`` with ``data`` atomically: readers and concurrent writers only ever see a complete file.
 
     The bytes go to a temp file in the same folder (so ``os.replace`` cannot cross file systems), are fsynced,
     and then renamed over ``path``. On any failure, KeyboardInterrupt included, the temp file is removed and
     the previous ``path`` is untouched. Concurrent writers each use their own temp file; the last rename wins.
+    The file's mode is 0600 (owner only, whatever the umask), as onnxruntime writes its calibration cache:
+    histocal's one rule for the files it saves (caches and states).
     """
     path = Path(path)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
@@ -71,7 +73,6 @@ def atomic_write_bytes(path: StrPath, data: bytes, mode: int = 0o600, *, prefix:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp_name, mode)  # mkstemp creates 0600; make any other mode exact, independent of the umask
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -17,11 +17,23 @@ change:
     on how the data is batched or ordered (a power-of-two-aligned histogram of
     ``streaming_bins`` bins; ORT's methods then run on an ORT-shaped histogram derived from it).
   - ``auto`` (default): ``exact`` when the data can be read twice, else ``streaming``.
+
+Every calibrator serializes its calls with its own lock (shared with its collector), so one
+calibrator may be used from several threads: calls run one at a time, and a ``collect_data``
+that fails undoes only its own work. Without an ``augmented_model_path`` each calibrator writes
+its augmented model to its own temporary folder (removed with the calibrator).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+import os
+import shutil
+import tempfile
+import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -62,6 +74,58 @@ def _check_streaming_bins(n: int | None) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 8 or n & (n - 1):
         raise ValueError(f"streaming_bins must be a power of two >= 8, got {n!r}")
     return int(n)
+
+
+def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
+    """``path``, or where none is given a file in a temporary folder of ``owner``'s own (removed
+    with it): calibrators created at once with ORT's shared default path would write and load
+    each other's augmented models."""
+    if path is not None:
+        return path
+    folder = tempfile.mkdtemp(prefix="histocal_augmented_")
+    weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
+    return os.path.join(folder, "augmented_model.onnx")
+
+
+def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the calibrator's lock: calls from several threads take turns."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+def _is_checkpoint(i: int) -> bool:
+    return i & (i + 1) == 0  # i = 2^k - 1: batches 0, 1, 3, 7, 15, ...
+
+
+class _ReadDigest:
+    """The output shapes and dtypes of one read's batches in O(log batches) memory: a running
+    digest, kept after batches 0, 1, 3, 7, ... (2^k - 1) for a second read to compare with. A
+    second read that differs is caught by twice the batch index where it starts differing, and
+    the error names the span of batches (between two kept digests) where it does."""
+
+    def __init__(self) -> None:
+        self.digest = b""
+        self.kept: dict[int, bytes] = {}
+
+    def add(self, items: list[tuple[str, list[np.ndarray]]]) -> None:
+        h = hashlib.blake2b(self.digest, digest_size=16)
+        for _, arrays in items:
+            h.update(f"{arrays[0].dtype.str}{arrays[0].shape};".encode())
+        self.digest = h.digest()
+
+
+def _second_read_differs(first: int, last: int) -> ValueError:
+    where = f"batch {last}" if first == last else f"batches {first} to {last}"
+    return ValueError(
+        f"{where}: the data reader returned different data on its second read "
+        "(exact mode reads the data twice; it must yield the same batches each time, "
+        "or use mode='streaming')"
+    )
 
 
 def _run_batches(
@@ -119,6 +183,7 @@ class _HistogramCalibration:
     collector: HistogramCollector | None
 
     def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
+        self._lock = threading.RLock()
         self.mode = _check_mode(mode)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
@@ -127,7 +192,7 @@ class _HistogramCalibration:
         self._new_collector()  # validates the settings now (ORT only does at collect time)
 
     def _new_collector(self) -> HistogramCollector:
-        return HistogramCollector(
+        collector = HistogramCollector(
             method=self.method,
             symmetric=self.symmetric,
             num_bins=self.num_bins,
@@ -135,7 +200,14 @@ class _HistogramCalibration:
             percentile=self.percentile,
             scenario=self.scenario,
         )
+        collector._lock = self._lock  # one lock: the calibrator's calls reach into the collector
+        return collector
 
+    @_one_call_at_a_time
+    def augment_graph(self) -> None:
+        super().augment_graph()  # type: ignore[misc]
+
+    @_one_call_at_a_time
     def create_inference_session(self) -> None:
         """ORT's calibration session (graph optimizations off), except that its intra-op threads
         sleep between operators instead of spinning: the Rust work on the previous batch runs
@@ -158,6 +230,7 @@ class _HistogramCalibration:
             raise RuntimeError("call augment_graph() and create_inference_session() before collect_data()")
         return [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
 
+    @_one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
         """Collect one call's batches; may be called several times (ORT's merge rule applies
         between calls in exact mode; streaming mode treats all calls as one data set). A call
@@ -166,17 +239,25 @@ class _HistogramCalibration:
         try:
             self._collect_call(data_reader)
         except BaseException:
-            self._mode_used, self.collector, self._stream = saved
+            self._restore(*saved)
             raise
 
-    def _snapshot(self) -> tuple[Any, Any, Any]:
+    def _snapshot(self) -> tuple[Any, Any, Any, Any]:
         from .state import _copy_stream, copy_histograms
 
-        collector = None
+        histograms = None
         if self.collector is not None:
-            collector = self._new_collector()
-            copy_histograms(self.collector._histograms, collector._histograms)
-        return self._mode_used, collector, None if self._stream is None else _copy_stream(self._stream)
+            histograms = _core.Histograms(self._kind, self.collector.num_bins)
+            copy_histograms(self.collector._histograms, histograms)
+        stream = None if self._stream is None else _copy_stream(self._stream)
+        return self._mode_used, self.collector, histograms, stream
+
+    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any) -> None:
+        # The same collector object, with its histograms as they were: a caller holding
+        # ``calibrator.collector`` sees no trace of the failed call either.
+        self._mode_used, self.collector, self._stream = mode_used, collector, stream
+        if collector is not None:
+            collector._histograms, collector._dict = histograms, None
 
     def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
@@ -204,21 +285,26 @@ class _HistogramCalibration:
             self.collector = self._new_collector()
         hist = self.collector._histograms
         stream = self._exact_stream()
-        shapes: list[list[tuple[int, ...]]] = []
+        # Constant memory per batch (a long stream must not grow it): the second read is checked
+        # against digests of the first, not against a list of every batch's shapes.
+        first, second = _ReadDigest(), _ReadDigest()
 
         def scan(i: int, items: list) -> None:
-            shapes.append([a[0].shape for _, a in items])
+            first.add(items)
+            if _is_checkpoint(i):
+                first.kept[i] = first.digest
             # The state's streaming histogram (see state.py) is fed here, from the same scans.
             hist.scan(items, stream)
 
         def count(i: int, items: list) -> None:
-            got = [a[0].shape for _, a in items]
-            if i >= len(shapes) or got != shapes[i]:
+            if i >= n:
                 raise ValueError(
-                    f"batch {i}: the data reader returned different data on its second read "
-                    "(exact mode reads the data twice; it must yield the same batches each time, "
-                    "or use mode='streaming')"
+                    f"the data reader returned {n} batches on its first read and more on its second "
+                    "(exact mode reads the data twice; it must yield the same batches each time)"
                 )
+            second.add(items)
+            if _is_checkpoint(i) and second.digest != first.kept[i]:
+                raise _second_read_differs((i + 1) // 2, i)
             hist.count(items)
 
         before = _binned_and_binnable(hist)
@@ -232,6 +318,8 @@ class _HistogramCalibration:
                 f"the data reader returned {n} batches on its first read and {n2} on its second "
                 "(exact mode reads the data twice; it must yield the same batches each time)"
             )
+        if second.digest != first.digest:
+            raise _second_read_differs(max(first.kept) + 1, n - 1)
         self.collector._dict = None
         # Values outside the first read's ranges were not binned: the reader changed its data.
         for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
@@ -279,6 +367,7 @@ class _HistogramCalibration:
             self._stream = self._new_stream()
         return self._stream
 
+    @_one_call_at_a_time
     def _restart_collection(self) -> None:
         """Forget everything collected, keeping the augmented model, the session and the mode
         already settled on (so that new data is collected the way the first was). ORT's
@@ -299,12 +388,14 @@ class _HistogramCalibration:
 
         CalibrationState.from_calibrator(self, data_fingerprint).save(path, compress)
 
+    @_one_call_at_a_time
     def load_state(self, state: Any) -> None:
         """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
         from .state import load_into_calibrator
 
         load_into_calibrator(self, state)
 
+    @_one_call_at_a_time
     def compute_data(self) -> TensorsData:
         method = _METHODS[self.method]
         if self._mode_used == "streaming":
@@ -321,7 +412,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         self,
         model_path: str | Path,
         op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str = "augmented_model.onnx",
+        augmented_model_path: str | Path | None = None,
         use_external_data_format: bool = False,
         method: str = "entropy",
         symmetric: bool = False,
@@ -333,7 +424,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format,
+            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format,
             method=method, symmetric=symmetric, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
         )
         self._init_histocal(mode, streaming_bins, show_progress)
@@ -344,7 +435,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         self,
         model_path: str | Path,
         op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str = "augmented_model.onnx",
+        augmented_model_path: str | Path | None = None,
         use_external_data_format: bool = False,
         method: str = "percentile",
         symmetric: bool = False,
@@ -356,7 +447,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format,
+            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format,
             method=method, symmetric=symmetric, num_bins=num_bins, percentile=percentile,
         )
         self._init_histocal(mode, streaming_bins, show_progress)
@@ -367,7 +458,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         self,
         model_path: str | Path,
         op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str = "augmented_model.onnx",
+        augmented_model_path: str | Path | None = None,
         use_external_data_format: bool = False,
         method: str = "distribution",
         num_bins: int = 128,
@@ -378,7 +469,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format,
+            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format,
             method=method, num_bins=num_bins, scenario=scenario,
         )
         self._init_histocal(mode, streaming_bins, show_progress)
@@ -394,7 +485,7 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self,
         model_path: str | Path,
         op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str = "augmented_model.onnx",
+        augmented_model_path: str | Path | None = None,
         use_external_data_format: bool = False,
         method: str = "mse",
         method_options: dict[str, Any] | None = None,
@@ -406,7 +497,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         if name in methods.ORT_METHODS:
             raise ValueError(f"{name} is an onnxruntime method: use its own calibrator (or create_calibrator)")
         self.method_options = methods.check_options(name, dict(method_options or {}))
-        super().__init__(model_path, op_types_to_calibrate, augmented_model_path, use_external_data_format, method=name)
+        super().__init__(model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format, method=name)
+        self._lock = threading.RLock()
         self.mode = "streaming"
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
@@ -418,6 +510,7 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         votes = self.method == "pow2" and self.method_options.get("minmse_mode") == "MostCommon"
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)
 
+    @_one_call_at_a_time
     def compute_data(self) -> TensorsData:
         if self._stream is None:
             raise ValueError("No collector created and can't generate calibration data.")
@@ -449,7 +542,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
         self,
         model_path: str | Path,
         op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str = "augmented_model.onnx",
+        augmented_model_path: str | Path | None = None,
         symmetric: bool = False,
         use_external_data_format: bool = False,
         moving_average: bool = False,
@@ -460,7 +553,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, augmented_model_path, symmetric=symmetric,
+            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), symmetric=symmetric,
             use_external_data_format=use_external_data_format, moving_average=moving_average,
             averaging_constant=averaging_constant, max_intermediate_outputs=max_intermediate_outputs,
             per_channel=per_channel,
@@ -471,8 +564,26 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
         ):
             raise ValueError(f"max_intermediate_outputs must be a positive integer, got {max_intermediate_outputs!r}")
         self.show_progress = show_progress
+        self._lock = threading.RLock()
 
+    augment_graph = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
+    create_inference_session = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.create_inference_session)
+    compute_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
+    clear_collected_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
+
+    @_one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
+        """ORT's collect_data, except that a call that fails leaves what earlier calls collected
+        unchanged, as in the histogram calibrators (ORT keeps the failed call's batches)."""
+        # compute_data replaces the range rather than changing it, so a reference is a snapshot
+        saved = list(self.intermediate_outputs), self.calibrate_tensors_range
+        try:
+            self._collect_call(data_reader)
+        except BaseException:
+            self.intermediate_outputs, self.calibrate_tensors_range = saved
+            raise
+
+    def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
         session = self.infer_session
         checker = FeedChecker(session)
@@ -512,7 +623,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
 def create_calibrator(
     model: str | Path,
     op_types_to_calibrate: Sequence[str] | None = None,
-    augmented_model_path: str = "augmented_model.onnx",
+    augmented_model_path: str | Path | None = None,
     calibrate_method: CalibrationMethod | str = CalibrationMethod.MinMax,
     use_external_data_format: bool = False,
     providers: Sequence[Any] | None = None,

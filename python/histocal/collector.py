@@ -8,6 +8,7 @@ silently drops data, histocal returns a result instead (see the README's "Deviat
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -69,7 +70,8 @@ def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
 
 
 class HistogramCollector(CalibrationDataCollector):
-    """ORT's ``HistogramCollector``, identical results, computed in Rust."""
+    """ORT's ``HistogramCollector``, identical results, computed in Rust. Calls from several
+    threads take turns (a lock per collector; a calibrator's collector shares its lock)."""
 
     def __init__(
         self,
@@ -104,27 +106,31 @@ class HistogramCollector(CalibrationDataCollector):
         kind = "abs" if method == "percentile" and symmetric else "value"
         self._histograms = _core.Histograms(kind, num_bins)
         self._dict: dict[str, tuple] | None = None
+        self._lock = threading.RLock()
 
     def collect(self, name_to_arr: Mapping[str, Any]) -> None:
         """Add one ``collect`` call's data: per tensor an array or a list of per-batch arrays."""
         items = [(name, float_batches(name, data)) for name, data in name_to_arr.items()]
-        self._dict = None
-        self._histograms.collect(items)
+        with self._lock:
+            self._dict = None
+            self._histograms.collect(items)
 
     @property
     def histogram_dict(self) -> dict[str, tuple]:
         """ORT's tuples: ``(hist, edges, min, max, threshold)``, or ``(hist, edges, min, max)``
         for the symmetric-percentile |x| histogram."""
-        if self._dict is None:
-            self._dict = {name: self._entry(name) for name in self._histograms.names()}
-        return self._dict
+        with self._lock:
+            if self._dict is None:
+                self._dict = {name: self._entry(name) for name in self._histograms.names()}
+            return self._dict
 
     def get_histogram_dict(self) -> dict[str, tuple]:
         return self.histogram_dict
 
     @property
     def counts(self) -> dict[str, ValueCounts]:
-        return {n: ValueCounts(*self._histograms.counts(n)) for n in self._histograms.names()}
+        with self._lock:
+            return {n: ValueCounts(*self._histograms.counts(n)) for n in self._histograms.names()}
 
     def _entry(self, name: str) -> tuple:
         hist, edges, mn, mx, threshold, _ = self._histograms.state(name)
@@ -133,14 +139,15 @@ class HistogramCollector(CalibrationDataCollector):
         return entry if threshold is None else (*entry, _held(*threshold, dtype))
 
     def compute_collection_result(self) -> dict[str, Any]:
-        if not self._histograms.names():
-            raise ValueError("Histogram has not been collected. Please run collect() first.")
-        logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
-        if self.method == "entropy":
-            return self._entropy()
-        if self.method == "percentile":
-            return self._percentile()
-        return self._distribution()
+        with self._lock:
+            if not self._histograms.names():
+                raise ValueError("Histogram has not been collected. Please run collect() first.")
+            logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
+            if self.method == "entropy":
+                return self._entropy()
+            if self.method == "percentile":
+                return self._percentile()
+            return self._distribution()
 
     def _entropy(self) -> dict[str, tuple]:
         hd = self.histogram_dict

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -33,9 +33,11 @@ _ORT_TYPES = {
 
 
 class DataSource:
-    """One calibration data source. ``passes()`` yields the feed dicts of one read; ORT's rule
-    ends a read at the first falsy item. ``rereadable`` says whether a second read gives the
-    same data again (lists and tuples, readers with ``rewind()``, zero-argument callables)."""
+    """One calibration data source. ``read()`` yields the feed dicts of one read; ORT's rule
+    ends a read at the first falsy item (a warning says so when items follow it in a list or
+    iterable; a reader's falsy ``get_next()`` is its normal end). ``rereadable`` says whether a
+    second read gives the same data again (lists and tuples, readers with ``rewind()``,
+    zero-argument callables)."""
 
     def __init__(self, data: Any) -> None:
         self._data = data
@@ -61,16 +63,43 @@ class DataSource:
         if self._reads and hasattr(data, "get_next"):
             data.rewind()
         self._reads += 1
-        if hasattr(data, "get_next") and callable(data.get_next):
+        reader = hasattr(data, "get_next") and callable(data.get_next)
+        if reader:
             items: Iterable[Any] = iter(data.get_next, object())  # ended below at falsy
         elif callable(data) and not isinstance(data, Iterable):
             items = data()
         else:
             items = data
-        for item in items:
+        it = iter(items)
+        for i, item in enumerate(it):
             if not item:
+                if self._reads == 1 and not reader:  # a reader's falsy get_next() is its end
+                    self._warn_if_items_follow(i, item, items, it)
                 return
             yield item
+
+    @staticmethod
+    def _warn_if_items_follow(i: int, item: Any, items: Any, it: Iterator[Any]) -> None:
+        """ORT's rule ends the data at a falsy item; one in the middle of a list is more likely a
+        mistake than an end marker, so say what is left out (peeking one item of an iterator)."""
+        if isinstance(items, Sized):
+            after = len(items) - i - 1
+            left_out = f"the {after} item(s) after it are not used" if after else ""
+        else:
+            left_out = "" if next(it, _END) is _END else "the items after it are not used"
+        if left_out:
+            logger.warning(
+                "histocal: calibration data item %d is %s, which ends the data (onnxruntime's rule: "
+                "a falsy feed ends it); %s", i, _short(item), left_out,
+            )
+
+
+_END = object()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class FeedChecker:

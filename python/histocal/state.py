@@ -61,6 +61,7 @@ problem (``FileNotFoundError`` for a missing path).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -310,7 +311,8 @@ class CalibrationState:
     @classmethod
     def from_calibrator(cls, cal: Any, data_fingerprint: str | None = None) -> "CalibrationState":
         """A copy of what a histocal Entropy/Percentile/Distribution calibrator has collected."""
-        return cls._of_calibrator(cal, data_fingerprint, copy_stream=True)
+        with getattr(cal, "_lock", contextlib.nullcontext()):  # not while another thread collects
+            return cls._of_calibrator(cal, data_fingerprint, copy_stream=True)
 
     @classmethod
     def _of_calibrator(cls, cal: Any, data_fingerprint: str | None, copy_stream: bool) -> "CalibrationState":
@@ -535,10 +537,10 @@ class CalibrationState:
         return buf.getvalue()
 
     def save(self, path: PathLike, compress: bool = False) -> None:
-        """Write the state atomically (a temp file renamed over ``path``; mode 0644)."""
+        """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, self.to_bytes(compress), 0o644, prefix=".histocal_state_")
+        atomic_write_bytes(path, self.to_bytes(compress), prefix=".histocal_state_")
 
     @classmethod
     def load(cls, path: PathLike) -> "CalibrationState":

@@ -19,19 +19,36 @@ use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 static POOL: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
+/// `HISTOCAL_NUM_THREADS` as read when the module was imported (None: unset, empty or 0).
+static ENV_THREADS: OnceLock<Option<usize>> = OnceLock::new();
+
+/// `HISTOCAL_NUM_THREADS`: a thread count, or None for one per core (unset, empty or 0).
+fn threads_from_env() -> Result<Option<usize>, String> {
+    let raw = match std::env::var("HISTOCAL_NUM_THREADS") {
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => return Err(format!("{v:?}")),
+        Ok(v) => v,
+    };
+    match raw.trim() {
+        "" => Ok(None),
+        t => t.parse::<usize>().map(|n| (n > 0).then_some(n)).map_err(|_| format!("{raw:?}")),
+    }
+    .map_err(|got| format!("HISTOCAL_NUM_THREADS must be a whole number of threads >= 0 (0 or unset: one per core), got {got}"))
+}
 
 fn default_threads() -> usize {
-    std::env::var("HISTOCAL_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    ENV_THREADS.get().copied().flatten().unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
 }
 
 fn pool() -> Arc<ThreadPool> {
@@ -48,7 +65,20 @@ fn run<T: Send, F: FnOnce() -> T + Send>(py: Python<'_>, f: F) -> T {
 
 /// Set the number of worker threads (0: the default, `HISTOCAL_NUM_THREADS` or all cores).
 #[pyfunction]
-fn set_num_threads(n: usize) -> PyResult<()> {
+fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
+    let expected = format!(
+        "set_num_threads: n must be a whole number of threads >= 0 (0: HISTOCAL_NUM_THREADS or one per core), got {}",
+        n.repr()?
+    );
+    let count = n.extract::<i64>();
+    let whole = !n.is_instance_of::<PyBool>() && (count.is_ok() || n.is_instance_of::<PyInt>());
+    if !whole {
+        return Err(PyTypeError::new_err(expected));
+    }
+    let n = count
+        .ok()
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| PyValueError::new_err(expected))?;
     let n = if n == 0 { default_threads() } else { n };
     let p = ThreadPoolBuilder::new().num_threads(n).build().map_err(|e| PyValueError::new_err(e.to_string()))?;
     *POOL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(p));
@@ -1131,6 +1161,8 @@ fn nanmean_sequential(values: Bound<'_, PyAny>) -> PyResult<f64> {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A bad value fails the import with a clear error rather than being silently ignored.
+    let _ = ENV_THREADS.set(threads_from_env().map_err(PyValueError::new_err)?);
     m.add_class::<Histograms>()?;
     m.add_class::<StreamHistograms>()?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
