@@ -6,7 +6,8 @@ change:
 
 * ``MinMaxCalibrater``: ORT's in-graph ReduceMin/ReduceMax, results identical to ORT's, except
   that ``max_intermediate_outputs`` folds each chunk into the range instead of discarding it,
-  and per-channel ranges merge across ``collect_data`` calls (ORT raises there).
+  per-channel ranges merge across ``collect_data`` calls (ORT raises there), and those merges
+  ignore NaN as ORT does within a chunk (ORT keeps an earlier all-NaN call's NaN).
 * ``EntropyCalibrater``, ``PercentileCalibrater``, ``DistributionCalibrater``: histograms in
   bounded memory, in one of two modes:
 
@@ -257,7 +258,7 @@ class _HistogramCalibration:
         # ``calibrator.collector`` sees no trace of the failed call either.
         self._mode_used, self.collector, self._stream = mode_used, collector, stream
         if collector is not None:
-            collector._histograms, collector._dict = histograms, None
+            collector._roll_back_to(histograms)
 
     def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
@@ -320,7 +321,7 @@ class _HistogramCalibration:
             )
         if second.digest != first.digest:
             raise _second_read_differs(max(first.kept) + 1, n - 1)
-        self.collector._dict = None
+        self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
         # Values outside the first read's ranges were not binned: the reader changed its data.
         for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
             b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
@@ -520,23 +521,25 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         return CalibrationState._of_calibrator(self, None, copy_stream=False).compute(self.method, **self.method_options)
 
 
-def _py_min(old: Any, new: Any) -> Any:
-    """Python ``min(old, new)`` (NaN in ``old`` sticks), elementwise for per-channel arrays."""
+def _nan_min(old: Any, new: Any) -> Any:
+    """Python ``min(old, new)`` (ORT's merge: ``old`` on ties, so the same object), except that
+    a NaN never wins over a number; elementwise for per-channel arrays."""
     if np.ndim(old) == 0 or np.size(old) == 1:
-        return new if new < old else old
-    return np.where(new < old, new, old)
+        return new if new < old or np.isnan(old) else old
+    return np.where((new < old) | np.isnan(old), new, old)
 
 
-def _py_max(old: Any, new: Any) -> Any:
+def _nan_max(old: Any, new: Any) -> Any:
     if np.ndim(old) == 0 or np.size(old) == 1:
-        return new if new > old else old
-    return np.where(new > old, new, old)
+        return new if new > old or np.isnan(old) else old
+    return np.where((new > old) | np.isnan(old), new, old)
 
 
 class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
     """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
     a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
-    chunks instead of discarding them, and per-channel ranges that merge across calls."""
+    chunks instead of discarding them, and per-channel ranges that merge across calls, NaN
+    ignored: the range is the NaN-ignoring one of all batches, however they are chunked."""
 
     def __init__(
         self,
@@ -609,10 +612,11 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
             new = new_range[key]
             new_min, new_max = new.range_value if isinstance(new, TensorData) else new
             if self.moving_average:
+                # ORT's arithmetic exactly: a NaN (e.g. an all-NaN chunk's mean) stays NaN, as in ORT
                 min_value = old_min + self.averaging_constant * (new_min - old_min)
                 max_value = old_max + self.averaging_constant * (new_max - old_max)
             else:
-                min_value, max_value = _py_min(old_min, new_min), _py_max(old_max, new_max)
+                min_value, max_value = _nan_min(old_min, new_min), _nan_max(old_max, new_max)
             if isinstance(value, TensorData) or isinstance(new, TensorData):
                 new_range[key] = TensorData(lowest=min_value, highest=max_value)
             else:

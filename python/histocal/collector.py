@@ -3,14 +3,20 @@
 Same constructor, same ``collect`` / ``compute_collection_result`` / ``histogram_dict``, and the
 same result objects down to numpy scalar-vs-0-d-array kinds and dtypes. Where ORT crashes or
 silently drops data, histocal returns a result instead (see the README's "Deviations").
+
+``histogram_dict`` behaves like ORT's plain attribute: the same dict object every time, updated
+in place by ``collect``, assignable, and edits to it (entries set, replaced or deleted, arrays
+changed in place) are what the next ``collect`` / ``compute_collection_result`` works from. The
+histograms themselves live in Rust; the dict is a view kept in step with them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationDataCollector, TensorData
@@ -70,8 +76,7 @@ def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
 
 
 class HistogramCollector(CalibrationDataCollector):
-    """ORT's ``HistogramCollector``, identical results, computed in Rust. Calls from several
-    threads take turns (a lock per collector; a calibrator's collector shares its lock)."""
+    """ORT's ``HistogramCollector``, identical results, computed in Rust."""
 
     def __init__(
         self,
@@ -103,44 +108,133 @@ class HistogramCollector(CalibrationDataCollector):
         self.num_quantized_bins = num_quantized_bins
         self.percentile = percentile
         self.scenario = scenario
-        kind = "abs" if method == "percentile" and symmetric else "value"
-        self._histograms = _core.Histograms(kind, num_bins)
-        self._dict: dict[str, tuple] | None = None
+        self._kind = "abs" if method == "percentile" and symmetric else "value"
+        self._hists = _core.Histograms(self._kind, num_bins)
+        # The histogram_dict handed out or assigned (None until asked for), and per tensor the
+        # tuple object last put in it that matches the Rust state.
+        self._dict: MutableMapping[str, tuple] | None = None
+        self._handed: dict[str, tuple] = {}
+        # One call at a time (a calibrator replaces this with its own lock).
         self._lock = threading.RLock()
+
+    @property
+    def _histograms(self) -> Any:
+        """The Rust state, with any edits of ``histogram_dict`` applied first."""
+        self._sync()
+        return self._hists
+
+    @_histograms.setter
+    def _histograms(self, hists: Any) -> None:
+        self._hists = hists
+        self._dict, self._handed = None, {}
 
     def collect(self, name_to_arr: Mapping[str, Any]) -> None:
         """Add one ``collect`` call's data: per tensor an array or a list of per-batch arrays."""
         items = [(name, float_batches(name, data)) for name, data in name_to_arr.items()]
         with self._lock:
-            self._dict = None
-            self._histograms.collect(items)
+            self._sync()
+            try:
+                self._hists.collect(items)
+            finally:
+                self._refresh(name for name, _ in items)
 
     @property
-    def histogram_dict(self) -> dict[str, tuple]:
+    def histogram_dict(self) -> MutableMapping[str, tuple]:
         """ORT's tuples: ``(hist, edges, min, max, threshold)``, or ``(hist, edges, min, max)``
-        for the symmetric-percentile |x| histogram."""
+        for the symmetric-percentile |x| histogram. Assignable, like ORT's attribute. Reading
+        it costs nothing after the first time; edits are checked by the next collect/compute."""
         with self._lock:
             if self._dict is None:
-                self._dict = {name: self._entry(name) for name in self._histograms.names()}
+                self._dict, self._handed = {}, {}
+                self._refresh()
             return self._dict
 
-    def get_histogram_dict(self) -> dict[str, tuple]:
+    @histogram_dict.setter
+    def histogram_dict(self, value: MutableMapping[str, tuple]) -> None:
+        if not isinstance(value, MutableMapping):
+            raise TypeError(f"histogram_dict must be a dict of histogram tuples, got {type(value).__name__}")
+        with self._lock:
+            self._hists = self._load(value)  # a ValueError here changes nothing
+            # ORT keeps the caller's dict and tuples as given; so does this view
+            self._dict, self._handed = value, dict(value.items())
+
+    def get_histogram_dict(self) -> MutableMapping[str, tuple]:
         return self.histogram_dict
 
     @property
     def counts(self) -> dict[str, ValueCounts]:
+        """Values collected per tensor, by kind. For an entry assigned through
+        ``histogram_dict``, its histogram's total, as finite values of 0 batches."""
         with self._lock:
-            return {n: ValueCounts(*self._histograms.counts(n)) for n in self._histograms.names()}
+            hists = self._histograms
+            return {n: ValueCounts(*hists.counts(n)) for n in hists.names()}
 
     def _entry(self, name: str) -> tuple:
-        hist, edges, mn, mx, threshold, _ = self._histograms.state(name)
+        hist, edges, mn, mx, threshold, _ = self._hists.state(name)
         dtype = edges.dtype
         entry = (hist, edges, _held(*mn, dtype), _held(*mx, dtype))
         return entry if threshold is None else (*entry, _held(*threshold, dtype))
 
+    def _refresh(self, names: Iterable[str] | None = None) -> None:
+        """Write the Rust state of ``names`` (all tensors if None) into the exposed dict, in
+        place, as ORT's ``collect`` writes its dict."""
+        if self._dict is None:
+            return
+        held = set(self._hists.names())
+        for name in self._hists.names() if names is None else list(names):
+            if name in held:
+                self._dict[name] = self._handed[name] = self._entry(name)
+
+    def _roll_back_to(self, hists: Any) -> None:
+        """Put back the Rust state a failed calibrator call started from; a histogram_dict
+        handed out shows it too (entries the failed call added are removed)."""
+        with self._lock:
+            self._hists = hists
+            if self._dict is not None:
+                self._dict.clear()
+                self._handed = {}
+                self._refresh()
+
+    def _sync(self) -> None:
+        """Bring the Rust state in line with the exposed dict after the caller edited it."""
+        d = self._dict
+        if d is None or not self._edited(d):
+            return
+        self._hists = self._load(d)
+        self._handed = dict(d.items())
+
+    def _edited(self, d: MutableMapping[str, tuple]) -> bool:
+        if list(d.keys()) != list(self._handed.keys()):
+            return True
+        return any(entry is not self._handed[name] or not self._unchanged(name, entry) for name, entry in d.items())
+
+    def _unchanged(self, name: str, entry: tuple) -> bool:
+        """Whether an entry handed out still holds the Rust state (arrays not edited in place)."""
+        try:
+            return self._hists.unchanged(name, *entry)
+        except (TypeError, ValueError, OverflowError):
+            return False  # not numbers: loading it gives the error
+
+    def _load(self, d: MutableMapping[str, tuple]) -> Any:
+        """A new Rust state holding ``d``'s histograms, in ``d``'s order. Entries this collector
+        handed out unchanged keep their state (value counts included); others are checked and
+        loaded. A ValueError naming the tensor if one cannot be."""
+        from .state import _export_exact, _restore_exact
+
+        hists = _core.Histograms(self._kind, self.num_bins)
+        current = set(self._hists.names())
+        for name, entry in d.items():
+            if not isinstance(name, str):
+                raise TypeError(f"histogram_dict keys must be tensor names (str), got {name!r}")
+            if name in current and entry is self._handed.get(name) and self._unchanged(name, entry):
+                _restore_exact(hists, name, _export_exact(self._hists, name))
+            else:
+                _restore_entry(hists, self._kind, name, entry)
+        return hists
+
     def compute_collection_result(self) -> dict[str, Any]:
         with self._lock:
-            if not self._histograms.names():
+            if not self._histograms.names():  # (synced with histogram_dict here, once)
                 raise ValueError("Histogram has not been collected. Please run collect() first.")
             logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
             if self.method == "entropy":
@@ -152,7 +246,7 @@ class HistogramCollector(CalibrationDataCollector):
     def _entropy(self) -> dict[str, tuple]:
         hd = self.histogram_dict
         out = {}
-        for name, start, end in self._histograms.entropy(self.num_quantized_bins):
+        for name, start, end in self._hists.entropy(self.num_quantized_bins):
             hist, edges, mn, mx = hd[name][:4]
             lo, hi = _clip(edges[start], edges[end], mn, mx)
             out[name] = (lo, hi, hist, edges)
@@ -161,7 +255,7 @@ class HistogramCollector(CalibrationDataCollector):
     def _percentile(self) -> dict[str, tuple]:
         hd = self.histogram_dict
         out = {}
-        for name, i_lo, i_hi in self._histograms.percentile(float(self.percentile), self.symmetric):
+        for name, i_lo, i_hi in self._hists.percentile(float(self.percentile), self.symmetric):
             hist, edges, mn, mx = hd[name][:4]
             if self.symmetric:
                 lo, hi = -np.array(edges[i_hi], edges.dtype), np.array(edges[i_hi], edges.dtype)
@@ -175,7 +269,7 @@ class HistogramCollector(CalibrationDataCollector):
             raise ValueError("Invalid num_bins. Must be in range 512 <= num_bins.")
         hd = self.histogram_dict
         if self.scenario == "same":
-            moments = {n: (a, s) for n, a, s in self._histograms.distribution()}
+            moments = {n: (a, s) for n, a, s in self._hists.distribution()}
         else:
             moments = {n: _p3_avg_std(*hd[n][:2]) for n in hd}
         out = {}
@@ -210,6 +304,42 @@ def _p3_avg_std(hist: np.ndarray, edges: np.ndarray) -> tuple[Any, Any]:
         avg = (hist * values).sum() / hist.sum()
         std = ((hist * values**2).sum() / hist.sum() - avg**2) ** 0.5
     return avg, std
+
+
+_ENTRY_SHAPES = {"value": "(hist, edges, min, max, threshold)", "abs": "(hist, edges, min, max)"}
+
+
+def _restore_entry(hists: Any, kind: str, name: str, entry: Any) -> None:
+    """Load one ORT-style histogram tuple into ``hists``: its counts are taken as finite values
+    of 0 batches. The data dtype is the edges', or the min's where that is narrower (float16
+    data in float32 edges, histocal's "Too many bins" fallback)."""
+    if not isinstance(entry, tuple) or len(entry) != (5 if kind == "value" else 4):
+        raise ValueError(f"tensor {name!r}: histogram_dict entries of this collector are {_ENTRY_SHAPES[kind]} tuples")
+    hist, edges = np.asarray(entry[0]), np.asarray(entry[1])
+    if hist.ndim != 1 or edges.ndim != 1:
+        raise ValueError(f"tensor {name!r}: hist and edges must be 1-D arrays")
+    if hist.dtype.kind == "f" and np.all(np.isfinite(hist)) and np.all(hist == np.floor(hist)):
+        hist = hist.astype(np.int64)
+    if hist.dtype.kind not in "iu" or (hist.size and hist.min() < 0):
+        raise ValueError(f"tensor {name!r}: hist must hold counts (whole numbers >= 0), got {hist.dtype}")
+    if edges.dtype.kind != "f" or edges.dtype.itemsize not in (2, 4, 8):
+        raise ValueError(f"tensor {name!r}: edges must be float16, float32 or float64, got {edges.dtype}")
+    edges = edges.astype(edges.dtype.newbyteorder("="), copy=False)
+    mn = entry[2]
+    data = edges.dtype
+    if isinstance(mn, (np.ndarray, np.generic)) and mn.dtype.kind == "f" and mn.dtype.itemsize < data.itemsize:
+        data = mn.dtype
+
+    def held(v: Any) -> tuple[float, bool]:
+        try:
+            return float(np.asarray(v, dtype=np.float64).reshape(())), isinstance(v, np.ndarray)
+        except (TypeError, ValueError):
+            raise ValueError(f"tensor {name!r}: min, max and threshold must be single numbers, got {v!r}") from None
+
+    threshold = held(entry[4]) if kind == "value" else None
+    counts = (int(hist.sum()), 0, 0, 0, 0)
+    hists.restore(name, str(data), np.ascontiguousarray(hist, np.int64), np.ascontiguousarray(edges),
+                  held(mn), held(entry[3]), threshold, counts)
 
 
 def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:

@@ -346,6 +346,62 @@ impl Histograms {
         })
     }
 
+    /// Whether `(hist, edges, min, max[, threshold])` (a `histogram_dict` entry) still holds
+    /// exactly this tensor's state: `hist` int64 and `edges` of the state's dtype, equal element
+    /// for element, and the values bit for bit. Anything else (another dtype or length, an edit
+    /// in place) is `false`: a cheap check that lets the Python view skip unedited entries.
+    #[pyo3(signature = (name, hist, edges, min, max, threshold=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn unchanged(
+        &self,
+        name: &str,
+        hist: &Bound<'_, PyAny>,
+        edges: &Bound<'_, PyAny>,
+        min: f64,
+        max: f64,
+        threshold: Option<f64>,
+    ) -> bool {
+        fn bits<E: Float>(x: E) -> u64 {
+            x.to_f64().to_bits()
+        }
+        fn same_values<E: Float + Element>(a: &Bound<'_, PyAny>, b: &[E]) -> bool {
+            let Ok(a) = a.cast::<numpy::PyArray1<E>>() else { return false };
+            let a = a.readonly();
+            match a.as_slice() {
+                // no short circuit: the loop vectorizes
+                Ok(s) => s.len() == b.len() && s.iter().zip(b).fold(true, |ok, (&x, &y)| ok & (bits(x) == bits(y))),
+                Err(_) => a.as_array().iter().map(|&x| bits(x)).eq(b.iter().map(|&x| bits(x))),
+            }
+        }
+        let same_hist = |b: &[i64]| {
+            let Ok(a) = hist.cast::<numpy::PyArray1<i64>>() else { return false };
+            let a = a.readonly();
+            match a.as_slice() {
+                Ok(s) => s == b,
+                Err(_) => a.as_array().iter().eq(b.iter()),
+            }
+        };
+        let Some(st) = self.states.get(name) else { return false };
+        match &st.histogram {
+            Histogram::Value(t) => with_typed!(t, |h, E| {
+                let _: &crate::value_histogram::ValueHistogram<E> = h;
+                same_hist(&h.hist)
+                    && same_values::<E>(edges, &h.edges)
+                    && min.to_bits() == bits(h.min.value)
+                    && max.to_bits() == bits(h.max.value)
+                    && threshold.is_some_and(|t| t.to_bits() == bits(h.threshold.value))
+            }),
+            Histogram::Abs(t) => with_typed!(t, |h, E| {
+                let _: &crate::abs_histogram::AbsHistogram<E> = h;
+                same_hist(&h.hist)
+                    && same_values::<E>(edges, &h.edges)
+                    && min.to_bits() == bits(h.min.value)
+                    && max.to_bits() == bits(h.max.value)
+                    && threshold.is_none()
+            }),
+        }
+    }
+
     /// Put back a state `state()` and `counts()` exported (e.g. from a state file), after
     /// checking it is one histocal could have built. Replaces any state of that name.
     #[allow(clippy::too_many_arguments)]
