@@ -48,7 +48,7 @@ fn main() {
     pool.install(|| {
         let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
         for h in &hists {
-            for k in kl_values::<f32>(h, 128).unwrap() {
+            for k in kl_values::<f32>(h, 128, &Default::default()).unwrap() {
                 digest = (digest ^ k.to_bits()).wrapping_mul(0x100_0000_01b3);
             }
         }
@@ -56,7 +56,7 @@ fn main() {
         for _ in 0..reps {
             let t = Instant::now();
             for h in &hists {
-                std::hint::black_box(kl_values::<f32>(h, 128).unwrap());
+                std::hint::black_box(kl_values::<f32>(h, 128, &Default::default()).unwrap());
             }
             best = best.min(t.elapsed().as_secs_f64());
         }

@@ -17,7 +17,7 @@ fn main() {
     pool.install(|| {
         let t = Instant::now();
         for _ in 0..20 {
-            std::hint::black_box(kl_values::<f32>(&hist, 128).unwrap());
+            std::hint::black_box(kl_values::<f32>(&hist, 128, &Default::default()).unwrap());
         }
         println!("kl_values 2048/128: {:.3} ms", t.elapsed().as_secs_f64() * 1000.0 / 20.0);
     });

@@ -2,7 +2,7 @@
 //! thread pool), Python values out. Type fidelity to ORT's objects lives in the Python layer.
 
 use crate::distribution::avg_std;
-use crate::entropy::entropy_threshold;
+use crate::entropy::{entropy_threshold, search_work as entropy_search_work};
 use crate::float::Float;
 use crate::kl_tensorrt;
 use crate::minmax;
@@ -23,7 +23,9 @@ use pyo3::types::{PyBool, PyInt};
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 static POOL: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
 /// `HISTOCAL_NUM_THREADS` as read when the module was imported (None: unset, empty or 0).
@@ -61,6 +63,87 @@ fn pool() -> Arc<ThreadPool> {
 fn run<T: Send, F: FnOnce() -> T + Send>(py: Python<'_>, f: F) -> T {
     let p = pool();
     py.detach(|| p.install(f))
+}
+
+/// How often a running search checks for Python signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// Run a search `f` on histocal's pool with the GIL released, taking the GIL back every
+/// [`SIGNAL_POLL`] to run Python's signal handlers. When one raises (Ctrl-C:
+/// KeyboardInterrupt), `f`'s stop flag is set, its workers stop at their next check, and the
+/// exception is raised once they all have. `f` must leave no state half-changed when stopped.
+fn run_stoppable<T: Send, F: FnOnce(&AtomicBool) -> T + Send>(py: Python<'_>, f: F) -> PyResult<T> {
+    let p = pool();
+    let stop = AtomicBool::new(false);
+    let done: (Mutex<Option<std::thread::Result<T>>>, Condvar) = (Mutex::new(None), Condvar::new());
+    let mut signal: Option<PyErr> = None;
+    let result = py.detach(|| {
+        p.in_place_scope(|scope| {
+            scope.spawn(|_| {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&stop)));
+                *done.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                done.1.notify_all();
+            });
+            let mut slot = done.0.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(r) = slot.take() {
+                    return r;
+                }
+                let (s, wait) = done.1.wait_timeout(slot, SIGNAL_POLL).unwrap_or_else(|e| e.into_inner());
+                slot = s;
+                if wait.timed_out() && slot.is_none() && signal.is_none() {
+                    drop(slot);
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        signal = Some(e);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    slot = done.0.lock().unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        })
+    });
+    match (signal, result) {
+        (Some(e), _) => Err(e),
+        (None, Ok(v)) => Ok(v),
+        (None, Err(panic)) => std::panic::resume_unwind(panic),
+    }
+}
+
+const MAX_SEARCH_WORK_VAR: &str = "HISTOCAL_MAX_SEARCH_WORK";
+
+/// The default of `HISTOCAL_MAX_SEARCH_WORK`: an entropy search over about 346,000 bins
+/// (tens of seconds on two cores; onnxruntime would take over an hour).
+const DEFAULT_MAX_SEARCH_WORK: u64 = 30_000_000_000;
+
+/// The most work one tensor's search may take, in the bin evaluations of
+/// [`crate::entropy::search_work`]: `HISTOCAL_MAX_SEARCH_WORK` (a number; `inf`: no limit),
+/// read at each search, else (unset or empty) [`DEFAULT_MAX_SEARCH_WORK`].
+fn max_search_work() -> PyResult<u64> {
+    let v = std::env::var(MAX_SEARCH_WORK_VAR).unwrap_or_default();
+    if v.trim().is_empty() {
+        return Ok(DEFAULT_MAX_SEARCH_WORK);
+    }
+    match v.trim().parse::<f64>() {
+        Ok(x) if x >= 1.0 => Ok(if x >= u64::MAX as f64 { u64::MAX } else { x as u64 }),
+        _ => Err(PyValueError::new_err(format!("{MAX_SEARCH_WORK_VAR} must be a number >= 1 (or inf), got {v:?}"))),
+    }
+}
+
+/// An error, before a search of `work` starts, if that is above `limit`; `what` names the
+/// search.
+fn check_search_work(what: &str, work: u64, limit: u64) -> PyResult<()> {
+    if work <= limit {
+        return Ok(());
+    }
+    // the value to suggest: work rounded up to three significant digits, so that it is enough
+    let unit = 10f64.powi((work as f64).log10().floor() as i32 - 2);
+    Err(PyValueError::new_err(format!(
+        "{what} needs {work:.2e} bin evaluations, above the limit of {limit:.2e} (its time grows with the square of \
+         the bin count); to run it anyway, set the environment variable {MAX_SEARCH_WORK_VAR}={raise:.2e} or more",
+        work = work as f64,
+        limit = limit as f64,
+        raise = (work as f64 / unit).ceil() * unit,
+    )))
 }
 
 /// Set the number of worker threads (0: the default, `HISTOCAL_NUM_THREADS` or all cores).
@@ -503,20 +586,41 @@ impl Histograms {
     }
 
     /// Entropy: `[(name, start, end)]`, thresholds `(edges[start], edges[end])` before clipping.
+    /// Every tensor's search is checked against the work limit before any starts.
     fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<(String, usize, usize)>> {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
-        let out: Vec<Result<(String, usize, usize), String>> = run(py, || {
+        let limit = max_search_work()?;
+        for (name, st) in &states {
+            let n = match &st.histogram {
+                Histogram::Value(t) => with_typed!(t, |h, E| {
+                    let _: &crate::value_histogram::ValueHistogram<E> = h;
+                    h.hist.len()
+                }),
+                Histogram::Abs(t) => with_typed!(t, |h, E| {
+                    let _: &crate::abs_histogram::AbsHistogram<E> = h;
+                    h.hist.len()
+                }),
+            };
+            let grown = if n > self.num_bins {
+                format!(" (grown from {} bins: a later collect had a much wider range, such as an outlier)", self.num_bins)
+            } else {
+                String::new()
+            };
+            let what = format!("tensor {name:?}: the entropy search over its histogram of {n} bins{grown}");
+            check_search_work(&what, entropy_search_work(n, num_quantized_bins), limit)?;
+        }
+        let out: Vec<Result<(String, usize, usize), String>> = run_stoppable(py, |stop| {
             states
                 .par_iter()
                 .map(|(name, st)| {
                     let choice = match &st.histogram {
-                        Histogram::Value(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins)),
-                        Histogram::Abs(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins)),
+                        Histogram::Value(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop)),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop)),
                     };
                     choice.map(|c| ((*name).clone(), c.start, c.end)).map_err(|e| format!("tensor {name:?}: {e}"))
                 })
                 .collect()
-        });
+        })?;
         out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
     }
 
@@ -859,7 +963,8 @@ impl StreamHistograms {
     ) -> PyResult<Vec<(f64, f64)>> {
         let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
         let selected = self.selected(names)?;
-        let out: Vec<Result<(f64, f64), String>> = run(py, || {
+        method.check_work()?;
+        let out: Vec<Result<(f64, f64), String>> = run_stoppable(py, |stop| {
             selected
                 .par_iter()
                 .map(|(name, h)| {
@@ -878,10 +983,10 @@ impl StreamHistograms {
                         }
                         _ => Vec::new(),
                     };
-                    Ok(method.range(hist, &votes))
+                    method.range(hist, &votes, stop).map_err(|e| format!("tensor {name:?}: {e}"))
                 })
                 .collect()
-        });
+        })?;
         out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
     }
 
@@ -1007,12 +1112,27 @@ impl RangeMethod {
         matches!(self, RangeMethod::Pow2 { choice: Pow2Choice::MostCommon, .. })
     }
 
-    /// The range of one histogram; `votes` (exponent, count) serve MostCommon only.
-    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)]) -> (f64, f64) {
-        match *self {
-            RangeMethod::Mse { qtype, symmetric } => mse_range(&ErrorTable::new(hist), qtype, symmetric),
+    /// An error if one histogram's search could take more than the work limit. Only kl's
+    /// grows faster than linearly (with `num_bins`, whatever the histogram); mse and pow2 try
+    /// a fixed number of candidates, each at most linear in the histogram's bins.
+    fn check_work(&self) -> PyResult<()> {
+        if let RangeMethod::Kl { num_bins, num_quantized_bins } = *self {
+            let what = format!("kl with num_bins={num_bins}: the search");
+            check_search_work(&what, kl_tensorrt::search_work(num_bins, num_quantized_bins), max_search_work()?)?;
+        }
+        Ok(())
+    }
+
+    /// The range of one histogram; `votes` (exponent, count) serve MostCommon only. Stops
+    /// early once `stop` is set.
+    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], stop: &AtomicBool) -> Result<(f64, f64), String> {
+        crate::cancel::check(stop).map_err(|e| e.to_string())?;
+        Ok(match *self {
+            RangeMethod::Mse { qtype, symmetric } => {
+                mse_range(&ErrorTable::new(hist), qtype, symmetric, stop).map_err(|e| format!("mse search {e}"))?
+            }
             RangeMethod::Kl { num_bins, num_quantized_bins } => {
-                kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins).expect("settings checked by parse")
+                kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins, stop).map_err(|e| e.to_string())?
             }
             RangeMethod::Pow2 { qtype, choice } => {
                 let k = match choice {
@@ -1022,7 +1142,7 @@ impl RangeMethod {
                 };
                 k.map_or((0.0, 0.0), |k| pow2::range(k, qtype))
             }
-        }
+        })
     }
 }
 
@@ -1073,7 +1193,8 @@ fn histogram_range(
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
     let votes = votes.unwrap_or_default();
-    Ok(run(py, || method.range(hist, &votes)))
+    method.check_work()?;
+    run_stoppable(py, |stop| method.range(hist, &votes, stop))?.map_err(PyValueError::new_err)
 }
 
 /// The mean squared error of quantizing the histogram's values with the range `(low, high)`

@@ -8,16 +8,27 @@
 //!
 //! Candidates are independent, so they are evaluated in parallel; the result does not depend
 //! on the thread count.
+//!
+//! Cost: candidate i evaluates a slice of about `2 i + 1` bins, so the whole search is
+//! quadratic in the bin count ([`search_work`]): about `n^2 / 4` bin evaluations for n bins.
+//! It cannot be made sub-quadratic without changing results: every candidate's KL is a float32
+//! pairwise sum of terms that depend on that candidate's own normalisation and smoothing, and
+//! ORT's threshold depends on those sums' last bits. Callers bound it before starting (see the
+//! bindings' limit), and it stops early when its stop flag is set ([`crate::cancel`]).
 
+use crate::cancel::{self, Cancelled};
 use crate::float::Float;
 use crate::numpy_log::log_lane;
 use crate::pairwise::sum_f32;
 use rayon::prelude::*;
+use std::sync::atomic::AtomicBool;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EntropyError {
     /// `num_bins // 2 < num_quantized_bins // 2`: there is no candidate (ORT: numpy errors).
     NoCandidates { n_bins: usize, n_quantized: usize },
+    /// The stop flag was set before the search finished.
+    Cancelled,
 }
 
 impl std::fmt::Display for EntropyError {
@@ -27,6 +38,7 @@ impl std::fmt::Display for EntropyError {
                 f,
                 "entropy needs num_bins >= num_quantized_bins (histogram has {n_bins} bins, num_quantized_bins={n_quantized})"
             ),
+            EntropyError::Cancelled => write!(f, "entropy search {Cancelled}"),
         }
     }
 }
@@ -269,18 +281,35 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
 }
 
 
-/// All candidates' KL values as ORT stores them (rounded to `E`, then widened to f64).
-pub fn kl_values<E: Float>(hist: &[i64], nq: usize) -> Result<Vec<f64>, EntropyError> {
+/// The search's work for `n_bins` bins: the number of bins all candidates' slices hold
+/// together (each candidate costs time in proportion to its slice); 0 without candidates.
+pub fn search_work(n_bins: usize, nq: usize) -> u64 {
+    let (zb, hq) = ((n_bins / 2) as u128, (nq / 2) as u128);
+    if nq == 0 || zb < hq {
+        return 0;
+    }
+    // candidate i's slice holds 2 i + 1 bins, but the last one of an even count holds n_bins
+    let work = (zb + 1) * (zb + 1) - hq * hq - (n_bins % 2 == 0) as u128;
+    u64::try_from(work).unwrap_or(u64::MAX)
+}
+
+/// All candidates' KL values as ORT stores them (rounded to `E`, then widened to f64); every
+/// worker stops at its next candidate once `stop` is set.
+pub fn kl_values<E: Float>(hist: &[i64], nq: usize, stop: &AtomicBool) -> Result<Vec<f64>, EntropyError> {
     let n = hist.len();
     let (zb, hq) = (n / 2, nq / 2);
     if nq == 0 || zb < hq {
         return Err(EntropyError::NoCandidates { n_bins: n, n_quantized: nq });
     }
     let tables = Tables::new(hist);
-    Ok((hq..=zb)
+    (hq..=zb)
         .into_par_iter()
-        .map_init(Scratch::default, |s, i| E::from_f32(candidate_kl(&tables, nq, i, s)).to_f64())
-        .collect())
+        .map_init(Scratch::default, |s, i| {
+            cancel::check(stop)?;
+            Ok(E::from_f32(candidate_kl(&tables, nq, i, s)).to_f64())
+        })
+        .collect::<Result<Vec<f64>, Cancelled>>()
+        .map_err(|Cancelled| EntropyError::Cancelled)
 }
 
 /// `np.argmin`: the first minimum, a NaN winning outright.
@@ -297,9 +326,9 @@ pub fn argmin(v: &[f64]) -> usize {
     best
 }
 
-/// ORT's entropy threshold choice for one histogram.
-pub fn entropy_threshold<E: Float>(hist: &[i64], nq: usize) -> Result<EntropyChoice, EntropyError> {
-    let kl = kl_values::<E>(hist, nq)?;
+/// ORT's entropy threshold choice for one histogram (see [`kl_values`] for `stop`).
+pub fn entropy_threshold<E: Float>(hist: &[i64], nq: usize, stop: &AtomicBool) -> Result<EntropyChoice, EntropyError> {
+    let kl = kl_values::<E>(hist, nq, stop)?;
     let i = argmin(&kl) + nq / 2;
     let n = hist.len();
     Ok(EntropyChoice { start: n / 2 - i, end: (n / 2 + i + 1).min(n) })
@@ -309,23 +338,49 @@ pub fn entropy_threshold<E: Float>(hist: &[i64], nq: usize) -> Result<EntropyCho
 mod tests {
     use super::*;
 
+    /// A stop flag that is never set.
+    static GO: AtomicBool = AtomicBool::new(false);
+
+    #[test]
+    fn search_work_is_the_candidates_slice_lengths() {
+        for n in [1usize, 2, 3, 7, 8, 128, 129, 130, 1001, 2048] {
+            for nq in [1usize, 2, 3, 4, 127, 128] {
+                let (zb, hq) = (n / 2, nq / 2);
+                let want: u64 = if zb < hq { 0 } else { (hq..=zb).map(|i| ((zb + i + 1).min(n) - (zb - i)) as u64).sum() };
+                assert_eq!(search_work(n, nq), want, "n={n} nq={nq}");
+            }
+        }
+        assert_eq!(search_work(100, 0), 0);
+        // the float16 outlier case: about 1.2e12 bin evaluations
+        assert_eq!(search_work(2_149_660, 128), 1_074_831 * 1_074_831 - 64 * 64 - 1);
+    }
+
+    #[test]
+    fn a_set_stop_flag_cancels_the_search() {
+        let stop = AtomicBool::new(true);
+        let hist: Vec<i64> = (0..4096).map(|k| k % 7).collect();
+        assert_eq!(kl_values::<f32>(&hist, 128, &stop), Err(EntropyError::Cancelled));
+        assert_eq!(entropy_threshold::<f32>(&hist, 128, &stop), Err(EntropyError::Cancelled));
+        assert!(entropy_threshold::<f32>(&hist, 128, &GO).is_ok());
+    }
+
     #[test]
     fn default_settings_have_one_candidate_the_full_range() {
         let hist = vec![1i64; 128];
-        let c = entropy_threshold::<f32>(&hist, 128).unwrap();
+        let c = entropy_threshold::<f32>(&hist, 128, &GO).unwrap();
         assert_eq!((c.start, c.end), (0, 128));
     }
 
     #[test]
     fn too_few_bins_is_an_error_not_a_panic() {
-        assert!(entropy_threshold::<f32>(&[1; 126], 128).is_err());
-        assert!(entropy_threshold::<f32>(&[1; 100], 128).is_err());
-        assert!(entropy_threshold::<f32>(&[1; 100], 0).is_err());
+        assert!(entropy_threshold::<f32>(&[1; 126], 128, &GO).is_err());
+        assert!(entropy_threshold::<f32>(&[1; 100], 128, &GO).is_err());
+        assert!(entropy_threshold::<f32>(&[1; 100], 0, &GO).is_err());
     }
 
     #[test]
     fn all_zero_histogram_picks_the_first_candidate() {
-        let c = entropy_threshold::<f32>(&[0; 16], 4).unwrap();
+        let c = entropy_threshold::<f32>(&[0; 16], 4, &GO).unwrap();
         assert_eq!((c.start, c.end), (6, 11));
     }
 
@@ -363,7 +418,7 @@ mod tests {
             }
             hists.push(h);
         }
-        let run = || -> Vec<u64> { hists.iter().flat_map(|h| kl_values::<f32>(h, 128).unwrap()).map(f64::to_bits).collect() };
+        let run = || -> Vec<u64> { hists.iter().flat_map(|h| kl_values::<f32>(h, 128, &GO).unwrap()).map(f64::to_bits).collect() };
         let best = run();
         for tier in [0u8, 1] {
             crate::simd::set_max_tier(tier);
@@ -378,6 +433,6 @@ mod tests {
         let mut hist = vec![0i64; 20480];
         hist[10240] = 1000;
         hist[20479] = 1;
-        assert!(entropy_threshold::<f32>(&hist, 128).is_ok());
+        assert!(entropy_threshold::<f32>(&hist, 128, &GO).is_ok());
     }
 }

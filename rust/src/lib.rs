@@ -5,6 +5,7 @@
 
 pub mod abs_histogram;
 pub mod binning;
+pub mod cancel;
 pub mod distribution;
 pub mod entropy;
 pub mod float;

@@ -11,8 +11,14 @@
 //! symmetric t's) is walked from its widest candidate down, and stops at the first candidate
 //! whose clipping error alone exceeds the bound, since narrower ones clip more; the other
 //! candidates' error sums stop as soon as they exceed the bound.
+//!
+//! Cost: at most the 129 x 129 candidates, each at most linear in the number of levels (or of
+//! bins, where there are fewer), so linear in the histogram; the search stops early when its
+//! stop flag is set ([`crate::cancel`]).
 
+use crate::cancel::{self, Cancelled};
 use crate::qerror::{ErrorTable, QType, Quantizer};
+use std::sync::atomic::AtomicBool;
 
 const SYMMETRIC_STEPS: usize = 1024;
 const SIDE_STEPS: usize = 128;
@@ -23,19 +29,20 @@ const PROBE_STRIDE: usize = 8;
 ///
 /// A candidate whose scale overflows float32 (infinite error) never wins; when every one
 /// does (float64 data beyond ~1e40), the result is the whole range: `(-a, a)` or `(lo, hi)`.
-pub fn mse_range(table: &ErrorTable, qtype: QType, symmetric: bool) -> (f64, f64) {
+/// Stops with `Cancelled` once `stop` is set.
+pub fn mse_range(table: &ErrorTable, qtype: QType, symmetric: bool, stop: &AtomicBool) -> Result<(f64, f64), Cancelled> {
     let h = table.hist();
     let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
     let a = lo.abs().max(hi.abs());
     if h.total == 0 || a == 0.0 {
-        return (0.0, 0.0);
+        return Ok((0.0, 0.0));
     }
     if symmetric {
         let range = |_: usize, k: usize| {
             let t = a * (k + 1) as f64 / SYMMETRIC_STEPS as f64;
             Some((-t, t))
         };
-        least_error(table, qtype, true, (1, SYMMETRIC_STEPS), range).unwrap_or((-a, a))
+        Ok(least_error(table, qtype, true, (1, SYMMETRIC_STEPS), range, stop)?.unwrap_or((-a, a)))
     } else {
         let i_steps = if lo == 0.0 { 0 } else { SIDE_STEPS };
         let j_steps = if hi == 0.0 { 0 } else { SIDE_STEPS };
@@ -43,7 +50,7 @@ pub fn mse_range(table: &ErrorTable, qtype: QType, symmetric: bool) -> (f64, f64
             let r = (lo * i as f64 / SIDE_STEPS as f64, hi * j as f64 / SIDE_STEPS as f64);
             (r != (0.0, 0.0)).then_some(r)
         };
-        least_error(table, qtype, false, (i_steps + 1, j_steps + 1), range).unwrap_or((lo, hi))
+        Ok(least_error(table, qtype, false, (i_steps + 1, j_steps + 1), range, stop)?.unwrap_or((lo, hi)))
     }
 }
 
@@ -73,7 +80,8 @@ fn least_error(
     symmetric: bool,
     (rows, cols): (usize, usize),
     range: impl Fn(usize, usize) -> Option<(f64, f64)>,
-) -> Option<(f64, f64)> {
+    stop: &AtomicBool,
+) -> Result<Option<(f64, f64)>, Cancelled> {
     let offer = |best: &mut Option<(f64, (usize, usize))>, at: (usize, usize)| {
         let Some((low, high)) = range(at.0, at.1) else { return };
         let bound = best.map_or(f64::INFINITY, |(e, _)| e);
@@ -85,11 +93,13 @@ fn least_error(
     let mut best = None;
     for row in (0..rows).step_by(PROBE_STRIDE) {
         for col in (0..cols).step_by(PROBE_STRIDE) {
+            cancel::check(stop)?;
             offer(&mut best, (row, col));
         }
     }
     for row in 0..rows {
         for col in (0..cols).rev() {
+            cancel::check(stop)?;
             let Some((low, high)) = range(row, col) else { continue };
             if let (Some((be, _)), Some((l, h))) = (best, extreme_level_bounds(low, high, qtype, symmetric)) {
                 // with a margin for rounding, so that only clear losers are skipped
@@ -100,7 +110,7 @@ fn least_error(
             offer(&mut best, (row, col));
         }
     }
-    best.and_then(|(_, (row, col))| range(row, col))
+    Ok(best.and_then(|(_, (row, col))| range(row, col)))
 }
 
 #[cfg(test)]
@@ -108,6 +118,19 @@ mod tests {
     use super::*;
     use crate::qerror::testing::*;
     use crate::qerror::UniformHistogram;
+
+    /// A stop flag that is never set.
+    static GO: AtomicBool = AtomicBool::new(false);
+
+    #[test]
+    fn a_set_stop_flag_cancels_the_search() {
+        let counts = [1u64, 5, 2, 0, 7];
+        let h = UniformHistogram::new(&counts, -2.5, 1.0, -2.0, 2.0).unwrap();
+        for symmetric in [false, true] {
+            assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, symmetric, &AtomicBool::new(true)), Err(Cancelled));
+            assert!(mse_range(&ErrorTable::new(h), QType::Int8, symmetric, &GO).is_ok());
+        }
+    }
 
     /// The definition: every candidate's direct O(bins) error, the first minimum.
     fn brute_force(h: &UniformHistogram, qtype: QType, symmetric: bool) -> (f64, f64) {
@@ -145,7 +168,7 @@ mod tests {
     /// Equal to the brute force, or (where two candidates' errors differ by rounding only)
     /// as good.
     fn check(h: &UniformHistogram, qtype: QType, symmetric: bool, what: &str) {
-        let got = mse_range(&ErrorTable::new(*h), qtype, symmetric);
+        let got = mse_range(&ErrorTable::new(*h), qtype, symmetric, &GO).unwrap();
         let want = brute_force(h, qtype, symmetric);
         if got != want {
             let e = |r: (f64, f64)| direct_error(h, &Quantizer::for_range(r.0, r.1, qtype, symmetric));
@@ -187,24 +210,24 @@ mod tests {
         let counts = [0u64, 3, 0];
         // all values 0
         let h = UniformHistogram::new(&counts, -1.5, 1.0, 0.0, 0.0).unwrap();
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (0.0, 0.0));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false, &GO).unwrap(), (0.0, 0.0));
         // empty
         let empty = [0u64; 3];
         let h = UniformHistogram::new(&empty, -1.5, 1.0, -1.0, 1.0).unwrap();
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true), (0.0, 0.0));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true, &GO).unwrap(), (0.0, 0.0));
         // one positive value: asymmetric candidates (0, hi j / 128); j = 128 is exact
         let h = UniformHistogram::new(&counts, -1.5, 1.0, 0.25, 0.25).unwrap();
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (0.0, 0.25));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false, &GO).unwrap(), (0.0, 0.25));
         // one negative value: candidates (lo i / 128, 0)
         let h = UniformHistogram::new(&counts, -1.5, 1.0, -0.25, -0.25).unwrap();
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (-0.25, 0.0));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false, &GO).unwrap(), (-0.25, 0.0));
     }
 
     #[test]
     fn scales_beyond_float32_fall_back_to_the_whole_range() {
         let counts = [1u64, 0, 0, 1];
         let h = UniformHistogram::new(&counts, -2e300, 1e300, -1.5e300, 1.5e300).unwrap();
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false), (-1.5e300, 1.5e300));
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true), (-1.5e300, 1.5e300));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false, &GO).unwrap(), (-1.5e300, 1.5e300));
+        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true, &GO).unwrap(), (-1.5e300, 1.5e300));
     }
 }
