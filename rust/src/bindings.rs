@@ -792,7 +792,7 @@ impl StreamHistograms {
                         }
                         _ => Vec::new(),
                     };
-                    Ok(method.range(hist, &votes))
+                    method.range(hist, &votes, largest_finite(self.states[name].0)).map_err(|e| format!("tensor {name:?}: {e}"))
                 })
                 .collect()
         });
@@ -860,6 +860,15 @@ fn stream_uniform<'a>(name: &str, h: &'a StreamHistogram) -> Result<Option<Unifo
         .map_err(|e| format!("tensor {name:?}: {e}"))
 }
 
+/// The largest finite value of a data dtype (a histogram's `"float16"`, `"float32"` or `"float64"`).
+fn largest_finite(dtype: &str) -> f64 {
+    match dtype {
+        "float16" => <f16 as Float>::MAX,
+        "float32" => <f32 as Float>::MAX,
+        _ => <f64 as Float>::MAX,
+    }
+}
+
 fn parse_qtype(qtype: &str) -> PyResult<QType> {
     QType::parse(qtype).ok_or_else(|| PyValueError::new_err(format!("unknown qtype {qtype:?}: expected one of {}", QType::NAMES)))
 }
@@ -921,22 +930,34 @@ impl RangeMethod {
         matches!(self, RangeMethod::Pow2 { choice: Pow2Choice::MostCommon, .. })
     }
 
-    /// The range of one histogram; `votes` (exponent, count) serve MostCommon only.
-    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)]) -> (f64, f64) {
-        match *self {
+    /// The range of one histogram of data whose type's largest value is `largest`; `votes`
+    /// (exponent, count) serve MostCommon only.
+    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], largest: f64) -> Result<(f64, f64), String> {
+        Ok(match *self {
             RangeMethod::Mse { qtype, symmetric } => mse_range(&ErrorTable::new(hist), qtype, symmetric),
             RangeMethod::Kl { num_bins, num_quantized_bins } => {
                 kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins).expect("settings checked by parse")
             }
             RangeMethod::Pow2 { qtype, choice } => {
+                let max_k = pow2::max_exponent(qtype, largest);
                 let k = match choice {
-                    Pow2Choice::NonOverflow => pow2::non_overflow_exponent(&hist, qtype),
-                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype),
-                    Pow2Choice::MostCommon => pow2::most_common(votes),
+                    Pow2Choice::NonOverflow => match pow2::non_overflow_exponent(&hist, qtype) {
+                        Some(k) if k > max_k => {
+                            return Err(format!(
+                                "pow2 NonOverflow needs scale 2^{k}, whose {} range the tensor's type cannot hold \
+                                 (its largest is 2^{max_k}); pow2_method='MinMSE' chooses among the scales it holds",
+                                qtype.name()
+                            ))
+                        }
+                        k => k,
+                    },
+                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype, max_k),
+                    // votes are cast within the data type's scales; older ones are capped
+                    Pow2Choice::MostCommon => pow2::most_common(votes).map(|k| k.min(max_k)),
                 };
                 k.map_or((0.0, 0.0), |k| pow2::range(k, qtype))
             }
-        }
+        })
     }
 }
 
@@ -987,7 +1008,7 @@ fn histogram_range(
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
     let votes = votes.unwrap_or_default();
-    Ok(run(py, || method.range(hist, &votes)))
+    run(py, || method.range(hist, &votes, f64::MAX)).map_err(PyValueError::new_err)
 }
 
 /// The mean squared error of quantizing the histogram's values with the range `(low, high)`
