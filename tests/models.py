@@ -50,9 +50,16 @@ def cnn(opset: int = 17, seed: int = 0) -> onnx.ModelProto:
     )
 
 
-def transformer(opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1) -> onnx.ModelProto:
+LOWEST = float(np.finfo(np.float32).min)
+
+
+def transformer(opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1, padding_mask: bool = False) -> onnx.ModelProto:
     """One encoder block on X[B,S,D] with an additive attention mask M[B,S,S] (dynamic B and S):
-    single-head attention (MatMul, Softmax), residual, LayerNormalization, Erf-GELU feed-forward."""
+    single-head attention (MatMul, Softmax), residual, LayerNormalization, Erf-GELU feed-forward.
+
+    ``padding_mask``: the model takes a 0/1 padding mask A[B,S] instead and builds the additive
+    mask in the graph as recent Hugging Face exports do, ``(1 - A) * finfo(float32).min``
+    (M[B,1,S]: 0 or -3.4028235e38), so M and the masked scores reach float32's lowest value."""
     rng = np.random.default_rng(seed)
 
     def w(name, *shape):
@@ -67,7 +74,15 @@ def transformer(opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1) -> onn
         _init("one", np.array(1, np.float32)),
         _init("half", np.array(0.5, np.float32)),
     ]
-    nodes = [
+    mask_nodes = []
+    if padding_mask:
+        inits += [_init("lowest", np.array(LOWEST, np.float32)), _init("mask_axes", np.array([1], np.int64))]
+        mask_nodes = [
+            helper.make_node("Sub", ["one", "A"], ["inverted"]),
+            helper.make_node("Mul", ["inverted", "lowest"], ["mask2d"]),
+            helper.make_node("Unsqueeze", ["mask2d", "mask_axes"], ["M"]),
+        ]
+    nodes = mask_nodes + [
         helper.make_node("MatMul", ["X", "Wq"], ["q"]),
         helper.make_node("MatMul", ["X", "Wk"], ["k"]),
         helper.make_node("MatMul", ["X", "Wv"], ["v"]),
@@ -93,7 +108,8 @@ def transformer(opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1) -> onn
         nodes, "transformer",
         [
             helper.make_tensor_value_info("X", F32, ["B", "S", d]),
-            helper.make_tensor_value_info("M", F32, ["B", "S", "S"]),
+            helper.make_tensor_value_info("A", F32, ["B", "S"]) if padding_mask
+            else helper.make_tensor_value_info("M", F32, ["B", "S", "S"]),
         ],
         [helper.make_tensor_value_info("Y", F32, ["B", "S", d])],
         inits, opset,
@@ -178,6 +194,17 @@ def transformer_feeds(seq_lens, batch: int = 2, fill: float = -1e4, d: int = 8, 
         {"X": rng.normal(0, 1, (batch, s, d)).astype(np.float32), "M": causal_mask(batch, s, fill)}
         for s in seq_lens
     ]
+
+
+def padding_feeds(seq_lens, batch: int = 2, d: int = 8, seed: int = 0) -> list[dict]:
+    """Feeds for ``transformer(padding_mask=True)``: each row pads 0 to S-1 trailing positions."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for s in seq_lens:
+        keep = rng.integers(1, s + 1, batch)
+        a = (np.arange(s)[None, :] < keep[:, None]).astype(np.float32)
+        feeds.append({"X": rng.normal(0, 1, (batch, s, d)).astype(np.float32), "A": a})
+    return feeds
 
 
 def vector_feeds(n: int, batch: int = 3, width: int = 4, dtype=np.float32, seed: int = 0) -> list[dict]:

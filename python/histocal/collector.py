@@ -243,12 +243,21 @@ class HistogramCollector(CalibrationDataCollector):
                 return self._percentile()
             return self._distribution()
 
+    def _narrowed(self, name: str) -> bool:
+        """Whether this tensor's histogram was widened to float64 from float16/float32 data
+        (numpy could not build its bins in the data's type, e.g. a range of +-3.4e38): its
+        results then go out as float32, which onnxruntime's TensorData holds."""
+        edges = self.histogram_dict[name][1]
+        return edges.dtype == np.float64 and self._hists.state(name)[5] != "float64"
+
     def _entropy(self) -> dict[str, tuple]:
         hd = self.histogram_dict
         out = {}
         for name, start, end in self._hists.entropy(self.num_quantized_bins):
             hist, edges, mn, mx = hd[name][:4]
             lo, hi = _clip(edges[start], edges[end], mn, mx)
+            if self._narrowed(name):
+                lo, hi = _outward_f32(lo, hi)
             out[name] = (lo, hi, hist, edges)
         return out
 
@@ -261,7 +270,10 @@ class HistogramCollector(CalibrationDataCollector):
                 lo, hi = -np.array(edges[i_hi], edges.dtype), np.array(edges[i_hi], edges.dtype)
             else:
                 lo, hi = np.array(edges[i_lo], edges.dtype), np.array(edges[i_hi], edges.dtype)
-            out[name] = (*_clip(lo, hi, mn, mx), *hist[:2])
+            lo, hi = _clip(lo, hi, mn, mx)
+            if self._narrowed(name):
+                lo, hi = _outward_f32(lo, hi)
+            out[name] = (lo, hi, *hist[:2])
         return out
 
     def _distribution(self) -> dict[str, TensorData]:
@@ -275,7 +287,10 @@ class HistogramCollector(CalibrationDataCollector):
         out = {}
         for name, (avg, std) in moments.items():
             hist, edges = hd[name][:2]
-            if edges.dtype == np.float64:
+            if self._narrowed(name):
+                edges = _edges_f32(edges)
+                avg, std = _nearest_f32(name, "avg", avg), _nearest_f32(name, "std", std)
+            elif edges.dtype == np.float64:
                 raise ValueError(
                     f"tensor {name!r}: float64 data has no Distribution result "
                     "(onnxruntime's TensorData holds float16/float32 only)"
@@ -340,6 +355,50 @@ def _restore_entry(hists: Any, kind: str, name: str, entry: Any) -> None:
     counts = (int(hist.sum()), 0, 0, 0, 0)
     hists.restore(name, str(data), np.ascontiguousarray(hist, np.int64), np.ascontiguousarray(edges),
                   held(mn), held(entry[3]), threshold, counts)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _f32_outward(x: float, direction: float) -> np.float32:
+    """The float32 nearest ``x`` in ``direction`` (-inf: the largest float32 <= x, +inf: the
+    smallest >= x), saturating at float32's largest magnitude: no float32 value lies beyond it,
+    so the result still bounds every value of a float32 tensor on that side."""
+    x = min(max(x, -_F32_MAX), _F32_MAX)
+    r = np.float32(x)
+    if float(r) != x and (float(r) > x) == (direction < 0):
+        r = np.nextafter(r, np.float32(direction))
+    return r
+
+
+def _as_held(value: Any, r: np.float32) -> Any:
+    """``r`` held like ``value`` (numpy scalar or 0-d array, as ORT holds each result)."""
+    return np.array(r) if isinstance(value, np.ndarray) else r
+
+
+def _outward_f32(lo: Any, hi: Any) -> tuple[Any, Any]:
+    """A float64 range as a float32 one that still covers it (see ``_f32_outward``)."""
+    return _as_held(lo, _f32_outward(float(lo), -np.inf)), _as_held(hi, _f32_outward(float(hi), np.inf))
+
+
+def _edges_f32(edges: np.ndarray) -> np.ndarray:
+    """float64 edges as float32: the outer two outward (so they still span the float64 ones:
+    Distribution's lowest/highest are their min/max), the inner ones to nearest, all within
+    float32's range (bins past it, which an ORT-style merge can add, hold no float32 value)."""
+    out = np.clip(edges, -_F32_MAX, _F32_MAX).astype(np.float32)
+    out[0] = _f32_outward(float(edges[0]), -np.inf)
+    out[-1] = _f32_outward(float(edges[-1]), np.inf)
+    return out
+
+
+def _nearest_f32(name: str, what: str, x: Any) -> np.ndarray:
+    """``x`` rounded to the nearest float32 (0-d array); an error naming the tensor past
+    float32's range."""
+    with np.errstate(over="ignore"):
+        r = np.array(x, dtype=np.float32)
+    if np.isinf(r) and not np.isinf(x):
+        raise ValueError(f"tensor {name!r}: Distribution {what} {float(x)!r} is beyond float32's range")
+    return r
 
 
 def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:

@@ -13,7 +13,8 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   scale whose range covers the data) or ``MinMSE`` (the power-of-two scale with the least squared
   error, over all data, ``All``, or the most common per-batch choice, ``MostCommon``); the range
   returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into scale
-  ``s`` and zero point 0;
+  ``s`` and zero point 0. Only scales whose range the tensor's type holds are candidates
+  (float32: up to 2^120 for int8); NonOverflow data needing a larger one is an error;
 * ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
   mse has the least estimated quantization error (the ``mse`` error model). This is what
   ``CalibrationState.compute("auto")`` (and ``calibrate``, ``create_calibrator``) return: a state
@@ -307,11 +308,17 @@ def _pair(td: TensorData) -> tuple[float, float]:
 
 def to_tensors_data(names: Sequence[str], pairs: Sequence[tuple[float, float]], dtypes: Mapping[str, str]) -> TensorsData:
     """TensorsData carrying the ranges (as MinMax results: onnxruntime's TensorsData has no other
-    way to carry plain ranges; quantize_static only reads lowest/highest from it)."""
+    way to carry plain ranges; quantize_static only reads lowest/highest from it), rounded to the
+    nearest value of each tensor's type: the methods compute them in float64 as estimates, not
+    as bounds of the data. A range beyond the type's largest value is an error naming the tensor."""
     out = {}
     for name, (low, high) in zip(names, pairs):
         dt = np.dtype(dtypes[name])
-        out[name] = TensorData(lowest=np.array([low], dt), highest=np.array([high], dt))
+        with np.errstate(over="ignore"):
+            lo, hi = np.array([low], dt), np.array([high], dt)
+        if np.isinf(lo[0]) and math.isfinite(low) or np.isinf(hi[0]) and math.isfinite(high):
+            raise ValueError(f"tensor {name!r}: range ({low!r}, {high!r}) is beyond {dt}'s range")
+        out[name] = TensorData(lowest=lo, highest=hi)
     return TensorsData(CalibrationMethod.MinMax, out)
 
 

@@ -983,7 +983,7 @@ impl StreamHistograms {
                         }
                         _ => Vec::new(),
                     };
-                    method.range(hist, &votes, stop).map_err(|e| format!("tensor {name:?}: {e}"))
+                    method.range(hist, &votes, largest_finite(self.states[name].0), stop).map_err(|e| format!("tensor {name:?}: {e}"))
                 })
                 .collect()
         })?;
@@ -1049,6 +1049,15 @@ fn stream_uniform<'a>(name: &str, h: &'a StreamHistogram) -> Result<Option<Unifo
     UniformHistogram::new(&h.bins, -pow2::pow2(level), pow2::pow2(level - h.log_half as i32), min, max)
         .map(Some)
         .map_err(|e| format!("tensor {name:?}: {e}"))
+}
+
+/// The largest finite value of a data dtype (a histogram's `"float16"`, `"float32"` or `"float64"`).
+fn largest_finite(dtype: &str) -> f64 {
+    match dtype {
+        "float16" => <f16 as Float>::MAX,
+        "float32" => <f32 as Float>::MAX,
+        _ => <f64 as Float>::MAX,
+    }
 }
 
 fn parse_qtype(qtype: &str) -> PyResult<QType> {
@@ -1123,9 +1132,9 @@ impl RangeMethod {
         Ok(())
     }
 
-    /// The range of one histogram; `votes` (exponent, count) serve MostCommon only. Stops
-    /// early once `stop` is set.
-    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], stop: &AtomicBool) -> Result<(f64, f64), String> {
+    /// The range of one histogram of data whose type's largest value is `largest`; `votes`
+    /// (exponent, count) serve MostCommon only. Stops early once `stop` is set.
+    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], largest: f64, stop: &AtomicBool) -> Result<(f64, f64), String> {
         crate::cancel::check(stop).map_err(|e| e.to_string())?;
         Ok(match *self {
             RangeMethod::Mse { qtype, symmetric } => {
@@ -1135,10 +1144,21 @@ impl RangeMethod {
                 kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins, stop).map_err(|e| e.to_string())?
             }
             RangeMethod::Pow2 { qtype, choice } => {
+                let max_k = pow2::max_exponent(qtype, largest);
                 let k = match choice {
-                    Pow2Choice::NonOverflow => pow2::non_overflow_exponent(&hist, qtype),
-                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype),
-                    Pow2Choice::MostCommon => pow2::most_common(votes),
+                    Pow2Choice::NonOverflow => match pow2::non_overflow_exponent(&hist, qtype) {
+                        Some(k) if k > max_k => {
+                            return Err(format!(
+                                "pow2 NonOverflow needs scale 2^{k}, whose {} range the tensor's type cannot hold \
+                                 (its largest is 2^{max_k}); pow2_method='MinMSE' chooses among the scales it holds",
+                                qtype.name()
+                            ))
+                        }
+                        k => k,
+                    },
+                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype, max_k),
+                    // votes are cast within the data type's scales; older ones are capped
+                    Pow2Choice::MostCommon => pow2::most_common(votes).map(|k| k.min(max_k)),
                 };
                 k.map_or((0.0, 0.0), |k| pow2::range(k, qtype))
             }
@@ -1194,7 +1214,7 @@ fn histogram_range(
     let hist = uniform(&counts, left, width, min, max)?;
     let votes = votes.unwrap_or_default();
     method.check_work()?;
-    run_stoppable(py, |stop| method.range(hist, &votes, stop))?.map_err(PyValueError::new_err)
+    run_stoppable(py, |stop| method.range(hist, &votes, f64::MAX, stop))?.map_err(PyValueError::new_err)
 }
 
 /// The mean squared error of quantizing the histogram's values with the range `(low, high)`

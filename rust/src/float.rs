@@ -11,6 +11,8 @@ pub trait Float: Copy + PartialOrd + PartialEq + Send + Sync + Debug + Default +
     /// numpy's dtype name.
     const NAME: &'static str;
     const ZERO: Self;
+    /// The largest finite value.
+    const MAX: f64;
     /// Round an f64 to this type directly (round to nearest even; f16 is NOT rounded via f32).
     fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
@@ -66,6 +68,7 @@ macro_rules! floor_divide_impl {
 impl Float for f32 {
     const NAME: &'static str = "float32";
     const ZERO: Self = 0.0;
+    const MAX: f64 = f32::MAX as f64;
     #[inline(always)]
     fn from_f64(x: f64) -> Self {
         x as f32
@@ -122,6 +125,7 @@ impl Float for f32 {
 impl Float for f64 {
     const NAME: &'static str = "float64";
     const ZERO: Self = 0.0;
+    const MAX: f64 = f64::MAX;
     #[inline(always)]
     fn from_f64(x: f64) -> Self {
         x
@@ -178,6 +182,7 @@ impl Float for f64 {
 impl Float for f16 {
     const NAME: &'static str = "float16";
     const ZERO: Self = f16::ZERO;
+    const MAX: f64 = 65504.0;
     #[inline(always)]
     fn from_f64(x: f64) -> Self {
         f16::from_bits(f64_to_f16_bits(x))

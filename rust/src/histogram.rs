@@ -5,6 +5,10 @@
 //! followed by one correction step each way. Both are reproduced literally, because for f16 the
 //! result differs from exact membership against the edges.
 //!
+//! One exception, where numpy raises in every type: a float64 range `[c, c]` whose `+-0.5`
+//! leaves no room for the bins (`|c|` from about `2^53 / n`) is widened by `|c| 2^-24` instead
+//! (see [`UniformBins::new`]).
+//!
 //! Explicit edges (`bins=array`, the symmetric-percentile merges): exact membership, compared in
 //! f64, with the interior bins half-open and the last bin closed.
 
@@ -57,11 +61,26 @@ impl<E: Float> UniformBins<E> {
         if n > MAX_BINS {
             return Err(HistError::TooManyBins(n)); // an error, not an allocation that aborts
         }
-        let (first, last) = if first == last {
-            (first.sub(E::from_f64(0.5)), last.add(E::from_f64(0.5)))
-        } else {
-            (first, last)
-        };
+        if first != last {
+            return Self::linspace(first, last, n);
+        }
+        let half = E::from_f64(0.5);
+        match Self::linspace(first.sub(half), last.add(half), n) {
+            // numpy's +-0.5 around a single value leaves no room for n float64 bins from about
+            // |x| = 2^53 / n on, and numpy raises in every type (ORT fails there). histocal's
+            // last resort, float64, widens by 2^-24 of |x| instead (exact): more than 2^5 ulps
+            // per bin even at MAX_BINS.
+            Err(_) if E::NAME == "float64" => {
+                let h = E::from_f64(first.to_f64().abs() * f64::powi(2.0, -24));
+                Self::linspace(first.sub(h), last.add(h), n)
+            }
+            r => r,
+        }
+    }
+
+    /// numpy's linspace in `E` over `[first, last]`, `n` bins; "Too many bins" where two edges
+    /// are not increasing.
+    fn linspace(first: E, last: E, n: usize) -> Result<Self, HistError> {
         let n_e = E::from_usize(n);
         let delta = last.sub(first);
         let step = delta.div(n_e);
@@ -793,6 +812,24 @@ mod tests {
         assert_eq!(c, vec![0, 0, 0, 0, 5, 0, 0, 0]);
         assert_eq!(e[0], -0.5);
         assert_eq!(e[8], 0.5);
+    }
+
+    #[test]
+    fn a_single_float64_value_past_numpys_half_widens_relatively() {
+        // +-0.5 still holds 2048 float64 bins at 2^40, not at 2^42 (numpy: "Too many bins"),
+        // nor anywhere once it vanishes (1e20, float32's largest): then +-|c| 2^-24.
+        let ok = UniformBins::<f64>::new(2f64.powi(40), 2f64.powi(40), 2048).unwrap();
+        assert_eq!((ok.first, ok.last), (2f64.powi(40) - 0.5, 2f64.powi(40) + 0.5));
+        for (c, ns) in [(2f64.powi(42), &[2048, MAX_BINS][..]), (-1e20, &[1, 7, 2048, MAX_BINS]), (f32::MAX as f64, &[1, 2048]), (f32::MIN as f64, &[7, 2048])] {
+            for &n in ns {
+                let b = UniformBins::<f64>::new(c, c, n).unwrap();
+                let h = c.abs() * 2f64.powi(-24);
+                assert_eq!((b.first, b.last), (c - h, c + h), "c={c} n={n}");
+                assert_eq!(b.bin_of(c), Some(n / 2), "c={c} n={n}");
+            }
+            // float32 and float16 keep numpy's refusal (histocal then widens the type)
+            assert!(UniformBins::<f32>::new(c as f32, c as f32, 2048).is_err());
+        }
     }
 
     #[test]

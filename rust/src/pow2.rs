@@ -8,7 +8,10 @@
 //! - MinMSE, mode MostCommon: each batch votes for its own MinMSE-All k; the most votes win,
 //!   the larger k on ties.
 //!
-//! k is limited to the exponents of float64 (2^k from 2^-1074 to 2^1023).
+//! k is limited to the exponents of float64 (2^k from 2^-1074 to 2^1023), and MinMSE's k to
+//! [`max_exponent`] of the tensor's type: a range the type cannot hold (e.g. int8 at scale
+//! 2^121 is +-2^128, past float32) cannot reach ORT, which reads ranges in that type. A
+//! NonOverflow k beyond it has no such range at all (the caller reports it).
 
 use crate::qerror::{ErrorTable, Quantizer, UniformHistogram};
 
@@ -31,6 +34,14 @@ impl Pow2Type {
             "uint8" => Some(Pow2Type::UInt8),
             "int16" => Some(Pow2Type::Int16),
             _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pow2Type::Int8 => "int8",
+            Pow2Type::UInt8 => "uint8",
+            Pow2Type::Int16 => "int16",
         }
     }
 
@@ -72,6 +83,18 @@ pub fn range(k: i32, t: Pow2Type) -> (f64, f64) {
     (qmin * s, qmax * s)
 }
 
+/// The largest k whose range `(qmin 2^k, qmax 2^k)` a type with largest finite value `largest`
+/// holds (float32: 120 for int8 and uint8, 112 for int16).
+pub fn max_exponent(t: Pow2Type, largest: f64) -> i32 {
+    let (qmin, qmax) = t.qmin_qmax();
+    let q = qmin.abs().max(qmax);
+    let mut k = MAX_EXPONENT;
+    while k > MIN_EXPONENT && !(q * pow2(k) <= largest) {
+        k -= 1;
+    }
+    k
+}
+
 /// The smallest k with `max <= qmax 2^k` and `min >= qmin 2^k` (uint8: the max condition
 /// only, negative values clip to 0 anyway); None when there is nothing to hold: no data, all
 /// values 0, or (uint8) no positive value. Clamped to float64's exponents.
@@ -105,9 +128,9 @@ pub fn error(table: &ErrorTable, k: i32, t: Pow2Type) -> f64 {
     table.mean_squared_error(&quantizer(k, t))
 }
 
-/// The MinMSE exponent on the whole histogram (mode All).
-pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type) -> Option<i32> {
-    let k0 = non_overflow_exponent(table.hist(), t)?;
+/// The MinMSE exponent on the whole histogram (mode All), at most `max_k`.
+pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type, max_k: i32) -> Option<i32> {
+    let k0 = non_overflow_exponent(table.hist(), t)?.min(max_k);
     let mut best = (f64::INFINITY, k0);
     // From the top, replacing only on a clearly smaller error: the larger k wins ties, also
     // exact ties that rounding in the error sums would break either way.
@@ -135,10 +158,11 @@ pub fn most_common(votes: &[(i32, u64)]) -> Option<i32> {
 }
 
 /// One batch's votes for MostCommon: its MinMSE-All exponent for each of [`Pow2Type::ALL`]
-/// (None where it has nothing to vote on). One error table serves all three types.
-pub fn batch_votes(hist: UniformHistogram) -> [Option<i32>; 3] {
+/// (None where it has nothing to vote on), for data whose type's largest value is `largest`.
+/// One error table serves all three types.
+pub fn batch_votes(hist: UniformHistogram, largest: f64) -> [Option<i32>; 3] {
     let table = ErrorTable::new(hist);
-    Pow2Type::ALL.map(|t| min_mse_exponent(&table, t))
+    Pow2Type::ALL.map(|t| min_mse_exponent(&table, t, max_exponent(t, largest)))
 }
 
 #[cfg(test)]
@@ -210,9 +234,9 @@ mod tests {
             for half in [16, 2048] {
                 let b = Binned::of(&data, half);
                 let h = b.hist();
-                let votes = batch_votes(h);
+                let votes = batch_votes(h, f64::MAX);
                 for (i, t) in Pow2Type::ALL.into_iter().enumerate() {
-                    let got = min_mse_exponent(&ErrorTable::new(h), t);
+                    let got = min_mse_exponent(&ErrorTable::new(h), t, MAX_EXPONENT);
                     let want = brute_force_min_mse(&h, t);
                     if got != want {
                         let e = |k: Option<i32>| direct_error(&h, &quantizer(k.unwrap(), t));
@@ -237,7 +261,7 @@ mod tests {
         let b = Binned::of(&data, 4096);
         let t = ErrorTable::new(b.hist());
         assert_eq!(non_overflow_exponent(t.hist(), Pow2Type::Int8), Some(-5));
-        assert_eq!(min_mse_exponent(&t, Pow2Type::Int8), Some(-5));
+        assert_eq!(min_mse_exponent(&t, Pow2Type::Int8, MAX_EXPONENT), Some(-5));
         assert_eq!(range(-5, Pow2Type::Int8), (-4.0, 127.0 / 32.0));
     }
 
@@ -248,5 +272,35 @@ mod tests {
         assert_eq!(most_common(&[(-5, 2), (-4, 1), (-4, 1)]), Some(-4));
         assert_eq!(most_common(&[(-5, 3), (-4, 1), (-4, 1)]), Some(-5));
         assert_eq!(most_common(&[(-5, u64::MAX), (-6, u64::MAX), (-6, 1)]), Some(-6));
+    }
+
+    #[test]
+    fn scales_stop_where_the_type_cannot_hold_the_range() {
+        use half::f16;
+        for (largest, t, k) in [
+            (f32::MAX as f64, Pow2Type::Int8, 120),
+            (f32::MAX as f64, Pow2Type::UInt8, 120),
+            (f32::MAX as f64, Pow2Type::Int16, 112),
+            (65504.0, Pow2Type::Int8, 8),
+            (65504.0, Pow2Type::Int16, 0),
+            (f64::MAX, Pow2Type::Int8, 1016),
+        ] {
+            assert_eq!(max_exponent(t, largest), k, "{largest} {t:?}");
+            let (lo, hi) = range(k, t);
+            let (lo1, hi1) = range(k + 1, t);
+            if largest == f32::MAX as f64 {
+                assert!((lo as f32).is_finite() && (hi as f32).is_finite());
+                assert!(!((lo1 as f32).is_finite() && (hi1 as f32).is_finite()));
+            } else if largest == 65504.0 {
+                assert!(f16::from_f64(lo).is_finite() && f16::from_f64(hi).is_finite());
+                assert!(!(f16::from_f64(lo1).is_finite() && f16::from_f64(hi1).is_finite()));
+            }
+        }
+        // float32 data up to its largest value: NonOverflow needs 2^122, MinMSE stays at <= 2^120
+        let counts = [5u64, 5];
+        let h = UniformHistogram::new(&counts, -f32::MAX as f64, f32::MAX as f64, f32::MIN as f64, f32::MAX as f64).unwrap();
+        assert_eq!(non_overflow_exponent(&h, Pow2Type::Int8), Some(122));
+        assert_eq!(min_mse_exponent(&ErrorTable::new(h), Pow2Type::Int8, 120), Some(120));
+        assert_eq!(batch_votes(h, f32::MAX as f64), [Some(120), Some(120), Some(112)]);
     }
 }

@@ -172,7 +172,7 @@ impl StreamHistogram {
         let left = -pow2(own) + batch.first as f64 * w;
         // the batch's values are finite and inside its level's range: a valid histogram
         let hist = UniformHistogram::new(&batch.counts, left, w, mn, mx).expect("a batch histogram is valid");
-        for (t, k) in pow2::batch_votes(hist).into_iter().enumerate() {
+        for (t, k) in pow2::batch_votes(hist, D::MAX).into_iter().enumerate() {
             if let Some(k) = k {
                 *votes.entry((t as u8, k)).or_insert(0) += 1;
             }
@@ -300,6 +300,15 @@ fn rebin_increasing<E: Float>(bins: &UniformBins<E>, n: usize, centre: impl Fn(u
     hist
 }
 
+/// Every one of `count` values is `x` (the min equals the max): all go to the bin ORT's
+/// histogram puts `x` in, exactly as ORT counts them (bin centres would be up to half a
+/// streaming bin off).
+fn single_value<E: Float>(bins: &UniformBins<E>, x: f64, count: u64) -> Vec<i64> {
+    let mut hist = vec![0i64; bins.n_bins()];
+    hist[target_bin(bins, x)] = count as i64;
+    hist
+}
+
 fn held<E: Float>(v: Option<f64>) -> Held<E> {
     match v {
         Some(x) => Held::scalar(E::from_f64(x)),
@@ -310,25 +319,34 @@ fn held<E: Float>(v: Option<f64>) -> Held<E> {
 impl StreamHistogram {
     /// ORT's value histogram (`collect_value`) as one collect of all the data would build it:
     /// `n_bins` over `(-t, t)`, `t = max(|min|, |max|)`, counts re-binned from the streaming
-    /// bins by their centres.
+    /// bins by their centres; where min equals max, all in that value's bin (ORT's histogram).
     pub fn to_value<E: Float>(&self, n_bins: usize) -> Result<crate::value_histogram::ValueHistogram<E>, HistError> {
         let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
         let t = py_max(mn.value.abs(), mx.value.abs());
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
-        let hist = rebin_increasing(&bins, self.bins.len(), self.signed_centre(), |i| self.bins[i]);
+        let hist = match (self.finite_min, self.finite_max) {
+            (Some(a), Some(b)) if a == b => single_value(&bins, a, self.n_finite),
+            _ => rebin_increasing(&bins, self.bins.len(), self.signed_centre(), |i| self.bins[i]),
+        };
         Ok(crate::value_histogram::ValueHistogram { hist, edges: bins.edges, min: mn, max: mx, threshold: Held::array(t) })
     }
 
     /// ORT's |x| histogram (`collect_absolute_value`, symmetric percentile) as one collect of
-    /// all the data would build it: `n_bins` over `[min|x|, max|x|]`.
+    /// all the data would build it: `n_bins` over `[min|x|, max|x|]`; where those are equal,
+    /// every count in that value's bin (ORT's histogram).
     pub fn to_abs<E: Float>(&self, n_bins: usize) -> Result<crate::abs_histogram::AbsHistogram<E>, HistError> {
         let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
         let (hist, edges) = match (self.abs_min, self.finite_min, self.finite_max) {
             (Some(lo), Some(a), Some(b)) => {
                 let hi = a.abs().max(b.abs());
                 let bins = UniformBins::new(E::from_f64(lo), E::from_f64(hi), n_bins)?;
-                let w = self.width().unwrap_or(0.0);
-                (rebin_increasing(&bins, self.half(), |j| (j as f64 + 0.5) * w, |j| self.abs_count(j)), bins.edges)
+                let hist = if lo == hi {
+                    single_value(&bins, lo, self.n_finite)
+                } else {
+                    let w = self.width().unwrap_or(0.0);
+                    rebin_increasing(&bins, self.half(), |j| (j as f64 + 0.5) * w, |j| self.abs_count(j))
+                };
+                (hist, bins.edges)
             }
             _ => (vec![0; n_bins], UniformBins::<E>::empty_auto(n_bins)?.edges),
         };
@@ -581,8 +599,12 @@ mod tests {
         let bins = UniformBins::new(v.edges[0], v.edges[nb], nb).unwrap();
         assert_eq!(bins.edges, v.edges);
         let c = h.signed_centre();
-        assert_eq!(v.hist, rebin(&bins, (0..h.bins.len()).map(|i| (c(i), h.bins[i]))), "{} value, {nb} bins", E::NAME);
-        if let (true, Ok(a)) = (h.n_finite > 0, h.to_abs::<E>(nb)) {
+        // (a single value goes to its own bin instead: constant_tensors_get_orts_histograms)
+        if h.finite_min != h.finite_max {
+            assert_eq!(v.hist, rebin(&bins, (0..h.bins.len()).map(|i| (c(i), h.bins[i]))), "{} value, {nb} bins", E::NAME);
+        }
+        let single_abs = h.abs_min == h.finite_min.zip(h.finite_max).map(|(a, b)| a.abs().max(b.abs()));
+        if let (true, false, Ok(a)) = (h.n_finite > 0, single_abs, h.to_abs::<E>(nb)) {
             let bins = UniformBins::new(a.edges[0], a.edges[nb], nb).unwrap();
             let w = h.width().unwrap();
             assert_eq!(a.hist, rebin(&bins, (0..h.half()).map(|j| ((j as f64 + 0.5) * w, h.abs_count(j)))), "{} abs, {nb} bins", E::NAME);
@@ -702,5 +724,47 @@ mod tests {
         assert_eq!(v.hist.iter().sum::<i64>(), 5000);
         let a = h.to_abs::<f32>(2048).unwrap();
         assert_eq!(a.hist.iter().sum::<i64>(), 5000);
+    }
+
+    /// numpy's histogram of `x` (or `|x|`) over `[first, last]`, counted in `E`.
+    fn numpy_hist<E: Float>(x: &[f32], first: E, last: E, n: usize, abs: bool) -> (Vec<i64>, Vec<E>)
+    where
+        f32: crate::float::Widen<E>,
+    {
+        let bins = UniformBins::new(first, last, n).unwrap();
+        let mut c = vec![0; n];
+        bins.count(&View::from_slice(x), abs, &mut c);
+        (c, bins.edges)
+    }
+
+    #[test]
+    fn constant_tensors_get_orts_histograms() {
+        // Bin centres sit up to half a streaming bin from the value: where min == max the
+        // counts go to the value's own bin, as ORT counts them.
+        for c in [0.0f32, -0.0, 1.0, -2.5, 3.7, 1e-30, -7.0, 1e20, f32::MAX, f32::MIN, 3e38] {
+            let data = vec![c; 37];
+            let h = hist_of(&[data[..20].to_vec(), data[20..].to_vec()], 13);
+            for n in [7, 128, 2048] {
+                let v = h.to_value::<f32>(n);
+                let t = c.abs();
+                match UniformBins::new(-t, t, n) {
+                    Ok(_) => {
+                        let v = v.unwrap();
+                        assert_eq!((v.hist, v.edges), numpy_hist(&data, -t, t, n, false), "value c={c} n={n}");
+                    }
+                    Err(_) => {
+                        let v = h.to_value::<f64>(n).unwrap();
+                        assert_eq!((v.hist, v.edges), numpy_hist(&data, -(t as f64), t as f64, n, false), "value f64 c={c} n={n}");
+                    }
+                }
+                match h.to_abs::<f32>(n) {
+                    Ok(a) => assert_eq!((a.hist, a.edges), numpy_hist(&data, t, t, n, true), "abs c={c} n={n}"),
+                    Err(_) => {
+                        let a = h.to_abs::<f64>(n).unwrap();
+                        assert_eq!((a.hist, a.edges), numpy_hist(&data, t as f64, t as f64, n, true), "abs f64 c={c} n={n}");
+                    }
+                }
+            }
+        }
     }
 }
