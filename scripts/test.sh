@@ -27,13 +27,20 @@ for name in ("numpy", "onnx", "onnxruntime"):
 PY
 fi
 
-install=(python3 -m pip install -q --disable-pip-version-check -c "$pins")
-"${install[@]}" -r requirements-dev.txt
+install() {
+    python3 -m pip install -q --disable-pip-version-check -c "$pins" "$@" || {
+        echo "scripts/test.sh: 'pip install $*' failed; numpy, onnx and onnxruntime were held at:" >&2
+        sed 's/^/    /' "$pins" >&2
+        echo "(the test command never changes these; if they conflict with pyproject.toml, change them yourself)" >&2
+        exit 1
+    }
+}
+install -r requirements-dev.txt
 if [[ -n "${HISTOCAL_TEST_CONSTRAINTS:-}" ]]; then
-    "${install[@]}" numpy onnx onnxruntime  # the constrained versions, whatever was installed
+    install numpy onnx onnxruntime  # the constrained versions, whatever was installed
 fi
 # maturin is in the environment now, so the build needs no isolated environment of its own.
-"${install[@]}" --no-build-isolation -e .
+install --no-build-isolation -e .
 python3 -c 'import numpy, onnx, onnxruntime; print(f"testing against numpy {numpy.__version__}, onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")'
 
 cargo test --release --quiet
