@@ -2,7 +2,7 @@
 
 Everything here compares ``histocal.HistogramCollector`` with onnxruntime's own
 ``onnxruntime.quantization.calibrate.HistogramCollector`` (the installed version is the
-reference, see ../../shared/ORT_PARITY.md).
+reference; docs/ort_parity.md says what is matched).
 
 Hypothesis profiles (select with ``HYPOTHESIS_PROFILE=<name>``):
 

@@ -1,7 +1,7 @@
 """Plain numpy reference implementations of histocal's calibration methods (issue 6).
 
-These are deliberately simple, literal transcriptions of ``../notes/METHODS_SPEC.md`` (the shared
-spec) and are *not* optimised beyond vectorising over bins or candidates: the tests compare the
+These are deliberately simple, literal transcriptions of the methods' definitions (the docstrings
+of ``histocal/methods.py`` and the Rust kernels' module docs) and are *not* optimised beyond vectorising over bins or candidates: the tests compare the
 Rust kernels (``histocal._core.histogram_range`` / ``histogram_qerror`` / ``pow2_error``) against
 them. Every histogram is a *uniform signed histogram*: ``counts`` (uint64), ``left`` (left edge of
 bin 0), ``width``, and the finite data extremes ``mn <= mx``.

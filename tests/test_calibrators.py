@@ -1109,12 +1109,67 @@ def test_bad_feeds_name_the_input(paths, tmp_path, method, mode, form):
     assert "bogus" in msg and "batch 1" in msg
     msg = _bad_feed_error(paths, tmp_path, {"Xx": good}, method)
     assert "Xx" in msg
-    msg = _bad_feed_error(paths, tmp_path, {"X": good.astype(np.float64)}, method)
-    assert "'X'" in msg and "float64" in msg and "float32" in msg
+    msg = _bad_feed_error(paths, tmp_path, {"X": good.astype(np.complex64)}, method)
+    assert "'X'" in msg and "complex64" in msg and "float32" in msg and "batch 1" in msg
+    msg = _bad_feed_error(paths, tmp_path, {"X": np.full(good.shape, 1e39)}, method)  # float64 past float32's range
+    assert "'X'" in msg and "outside the range" in msg and "batch 1" in msg
     msg = _bad_feed_error(paths, tmp_path, {"X": np.zeros((2, 3, 9, 8), np.float32)}, method)
     assert "'X'" in msg and "(2, 3, 9, 8)" in msg
     msg = _bad_feed_error(paths, tmp_path, {"X": np.zeros((2, 3, 8), np.float32)}, method)
     assert "'X'" in msg
+
+
+@pytest.mark.parametrize("method", [MM, ENT, PCT, DIST], ids=lambda m: m.name)
+def test_feeds_are_cast_by_the_one_rule(paths, tmp_path, method):
+    """Feeds of another dtype of the same kind (float64, ints for a float32 input) are cast to
+    the model's type, as files are on the command line: the result is ORT's on the cast feeds."""
+    feeds = models.cnn_feeds(3)
+    wide = [{"X": f["X"].astype(np.float64)} for f in feeds]
+    ints = [{"X": np.rint(f["X"] * 10).astype(np.int64)} for f in feeds]
+    for given, cast in ((wide, feeds), (ints, [{"X": f["X"].astype(np.float32)} for f in ints])):
+        ort_run = run_ort(paths["cnn"], method, {}, [cast], tmp_path / "o.onnx")
+        ours = run_histocal(paths["cnn"], method, {}, [given], tmp_path / "h.onnx")
+        assert_tensors_same(ort_run.td, ours, f"{method.name} {given[0]['X'].dtype}", ort_run)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_bare_array_says_what_was_expected(paths, tmp_path, form):
+    """An array where a feed dict belongs is a TypeError naming the batch and the expected dict
+    (not numpy's "truth value of an array is ambiguous")."""
+    x = models.cnn_feeds(2)[1]["X"]
+    cal = make_histocal(paths["cnn"], ENT, {}, tmp_path / "h.onnx", mode=None)
+    with pytest.raises(TypeError, match=r"batch 1: expected a dict of input name -> array, got a bare numpy array"):
+        cal.collect_data(as_form([models.cnn_feeds(1)[0], x], form))
+    for data in (x, np.stack([x, x])):  # the data itself an array
+        with pytest.raises(TypeError, match=r"calibration data is a numpy array .*expected feed dicts"):
+            cal.collect_data(data)
+    with pytest.raises(TypeError, match=r"batch 0: expected a dict"):
+        histocal.quantize_static(paths["cnn"], (tmp_path / "q.onnx").as_posix(), [x])
+
+
+def test_progress_bar_total_is_the_known_batch_count(monkeypatch):
+    """The progress bar's total: a list's length, a reader's __length_hint__ (what is left of
+    it), none for a plain reader or a generator."""
+    from histocal.readers import DataSource, progress
+
+    monkeypatch.delenv("HISTOCAL_PROGRESS", raising=False)
+    feeds = models.cnn_feeds(5)
+
+    class HintedReader(RewindReader):
+        def __length_hint__(self):
+            return len(self.feeds) - self.i
+
+    hinted = HintedReader(feeds)
+    hinted.get_next()
+    cases = [(feeds, 5), (lambda: iter(feeds), 5), (RewindReader(feeds), None), (hinted, 4),
+             ((f for f in feeds), None)]
+    for data, total in cases:
+        bar = progress(DataSource(data).read(), "test", True)
+        try:
+            assert bar.total == total, data
+            assert len(list(bar)) == (4 if data is hinted else 5)
+        finally:
+            bar.close()
 
 
 def test_invalid_mode_and_streaming_bins(paths, tmp_path):

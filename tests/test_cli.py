@@ -115,6 +115,16 @@ def test_calibrate_subprocess_cache_loads_in_ort_and_matches_api(work, tmp_path)
     assert state.is_file()
 
 
+def test_summary_counts_samples_not_files(work, tmp_path, capsys):
+    """Files may hold batches: the summary counts the samples in them, and the files."""
+    data = tmp_path / "batches"
+    data.mkdir()
+    for i in range(3):
+        np.save(data / f"b{i}.npy", np.random.default_rng(i).normal(size=(2, 3, 8, 8)).astype(np.float32))
+    assert main(["calibrate", str(work["model"]), "--data", str(data), "--cache", str(tmp_path / "c.json")]) == 0
+    assert "(MinMax, 6 samples in 3 files)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "kind, method, extra",
     [
@@ -295,8 +305,9 @@ def test_inspect_cache_text_and_json(work, tmp_path, capsys):
     capsys.readouterr()
     assert main(["inspect", str(cache)]) == 0
     text = capsys.readouterr().out
-    assert "ort-cache" in text and "MinMax" in text and "lowest" in text
-    assert all(name in text for name in ranges.data)
+    assert "ort-cache" in text and "MinMax range" in text
+    for name, td in ranges.data.items():
+        assert f"[{float(td.lowest.item()):.9g}, {float(td.highest.item()):.9g}]" in _table_cells(text, name)
     r = run_cli("inspect", cache, "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
@@ -322,6 +333,43 @@ def test_inspect_state(work, tmp_path, capsys):
     assert main(["inspect", str(state)]) == 0
     text = capsys.readouterr().out
     assert "histocal-state" in text and "model_fingerprint" in text and "posinf" in text
+    assert "data range" in text and "Percentile range" in text
+
+
+def _table_cells(text: str, tensor: str) -> list[str]:
+    """The cells of ``tensor``'s row in an inspect table (columns are split by 2+ spaces)."""
+    import re
+
+    (row,) = [line for line in text.splitlines() if line.split(" ", 1)[0] == tensor]
+    return re.split(r"\s{2,}", row.strip())
+
+
+def test_inspect_table_shows_each_range_once(work, tmp_path, capsys):
+    """One "[low, high]" cell per range: a state's data range and its method's range (marked
+    when they are the same), per-channel ranges as their span and channel count."""
+    state, cache = tmp_path / "s.hcs", tmp_path / "pc.json"
+    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "entropy",
+                 "--state", str(state)]) == 0
+    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--per-channel",
+                 "--cache", str(cache)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(state), "--json"]) == 0
+    x = json.loads(capsys.readouterr().out)["tensors"]["X"]
+    assert main(["inspect", str(state)]) == 0
+    text = capsys.readouterr().out
+    header = text.split("\n\n", 1)[1].splitlines()[0]
+    assert "data range" in header and "Entropy range" in header and "lowest" not in header and " min " not in header
+    cells = _table_cells(text, "X")
+    assert f"[{x['min']:.9g}, {x['max']:.9g}]" in cells
+    # ORT's Entropy with its default 128 bins is the data range: said once, not repeated
+    assert "= data range" in cells and (x["lowest"], x["highest"]) == (x["min"], x["max"])
+
+    ranges = ort_calibrate.load_tensors_data(cache)
+    assert main(["inspect", str(cache)]) == 0
+    text = capsys.readouterr().out
+    low, high = ranges.data["conv1"].range_value
+    assert low.size == 4
+    assert f"[{float(low.min()):.9g}, {float(high.max()):.9g}] over 4 channels" in _table_cells(text, "conv1")
 
 
 def test_inspect_bad_files(tmp_path, capsys):
@@ -396,6 +444,45 @@ def test_bad_data_subprocess(work, tmp_path):
     assert files_in(out) == set()
 
 
+@pytest.mark.parametrize("command", ["calibrate", "quantize"])
+def test_non_onnx_model_names_the_file(tmp_path, capsys, work, command):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model \x00\xff" * 8)
+    out = out_dir(tmp_path)
+    argv = ["calibrate", str(junk), "--cache", str(out / "c.json")] if command == "calibrate" else \
+        ["quantize", str(junk), str(out / "q.onnx")]
+    assert main([*argv, "--data", str(work["npy"])]) == 1
+    (line,) = error_lines(capsys.readouterr().err)
+    assert str(junk) in line and "not an ONNX model" in line
+    assert files_in(out) == set()
+
+
+def test_float64_files_follow_the_feed_rule(work, tmp_path, capsys):
+    """float64 files are cast to the model's float32 by the same rule as Python feeds (histocal.
+    readers.cast_to_input): the same cache as float32 files; values float32 cannot hold are an
+    error naming the file, before anything is written."""
+    f32, f64 = tmp_path / "f32", tmp_path / "f64"
+    f32.mkdir(), f64.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        x = rng.normal(size=(3, 8, 8)) * 10
+        np.save(f64 / f"s{i}.npy", x)
+        np.save(f32 / f"s{i}.npy", x.astype(np.float32))
+    caches = {}
+    for name, folder in (("f32", f32), ("f64", f64)):
+        caches[name] = tmp_path / f"{name}.json"
+        assert main(["calibrate", str(work["model"]), "--data", str(folder), "--method", "percentile",
+                     "--cache", str(caches[name])]) == 0
+    assert_same_tensors_data(ort_calibrate.load_tensors_data(caches["f32"]),
+                             ort_calibrate.load_tensors_data(caches["f64"]))
+    np.save(f64 / "s1.npy", np.full((3, 8, 8), 1e39))
+    out = out_dir(tmp_path)
+    assert main(["calibrate", str(work["model"]), "--data", str(f64), "--cache", str(out / "c.json")]) == 1
+    (line,) = error_lines(capsys.readouterr().err)
+    assert str(f64 / "s1.npy") in line and "outside the range" in line
+    assert files_in(out) == set()
+
+
 def test_missing_model(tmp_path, capsys, work):
     assert main(["calibrate", str(tmp_path / "nope.onnx"), "--data", str(work["npy"]),
                  "--cache", str(tmp_path / "c.json")]) == 1
@@ -435,6 +522,54 @@ def test_usage_errors_exit_2(argv, tmp_path, capsys, monkeypatch):
 def test_usage_error_subprocess(tmp_path):
     r = run_cli("calibrate", "m.onnx", "--data", "d", cwd=tmp_path)
     assert r.returncode == 2 and "--cache and/or --state" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, prog, suggestion",
+    [
+        (["calibrat", "m.onnx"], "histocal", "did you mean calibrate?"),
+        (["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bnis", "3"], "histocal calibrate",
+         "did you mean --num-bins?"),
+        (["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bnis=3"], "histocal calibrate",
+         "did you mean --num-bins?"),
+        (["quantize", "m.onnx", "o.onnx", "--data", "d", "--preprocess", "resnt"], "histocal quantize",
+         "did you mean resnet?"),
+        (["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--method", "entrpy"], "histocal calibrate",
+         "did you mean entropy?"),
+        (["calibrate", "m.onnx"], "histocal calibrate", None),
+        (["report", "s.hcs"], "histocal report", None),
+    ],
+)
+def test_usage_errors_are_short_with_suggestions(argv, prog, suggestion, tmp_path, capsys, monkeypatch):
+    """A usage error is a one-line usage, the error and a pointer to --help (not the whole usage),
+    with "did you mean" for a misspelled subcommand, option or choice."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"usage: {prog} ") and "[options]" in lines[0]
+    assert lines[1].startswith(f"{prog}: error: ")
+    assert lines[2] == f"Run '{prog} --help' for the full usage."
+    if suggestion:
+        assert lines[1].endswith(f"({suggestion})"), lines[1]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verbosity_before_or_after_the_subcommand(work, tmp_path, capsys):
+    """-v and -q work on either side of the subcommand; a message has one "histocal:" prefix."""
+    base = ["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "entropy",
+            "--cache", str(tmp_path / "c.json")]
+    for argv in (["-v", *base], [*base, "-v"], [*base, "--verbose"]):
+        assert main(argv) == 0
+        info = [line for line in capsys.readouterr().err.splitlines() if line.startswith("histocal: info: ")]
+        assert any("collection mode: exact" in line for line in info), argv
+        assert not any(line.startswith("histocal: info: histocal") for line in info), info
+    for argv in ([*base, "-q"], ["-v", *base, "-q"], ["-q", *base]):
+        assert main(argv) == 0
+        assert capsys.readouterr().err == "", argv
+    # a warning under -q is hidden, and shown without -q (option for another method)
+    assert main([*base, "--scenario", "p3", "-q"]) == 0 and capsys.readouterr().err == ""
+    assert main([*base, "--scenario", "p3"]) == 0 and "histocal: warning: option --scenario" in capsys.readouterr().err
 
 
 HELP = {

@@ -85,6 +85,39 @@ def test_npy_files_holding_batches_are_concatenated(tmp_path):
     np.testing.assert_array_equal(next(iter(data))["x"][:, 0], [0, 1, 1])
 
 
+def test_sample_and_item_counts_and_length_hint(tmp_path, caplog):
+    """num_samples counts rows along the batch dim (a file may hold a batch), num_items the files
+    batch_size counts; __length_hint__ is what is left of the current read (set_range)."""
+    model = make_model(("x", F32, ["N", 2]))
+    for i in range(3):
+        np.save(tmp_path / f"b{i}.npy", np.full((i + 1, 2), i, np.float32))
+    np.save(tmp_path / "single.npy", np.zeros(2, np.float64))  # one sample, float64 on disk
+    with caplog.at_level(logging.INFO, logger="histocal.data"):
+        data = open_calibration_data(model, tmp_path, batch_size=2)
+    assert (data.num_items, data.num_samples, len(data)) == (4, 7, 2)
+    assert "7 sample(s) in 4 npy file(s)" in caplog.text
+    assert "float64 data" in caplog.text and "single.npy" in caplog.text
+    assert open_calibration_data(model, tmp_path, validate=False).num_samples == 7  # counted on demand
+    # (len() is the whole data set; readers.DataSource asks a reader for its __length_hint__)
+    assert data.__length_hint__() == 2
+    data.get_next()
+    assert data.__length_hint__() == 1
+    data.set_range(1, 2)
+    assert data.__length_hint__() == 1
+    data.rewind()
+    assert data.__length_hint__() == 2
+
+
+def test_not_an_onnx_model_names_the_file(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\xff not protobuf" * 4)
+    with pytest.raises(ValueError, match=f"^{junk}: not an ONNX model"):
+        model_inputs(junk)
+    np.save(tmp_path / "a.npy", np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        open_calibration_data(junk, tmp_path / "a.npy")
+
+
 def test_npy_multi_input_per_sample_folders(tmp_path):
     model = make_model(("input", F32, ["N", 2]), ("input_ids", I64, ["N", 3]))
     for s in range(3):

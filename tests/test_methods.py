@@ -1,6 +1,6 @@
 """The calibration methods of issue 6 (mse, kl, pow2, auto) and their error model (qerror),
 checked against the plain numpy references of ``method_refs.py`` (a literal reading of
-``METHODS_SPEC.md``; the error model takes its scale and zero point from onnxruntime's own
+the definitions in ``histocal/methods.py``; the error model takes its scale and zero point from onnxruntime's own
 ``compute_scale_zp``).
 
 * kernels (``histocal._core``) on random uniform signed histograms (hypothesis): qerror values,

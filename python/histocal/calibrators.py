@@ -264,7 +264,7 @@ class _HistogramCalibration:
         source = DataSource(data_reader)
         if self._mode_used is None:
             self._mode_used = self.mode if self.mode != "auto" else ("exact" if source.rereadable else "streaming")
-            logger.info("histocal: %s collection", self._mode_used)
+            logger.info("collection mode: %s", self._mode_used)
         fetch = self._fetch_names()
         if self._mode_used == "streaming":
             n = self._collect_streaming(source, fetch)
@@ -338,7 +338,7 @@ class _HistogramCalibration:
 
     def _collect_buffered(self, source: DataSource, fetch: list[str]) -> int:
         logger.warning(
-            "histocal: the calibration data can be read only once, so exact mode keeps every "
+            "The calibration data can be read only once, so histocal's exact mode keeps every "
             "batch's outputs in memory like onnxruntime does. To stay in bounded memory, pass a "
             "list, a reader with rewind(), or a callable returning a fresh iterable, or use "
             "mode='streaming'."

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import numpy as np
 
@@ -48,6 +49,59 @@ class _UsageError(Exception):
     """Raised by a subcommand for an invalid option combination found after parsing (exit 2)."""
 
 
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    """" (did you mean X?)" for the closest candidate, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with short usage errors: a one-line usage, the error, a pointer to --help, and
+    "did you mean" for misspelled subcommands, choices and options (argparse's own
+    suggest_on_error needs Python 3.14)."""
+
+    def short_usage(self) -> str:
+        parts = []
+        for action in self._actions:
+            if not action.option_strings:
+                parts.append(f"{action.metavar or action.dest.upper()}"
+                             + (" ..." if isinstance(action, argparse._SubParsersAction) else ""))
+        for action in self._actions:
+            if action.option_strings and action.required:
+                parts.append(f"{action.option_strings[0]} {action.metavar or action.dest.upper()}"
+                             + (" ..." if action.nargs in ("+", "*") else ""))
+        options = ["[options]"] if any(a.option_strings and not a.required for a in self._actions) else []
+        return " ".join([f"usage: {self.prog}", *options, *parts])
+
+    def error(self, message: str) -> "NoReturn":
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n"
+                     f"Run '{self.prog} --help' for the full usage.\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            hint = _did_you_mean(str(value), choices) or f" (choose from {', '.join(choices)})"
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint}")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # Unknown options of a subcommand reach the top parser: report them as the subcommand's.
+            parser = self._subcommand(parsed) or self
+            options = [o for a in parser._actions for o in a.option_strings]
+            hints = [_did_you_mean(e.partition("=")[0], options) for e in extras if e.startswith("-")]
+            parser.error(f"unrecognized arguments: {' '.join(extras)}" + next((h for h in hints if h), ""))
+        return parsed
+
+    def _subcommand(self, parsed: argparse.Namespace) -> "_Parser | None":
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(parsed, action.dest, None))
+        return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Small helpers
 
@@ -69,7 +123,7 @@ def _check_method(args: argparse.Namespace) -> None:
     try:
         args.method = methods.canonical_name(args.method)
     except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+        raise _UsageError(f"{exc}{_did_you_mean(args.method.lower(), methods.method_names())}") from None
 
 
 def _load_plugins(args: argparse.Namespace) -> None:
@@ -224,7 +278,9 @@ def _add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
     g = p.add_argument_group("calibration data")
     g.add_argument("--data", nargs="+", metavar="PATH", required=required,
                    help="data files or folders: .npy, .npz, model-zoo .pb or images (.jpg .png .bmp)")
-    g.add_argument("--batch-size", type=_positive_int, default=1, metavar="N", help="samples per batch (default 1)")
+    g.add_argument("--batch-size", type=_positive_int, default=1, metavar="N",
+                   help="data items per batch: files, or one file per input of a multi-input model; a file "
+                        "holding a batch of k samples adds k rows (default 1)")
     g.add_argument("--preprocess", choices=("none", "mobilenet", "resnet", "caffe2"), default="none",
                    help="image preprocessing preset (default none)")
     g.add_argument("--input-shape", type=_shape, metavar="DIMS",
@@ -394,7 +450,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     fingerprint = _data_fingerprint(data.files) if args.state else None
     _write_outputs(ranges, args.cache and Path(args.cache), calibrator, args.state and Path(args.state), fingerprint)
     sys.stdout.write(
-        f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples)"
+        f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples "
+        f"in {len(data.files)} files)"
         + (f"; cache: {args.cache}" if args.cache else "")
         + (f"; state: {args.state}" if args.state else "")
         + "\n"
@@ -720,8 +777,31 @@ def _load_any(path: Path) -> dict[str, Any]:
         return _inspect_state(path, state)
 
 
-_COLUMNS = ["dtype", "lowest", "highest", "avg", "std", "hist_bins", "min", "max", "finite", "nan", "posinf", "neginf",
-            "batches"]
+def _range_text(low: Any, high: Any) -> str:
+    """"[low, high]"; per-channel ranges as the span of all channels and their count."""
+    low, high = np.asarray(low), np.asarray(high)
+    if low.size == 1 and high.size == 1:
+        return f"[{_fmt(float(low.item()))}, {_fmt(float(high.item()))}]"
+    if low.size == 0 or high.size == 0:
+        return "[]"
+    with np.errstate(all="ignore"):
+        return f"[{_fmt(float(np.nanmin(low)))}, {_fmt(float(np.nanmax(high)))}] over {low.size} channels"
+
+
+_COLUMNS = ["dtype", "data range", "range", "avg", "std", "hist_bins", "finite", "nan", "posinf", "neginf", "batches"]
+
+
+def _table_row(entry: dict[str, Any]) -> dict[str, str]:
+    """One tensor's table cells: the data range (a state's min/max) and the method's range
+    (lowest/highest) each as one "[low, high]" cell, the method's marked when it is the data range."""
+    row = {k: _fmt(v) for k, v in entry.items() if k not in ("lowest", "highest", "min", "max")}
+    if "min" in entry:
+        row["data range"] = _range_text(entry["min"], entry["max"])
+    if "lowest" in entry:
+        row["range"] = _range_text(entry["lowest"], entry["highest"])
+        if row["range"] == row.get("data range"):
+            row["range"] = "= data range"
+    return row
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -735,14 +815,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             continue
         text = json.dumps(_jsonable(value), allow_nan=False) if isinstance(value, (dict, list)) else _fmt(value)
         head.append(f"{key}: {text}")
-    tensors = info["tensors"]
-    columns = sorted({k for e in tensors.values() if isinstance(e, dict) for k in e},
-                     key=lambda k: (_COLUMNS + [k]).index(k))
-    rows = []
-    for name, entry in tensors.items():
-        entry = entry if isinstance(entry, dict) else {"value": entry}
-        rows.append([name] + [_fmt(entry[c]) if c in entry else "" for c in columns])
-    sys.stdout.write("\n".join(head) + "\n\n" + _table(["tensor", *columns], rows))
+    rows = {name: _table_row(entry if isinstance(entry, dict) else {"value": entry})
+            for name, entry in info["tensors"].items()}
+    columns = sorted({k for row in rows.values() for k in row}, key=lambda k: (_COLUMNS + [k]).index(k))
+    titles = [f"{_display(str(info['method']).lower())} range" if c == "range" else c for c in columns]
+    table = [[name] + [row.get(c, "") for c in columns] for name, row in rows.items()]
+    sys.stdout.write("\n".join(head) + "\n\n" + _table(["tensor", *titles], table))
     return 0
 
 
@@ -947,7 +1025,8 @@ def _report_parser(sub: Any) -> None:
                        description="Write DIR/index.html (a table of every tensor, worst outliers first: counts, "
                                    "NaN/Inf, min/max, outlier ratio, each method's range and estimated SQNR, "
                                    "auto's choice) and one histogram image per tensor (DIR/tensors/*.png) with "
-                                   "each method's range marked. Needs matplotlib: pip install 'histocal[report]'.")
+                                   "each method's range marked. Needs matplotlib: pip install matplotlib (or "
+                                   "pip install '.[report]' in histocal's source folder).")
     p.add_argument("state", metavar="STATE", help="histocal state file")
     p.add_argument("--out", metavar="DIR", required=True, help="output directory (created if missing)")
     p.add_argument("--qtype", choices=QTYPES, default="int8", help="target type of the ranges and errors (default int8)")
@@ -977,17 +1056,30 @@ def cmd_report(args: argparse.Namespace) -> int:
 # Parser and entry point
 
 
+def _add_verbosity(parser: argparse.ArgumentParser, *, default: bool) -> None:
+    """-v / -q; without defaults (``default=False``) they set nothing unless given."""
+    unset = argparse.SUPPRESS
+    parser.add_argument("-v", "--verbose", action="count", default=0 if default else unset,
+                        help="more logging (-vv: debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if default else unset,
+                        help="errors only")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="histocal",
         description="ORT-identical, faster calibration for ONNX post-training quantization.",
     )
     parser.add_argument("--version", action="version", version=f"histocal {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="errors only")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_verbosity(parser, default=True)
+    verbosity = argparse.ArgumentParser(add_help=False)
+    _add_verbosity(verbosity, default=False)
+    # -v / -q also after the subcommand: every subparser takes them (without defaults of its own,
+    # which would replace the values given before the subcommand).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=functools.partial(_Parser, parents=[verbosity]))
 
     p = sub.add_parser("calibrate", help="calibrate a model: write an ORT calibration cache and/or a histocal state",
                        description="Calibrate MODEL on calibration data; write ONNX Runtime's JSON calibration "
@@ -1034,7 +1126,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-samples", type=_positive_int, metavar="N",
                    help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
                         "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
-                        f"batches (of --batch-size samples), kept in memory (default {AUTO_EVAL_SAMPLES})")
+                        f"batches (of --batch-size items), kept in memory (default {AUTO_EVAL_SAMPLES})")
     g.add_argument("--folds", type=_folds, metavar="K",
                    help="auto: K-fold cross-validation on those batches (batch i in fold i mod K; each fold scored "
                         f"with ranges calibrated on all the other data) (default {AUTO_FOLDS})")

@@ -16,28 +16,31 @@ Finding files
     named explicitly is an error. All data files must be of one kind (mixing is an error).
 
 Mapping files to model inputs
-    ``.npy``   Single-input model: one file is one sample. Multi-input model: a file belongs to
-               the input named by its stem (``sample_0/x.npy``, ``sample_0/y.npy``: one sample per
-               folder) or by a stem prefix followed by ``_`` (``x_0.npy``, ``y_0.npy``: one sample
+    The data is a list of *items*, each giving one array per model input; ``batch_size`` counts
+    items. An item's arrays may hold one sample or a batch of them (see Shapes below).
+    ``.npy``   Single-input model: one file is one item. Multi-input model: a file belongs to
+               the input named by its stem (``sample_0/x.npy``, ``sample_0/y.npy``: one item per
+               folder) or by a stem prefix followed by ``_`` (``x_0.npy``, ``y_0.npy``: one item
                per remaining stem and folder; the longest matching input name wins). Names are
                matched as written or with characters outside ``[A-Za-z0-9._-]`` replaced by ``_``.
-               Each sample needs exactly one file per input.
-    ``.npz``   One file is one sample; its keys are exactly the input names (a single-input
+               Each item needs exactly one file per input.
+    ``.npz``   One file is one item; its keys are exactly the input names (a single-input
                model also accepts the lone key ``arr_0`` written by ``np.savez(f, a)``).
     ``.pb``    ONNX ``TensorProto`` files (model zoo: ``test_data_set_*/input_<k>.pb``).
-               Single-input model: one file is one sample. Multi-input model: one folder is one
-               sample; a tensor goes to the input it names, or, unnamed, to input ``k``.
-    images     ``.jpg .jpeg .png .bmp``, single-input models only: one file is one sample,
-               decoded to RGB and preprocessed (see below).
+               Single-input model: one file is one item. Multi-input model: one folder is one
+               item; a tensor goes to the input it names, or, unnamed, to input ``k``.
+    images     ``.jpg .jpeg .png .bmp``, single-input models only: one file is one item (one
+               sample), decoded to RGB and preprocessed (see below).
 
 Shapes and dtypes
-    An array with the input's declared rank is a batch (any leading size); one with a dim fewer
-    is one sample and gets a leading batch dim of 1. ``batch_size`` samples in a row are
+    An array with the input's declared rank is a batch of samples (any leading size); one with a
+    dim fewer is one sample and gets a leading batch dim of 1. ``batch_size`` items in a row are
     concatenated along axis 0; the last batch may be partial. Static declared dims are checked
-    (the batch dim on the assembled batch). Arrays are cast to the input's element type when
-    numpy allows it within the same kind (float64 -> float32, int -> float, int64 -> int32 if the
-    values fit); other casts (float -> int, complex, strings) are errors. ``input_shape`` (single-
-    input models) replaces the declared shape; dims ``<= 0``, ``None`` or ``?`` are dynamic.
+    (the batch dim on the assembled batch). Arrays are cast to the input's element type by the
+    rule of :func:`histocal.readers.cast_to_input`, the same as for feeds given in Python: within
+    the same kind (float64 -> float32, int -> float, int64 -> int32) when every value fits; other
+    casts (float -> int, complex, strings) and values that do not fit are errors. ``input_shape``
+    (single-input models) replaces the declared shape; dims ``<= 0``, ``None`` or ``?`` are dynamic.
 
 Image preprocessing (``preprocess``), HWC uint8 RGB in, then HWC -> ``layout``, batch dim of 1:
     ``none``       pixels as they are (0..255), resized to the input's H, W if both are static;
@@ -67,6 +70,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import CalibrationDataReader
 from PIL import Image
+
+from .readers import cast_to_input
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +109,12 @@ class ModelInput:
 def model_inputs(model: PathLike | onnx.ModelProto) -> tuple[ModelInput, ...]:
     """The model's graph inputs that are not initializers, in graph order."""
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
+        try:
+            model = onnx.load(str(model), load_external_data=False)
+        except OSError:
+            raise
+        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
+            raise ValueError(f"{model}: not an ONNX model ({' '.join(str(e).split())})") from None
     initializers = {t.name for t in model.graph.initializer}
     inputs = []
     for vi in model.graph.input:
@@ -145,21 +155,19 @@ def _fit_shape(inp: ModelInput, shape: Shape, where: str) -> Shape:
 
 
 def _check_dtype(inp: ModelInput, dtype: np.dtype, where: str) -> None:
+    """The header part of :func:`histocal.readers.cast_to_input`'s rule (values are checked on load)."""
     if dtype == inp.dtype:
         return
     if dtype.kind in "OSUVMm" or not np.can_cast(dtype, inp.dtype, "same_kind"):
-        raise DataError(f"{where}: {dtype} data cannot be cast safely to input {inp}")
+        raise DataError(f"{where}: {dtype} data cannot be cast to input {inp}")
 
 
 def _conform(inp: ModelInput, arr: np.ndarray, where: str) -> np.ndarray:
-    _check_dtype(inp, arr.dtype, where)
     arr = arr.reshape(_fit_shape(inp, arr.shape, where))
-    narrowing = inp.dtype.kind in "iu" and not np.can_cast(arr.dtype, inp.dtype)
-    if narrowing and arr.dtype.kind in "iu" and arr.size:
-        info = np.iinfo(inp.dtype)
-        if arr.min() < info.min or arr.max() > info.max:
-            raise DataError(f"{where}: values outside the {inp.dtype} range of input {inp}")
-    return np.ascontiguousarray(arr, dtype=inp.dtype)
+    try:
+        return cast_to_input(arr, inp.dtype, f"{where}: data for input {inp.name!r}")
+    except ValueError as e:
+        raise DataError(str(e)) from None
 
 
 def _check_batch(inp: ModelInput, shapes: Sequence[Shape], wheres: Sequence[str]) -> None:
@@ -390,6 +398,7 @@ class CalibrationData(CalibrationDataReader):
         self.inputs = tuple(inputs)
         self.batch_size = batch_size
         self._samples = list(samples)
+        self._num_samples: int | None = None  # rows along the batch dim, from the headers
         self._next, self._stop = 0, len(self)
 
     @property
@@ -402,11 +411,24 @@ class CalibrationData(CalibrationDataReader):
         return [f for s in self._samples for f in s.files]
 
     @property
-    def num_samples(self) -> int:
+    def num_items(self) -> int:
+        """Data items: files, or one file per input of a multi-input model (``batch_size`` counts these)."""
         return len(self._samples)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples: rows along the batch dim over all items (a file holding a batch of k adds k)."""
+        if self._num_samples is None:
+            self.validate()
+        assert self._num_samples is not None
+        return self._num_samples
 
     def __len__(self) -> int:
         return math.ceil(len(self._samples) / self.batch_size)
+
+    def __length_hint__(self) -> int:
+        """Batches left in the current read (``get_next`` after ``set_range`` or a partial read)."""
+        return max(self._stop - self._next, 0)
 
     def _chunk(self, index: int) -> list[_Sample]:
         return self._samples[index * self.batch_size : (index + 1) * self.batch_size]
@@ -435,16 +457,25 @@ class CalibrationData(CalibrationDataReader):
             for _ in self:
                 pass
             return
+        rows = 0
+        cast: dict[tuple[str, np.dtype], str] = {}
         for index in range(len(self)):
             columns: list[list[tuple[Shape, str]]] = [[] for _ in self.inputs]
             for sample in self._chunk(index):
                 for inp, column, header in zip(self.inputs, columns, sample.headers()):
                     shape, dtype, where = header
                     _check_dtype(inp, dtype, where)
+                    if dtype != inp.dtype:
+                        cast.setdefault((inp.name, dtype), where)
                     column.append((_fit_shape(inp, shape, where), where))
             for inp, column in zip(self.inputs, columns):
                 shapes, wheres = zip(*column)
                 _check_batch(inp, shapes, wheres)
+            rows += sum(s[0] if s else 1 for s, _ in columns[0])
+        self._num_samples = rows
+        for (name, dtype), where in cast.items():
+            logger.info("input %r: %s data (e.g. %s) cast to %s, the model's input type", name, dtype, where,
+                        self.inputs[self.input_names.index(name)].dtype)
 
     # onnxruntime CalibrationDataReader protocol (index-based, so copy.deepcopy works)
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -664,7 +695,8 @@ def open_calibration_data(
     if validate:
         data.validate()
     logger.info(
-        "calibration data: %d %s sample(s) in %d file(s), %d batch(es) of up to %d",
-        data.num_samples, kind, len(files), len(data), batch_size,
+        "calibration data: %s sample(s) in %d %s file(s), %d batch(es) of up to %d %s",
+        data.num_samples if validate else "?", len(files), kind, len(data), batch_size,
+        "file(s)" if len(inputs) == 1 else "item(s) (one file per input)",
     )
     return data

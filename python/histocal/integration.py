@@ -63,7 +63,8 @@ def _patch() -> None:
 
 
 def unpatch_onnxruntime() -> None:
-    """Undo ``patch_onnxruntime()`` (once per call to it)."""
+    """Undo one ``patch_onnxruntime()`` made outside a ``with`` block. Patches are counted: ORT's
+    own ``create_calibrator`` is back once every patch is undone. Without a patch, a no-op."""
     global _depth
     with _lock:
         if _depth == 0:
@@ -97,6 +98,7 @@ class patch_onnxruntime:
 
 
 def is_patched() -> bool:
+    """Whether onnxruntime's calibrator creation goes to histocal now."""
     return _depth > 0
 
 

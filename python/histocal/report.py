@@ -19,8 +19,9 @@ them and to the error estimate (``state.stream.qerrors``: the mean squared error
 dequantizing the histogram's values with the range, onnxruntime's scale/zero-point rule). SQNR is
 ``10 log10(mean(x^2) / error)`` over the same histogram values.
 
-Images need matplotlib (``pip install 'histocal[report]'``); it is used through its object API with
-the Agg canvas, so the caller's pyplot backend is left alone. The directory is written atomically
+Images need matplotlib (``pip install matplotlib``, or ``pip install '.[report]'`` in a histocal
+checkout); it is used through its object API with the Agg canvas, so the caller's pyplot backend
+is left alone. The directory is written atomically
 as far as a directory can be: everything is rendered into a temporary sibling, then the
 ``tensors`` folder and ``index.html`` (last) are moved into place; an existing ``DIR`` keeps its
 other files, and is written into only when its ``index.html`` (if any) is a previous report and its
@@ -75,7 +76,8 @@ DISPLAY_BINS = 256
 FIG_SIZE = (7.0, 3.3)  # inches
 FIG_DPI = 80
 _PARALLEL_MIN = 48  # tensors to plot before worker processes pay off
-_INSTALL_HINT = "pip install 'histocal[report]'"
+# histocal is installed from its source tree, not from an index: name the package itself.
+_INSTALL_HINT = "pip install matplotlib (or pip install '.[report]' in histocal's source folder)"
 _GENERATOR = '<meta name="generator" content="histocal report">'
 
 

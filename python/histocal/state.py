@@ -147,7 +147,12 @@ def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
     if isinstance(model, (str, os.PathLike)):
         import onnx
 
-        model = onnx.load(os.fspath(model))
+        try:
+            model = onnx.load(os.fspath(model))
+        except OSError:
+            raise
+        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
+            raise ValueError(f"{os.fspath(model)}: not an ONNX model ({' '.join(str(e).split())})") from None
     graph = model.graph
     outputs = list(graph.output)[: num_outputs if num_outputs is not None else None]
     h = hashlib.sha256(b"histocal-model-fingerprint-v1\0")

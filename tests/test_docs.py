@@ -1,0 +1,41 @@
+"""The project's documentation stays inside the project, and the README's commands are the ones
+the repository runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_links_point_to_files_inside_the_repository():
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path = (doc.parent / target).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), f"{doc.name}: link {target}"
+        assert "../shared" not in text and "/work/" not in text, doc.name
+
+
+def _bash_block_after(text: str, heading: str) -> str:
+    section = text.split(f"\n{heading}\n", 1)[1]
+    return re.search(r"```bash\n(.*?)\n```", section, re.S).group(1).strip()
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert _bash_block_after(readme, "## Install and run") == "pip install . && histocal demo"
+    command = _bash_block_after(readme, "## Test")
+    assert command == "bash scripts/test.sh"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-1] == f"exec {command}"
+
+
+def test_install_hints_name_installable_packages():
+    """histocal is not on a package index: no hint may say `pip install 'histocal[...]'`."""
+    for path in [*DOCS, *sorted((ROOT / "python" / "histocal").glob("*.py"))]:
+        assert "histocal[" not in path.read_text(encoding="utf-8"), path.name
