@@ -7,6 +7,7 @@ pub mod abs_histogram;
 pub mod binning;
 pub mod distribution;
 pub mod entropy;
+pub mod fallible;
 pub mod float;
 pub mod histogram;
 pub mod kl_tensorrt;
