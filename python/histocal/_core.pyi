@@ -4,6 +4,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+#: The most bins a histogram may have (ORT-shaped histograms: ``num_bins`` and growth).
+MAX_BINS: int
+#: How many exponents a pow2 vote can have.
+POW2_EXPONENTS: int
+
 class Histograms:
     def __init__(self, kind: str, num_bins: int) -> None: ...
     def collect(self, items: Sequence[tuple[str, Sequence[np.ndarray]]]) -> None: ...

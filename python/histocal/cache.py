@@ -4,7 +4,10 @@ Writing is byte-identical to onnxruntime's writer (same ``json.dump`` defaults, 
 ``NaN``/``Infinity`` tokens) and the file gets the same 0600 mode. Reading returns onnxruntime's own
 ``TensorsData`` objects with the same arrays, dtypes and scalar conversions as onnxruntime's loader, but treats
 the file as untrusted input: it never executes code, bounds size and nesting before parsing, and reports every
-problem as a ``ValueError`` naming the file (``FileNotFoundError`` only for a missing path).
+problem as a ``ValueError`` naming the file (``FileNotFoundError`` only for a missing path). Memory: the file's
+size is checked (``MAX_CACHE_BYTES``) before anything is read, nothing is reserved ahead, a byte that JSON never
+allows (a control character: a sparse or binary file) stops the reading at its chunk, and the checks before
+parsing hold about twice the file.
 See ORT_PARITY.md section 7.
 """
 
@@ -18,7 +21,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Union
+from typing import Any, BinaryIO, Callable, Iterator, NoReturn, Optional, Union
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -41,6 +44,7 @@ StrPath = Union[str, "os.PathLike[str]"]
 MAX_CACHE_BYTES = 1 << 30  # 1 GiB; a real cache is a few KiB per tensor
 MAX_JSON_DEPTH = 32  # a cache needs 4 object levels plus the array rank
 MAX_NUMBER_DIGITS = 100  # longer digit runs are rejected before int()/float() see them (quadratic int parsing)
+READ_CHUNK = 1 << 20  # untrusted files are read (and checked) this much at a time
 
 # dtype names onnxruntime writes (str(ndarray.dtype)). float64 is accepted here so that TensorData reports
 # onnxruntime's own "Unexpected dtype float64" error for the float keys.
@@ -101,21 +105,22 @@ _DEPTH_CHUNK = 1 << 22
 def _json_depth(outside_strings: bytes) -> int:
     """Deepest ``[``/``{`` nesting of JSON text with its strings emptied: an upper bound of the recursion depth
     ``json.loads`` needs (its valid prefix never closes more than it opened)."""
-    codes = np.frombuffer(outside_strings.translate(None, _NOT_BRACKETS), dtype=np.uint8)
     depth = deepest = 0
-    for start in range(0, codes.size, _DEPTH_CHUNK):  # chunked: bounded memory for huge inputs
-        chunk = codes[start : start + _DEPTH_CHUNK]
-        levels = depth + np.cumsum(np.where((chunk == ord("[")) | (chunk == ord("{")), 1, -1))
-        deepest = max(deepest, int(levels.max()))
-        depth = int(levels[-1])
+    for start in range(0, len(outside_strings), _DEPTH_CHUNK):  # chunked: bounded memory for huge inputs
+        chunk = np.frombuffer(outside_strings[start : start + _DEPTH_CHUNK].translate(None, _NOT_BRACKETS), dtype=np.uint8)
+        if chunk.size:
+            levels = depth + np.cumsum(np.where((chunk == ord("[")) | (chunk == ord("{")), 1, -1))
+            deepest = max(deepest, int(levels.max()))
+            depth = int(levels[-1])
     return deepest
 
 
-def read_bounded_file(path: StrPath, max_bytes: int, *, what: str) -> bytes:
-    """The bytes of an untrusted regular file of at most ``max_bytes`` (checked before reading).
+@contextlib.contextmanager
+def open_untrusted_file(path: StrPath, max_bytes: int, *, what: str) -> Iterator[tuple[BinaryIO, int]]:
+    """An untrusted regular file of at most ``max_bytes`` opened for reading (unbuffered), and its size.
 
-    FileNotFoundError if ``path`` does not exist, otherwise ValueError ``Invalid <what> <path>: ...``
-    (not a regular file, unreadable, too large)."""
+    The size is checked with ``fstat`` before anything is read. FileNotFoundError if ``path`` does not exist,
+    otherwise ValueError ``Invalid <what> <path>: ...`` (not a regular file, unreadable, too large)."""
     path = Path(path)
 
     def fail(problem: object) -> NoReturn:
@@ -129,36 +134,79 @@ def read_bounded_file(path: StrPath, max_bytes: int, *, what: str) -> bytes:
     except (OSError, ValueError) as exc:
         fail(exc)
     try:
-        info = os.fstat(fd)
+        try:
+            info = os.fstat(fd)
+        except OSError as exc:
+            fail(exc)
         if not stat.S_ISREG(info.st_mode):
             fail("not a regular file")
         if info.st_size > max_bytes:
             fail(f"file is {info.st_size} bytes, more than the limit of {max_bytes}")
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            raw = file.read(max_bytes + 1)  # the file may have grown since fstat
-    except OSError as exc:
-        fail(exc)
-    finally:
+        file = os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
         os.close(fd)
-    if len(raw) > max_bytes:
-        fail(f"file is more than the limit of {max_bytes} bytes")
+        raise
+    with file:
+        yield file, info.st_size
+
+
+def read_bounded_file(
+    path: StrPath, max_bytes: int, *, what: str, check: Optional[Callable[[memoryview, int], None]] = None
+) -> bytearray:
+    """The bytes of an untrusted regular file of at most ``max_bytes`` (checked before reading).
+
+    Read in chunks of ``READ_CHUNK`` (a file that grows meanwhile is read on up to the limit): nothing is
+    reserved ahead, and ``check(chunk, offset)`` sees each chunk as it arrives and may raise to stop there.
+    FileNotFoundError if ``path`` does not exist, otherwise ValueError ``Invalid <what> <path>: ...`` (not a
+    regular file, unreadable, too large)."""
+
+    def fail(problem: object) -> NoReturn:
+        raise ValueError(f"Invalid {what} {path}: {problem}") from None
+
+    raw = bytearray()
+    chunk = bytearray(READ_CHUNK)
+    with open_untrusted_file(path, max_bytes, what=what) as (file, _), memoryview(chunk) as view:
+        try:
+            while n := file.readinto(view):
+                if len(raw) + n > max_bytes:
+                    fail(f"file is more than the limit of {max_bytes} bytes")
+                if check is not None:
+                    check(view[:n], len(raw))
+                raw += view[:n]
+        except OSError as exc:
+            fail(exc)
     return raw
 
 
-def parse_bounded_json(raw: bytes, max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True) -> Any:
+_JSON_NEVER = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # control characters: never valid in JSON text
+
+
+def _reject_control_characters(chunk: memoryview, offset: int) -> None:
+    found = _JSON_NEVER.search(chunk)
+    if found is not None:
+        raise _CacheError(f"byte {offset + found.start()} is the control character {found.group()!r}, which JSON never allows")
+
+
+def parse_bounded_json(raw: Union[bytes, bytearray], max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True) -> Any:
     """Parse untrusted JSON bytes with bounded nesting and number length; ``constants``: accept
     ``NaN``/``Infinity``. Every problem goes to ``fail``."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        fail(f"not UTF-8 ({exc})")
+    # The checks first (they hold a copy of the text without its strings), the decoded text after.
     outside_strings = _JSON_STRING.sub(b'""', raw)
     depth = _json_depth(outside_strings)
     if depth > max_depth:
         fail(f"JSON nested {depth} levels deep, more than the limit of {max_depth}")
-    # int() is quadratic and sys.int_max_str_digits may be off. (translate + find: a regex is slow here)
-    if b"0" * (MAX_NUMBER_DIGITS + 1) in outside_strings.translate(_DIGITS_AS_ZEROS):
-        fail(f"a number with more than {MAX_NUMBER_DIGITS} digits")
+    # int() is quadratic and sys.int_max_str_digits may be off. (translate + find: a regex is slow here;
+    # in chunks that overlap by a longest allowed run, so that no run is missed and no full copy is made)
+    too_long = b"0" * (MAX_NUMBER_DIGITS + 1)
+    for start in range(0, len(outside_strings), _DEPTH_CHUNK):
+        piece = outside_strings[max(0, start - MAX_NUMBER_DIGITS) : start + _DEPTH_CHUNK]
+        if too_long in piece.translate(_DIGITS_AS_ZEROS):
+            fail(f"a number with more than {MAX_NUMBER_DIGITS} digits")
+    del outside_strings
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"not UTF-8 ({exc})")
 
     def reject(token: str) -> NoReturn:
         fail(f"{token} where a number is required")
@@ -175,13 +223,18 @@ def read_json_file(
     """Parse an untrusted JSON file with bounded size and nesting; ``NaN``/``Infinity`` tokens are accepted.
 
     Raises FileNotFoundError if ``path`` does not exist, otherwise ValueError naming the file for anything
-    else: not a regular file, unreadable, too large (checked before reading), not UTF-8, too deep, bad JSON.
+    else: not a regular file, unreadable, too large (checked before reading), a control character (checked
+    while reading), not UTF-8, too deep, bad JSON.
     """
 
     def fail(problem: object) -> NoReturn:
         raise ValueError(f"Invalid {what} {path}: {problem}") from None
 
-    return parse_bounded_json(read_bounded_file(path, max_bytes, what=what), max_depth, fail)
+    try:
+        raw = read_bounded_file(path, max_bytes, what=what, check=_reject_control_characters)
+    except _CacheError as exc:
+        fail(exc)
+    return parse_bounded_json(raw, max_depth, fail)
 
 
 # ----------------------------------------------------------------------------------------------

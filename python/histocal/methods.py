@@ -49,6 +49,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
+from . import _core
+
 logger = logging.getLogger(__name__)
 
 ORT_METHODS = ("minmax", "entropy", "percentile", "distribution")
@@ -187,8 +189,9 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
     if "symmetric" in out and not isinstance(out["symmetric"], (bool, np.bool_)):
         raise ValueError(f"{method}: symmetric must be a boolean, got {out['symmetric']!r}")
     for key in ("num_bins", "num_quantized_bins"):
-        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], (int, np.integer)) or out[key] < 1):
-            raise ValueError(f"{method}: {key} must be a positive integer, got {out[key]!r}")
+        value = out.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= _core.MAX_BINS:
+            raise ValueError(f"{method}: {key} must be an integer in [1, {_core.MAX_BINS}], got {value!r}")
     if method == "kl" and out["num_bins"] < out["num_quantized_bins"]:
         raise ValueError(f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})")
     if method == "pow2":

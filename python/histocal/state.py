@@ -52,11 +52,15 @@ plain little-endian numeric ``.npy`` members, never pickles:
   dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
   (uint8 (n, 3): whether ORT holds each as a 0-d array), ``exact_counts`` (uint64 (n, 5)).
 
-Loading treats the file as untrusted: size and member count/sizes are checked before reading, every
-``.npy`` header is parsed and checked (dtype, shape, size) before its data is used, the JSON header
-is bounded in size and nesting and every field's type and range is validated, and the arrays go
-through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file and the
-problem (``FileNotFoundError`` for a missing path).
+Loading treats the file as untrusted and checks every size before taking the memory for it: the file
+size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` bytes are read to find and
+parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
+``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
+(tensors x ``streaming_bins`` + exact bins at most ``MAX_STATE_BINS``, bins and ``num_bins`` settings at
+most ``_core.MAX_BINS``), then each other member's declared size against that content before it is
+decompressed, read in chunks. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
+and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
 """
 
 from __future__ import annotations
@@ -68,15 +72,16 @@ import json
 import math
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, NoReturn, Union
+from typing import Any, BinaryIO, Iterable, NoReturn, Union
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from . import _core
-from .cache import atomic_write_bytes, parse_bounded_json, read_bounded_file
+from .cache import READ_CHUNK, atomic_write_bytes, open_untrusted_file, parse_bounded_json
 from . import methods
 from .collector import HistogramCollector
 
@@ -84,11 +89,17 @@ __all__ = ["CalibrationState", "merge_states", "model_fingerprint", "FORMAT_NAME
 
 FORMAT_NAME = "histocal-calibration-state"
 FORMAT_VERSION = 1
-MAX_STATE_BYTES = 4 << 30  # file size and total uncompressed size
-MAX_HEADER_BYTES = 256 << 20
+MAX_STATE_BYTES = 4 << 30  # file size, and the members' total uncompressed size
+MAX_HEADER_BYTES = 64 << 20  # the JSON header
+# Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
+# at the default 16384 streaming bins). A header declaring more is refused before anything is allocated.
+MAX_STATE_BINS = 1 << 28
 MAX_JSON_DEPTH = 8
 MAX_MEMBERS = 16
 MAX_NAME_CHARS = 1 << 16
+MAX_NPY_HEADER = 4096  # a member's .npy header (numpy writes 128 bytes)
+MAX_ZIP_DIRECTORY = 1 << 20  # what zipfile may read to find and parse the central directory
+POW2_EXPONENTS = _core.POW2_EXPONENTS  # the exponents a pow2 vote can have
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -551,17 +562,21 @@ class CalibrationState:
     def load(cls, path: PathLike) -> "CalibrationState":
         """Read a state file (untrusted input: see the module docstring)."""
         path = Path(path)
-        raw = read_bounded_file(path, MAX_STATE_BYTES, what="calibration state")
-        return cls.from_bytes(raw, what=str(path))
+        with open_untrusted_file(path, MAX_STATE_BYTES, what="calibration state") as (file, size):
+            return cls._read(file, size, str(path))
 
     @classmethod
     def from_bytes(cls, raw: bytes, what: str = "<bytes>") -> "CalibrationState":
+        return cls._read(io.BytesIO(raw), len(raw), what)
+
+    @classmethod
+    def _read(cls, source: BinaryIO, size: int, what: str) -> "CalibrationState":
         try:
-            return _parse(raw)
+            return _parse(source, size)
         except StateError as exc:
             raise ValueError(f"Invalid calibration state {what}: {exc}") from None
         except (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFError, zipfile.BadZipFile,
-                zipfile.LargeZipFile, NotImplementedError, RecursionError, MemoryError, OSError) as exc:
+                zipfile.LargeZipFile, zlib.error, NotImplementedError, RecursionError, MemoryError, OSError) as exc:
             raise ValueError(f"Invalid calibration state {what}: {type(exc).__name__}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - the contract is ValueError; the fuzz test looks for this text
             raise ValueError(f"Invalid calibration state {what}: internal error ({type(exc).__name__}: {exc})") from None
@@ -626,49 +641,88 @@ def load_into_calibrator(cal: Any, state: "CalibrationState | PathLike") -> None
 # ----------------------------------------------------------------------------------------------
 
 
-def _read_members(raw: bytes) -> dict[str, np.ndarray]:
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(raw))
-    except zipfile.BadZipFile as exc:
-        _fail(f"not a zip/npz file ({exc})")
-    with zf:
-        infos = zf.infolist()
-        if len(infos) > MAX_MEMBERS:
-            _fail(f"{len(infos)} zip members, more than the limit of {MAX_MEMBERS}")
-        names = [i.filename for i in infos]
-        if len(set(names)) != len(names):
+class _BoundedReads:
+    """A seekable file that hands out at most ``budget`` more bytes (reads past it return nothing), so that
+    zipfile reads (and allocates for) no more than the caller allows: its central directory, one member."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self._file, self._size, self.budget = file, size, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def read(self, n: int | None = -1) -> bytes:
+        allowed = max(0, min(self.budget, self._size - self._file.tell()))
+        data = self._file.read(allowed if n is None or n < 0 else min(n, allowed))
+        self.budget -= len(data)
+        return data
+
+
+def _deflate_bound(size: int) -> int:
+    """The largest deflate stream of ``size`` bytes of data (zlib's compressBound, with slack)."""
+    return size + (size >> 12) + (size >> 14) + (size >> 25) + 64
+
+
+def _zip_members(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """The members by key (name without ``.npy``), checked from the central directory alone."""
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        _fail(f"{len(infos)} zip members, more than the limit of {MAX_MEMBERS}")
+    out: dict[str, zipfile.ZipInfo] = {}
+    for info in infos:
+        key = info.filename[:-4] if info.filename.endswith(".npy") else None
+        if key not in _MEMBERS:
+            _fail(f"unexpected zip member {info.filename[:100]!r}")
+        if key in out:
             _fail("duplicate zip members")
-        total = 0
-        for info in infos:
-            key = info.filename[:-4] if info.filename.endswith(".npy") else None
-            if key not in _MEMBERS:
-                _fail(f"unexpected zip member {info.filename[:100]!r}")
-            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-                _fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
-            if info.flag_bits & 0x1:
-                _fail(f"zip member {info.filename!r} is encrypted")
-            total += info.file_size
-        if total > MAX_STATE_BYTES:
-            _fail(f"declared uncompressed size {total} is more than the limit of {MAX_STATE_BYTES}")
-        if "header.npy" not in names:
-            _fail("no header member")
-        out = {}
-        for info in infos:
-            key = info.filename[:-4]
-            limit = MAX_HEADER_BYTES + 4096 if key == "header" else MAX_STATE_BYTES
-            if info.file_size > limit:
-                _fail(f"zip member {info.filename!r} declares {info.file_size} bytes, more than the limit of {limit}")
-            with zf.open(info) as f:
-                data = f.read(info.file_size + 1)
-            if len(data) != info.file_size:
-                _fail(f"zip member {info.filename!r}: size does not match its declared size")
-            out[key] = _parse_npy(key, data)
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            _fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
+        if info.flag_bits & 0x1:
+            _fail(f"zip member {info.filename!r} is encrypted")
+        stored_size = info.file_size if info.compress_type == zipfile.ZIP_STORED else _deflate_bound(info.file_size)
+        if info.compress_size > stored_size:
+            _fail(f"zip member {info.filename!r}: {info.compress_size} compressed bytes for {info.file_size} bytes")
+        out[key] = info
+    total = sum(i.file_size for i in infos)
+    if total > MAX_STATE_BYTES:
+        _fail(f"declared uncompressed size {total} is more than the limit of {MAX_STATE_BYTES}")
+    if "header" not in out:
+        _fail("no header member")
     return out
 
 
-def _parse_npy(key: str, data: bytes) -> np.ndarray:
+def _read_member(zf: zipfile.ZipFile, reads: _BoundedReads, info: zipfile.ZipInfo, max_data: int) -> np.ndarray:
+    """One member, its size checked against ``max_data`` (+ a .npy header) before it is decompressed, then
+    read in chunks into a buffer of that size."""
+    key = info.filename[:-4]
+    limit = max_data + MAX_NPY_HEADER
+    if info.file_size > limit:
+        _fail(f"zip member {info.filename!r} declares {info.file_size} bytes, more than the {limit} its header allows")
+    # the local header (fixed part, name and extra field of at most 64 KiB each), then the data
+    reads.budget = 30 + 2 * 0xFFFF + info.compress_size
+    data = bytearray(info.file_size)
+    filled = 0
+    with zf.open(info) as f:
+        while filled < len(data):
+            chunk = f.read(min(READ_CHUNK, len(data) - filled))
+            if not chunk:
+                break
+            data[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+        if filled != len(data) or f.read(1):
+            _fail(f"zip member {info.filename!r}: size does not match its declared size")
+    return _parse_npy(key, data)
+
+
+def _parse_npy(key: str, data: bytearray) -> np.ndarray:
     dtype, ndim, cols = _MEMBERS[key]
-    f = io.BytesIO(data)
+    f = io.BytesIO(bytes(data[:MAX_NPY_HEADER]))  # the .npy header, without copying the data
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -751,7 +805,7 @@ def _settings(v: Any) -> dict[str, Any]:
             if type(value) is not bool:
                 _fail(f"{where}: expected a boolean")
         elif key in ("num_bins", "num_quantized_bins"):
-            _int(value, where, 1, 1 << 31)
+            _int(value, where, 1, _core.MAX_BINS)
         elif key == "percentile":
             if type(value) not in (int, float) or not 0 <= value <= 100:
                 _fail(f"{where}: expected a number in [0, 100]")
@@ -769,11 +823,59 @@ def _settings(v: Any) -> dict[str, Any]:
     return out
 
 
-def _parse(raw: bytes) -> CalibrationState:
-    arrays = _read_members(raw)
-    text_bytes = arrays["header"].tobytes()
-    if len(text_bytes) > MAX_HEADER_BYTES:
-        _fail("header too large")
+@dataclass
+class _Tensor:
+    """One tensor's entry of the header, validated: its streaming span and exact bins."""
+
+    name: str
+    dtype: str
+    stream: tuple[int | None, int, int] | None  # level, start, length
+    exact: tuple[str, int] | None  # edge dtype, bins
+
+
+@dataclass
+class _Header:
+    histocal_version: str
+    model_fingerprint: str | None
+    data_fingerprints: tuple[str, ...]
+    mode: str
+    streaming_bins: int | None
+    exact_kind: str | None
+    exact_num_bins: int | None
+    method: str | None
+    settings: dict[str, Any]
+    tensors: list[_Tensor]
+    exact_order: list[int]
+
+    def member_limits(self) -> dict[str, int]:
+        """The most data bytes each member can hold for this content (0: the member is not used), and a
+        check of the bins the state will hold in memory, before anything is allocated for them."""
+        n = len(self.tensors)
+        held = n * (self.streaming_bins or 0) + sum(t.exact[1] for t in self.tensors if t.exact)
+        if held > MAX_STATE_BINS:
+            _fail(f"the state would hold {held} bins (tensors x streaming_bins + exact bins), more than the limit of {MAX_STATE_BINS}")
+        limits = dict.fromkeys(_MEMBERS, 0)
+        if self.streaming_bins is not None:
+            limits["stream_bins"] = 8 * sum(t.stream[2] for t in self.tensors if t.stream)
+            limits["stream_stats"] = 8 * 3 * n
+            limits["stream_counts"] = 8 * 5 * n
+            # stream_votes: limited by the batch counts once they are read (_votes_limit)
+        if self.exact_kind is not None:
+            limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
+            for edt in _DTYPES:
+                limits[f"exact_edges_{edt}"] = np.dtype(edt).itemsize * sum(t.exact[1] + 1 for t in self.tensors if t.exact and t.exact[0] == edt)
+            limits["exact_scalars"] = 8 * 3 * n
+            limits["exact_flags"] = 3 * n
+            limits["exact_counts"] = 8 * 5 * n
+        return limits
+
+
+def _votes_limit(counts: np.ndarray) -> int:
+    """The most bytes of pow2 votes: per tensor and type at most one row per batch and exponent."""
+    return 8 * 4 * 3 * int(np.minimum(counts[:, 4], POW2_EXPONENTS).sum(dtype=np.uint64)) if counts.size else 0
+
+
+def _parse_header(text_bytes: bytes) -> _Header:
     h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
     h = _obj(h, "header", ("format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors", "exact_order"))
     if h["format"] != FORMAT_NAME:
@@ -792,7 +894,7 @@ def _parse(raw: bytes) -> CalibrationState:
     if sbins is not None and sbins & (sbins - 1):
         _fail("options.streaming_bins: not a power of two")
     kind = _str(o["exact_kind"], "options.exact_kind", _KINDS, none=True)
-    nbins = _int(o["exact_num_bins"], "options.exact_num_bins", 1, 1 << 31, none=True)
+    nbins = _int(o["exact_num_bins"], "options.exact_num_bins", 1, _core.MAX_BINS, none=True)
     if (kind is None) != (nbins is None):
         _fail("options: exact_kind and exact_num_bins must both be given or both be null")
     if mode == "streaming" and (sbins is None or kind is not None):
@@ -801,51 +903,94 @@ def _parse(raw: bytes) -> CalibrationState:
         _fail("options: the state holds no histograms")
     method = _str(o["method"], "options.method", none=True, max_len=64)
     settings = _settings(o["settings"])
-    tensors = h["tensors"]
-    if type(tensors) is not list or not tensors:
+    raw_tensors = h["tensors"]
+    if type(raw_tensors) is not list or not raw_tensors:
         _fail("tensors: expected a non-empty list")
-
-    def arr(key: str) -> np.ndarray:
-        if key not in arrays:
-            _fail(f"missing member {key}")
-        return arrays[key]
-
-    if "stream_votes" in arrays and sbins is None:
-        _fail("stream_votes: given without streaming histograms")
-    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
-    exact = _core.Histograms(kind, nbins) if kind is not None else None
-    n = len(tensors)
-    if stream is not None:
-        s_bins, s_stats, s_counts = arr("stream_bins"), arr("stream_stats"), arr("stream_counts")
-        if len(s_stats) != n or len(s_counts) != n:
-            _fail(f"stream_stats/stream_counts: expected {n} rows")
-        s_off = 0
-    if exact is not None:
-        e_hist, e_scal, e_flags, e_counts = arr("exact_hist"), arr("exact_scalars"), arr("exact_flags"), arr("exact_counts")
-        if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
-            _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
-        if np.any(e_flags > 1):
-            _fail("exact_flags: expected 0 or 1")
-        h_off = 0
-        edge_off = dict.fromkeys(_DTYPES, 0)
-    names: list[str] = []
+    tensors: list[_Tensor] = []
     seen: set[str] = set()
-    for i, t in enumerate(tensors):
+    for i, t in enumerate(raw_tensors):
         where = f"tensors[{i}]"
         t = _obj(t, where, ("name", "dtype", "stream", "exact"))
         name = _str(t["name"], f"{where}.name", max_len=MAX_NAME_CHARS)
         if name in seen:
             _fail(f"{where}: duplicate tensor name {name[:100]!r}")
         seen.add(name)
-        names.append(name)
         dtype = _str(t["dtype"], f"{where}.dtype", _DTYPES)
-        if (t["stream"] is None) != (stream is None) or (t["exact"] is None) != (exact is None):
+        if (t["stream"] is None) != (sbins is None) or (t["exact"] is None) != (kind is None):
             _fail(f"{where}: its histograms do not match the options")
-        if stream is not None:
-            s = _obj(t["stream"], f"{where}.stream", ("level", "start", "length"))
-            level = _int(s["level"], f"{where}.stream.level", -2000, 2000, none=True)
-            start = _int(s["start"], f"{where}.stream.start", 0, sbins)
-            length = _int(s["length"], f"{where}.stream.length", 0, sbins - start)
+        stream = exact = None
+        if sbins is not None:
+            st = _obj(t["stream"], f"{where}.stream", ("level", "start", "length"))
+            level = _int(st["level"], f"{where}.stream.level", -2000, 2000, none=True)
+            start = _int(st["start"], f"{where}.stream.start", 0, sbins)
+            stream = (level, start, _int(st["length"], f"{where}.stream.length", 0, sbins - start))
+        if kind is not None:
+            e = _obj(t["exact"], f"{where}.exact", ("edge_dtype", "bins"))
+            exact = (_str(e["edge_dtype"], f"{where}.exact.edge_dtype", _DTYPES), _int(e["bins"], f"{where}.exact.bins", 1, _core.MAX_BINS))
+        tensors.append(_Tensor(name, dtype, stream, exact))
+    order = h["exact_order"]
+    if kind is None:
+        if order is not None:
+            _fail("exact_order: given without exact histograms")
+        order = []
+    elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(len(tensors))):
+        _fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
+    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order)
+
+
+def _parse(source: BinaryIO, size: int) -> CalibrationState:
+    """Read a state from an untrusted seekable file of ``size`` bytes. Every size is checked before the memory
+    for it is taken: the zip directory (bounded reads), the header member (``MAX_HEADER_BYTES``), the content
+    the header declares (``MAX_STATE_BINS``), then each member against that content before it is
+    decompressed."""
+    reads = _BoundedReads(source, size)
+    reads.budget = MAX_ZIP_DIRECTORY
+    try:
+        zf = zipfile.ZipFile(reads)  # type: ignore[arg-type]  # a file-like object
+    except zipfile.BadZipFile as exc:
+        _fail(f"not a zip/npz file ({exc})")
+    with zf:
+        infos = _zip_members(zf)
+        text = _read_member(zf, reads, infos["header"], MAX_HEADER_BYTES)
+        if text.size > MAX_HEADER_BYTES:
+            _fail(f"header of {text.size} bytes, more than the limit of {MAX_HEADER_BYTES}")
+        header = _parse_header(text.tobytes())
+        limits = header.member_limits()
+        arrays: dict[str, np.ndarray] = {}
+        for key, info in infos.items():
+            if key not in ("header", "stream_votes"):
+                arrays[key] = _read_member(zf, reads, info, limits[key])
+        if "stream_votes" in infos:
+            if header.streaming_bins is None:
+                _fail("stream_votes: given without streaming histograms")
+            counts = arrays.get("stream_counts")
+            if counts is None or len(counts) != len(header.tensors):
+                _fail(f"stream_counts: expected {len(header.tensors)} rows")
+            arrays["stream_votes"] = _read_member(zf, reads, infos["stream_votes"], _votes_limit(counts))
+    return _build(header, arrays)
+
+
+def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
+    """The state of a validated header and its members, every array checked against the header and by the
+    Rust ``restore`` checks."""
+    sbins, kind, tensors = header.streaming_bins, header.exact_kind, header.tensors
+
+    def arr(key: str) -> np.ndarray:
+        if key not in arrays:
+            _fail(f"missing member {key}")
+        return arrays[key]
+
+    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
+    exact = _core.Histograms(kind, header.exact_num_bins) if kind is not None else None
+    n = len(tensors)
+    names = [t.name for t in tensors]
+    if stream is not None:
+        s_bins, s_stats, s_counts = arr("stream_bins"), arr("stream_stats"), arr("stream_counts")
+        if len(s_stats) != n or len(s_counts) != n:
+            _fail(f"stream_stats/stream_counts: expected {n} rows")
+        s_off = 0
+        for i, t in enumerate(tensors):
+            level, start, length = t.stream
             if s_off + length > len(s_bins):
                 _fail("stream_bins: shorter than the tensors' spans")
             bins = np.zeros(sbins, np.uint64)
@@ -854,36 +999,38 @@ def _parse(raw: bytes) -> CalibrationState:
             stats = [None if math.isnan(x) else float(x) for x in s_stats[i]]
             counts = tuple(int(c) for c in s_counts[i])
             try:
-                stream.restore(name, dtype, level, bins, *stats, counts)
+                stream.restore(t.name, t.dtype, level, bins, *stats, counts)
             except ValueError as exc:
                 _fail(str(exc))
-    if stream is not None and stream.pow2_votes:
-        votes = arr("stream_votes")
-        if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
-            _fail("stream_votes: tensor indices out of order or range")
-        for i, name in enumerate(names):
-            rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
-            if np.any(rows[:, 3] <= 0):
-                _fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
-            try:
-                stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
-            except (ValueError, OverflowError) as exc:
-                _fail(f"stream_votes: {exc}")
-    order = h["exact_order"]
-    if exact is None:
-        if order is not None:
-            _fail("exact_order: given without exact histograms")
-        order = []
-    elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(n)):
-        _fail(f"exact_order: expected a permutation of 0..{n - 1}")
-    for j, i in enumerate(order):
-        where, t, name = f"tensors[{i}]", tensors[i], names[i]
-        dtype = t["dtype"]
-        if True:
-            e = _obj(t["exact"], f"{where}.exact", ("edge_dtype", "bins"))
-            edt = _str(e["edge_dtype"], f"{where}.exact.edge_dtype", _DTYPES)
-            nb = _int(e["bins"], f"{where}.exact.bins", 1, len(e_hist) - h_off)
+        if s_off != len(s_bins):
+            _fail("stream_bins: longer than the tensors' spans")
+        if stream.pow2_votes:
+            votes = arr("stream_votes")
+            if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
+                _fail("stream_votes: tensor indices out of order or range")
+            for i, name in enumerate(names):
+                rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
+                if np.any(rows[:, 3] <= 0):
+                    _fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
+                try:
+                    stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
+                except (ValueError, OverflowError) as exc:
+                    _fail(f"stream_votes: {exc}")
+    if exact is not None:
+        e_hist, e_scal, e_flags, e_counts = arr("exact_hist"), arr("exact_scalars"), arr("exact_flags"), arr("exact_counts")
+        if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
+            _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
+        if np.any(e_flags > 1):
+            _fail("exact_flags: expected 0 or 1")
+        h_off = 0
+        edge_off = dict.fromkeys(_DTYPES, 0)
+        for j, i in enumerate(header.exact_order):
+            t = tensors[i]
+            where = f"tensors[{i}]"
+            edt, nb = t.exact
             edges_all = arr(f"exact_edges_{edt}")
+            if h_off + nb > len(e_hist):
+                _fail("exact_hist: shorter than the tensors' histograms")
             if edge_off[edt] + nb + 1 > len(edges_all):
                 _fail(f"exact_edges_{edt}: shorter than the tensors' edges")
             hist = np.ascontiguousarray(e_hist[h_off : h_off + nb], dtype=np.int64)
@@ -895,13 +1042,10 @@ def _parse(raw: bytes) -> CalibrationState:
                 _fail(f"{where}: NaN where a number is required in exact_scalars (or a threshold for |x| histograms)")
             threshold = (float(sc[2]), bool(fl[2])) if kind == "value" else None
             try:
-                exact.restore(name, dtype, hist, edges, (float(sc[0]), bool(fl[0])), (float(sc[1]), bool(fl[1])),
+                exact.restore(t.name, t.dtype, hist, edges, (float(sc[0]), bool(fl[0])), (float(sc[1]), bool(fl[1])),
                               threshold, tuple(int(c) for c in e_counts[j]))
             except ValueError as exc:
                 _fail(str(exc))
-    if stream is not None and s_off != len(s_bins):
-        _fail("stream_bins: longer than the tensors' spans")
-    if exact is not None:
         if h_off != len(e_hist):
             _fail("exact_hist: longer than the tensors' histograms")
         for edt in _DTYPES:
@@ -912,6 +1056,7 @@ def _parse(raw: bytes) -> CalibrationState:
             if tuple(stream.counts(name)) != tuple(exact.counts(name)):
                 _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
     return CalibrationState(
-        names=names, mode=mode, stream=stream, exact=exact, exact_kind=kind, exact_num_bins=nbins,
-        model_fingerprint=fp, data_fingerprints=dfp, method=method, settings=settings, histocal_version=hv,
+        names=names, mode=header.mode, stream=stream, exact=exact, exact_kind=kind, exact_num_bins=header.exact_num_bins,
+        model_fingerprint=header.model_fingerprint, data_fingerprints=header.data_fingerprints, method=header.method,
+        settings=header.settings, histocal_version=header.histocal_version,
     )

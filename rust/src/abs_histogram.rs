@@ -15,8 +15,9 @@
 //! and `|x| == inf` in the last bin, which makes infinities (and their `nanmin`/`nanmax`)
 //! part of ORT's result rather than an error.
 
-use crate::float::{Float, Widen};
 use crate::binning::Binning;
+use crate::fallible;
+use crate::float::{Float, Widen};
 use crate::histogram::{arange_f64, HistError, UniformBins, MAX_BINS};
 use crate::scan::Scan;
 use crate::value_histogram::{batch_min_max, first_min_max, Held};
@@ -37,11 +38,11 @@ impl<E: Float> AbsHistogram<E> {
         let (edges, binning) = match (scan.finite_abs_min, scan.finite_abs_max) {
             (Some(lo), Some(hi)) => {
                 let bins = UniformBins::new(lo.widen(), hi.widen(), n_bins)?;
-                (bins.edges.clone(), Binning::Uniform { bins, abs: true })
+                (fallible::copy(&bins.edges), Binning::Uniform { bins, abs: true })
             }
             _ => (UniformBins::<E>::empty_auto(n_bins)?.edges, Binning::Nothing),
         };
-        Ok((AbsHistogram { hist: vec![0i64; n_bins], edges, min: mn, max: mx }, binning))
+        Ok((AbsHistogram { hist: fallible::zeroed(n_bins), edges, min: mn, max: mx }, binning))
     }
 
     /// A later collect: extend the edges if needed and lay the old counts on them; returns the
@@ -71,7 +72,7 @@ impl<E: Float> AbsHistogram<E> {
         let width = self.edges[1].sub(self.edges[0]);
         let mut edges = self.edges_f64();
         if amax > last {
-            edges.extend(arange_f64(last.add(width), amax.add(width), width)?);
+            fallible::extend(&mut edges, arange_f64(last.add(width), amax.add(width), width)?);
         }
         let w = width.to_f64();
         let too_many = |have: usize, extra: f64| !(extra.is_finite() && (have as f64 + extra) < MAX_BINS as f64);
@@ -80,6 +81,10 @@ impl<E: Float> AbsHistogram<E> {
             if too_many(edges.len(), (amax.to_f64() - edges.last().unwrap()) / w) {
                 return Err(HistError::TooManyBins(MAX_BINS));
             }
+            // the bins the loop adds, and a few for rounding (extra pushes would grow `edges`
+            // with the ordinary allocator)
+            let to_add = ((amax.to_f64() - edges.last().unwrap()) / w) as usize + 4;
+            fallible::reserve(&mut edges, to_add);
             while *edges.last().unwrap() < amax.to_f64() {
                 let next = edges[edges.len() - 1] + w;
                 edges.push(next);
@@ -100,14 +105,15 @@ impl<E: Float> AbsHistogram<E> {
             while e0 - below as f64 * w > amin.to_f64() {
                 below += 1;
             }
-            let mut lower: Vec<f64> = (1..=below).rev().map(|k| e0 - k as f64 * w).collect();
+            let mut lower: Vec<f64> = fallible::with_capacity(below + edges.len());
+            lower.extend((1..=below).rev().map(|k| e0 - k as f64 * w));
             lower.extend_from_slice(&edges);
             edges = lower;
         }
-        let mut hist = vec![0i64; edges.len() - 1];
+        let mut hist = fallible::zeroed(edges.len() - 1);
         hist[below..below + self.hist.len()].copy_from_slice(&self.hist);
-        self.hist = hist;
-        self.edges = edges.iter().map(|&e| E::from_f64(e)).collect(); // astype(E): may overflow to inf
+        let stored = fallible::collect(edges.iter().map(|&e| E::from_f64(e))); // astype(E): may overflow to inf
+        (self.hist, self.edges) = (hist, stored);
         (self.min, self.max) = (new_min, new_max);
         Ok(Binning::Explicit(edges))
     }
@@ -119,13 +125,13 @@ impl<E: Float> AbsHistogram<E> {
     }
 
     fn edges_f64(&self) -> Vec<f64> {
-        self.edges.iter().map(|e| e.to_f64()).collect()
+        fallible::collect(self.edges.iter().map(|e| e.to_f64()))
     }
 
     pub fn widen<F: Float>(&self) -> AbsHistogram<F> {
         AbsHistogram {
-            hist: self.hist.clone(),
-            edges: self.edges.iter().map(|e| F::from_f64(e.to_f64())).collect(),
+            hist: fallible::copy(&self.hist),
+            edges: fallible::collect(self.edges.iter().map(|e| F::from_f64(e.to_f64()))),
             min: self.min.cast(),
             max: self.max.cast(),
         }
@@ -137,15 +143,15 @@ impl<E: Float> AbsHistogram<E> {
 /// repeat where their f64 spacing is below f16's), possibly ending in `+inf` (an open top),
 /// with nothing counted in a `[inf, inf)` bin (only the last bin holds infinities).
 pub fn check_edges<E: Float>(edges: &[E], hist: &[i64]) -> Result<(), String> {
-    let e: Vec<f64> = edges.iter().map(|x| x.to_f64()).collect();
-    if e.len() < 2 || !(e[0].is_finite() && e[1].is_finite() && e[0] < e[1]) {
+    let e = |i: usize| edges[i].to_f64();
+    if edges.len() < 2 || !(e(0).is_finite() && e(1).is_finite() && e(0) < e(1)) {
         return Err("the first two edges must be finite and increasing".into());
     }
-    if e.windows(2).any(|w| !(w[0] <= w[1])) {
+    if (1..edges.len()).any(|i| !(e(i - 1) <= e(i))) {
         return Err("edges must be non-decreasing (no NaN)".into());
     }
-    let n = hist.len();
-    if (0..n.saturating_sub(1)).any(|i| e[i] == f64::INFINITY && hist[i] != 0) {
+    let n = hist.len().min(edges.len());
+    if (0..n.saturating_sub(1)).any(|i| e(i) == f64::INFINITY && hist[i] != 0) {
         return Err("a bin between infinite edges holds values".into());
     }
     Ok(())

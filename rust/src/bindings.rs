@@ -1,8 +1,16 @@
 //! The only PyO3 code: numpy arrays in, plain kernel calls (GIL released, on histocal's
 //! thread pool), Python values out. Type fidelity to ORT's objects lives in the Python layer.
+//!
+//! Every entry point runs inside [`guard`], so that nothing reaches Python as an abort or as
+//! PyO3's `PanicException` (a `BaseException`: `except Exception` misses it): running out of
+//! memory (`fallible`'s unwind) is a `MemoryError`, naming the tensor where one is being
+//! worked on ([`for_tensor`]), and any other panic, a bug, a `RuntimeError`. Arrays handed to
+//! Python are built from vectors allocated the same way (`PyArray1::from_vec` takes them
+//! over), since numpy's own allocation failing inside rust-numpy is a panic.
 
 use crate::distribution::avg_std;
 use crate::entropy::{entropy_threshold, search_work as entropy_search_work};
+use crate::fallible::{self, OutOfMemory};
 use crate::float::Float;
 use crate::kl_tensorrt;
 use crate::minmax;
@@ -13,11 +21,11 @@ use crate::percentile::percentile_indices;
 use crate::scan::{scan, Scan};
 use crate::state::{collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
 use crate::stream_histogram::StreamHistogram;
-use crate::histogram::HistError;
+use crate::histogram::{HistError, MAX_BINS};
 use crate::view::View;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 use rayon::prelude::*;
@@ -57,6 +65,38 @@ fn pool() -> Arc<ThreadPool> {
     let mut g = POOL.lock().unwrap_or_else(|e| e.into_inner());
     g.get_or_insert_with(|| Arc::new(ThreadPoolBuilder::new().num_threads(default_threads()).build().expect("thread pool")))
         .clone()
+}
+
+/// `f`, with an unwind out of it turned into an ordinary exception (see the module docs).
+fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(match payload.downcast::<OutOfMemory>() {
+            Ok(oom) => PyMemoryError::new_err(oom.to_string()),
+            Err(other) => {
+                let what = other.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| other.downcast_ref::<String>().cloned());
+                PyRuntimeError::new_err(format!("histocal internal error: {}", what.as_deref().unwrap_or("a panic in the Rust core")))
+            }
+        })
+    })
+}
+
+/// `f`'s work on tensor `name`: its error as a `ValueError`, running out of memory as a
+/// `MemoryError`, both naming the tensor.
+fn for_tensor<T, E: std::fmt::Display>(name: &str, f: impl FnOnce() -> Result<T, E>) -> PyResult<T> {
+    match fallible::catch(f) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(PyValueError::new_err(format!("tensor {name:?}: {e}"))),
+        Err(oom) => Err(out_of_memory(name, oom)),
+    }
+}
+
+fn out_of_memory(name: &str, oom: OutOfMemory) -> PyErr {
+    PyMemoryError::new_err(format!("tensor {name:?}: {oom}"))
+}
+
+/// A numpy array holding a copy of `values`.
+fn array<'py, T: Element + Clone>(py: Python<'py>, values: &[T]) -> Bound<'py, PyArray1<T>> {
+    PyArray1::from_vec(py, fallible::copy(values))
 }
 
 /// Run `f` on histocal's pool with the GIL released.
@@ -162,15 +202,17 @@ fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
         .ok()
         .and_then(|v| usize::try_from(v).ok())
         .ok_or_else(|| PyValueError::new_err(expected))?;
+    guard(|| {
     let n = if n == 0 { default_threads() } else { n };
     let p = ThreadPoolBuilder::new().num_threads(n).build().map_err(|e| PyValueError::new_err(e.to_string()))?;
     *POOL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(p));
     Ok(())
+    })
 }
 
 #[pyfunction]
-fn get_num_threads() -> usize {
-    pool().current_num_threads()
+fn get_num_threads() -> PyResult<usize> {
+    guard(|| Ok(pool().current_num_threads()))
 }
 
 fn view_of<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>) -> View<'a, T> {
@@ -281,33 +323,38 @@ impl Histograms {
 impl Histograms {
     #[new]
     fn new(kind: &str, num_bins: usize) -> PyResult<Self> {
+        guard(|| {
         let kind = match kind {
             "value" => Kind::Value,
             "abs" => Kind::Abs,
             _ => return Err(PyValueError::new_err(format!("unknown histogram kind {kind:?}"))),
         };
-        if num_bins < 1 {
-            return Err(PyValueError::new_err("num_bins must be >= 1"));
+            if !(1..=MAX_BINS).contains(&num_bins) {
+                return Err(PyValueError::new_err(format!("num_bins must be in [1, {MAX_BINS}], got {num_bins}")));
         }
         Ok(Histograms { kind, num_bins, order: Vec::new(), states: HashMap::new(), pending: HashMap::new() })
+        })
     }
 
     /// Collect `[(name, [arrays...]), ...]`: each tensor's arrays form one ORT collect call.
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        guard(|| {
         let borrowed = borrow_items(&items)?;
         let mut work: Vec<(&str, Batches, Option<TensorState>)> =
             borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b), self.states.remove(n))).collect();
         let (kind, n_bins) = (self.kind, self.num_bins);
-        let results: Vec<Result<(), CollectError>> =
-            run(py, || work.par_iter_mut().map(|(_, batches, state)| collect(state, kind, batches, n_bins)).collect());
+            let results: Vec<PyResult<()>> = run(py, || {
+                work.par_iter_mut().map(|(name, batches, state)| for_tensor(name, || collect(state, kind, batches, n_bins))).collect()
+            });
         let mut first_error = None;
         for ((name, _, state), r) in work.into_iter().zip(results) {
             if let Some(s) = state {
                 self.insert(name, s);
             }
-            first_error = first_error.or(r.err().map(|e| named(name, e)));
+                first_error = first_error.or(r.err());
         }
         first_error.map_or(Ok(()), Err)
+        })
     }
 
     /// Two-pass collect, pass 1: add batches to each tensor's pending scan (nothing is binned
@@ -315,6 +362,7 @@ impl Histograms {
     /// scans.
     #[pyo3(signature = (items, stream=None))]
     fn scan(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>, mut stream: Option<PyRefMut<'_, StreamHistograms>>) -> PyResult<()> {
+        guard(|| {
         let borrowed = borrow_items(&items)?;
         let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
         // Check every dtype before changing anything.
@@ -329,22 +377,25 @@ impl Histograms {
             Some(s) => s.take(&batches)?.into_iter().map(Some).collect(),
             None => batches.iter().map(|_| None).collect(),
         };
-        let scans: Vec<(Scans, u64)> = run(py, || {
+            let scans: Vec<PyResult<(Scans, u64)>> = run(py, || {
             batches
                 .par_iter()
                 .zip(streams.par_iter_mut())
-                .map(|((_, b), st)| {
+                    .map(|((name, b), st)| {
+                        for_tensor(name, || {
                     let scan = match st {
                         Some((_, h)) => Scans::of_streamed(b, h),
                         None => Scans::of(b),
                     };
-                    (scan, b.len() as u64)
+                            Ok::<_, CollectError>((scan, b.len() as u64))
+                        })
                 })
                 .collect()
         });
         if let Some(s) = stream.as_deref_mut() {
             s.put(&batches, streams.into_iter().flatten().collect());
         }
+            let scans = scans.into_iter().collect::<PyResult<Vec<_>>>()?;
         for ((name, _), (scan, n)) in batches.iter().zip(scans) {
             let merged = match self.pending.remove(*name) {
                 None => (scan, n),
@@ -353,42 +404,49 @@ impl Histograms {
             self.pending.insert(name.to_string(), merged);
         }
         Ok(())
+        })
     }
 
     /// Two-pass collect, between the passes: start each scanned tensor's collect from its
     /// combined scan (ORT's ranges for the whole call). Pass 2 then `count`s every batch.
     fn plan(&mut self, py: Python<'_>) -> PyResult<()> {
+        guard(|| {
         let mut work: Vec<(String, (Scans, u64), Option<TensorState>)> =
             self.pending.drain().map(|(n, p)| { let st = self.states.remove(&n); (n, p, st) }).collect();
         work.sort_by(|a, b| a.0.cmp(&b.0));
         let (kind, n_bins) = (self.kind, self.num_bins);
-        let results: Vec<Result<(), CollectError>> =
-            run(py, || work.par_iter_mut().map(|(_, (scan, n), state)| plan(state, kind, scan, *n, n_bins)).collect());
+            let results: Vec<PyResult<()>> = run(py, || {
+                work.par_iter_mut().map(|(name, (scan, n), state)| for_tensor(name, || plan(state, kind, scan, *n, n_bins))).collect()
+            });
         let mut first_error = None;
         for ((name, _, state), r) in work.into_iter().zip(results) {
             if let Some(s) = state {
                 self.insert(&name, s);
             }
-            first_error = first_error.or(r.err().map(|e| named(&name, e)));
+                first_error = first_error.or(r.err());
         }
         first_error.map_or(Ok(()), Err)
+        })
     }
 
     /// Two-pass collect, pass 2: count batches with the binning `plan` fixed.
     fn count(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        guard(|| {
         let borrowed = borrow_items(&items)?;
         let mut work: Vec<(&str, Batches, TensorState)> = Vec::with_capacity(borrowed.len());
         for (n, b) in &borrowed {
             let st = self.states.remove(n).ok_or_else(|| PyValueError::new_err(format!("tensor {n:?}: counted before it was planned")))?;
             work.push((n.as_str(), batches_of(b), st));
         }
-        let results: Vec<Result<(), CollectError>> = run(py, || work.par_iter_mut().map(|(_, b, st)| count(st, b)).collect());
+            // counting never runs out of memory (it falls back to counting without scratch)
+            let results: Vec<PyResult<()>> = run(py, || work.par_iter_mut().map(|(name, b, st)| for_tensor(name, || count(st, b))).collect());
         let mut first_error = None;
         for ((name, _, state), r) in work.into_iter().zip(results) {
             self.states.insert(name.to_string(), state);
-            first_error = first_error.or(r.err().map(|e| named(name, e)));
+                first_error = first_error.or(r.err());
         }
         first_error.map_or(Ok(()), Err)
+        })
     }
 
     fn names(&self) -> Vec<String> {
@@ -402,13 +460,14 @@ impl Histograms {
         py: Python<'py>,
         name: &str,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, (f64, bool), (f64, bool), Option<(f64, bool)>, &'static str)> {
+        guard(|| {
         let st = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok(match &st.histogram {
             Histogram::Value(t) => with_typed!(t, |h, E| {
                 let _: &crate::value_histogram::ValueHistogram<E> = h;
                 (
-                    PyArray1::from_slice(py, &h.hist).into_any(),
-                    PyArray1::from_slice(py, &h.edges).into_any(),
+                        array(py, &h.hist).into_any(),
+                        array(py, &h.edges).into_any(),
                     held(h.min),
                     held(h.max),
                     Some(held(h.threshold)),
@@ -418,14 +477,15 @@ impl Histograms {
             Histogram::Abs(t) => with_typed!(t, |h, E| {
                 let _: &crate::abs_histogram::AbsHistogram<E> = h;
                 (
-                    PyArray1::from_slice(py, &h.hist).into_any(),
-                    PyArray1::from_slice(py, &h.edges).into_any(),
+                        array(py, &h.hist).into_any(),
+                        array(py, &h.edges).into_any(),
                     held(h.min),
                     held(h.max),
                     None,
                     st.dtype,
                 )
             }),
+        })
         })
     }
 
@@ -500,6 +560,7 @@ impl Histograms {
         threshold: Option<(f64, bool)>,
         counts: (u64, u64, u64, u64, u64),
     ) -> PyResult<()> {
+        guard(|| {
         let bad = |why: String| PyValueError::new_err(format!("tensor {name:?}: {why}"));
         let dtype: &'static str = match dtype {
             "float16" => "float16",
@@ -507,7 +568,7 @@ impl Histograms {
             "float64" => "float64",
             _ => return Err(bad(format!("unsupported dtype {dtype:?}"))),
         };
-        let hist = hist.as_slice().map_err(|_| bad("hist must be contiguous".into()))?.to_vec();
+            let hist = fallible::copy(hist.as_slice().map_err(|_| bad("hist must be contiguous".into()))?);
         if hist.is_empty() || hist.iter().any(|&c| c < 0) {
             return Err(bad("hist must be non-empty with counts >= 0".into()));
         }
@@ -544,7 +605,7 @@ impl Histograms {
                 if v.is_nan() || x.to_f64() != v { Err(format!("{v} is not a {} value", E::NAME)) } else { Ok(crate::value_histogram::Held { value: x, is_array: a }) }
             };
             let (mn, mx) = (held(min)?, held(max)?);
-            let edges = edges.to_vec();
+                let edges = fallible::copy(edges);
             Ok(match kind {
                 Kind::Value => {
                     let t = held(threshold.expect("checked above"))?;
@@ -568,26 +629,32 @@ impl Histograms {
         self.states.remove(name);
         self.insert(name, TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts });
         Ok(())
+        })
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.
     fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
+        guard(|| {
         let c = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?.counts;
         Ok((c.finite, c.nan, c.posinf, c.neginf, c.batches))
+        })
     }
 
     /// The histogram's arithmetic dtype (the data dtype unless numpy would have failed).
     fn edge_dtype(&self, name: &str) -> PyResult<&'static str> {
+        guard(|| {
         let st = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok(match &st.histogram {
             Histogram::Value(t) => typed_dtype(t),
             Histogram::Abs(t) => typed_dtype(t),
+        })
         })
     }
 
     /// Entropy: `[(name, start, end)]`, thresholds `(edges[start], edges[end])` before clipping.
     /// Every tensor's search is checked against the work limit before any starts.
     fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<(String, usize, usize)>> {
+        guard(|| {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
         let limit = max_search_work()?;
         for (name, st) in &states {
@@ -609,25 +676,27 @@ impl Histograms {
             let what = format!("tensor {name:?}: the entropy search over its histogram of {n} bins{grown}");
             check_search_work(&what, entropy_search_work(n, num_quantized_bins), limit)?;
         }
-        let out: Vec<Result<(String, usize, usize), String>> = run_stoppable(py, |stop| {
+        let out: Vec<PyResult<(String, usize, usize)>> = run_stoppable(py, |stop| {
             states
                 .par_iter()
                 .map(|(name, st)| {
-                    let choice = match &st.histogram {
+                    let choice = for_tensor(name, || match &st.histogram {
                         Histogram::Value(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop)),
                         Histogram::Abs(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop)),
-                    };
-                    choice.map(|c| ((*name).clone(), c.start, c.end)).map_err(|e| format!("tensor {name:?}: {e}"))
+                    });
+                    choice.map(|c| ((*name).clone(), c.start, c.end))
                 })
                 .collect()
         })?;
-        out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
+        out.into_iter().collect()
+        })
     }
 
     /// Percentile: `[(name, low_index, high_index)]` into each tensor's edges.
-    fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> Vec<(String, usize, usize)> {
+    fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> PyResult<Vec<(String, usize, usize)>> {
+        guard(|| {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
-        run(py, || {
+            Ok(run(py, || {
             states
                 .par_iter()
                 .map(|(name, st)| {
@@ -645,12 +714,14 @@ impl Histograms {
                     ((*name).clone(), lo, hi)
                 })
                 .collect()
+            }))
         })
     }
 
     /// Distribution (scenario "same"): `[(name, avg, std)]` in f64, before rounding to the
     /// edge dtype.
     fn distribution(&self, py: Python<'_>) -> PyResult<Vec<(String, f64, f64)>> {
+        guard(|| {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
         Ok(run(py, || {
             states
@@ -664,6 +735,7 @@ impl Histograms {
                 })
                 .collect()
         }))
+        })
     }
 }
 
@@ -691,7 +763,16 @@ impl StreamHistograms {
                 }
             }
         }
-        Ok(batches.iter().map(|(n, b)| self.states.remove(*n).unwrap_or_else(|| (b.dtype(), self.new_histogram()))).collect())
+        // the new histograms first: running out of memory then changes nothing
+        let fresh: Vec<Option<StreamHistogram>> = batches.iter().map(|(n, _)| (!self.states.contains_key(*n)).then(|| self.new_histogram())).collect();
+        Ok(batches
+            .iter()
+            .zip(fresh)
+            .map(|((n, b), new)| {
+                let old = self.states.remove(*n);
+                old.or_else(|| new.map(|h| (b.dtype(), h))).unwrap_or_else(|| (b.dtype(), self.new_histogram()))
+            })
+            .collect())
     }
 
     fn new_histogram(&self) -> StreamHistogram {
@@ -752,10 +833,12 @@ impl StreamHistograms {
     #[new]
     #[pyo3(signature = (num_bins, pow2_votes=false))]
     fn new(num_bins: usize, pow2_votes: bool) -> PyResult<Self> {
+        guard(|| {
         if !num_bins.is_power_of_two() || !(8..=(1 << 25)).contains(&num_bins) {
             return Err(PyValueError::new_err(format!("streaming num_bins must be a power of two in [8, 2^25], got {num_bins}")));
         }
         Ok(StreamHistograms { log_half: num_bins.trailing_zeros() - 1, pow2_votes, order: Vec::new(), states: HashMap::new() })
+        })
     }
 
     #[getter]
@@ -766,12 +849,15 @@ impl StreamHistograms {
     /// A tensor's pow2 MostCommon votes, `[(type index (int8, uint8, int16), exponent,
     /// batches)]`, or None when they were not collected.
     fn votes(&self, name: &str) -> PyResult<Option<Vec<(u8, i32, u64)>>> {
+        guard(|| {
         let (_, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok(h.pow2_votes.as_ref().map(|v| v.iter().map(|(&(t, k), &n)| (t, k, n)).collect()))
+        })
     }
 
     /// Put back what `votes` gave (None: not collected).
     fn restore_votes(&mut self, name: &str, votes: Option<Vec<(u8, i32, u64)>>) -> PyResult<()> {
+        guard(|| {
         let (_, h) = self.states.get_mut(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         h.pow2_votes = match votes {
             None => None,
@@ -791,6 +877,7 @@ impl StreamHistograms {
             }
         };
         Ok(())
+        })
     }
 
     #[getter]
@@ -801,18 +888,31 @@ impl StreamHistograms {
     /// Add `[(name, [batch arrays...]), ...]`; how data is split into calls and batches, and
     /// their order, never changes the result.
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        guard(|| {
         let borrowed = borrow_items(&items)?;
         let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
         let mut states = self.take(&batches)?;
-        run(py, || {
-            batches.par_iter().zip(states.par_iter_mut()).for_each(|((_, batches), (_, h))| match batches {
+            // Out of memory: the batches added before it stay added (each batch is added whole
+            // or not at all), and the error names the tensor.
+            let results: Vec<PyResult<()>> = run(py, || {
+                batches
+                    .par_iter()
+                    .zip(states.par_iter_mut())
+                    .map(|((name, batches), (_, h))| {
+                        for_tensor(name, || {
+                            match batches {
                 Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
                 Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
                 Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
+                            }
+                            Ok::<_, CollectError>(())
             })
+                    })
+                    .collect()
         });
         self.put(&batches, states);
-        Ok(())
+            results.into_iter().collect()
+        })
     }
 
     fn names(&self) -> Vec<String> {
@@ -821,23 +921,25 @@ impl StreamHistograms {
 
     /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods.
     fn to_histograms(&self, py: Python<'_>, kind: &str, num_bins: usize) -> PyResult<Histograms> {
+        guard(|| {
         let mut out = Histograms::new(kind, num_bins)?;
         let kind = out.kind;
         let states: Vec<(&String, &(&'static str, StreamHistogram))> = self.order.iter().map(|n| (n, &self.states[n])).collect();
-        let built: Vec<Result<TensorState, String>> = run(py, || {
+            let built: Vec<PyResult<TensorState>> = run(py, || {
             states
                 .par_iter()
                 .map(|(name, (dtype, h))| {
-                    let histogram = ort_shaped(dtype, h, kind, num_bins).map_err(|e| format!("tensor {name:?}: {e}"))?;
+                        let histogram = for_tensor(name, || ort_shaped(dtype, h, kind, num_bins))?;
                     let counts = Counts { finite: h.n_finite, nan: h.n_nan, posinf: h.n_posinf, neginf: h.n_neginf, batches: h.batches };
                     Ok(TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts })
                 })
                 .collect()
         });
         for (name, st) in self.order.iter().zip(built) {
-            out.insert(name, st.map_err(PyValueError::new_err)?);
+                out.insert(name, st?);
         }
         Ok(out)
+        })
     }
 
     /// `(dtype, level or None, bins (uint64), finite_min, finite_max, abs_min, counts)`.
@@ -847,15 +949,19 @@ impl StreamHistograms {
         py: Python<'py>,
         name: &str,
     ) -> PyResult<(&'static str, Option<i32>, Bound<'py, PyArray1<u64>>, Option<f64>, Option<f64>, Option<f64>, (u64, u64, u64, u64, u64))> {
+        guard(|| {
         let (d, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
-        Ok((*d, h.level, PyArray1::from_slice(py, &h.bins), h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+            Ok((*d, h.level, array(py, &h.bins), h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+        })
     }
 
     /// `export` without the bins: `(dtype, level or None, finite_min, finite_max, abs_min, counts)`.
     #[allow(clippy::type_complexity)]
     fn summary(&self, name: &str) -> PyResult<(&'static str, Option<i32>, Option<f64>, Option<f64>, Option<f64>, (u64, u64, u64, u64, u64))> {
+        guard(|| {
         let (d, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok((*d, h.level, h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+        })
     }
 
     /// Put back what `export` gave, after checking it is consistent.
@@ -872,6 +978,7 @@ impl StreamHistograms {
         abs_min: Option<f64>,
         counts: (u64, u64, u64, u64, u64),
     ) -> PyResult<()> {
+        guard(|| {
         let bad = |why: &str| PyValueError::new_err(format!("tensor {name:?}: {why}"));
         let dtype: &'static str = match dtype {
             "float16" => "float16",
@@ -910,11 +1017,13 @@ impl StreamHistograms {
         }
         self.states.insert(name.to_string(), (dtype, h));
         Ok(())
+        })
     }
 
     /// Add another run's histograms (same num_bins): the result equals one run over both
     /// data sets, whatever the order of merging.
     fn merge(&mut self, other: &StreamHistograms) -> PyResult<()> {
+        guard(|| {
         if other.log_half != self.log_half {
             return Err(PyValueError::new_err(format!("cannot merge streaming histograms of {} and {} bins", 2usize << self.log_half, 2usize << other.log_half)));
         }
@@ -932,7 +1041,7 @@ impl StreamHistograms {
                 Some((_, mine)) => mine.merge(h).map_err(PyValueError::new_err)?,
                 None => {
                     self.order.push(name.clone());
-                    self.states.insert(name.clone(), (d, h.clone()));
+                        self.states.insert(name.clone(), (d, h.copied()));
                 }
             }
         }
@@ -942,6 +1051,7 @@ impl StreamHistograms {
             self.states.values_mut().for_each(|(_, h)| h.pow2_votes = None);
         }
         Ok(())
+        })
     }
 
     /// `(low, high)` of `method` ("mse", "kl" or "pow2", options as for `histogram_range`)
@@ -961,13 +1071,16 @@ impl StreamHistograms {
         pow2_method: &str,
         minmse_mode: &str,
     ) -> PyResult<Vec<(f64, f64)>> {
+        guard(|| {
         let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
         let selected = self.selected(names)?;
         method.check_work()?;
-        let out: Vec<Result<(f64, f64), String>> = run_stoppable(py, |stop| {
+        let out: Vec<PyResult<(f64, f64)>> = run_stoppable(py, |stop| {
             selected
                 .par_iter()
                 .map(|(name, h)| {
+                        // the errors name the tensor already
+                        let range = || -> Result<(f64, f64), String> {
                     let Some(hist) = stream_uniform(name, h)? else { return Ok((0.0, 0.0)) };
                     let votes = match (&method, &h.pow2_votes) {
                         (RangeMethod::Pow2 { qtype, .. }, Some(v)) if method.needs_votes() => {
@@ -984,16 +1097,20 @@ impl StreamHistograms {
                         _ => Vec::new(),
                     };
                     method.range(hist, &votes, largest_finite(self.states[name].0), stop).map_err(|e| format!("tensor {name:?}: {e}"))
-                })
-                .collect()
-        })?;
-        out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
+                        };
+                        fallible::catch(range).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
+                    })
+                    .collect()
+            })?;
+            out.into_iter().collect()
+        })
     }
 
     /// The mean squared quantization error of `ranges[k]` on tensor `names[k]`, in parallel
     /// (0.0 for a tensor without finite values).
     #[pyo3(signature = (names, ranges, *, qtype="int8", symmetric=false))]
     fn qerrors(&self, py: Python<'_>, names: Vec<String>, ranges: Vec<(f64, f64)>, qtype: &str, symmetric: bool) -> PyResult<Vec<f64>> {
+        guard(|| {
         if names.len() != ranges.len() {
             return Err(PyValueError::new_err(format!("{} names but {} ranges", names.len(), ranges.len())));
         }
@@ -1004,23 +1121,29 @@ impl StreamHistograms {
             }
         }
         let selected = self.selected(Some(names))?;
-        let out: Vec<Result<f64, String>> = run(py, || {
+            let out: Vec<PyResult<f64>> = run(py, || {
             selected
                 .par_iter()
                 .zip(&ranges)
                 .map(|((name, h), &(low, high))| {
+                        let error = || -> Result<f64, String> {
                     Ok(stream_uniform(name, h)?
                         .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+                        };
+                        fallible::catch(error).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
                 })
                 .collect()
         });
-        out.into_iter().map(|r| r.map_err(PyValueError::new_err)).collect()
+            out.into_iter().collect()
+        })
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.
     fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
+        guard(|| {
         let (_, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok((h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches))
+        })
     }
 }
 
@@ -1174,7 +1297,7 @@ fn counts_array<'py>(counts: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyAr
 fn counts_of<'a>(counts: &'a numpy::PyReadonlyArray1<'_, u64>) -> std::borrow::Cow<'a, [u64]> {
     match counts.as_slice() {
         Ok(s) => std::borrow::Cow::Borrowed(s),
-        Err(_) => std::borrow::Cow::Owned(counts.as_array().to_vec()),
+        Err(_) => std::borrow::Cow::Owned(fallible::collect(counts.as_array().iter().copied())),
     }
 }
 
@@ -1205,6 +1328,7 @@ fn histogram_range(
     minmse_mode: &str,
     votes: Option<Vec<(i32, u64)>>,
 ) -> PyResult<(f64, f64)> {
+    guard(|| {
     let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
     if method.needs_votes() && votes.is_none() {
         return Err(PyValueError::new_err("minmse_mode='MostCommon' needs votes: a list of (exponent, count)"));
@@ -1215,6 +1339,7 @@ fn histogram_range(
     let votes = votes.unwrap_or_default();
     method.check_work()?;
     run_stoppable(py, |stop| method.range(hist, &votes, f64::MAX, stop))?.map_err(PyValueError::new_err)
+    })
 }
 
 /// The mean squared error of quantizing the histogram's values with the range `(low, high)`
@@ -1234,6 +1359,7 @@ fn histogram_qerror(
     qtype: &str,
     symmetric: bool,
 ) -> PyResult<f64> {
+    guard(|| {
     let qtype = parse_qtype(qtype)?;
     if !(low.is_finite() && high.is_finite()) {
         return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
@@ -1242,6 +1368,7 @@ fn histogram_qerror(
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
     Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+    })
 }
 
 /// pow2's `E(k)`: the mean squared error of scale `2^exponent`, zero point 0, in `qtype`.
@@ -1257,6 +1384,7 @@ fn pow2_error(
     exponent: i64,
     qtype: &str,
 ) -> PyResult<f64> {
+    guard(|| {
     let qtype = parse_pow2_type(qtype)?;
     let k = i32::try_from(exponent)
         .ok()
@@ -1266,6 +1394,7 @@ fn pow2_error(
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
     Ok(run(py, || pow2::error(&ErrorTable::new(hist), k, qtype)))
+    })
 }
 
 type Stats = (Option<f64>, Option<f64>, Option<f64>, Option<f64>, u64, u64, u64, u64);
@@ -1278,6 +1407,7 @@ fn stats_of<T: Float>(s: &Scan<T>) -> Stats {
 /// `(nanmin, nanmax, finite_min, finite_max, n_finite, n_nan, n_posinf, n_neginf)` of a tensor.
 #[pyfunction]
 fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<Stats> {
+    guard(|| {
     let b = borrow_all("array", std::slice::from_ref(&arr))?;
     let batches = batches_of(&b);
     Ok(run(py, || match &batches {
@@ -1285,6 +1415,7 @@ fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<Stats> {
         Batches::F32(v) => stats_of(&scan(&v[0])),
         Batches::F64(v) => stats_of(&scan(&v[0])),
     }))
+    })
 }
 
 fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>, axis: usize) -> Vec<View<'a, T>> {
@@ -1292,24 +1423,24 @@ fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>, axis: 
     let (shape, strides) = (v.shape(), v.strides());
     let rest_shape: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
     let rest_strides: Vec<isize> = strides.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
-    (0..shape[axis])
-        .map(|c| {
+    fallible::collect((0..shape[axis]).map(|c| {
             // SAFETY: channel c's elements lie inside the borrowed array.
             unsafe { View::from_raw(v.as_ptr().offset(c as isize * strides[axis]), &rest_shape, &rest_strides) }
-        })
-        .collect()
+    }))
 }
 
 /// Per-channel `(nanmin, nanmax)` along `axis` (NaN for an all-NaN channel), as arrays of the
 /// input dtype: what ORT's ReduceMin/ReduceMax over the other axes give, NaN-ignoring.
 #[pyfunction]
 fn channel_min_max<'py>(py: Python<'py>, arr: Bound<'py, PyAny>, axis: usize) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    guard(|| {
     fn go<'py, T: Float + Element>(py: Python<'py>, a: &PyReadonlyArrayDyn<'_, T>, axis: usize) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
         let views = channel_views(a, axis);
-        let scans: Vec<Scan<T>> = run(py, || views.par_iter().map(scan).collect());
+            let mut scans: Vec<Scan<T>> = fallible::with_capacity(views.len());
+            run(py, || views.par_iter().map(scan).collect_into_vec(&mut scans));
         let nan = T::from_f64(f64::NAN);
-        let mins: Vec<T> = scans.iter().map(|s| s.nan_min().unwrap_or(nan)).collect();
-        let maxs: Vec<T> = scans.iter().map(|s| s.nan_max().unwrap_or(nan)).collect();
+            let mins: Vec<T> = fallible::collect(scans.iter().map(|s| s.nan_min().unwrap_or(nan)));
+            let maxs: Vec<T> = fallible::collect(scans.iter().map(|s| s.nan_max().unwrap_or(nan)));
         (PyArray1::from_vec(py, mins).into_any(), PyArray1::from_vec(py, maxs).into_any())
     }
     let ndim = arr.getattr("ndim")?.extract::<usize>()?;
@@ -1320,6 +1451,7 @@ fn channel_min_max<'py>(py: Python<'py>, arr: Bound<'py, PyAny>, axis: usize) ->
         Borrowed::F16(v) => go(py, &v[0], axis),
         Borrowed::F32(v) => go(py, &v[0], axis),
         Borrowed::F64(v) => go(py, &v[0], axis),
+    })
     })
 }
 
@@ -1337,29 +1469,35 @@ fn reduce_1d(arr: &Bound<'_, PyAny>, f16f: fn(&[f16]) -> f64, f32f: fn(&[f32]) -
 /// ORT's per-tensor `np.nanmean` of per-batch values (pairwise order), as f64 of the dtype.
 #[pyfunction]
 fn nanmean_pairwise(values: Bound<'_, PyAny>) -> PyResult<f64> {
+    guard(|| {
     reduce_1d(
         &values,
         |v| minmax::nanmean_pairwise(v).to_f64(),
         |v| minmax::nanmean_pairwise(v).to_f64(),
         |v| minmax::nanmean_pairwise(v).to_f64(),
     )
+    })
 }
 
 /// ORT's per-channel `np.nanmean(axis=0)` of one column (sequential order).
 #[pyfunction]
 fn nanmean_sequential(values: Bound<'_, PyAny>) -> PyResult<f64> {
+    guard(|| {
     reduce_1d(
         &values,
         |v| minmax::nanmean_sequential(v).to_f64(),
         |v| minmax::nanmean_sequential(v).to_f64(),
         |v| minmax::nanmean_sequential(v).to_f64(),
     )
+    })
 }
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // A bad value fails the import with a clear error rather than being silently ignored.
     let _ = ENV_THREADS.set(threads_from_env().map_err(PyValueError::new_err)?);
+    m.add("MAX_BINS", MAX_BINS)?;
+    m.add("POW2_EXPONENTS", (pow2::MAX_EXPONENT - pow2::MIN_EXPONENT + 1) as usize)?;
     m.add_class::<Histograms>()?;
     m.add_class::<StreamHistograms>()?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;

@@ -9,10 +9,11 @@ use crate::pairwise::sum_f64_by;
 pub fn avg_std<E: Float>(hist: &[i64], edges: &[E]) -> (f64, f64) {
     let n = hist.len();
     let half = E::from_f64(0.5);
-    let values: Vec<E> = (0..n).map(|i| edges[i].add(edges[i + 1]).mul(half)).collect();
+    // the bin midpoints, recomputed where needed rather than stored (no allocation)
+    let value = |i: usize| edges[i].add(edges[i + 1]).mul(half);
     let total = hist.iter().sum::<i64>() as f64;
-    let avg = sum_f64_by(n, |i| hist[i] as f64 * values[i].to_f64()) / total;
-    let sq = sum_f64_by(n, |i| hist[i] as f64 * values[i].mul(values[i]).to_f64()) / total;
+    let avg = sum_f64_by(n, |i| hist[i] as f64 * value(i).to_f64()) / total;
+    let sq = sum_f64_by(n, |i| hist[i] as f64 * value(i).mul(value(i)).to_f64()) / total;
     let std = pow(sq - pow(avg, 2.0), 0.5);
     (avg, std)
 }

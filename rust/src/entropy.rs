@@ -17,6 +17,7 @@
 //! bindings' limit), and it stops early when its stop flag is set ([`crate::cancel`]).
 
 use crate::cancel::{self, Cancelled};
+use crate::fallible;
 use crate::float::Float;
 use crate::numpy_log::log_lane;
 use crate::pairwise::sum_f32;
@@ -70,6 +71,21 @@ struct Scratch {
 
 const EPS: f32 = 1e-4f64 as f32;
 
+impl Scratch {
+    /// Room for a candidate of `len` bins and `nq` groups, so that nothing below allocates
+    /// (`fallible`: no abort when memory runs out).
+    fn grow(&mut self, len: usize, nq: usize) {
+        for v in [&mut self.ps, &mut self.qs, &mut self.qk, &mut self.r] {
+            fallible::grow(v, len + 16);
+        }
+        fallible::grow(&mut self.group_q, nq + 1);
+        fallible::grow(&mut self.group_qk, nq + 1);
+        for v in [&mut self.group_values, &mut self.group_qb, &mut self.group_norm] {
+            fallible::grow(v, nq);
+        }
+    }
+}
+
 /// Per-histogram tables shared by all candidates.
 struct Tables<'a> {
     hist: &'a [i64],
@@ -83,8 +99,8 @@ struct Tables<'a> {
 
 impl<'a> Tables<'a> {
     fn new(hist: &'a [i64]) -> Self {
-        let mut prefix = Vec::with_capacity(hist.len() + 1);
-        let mut zeros = Vec::with_capacity(hist.len() + 1);
+        let mut prefix = fallible::with_capacity(hist.len() + 1);
+        let mut zeros = fallible::with_capacity(hist.len() + 1);
         let (mut s, mut z) = (0i64, 0u64);
         prefix.push(0);
         zeros.push(0);
@@ -94,7 +110,7 @@ impl<'a> Tables<'a> {
             prefix.push(s);
             zeros.push(z);
         }
-        Tables { hist, hf: hist.iter().map(|&h| h as f32).collect(), prefix, zeros }
+        Tables { hist, hf: fallible::collect(hist.iter().map(|&h| h as f32)), prefix, zeros }
     }
 }
 
@@ -211,6 +227,7 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let start = zb - i;
     let end = (zb + i + 1).min(n);
     let len = end - start;
+    s.grow(len, nq);
     let Scratch { ps, qs, group_q, group_values, group_qk, group_qb, group_norm, qk, r } = s;
     // Reference p: the slice with the outliers folded into its end bins (only the two end
     // values differ from `hist`, so p is never materialised).
@@ -302,14 +319,17 @@ pub fn kl_values<E: Float>(hist: &[i64], nq: usize, stop: &AtomicBool) -> Result
         return Err(EntropyError::NoCandidates { n_bins: n, n_quantized: nq });
     }
     let tables = Tables::new(hist);
-    (hq..=zb)
+    let mut kl = fallible::with_capacity(zb - hq + 1);
+    (hq..zb + 1)
         .into_par_iter()
-        .map_init(Scratch::default, |s, i| {
-            cancel::check(stop)?;
-            Ok(E::from_f32(candidate_kl(&tables, nq, i, s)).to_f64())
+        // once stopped, the remaining candidates are skipped (NaN) and the whole result dropped
+        .map_init(Scratch::default, |s, i| match cancel::check(stop) {
+            Ok(()) => E::from_f32(candidate_kl(&tables, nq, i, s)).to_f64(),
+            Err(Cancelled) => f64::NAN,
         })
-        .collect::<Result<Vec<f64>, Cancelled>>()
-        .map_err(|Cancelled| EntropyError::Cancelled)
+        .collect_into_vec(&mut kl);
+    cancel::check(stop).map_err(|Cancelled| EntropyError::Cancelled)?;
+    Ok(kl)
 }
 
 /// `np.argmin`: the first minimum, a NaN winning outright.

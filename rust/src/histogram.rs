@@ -12,6 +12,7 @@
 //! Explicit edges (`bins=array`, the symmetric-percentile merges): exact membership, compared in
 //! f64, with the interior bins half-open and the last bin closed.
 
+use crate::fallible;
 use crate::float::{Float, Widen};
 use crate::scan::PAR_CHUNK;
 use crate::view::View;
@@ -84,7 +85,7 @@ impl<E: Float> UniformBins<E> {
         let n_e = E::from_usize(n);
         let delta = last.sub(first);
         let step = delta.div(n_e);
-        let mut edges: Vec<E> = Vec::with_capacity(n + 1);
+        let mut edges: Vec<E> = fallible::with_capacity(n + 1);
         if step != E::ZERO {
             for i in 0..n {
                 edges.push(E::from_usize(i).mul(step).add(first));
@@ -105,7 +106,8 @@ impl<E: Float> UniformBins<E> {
     /// rounded to `E`. Nothing is ever counted in these bins.
     pub fn empty_auto(n: usize) -> Result<Self, HistError> {
         let step = 1.0 / n as f64;
-        let mut edges: Vec<E> = (0..n).map(|i| E::from_f64(i as f64 * step)).collect();
+        let mut edges: Vec<E> = fallible::with_capacity(n + 1);
+        edges.extend((0..n).map(|i| E::from_f64(i as f64 * step)));
         edges.push(E::from_f64(1.0));
         if edges.windows(2).any(|w| !(w[0] < w[1])) {
             return Err(HistError::TooManyBins(n));
@@ -140,34 +142,27 @@ impl<E: Float> UniformBins<E> {
     }
 
     /// Count the values of `view` (widened exactly to `E`; `|x|` when `abs`) into `counts`.
+    /// Never fails for lack of memory: without room for the per-chunk counters, the values are
+    /// counted one by one straight into `counts` (same result, slower).
     pub fn count<D: Float + Widen<E>>(&self, view: &View<D>, abs: bool, counts: &mut [i64]) {
         let n = self.n_bins();
         assert_eq!(counts.len(), n);
         let len = view.len();
-        let chunks = len.div_ceil(PAR_CHUNK);
         let fast = self.fast_f32::<D>();
-        let total = (0..chunks)
-            .into_par_iter()
-            .map(|c| {
-                let mut local = vec![0i64; n];
-                let range = c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len);
+        let counted = count_chunks(len, n, |range, local| {
                 match &fast {
                     Some(f) => {
-                        let mut sub = SubHist::new(n);
+                    let mut sub = SubHist::new(n)?;
                         // SAFETY: `fast_f32` is Some only when D is f32.
                         view.for_each_block(range, |b| f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, abs, &mut sub));
-                        sub.add_to(&mut local);
+                    sub.add_to(local);
                     }
-                    None => view.for_each_block(range, |b| self.count_block(b, abs, &mut local)),
+                None => view.for_each_block(range, |b| self.count_block(b, abs, local)),
                 }
-                local
-            })
-            .reduce_with(|mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
+            Some(())
             });
-        if let Some(t) = total {
-            counts.iter_mut().zip(&t).for_each(|(x, y)| *x += y);
+        if !add_counted(counted, counts) {
+            view.for_each_block(0..len, |b| self.count_block(b, abs, counts));
         }
     }
 
@@ -195,7 +190,10 @@ impl<E: Float> UniformBins<E> {
         let arith = step != 0.0 && (0..n).all(|i| ((i as f32) * step + first).to_bits() == f(self.edges[i]).to_bits());
         // Padded edges: index n is a dummy bin for out-of-range values; its neighbours make
         // both corrections no-ops (-inf below, NaN above).
-        let mut edges: Vec<f32> = self.edges.iter().map(|&e| f(e)).collect();
+        // no room for the table: the scalar path needs none
+        let mut edges: Vec<f32> = fallible::try_zeroed(n + 2)?;
+        edges.iter_mut().zip(&self.edges).for_each(|(t, &e)| *t = f(e));
+        edges.truncate(n + 1);
         edges[n] = f32::NEG_INFINITY;
         edges.push(f32::NAN);
         Some(FastF32 { first, last: f(self.last), norm, n_f, step, arith, n, edges })
@@ -233,8 +231,9 @@ struct SubHist {
 }
 
 impl SubHist {
-    fn new(n: usize) -> Self {
-        SubHist { sub: vec![0u32; SUB * (n + 1)], stride: n + 1 }
+    /// None without the memory.
+    fn new(n: usize) -> Option<Self> {
+        Some(SubHist { sub: fallible::try_zeroed(SUB * (n + 1))?, stride: n + 1 })
     }
 
     /// `sub[(k % SUB) * stride + idx[k]] += 1` for every k; every index must be <= n.
@@ -409,36 +408,58 @@ pub fn count_abs_explicit<D: Float>(view: &View<D>, edges: &[f64], counts: &mut 
         }
         Some(i)
     };
-    let len = view.len();
-    let chunks = len.div_ceil(PAR_CHUNK);
-    let total = (0..chunks)
-        .into_par_iter()
-        .map(|c| {
-            let mut local = vec![0i64; n];
-            let range = c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len);
-            if let Some(f) = &fast {
-                let mut sub = SubHist::new(n);
-                // SAFETY: `ExplicitF32::new` is Some only when D is f32.
-                view.for_each_block(range, |b| f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, &mut sub));
-                sub.add_to(&mut local);
-                return local;
-            }
-            view.for_each_block(range, |b| {
+    let count_scalar = |b: &[D], local: &mut [i64]| {
                 for &d in b {
-                    let v = d.to_f64().abs();
-                    if let Some(i) = bin_of(v) {
+            if let Some(i) = bin_of(d.to_f64().abs()) {
                         local[i] += 1;
                     }
                 }
+    };
+    let len = view.len();
+    let counted = count_chunks(len, n, |range, local| {
+        if let Some(f) = &fast {
+            let mut sub = SubHist::new(n)?;
+            // SAFETY: `ExplicitF32::new` is Some only when D is f32.
+            view.for_each_block(range, |b| f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, &mut sub));
+            sub.add_to(local);
+        } else {
+            view.for_each_block(range, |b| count_scalar(b, local));
+        }
+        Some(())
             });
-            local
+    if !add_counted(counted, counts) {
+        view.for_each_block(0..len, |b| count_scalar(b, counts));
+    }
+}
+
+/// Count `len` values in parallel `PAR_CHUNK` chunks, each into its own `n` counters:
+/// `count(range, counters)`, None when it lacked memory. The summed counters; `Some(None)`
+/// when any chunk lacked memory (for its counters or in `count`), `None` when `len` is 0.
+fn count_chunks(len: usize, n: usize, count: impl Fn(std::ops::Range<usize>, &mut [i64]) -> Option<()> + Sync) -> Option<Option<Vec<i64>>> {
+    (0..len.div_ceil(PAR_CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let mut local = fallible::try_zeroed::<i64>(n)?;
+            count(c * PAR_CHUNK..((c + 1) * PAR_CHUNK).min(len), &mut local)?;
+            Some(local)
         })
-        .reduce_with(|mut a, b| {
+        .reduce_with(|a, b| {
+            let (mut a, b) = (a?, b?);
             a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
-    if let Some(t) = total {
+            Some(a)
+        })
+}
+
+/// Add what `count_chunks` counted to `counts`; false when it ran out of memory (and nothing
+/// was added).
+fn add_counted(counted: Option<Option<Vec<i64>>>, counts: &mut [i64]) -> bool {
+    match counted {
+        None => true,
+        Some(None) => false,
+        Some(Some(t)) => {
         counts.iter_mut().zip(&t).for_each(|(x, y)| *x += y);
+            true
+        }
     }
 }
 
@@ -496,7 +517,10 @@ impl ExplicitF32 {
         if std::any::TypeId::of::<D>() != std::any::TypeId::of::<f32>() || n == 0 || n > 1 << 24 || !edges.iter().all(|e| e.is_finite()) {
             return None;
         }
-        let mut t: Vec<f32> = edges[..n].iter().map(|&e| f32_at_or_above(e)).collect();
+        // no room for the thresholds: the scalar path needs none
+        let mut t: Vec<f32> = fallible::try_zeroed(n + 2)?;
+        t.iter_mut().zip(&edges[..n]).for_each(|(o, &e)| *o = f32_at_or_above(e));
+        t.truncate(n);
         t.push(f32::NEG_INFINITY);
         t.push(f32::NAN);
         let (lo, hi) = (t[0], f32_at_or_below(edges[n]));
@@ -707,7 +731,7 @@ pub fn arange_f64<E: Float>(start: E, stop: E, step: E) -> Result<Vec<f64>, Hist
     }
     let len = len_e as usize;
     let s = start.to_f64();
-    let mut out = Vec::with_capacity(len);
+    let mut out = fallible::with_capacity(len);
     out.push(s);
     if len > 1 {
         let x1 = start.add(step).to_f64();
@@ -723,6 +747,21 @@ pub fn arange_f64<E: Float>(start: E, stop: E, step: E) -> Result<Vec<f64>, Hist
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counting_without_memory_for_the_chunk_counters_reports_it_and_adds_nothing() {
+        // more counters than can exist: every chunk's allocation fails
+        let counted = count_chunks(3 * PAR_CHUNK, usize::MAX / 4, |_, _| Some(()));
+        assert!(matches!(counted, Some(None)));
+        let mut counts = vec![1i64, 2];
+        assert!(!add_counted(counted, &mut counts));
+        assert_eq!(counts, vec![1, 2]);
+        assert!(add_counted(count_chunks(0, 2, |_, _| Some(())), &mut counts));
+        assert!(add_counted(count_chunks(5, 2, |_, c| { c[1] += 5; Some(()) }), &mut counts));
+        assert_eq!(counts, vec![1, 7]);
+        // a chunk whose own scratch fails fails the whole count
+        assert!(matches!(count_chunks(3 * PAR_CHUNK, 2, |r, _| (r.start != PAR_CHUNK).then_some(())), Some(None)));
+    }
     use half::f16;
 
     fn hist_of(x: &[f32], n: usize, t: f32) -> (Vec<i64>, Vec<f32>) {
@@ -756,7 +795,7 @@ mod tests {
                 let mut table = b.fast_f32::<f32>().unwrap();
                 assert!(table.arith);
                 table.arith = false;
-                let mut sub = SubHist::new(n);
+                let mut sub = SubHist::new(n).unwrap();
                 table.count(&x, abs, &mut sub);
                 let mut tab = vec![0; n];
                 sub.add_to(&mut tab);
@@ -918,7 +957,7 @@ mod tests {
             let mut general = ExplicitF32::new::<f32>(&edges).unwrap();
             one_step_cases += general.one_step as usize;
             general.one_step = false;
-            let mut sub = SubHist::new(n);
+            let mut sub = SubHist::new(n).unwrap();
             general.count(&x, &mut sub);
             let mut gen = vec![0; n];
             sub.add_to(&mut gen);

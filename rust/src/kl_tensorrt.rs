@@ -28,6 +28,8 @@
 //! ([`crate::cancel`]).
 
 use crate::cancel::{self, Cancelled};
+use crate::fallible;
+use crate::histogram::MAX_BINS;
 use crate::qerror::UniformHistogram;
 use std::sync::atomic::AtomicBool;
 
@@ -55,6 +57,7 @@ pub enum KlError {
     TooFewBins { num_bins: usize, num_quantized_bins: usize },
     /// The stop flag was set before the search finished.
     Cancelled,
+    TooManyBins { num_bins: usize },
 }
 
 impl std::fmt::Display for KlError {
@@ -65,6 +68,7 @@ impl std::fmt::Display for KlError {
                 write!(f, "num_bins must be >= num_quantized_bins (num_bins={num_bins}, num_quantized_bins={num_quantized_bins})")
             }
             KlError::Cancelled => write!(f, "kl search {Cancelled}"),
+            KlError::TooManyBins { num_bins } => write!(f, "num_bins must be <= {MAX_BINS}, got {num_bins}"),
         }
     }
 }
@@ -98,13 +102,16 @@ pub fn search_work(num_bins: usize, num_quantized_bins: usize) -> u64 {
     u64::try_from(2 * literal * LITERAL_BIN_COST as u128 + n).unwrap_or(u64::MAX)
 }
 
-/// At least one quantized bin, and at least as many bins.
+/// At least one quantized bin, at least as many bins, and at most `MAX_BINS`.
 pub fn check_settings(num_bins: usize, num_quantized_bins: usize) -> Result<(), KlError> {
     if num_quantized_bins == 0 {
         return Err(KlError::NoQuantizedBins);
     }
     if num_bins < num_quantized_bins {
         return Err(KlError::TooFewBins { num_bins, num_quantized_bins });
+    }
+    if num_bins > MAX_BINS {
+        return Err(KlError::TooManyBins { num_bins });
     }
     Ok(())
 }
@@ -115,7 +122,7 @@ pub fn abs_histogram(hist: &UniformHistogram, num_bins: usize) -> Option<(Vec<u6
     if hist.total == 0 || a == 0.0 || num_bins == 0 {
         return None;
     }
-    let mut abs = vec![0u64; num_bins];
+    let mut abs = fallible::zeroed::<u64>(num_bins);
     for (i, &c) in hist.counts.iter().enumerate() {
         if c != 0 {
             let j = (hist.value(i).abs() / a * num_bins as f64).floor();
@@ -292,8 +299,8 @@ pub fn best_candidate(abs: &[u64], nq: usize, stop: &AtomicBool) -> Result<usize
     let mut plain = CountSums::new();
     abs[..nq - 1].iter().for_each(|&h| plain.add(h));
     let mut groups = GroupSums::new(&search, 1);
-    let mut scratch = (Vec::with_capacity(abs.len()), Vec::with_capacity(abs.len()));
-    let mut screened = Vec::with_capacity(abs.len() - nq + 1);
+    let mut scratch = (fallible::with_capacity(abs.len()), fallible::with_capacity(abs.len()));
+    let mut screened = fallible::with_capacity(abs.len() - nq + 1);
     for i in nq..=abs.len() {
         cancel::check(stop)?;
         if groups.merged != i / nq {
@@ -331,8 +338,8 @@ struct Search<'a> {
 
 impl<'a> Search<'a> {
     fn new(abs: &'a [u64], nq: usize) -> Self {
-        let mut cumulative = Vec::with_capacity(abs.len() + 1);
-        let mut nonzero = Vec::with_capacity(abs.len() + 1);
+        let mut cumulative = fallible::with_capacity(abs.len() + 1);
+        let mut nonzero = fallible::with_capacity(abs.len() + 1);
         let (mut c, mut z) = (0u64, 0usize);
         cumulative.push(0);
         nonzero.push(0);
@@ -578,6 +585,7 @@ mod tests {
         let h = UniformHistogram::new(&counts, -2.0, 1.0, -1.5, 1.5).unwrap();
         assert_eq!(kl_range(&h, 2048, 0, &GO), Err(KlError::NoQuantizedBins));
         assert_eq!(kl_range(&h, 100, 128, &GO), Err(KlError::TooFewBins { num_bins: 100, num_quantized_bins: 128 }));
+        assert_eq!(kl_range(&h, MAX_BINS + 1, 128, &GO), Err(KlError::TooManyBins { num_bins: MAX_BINS + 1 }));
         let empty = [0u64; 4];
         let h0 = UniformHistogram::new(&empty, -2.0, 1.0, 0.0, 0.0).unwrap();
         assert_eq!(kl_range(&h0, 2048, 128, &GO), Ok((0.0, 0.0)));

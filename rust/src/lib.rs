@@ -8,6 +8,7 @@ pub mod binning;
 pub mod cancel;
 pub mod distribution;
 pub mod entropy;
+pub mod fallible;
 pub mod float;
 pub mod histogram;
 pub mod kl_tensorrt;

@@ -1,36 +1,34 @@
 //! ORT's `compute_percentile`: the left edge of the bin where the cumulative distribution
 //! first reaches the target, clipped to the data's min/max by the caller.
 
-/// `np.cumsum(hist / hist.sum())`: f64 division, sequential f64 prefix sum (all NaN if empty).
-pub fn cdf(hist: &[i64]) -> Vec<f64> {
+/// `np.searchsorted(np.cumsum(hist / hist.sum()), v, side='left')`: the first index whose
+/// cumulative value (f64 division, sequential f64 prefix sum, all NaN if empty) is not below
+/// `v`, `hist.len()` if none. The prefix sums never decrease (each adds a term >= 0), so the
+/// first one not below `v` is where numpy's binary search lands, and NaN sorts last (an empty
+/// histogram gives 0). Computed on the fly: no array of `hist.len()` values.
+pub fn searchsorted_cdf(hist: &[i64], v: f64) -> usize {
     let total = hist.iter().sum::<i64>() as f64;
     let mut acc = 0.0f64;
-    hist.iter()
-        .enumerate()
-        .map(|(i, &h)| {
-            let x = h as f64 / total;
-            acc = if i == 0 { x } else { acc + x };
-            acc
-        })
-        .collect()
-}
-
-/// `np.searchsorted(cdf, v, side='left')`: the first index whose value is not below `v`
-/// (NaN sorts last, so an all-NaN cdf gives 0).
-pub fn searchsorted_left(cdf: &[f64], v: f64) -> usize {
-    cdf.partition_point(|&c| c < v)
+    for (i, &h) in hist.iter().enumerate() {
+        let x = h as f64 / total;
+        acc = if i == 0 { x } else { acc + x };
+        // not below v (NaN included: it sorts last)
+        if acc.partial_cmp(&v) != Some(std::cmp::Ordering::Less) {
+            return i;
+        }
+    }
+    hist.len()
 }
 
 /// Edge indices `(low, high)` ORT picks for `percentile` (already validated to [0, 100]).
 /// Symmetric (|x| histogram): both are the same index, the low threshold being its negation.
 pub fn percentile_indices(hist: &[i64], percentile: f64, symmetric: bool) -> (usize, usize) {
-    let c = cdf(hist);
     if symmetric {
-        let i = searchsorted_left(&c, percentile / 100.0);
+        let i = searchsorted_cdf(hist, percentile / 100.0);
         (i, i)
     } else {
         let cut = (100.0 - percentile) / 200.0;
-        (searchsorted_left(&c, cut), searchsorted_left(&c, 1.0 - cut))
+        (searchsorted_cdf(hist, cut), searchsorted_cdf(hist, 1.0 - cut))
     }
 }
 
@@ -49,6 +47,36 @@ mod tests {
         // 3 equal bins: cdf[-1] == 1.0 -> index 2; 10 equal bins: 0.9999999999999999 -> 10.
         assert_eq!(percentile_indices(&[1, 1, 1], 100.0, true).0, 2);
         assert_eq!(percentile_indices(&[1; 10], 100.0, true).0, 10);
+    }
+
+    /// The materialised cdf and numpy's binary search, as ORT runs them.
+    fn reference(hist: &[i64], v: f64) -> usize {
+        let total = hist.iter().sum::<i64>() as f64;
+        let mut acc = 0.0;
+        let cdf: Vec<f64> = hist.iter().enumerate().map(|(i, &h)| {
+            acc = if i == 0 { h as f64 / total } else { acc + h as f64 / total };
+            acc
+        }).collect();
+        cdf.partition_point(|&c| c < v)
+    }
+
+    #[test]
+    fn on_the_fly_search_equals_the_materialised_cdf() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..300 {
+            let n = 1 + (next() % 300) as usize;
+            let hist: Vec<i64> = (0..n).map(|_| if next() % 3 == 0 { 0 } else { (next() % 1000) as i64 }).collect();
+            for v in [0.0, 1e-9, 0.0005, 0.25, 0.5, 0.999, 0.99999, 1.0, 1.0 + 1e-12, f64::NAN] {
+                assert_eq!(searchsorted_cdf(&hist, v), reference(&hist, v), "{hist:?} {v}");
+            }
+        }
+        assert_eq!(searchsorted_cdf(&[0, 0], 0.5), reference(&[0, 0], 0.5));
     }
 
     #[test]

@@ -213,7 +213,7 @@ enum Moments {
 }
 
 fn prefix_moments<T: Moment>(counts: &[u64]) -> Vec<[T; 3]> {
-    let mut out = Vec::with_capacity(counts.len() + 1);
+    let mut out = crate::fallible::with_capacity(counts.len() + 1);
     let mut acc = [T::of(0); 3];
     out.push(acc);
     for (k, &c) in counts.iter().enumerate() {

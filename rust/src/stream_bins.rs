@@ -20,6 +20,7 @@
 //! NaN and ±Inf are not binned. Only the window of bins between those of the batch's finite
 //! minimum and maximum is counted and added (ReLU-like data spans half the bins).
 
+use crate::fallible;
 use crate::float::Float;
 use crate::lanes::{widen_f16, Lane};
 use crate::scan::{retype, scan_lanes_block, Scan, PAR_CHUNK};
@@ -194,7 +195,7 @@ struct Counter<T> {
 
 impl<T: Lane> Counter<T> {
     fn new(p: Pow2Bins<T>) -> Self {
-        let small = vec![0; p.len as usize + 1 + ZERO_SLOTS];
+        let small = fallible::zeroed(p.len as usize + 1 + ZERO_SLOTS);
         Counter { p, small, pending: 0, counts: Vec::new(), idx: vec![0; BLOCK], wide: vec![0.0; BLOCK] }
     }
 
@@ -244,7 +245,7 @@ impl<T: Lane> Counter<T> {
 // Whole-window passes (once per batch or flush), vectorised.
 #[inline(always)]
 fn widen_impl(small: &[u16]) -> Vec<u64> {
-    small.iter().map(|&s| s as u64).collect()
+    fallible::collect(small.iter().map(|&s| s as u64))
 }
 
 #[inline(always)]
@@ -311,7 +312,7 @@ fn count_view<D: Float, T: Lane + Send + Sync>(view: &View<D>, p: Pow2Bins<T>) -
             a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
             a
         })
-        .unwrap_or_else(|| vec![0; p.len as usize])
+        .unwrap_or_else(|| fallible::zeroed(p.len as usize))
 }
 
 /// Per-thread buffers of the direct path, kept between batches: u16 counters for all `2H` bins
@@ -333,7 +334,7 @@ impl Scratch {
     fn ready(&mut self, n_small: usize) {
         if self.small.len() != n_small || self.dirty {
             self.small.clear();
-            self.small.resize(n_small, 0);
+            fallible::resize(&mut self.small, n_small, 0);
         }
         self.idx.resize(BLOCK, 0);
         self.wide.resize(BLOCK, 0.0);
@@ -450,6 +451,16 @@ fn add_direct_lanes<D: Float, T: Lane + Float>(view: &View<D>, log_half: u32, le
         c.flush(s, bins);
     }
     total
+}
+
+/// Allocate this thread's scratch for `count_direct` on `2 << log_half` bins now (its only
+/// allocation), so that a caller can have it before changing anything.
+pub fn prepare_direct(log_half: u32) {
+    SCRATCH.with(|cell| {
+        let s = &mut *cell.borrow_mut();
+        s.ready((2 << log_half) + 1 + ZERO_SLOTS);
+        s.dirty = false; // ready, and nothing counted
+    })
 }
 
 /// Count a batch whose finite values lie in `[min, max]`, all inside `level`'s range, straight

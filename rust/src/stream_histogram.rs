@@ -8,12 +8,13 @@
 //! directly at the final level, which only depends on the largest |x|. Non-finite values are
 //! counted, never binned. ORT-shaped histograms for ORT's methods are derived from it at the end.
 
+use crate::fallible;
 use crate::float::{py_max, Float};
 use crate::histogram::{HistError, UniformBins};
 use crate::scan::{scan, Scan, PAR_CHUNK};
 use crate::pow2;
 use crate::qerror::UniformHistogram;
-use crate::stream_bins::{add_direct, batch_bins, count_direct};
+use crate::stream_bins::{add_direct, batch_bins, count_direct, prepare_direct};
 use std::collections::BTreeMap;
 use crate::value_histogram::Held;
 use crate::view::View;
@@ -81,7 +82,7 @@ impl StreamHistogram {
         StreamHistogram {
             log_half,
             level: None,
-            bins: vec![0; 2 << log_half],
+            bins: fallible::zeroed(2 << log_half),
             finite_min: None,
             finite_max: None,
             abs_min: None,
@@ -92,6 +93,11 @@ impl StreamHistogram {
             batches: 0,
             pow2_votes: None,
         }
+    }
+
+    /// A copy (`clone`, with the bins allocated by `fallible`).
+    pub fn copied(&self) -> Self {
+        StreamHistogram { bins: fallible::copy(&self.bins), pow2_votes: self.pow2_votes.clone(), ..*self }
     }
 
     /// A histogram that also collects pow2 MostCommon's per-batch votes (one pow2 MinMSE
@@ -149,30 +155,43 @@ impl StreamHistogram {
         Some((mn, mx))
     }
 
-    /// Add one batch whose scan is already known.
+    /// Add one batch whose scan is already known. Everything that allocates (the batch's own
+    /// histogram, the pow2 votes) happens before the histogram changes.
     pub fn add_scanned<D: Float>(&mut self, view: &View<D>, sc: &Scan<D>) {
-        let Some((mn, mx)) = self.record(sc) else {
+        let (Some(lo), Some(hi), Some(_)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
+            self.record(sc);
             return;
         };
-        self.raise(level_for(mn.abs().max(mx.abs())));
-        let level = self.level.expect("raised above");
-        let Some(votes) = &mut self.pow2_votes else {
-            match (sc.finite_min, sc.finite_max) {
-                (Some(lo), Some(hi)) if view.len() <= PAR_CHUNK => count_direct(view, self.log_half, level, lo, hi, &mut self.bins),
+        let (mn, mx) = (lo.to_f64() + 0.0, hi.to_f64() + 0.0); // as `record` sees them
+        let own = level_for(mn.abs().max(mx.abs()));
+        let level = self.level.map_or(own, |l| l.max(own));
+        if self.pow2_votes.is_none() {
+            if view.len() <= PAR_CHUNK {
+                prepare_direct(self.log_half);
+                self.record(sc);
+                self.raise(level);
+                count_direct(view, self.log_half, level, lo, hi, &mut self.bins);
+            } else {
                 // big batches: the batch's own histogram, counted in parallel chunks, then added
-                _ => batch_bins(view, sc, self.log_half, level).add_to(&mut self.bins),
+                let batch = batch_bins(view, sc, self.log_half, level);
+                self.record(sc);
+                self.raise(level);
+                batch.add_to(&mut self.bins);
             }
             return;
-        };
+        }
         // The vote comes from the batch's histogram at its own level (not the running level,
         // which depends on the batches before it); folding it up to the running level is exact.
-        let own = level_for(mn.abs().max(mx.abs()));
         let batch = batch_bins(view, sc, self.log_half, own);
         let w = pow2(own - self.log_half as i32);
         let left = -pow2(own) + batch.first as f64 * w;
         // the batch's values are finite and inside its level's range: a valid histogram
         let hist = UniformHistogram::new(&batch.counts, left, w, mn, mx).expect("a batch histogram is valid");
-        for (t, k) in pow2::batch_votes(hist, D::MAX).into_iter().enumerate() {
+        let batch_votes = pow2::batch_votes(hist, D::MAX);
+        self.record(sc);
+        self.raise(level);
+        let votes = self.pow2_votes.as_mut().expect("checked above");
+        for (t, k) in batch_votes.into_iter().enumerate() {
             if let Some(k) = k {
                 *votes.entry((t as u8, k)).or_insert(0) += 1;
             }
@@ -190,7 +209,7 @@ impl StreamHistogram {
         if o.log_half != self.log_half {
             return Err(format!("streaming histograms differ in size ({} vs {} bins)", 2usize << self.log_half, 2usize << o.log_half));
         }
-        let mut o = o.clone();
+        let mut o = o.copied();
         if let Some(l) = o.level {
             self.raise(l);
         }
@@ -252,7 +271,7 @@ fn target_bin<E: Float>(bins: &UniformBins<E>, x: f64) -> usize {
 
 /// Put `(value, count)` pairs into `bins`, one value at a time.
 fn rebin<E: Float>(bins: &UniformBins<E>, items: impl Iterator<Item = (f64, u64)>) -> Vec<i64> {
-    let mut hist = vec![0i64; bins.n_bins()];
+    let mut hist = fallible::zeroed(bins.n_bins());
     for (x, c) in items.filter(|&(_, c)| c != 0) {
         hist[target_bin(bins, x)] += c as i64;
     }
@@ -271,7 +290,7 @@ fn rebin_increasing<E: Float>(bins: &UniformBins<E>, n: usize, centre: impl Fn(u
         return rebin(bins, (0..n).map(|i| (centre(i), count(i))));
     }
     let target = |i: usize| target_bin(bins, centre(i));
-    let mut hist = vec![0i64; bins.n_bins()];
+    let mut hist = fallible::zeroed(bins.n_bins());
     let mut start = 0;
     while start < n {
         let t = target(start);
@@ -348,7 +367,7 @@ impl StreamHistogram {
                 };
                 (hist, bins.edges)
             }
-            _ => (vec![0; n_bins], UniformBins::<E>::empty_auto(n_bins)?.edges),
+            _ => (fallible::zeroed(n_bins), UniformBins::<E>::empty_auto(n_bins)?.edges),
         };
         Ok(crate::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx })
     }

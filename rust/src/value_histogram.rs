@@ -5,6 +5,7 @@
 //! treated exactly as ORT treats an empty batch.
 
 use crate::binning::Binning;
+use crate::fallible;
 use crate::float::{py_max, Float, Widen};
 use crate::histogram::{HistError, UniformBins, MAX_BINS};
 use crate::scan::Scan;
@@ -86,7 +87,7 @@ impl<E: Float> ValueHistogram<E> {
         let (mn, mx) = first_min_max::<D, E>(scan);
         let t = py_max(mn.value.abs(), mx.value.abs());
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
-        let h = ValueHistogram { hist: vec![0i64; n_bins], edges: bins.edges.clone(), min: mn, max: mx, threshold: Held::array(t) };
+        let h = ValueHistogram { hist: fallible::zeroed(n_bins), edges: fallible::copy(&bins.edges), min: mn, max: mx, threshold: Held::array(t) };
         Ok((h, uniform(bins, scan)))
     }
 
@@ -106,7 +107,7 @@ impl<E: Float> ValueHistogram<E> {
             // ORT re-bins nothing here: old counts are added index-wise (they all sit at 0,
             // in the centre bin of both histograms).
             let bins = UniformBins::new(t.neg(), t, n_old)?;
-            self.edges = bins.edges.clone();
+            self.edges = fallible::copy(&bins.edges);
             self.threshold = Held::array(t);
             uniform(bins, scan)
         } else {
@@ -123,10 +124,9 @@ impl<E: Float> ValueHistogram<E> {
             }
             let new_t = E::from_usize(h).mul(stride).add(old_t);
             let bins = UniformBins::new(new_t.neg(), new_t, n_new)?;
-            let mut hist = vec![0i64; n_new];
+            let mut hist = fallible::zeroed(n_new);
             hist[h..n_new - h].copy_from_slice(&self.hist);
-            self.hist = hist;
-            self.edges = bins.edges.clone();
+            (self.hist, self.edges) = (hist, fallible::copy(&bins.edges));
             self.threshold = Held::scalar(new_t);
             uniform(bins, scan)
         };
@@ -138,8 +138,8 @@ impl<E: Float> ValueHistogram<E> {
     /// The same state in a wider arithmetic type (every value converts exactly).
     pub fn widen<F: Float>(&self) -> ValueHistogram<F> {
         ValueHistogram {
-            hist: self.hist.clone(),
-            edges: self.edges.iter().map(|e| F::from_f64(e.to_f64())).collect(),
+            hist: fallible::copy(&self.hist),
+            edges: fallible::collect(self.edges.iter().map(|e| F::from_f64(e.to_f64()))),
             min: self.min.cast(),
             max: self.max.cast(),
             threshold: self.threshold.cast(),
