@@ -64,6 +64,7 @@ class StreamHistograms:
         method: str,
         names: Optional[Sequence[str]] = None,
         *,
+        scale_rule: str,
         qtype: str = "int8",
         symmetric: bool = False,
         num_bins: int = 2048,
@@ -76,6 +77,7 @@ class StreamHistograms:
         names: Sequence[str],
         ranges: Sequence[tuple[float, float]],
         *,
+        scale_rule: str,
         qtype: str = "int8",
         symmetric: bool = False,
     ) -> list[float]: ...
@@ -96,6 +98,8 @@ def histogram_range(
     min: float,
     max: float,
     *,
+    scale_rule: str,
+    dtype: str = "float32",
     qtype: str = "int8",
     symmetric: bool = False,
     num_bins: int = 2048,
@@ -113,9 +117,20 @@ def histogram_qerror(
     low: float,
     high: float,
     *,
+    scale_rule: str,
+    dtype: str = "float32",
     qtype: str = "int8",
     symmetric: bool = False,
 ) -> float: ...
+def scale_zero_point(
+    low: float,
+    high: float,
+    *,
+    scale_rule: str,
+    dtype: str = "float32",
+    qtype: str = "int8",
+    symmetric: bool = False,
+) -> tuple[float, int]: ...
 def pow2_error(
     counts: np.ndarray,
     left: float,

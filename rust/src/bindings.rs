@@ -8,7 +8,7 @@ use crate::kl_tensorrt;
 use crate::minmax;
 use crate::mse::mse_range;
 use crate::pow2::{self, Pow2Type};
-use crate::qerror::{ErrorTable, QType, Quantizer, UniformHistogram};
+use crate::qerror::{ErrorTable, OrtRule, QType, Quantizer, ScaleRule, UniformHistogram};
 use crate::percentile::percentile_indices;
 use crate::scan::{scan, Scan};
 use crate::state::{collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
@@ -756,14 +756,16 @@ impl StreamHistograms {
 
     /// `(low, high)` of `method` ("mse", "kl" or "pow2", options as for `histogram_range`)
     /// for each tensor of `names` (default: all, in `names()` order), computed in parallel;
-    /// (0, 0) for a tensor without finite values.
+    /// (0, 0) for a tensor without finite values. `scale_rule`: as for `histogram_range`, the
+    /// range type being each tensor's.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (method, names=None, *, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
+    #[pyo3(signature = (method, names=None, *, scale_rule, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
     fn ranges(
         &self,
         py: Python<'_>,
         method: &str,
         names: Option<Vec<String>>,
+        scale_rule: &str,
         qtype: &str,
         symmetric: bool,
         num_bins: i64,
@@ -772,11 +774,12 @@ impl StreamHistograms {
         minmse_mode: &str,
     ) -> PyResult<Vec<(f64, f64)>> {
         let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
+        let ort = parse_ort_rule(scale_rule)?;
         let selected = self.selected(names)?;
         let out: Vec<Result<(f64, f64), String>> = run(py, || {
             selected
                 .par_iter()
-                .map(|(name, h)| {
+                .map(|(name, (dtype, h))| {
                     let Some(hist) = stream_uniform(name, h)? else { return Ok((0.0, 0.0)) };
                     let votes = match (&method, &h.pow2_votes) {
                         (RangeMethod::Pow2 { qtype, .. }, Some(v)) if method.needs_votes() => {
@@ -792,7 +795,7 @@ impl StreamHistograms {
                         }
                         _ => Vec::new(),
                     };
-                    Ok(method.range(hist, &votes))
+                    Ok(method.range(hist, &votes, range_rule(ort, dtype)))
                 })
                 .collect()
         });
@@ -800,13 +803,15 @@ impl StreamHistograms {
     }
 
     /// The mean squared quantization error of `ranges[k]` on tensor `names[k]`, in parallel
-    /// (0.0 for a tensor without finite values).
-    #[pyo3(signature = (names, ranges, *, qtype="int8", symmetric=false))]
-    fn qerrors(&self, py: Python<'_>, names: Vec<String>, ranges: Vec<(f64, f64)>, qtype: &str, symmetric: bool) -> PyResult<Vec<f64>> {
+    /// (0.0 for a tensor without finite values). `scale_rule`: as for `histogram_qerror`, the
+    /// range type being each tensor's.
+    #[pyo3(signature = (names, ranges, *, scale_rule, qtype="int8", symmetric=false))]
+    fn qerrors(&self, py: Python<'_>, names: Vec<String>, ranges: Vec<(f64, f64)>, scale_rule: &str, qtype: &str, symmetric: bool) -> PyResult<Vec<f64>> {
         if names.len() != ranges.len() {
             return Err(PyValueError::new_err(format!("{} names but {} ranges", names.len(), ranges.len())));
         }
         let qtype = parse_qtype(qtype)?;
+        let ort = parse_ort_rule(scale_rule)?;
         for (name, &(low, high)) in names.iter().zip(&ranges) {
             if !(low.is_finite() && high.is_finite()) {
                 return Err(PyValueError::new_err(format!("tensor {name:?}: range ({low}, {high}) is not finite")));
@@ -817,9 +822,9 @@ impl StreamHistograms {
             selected
                 .par_iter()
                 .zip(&ranges)
-                .map(|((name, h), &(low, high))| {
-                    Ok(stream_uniform(name, h)?
-                        .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+                .map(|((name, (dtype, h)), &(low, high))| {
+                    let q = Quantizer::for_range(low, high, qtype, symmetric, range_rule(ort, dtype));
+                    Ok(stream_uniform(name, h)?.map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&q)))
                 })
                 .collect()
         });
@@ -834,13 +839,13 @@ impl StreamHistograms {
 }
 
 impl StreamHistograms {
-    /// The histograms of `names` (default: all, in `names()` order).
-    fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, &StreamHistogram)>> {
+    /// The data types and histograms of `names` (default: all, in `names()` order).
+    fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, (&'static str, &StreamHistogram))>> {
         names
             .unwrap_or_else(|| self.order.clone())
             .into_iter()
             .map(|n| match self.states.get(&n) {
-                Some((_, h)) => Ok((n, h)),
+                Some((d, h)) => Ok((n, (*d, h))),
                 None => Err(PyValueError::new_err(format!("no histogram for tensor {n:?}"))),
             })
             .collect()
@@ -862,6 +867,26 @@ fn stream_uniform<'a>(name: &str, h: &'a StreamHistogram) -> Result<Option<Unifo
 
 fn parse_qtype(qtype: &str) -> PyResult<QType> {
     QType::parse(qtype).ok_or_else(|| PyValueError::new_err(format!("unknown qtype {qtype:?}: expected one of {}", QType::NAMES)))
+}
+
+fn parse_ort_rule(scale_rule: &str) -> PyResult<OrtRule> {
+    OrtRule::parse(scale_rule)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown scale_rule {scale_rule:?}: expected one of {}", OrtRule::NAMES)))
+}
+
+/// ORT's scale rule for the ranges of a `dtype` tensor. ORT's TensorData holds float16 and
+/// float32 ranges only; float64 tensors' ranges are taken as float32 ones.
+fn range_rule(ort: OrtRule, dtype: &str) -> ScaleRule {
+    ScaleRule::new(ort, dtype == "float16")
+}
+
+/// `scale_rule` and a range `dtype` given by name.
+fn parse_scale_rule(scale_rule: &str, dtype: &str) -> PyResult<ScaleRule> {
+    let ort = parse_ort_rule(scale_rule)?;
+    match dtype {
+        "float16" | "float32" => Ok(range_rule(ort, dtype)),
+        _ => Err(PyValueError::new_err(format!("unknown range dtype {dtype:?}: expected 'float16' or 'float32'"))),
+    }
 }
 
 fn parse_pow2_type(qtype: &str) -> PyResult<Pow2Type> {
@@ -921,18 +946,20 @@ impl RangeMethod {
         matches!(self, RangeMethod::Pow2 { choice: Pow2Choice::MostCommon, .. })
     }
 
-    /// The range of one histogram; `votes` (exponent, count) serve MostCommon only.
-    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)]) -> (f64, f64) {
+    /// The range of one histogram, for ranges under ORT's scale `rule`; `votes` (exponent,
+    /// count) serve MostCommon only.
+    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], rule: ScaleRule) -> (f64, f64) {
         match *self {
-            RangeMethod::Mse { qtype, symmetric } => mse_range(&ErrorTable::new(hist), qtype, symmetric),
+            RangeMethod::Mse { qtype, symmetric } => mse_range(&ErrorTable::new(hist), qtype, symmetric, rule),
             RangeMethod::Kl { num_bins, num_quantized_bins } => {
                 kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins).expect("settings checked by parse")
             }
             RangeMethod::Pow2 { qtype, choice } => {
+                let bounds = pow2::exponent_bounds(qtype, rule);
                 let k = match choice {
-                    Pow2Choice::NonOverflow => pow2::non_overflow_exponent(&hist, qtype),
-                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype),
-                    Pow2Choice::MostCommon => pow2::most_common(votes),
+                    Pow2Choice::NonOverflow => pow2::non_overflow_exponent(&hist, qtype).map(|k| k.clamp(bounds.0, bounds.1)),
+                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype, bounds),
+                    Pow2Choice::MostCommon => pow2::most_common(votes, bounds),
                 };
                 k.map_or((0.0, 0.0), |k| pow2::range(k, qtype))
             }
@@ -959,10 +986,11 @@ fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResul
 /// `(low, high)` of `method` ("mse", "kl" or "pow2") on one uniform signed histogram: `counts`
 /// (uint64) over bins of `width` from `left`, of data with finite extremes `min <= max`.
 /// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE with `minmse_mode="MostCommon"`
-/// decides from.
+/// decides from. The range is for a tensor of `dtype` ("float16" or "float32") under ORT's
+/// scale rule `scale_rule` ("1.31" or "1.32"): mse's errors and pow2's exponents follow it.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (method, counts, left, width, min, max, *, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
+#[pyo3(signature = (method, counts, left, width, min, max, *, scale_rule, dtype="float32", qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
 fn histogram_range(
     py: Python<'_>,
     method: &str,
@@ -971,6 +999,8 @@ fn histogram_range(
     width: f64,
     min: f64,
     max: f64,
+    scale_rule: &str,
+    dtype: &str,
     qtype: &str,
     symmetric: bool,
     num_bins: i64,
@@ -980,6 +1010,7 @@ fn histogram_range(
     votes: Option<Vec<(i32, u64)>>,
 ) -> PyResult<(f64, f64)> {
     let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
+    let rule = parse_scale_rule(scale_rule, dtype)?;
     if method.needs_votes() && votes.is_none() {
         return Err(PyValueError::new_err("minmse_mode='MostCommon' needs votes: a list of (exponent, count)"));
     }
@@ -987,14 +1018,15 @@ fn histogram_range(
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
     let votes = votes.unwrap_or_default();
-    Ok(run(py, || method.range(hist, &votes)))
+    Ok(run(py, || method.range(hist, &votes, rule)))
 }
 
 /// The mean squared error of quantizing the histogram's values with the range `(low, high)`
-/// (ORT's scale and zero point for `qtype`, `symmetric`).
+/// (ORT's scale and zero point for `qtype`, `symmetric`, the range being of `dtype` under
+/// ORT's scale rule `scale_rule`, as for `histogram_range`).
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (counts, left, width, min, max, low, high, *, qtype="int8", symmetric=false))]
+#[pyo3(signature = (counts, left, width, min, max, low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
 fn histogram_qerror(
     py: Python<'_>,
     counts: Bound<'_, PyAny>,
@@ -1004,17 +1036,35 @@ fn histogram_qerror(
     max: f64,
     low: f64,
     high: f64,
+    scale_rule: &str,
+    dtype: &str,
     qtype: &str,
     symmetric: bool,
 ) -> PyResult<f64> {
     let qtype = parse_qtype(qtype)?;
+    let rule = parse_scale_rule(scale_rule, dtype)?;
     if !(low.is_finite() && high.is_finite()) {
         return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
     }
     let counts = counts_array(&counts)?;
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
-    Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+    Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric, rule))))
+}
+
+/// ORT's `(scale, zero_point)` for the range `(low, high)`: `compute_scale_zp` on the range in
+/// `dtype` under `scale_rule` (as for `histogram_qerror`), the scale as a float64 (infinite for
+/// a range beyond `dtype`).
+#[pyfunction]
+#[pyo3(signature = (low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
+fn scale_zero_point(low: f64, high: f64, scale_rule: &str, dtype: &str, qtype: &str, symmetric: bool) -> PyResult<(f64, i64)> {
+    let qtype = parse_qtype(qtype)?;
+    let rule = parse_scale_rule(scale_rule, dtype)?;
+    if !(low.is_finite() && high.is_finite()) {
+        return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
+    }
+    let q = Quantizer::for_range(low, high, qtype, symmetric, rule);
+    Ok((q.scale, q.zero_point as i64))
 }
 
 /// pow2's `E(k)`: the mean squared error of scale `2^exponent`, zero point 0, in `qtype`.
@@ -1141,6 +1191,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nanmean_sequential, m)?)?;
     m.add_function(wrap_pyfunction!(histogram_range, m)?)?;
     m.add_function(wrap_pyfunction!(histogram_qerror, m)?)?;
+    m.add_function(wrap_pyfunction!(scale_zero_point, m)?)?;
     m.add_function(wrap_pyfunction!(pow2_error, m)?)?;
     Ok(())
 }
