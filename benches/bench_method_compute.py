@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from histocal import _core
+from histocal.scale_rule import SCALE_RULE
 
 
 def median_time(fn, repeat: int) -> float:
@@ -43,7 +44,7 @@ def method_times() -> list[str]:
         items.append((f"t{t}", [x]))
     stream.collect(items)
     names = stream.names()
-    mse = stream.ranges("mse")
+    mse = stream.ranges("mse", scale_rule=SCALE_RULE)
     rows = []
     for label, method, options in [
         ("mse, asymmetric int8", "mse", {}),
@@ -52,8 +53,8 @@ def method_times() -> list[str]:
         ("pow2 MinMSE, int8", "pow2", {}),
         ("pow2 MinMSE, int16", "pow2", {"qtype": "int16"}),
     ]:
-        rows.append(f"| {label} | {median_time(lambda: stream.ranges(method, **options), 5):.3f} |")
-    rows.append(f"| qerrors of 700 ranges | {median_time(lambda: stream.qerrors(names, mse), 5):.3f} |")
+        rows.append(f"| {label} | {median_time(lambda: stream.ranges(method, scale_rule=SCALE_RULE, **options), 5):.3f} |")
+    rows.append(f"| qerrors of 700 ranges | {median_time(lambda: stream.qerrors(names, mse, scale_rule=SCALE_RULE), 5):.3f} |")
     return rows
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 import histocal
 from histocal import _core
+from histocal.scale_rule import SCALE_RULE
 
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
 
@@ -109,7 +110,7 @@ def main() -> None:
         times = []
         for symmetric in (False, True):
             start = time.perf_counter()
-            s.ranges("mse", qtype="int16", symmetric=symmetric)
+            s.ranges("mse", scale_rule=SCALE_RULE, qtype="int16", symmetric=symmetric)
             times.append(time.perf_counter() - start)
         lines.append(f"| one tensor | {bins} | {times[0]:.2f} | {times[1]:.2f} |")
         print(lines[-1], flush=True)

@@ -6,15 +6,17 @@ Rust kernels (``histocal._core.histogram_range`` / ``histogram_qerror`` / ``pow2
 them. Every histogram is a *uniform signed histogram*: ``counts`` (uint64), ``left`` (left edge of
 bin 0), ``width``, and the finite data extremes ``mn <= mx``.
 
-The error model (``qerror``) takes its quantization parameters from onnxruntime itself:
-``get_qmin_qmax_for_qType`` for the integer range and ``compute_scale_zp`` for the scale and zero
-point (called with float64 ranges, so the zero point is computed with the float64 scale exactly as
-ORT does), then rounds the scale to float32 as ORT stores it. The vectorised version used by the
-brute-force searches (``scale_zp_many``) is checked against that scalar ORT path by the tests.
+The error model (``qerror``) takes its quantization parameters from the installed onnxruntime
+itself: ``get_qmin_qmax_for_qType`` for the integer range and ``compute_scale_zp`` for the scale and
+zero point, called with the range as TensorData holds it (in the tensor's type, float32 unless a
+``dtype`` says float16). The vectorised version used by the brute-force searches
+(``scale_zp_many``, which needs the installed version's degenerate-scale rule spelled out) is
+checked against that scalar ORT path by the tests, and so are pow2's exponent bounds.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,7 +32,6 @@ QTYPES = {
     "uint16": TensorProto.UINT16,
 }
 POW2_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
-F32_TINY = float(np.finfo(np.float32).tiny)
 
 # ----------------------------------------------------------------------------------------------
 # Histogram basics
@@ -81,39 +82,52 @@ def qrange(qtype: str, symmetric: bool) -> tuple[int, int]:
     return int(qmin), int(qmax)
 
 
-def ort_scale_zp(low: float, high: float, qtype: str, symmetric: bool) -> tuple[float, int]:
-    """Scale (float32 value, as a Python float) and zero point of the range ``(low, high)``:
-    onnxruntime's ``compute_scale_zp`` on float64 ranges (so the zero point comes from the float64
-    scale, as in ORT), its scale then rounded to float32 (ORT stores float32 scales); a float64
-    scale below float32's ``tiny`` means ``scale = 1, zero point = 0`` (ORT's test for float32
-    data, made on the float64 scale; the spec's wording would test the float32-rounded scale,
-    which differs only for scales within half a float32 subnormal step below ``tiny``)."""
+def ort_scale_zp(low: float, high: float, qtype: str, symmetric: bool, dtype: str = "float32") -> tuple[float, int]:
+    """Scale (as a Python float) and zero point of the range ``(low, high)``: the installed
+    onnxruntime's ``compute_scale_zp`` on the range in ``dtype`` (TensorData's type), exactly as
+    quantize_static calls it. A range beyond ``dtype`` has an infinite scale (and zero point 0)."""
+    dt = np.dtype(dtype)
+    with np.errstate(over="ignore"):
+        lo, hi = np.array(low, dt), np.array(high, dt)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return math.inf, 0
     qmin, qmax = get_qmin_qmax_for_qType(QTYPES[qtype], reduce_range=False, symmetric=symmetric)
-    zp, scale = compute_scale_zp(np.array(low, np.float64), np.array(high, np.float64), qmin, qmax, symmetric)
-    if float(scale) < F32_TINY:
-        return 1.0, 0
-    return float(np.float32(scale)), int(zp)
+    zp, scale = compute_scale_zp(lo, hi, qmin, qmax, symmetric)
+    assert scale.dtype == dt, scale.dtype
+    return float(scale), int(zp)
 
 
-def scale_zp_many(lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised :func:`ort_scale_zp` (same operations as ORT's compute_scale_zp, in float64)."""
+def scale_zp_many(lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bool,
+                  dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised :func:`ort_scale_zp`: the same operations as ORT's compute_scale_zp, with the
+    installed version's degenerate-scale test (1.32 changed it for float16)."""
+    from histocal.scale_rule import SCALE_RULE
+
+    dt = np.dtype(dtype)
     qmin, qmax = qrange(qtype, symmetric)
-    lows, highs = np.asarray(lows, np.float64), np.asarray(highs, np.float64)
+    with np.errstate(over="ignore"):
+        lows = np.asarray(lows, np.float64).astype(dt).astype(np.float64)
+        highs = np.asarray(highs, np.float64).astype(dt).astype(np.float64)
     rmin = np.minimum(lows, 0.0)
     rmax = np.maximum(highs, 0.0)
     if symmetric:
         a = np.maximum(np.abs(rmin), np.abs(rmax))
         rmin, rmax = -a, a
-    scale64 = (rmax - rmin) / (float(qmax) - float(qmin))
+    with np.errstate(invalid="ignore"):
+        scale64 = (rmax - rmin) / (float(qmax) - float(qmin))
+    infinite = ~np.isfinite(scale64)
     if symmetric:
         zp = np.full(scale64.shape, np.round((qmin + qmax) / 2.0))
     else:
         with np.errstate(divide="ignore", invalid="ignore"):
             zp = np.round(qmin - rmin / scale64)
-    tiny = scale64 < F32_TINY
-    scale = scale64.astype(np.float32).astype(np.float64)  # ORT stores float32 scales
-    scale = np.where(tiny, 1.0, scale)
-    zp = np.where(tiny, 0.0, np.clip(zp, qmin, qmax))
+    stored = scale64.astype(dt).astype(np.float64)  # the scale in TensorData's type
+    if dt == np.float16 and SCALE_RULE == "1.32":
+        degenerate = stored < float(np.finfo(np.float16).smallest_subnormal)
+    else:
+        degenerate = scale64 < float(np.finfo(dt).tiny)
+    scale = np.where(degenerate, 1.0, np.where(infinite, np.inf, stored))
+    zp = np.where(degenerate | infinite, 0.0, np.clip(zp, qmin, qmax))
     return scale, zp
 
 
@@ -124,20 +138,24 @@ def dequant(x: np.ndarray, scale, zp, qmin: int, qmax: int) -> np.ndarray:
     return (q - zp) * scale
 
 
-def qerror(h: Hist, low: float, high: float, qtype: str = "int8", symmetric: bool = False) -> float:
+def qerror(h: Hist, low: float, high: float, qtype: str = "int8", symmetric: bool = False,
+           dtype: str = "float32") -> float:
     """Mean squared error of quantizing the histogram's representative values with the range
-    ``(low, high)`` (scale and zero point straight from onnxruntime's compute_scale_zp)."""
+    ``(low, high)`` (scale and zero point straight from onnxruntime's compute_scale_zp; an
+    infinite scale, for a range beyond ``dtype``, is an infinite error)."""
     x, c = _nonzero(h)
     if c.size == 0:
         return 0.0
-    scale, zp = ort_scale_zp(low, high, qtype, symmetric)
+    scale, zp = ort_scale_zp(low, high, qtype, symmetric, dtype)
+    if scale == math.inf:
+        return math.inf
     qmin, qmax = qrange(qtype, symmetric)
     d = x - dequant(x, scale, zp, qmin, qmax)
     return float(np.sum(c * d * d) / np.sum(c))
 
 
 def qerror_many(h: Hist, lows: np.ndarray, highs: np.ndarray, qtype: str = "int8", symmetric: bool = False,
-                chunk: int = 512) -> np.ndarray:
+                dtype: str = "float32", chunk: int = 512) -> np.ndarray:
     """:func:`qerror` for many ranges at once (float64 vector), via :func:`scale_zp_many`."""
     x, c = _nonzero(h)
     lows, highs = np.asarray(lows, np.float64), np.asarray(highs, np.float64)
@@ -145,12 +163,14 @@ def qerror_many(h: Hist, lows: np.ndarray, highs: np.ndarray, qtype: str = "int8
     if c.size == 0:
         return out
     qmin, qmax = qrange(qtype, symmetric)
-    scale, zp = scale_zp_many(lows, highs, qtype, symmetric)
+    scale, zp = scale_zp_many(lows, highs, qtype, symmetric, dtype)
     total = np.sum(c)
     for s in range(0, lows.size, chunk):
         sc, z = scale[s : s + chunk, None], zp[s : s + chunk, None]
-        d = x[None, :] - dequant(x[None, :], sc, z, qmin, qmax)
+        with np.errstate(invalid="ignore"):
+            d = x[None, :] - dequant(x[None, :], sc, z, qmin, qmax)
         out[s : s + chunk] = np.sum(c[None, :] * d * d, axis=1) / total
+    out[np.isinf(scale)] = np.inf
     return out
 
 
@@ -205,13 +225,17 @@ class Search:
         return np.flatnonzero((self.lows == low) & (self.highs == high))
 
 
-def mse_search(h: Hist, qtype: str = "int8", symmetric: bool = False) -> Search:
+def mse_search(h: Hist, qtype: str = "int8", symmetric: bool = False, dtype: str = "float32") -> Search:
     if h.total == 0:
         return Search(np.zeros(0), np.zeros(0), np.zeros(0), -1)
     lows, highs = mse_grid(h.mn, h.mx, symmetric)
     if lows.size == 0:
         return Search(lows, highs, np.zeros(0), -1)
-    errors = qerror_many(h, lows, highs, qtype, symmetric)
+    errors = qerror_many(h, lows, highs, qtype, symmetric, dtype)
+    if np.all(np.isinf(errors)):  # every candidate beyond dtype: the whole range, as a candidate
+        lo, hi = min(h.mn, 0.0), max(h.mx, 0.0)
+        whole = (-max(-lo, hi), max(-lo, hi)) if symmetric else (lo, hi)
+        return Search(np.array([whole[0]]), np.array([whole[1]]), np.array([math.inf]), 0)
     return Search(lows, highs, errors, int(np.argmin(errors)))  # argmin: the first minimum
 
 
@@ -401,16 +425,27 @@ def pow2_error_exact(h: Hist, k: int, qtype: str) -> Fraction:
     return total / int(h.counts.sum(dtype=np.uint64))
 
 
-def pow2_nonoverflow_k(h: Hist, qtype: str) -> int | None:
-    """The smallest k whose range holds [mn, mx] (None: the result is (0, 0)), by scanning k."""
+@functools.lru_cache(maxsize=None)
+def pow2_bounds(qtype: str, dtype: str = "float32") -> tuple[int, int]:
+    """The smallest and largest k whose range (qmin 2^k, qmax 2^k) in ``dtype`` the installed
+    onnxruntime's compute_scale_zp maps back to scale 2^k, zero point 0 (every k between too)."""
+    ks = [k for k in range(-300, 301) if ort_scale_zp(*pow2_range(k, qtype), qtype, False, dtype) == (math.ldexp(1.0, k), 0)]
+    assert ks and ks == list(range(ks[0], ks[-1] + 1)) and -300 < ks[0] and ks[-1] < 300, (qtype, dtype, ks)
+    return ks[0], ks[-1]
+
+
+def pow2_nonoverflow_k(h: Hist, qtype: str, dtype: str = "float32") -> int | None:
+    """The smallest k whose range holds [mn, mx], by scanning k, clamped to :func:`pow2_bounds`
+    (None: the result is (0, 0))."""
     if h.total == 0 or max(abs(h.mn), abs(h.mx)) == 0:
         return None
     if qtype == "uint8" and h.mx <= 0:
         return None
     qmin, qmax = POW2_RANGES[qtype]
+    lo, hi = pow2_bounds(qtype, dtype)
     for k in range(-1100, 1100):
         if h.mx <= math.ldexp(qmax, k) and (qtype == "uint8" or h.mn >= math.ldexp(qmin, k)):
-            return k
+            return min(max(k, lo), hi)
     raise AssertionError("no exponent found")
 
 
@@ -433,18 +468,20 @@ def pow2_scan(h: Hist, qtype: str, lo: int, hi: int) -> Pow2Scan:
     return Pow2Scan(ks, np.array([pow2_error(h, int(k), qtype) for k in ks]))
 
 
-def pow2_minmse_k(h: Hist, qtype: str) -> int | None:
-    k0 = pow2_nonoverflow_k(h, qtype)
+def pow2_minmse_k(h: Hist, qtype: str, dtype: str = "float32") -> int | None:
+    k0 = pow2_nonoverflow_k(h, qtype, dtype)
     if k0 is None:
         return None
-    return pow2_scan(h, qtype, k0 - 30, k0).best()
+    return pow2_scan(h, qtype, max(k0 - 30, pow2_bounds(qtype, dtype)[0]), k0).best()
 
 
-def most_common_k(votes: list[tuple[int, int]]) -> int:
-    """The exponent with most votes (counts of equal exponents added), ties: the larger one."""
+def most_common_k(votes: list[tuple[int, int]], bounds: tuple[int, int] = (-1074, 1023)) -> int:
+    """The exponent with most votes (each clamped to ``bounds``, counts of equal exponents
+    added), ties: the larger one."""
     tally: dict[int, int] = {}
     for k, n in votes:
-        tally[int(k)] = tally.get(int(k), 0) + int(n)
+        k = min(max(int(k), bounds[0]), bounds[1])
+        tally[k] = tally.get(k, 0) + int(n)
     best = max(tally.values())
     return max(k for k, n in tally.items() if n == best)
 

@@ -44,6 +44,20 @@ def _core():
     return _core
 
 
+def kernel_range(method: str, *args, **kwargs) -> tuple[float, float]:
+    """``histogram_range`` under the installed onnxruntime's scale rule."""
+    from histocal.scale_rule import SCALE_RULE
+
+    return _core().histogram_range(method, *args, scale_rule=SCALE_RULE, **kwargs)
+
+
+def kernel_qerror(*args, **kwargs) -> float:
+    """``histogram_qerror`` under the installed onnxruntime's scale rule."""
+    from histocal.scale_rule import SCALE_RULE
+
+    return _core().histogram_qerror(*args, scale_rule=SCALE_RULE, **kwargs)
+
+
 def close(a: float, b: float, rel: float = REL) -> bool:
     if a == b:
         return True
@@ -164,14 +178,18 @@ def make_hist(n: int, kind: str, geometry: str, exp: int, count_scale: str, seed
     return Hist(counts, float(left), float(width), float(mn), float(mx))
 
 
+# Magnitudes of float16 data: normal, subnormal (below 2^-14) and near float16's largest.
+F16_EXPONENTS = [0, 0, -4, -8, -12, -14, -16, -20, -24, 4, 8, 13]
+
+
 @st.composite
-def hists(draw, max_bins: int = 512, kinds=None, empty: bool = True):
+def hists(draw, max_bins: int = 512, kinds=None, empty: bool = True, exponents=None):
     kinds = [k for k in (kinds or KINDS) if empty or k != "empty"]
     return make_hist(
         draw(st.integers(8, max_bins)),
         draw(st.sampled_from(kinds)),
         draw(st.sampled_from(["stream", "stream", "general"])),
-        draw(st.sampled_from(EXPONENTS)),
+        draw(st.sampled_from(exponents or EXPONENTS)),
         draw(st.sampled_from(["small", "small", "large", "huge"])),
         draw(st.integers(0, 2**32 - 1)),
     )
@@ -211,14 +229,46 @@ def ranges_for(draw, h: Hist):
         return -a * draw(st.floats(1e-45, 1.0)), -a * 1e-3  # negative only: rmax = 0
     if kind == 6:
         if draw(st.booleans()):
-            # a float64 scale just below / at / above float32's tiny (ORT: scale 1 below it)
-            t = R.F32_TINY * 255 * draw(st.sampled_from([1 - 2**-30, 1.0, 1 + 2**-30]))
-            return 0.0, t
+            # a float64 scale just below / at / above float32's tiny (ORT: scale 1 below it),
+            # from float32 ranges (ORT's range type)
+            t = np.float32(np.finfo(np.float32).tiny * 255)
+            step = draw(st.sampled_from([-1, 0, 1]))
+            return 0.0, float(np.nextafter(t, np.float32(step * np.inf)) if step else t)
         t = draw(st.sampled_from([1e-45, 1e-39, 1e-38, 2e-36, 1e-30, 1e30, 1e36]))
         return -t, t * draw(st.sampled_from([0.0, 0.5, 1.0, 3.0]))
     k = draw(st.integers(-140, 100))
     q = R.POW2_RANGES[draw(st.sampled_from(POW2_QTYPES))]
     return math.ldexp(q[0], k), math.ldexp(q[1], k)
+
+
+@st.composite
+def f16_ranges_for(draw, h: Hist, qtype: str, symmetric: bool):
+    """A (low, high) for a float16 tensor: as ranges_for, or one whose scale is near onnxruntime's
+    float16 thresholds (2^-14: 1.31; 2^-25, halfway to the smallest subnormal: 1.32)."""
+    if draw(st.booleans()):
+        return draw(ranges_for(h))
+    qmin, qmax = R.qrange(qtype, symmetric)
+    s = draw(st.sampled_from([2.0**-14, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-20, 2.0**-10]))
+    s *= draw(st.sampled_from([1.0, 1.0, 1 - 2**-9, 1 + 2**-9, 1 - 2**-30, 1 + 2**-30])) * (qmax - qmin)
+    f = draw(st.sampled_from([0.0, 0.5, 1.0, 0.25]))
+    low, high = np.float16(-s * f), np.float16(s * (1 - f))
+    # neighbouring float16 ranges too
+    step = draw(st.sampled_from([-1, 0, 0, 1]))
+    if step:
+        high = np.nextafter(high, np.float16(step * np.inf))
+    return float(low), float(high)
+
+
+@settings(max_examples=examples(60))
+@given(st.data(), st.sampled_from(QTYPES), st.booleans())
+def test_reference_scale_zp_is_ort_float16(data, qtype, symmetric):
+    """scale_zp_many == onnxruntime's compute_scale_zp on float16 ranges (its rule changed in 1.32)."""
+    h = data.draw(hists(max_bins=64, empty=False, exponents=F16_EXPONENTS))
+    pairs = [data.draw(f16_ranges_for(h, qtype, symmetric)) for _ in range(20)]
+    lows, highs = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    scales, zps = R.scale_zp_many(lows, highs, qtype, symmetric, "float16")
+    for (lo, hi), s, z in zip(pairs, scales, zps):
+        assert (s, z) == R.ort_scale_zp(lo, hi, qtype, symmetric, "float16"), (lo, hi, qtype, symmetric, (s, z))
 
 
 @settings(max_examples=examples(60))
@@ -266,11 +316,23 @@ def test_reference_pow2_range_maps_back_to_the_scale():
 @given(st.data(), hists(), st.sampled_from(QTYPES), st.booleans())
 def test_qerror(data, h, qtype, symmetric):
     low, high = data.draw(ranges_for(h))
-    got = _core().histogram_qerror(*h.args, low, high, qtype=qtype, symmetric=symmetric)
+    got = kernel_qerror(*h.args, low, high, qtype=qtype, symmetric=symmetric)
     want = R.qerror(h, low, high, qtype, symmetric)
     assert isinstance(got, float)
     assert err_close(h, got, want), f"qerror {got!r} != reference {want!r} for range ({low!r}, {high!r}) " \
                              f"{qtype} symmetric={symmetric} on {describe(h)}"
+
+
+@settings(max_examples=examples(200))
+@given(st.data(), hists(exponents=F16_EXPONENTS), st.sampled_from(QTYPES), st.booleans())
+def test_qerror_float16(data, h, qtype, symmetric):
+    """A float16 tensor's error: onnxruntime's scale and zero point of the float16 range, under the
+    installed version's rule."""
+    low, high = data.draw(f16_ranges_for(h, qtype, symmetric))
+    got = kernel_qerror(*h.args, low, high, dtype="float16", qtype=qtype, symmetric=symmetric)
+    want = R.qerror(h, low, high, qtype, symmetric, "float16")
+    assert err_close(h, got, want), f"float16 qerror {got!r} != reference {want!r} for range ({low!r}, {high!r}) " \
+                                    f"{qtype} symmetric={symmetric} on {describe(h)}"
 
 
 @settings(max_examples=examples(100))
@@ -313,7 +375,7 @@ def check_choice(errors: np.ndarray, chosen: int, rule_pick: int, what: str, h: 
 @settings(max_examples=examples(100))
 @given(hists(), st.sampled_from(QTYPES), st.booleans())
 def test_mse(h, qtype, symmetric):
-    got = _core().histogram_range("mse", *h.args, qtype=qtype, symmetric=symmetric)
+    got = kernel_range("mse", *h.args, qtype=qtype, symmetric=symmetric)
     ref = R.mse_search(h, qtype, symmetric)
     what = f"mse {qtype} symmetric={symmetric} on {describe(h)}"
     if ref.best < 0:
@@ -323,15 +385,30 @@ def test_mse(h, qtype, symmetric):
     assert hit.size, f"{what}: result {got} is not a grid candidate; reference {ref.result}"
     check_choice(ref.errors, int(hit[0]), ref.best, what, h)
     # the kernel's own qerror of its choice is the reference error of it
-    e = _core().histogram_qerror(*h.args, *got, qtype=qtype, symmetric=symmetric)
+    e = kernel_qerror(*h.args, *got, qtype=qtype, symmetric=symmetric)
     assert err_close(h, e, float(ref.errors[hit[0]])), what
+
+
+@settings(max_examples=examples(40))
+@given(hists(max_bins=128, exponents=F16_EXPONENTS), st.sampled_from(QTYPES), st.booleans())
+def test_mse_float16(h, qtype, symmetric):
+    """mse for a float16 tensor searches with the float16 error model of the installed onnxruntime."""
+    got = kernel_range("mse", *h.args, dtype="float16", qtype=qtype, symmetric=symmetric)
+    ref = R.mse_search(h, qtype, symmetric, "float16")
+    what = f"mse float16 {qtype} symmetric={symmetric} on {describe(h)}"
+    if ref.best < 0:
+        assert tuple(got) == (0.0, 0.0), what
+        return
+    hit = ref.index_of(*got)
+    assert hit.size, f"{what}: result {got} is not a grid candidate; reference {ref.result}"
+    check_choice(ref.errors, int(hit[0]), ref.best, what, h)
 
 
 @settings(max_examples=examples(60))
 @given(hists(max_bins=256), st.sampled_from([4, 8, 16, 32, 128]), st.integers(0, 400))
 def test_kl(h, nq, extra):
     nb = nq + extra
-    got = _core().histogram_range("kl", *h.args, num_bins=nb, num_quantized_bins=nq)
+    got = kernel_range("kl", *h.args, num_bins=nb, num_quantized_bins=nq)
     ref = R.kl_search(h, nb, nq)
     what = f"kl num_bins={nb} nq={nq} on {describe(h)}"
     if ref.A == 0:
@@ -353,7 +430,7 @@ def test_kl(h, nq, extra):
 @given(hists(max_bins=512, empty=False))
 def test_kl_default_bins(h):
     """Default settings (2048 / 128) on histograms of up to 512 bins."""
-    got = _core().histogram_range("kl", *h.args)
+    got = kernel_range("kl", *h.args)
     ref = R.kl_search(h)
     if ref.A == 0:
         assert tuple(got) == (0.0, 0.0)
@@ -377,7 +454,7 @@ def pow2_k_of(got: tuple, qtype: str) -> int | None:
 @settings(max_examples=examples(200))
 @given(hists(), st.sampled_from(POW2_QTYPES))
 def test_pow2_nonoverflow(h, qtype):
-    got = _core().histogram_range("pow2", *h.args, qtype=qtype, pow2_method="NonOverflow")
+    got = kernel_range("pow2", *h.args, qtype=qtype, pow2_method="NonOverflow")
     want = R.pow2_nonoverflow_k(h, qtype)
     assert pow2_k_of(tuple(got), qtype) == want, f"pow2 NonOverflow {qtype}: {got}, brute force k={want}, {describe(h)}"
 
@@ -403,16 +480,17 @@ def check_pow2_choice(h: Hist, qtype: str, window: R.Pow2Scan, k: int, what: str
 @settings(max_examples=examples(150))
 @given(hists(), st.sampled_from(POW2_QTYPES))
 def test_pow2_minmse(h, qtype):
-    got = _core().histogram_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE", minmse_mode="All")
+    got = kernel_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE", minmse_mode="All")
     k0 = R.pow2_nonoverflow_k(h, qtype)
     what = f"pow2 MinMSE {qtype} on {describe(h)}"
     k = pow2_k_of(tuple(got), qtype)
     if k0 is None:
         assert k is None, what
         return
-    window = R.pow2_scan(h, qtype, k0 - 30, k0)
-    wide = R.pow2_scan(h, qtype, k0 - 60, k0 + 10)
-    assert k0 - 30 <= k <= k0, f"{what}: k={k} outside the spec's window [{k0 - 30}, {k0}]"
+    lo, hi = R.pow2_bounds(qtype)
+    window = R.pow2_scan(h, qtype, max(k0 - 30, lo), k0)
+    wide = R.pow2_scan(h, qtype, max(k0 - 60, lo), min(k0 + 10, hi))
+    assert max(k0 - 30, lo) <= k <= k0, f"{what}: k={k} outside the spec's window [{k0 - 30}, {k0}] within {(lo, hi)}"
     check_pow2_choice(h, qtype, window, k, what)
     # the window never misses: nothing in [k0-60, k0+10] beats it
     m = float(wide.errors.min())
@@ -421,11 +499,36 @@ def test_pow2_minmse(h, qtype):
         f"(error {m!r}) outside it")
 
 
+@settings(max_examples=examples(80))
+@given(hists(exponents=F16_EXPONENTS), st.sampled_from(POW2_QTYPES),
+       st.sampled_from(["NonOverflow", "All", "MostCommon"]),
+       st.lists(st.tuples(st.integers(-40, 12), st.integers(1, 5)), min_size=1, max_size=8))
+def test_pow2_float16(h, qtype, choice, votes):
+    """A float16 tensor's pow2 exponent stays where the installed onnxruntime maps its range back
+    to scale 2^k (onnxruntime 1.31: from 2^-14, 1.32: from 2^-24)."""
+    lo, hi = R.pow2_bounds(qtype, "float16")
+    method = {"pow2_method": "NonOverflow"} if choice == "NonOverflow" else {"pow2_method": "MinMSE", "minmse_mode": choice}
+    got = kernel_range("pow2", *h.args, dtype="float16", qtype=qtype, votes=votes, **method)
+    k = pow2_k_of(tuple(got), qtype)
+    what = f"pow2 {choice} float16 {qtype} on {describe(h)}"
+    if choice == "MostCommon":
+        assert k == R.most_common_k(votes, (lo, hi)), (what, votes)
+        return
+    k0 = R.pow2_nonoverflow_k(h, qtype, "float16")
+    if choice == "NonOverflow" or k0 is None:
+        assert k == k0, what
+        return
+    assert max(k0 - 30, lo) <= k <= k0 <= hi, what
+    check_pow2_choice(h, qtype, R.pow2_scan(h, qtype, max(k0 - 30, lo), k0), k, what)
+    # the range the kernel returns is one onnxruntime quantizes with scale 2^k
+    assert R.ort_scale_zp(*got, qtype, False, "float16") == (math.ldexp(1.0, k), 0), what
+
+
 @settings(max_examples=examples(60))
 @given(hists(empty=False), st.sampled_from(POW2_QTYPES),
        st.lists(st.tuples(st.integers(-30, 10), st.integers(1, 5)), min_size=1, max_size=8))
 def test_pow2_most_common(h, qtype, votes):
-    got = _core().histogram_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE", minmse_mode="MostCommon",
+    got = kernel_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE", minmse_mode="MostCommon",
                                   votes=votes)
     assert tuple(got) == R.pow2_range(R.most_common_k(votes), qtype), (votes, got)
 
@@ -447,8 +550,8 @@ def _one_value(v: float, count: int = 7) -> Hist:
 ])
 def test_empty_histogram_is_zero_range(method, options):
     h = Hist(np.zeros(32, np.uint64), -4.0, 0.25, 0.0, 0.0)
-    assert tuple(_core().histogram_range(method, *h.args, **options)) == (0.0, 0.0)
-    assert _core().histogram_qerror(*h.args, -1.0, 1.0) == 0.0
+    assert tuple(kernel_range(method, *h.args, **options)) == (0.0, 0.0)
+    assert kernel_qerror(*h.args, -1.0, 1.0) == 0.0
 
 
 @pytest.mark.parametrize("method,options", [
@@ -459,7 +562,7 @@ def test_all_zero_data_is_zero_range(method, options):
     counts = np.zeros(16, np.uint64)
     counts[8] = 5  # [0, 1): the data is all 0.0
     h = Hist(counts, -8.0, 1.0, 0.0, 0.0)
-    assert tuple(_core().histogram_range(method, *h.args, **options)) == (0.0, 0.0)
+    assert tuple(kernel_range(method, *h.args, **options)) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize("v", [4.0, 4.5, 4.75, 4.125])
@@ -467,7 +570,7 @@ def test_all_zero_data_is_zero_range(method, options):
 def test_pow2_one_value_exact_tie_takes_the_larger_exponent(v, qtype):
     """A value representable at several exponents: E(k) = 0 for all of them; the largest wins."""
     h = _one_value(v)
-    k = pow2_k_of(tuple(_core().histogram_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE")), qtype)
+    k = pow2_k_of(tuple(kernel_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE")), qtype)
     k0 = R.pow2_nonoverflow_k(h, qtype)
     assert k == R.pow2_scan(h, qtype, k0 - 30, k0).best()
     assert R.pow2_error(h, k, qtype) == 0.0
@@ -482,7 +585,7 @@ def test_pow2_exact_tie_with_large_counts_takes_the_larger_exponent():
     h = Hist(c, -256.0, 2.0, -255.0, 255.0)
     assert R.pow2_error_exact(h, 1, "int8") == R.pow2_error_exact(h, 2, "int8") == 1
     assert R.pow2_nonoverflow_k(h, "int8") == 2
-    got = tuple(_core().histogram_range("pow2", *h.args, qtype="int8", pow2_method="MinMSE"))
+    got = tuple(kernel_range("pow2", *h.args, qtype="int8", pow2_method="MinMSE"))
     assert got == R.pow2_range(2, "int8") == (-512.0, 508.0), got
 
 
@@ -493,14 +596,14 @@ def test_mse_one_value_exact_tie_takes_the_first_candidate(v, symmetric):
     counts[12 if v > 0 else 3] = 3
     h = Hist(counts, -8.0, 1.0, v, v)
     ref = R.mse_search(h, "int8", symmetric)
-    got = _core().histogram_range("mse", *h.args, symmetric=symmetric)
+    got = kernel_range("mse", *h.args, symmetric=symmetric)
     check_choice(ref.errors, int(ref.index_of(*got)[0]), ref.best, f"mse one value {v}", h)
 
 
 def test_kl_requires_enough_bins():
     h = _one_value(4.5)
     with pytest.raises(ValueError, match="num_bins|num_quantized_bins"):
-        _core().histogram_range("kl", *h.args, num_bins=64, num_quantized_bins=128)
+        kernel_range("kl", *h.args, num_bins=64, num_quantized_bins=128)
 
 
 @pytest.mark.parametrize("kwargs,option", [
@@ -512,19 +615,19 @@ def test_kernel_bad_options(kwargs, option):
     h = _one_value(4.5)
     method = "mse" if option == "qtype" else "pow2"
     with pytest.raises(ValueError, match=option):
-        _core().histogram_range(method, *h.args, **kwargs)
+        kernel_range(method, *h.args, **kwargs)
 
 
 def test_kernel_pow2_rejects_uint16():
     h = _one_value(4.5)
     with pytest.raises(ValueError, match="qtype"):
-        _core().histogram_range("pow2", *h.args, qtype="uint16")
+        kernel_range("pow2", *h.args, qtype="uint16")
 
 
 def test_kernel_unknown_method():
     h = _one_value(4.5)
     with pytest.raises(ValueError, match="method"):
-        _core().histogram_range("bogus", *h.args)
+        kernel_range("bogus", *h.args)
 
 
 # ----------------------------------------------------------------------------------------------

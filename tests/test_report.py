@@ -19,6 +19,7 @@ from PIL import Image
 import histocal
 from histocal import _core, report
 from histocal.cli import main
+from histocal.scale_rule import SCALE_RULE
 from histocal.state import CalibrationState
 
 pytest.importorskip("matplotlib")
@@ -210,7 +211,7 @@ def test_errors_are_the_kernels_estimates(full_report, state):
         for m, err in row["errors"].items():
             low, high = row["ranges"][m]
             assert math.isfinite(low) and math.isfinite(high)
-            assert err == state.stream.qerrors([row["name"]], [(low, high)], qtype="int8", symmetric=False)[0]
+            assert err == state.stream.qerrors([row["name"]], [(low, high)], scale_rule=SCALE_RULE, qtype="int8", symmetric=False)[0]
         # every finite range has an estimate
         assert set(row["errors"]) == {m for m, r in row["ranges"].items() if all(map(math.isfinite, r))}
 
@@ -310,7 +311,7 @@ def test_qtype_and_symmetric_reach_the_methods_and_errors(state, tmp_path):
             assert row["ranges"][m] == tuple(pairs[i]), (m, name)
         assert row["ranges"]["entropy"] == _pair(entropy[name])
         for m, err in row["errors"].items():
-            assert err == state.stream.qerrors([name], [row["ranges"][m]], qtype="uint8", symmetric=True)[0]
+            assert err == state.stream.qerrors([name], [row["ranges"][m]], scale_rule=SCALE_RULE, qtype="uint8", symmetric=True)[0]
 
 
 def test_pow2_without_the_qtype_is_reported_not_fatal(state, tmp_path):

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import histocal
+from histocal.scale_rule import SCALE_RULE
 from conftest import run_ort
 
 TESTS = Path(__file__).parent
@@ -179,14 +180,14 @@ def test_kl_limit_names_num_bins(monkeypatch):
     monkeypatch.delenv(LIMIT_VAR, raising=False)
     s = histocal._core.StreamHistograms(1 << 12)
     s.collect([("t", [np.random.default_rng(4).normal(0, 1, 1000).astype(np.float32)])])
-    assert s.ranges("kl", num_bins=2048)[0][1] > 0
+    assert s.ranges("kl", scale_rule=SCALE_RULE, num_bins=2048)[0][1] > 0
     with pytest.raises(ValueError) as info:
-        s.ranges("kl", num_bins=1_000_000)
+        s.ranges("kl", scale_rule=SCALE_RULE, num_bins=1_000_000)
     message = str(info.value)
     assert message.startswith("kl with num_bins=1000000: the search needs ")
     assert f"needs {sci(kl_work(1_000_000, 128))} bin evaluations" in message and LIMIT_VAR in message
     monkeypatch.setenv(LIMIT_VAR, "inf")
-    assert s.ranges("kl", num_bins=20_000)[0][1] > 0
+    assert s.ranges("kl", scale_rule=SCALE_RULE, num_bins=20_000)[0][1] > 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ _SEARCHES = {
     "kl": """
         s = histocal._core.StreamHistograms(1 << 22)
         s.collect([("x", [np.array([1e-3, 0.7, -3.0], np.float32)]), ("y", [np.array([2e-3, 1.0], np.float32)])])
-        search = lambda: s.ranges("kl", num_bins=2_000_000)
+        search = lambda: s.ranges("kl", scale_rule=histocal.scale_rule.SCALE_RULE, num_bins=2_000_000)
     """,
 }
 

@@ -69,6 +69,7 @@ class StreamHistograms:
         method: str,
         names: Optional[Sequence[str]] = None,
         *,
+        scale_rule: str,
         qtype: str = "int8",
         symmetric: bool = False,
         num_bins: int = 2048,
@@ -81,6 +82,7 @@ class StreamHistograms:
         names: Sequence[str],
         ranges: Sequence[tuple[float, float]],
         *,
+        scale_rule: str,
         qtype: str = "int8",
         symmetric: bool = False,
     ) -> list[float]: ...
@@ -101,6 +103,8 @@ def histogram_range(
     min: float,
     max: float,
     *,
+    scale_rule: str,
+    dtype: str = "float32",
     qtype: str = "int8",
     symmetric: bool = False,
     num_bins: int = 2048,
@@ -118,9 +122,20 @@ def histogram_qerror(
     low: float,
     high: float,
     *,
+    scale_rule: str,
+    dtype: str = "float32",
     qtype: str = "int8",
     symmetric: bool = False,
 ) -> float: ...
+def scale_zero_point(
+    low: float,
+    high: float,
+    *,
+    scale_rule: str,
+    dtype: str = "float32",
+    qtype: str = "int8",
+    symmetric: bool = False,
+) -> tuple[float, int]: ...
 def pow2_error(
     counts: np.ndarray,
     left: float,

@@ -33,8 +33,11 @@ compute``, ``create_calibrator``/``quantize_static``'s ``calibrate_method``, the
 are not called for them).
 
 The error model (``qerror``): the bins' centres (clamped to the data's min/max) stand for their
-values; onnxruntime's ``compute_scale_zp`` maps the range to a float32 scale and a zero point;
-the error is the count-weighted mean of ``(x - dequantize(quantize(x)))^2``.
+values; onnxruntime's ``compute_scale_zp`` maps the range, in the tensor's type (float16 or
+float32, as TensorData holds it), to a scale of that type and a zero point, under the installed
+onnxruntime's degenerate-scale rule (``histocal.scale_rule``: 1.32 changed it for float16); the
+error is the count-weighted mean of ``(x - dequantize(quantize(x)))^2``. mse searches with this
+model, and pow2 keeps to the exponents whose range that rule maps back to scale ``2^k``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from . import _core
+from .scale_rule import SCALE_RULE
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +258,7 @@ def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str,
     if method in _registry:
         return _custom_ranges(stream, names, method), None
     if method != "auto":
-        return list(stream.ranges(method, list(names), **options)), None
+        return list(stream.ranges(method, list(names), scale_rule=SCALE_RULE, **options)), None
     qtype, symmetric = options["qtype"], bool(options["symmetric"])
     best = [(math.inf, (0.0, 0.0), "mse")] * len(names)
     for label, cand, settings in AUTO_CANDIDATES:
@@ -262,9 +266,11 @@ def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str,
             td = ort_ranges(cand, settings)
             cand_ranges = [_pair(td[n]) for n in names]
         else:
-            cand_ranges = list(stream.ranges(cand, list(names), **{k: v for k, v in options.items() if k in METHOD_OPTIONS[cand]}))
+            cand_options = {k: v for k, v in options.items() if k in METHOD_OPTIONS[cand]}
+            cand_ranges = list(stream.ranges(cand, list(names), scale_rule=SCALE_RULE, **cand_options))
         finite = [i for i, r in enumerate(cand_ranges) if math.isfinite(r[0]) and math.isfinite(r[1])]
-        errors = stream.qerrors([names[i] for i in finite], [cand_ranges[i] for i in finite], qtype=qtype, symmetric=symmetric)
+        errors = stream.qerrors([names[i] for i in finite], [cand_ranges[i] for i in finite], scale_rule=SCALE_RULE,
+                                qtype=qtype, symmetric=symmetric)
         for i, err in zip(finite, errors):
             if err < best[i][0]:
                 best[i] = (err, cand_ranges[i], label)

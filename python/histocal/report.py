@@ -16,7 +16,8 @@ Methods: ``minmax``, ``entropy`` and ``percentile`` (onnxruntime's, computed by
 onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (MinMSE, All) and ``auto``
 (``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
 them and to the error estimate (``state.stream.qerrors``: the mean squared error of quantizing and
-dequantizing the histogram's values with the range, onnxruntime's scale/zero-point rule). SQNR is
+dequantizing the histogram's values with the range, under the installed onnxruntime's
+scale/zero-point rule, see ``histocal.scale_rule``). SQNR is
 ``10 log10(mean(x^2) / error)`` over the same histogram values.
 
 Images need matplotlib (``pip install matplotlib``, or ``pip install '.[report]'`` in a histocal
@@ -51,6 +52,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import methods as _methods
+from .scale_rule import SCALE_RULE
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +202,7 @@ def _compute(state: Any, tensors: list[_Tensor], method: str, qtype: str, symmet
         return None
     try:
         errs = state.stream.qerrors([t.name for t in finite], [t.ranges[method] for t in finite],
-                                    qtype=qtype, symmetric=symmetric)
+                                    scale_rule=SCALE_RULE, qtype=qtype, symmetric=symmetric)
     except Exception as exc:  # noqa: BLE001
         logger.warning("report: %s: quantization error estimate failed: %s", method, exc)
         return f"no error estimate ({type(exc).__name__}: {exc})"

@@ -16,7 +16,7 @@ use crate::kl_tensorrt;
 use crate::minmax;
 use crate::mse::mse_range;
 use crate::pow2::{self, Pow2Type};
-use crate::qerror::{ErrorTable, QType, Quantizer, UniformHistogram};
+use crate::qerror::{ErrorTable, OrtRule, QType, Quantizer, ScaleRule, UniformHistogram};
 use crate::percentile::percentile_indices;
 use crate::scan::{scan, Scan};
 use crate::state::{collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
@@ -1056,14 +1056,16 @@ impl StreamHistograms {
 
     /// `(low, high)` of `method` ("mse", "kl" or "pow2", options as for `histogram_range`)
     /// for each tensor of `names` (default: all, in `names()` order), computed in parallel;
-    /// (0, 0) for a tensor without finite values.
+    /// (0, 0) for a tensor without finite values. `scale_rule`: as for `histogram_range`, the
+    /// range type being each tensor's.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (method, names=None, *, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
+    #[pyo3(signature = (method, names=None, *, scale_rule, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
     fn ranges(
         &self,
         py: Python<'_>,
         method: &str,
         names: Option<Vec<String>>,
+        scale_rule: &str,
         qtype: &str,
         symmetric: bool,
         num_bins: i64,
@@ -1073,12 +1075,13 @@ impl StreamHistograms {
     ) -> PyResult<Vec<(f64, f64)>> {
         guard(|| {
         let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
+        let ort = parse_ort_rule(scale_rule)?;
         let selected = self.selected(names)?;
         method.check_work()?;
         let out: Vec<PyResult<(f64, f64)>> = run_stoppable(py, |stop| {
             selected
                 .par_iter()
-                .map(|(name, h)| {
+                .map(|(name, (dtype, h))| {
                         // the errors name the tensor already
                         let range = || -> Result<(f64, f64), String> {
                     let Some(hist) = stream_uniform(name, h)? else { return Ok((0.0, 0.0)) };
@@ -1096,7 +1099,7 @@ impl StreamHistograms {
                         }
                         _ => Vec::new(),
                     };
-                    method.range(hist, &votes, largest_finite(self.states[name].0), stop).map_err(|e| format!("tensor {name:?}: {e}"))
+                    method.range(hist, &votes, largest_finite(dtype), range_rule(ort, dtype), stop).map_err(|e| format!("tensor {name:?}: {e}"))
                         };
                         fallible::catch(range).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
                     })
@@ -1107,14 +1110,16 @@ impl StreamHistograms {
     }
 
     /// The mean squared quantization error of `ranges[k]` on tensor `names[k]`, in parallel
-    /// (0.0 for a tensor without finite values).
-    #[pyo3(signature = (names, ranges, *, qtype="int8", symmetric=false))]
-    fn qerrors(&self, py: Python<'_>, names: Vec<String>, ranges: Vec<(f64, f64)>, qtype: &str, symmetric: bool) -> PyResult<Vec<f64>> {
+    /// (0.0 for a tensor without finite values). `scale_rule`: as for `histogram_qerror`, the
+    /// range type being each tensor's.
+    #[pyo3(signature = (names, ranges, *, scale_rule, qtype="int8", symmetric=false))]
+    fn qerrors(&self, py: Python<'_>, names: Vec<String>, ranges: Vec<(f64, f64)>, scale_rule: &str, qtype: &str, symmetric: bool) -> PyResult<Vec<f64>> {
         guard(|| {
         if names.len() != ranges.len() {
             return Err(PyValueError::new_err(format!("{} names but {} ranges", names.len(), ranges.len())));
         }
         let qtype = parse_qtype(qtype)?;
+        let ort = parse_ort_rule(scale_rule)?;
         for (name, &(low, high)) in names.iter().zip(&ranges) {
             if !(low.is_finite() && high.is_finite()) {
                 return Err(PyValueError::new_err(format!("tensor {name:?}: range ({low}, {high}) is not finite")));
@@ -1125,10 +1130,10 @@ impl StreamHistograms {
             selected
                 .par_iter()
                 .zip(&ranges)
-                .map(|((name, h), &(low, high))| {
+                .map(|((name, (dtype, h)), &(low, high))| {
                         let error = || -> Result<f64, String> {
-                    Ok(stream_uniform(name, h)?
-                        .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+                    let q = Quantizer::for_range(low, high, qtype, symmetric, range_rule(ort, dtype));
+                    Ok(stream_uniform(name, h)?.map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&q)))
                         };
                         fallible::catch(error).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
                 })
@@ -1148,13 +1153,13 @@ impl StreamHistograms {
 }
 
 impl StreamHistograms {
-    /// The histograms of `names` (default: all, in `names()` order).
-    fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, &StreamHistogram)>> {
+    /// The data types and histograms of `names` (default: all, in `names()` order).
+    fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, (&'static str, &StreamHistogram))>> {
         names
             .unwrap_or_else(|| self.order.clone())
             .into_iter()
             .map(|n| match self.states.get(&n) {
-                Some((_, h)) => Ok((n, h)),
+                Some((d, h)) => Ok((n, (*d, h))),
                 None => Err(PyValueError::new_err(format!("no histogram for tensor {n:?}"))),
             })
             .collect()
@@ -1185,6 +1190,26 @@ fn largest_finite(dtype: &str) -> f64 {
 
 fn parse_qtype(qtype: &str) -> PyResult<QType> {
     QType::parse(qtype).ok_or_else(|| PyValueError::new_err(format!("unknown qtype {qtype:?}: expected one of {}", QType::NAMES)))
+}
+
+fn parse_ort_rule(scale_rule: &str) -> PyResult<OrtRule> {
+    OrtRule::parse(scale_rule)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown scale_rule {scale_rule:?}: expected one of {}", OrtRule::NAMES)))
+}
+
+/// ORT's scale rule for the ranges of a `dtype` tensor. ORT's TensorData holds float16 and
+/// float32 ranges only; float64 tensors' ranges are taken as float32 ones.
+fn range_rule(ort: OrtRule, dtype: &str) -> ScaleRule {
+    ScaleRule::new(ort, dtype == "float16")
+}
+
+/// `scale_rule` and a range `dtype` given by name.
+fn parse_scale_rule(scale_rule: &str, dtype: &str) -> PyResult<ScaleRule> {
+    let ort = parse_ort_rule(scale_rule)?;
+    match dtype {
+        "float16" | "float32" => Ok(range_rule(ort, dtype)),
+        _ => Err(PyValueError::new_err(format!("unknown range dtype {dtype:?}: expected 'float16' or 'float32'"))),
+    }
 }
 
 fn parse_pow2_type(qtype: &str) -> PyResult<Pow2Type> {
@@ -1255,19 +1280,23 @@ impl RangeMethod {
         Ok(())
     }
 
-    /// The range of one histogram of data whose type's largest value is `largest`; `votes`
-    /// (exponent, count) serve MostCommon only. Stops early once `stop` is set.
-    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], largest: f64, stop: &AtomicBool) -> Result<(f64, f64), String> {
+    /// The range of one histogram of data whose type's largest value is `largest`, for ranges
+    /// under ORT's scale `rule`; `votes` (exponent, count) serve MostCommon only. Stops early
+    /// once `stop` is set.
+    fn range(&self, hist: UniformHistogram, votes: &[(i32, u64)], largest: f64, rule: ScaleRule, stop: &AtomicBool) -> Result<(f64, f64), String> {
         crate::cancel::check(stop).map_err(|e| e.to_string())?;
         Ok(match *self {
             RangeMethod::Mse { qtype, symmetric } => {
-                mse_range(&ErrorTable::new(hist), qtype, symmetric, stop).map_err(|e| format!("mse search {e}"))?
+                mse_range(&ErrorTable::new(hist), qtype, symmetric, rule, stop).map_err(|e| format!("mse search {e}"))?
             }
             RangeMethod::Kl { num_bins, num_quantized_bins } => {
                 kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins, stop).map_err(|e| e.to_string())?
             }
             RangeMethod::Pow2 { qtype, choice } => {
+                let (lo, hi) = pow2::exponent_bounds(qtype, rule);
+                // scales stop where the tensor's type can no longer hold the range
                 let max_k = pow2::max_exponent(qtype, largest);
+                let bounds = (lo.min(max_k), hi.min(max_k));
                 let k = match choice {
                     Pow2Choice::NonOverflow => match pow2::non_overflow_exponent(&hist, qtype) {
                         Some(k) if k > max_k => {
@@ -1277,11 +1306,11 @@ impl RangeMethod {
                                 qtype.name()
                             ))
                         }
-                        k => k,
+                        k => k.map(|k| k.clamp(bounds.0, bounds.1)),
                     },
-                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype, max_k),
-                    // votes are cast within the data type's scales; older ones are capped
-                    Pow2Choice::MostCommon => pow2::most_common(votes).map(|k| k.min(max_k)),
+                    Pow2Choice::MinMseAll => pow2::min_mse_exponent(&ErrorTable::new(hist), qtype, bounds),
+                    // votes are cast within the data type's scales; others are brought inside
+                    Pow2Choice::MostCommon => pow2::most_common(votes, bounds),
                 };
                 k.map_or((0.0, 0.0), |k| pow2::range(k, qtype))
             }
@@ -1308,10 +1337,11 @@ fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResul
 /// `(low, high)` of `method` ("mse", "kl" or "pow2") on one uniform signed histogram: `counts`
 /// (uint64) over bins of `width` from `left`, of data with finite extremes `min <= max`.
 /// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE with `minmse_mode="MostCommon"`
-/// decides from.
+/// decides from. The range is for a tensor of `dtype` ("float16" or "float32") under ORT's
+/// scale rule `scale_rule` ("1.31" or "1.32"): mse's errors and pow2's exponents follow it.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (method, counts, left, width, min, max, *, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
+#[pyo3(signature = (method, counts, left, width, min, max, *, scale_rule, dtype="float32", qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
 fn histogram_range(
     py: Python<'_>,
     method: &str,
@@ -1320,6 +1350,8 @@ fn histogram_range(
     width: f64,
     min: f64,
     max: f64,
+    scale_rule: &str,
+    dtype: &str,
     qtype: &str,
     symmetric: bool,
     num_bins: i64,
@@ -1330,6 +1362,7 @@ fn histogram_range(
 ) -> PyResult<(f64, f64)> {
     guard(|| {
     let method = RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)?;
+    let rule = parse_scale_rule(scale_rule, dtype)?;
     if method.needs_votes() && votes.is_none() {
         return Err(PyValueError::new_err("minmse_mode='MostCommon' needs votes: a list of (exponent, count)"));
     }
@@ -1338,15 +1371,16 @@ fn histogram_range(
     let hist = uniform(&counts, left, width, min, max)?;
     let votes = votes.unwrap_or_default();
     method.check_work()?;
-    run_stoppable(py, |stop| method.range(hist, &votes, f64::MAX, stop))?.map_err(PyValueError::new_err)
+    run_stoppable(py, |stop| method.range(hist, &votes, f64::MAX, rule, stop))?.map_err(PyValueError::new_err)
     })
 }
 
 /// The mean squared error of quantizing the histogram's values with the range `(low, high)`
-/// (ORT's scale and zero point for `qtype`, `symmetric`).
+/// (ORT's scale and zero point for `qtype`, `symmetric`, the range being of `dtype` under
+/// ORT's scale rule `scale_rule`, as for `histogram_range`).
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (counts, left, width, min, max, low, high, *, qtype="int8", symmetric=false))]
+#[pyo3(signature = (counts, left, width, min, max, low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
 fn histogram_qerror(
     py: Python<'_>,
     counts: Bound<'_, PyAny>,
@@ -1356,18 +1390,38 @@ fn histogram_qerror(
     max: f64,
     low: f64,
     high: f64,
+    scale_rule: &str,
+    dtype: &str,
     qtype: &str,
     symmetric: bool,
 ) -> PyResult<f64> {
     guard(|| {
     let qtype = parse_qtype(qtype)?;
+    let rule = parse_scale_rule(scale_rule, dtype)?;
     if !(low.is_finite() && high.is_finite()) {
         return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
     }
     let counts = counts_array(&counts)?;
     let counts = counts_of(&counts);
     let hist = uniform(&counts, left, width, min, max)?;
-    Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))))
+    Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric, rule))))
+    })
+}
+
+/// ORT's `(scale, zero_point)` for the range `(low, high)`: `compute_scale_zp` on the range in
+/// `dtype` under `scale_rule` (as for `histogram_qerror`), the scale as a float64 (infinite for
+/// a range beyond `dtype`).
+#[pyfunction]
+#[pyo3(signature = (low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
+fn scale_zero_point(low: f64, high: f64, scale_rule: &str, dtype: &str, qtype: &str, symmetric: bool) -> PyResult<(f64, i64)> {
+    guard(|| {
+        let qtype = parse_qtype(qtype)?;
+        let rule = parse_scale_rule(scale_rule, dtype)?;
+        if !(low.is_finite() && high.is_finite()) {
+            return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
+        }
+        let q = Quantizer::for_range(low, high, qtype, symmetric, rule);
+        Ok((q.scale, q.zero_point as i64))
     })
 }
 
@@ -1508,6 +1562,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nanmean_sequential, m)?)?;
     m.add_function(wrap_pyfunction!(histogram_range, m)?)?;
     m.add_function(wrap_pyfunction!(histogram_qerror, m)?)?;
+    m.add_function(wrap_pyfunction!(scale_zero_point, m)?)?;
     m.add_function(wrap_pyfunction!(pow2_error, m)?)?;
     Ok(())
 }

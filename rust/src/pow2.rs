@@ -1,19 +1,23 @@
 //! Power-of-two scales (Quark style): zero point 0, scale `2^k`, range `(qmin 2^k, qmax 2^k)`,
-//! which ORT's asymmetric scale rule maps back to exactly scale `2^k` and zero point 0.
+//! which ORT's asymmetric scale rule maps back to exactly scale `2^k` and zero point 0 for the
+//! exponents of [`exponent_bounds`] (those of a normal scale in range in float32; float16
+//! ranges hold fewer, and ORT 1.31 and 1.32 differ on the smallest).
 //!
-//! - NonOverflow: the smallest k whose range holds `[min, max]`.
-//! - MinMSE, mode All: the k in `[k0 - 30, k0]` (k0 the NonOverflow k) with the least error
-//!   `E(k)` on the whole histogram, the larger k on ties (larger scales only add rounding
-//!   error, so none is searched).
-//! - MinMSE, mode MostCommon: each batch votes for its own MinMSE-All k; the most votes win,
-//!   the larger k on ties.
+//! - NonOverflow: the smallest k whose range holds `[min, max]`, clamped to the bounds.
+//! - MinMSE, mode All: the k in `[k0 - 30, k0]` (k0 the NonOverflow k) within the bounds with
+//!   the least error `E(k)` on the whole histogram, the larger k on ties (larger scales only
+//!   add rounding error, so none is searched).
+//! - MinMSE, mode MostCommon: each batch votes for its own MinMSE-All k (within float64's
+//!   exponents: a batch does not know the range type's bounds); each vote is clamped to the
+//!   bounds, then the most votes win, the larger k on ties.
 //!
 //! k is limited to the exponents of float64 (2^k from 2^-1074 to 2^1023), and MinMSE's k to
 //! [`max_exponent`] of the tensor's type: a range the type cannot hold (e.g. int8 at scale
 //! 2^121 is +-2^128, past float32) cannot reach ORT, which reads ranges in that type. A
 //! NonOverflow k beyond it has no such range at all (the caller reports it).
 
-use crate::qerror::{ErrorTable, Quantizer, UniformHistogram};
+use crate::qerror::{ErrorTable, QType, Quantizer, ScaleRule, UniformHistogram};
+use std::sync::OnceLock;
 
 /// The integer types power-of-two scales are computed for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +46,14 @@ impl Pow2Type {
             Pow2Type::Int8 => "int8",
             Pow2Type::UInt8 => "uint8",
             Pow2Type::Int16 => "int16",
+        }
+    }
+
+    pub fn qtype(self) -> QType {
+        match self {
+            Pow2Type::Int8 => QType::Int8,
+            Pow2Type::UInt8 => QType::UInt8,
+            Pow2Type::Int16 => QType::Int16,
         }
     }
 
@@ -95,6 +107,32 @@ pub fn max_exponent(t: Pow2Type, largest: f64) -> i32 {
     k
 }
 
+/// Whether ORT's asymmetric rule maps the range of 2^k back to scale 2^k and zero point 0.
+pub fn maps_back(k: i32, t: Pow2Type, rule: ScaleRule) -> bool {
+    let (low, high) = range(k, t);
+    let q = Quantizer::for_range(low, high, t.qtype(), false, rule);
+    (q.scale, q.zero_point) == (pow2(k), 0.0)
+}
+
+/// The smallest and largest k that [`maps_back`]. Every k between them does too.
+pub fn exponent_bounds(t: Pow2Type, rule: ScaleRule) -> (i32, i32) {
+    const RULES: [ScaleRule; 3] = [ScaleRule::Float32, ScaleRule::Float16Normal, ScaleRule::Float16Subnormal];
+    // a few thousand evaluations per pair: found once
+    static BOUNDS: OnceLock<[[(i32, i32); 3]; 3]> = OnceLock::new();
+    let table = BOUNDS.get_or_init(|| {
+        RULES.map(|rule| {
+            Pow2Type::ALL.map(|t| {
+                let lo = (MIN_EXPONENT..=MAX_EXPONENT).find(|&k| maps_back(k, t, rule)).expect("2^0 maps back");
+                let hi = (MIN_EXPONENT..=MAX_EXPONENT).rev().find(|&k| maps_back(k, t, rule)).expect("2^0 maps back");
+                (lo, hi)
+            })
+        })
+    });
+    let r = RULES.iter().position(|&x| x == rule).expect("every rule");
+    let i = Pow2Type::ALL.iter().position(|&x| x == t).expect("every type");
+    table[r][i]
+}
+
 /// The smallest k with `max <= qmax 2^k` and `min >= qmin 2^k` (uint8: the max condition
 /// only, negative values clip to 0 anyway); None when there is nothing to hold: no data, all
 /// values 0, or (uint8) no positive value. Clamped to float64's exponents.
@@ -128,13 +166,13 @@ pub fn error(table: &ErrorTable, k: i32, t: Pow2Type) -> f64 {
     table.mean_squared_error(&quantizer(k, t))
 }
 
-/// The MinMSE exponent on the whole histogram (mode All), at most `max_k`.
-pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type, max_k: i32) -> Option<i32> {
-    let k0 = non_overflow_exponent(table.hist(), t)?.min(max_k);
+/// The MinMSE exponent on the whole histogram (mode All), within `(lo, hi)`.
+pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type, (lo, hi): (i32, i32)) -> Option<i32> {
+    let k0 = non_overflow_exponent(table.hist(), t)?.clamp(lo, hi);
     let mut best = (f64::INFINITY, k0);
     // From the top, replacing only on a clearly smaller error: the larger k wins ties, also
     // exact ties that rounding in the error sums would break either way.
-    for k in ((k0 - MIN_MSE_WINDOW).max(MIN_EXPONENT)..=k0).rev() {
+    for k in ((k0 - MIN_MSE_WINDOW).max(lo)..=k0).rev() {
         if let Some(e) = table.squared_error_sum(&quantizer(k, t), best.0) {
             if e < best.0 * (1.0 - TIE_TOLERANCE) {
                 best = (e, k);
@@ -144,11 +182,12 @@ pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type, max_k: i32) -> Option<i
     Some(best.1)
 }
 
-/// The exponent with the most votes (`(exponent, count)` pairs, repeats add up), the larger on
-/// ties; None without votes.
-pub fn most_common(votes: &[(i32, u64)]) -> Option<i32> {
+/// The exponent with the most votes (`(exponent, count)` pairs, repeats add up; each exponent
+/// clamped to `(lo, hi)` first), the larger on ties; None without votes.
+pub fn most_common(votes: &[(i32, u64)], (lo, hi): (i32, i32)) -> Option<i32> {
     let mut totals: Vec<(i32, u128)> = Vec::new();
     for &(k, n) in votes {
+        let k = k.clamp(lo, hi);
         match totals.iter_mut().find(|(e, _)| *e == k) {
             Some((_, total)) => *total += n as u128,
             None => totals.push((k, n as u128)),
@@ -157,12 +196,16 @@ pub fn most_common(votes: &[(i32, u64)]) -> Option<i32> {
     totals.into_iter().filter(|&(_, n)| n > 0).max_by_key(|&(k, n)| (n, k)).map(|(k, _)| k)
 }
 
+/// Every float64 exponent.
+pub const ALL_EXPONENTS: (i32, i32) = (MIN_EXPONENT, MAX_EXPONENT);
+
 /// One batch's votes for MostCommon: its MinMSE-All exponent for each of [`Pow2Type::ALL`]
-/// (None where it has nothing to vote on), for data whose type's largest value is `largest`.
-/// One error table serves all three types.
+/// (None where it has nothing to vote on), among [`ALL_EXPONENTS`] up to the largest whose
+/// range the data's type (largest finite value `largest`) holds. One error table serves all
+/// three types.
 pub fn batch_votes(hist: UniformHistogram, largest: f64) -> [Option<i32>; 3] {
     let table = ErrorTable::new(hist);
-    Pow2Type::ALL.map(|t| min_mse_exponent(&table, t, max_exponent(t, largest)))
+    Pow2Type::ALL.map(|t| min_mse_exponent(&table, t, (ALL_EXPONENTS.0, ALL_EXPONENTS.1.min(max_exponent(t, largest)))))
 }
 
 #[cfg(test)]
@@ -181,14 +224,34 @@ mod tests {
         assert_eq!(pow2(-1030) * 2f64.powi(56), 2f64.powi(-974));
     }
 
+    const RULES: [ScaleRule; 3] = [ScaleRule::Float32, ScaleRule::Float16Normal, ScaleRule::Float16Subnormal];
+
     #[test]
     fn ort_maps_the_range_back_to_the_scale() {
-        use crate::qerror::QType;
-        for (t, qt) in [(Pow2Type::Int8, QType::Int8), (Pow2Type::UInt8, QType::UInt8), (Pow2Type::Int16, QType::Int16)] {
+        for t in Pow2Type::ALL {
             for k in [-20, -3, 0, 5] {
-                let (low, high) = range(k, t);
-                let q = Quantizer::for_range(low, high, qt, false);
-                assert_eq!((q.scale, q.zero_point), (pow2(k), 0.0), "{t:?} {k}");
+                assert!(maps_back(k, t, ScaleRule::Float32), "{t:?} {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn exponent_bounds_are_an_interval_of_orts_scales() {
+        // float32: normal scales, ranges below float32's overflow
+        assert_eq!(exponent_bounds(Pow2Type::Int8, ScaleRule::Float32), (-126, 120));
+        assert_eq!(exponent_bounds(Pow2Type::UInt8, ScaleRule::Float32), (-126, 120));
+        assert_eq!(exponent_bounds(Pow2Type::Int16, ScaleRule::Float32), (-126, 112));
+        // float16: ORT 1.31 keeps normal scales only (2^-14), 1.32 subnormal ones (2^-24);
+        // -128 2^8 = -32768 is the last range in float16 (2^9 128 overflows)
+        assert_eq!(exponent_bounds(Pow2Type::Int8, ScaleRule::Float16Normal), (-14, 8));
+        assert_eq!(exponent_bounds(Pow2Type::Int8, ScaleRule::Float16Subnormal), (-24, 8));
+        assert_eq!(exponent_bounds(Pow2Type::UInt8, ScaleRule::Float16Subnormal), (-24, 8));
+        // int16's 32767 2^k rounds up to 2^(k+15) in float16, which still maps back
+        assert_eq!(exponent_bounds(Pow2Type::Int16, ScaleRule::Float16Subnormal), (-24, 0));
+        for t in Pow2Type::ALL {
+            for rule in RULES {
+                let (lo, hi) = exponent_bounds(t, rule);
+                assert!((lo..=hi).all(|k| maps_back(k, t, rule)), "{t:?} {rule:?}");
             }
         }
     }
@@ -215,10 +278,10 @@ mod tests {
     }
 
     /// The definition: every k of the window, E(k) summed bin by bin, the larger k on ties.
-    fn brute_force_min_mse(h: &UniformHistogram, t: Pow2Type) -> Option<i32> {
-        let k0 = non_overflow_exponent(h, t)?;
+    fn brute_force_min_mse(h: &UniformHistogram, t: Pow2Type, (lo, hi): (i32, i32)) -> Option<i32> {
+        let k0 = non_overflow_exponent(h, t)?.clamp(lo, hi);
         let mut best = (f64::INFINITY, k0);
-        for k in (k0 - 30..=k0).rev() {
+        for k in ((k0 - 30).max(lo)..=k0).rev() {
             let e = direct_error(h, &quantizer(k, t));
             if e < best.0 {
                 best = (e, k);
@@ -236,12 +299,15 @@ mod tests {
                 let h = b.hist();
                 let votes = batch_votes(h, f64::MAX);
                 for (i, t) in Pow2Type::ALL.into_iter().enumerate() {
-                    let got = min_mse_exponent(&ErrorTable::new(h), t, MAX_EXPONENT);
-                    let want = brute_force_min_mse(&h, t);
-                    if got != want {
-                        let e = |k: Option<i32>| direct_error(&h, &quantizer(k.unwrap(), t));
-                        assert!(e(got) <= e(want) * (1.0 + 1e-9), "{name} {t:?}: got {got:?}, want {want:?}");
+                    for bounds in [ALL_EXPONENTS, exponent_bounds(t, ScaleRule::Float32), exponent_bounds(t, ScaleRule::Float16Normal)] {
+                        let got = min_mse_exponent(&ErrorTable::new(h), t, bounds);
+                        let want = brute_force_min_mse(&h, t, bounds);
+                        if got != want {
+                            let e = |k: Option<i32>| direct_error(&h, &quantizer(k.unwrap(), t));
+                            assert!(e(got) <= e(want) * (1.0 + 1e-9), "{name} {t:?} {bounds:?}: got {got:?}, want {want:?}");
+                        }
                     }
+                    let got = min_mse_exponent(&ErrorTable::new(h), t, ALL_EXPONENTS);
                     assert_eq!(votes[i], got, "{name} {t:?}");
                     if let Some(k) = got {
                         let direct = direct_error(&h, &quantizer(k, t));
@@ -261,17 +327,24 @@ mod tests {
         let b = Binned::of(&data, 4096);
         let t = ErrorTable::new(b.hist());
         assert_eq!(non_overflow_exponent(t.hist(), Pow2Type::Int8), Some(-5));
-        assert_eq!(min_mse_exponent(&t, Pow2Type::Int8, MAX_EXPONENT), Some(-5));
+        assert_eq!(min_mse_exponent(&t, Pow2Type::Int8, ALL_EXPONENTS), Some(-5));
+        // under bounds that exclude it, the nearest exponent inside
+        assert_eq!(min_mse_exponent(&t, Pow2Type::Int8, (-3, 10)), Some(-3));
+        assert_eq!(min_mse_exponent(&t, Pow2Type::Int8, (-40, -8)), Some(-8));
         assert_eq!(range(-5, Pow2Type::Int8), (-4.0, 127.0 / 32.0));
     }
 
     #[test]
     fn most_common_counts_votes_and_prefers_larger_exponents() {
-        assert_eq!(most_common(&[]), None);
-        assert_eq!(most_common(&[(3, 0)]), None);
-        assert_eq!(most_common(&[(-5, 2), (-4, 1), (-4, 1)]), Some(-4));
-        assert_eq!(most_common(&[(-5, 3), (-4, 1), (-4, 1)]), Some(-5));
-        assert_eq!(most_common(&[(-5, u64::MAX), (-6, u64::MAX), (-6, 1)]), Some(-6));
+        let all = ALL_EXPONENTS;
+        assert_eq!(most_common(&[], all), None);
+        assert_eq!(most_common(&[(3, 0)], all), None);
+        assert_eq!(most_common(&[(-5, 2), (-4, 1), (-4, 1)], all), Some(-4));
+        assert_eq!(most_common(&[(-5, 3), (-4, 1), (-4, 1)], all), Some(-5));
+        assert_eq!(most_common(&[(-5, u64::MAX), (-6, u64::MAX), (-6, 1)], all), Some(-6));
+        // votes are clamped before they are counted
+        assert_eq!(most_common(&[(-20, 2), (-16, 1), (-5, 2)], (-14, 8)), Some(-14));
+        assert_eq!(most_common(&[(-20, 2), (-16, 1), (-5, 2)], (-16, 8)), Some(-16));
     }
 
     #[test]
@@ -300,7 +373,7 @@ mod tests {
         let counts = [5u64, 5];
         let h = UniformHistogram::new(&counts, -f32::MAX as f64, f32::MAX as f64, f32::MIN as f64, f32::MAX as f64).unwrap();
         assert_eq!(non_overflow_exponent(&h, Pow2Type::Int8), Some(122));
-        assert_eq!(min_mse_exponent(&ErrorTable::new(h), Pow2Type::Int8, 120), Some(120));
+        assert_eq!(min_mse_exponent(&ErrorTable::new(h), Pow2Type::Int8, (MIN_EXPONENT, 120)), Some(120));
         assert_eq!(batch_votes(h, f32::MAX as f64), [Some(120), Some(120), Some(112)]);
     }
 }

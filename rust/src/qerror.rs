@@ -1,6 +1,8 @@
 //! The quantization error of a range, the error model of the mse, pow2 and auto methods: ORT's
 //! scale and zero-point rule, applied to a uniform signed histogram whose bins stand for their
-//! centres clamped into the data's `[min, max]`, as a mean squared error.
+//! centres clamped into the data's `[min, max]`, as a mean squared error. The scale and zero
+//! point are ORT's for the range in the tensor's float type, under the installed ORT's rule
+//! ([`ScaleRule`]: 1.32 changed it for float16).
 //!
 //! Evaluating one range walks quantization levels, not bins: exact integer prefix moments of
 //! the bins give the squared error of all bins that round to one level in O(1), so a range
@@ -78,6 +80,152 @@ impl QType {
     }
 }
 
+/// Which onnxruntime's `compute_scale_zp` to follow. 1.31 (and before) and 1.32 differ for
+/// float16 ranges only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrtRule {
+    V1_31,
+    V1_32,
+}
+
+impl OrtRule {
+    pub const NAMES: &'static str = "'1.31', '1.32'";
+
+    pub fn parse(name: &str) -> Option<OrtRule> {
+        match name {
+            "1.31" => Some(OrtRule::V1_31),
+            "1.32" => Some(OrtRule::V1_32),
+            _ => None,
+        }
+    }
+}
+
+/// ORT's scale rule for one range type. ORT quantizes with the range as TensorData holds it,
+/// in the tensor's type (float16 or float32): it computes the scale in float64 from that range
+/// and stores it in the same type. A scale below a threshold (degenerate: the range is all but
+/// empty) becomes 1, with zero point 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleRule {
+    /// float32 ranges, every version: degenerate when the float64 scale is below float32's
+    /// smallest normal (`finfo(float32).tiny`).
+    Float32,
+    /// float16 ranges, ORT 1.31: degenerate when the float64 scale is below float16's
+    /// smallest normal, 2^-14.
+    Float16Normal,
+    /// float16 ranges, ORT 1.32: degenerate when the scale rounded to float16 is below
+    /// float16's smallest subnormal, 2^-24 (i.e. rounds to 0): subnormal scales are kept.
+    Float16Subnormal,
+}
+
+impl ScaleRule {
+    /// The rule of `ort` for ranges of float16 (`half`) or float32 type.
+    pub fn new(ort: OrtRule, half: bool) -> ScaleRule {
+        match (half, ort) {
+            (false, _) => ScaleRule::Float32,
+            (true, OrtRule::V1_31) => ScaleRule::Float16Normal,
+            (true, OrtRule::V1_32) => ScaleRule::Float16Subnormal,
+        }
+    }
+
+    /// `x` rounded to the range type (to nearest, ties to even; infinite beyond its largest
+    /// finite value), as numpy's `astype` does.
+    #[inline]
+    pub fn round(self, x: f64) -> f64 {
+        match self {
+            ScaleRule::Float32 => x as f32 as f64,
+            ScaleRule::Float16Normal | ScaleRule::Float16Subnormal => round_to_f16(x),
+        }
+    }
+
+    /// Whether ORT replaces the float64 `scale` (`stored`: rounded to the range type) by 1.
+    #[inline]
+    fn is_degenerate(self, scale: f64, stored: f64) -> bool {
+        match self {
+            ScaleRule::Float32 => !(scale >= f32::MIN_POSITIVE as f64),
+            ScaleRule::Float16Normal => !(scale >= F16_MIN_POSITIVE),
+            ScaleRule::Float16Subnormal => !(stored >= F16_MIN_SUBNORMAL),
+        }
+    }
+
+    /// An upper bound on how far rounding moves a scale that rounds to `stored` (half the
+    /// type's spacing there), non-decreasing in `stored`.
+    #[inline]
+    pub fn rounding_bound(self, stored: f64) -> f64 {
+        match self {
+            ScaleRule::Float32 => (stored * TWO_M24).max(f64::from(f32::from_bits(1)) / 2.0),
+            ScaleRule::Float16Normal | ScaleRule::Float16Subnormal => (stored * TWO_M11).max(F16_MIN_SUBNORMAL / 2.0),
+        }
+    }
+}
+
+const TWO_M11: f64 = 1.0 / 2048.0;
+const TWO_M24: f64 = 1.0 / 16777216.0;
+/// float16's smallest normal and smallest subnormal numbers.
+const F16_MIN_POSITIVE: f64 = 1.0 / 16384.0;
+const F16_MIN_SUBNORMAL: f64 = 1.0 / 16777216.0;
+
+/// `x` rounded to the nearest float16 (ties to even) as a float64: the float16 spacing at |x|
+/// is 2^(e - 10) for 2^e <= |x| (e >= -14), 2^-24 below, and |x| / spacing < 2048 is
+/// rounded to an integer exactly. At and past 65520 (halfway to 2^16): infinite.
+#[inline]
+pub fn round_to_f16(x: f64) -> f64 {
+    let a = x.abs();
+    if !(a < 65520.0) {
+        return if a.is_nan() { x } else { f64::INFINITY.copysign(x) };
+    }
+    let e = (((a.to_bits() >> 52) as i32) - 1023).max(-14);
+    let spacing = f64::from_bits(((e - 10 + 1023) as u64) << 52);
+    (round_half_even(a / spacing) * spacing).copysign(x)
+}
+
+/// ORT's quantization parameters of a range, and the range they were computed from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OrtScale {
+    pub quantizer: Quantizer,
+    /// The range ORT's rule works on: the requested one in the range type, widened to hold 0,
+    /// symmetrized when symmetric.
+    pub rmin: f64,
+    pub rmax: f64,
+    /// The scale was degenerate (the quantizer has scale 1, zero point 0).
+    pub degenerate: bool,
+}
+
+impl OrtScale {
+    /// ORT's `compute_scale_zp(T(low), T(high), qmin, qmax, symmetric)` for `qtype`, `T` the
+    /// range type of `rule`, with the range first widened to hold 0 as ORT does.
+    ///
+    /// As in ORT's code, the zero point comes from the float64 scale before it is rounded to
+    /// the range type, and (except for [`ScaleRule::Float16Subnormal`]) so does the
+    /// degenerate-scale test. A range beyond the range type (infinite in it) gives an infinite
+    /// scale, which [`ErrorTable`] reports as an infinite error: no scale of that type can
+    /// quantize it.
+    pub fn of(low: f64, high: f64, qtype: QType, symmetric: bool, rule: ScaleRule) -> OrtScale {
+        let (qmin, qmax) = qtype.qmin_qmax(symmetric);
+        let (qmin, qmax) = (qmin as f64, qmax as f64);
+        let (mut rmin, mut rmax) = (rule.round(low).min(0.0), rule.round(high).max(0.0));
+        if symmetric {
+            let a = rmin.abs().max(rmax.abs());
+            (rmin, rmax) = (-a, a);
+        }
+        let params = |scale: f64, zero_point: f64, degenerate: bool| OrtScale {
+            quantizer: Quantizer { scale, zero_point, qmin, qmax },
+            rmin,
+            rmax,
+            degenerate,
+        };
+        let scale = (rmax - rmin) / (qmax - qmin);
+        if !scale.is_finite() {
+            return params(f64::INFINITY, 0.0, false);
+        }
+        let stored = rule.round(scale);
+        if rule.is_degenerate(scale, stored) {
+            return params(1.0, 0.0, true);
+        }
+        let zero_point = round_half_even(if symmetric { (qmin + qmax) / 2.0 } else { qmin - rmin / scale });
+        params(stored, zero_point.clamp(qmin, qmax), false)
+    }
+}
+
 /// Affine quantization to integers in `[qmin, qmax]` and back:
 /// `dequantize(x) = (clamp(round_half_even(x / scale) + zero_point, qmin, qmax) - zero_point) * scale`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,27 +237,9 @@ pub struct Quantizer {
 }
 
 impl Quantizer {
-    /// ORT 1.31's `compute_scale_zp(min(low, 0), max(high, 0), qmin, qmax, symmetric)` for
-    /// `qtype`, with the scale stored as float32 as ORT stores it.
-    ///
-    /// As in ORT's code, the tiny-scale test and the zero point use the float64 scale before it
-    /// is rounded to float32 (the spec's wording leaves open which one). A float64 scale beyond
-    /// float32's range gives an infinite scale, which [`ErrorTable`] reports as an infinite
-    /// error: no float32 scale can quantize that range.
-    pub fn for_range(low: f64, high: f64, qtype: QType, symmetric: bool) -> Quantizer {
-        let (qmin, qmax) = qtype.qmin_qmax(symmetric);
-        let (qmin, qmax) = (qmin as f64, qmax as f64);
-        let (mut rmin, mut rmax) = (low.min(0.0), high.max(0.0));
-        if symmetric {
-            let a = rmin.abs().max(rmax.abs());
-            (rmin, rmax) = (-a, a);
-        }
-        let scale = (rmax - rmin) / (qmax - qmin);
-        if !(scale >= f32::MIN_POSITIVE as f64) {
-            return Quantizer { scale: 1.0, zero_point: 0.0, qmin, qmax };
-        }
-        let zero_point = round_half_even(if symmetric { (qmin + qmax) / 2.0 } else { qmin - rmin / scale });
-        Quantizer { scale: scale as f32 as f64, zero_point: zero_point.clamp(qmin, qmax), qmin, qmax }
+    /// ORT's quantizer for the range `(low, high)` ([`OrtScale::of`]).
+    pub fn for_range(low: f64, high: f64, qtype: QType, symmetric: bool, rule: ScaleRule) -> Quantizer {
+        OrtScale::of(low, high, qtype, symmetric, rule).quantizer
     }
 
     #[inline]
@@ -449,8 +579,8 @@ fn segment<T: Moment>(lo: [T; 3], hi: [T; 3], a: usize, b: usize, t: f64) -> f64
 }
 
 /// The mean squared quantization error of the range `(low, high)` on `hist`.
-pub fn range_error(hist: UniformHistogram<'_>, low: f64, high: f64, qtype: QType, symmetric: bool) -> f64 {
-    ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric))
+pub fn range_error(hist: UniformHistogram<'_>, low: f64, high: f64, qtype: QType, symmetric: bool, rule: ScaleRule) -> f64 {
+    ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric, rule))
 }
 
 /// Histograms and a small deterministic generator for the kernels' tests.
@@ -573,22 +703,67 @@ mod tests {
         assert_eq!(QType::Int8.qmin_qmax(true), (-127, 127));
         assert_eq!(QType::UInt16.qmin_qmax(true), (0, 65535));
         // ORT: compute_scale_zp(-1, 3, -128, 127): scale 4/255, zp round(-128 + 63.75) = -64
-        let q = Quantizer::for_range(-1.0, 3.0, QType::Int8, false);
+        let q = Quantizer::for_range(-1.0, 3.0, QType::Int8, false, ScaleRule::Float32);
         assert_eq!(q.scale, (4.0f64 / 255.0) as f32 as f64);
         assert_eq!(q.zero_point, -64.0);
         // the range always holds 0
-        let q = Quantizer::for_range(2.0, 3.0, QType::UInt8, false);
+        let q = Quantizer::for_range(2.0, 3.0, QType::UInt8, false, ScaleRule::Float32);
         assert_eq!((q.scale, q.zero_point), ((3.0f64 / 255.0) as f32 as f64, 0.0));
         // symmetric uint8 keeps (0, 255), zero point round_half_even(127.5) = 128
-        assert_eq!(Quantizer::for_range(-1.0, 1.0, QType::UInt8, true).zero_point, 128.0);
+        assert_eq!(Quantizer::for_range(-1.0, 1.0, QType::UInt8, true, ScaleRule::Float32).zero_point, 128.0);
         // -1/(2/255) = -127.5 in f64 exactly: -128 + 127.5 = -0.5 rounds to even 0
-        assert_eq!(Quantizer::for_range(-1.0, 1.0, QType::Int8, false).zero_point, 0.0);
+        assert_eq!(Quantizer::for_range(-1.0, 1.0, QType::Int8, false, ScaleRule::Float32).zero_point, 0.0);
         // a scale below float32's tiny: 1 and 0
-        let q = Quantizer::for_range(-1e-40, 1e-40, QType::Int8, false);
+        let q = Quantizer::for_range(-1e-40, 1e-40, QType::Int8, false, ScaleRule::Float32);
         assert_eq!((q.scale, q.zero_point), (1.0, 0.0));
-        assert_eq!(Quantizer::for_range(0.0, 0.0, QType::Int8, false).scale, 1.0);
+        assert_eq!(Quantizer::for_range(0.0, 0.0, QType::Int8, false, ScaleRule::Float32).scale, 1.0);
         // beyond float32: an infinite scale
-        assert_eq!(Quantizer::for_range(-1e300, 1e300, QType::Int8, false).scale, f64::INFINITY);
+        assert_eq!(Quantizer::for_range(-1e300, 1e300, QType::Int8, false, ScaleRule::Float32).scale, f64::INFINITY);
+    }
+
+    #[test]
+    fn float16_rounding_is_numpys() {
+        let mut rng = Rng(7);
+        let halves = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f64()).filter(|x| x.is_finite());
+        // every float16, the midpoints around it and random values of every magnitude
+        let near = halves.flat_map(|x| [x, x * (1.0 + 2f64.powi(-11)), x * (1.0 - 2f64.powi(-12)), x + 2f64.powi(-25)]);
+        let random = (0..100_000).map(|_| (rng.uniform() - 0.5) * 2f64.powf(rng.uniform() * 50.0 - 34.0));
+        for x in near.chain(random).chain([65519.99, 65520.0, -65520.0, 1e300, 2f64.powi(-25), 3.0 * 2f64.powi(-26)]) {
+            let want = half::f16::from_bits(crate::float::f64_to_f16_bits(x)).to_f64();
+            assert_eq!(round_to_f16(x).to_bits(), want.to_bits(), "{x:e}");
+        }
+    }
+
+    #[test]
+    fn float16_scales_follow_each_version() {
+        let sub = ScaleRule::Float16Subnormal;
+        let normal = ScaleRule::Float16Normal;
+        let scale_zp = |low: f64, high: f64, qtype: QType, rule: ScaleRule| {
+            let p = OrtScale::of(low, high, qtype, false, rule);
+            (p.quantizer.scale, p.quantizer.zero_point, p.degenerate)
+        };
+        // scale 2^-14 (float16's smallest normal): kept by both
+        let high = 255.0 * 2f64.powi(-14);
+        assert_eq!(scale_zp(0.0, high, QType::UInt8, normal), (2f64.powi(-14), 0.0, false));
+        assert_eq!(scale_zp(0.0, high, QType::UInt8, sub), (2f64.powi(-14), 0.0, false));
+        // scale 2^-20: 1.31 replaces it by 1, 1.32 keeps the float16 subnormal
+        let high = 255.0 * 2f64.powi(-20);
+        assert_eq!(scale_zp(0.0, high, QType::UInt8, normal), (1.0, 0.0, true));
+        assert_eq!(scale_zp(0.0, high, QType::UInt8, sub), (2f64.powi(-20), 0.0, false));
+        assert_eq!(scale_zp(0.0, high, QType::UInt8, ScaleRule::Float32), (2f64.powi(-20), 0.0, false));
+        // 1.32 tests the scale rounded to float16: 2^-14 / 65535 (~2^-30) rounds to 0, while
+        // 2^-17 / 255, just above 2^-25 (the tie), rounds up to 2^-24
+        assert_eq!(scale_zp(-2f64.powi(-14), 0.0, QType::UInt16, sub), (1.0, 0.0, true));
+        assert_eq!(scale_zp(0.0, 2f64.powi(-17), QType::UInt8, sub), (2f64.powi(-24), 0.0, false));
+        assert_eq!(scale_zp(0.0, 2f64.powi(-17), QType::UInt8, normal), (1.0, 0.0, true));
+        let low = -(2f64.powi(-14) + 2f64.powi(-24)) * 1024.0; // int8 scale (2^-4 + 2^-14) / 255 ~ 2^-12
+        let (scale, zp, degenerate) = scale_zp(low, 0.0, QType::Int8, sub);
+        assert_eq!((scale, zp, degenerate), (round_to_f16(-low / 255.0), 127.0, false));
+        // the range itself is rounded to float16 first: 1 + 2^-12 is 1
+        assert_eq!(scale_zp(-1.0 - 2f64.powi(-12), 0.0, QType::UInt8, sub).0, round_to_f16(1.0 / 255.0));
+        // beyond float16 (65504): an infinite scale in both
+        assert_eq!(scale_zp(0.0, 70000.0, QType::UInt8, normal).0, f64::INFINITY);
+        assert_eq!(scale_zp(0.0, 70000.0, QType::UInt8, sub).0, f64::INFINITY);
     }
 
     #[test]
@@ -636,10 +811,15 @@ mod tests {
         for &(low, high) in &ranges {
             for qt in QTYPES {
                 for sym in [false, true] {
-                    let q = Quantizer::for_range(low, high, qt, sym);
-                    let want = direct_error(h, &q);
-                    let got = table.mean_squared_error(&q);
-                    assert_close(got, want, 1e-10, &format!("{what} ({low}, {high}) {qt:?} sym={sym}"));
+                    for rule in [ScaleRule::Float32, ScaleRule::Float16Normal, ScaleRule::Float16Subnormal] {
+                        let q = Quantizer::for_range(low, high, qt, sym, rule);
+                        if q.scale == f64::INFINITY {
+                            continue; // a range beyond float16: ErrorTable's own case
+                        }
+                        let want = direct_error(h, &q);
+                        let got = table.mean_squared_error(&q);
+                        assert_close(got, want, 1e-10, &format!("{what} ({low}, {high}) {qt:?} sym={sym} {rule:?}"));
+                    }
                 }
             }
         }
@@ -699,20 +879,20 @@ mod tests {
         // one value 0.3 in bin [0, 1): its centre 0.5 is clamped to 0.3
         let counts = [0u64, 5, 0];
         let h = UniformHistogram::new(&counts, -1.0, 1.0, 0.3, 0.3).unwrap();
-        // 0.3 rounds (or clips) to the top level 255 * scale
-        let top_error = |high: f64| (0.3f64 - 255.0 * (high / 255.0) as f32 as f64).powi(2);
-        assert_eq!(range_error(h, 0.0, 0.3, QType::UInt8, false), top_error(0.3));
-        assert_eq!(range_error(h, 0.0, 0.15, QType::UInt8, false), top_error(0.15));
+        // 0.3 rounds (or clips) to the top level 255 * scale, the scale from the float32 range
+        let top_error = |high: f64| (0.3f64 - 255.0 * (high as f32 as f64 / 255.0) as f32 as f64).powi(2);
+        assert_eq!(range_error(h, 0.0, 0.3, QType::UInt8, false, ScaleRule::Float32), top_error(0.3));
+        assert_eq!(range_error(h, 0.0, 0.15, QType::UInt8, false, ScaleRule::Float32), top_error(0.15));
     }
 
     #[test]
     fn empty_histogram_has_no_error_and_infinite_scale_infinite_error() {
         let counts = [0u64; 4];
         let h = UniformHistogram::new(&counts, -2.0, 1.0, 0.0, 0.0).unwrap();
-        assert_eq!(range_error(h, -1.0, 1.0, QType::Int8, false), 0.0);
+        assert_eq!(range_error(h, -1.0, 1.0, QType::Int8, false, ScaleRule::Float32), 0.0);
         let counts = [1u64, 0, 0, 1];
         let h = UniformHistogram::new(&counts, -2e300, 1e300, -1.5e300, 1.5e300).unwrap();
-        assert_eq!(range_error(h, -1.5e300, 1.5e300, QType::Int8, false), f64::INFINITY);
+        assert_eq!(range_error(h, -1.5e300, 1.5e300, QType::Int8, false, ScaleRule::Float32), f64::INFINITY);
     }
 
     #[test]
@@ -742,7 +922,7 @@ mod tests {
         let b = Binned::of(&data, 1024);
         let t = ErrorTable::new(b.hist());
         for (low, high) in [(-1.0, 1.0), (-3.0, 4.0), (-0.1, 0.1)] {
-            let q = Quantizer::for_range(low, high, QType::Int8, false);
+            let q = Quantizer::for_range(low, high, QType::Int8, false, ScaleRule::Float32);
             let full = t.squared_error_sum(&q, f64::INFINITY).unwrap();
             assert_eq!(t.squared_error_sum(&q, full), Some(full));
             assert_eq!(t.squared_error_sum(&q, full * 0.5), None);
