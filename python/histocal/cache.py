@@ -5,7 +5,7 @@ Writing is byte-identical to onnxruntime's writer (same ``json.dump`` defaults, 
 ``TensorsData`` objects with the same arrays, dtypes and scalar conversions as onnxruntime's loader, but treats
 the file as untrusted input: it never executes code, bounds size and nesting before parsing, and reports every
 problem as a ``ValueError`` naming the file (``FileNotFoundError`` only for a missing path).
-See ORT_PARITY.md section 7.
+docs/ort_parity.md (*Calibration cache*) describes the format and the rules matched.
 """
 
 from __future__ import annotations
