@@ -113,9 +113,9 @@ def _first_edges(a: np.ndarray, n: int) -> np.ndarray:
 
 def _abs_extension(last, width, amax):
     """ORT's ``np.arange(last + width, amax + width, width)`` on scalars of one float type,
-    without building it (ORT_PARITY §4.2): (its length, the stored last edge after it, +inf
-    where the f64 edges pass the type's largest value), or None where numpy refuses (the length
-    overflows the type or is NaN)."""
+    without building it (docs/ort_parity.md, *|x| histogram*): (its length, the stored last
+    edge after it, +inf where the f64 edges pass the type's largest value), or None where numpy
+    refuses (the length overflows the type or is NaN)."""
     t = type(last)
     start, stop = t(last + width), t(amax + width)
     length = np.ceil(t((stop - start) / width))
@@ -130,7 +130,7 @@ def _abs_extension(last, width, amax):
 
 def ort_bins_needed(cfg: dict, collects: list[dict], name: str) -> int:
     """The most bins ORT's collector would give ``name``'s histogram over ``collects``, from
-    scalars only (no histogram is built): ORT's own merge arithmetic (ORT_PARITY §4.1, §4.2).
+    scalars only (no histogram is built): ORT's own merge arithmetic (docs/ort_parity.md, *Histograms*).
 
     The rules are applied to each collect's finite values, as histocal applies them: a first
     collect without finite values starts from an empty batch, later ones add nothing; a step
@@ -296,7 +296,7 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
 def ort_has_open_top(hc: OrtCollector, name: str) -> bool:
     """Whether ORT's |x| histogram for ``name`` has stored edges ending in +inf (an f16 extension
     past 65504): ORT then never extends it again and bins |x| == inf in its last bin instead of
-    raising, so later infinities are part of its result (ORT_PARITY §4.2, §4.4)."""
+    raising, so later infinities are part of its result (README, *Deviations*)."""
     t = hc.histogram_dict.get(name)
     return t is not None and len(t) == 4 and bool(np.isposinf(t[1][-1]))
 
@@ -390,7 +390,7 @@ def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
             refused[name] = msg
 
 
-# ORT failures that are documented deviations (ORT_PARITY.md §3.4, §4.2, §4.3.6, §5.2, §8).
+# ORT failures that are documented deviations (README and docs/ort_parity.md, *Deviations*).
 # histocal returns a result in all of these cases.
 KNOWN_ORT_ERRORS = {
     "non-finite data": (
@@ -401,7 +401,7 @@ KNOWN_ORT_ERRORS = {
     "too many bins": ("Too many bins for data range",),
     "entropy smoothing": ("n_zeros=",),
     "empty later batch (abs path)": ("zero-size array to reduction operation",),
-    # np.arange in the |x| extension fails: a later +inf (§8), or (not in ORT_PARITY) float16
+    # np.arange in the |x| extension fails: a later +inf, or float16
     # overflow of the extension's start (edges[-1] + width) or of its length (> 65504 bins).
     "|x| extension overflow (later +inf or float16)": (
         "Maximum allowed size exceeded",
@@ -568,7 +568,7 @@ def result_range(method: str, res):
 
 
 def entropy_candidates(hist_t: tuple, nq: int):
-    """ORT's candidate thresholds after clipping, in KL-vector order (ORT_PARITY §5.2)."""
+    """ORT's candidate thresholds after clipping, in KL-vector order (docs/methods.md, *entropy*)."""
     hist, edges, mn, mx = hist_t[:4]
     n = hist.size
     zb, hq = n // 2, nq // 2
@@ -698,7 +698,7 @@ def _compare_tensor(cfg, name, ref, reason, hc, ours, e: Expected, report: Parit
     where = f"{method}[{name!r}]"
     ours_t = hc.histogram_dict[name]
     # Values ORT's histogram must hold: every finite one, plus the infinities ORT binned once its
-    # |x| edges ended in +inf (ORT_PARITY §4.2: it accepts them there instead of raising).
+    # |x| edges ended in +inf (it accepts them there instead of raising: README, *Deviations*).
     binned = e.finite + (ref.infs_binned.get(name, 0) if ref is not None else 0)
     strict_hist = ref is not None
     if strict_hist and is_abs:

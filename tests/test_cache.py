@@ -1,4 +1,4 @@
-"""histocal.cache against onnxruntime's own calibration cache code (ORT_PARITY.md section 7).
+"""histocal.cache against onnxruntime's own calibration cache code (docs/ort_parity.md, *Calibration cache*).
 
 * writing: byte-identical files and the same 0600 mode as ORT's ``save_tensors_data``, for every method's
   layout, float16/float32, numpy scalars, 0-d and per-channel arrays, NaN/Inf/-0.0;

@@ -351,8 +351,9 @@ def test_histogram_parity(paths, tmp_path, caplog, model, cfg, ncalls):
 
 def _symmetric_merge_drops(ref: OrtResult, cal) -> frozenset:
     """Documented deviation: ORT's symmetric-percentile merge drops later values below the first
-    call's min|x| (ORT_PARITY 4.2); histocal keeps every finite value. Returns the tensors where
-    ORT dropped values, after checking histocal counted them all and min/max still agree."""
+    call's min|x| (docs/ort_parity.md, *Deviations*); histocal keeps every finite value. Returns
+    the tensors where ORT dropped values, after checking histocal counted them all and min/max
+    still agree."""
     out = set()
     ours_hd, counts = cal.collector.histogram_dict, cal.collector.counts
     for name, ort_t in ref.hist.items():

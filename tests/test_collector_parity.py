@@ -2,11 +2,12 @@
 
 Wherever ORT produces a result, histocal must produce the identical one: histogram counts,
 edges (dtype and bits), min/max/threshold (value and Python object kind), and the per-method
-results. The only accepted differences are the documented deviations (ORT_PARITY.md §4.2, §8):
+results. The only accepted differences are the documented deviations (docs/ort_parity.md and the
+README, *Deviations*):
 
 1. ORT raises (non-finite data, empty + non-empty or differently shaped batches in one list,
-   "Too many bins", entropy smoothing assertion, an empty later batch on the |x| path, and - not
-   in ORT_PARITY §8 - float16 overflow of the |x| extension's np.arange): histocal returns a
+   "Too many bins", entropy smoothing assertion, an empty later batch on the |x| path, and
+   float16 overflow of the |x| extension's np.arange): histocal returns a
    result. (Where numpy's float64 extension edges merely pass 65504, ORT does not raise: it
    stores them as float16 inf and then bins later ±inf; that is compared exactly.) It is compared exactly with ORT run on the finite values flattened per collect when
    ORT can compute that (conftest.fallback_variants), else checked for sanity: finite range and
@@ -149,7 +150,7 @@ def test_parity_clean_inputs_compare_everything(method, plan):
 
 
 # ----------------------------------------------------------------------------------------------
-# Worked examples from ORT_PARITY.md (exact ORT behaviour at known corner cases)
+# Worked examples: ORT's exact behaviour at known corner cases
 # ----------------------------------------------------------------------------------------------
 
 f32 = np.float32
@@ -469,7 +470,7 @@ def test_deviation_non_finite(method, where, bad):
 
 
 def test_deviation_f16_abs_extension_overflows_f16_max():
-    """Not in ORT_PARITY §8: an f16 |x| extension past 65504. ORT: 'arange: cannot compute length'.
+    """An f16 |x| extension past 65504. ORT: 'arange: cannot compute length'.
     histocal must keep finite edges and never bin the later +inf."""
     cfg = _cfg("percentile", symmetric=True, num_bins=7, percentile=100.0)
     collects = [
@@ -495,7 +496,7 @@ def test_deviation_f16_abs_extension_overflows_f16_max():
     ],
 )
 def test_deviation_f16_abs_extension_length_overflow(first, later):
-    """Not in ORT_PARITY §8: an f16 |x| extension of more than 65504 bins (its length overflows
+    """An f16 |x| extension of more than 65504 bins (its length overflows
     f16). ORT: 'Maximum allowed size exceeded'; histocal returns a result."""
     cfg = _cfg("percentile", symmetric=True, num_bins=2048, percentile=99.9)
     collects = [{"x": np.array(first, f16)}, {"x": np.array(later, f16)}]
@@ -755,7 +756,8 @@ assert check_parity(cfg, collects).deviations == {{'t0': 'too many bins'}}
 @pytest.mark.parametrize("first", ["empty", "all-nan"])
 def test_value_path_empty_or_all_nan_first_then_huge_does_not_grow(method, first):
     """The value-path analogue: a first threshold of 0 is re-binned over the later (-t, t) with
-    the same number of bins (ORT_PARITY §4.1 case 2), so huge later values cost nothing."""
+    the same number of bins (ORT's rule for an all-zero histogram, docs/ort_parity.md
+    *Histograms*), so huge later values cost nothing."""
     nb = 8 if method == "entropy" else 2048
     cfg = _cfg(method, num_bins=nb, num_quantized_bins=4, percentile=99.9)
     head = np.zeros(0, f32) if first == "empty" else np.full(3, np.nan, f32)

@@ -8,7 +8,7 @@ problem as a ``ValueError`` naming the file (``FileNotFoundError`` only for a mi
 size is checked (``MAX_CACHE_BYTES``) before anything is read, nothing is reserved ahead, a byte that JSON never
 allows (a control character: a sparse or binary file) stops the reading at its chunk, and the checks before
 parsing hold about twice the file.
-See ORT_PARITY.md section 7.
+docs/ort_parity.md (*Calibration cache*) describes the format and the rules matched.
 """
 
 from __future__ import annotations

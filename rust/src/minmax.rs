@@ -46,7 +46,8 @@ mod tests {
 
     #[test]
     fn ema_is_rounded_in_the_element_type() {
-        // ORT_PARITY 2.3: 2 + f32(0.1) * 13 = 3.3000002 in f32.
+        // ORT's moving average across calls is computed in the element type:
+        // 2 + f32(0.1) * 13 = 3.3000002 in f32.
         assert_eq!(moving_average(2.0f32, 15.0, 0.1), 3.3000002f32);
     }
 
