@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import histocal
-from conftest import run_ort
+from parity import run_ort
 
 TESTS = Path(__file__).parent
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
