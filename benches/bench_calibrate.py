@@ -29,7 +29,7 @@ ORT's entropy with 2048 bins costs ~1-2 s per tensor in ``compute_data`` on a sm
 and extrapolates its compute time to all tensors (marked "~" in the table; its ranges are then
 compared on those K tensors).
 
-The model is a CNN built here with onnx.helper (BatchNorm folded into Conv biases): a stem
+The model is a CNN built here with tests/graphs.py (BatchNorm folded into Conv biases): a stem
 Conv + MaxPool, ResNet basic blocks (Relu) at 1/4 and 1/8 resolution, MobileNetV2 inverted
 residual blocks (Clip 0..6, depthwise Convs) at 1/16 and 1/32, an FPN-like top-down path
 (Resize x2 + Add), and a GlobalAveragePool / Gemm head: 92 Convs, 203 calibrated tensors at
@@ -66,6 +66,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+
+# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 # ----------------------------------------------------------------------------------------------
 # configurations
@@ -108,70 +111,13 @@ TARGET_RSS_GROWTH_PCT = 10.0
 # the model
 
 
-class GraphBuilder:
-    """Appends BatchNorm-folded Conv (+ activation) blocks and friends to a graph."""
-
-    def __init__(self, seed: int) -> None:
-        from onnx import helper, numpy_helper
-
-        self.helper, self.numpy_helper = helper, numpy_helper
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.n = 0
-        self.const("relu6_lo", np.array(0.0, np.float32))
-        self.const("relu6_hi", np.array(6.0, np.float32))
-        self.const("up2", np.array([1.0, 1.0, 2.0, 2.0], np.float32))
-
-    def const(self, name: str, arr: np.ndarray) -> str:
-        self.inits.append(self.numpy_helper.from_array(arr, name))
-        return name
-
-    def node(self, op: str, inputs: list[str], prefix: str, **attrs: Any) -> str:
-        self.n += 1
-        out = f"{prefix}_{self.n}"
-        self.nodes.append(self.helper.make_node(op, inputs, [out], name=f"{op}_{self.n}", **attrs))
-        return out
-
-    def conv(self, x: str, cin: int, cout: int, k: int = 3, stride: int = 1, group: int = 1,
-             act: str | None = "relu", gain: float = 1.0) -> str:
-        fan_in = cin // group * k * k
-        w = self.rng.standard_normal((cout, cin // group, k, k)) * gain * np.sqrt(2.0 / fan_in)
-        b = self.rng.normal(0.0, 0.1, cout)  # folded BatchNorm shift
-        p = k // 2
-        y = self.node(
-            "Conv",
-            [x, self.const(f"w{self.n}", w.astype(np.float32)), self.const(f"b{self.n}", b.astype(np.float32))],
-            "conv", kernel_shape=[k, k], strides=[stride, stride], pads=[p, p, p, p], group=group,
-        )
-        if act == "relu":
-            return self.node("Relu", [y], "relu")
-        if act == "relu6":
-            return self.node("Clip", [y, "relu6_lo", "relu6_hi"], "relu6")
-        return y
-
-    def basic_block(self, x: str, cin: int, cout: int, stride: int) -> str:
-        """ResNet basic block: conv-relu-conv (+ projection shortcut) -> Add -> Relu."""
-        y = self.conv(x, cin, cout, 3, stride)
-        y = self.conv(y, cout, cout, 3, 1, act=None, gain=0.3)
-        skip = x if stride == 1 and cin == cout else self.conv(x, cin, cout, 1, stride, act=None)
-        return self.node("Relu", [self.node("Add", [y, skip], "add")], "relu")
-
-    def inverted_residual(self, x: str, cin: int, cout: int, stride: int, expand: int) -> str:
-        """MobileNetV2 block: 1x1 expand (Relu6), 3x3 depthwise (Relu6), 1x1 project (+ Add)."""
-        mid = cin * expand
-        y = self.conv(x, cin, mid, 1, act="relu6")
-        y = self.conv(y, mid, mid, 3, stride, group=mid, act="relu6")
-        y = self.conv(y, mid, cout, 1, act=None, gain=0.3 if stride == 1 and cin == cout else 1.0)
-        return self.node("Add", [y, x], "add") if stride == 1 and cin == cout else y
-
-
 def build_cnn(size: int, depth: tuple[int, int, int, int], width: int, seed: int) -> Any:
-    """A ResNet/MobileNetV2-like CNN with an FPN-like top-down path; input 1x3xSIZExSIZE."""
-    import onnx
-    from onnx import TensorProto, helper
+    """A ResNet/MobileNetV2-like CNN with an FPN-like top-down path; input 1x3xSIZExSIZE
+    (BatchNorm-folded Conv blocks from graphs.GraphBuilder)."""
+    from graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
+    up2 = g.const(np.array([1.0, 1.0, 2.0, 2.0], np.float32), "up2")
     w1, w2, w3, w4 = width, 2 * width, 3 * width, 5 * width
     x = g.conv("input", 3, w1, 3, 2)  # 1/2
     x = g.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])  # 1/4
@@ -193,27 +139,16 @@ def build_cnn(size: int, depth: tuple[int, int, int, int], width: int, seed: int
     # FPN-like top-down path: lateral 1x1 convs, nearest x2 Resize, Add.
     p = g.conv(c5, w4, w2, 1, act=None)
     for c, cin in ((c4, w3), (c3, w2)):
-        up = g.node("Resize", [p, "", "up2"], "resize", mode="nearest")
+        up = g.node("Resize", [p, "", up2], "resize", mode="nearest")
         p = g.node("Add", [up, g.conv(c, cin, w2, 1, act=None)], "add")
     p = g.conv(p, w2, w2, 3)
     feats = [g.node("GlobalAveragePool", [t], "gap") for t in (p, c2, c5)]
     head = g.node("Concat", feats, "concat", axis=1)
     head = g.node("Flatten", [head], "flat")
     fc_w = g.rng.standard_normal((1000, w2 + w1 + w4)) / np.sqrt(w2 + w1 + w4)
-    g.nodes.append(helper.make_node(
-        "Gemm", [head, g.const("fc_w", fc_w.astype(np.float32)), g.const("fc_b", np.zeros(1000, np.float32))],
-        ["logits"], transB=1,
-    ))
-    graph = helper.make_graph(
-        g.nodes, "histocal_bench_cnn",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])],
-        g.inits,
-    )
-    # ORT 1.31 refuses IR version 14 (onnx 1.23's default): pin IR 10 / opset 17.
-    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    return model
+    g.node("Gemm", [head, g.const(fc_w.astype(np.float32), "fc_w"), g.const(np.zeros(1000, np.float32), "fc_b")],
+           output="logits", transB=1)
+    return g.model("histocal_bench_cnn", [tensor("input", [1, 3, size, size])], [tensor("logits", [1, 1000])])
 
 
 def describe_model(path: str) -> str:

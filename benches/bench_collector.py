@@ -36,14 +36,18 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
 
 import histocal
+
+# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from graphs import GraphBuilder, tensor  # noqa: E402
 
 NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128
@@ -258,55 +262,46 @@ def build_cnn(n_blocks: int, channels: int, hw: int, seed: int) -> onnx.ModelPro
     Activations vary per block: Relu, Clip(0, 6) (Relu6) and LeakyRelu. All intermediate tensors
     are graph outputs.
     """
-    rng = np.random.default_rng(seed)
-    nodes, inits, outputs = [], [], []
+    g = GraphBuilder(seed)
+    rng = g.rng
+    outputs = []
     x = "input"
     fan_in = channels * 9
 
-    def init(name: str, arr: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(arr.astype(np.float32), name))
-        return name
+    def const(name: str, arr: np.ndarray) -> str:
+        return g.const(np.asarray(arr).astype(np.float32), name)
 
-    init("relu6_lo", np.array(0.0))
-    init("relu6_hi", np.array(6.0))
+    const("relu6_lo", np.array(0.0))
+    const("relu6_hi", np.array(6.0))
     for i in range(n_blocks):
         gain = rng.uniform(0.8, 1.2)
         w = rng.standard_normal((channels, channels, 3, 3)) * gain * np.sqrt(1.0 / fan_in)
         b = rng.standard_normal(channels) * 0.1
         conv, act, add, out = f"b{i}_conv", f"b{i}_act", f"b{i}_add", f"b{i}_out"
-        nodes.append(
-            helper.make_node(
-                "Conv", [x, init(f"b{i}_w", w), init(f"b{i}_b", b)], [conv], kernel_shape=[3, 3], pads=[1, 1, 1, 1]
-            )
-        )
+        g.node("Conv", [x, const(f"b{i}_w", w), const(f"b{i}_b", b)], output=conv, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
         kind = i % 3
         if kind == 0:
-            nodes.append(helper.make_node("Relu", [conv], [act]))
+            g.node("Relu", [conv], output=act)
         elif kind == 1:
-            nodes.append(helper.make_node("Clip", [conv, "relu6_lo", "relu6_hi"], [act]))
+            g.node("Clip", [conv, "relu6_lo", "relu6_hi"], output=act)
         else:
-            nodes.append(helper.make_node("LeakyRelu", [conv], [act], alpha=0.1))
-        nodes.append(helper.make_node("Add", [act, x], [add]))
-        nodes.append(helper.make_node("Mul", [add, init(f"b{i}_s", np.array(rng.uniform(0.65, 0.8)))], [out]))
+            g.node("LeakyRelu", [conv], output=act, alpha=0.1)
+        g.node("Add", [act, x], output=add)
+        g.node("Mul", [add, const(f"b{i}_s", np.array(rng.uniform(0.65, 0.8)))], output=out)
         outputs += [conv, act, add, out]
         x = out
     # head
-    nodes.append(helper.make_node("GlobalAveragePool", [x], ["gap"]))
-    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
+    g.node("GlobalAveragePool", [x], output="gap")
+    g.node("Flatten", ["gap"], output="flat")
     wfc = rng.standard_normal((10, channels)) / np.sqrt(channels)
-    nodes.append(helper.make_node("Gemm", ["flat", init("fc_w", wfc), init("fc_b", np.zeros(10))], ["logits"], transB=1))
+    g.node("Gemm", ["flat", const("fc_w", wfc), const("fc_b", np.zeros(10))], output="logits", transB=1)
     outputs += ["gap", "flat"]
     shapes = {"logits": [1, 10], "gap": [1, channels, 1, 1], "flat": [1, channels]}
-    graph = helper.make_graph(
-        nodes,
+    return g.model(
         "histocal_bench_cnn",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, channels, hw, hw])],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, shapes.get(o, [1, channels, hw, hw])) for o in ["logits", *outputs]],
-        inits,
+        [tensor("input", [1, channels, hw, hw])],
+        [tensor(o, shapes.get(o, [1, channels, hw, hw])) for o in ["logits", *outputs]],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    onnx.checker.check_model(model)
-    return model
 
 
 def image_like(rng: np.random.Generator, channels: int, hw: int, contrast: float) -> np.ndarray:

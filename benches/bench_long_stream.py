@@ -40,19 +40,15 @@ print(json.dumps({"seconds": seconds, "peak_rss_mib": hwm / 1024, "tensors": len
 
 def chain_model(path: Path, tensors: int) -> None:
     import onnx
-    from onnx import TensorProto, helper
 
-    nodes, prev = [], "X"
+    # graphs.py (the ONNX model builder shared with the tests) lives in tests/.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from graphs import GraphBuilder, tensor
+
+    g, prev = GraphBuilder(), "X"
     for i in range(tensors - 1):
-        out = f"t{i}"
-        nodes.append(helper.make_node("Relu" if i % 2 == 0 else "Neg", [prev], [out]))
-        prev = out
-    graph = helper.make_graph(
-        nodes, "chain",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 4])],
-    )
-    onnx.save(helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)]), path.as_posix())
+        prev = g.node("Relu" if i % 2 == 0 else "Neg", [prev], output=f"t{i}")
+    onnx.save(g.model("chain", [tensor("X", ["N", 4])], [tensor(prev, ["N", 4])]), path.as_posix())
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quantization quality of every calibration method: output SQNR of int8 QDQ models.
 
-Two models are built here with onnx.helper (IR version 10, opset 17):
+Two models are built here with tests/graphs.py (IR version 10, opset 17):
 
 * ``cnn``: a small ResNet-like CNN (stem Conv+Relu, residual Conv-Relu-Conv + Add + Relu blocks,
   MaxPool, wider blocks, GlobalAveragePool, Gemm head), input 1x3xSIZExSIZE;
@@ -62,6 +62,9 @@ from typing import Any
 
 import numpy as np
 
+# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
 AUTO_MODEL = "auto (model-level)"  # not a state method: see run_auto
 # (label, method, options); options go to state.compute
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
@@ -88,86 +91,26 @@ def log(msg: str) -> None:
 # models
 
 
-class Graph:
-    def __init__(self, seed: int) -> None:
-        from onnx import helper, numpy_helper
-
-        self.helper, self.numpy_helper = helper, numpy_helper
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.n = 0
-
-    def const(self, arr: np.ndarray, prefix: str = "c") -> str:
-        self.n += 1
-        name = f"{prefix}{self.n}"
-        self.inits.append(self.numpy_helper.from_array(np.asarray(arr), name))
-        return name
-
-    def node(self, op: str, inputs: list[str], prefix: str | None = None, **attrs: Any) -> str:
-        self.n += 1
-        out = f"{prefix or op.lower()}_{self.n}"
-        self.nodes.append(self.helper.make_node(op, inputs, [out], name=f"{op}_{self.n}", **attrs))
-        return out
-
-    def model(self, name: str, inputs: list[Any], outputs: list[Any]) -> Any:
-        import onnx
-
-        graph = self.helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
-        model = self.helper.make_model(graph, ir_version=10, opset_imports=[self.helper.make_opsetid("", 17)])
-        onnx.checker.check_model(model)
-        return model
-
-    # CNN pieces
-    def conv(self, x: str, cin: int, cout: int, k: int = 3, stride: int = 1, relu: bool = True, gain: float = 1.0) -> str:
-        w = self.rng.standard_normal((cout, cin, k, k)) * gain * math.sqrt(2.0 / (cin * k * k))
-        b = self.rng.normal(0.0, 0.1, cout)
-        p = k // 2
-        y = self.node("Conv", [x, self.const(w.astype(np.float32), "w"), self.const(b.astype(np.float32), "b")], "conv",
-                      kernel_shape=[k, k], strides=[stride, stride], pads=[p, p, p, p])
-        return self.node("Relu", [y]) if relu else y
-
-    def block(self, x: str, c: int) -> str:
-        y = self.conv(x, c, c)
-        y = self.conv(y, c, c, relu=False, gain=0.5)
-        return self.node("Relu", [self.node("Add", [y, x])])
-
-    # transformer pieces
-    def linear(self, x: str, din: int, dout: int, gain: float = 1.0, rows: np.ndarray | None = None) -> str:
-        w = self.rng.standard_normal((din, dout)) * gain / math.sqrt(din)
-        if rows is not None:
-            w = w * rows[:, None]
-        y = self.node("MatMul", [x, self.const(w.astype(np.float32), "w")], "matmul")
-        return self.node("Add", [y, self.const(self.rng.normal(0, 0.02, dout).astype(np.float32), "b")], "bias")
-
-    def layernorm(self, x: str, d: int) -> str:
-        gamma = (1 + 0.1 * self.rng.standard_normal(d)).astype(np.float32)
-        beta = (0.05 * self.rng.standard_normal(d)).astype(np.float32)
-        return self.node("LayerNormalization", [x, self.const(gamma, "g"), self.const(beta, "beta")], "ln",
-                         axis=-1, epsilon=1e-5)
-
-
 def build_cnn(size: int, width: int, seed: int) -> Any:
-    from onnx import TensorProto, helper
+    from graphs import GraphBuilder, tensor
 
-    g = Graph(seed)
+    g = GraphBuilder(seed)
     x = g.conv("X", 3, width)
-    x = g.block(x, width)
-    x = g.block(x, width)
+    x = g.basic_block(x, width, width, gain=0.5)
+    x = g.basic_block(x, width, width, gain=0.5)
     x = g.node("MaxPool", [x], "pool", kernel_shape=[2, 2], strides=[2, 2])
     x = g.conv(x, width, 2 * width)
-    x = g.block(x, 2 * width)
-    x = g.block(x, 2 * width)
+    x = g.basic_block(x, 2 * width, 2 * width, gain=0.5)
+    x = g.basic_block(x, 2 * width, 2 * width, gain=0.5)
     x = g.node("MaxPool", [x], "pool", kernel_shape=[2, 2], strides=[2, 2])
     x = g.conv(x, 2 * width, 4 * width)
-    x = g.block(x, 4 * width)
+    x = g.basic_block(x, 4 * width, 4 * width, gain=0.5)
     x = g.node("GlobalAveragePool", [x], "gap")
     x = g.node("Flatten", [x], "flat", axis=1)
     w = (g.rng.standard_normal((10, 4 * width)) / math.sqrt(4 * width)).astype(np.float32)
-    g.nodes.append(helper.make_node("Gemm", [x, g.const(w, "fc"), g.const(np.zeros(10, np.float32), "fcb")], ["Y"],
-                                    name="head", transB=1))
-    return g.model("cnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, size, size])],
-                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 10])])
+    g.node("Gemm", [x, g.const(w, prefix="fc"), g.const(np.zeros(10, np.float32), prefix="fcb")], output="Y",
+           name="head", transB=1)
+    return g.model("cnn", [tensor("X", [1, 3, size, size])], [tensor("Y", [1, 10])])
 
 
 def outlier_channels(dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -178,16 +121,16 @@ def outlier_channels(dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_transformer(seq: int, dim: int, ff: int, layers: int, seed: int) -> Any:
-    from onnx import TensorProto, helper
+    from graphs import GraphBuilder, tensor
 
-    g = Graph(seed)
+    g = GraphBuilder(seed)
     ch, _ = outlier_channels(dim, seed)
     # LN outputs carry the outlier channels (~50-100x): their weight rows are scaled down so that
     # projections stay O(1), as in trained LLMs, without removing the outliers' contribution.
     rows = np.ones(dim)
     rows[ch] = 0.1
-    inv_sqrt = g.const(np.array(1 / math.sqrt(dim), np.float32), "s")
-    sqrt2, one, half = (g.const(np.array(v, np.float32), "k") for v in (math.sqrt(2), 1.0, 0.5))
+    inv_sqrt = g.const(np.array(1 / math.sqrt(dim), np.float32), prefix="s")
+    sqrt2, one, half = (g.const(np.array(v, np.float32), prefix="k") for v in (math.sqrt(2), 1.0, 0.5))
     x = "X"
     for _ in range(layers):
         h = g.layernorm(x, dim)
@@ -204,9 +147,8 @@ def build_transformer(seq: int, dim: int, ff: int, layers: int, seed: int) -> An
         x = g.node("Add", [x, g.linear(gelu, ff, dim, gain=0.5)], "res")
     h = g.layernorm(x, dim)
     w = (g.rng.standard_normal((dim, dim)) / math.sqrt(dim) * rows[:, None]).astype(np.float32)
-    g.nodes.append(helper.make_node("MatMul", [h, g.const(w, "head")], ["Y"], name="head"))
-    return g.model("transformer", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, seq, dim])],
-                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, seq, dim])])
+    g.node("MatMul", [h, g.const(w, prefix="head")], output="Y", name="head")
+    return g.model("transformer", [tensor("X", [1, seq, dim])], [tensor("Y", [1, seq, dim])])
 
 
 def cnn_inputs(n: int, size: int, seed: int) -> list[dict[str, np.ndarray]]:

@@ -35,7 +35,8 @@ from onnxruntime.quantization import QuantFormat, quantize_static
 from onnxruntime.quantization import calibrate as ort
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from conftest import examples, quiet
+from parity import quiet
+from profiles import examples
 from histocal import cache
 
 METHODS = list(CalibrationMethod)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import (
+from parity import (
     assert_counts,
     assert_hist_tuple_same,
     assert_result_same,

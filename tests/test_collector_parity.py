@@ -10,7 +10,7 @@ README, *Deviations*):
    float16 overflow of the |x| extension's np.arange): histocal returns a
    result. (Where numpy's float64 extension edges merely pass 65504, ORT does not raise: it
    stores them as float16 inf and then bins later ±inf; that is compared exactly.) It is compared exactly with ORT run on the finite values flattened per collect when
-   ORT can compute that (conftest.fallback_variants), else checked for sanity: finite range and
+   ORT can compute that (parity.fallback_variants), else checked for sanity: finite range and
    every finite value in the histogram.
 2. Symmetric percentile merges where ORT drops values: histocal keeps every finite value.
 3. The sign of a zero min/max (numpy's nanmin is order-dependent on 0.0 vs -0.0).
@@ -27,14 +27,14 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
-from conftest import (
+from parity import (
     argmin_spy,
     assert_hist_tuple_same,
     check_parity,
-    examples,
     run_histocal,
     run_ort,
 )
+from profiles import examples
 from strategies import NUM_BINS, PERCENTILES, build_collects, plans
 
 
@@ -370,7 +370,7 @@ def test_kl_spy_captures_ort_kl_vector():
 
 def test_near_tie_checker_accepts_ties_and_rejects_real_differences():
     """Self-test of the KL near-tie rule used when entropy thresholds differ."""
-    from conftest import assert_entropy_threshold, entropy_candidates
+    from parity import assert_entropy_threshold, entropy_candidates
 
     rng = np.random.default_rng(8)
     cfg = _cfg("entropy", num_bins=129, num_quantized_bins=8)
@@ -681,7 +681,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from conftest import (  # noqa: E402
+from parity import (  # noqa: E402
     MAX_BINS,
     OrtNotRun,
     classify_ort_error,
@@ -691,13 +691,13 @@ from conftest import (  # noqa: E402
 
 
 def _in_bounded_subprocess(body: str, headroom: int = 1 << 30) -> subprocess.CompletedProcess:
-    """Run ``body`` (with conftest's names imported) in a fresh interpreter whose address space
+    """Run ``body`` (with parity's names imported) in a fresh interpreter whose address space
     may grow by only ``headroom`` bytes: an unbounded allocation there fails that process (a Rust
     allocation failure aborts it), not the test session or the machine."""
     tests = Path(__file__).parent
     code = (
         f"import sys; sys.path.insert(0, {str(tests)!r})\n"
-        "import numpy as np\nfrom conftest import *\nimport histocal\n"
+        "import numpy as np\nfrom parity import *\nimport histocal\n"
         f"with bounded_address_space({headroom}):\n"
         + "".join(f"    {line}\n" for line in body.strip().splitlines())
     )
@@ -794,12 +794,12 @@ else:
 def test_histocal_too_many_bins_is_accepted_only_beyond_max_bins(monkeypatch):
     """Self-test: a "Too many bins" error from histocal for a tensor ORT's rules can hold in
     MAX_BINS bins is a failure, not a deviation."""
-    import conftest
+    import parity
 
     def refuse(cfg, collects):
         raise ValueError('tensor "x": Too many bins for data range. Cannot create 16777216 finite-sized bins.')
 
-    monkeypatch.setattr(conftest, "run_histocal", refuse)
+    monkeypatch.setattr(parity, "run_histocal", refuse)
     cfg = _cfg("percentile", symmetric=True, num_bins=8, percentile=99.9)
     with pytest.raises(AssertionError, match="ORT's rules need only 8 bins"):
         run_histocal_or_too_many_bins(cfg, [{"x": np.array([1, 2], f32)}])

@@ -25,8 +25,8 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 import histocal
 import models
-from conftest import assert_hist_tuple_same, assert_same, quiet
-from test_calibrators import assert_tensors_same
+from calibrator_runs import assert_tensors_same
+from parity import assert_hist_tuple_same, assert_same, quiet
 
 THREADS = 4  # collecting threads per round
 ROUNDS = 3

@@ -1,10 +1,12 @@
-"""The project's documentation stays inside the project, and the README's commands are the ones
-the repository runs."""
+"""The project's documentation stays inside the project, the README's commands are the ones
+the repository runs, and CI runs them with the derandomized hypothesis profile."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -39,3 +41,18 @@ def test_install_hints_name_installable_packages():
     """histocal is not on a package index: no hint may say `pip install 'histocal[...]'`."""
     for path in [*DOCS, *sorted((ROOT / "python" / "histocal").glob("*.py"))]:
         assert "histocal[" not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_ci_selects_the_derandomized_hypothesis_profile():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^export HYPOTHESIS_PROFILE=ci$", ci, re.M), ci
+    ci_profile = settings.get_profile("ci")
+    assert ci_profile.derandomize and ci_profile.database is None
+
+
+def test_test_helpers_are_modules_not_conftest():
+    """conftest.py holds fixtures and the profile: the helpers are importable modules (whether
+    ``from conftest import`` works at all depends on pytest's import mode)."""
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"^\s*(from conftest import|import conftest)", text, re.M), path.name

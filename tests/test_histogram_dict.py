@@ -24,7 +24,8 @@ from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollecto
 
 import histocal
 import models
-from conftest import argmin_spy, assert_hist_tuple_same, assert_result_same, assert_same, examples, quiet
+from parity import argmin_spy, assert_hist_tuple_same, assert_result_same, assert_same, quiet
+from profiles import examples
 
 CFGS = {
     "entropy": dict(method="entropy", symmetric=False, num_bins=128, num_quantized_bins=16, percentile=99.999, scenario="same"),

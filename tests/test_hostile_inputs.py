@@ -40,12 +40,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ne
 
 def run_capped(body: str, headroom: int, timeout: float = 120) -> dict:
     """Run ``body`` in a fresh interpreter once histocal is imported and its two worker threads started, with
-    an address space that may grow by ``headroom`` bytes (conftest's ``bounded_address_space``). The body
+    an address space that may grow by ``headroom`` bytes (parity's ``bounded_address_space``). The body
     ``report``s what happened; the result is the report, and an abort, a crash or a hang fails the test."""
     code = (
         f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
         "import json\nimport numpy as np\nimport histocal\nfrom histocal import _core, CalibrationState\n"
-        "from conftest import bounded_address_space\n"
+        "from parity import bounded_address_space\n"
         "_core.get_num_threads()\n"  # the pool's threads (their stacks) exist before the cap
         "out = {}\n"
         "def report(**kw): out.update(kw)\n"

@@ -25,7 +25,8 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 import histocal
 import models
-from conftest import OrtCollector, assert_same, examples, quiet
+from parity import OrtCollector, assert_same, quiet
+from profiles import examples
 
 F32 = np.finfo(np.float32)
 ENT, PCT, DIST, MM = (CalibrationMethod.Entropy, CalibrationMethod.Percentile, CalibrationMethod.Distribution,

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import method_refs as R
-from conftest import examples
+from profiles import examples
 from method_refs import Hist
 
 REL = 1e-9

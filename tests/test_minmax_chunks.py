@@ -23,13 +23,13 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import helper
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 import histocal
-import models
-from conftest import assert_same, examples, quiet
+from graphs import GraphBuilder, tensor
+from parity import assert_same, quiet
+from profiles import examples
 
 MM = CalibrationMethod.MinMax
 CHANNELS = 3
@@ -38,12 +38,9 @@ OPSETS = (13, 18)  # per-channel ReduceMin/ReduceMax take axes as an attribute b
 
 def identity_model(opset: int) -> onnx.ModelProto:
     """X[N, 3] -Identity-> Y: both tensors are calibrated, and hold exactly the fed values."""
-    return models._model(
-        [helper.make_node("Identity", ["X"], ["Y"])], "identity",
-        [helper.make_tensor_value_info("X", models.F32, ["N", CHANNELS])],
-        [helper.make_tensor_value_info("Y", models.F32, ["N", CHANNELS])],
-        [], opset,
-    )
+    g = GraphBuilder()
+    g.node("Identity", ["X"], output="Y")
+    return g.model("identity", [tensor("X", ["N", CHANNELS])], [tensor("Y", ["N", CHANNELS])], opset)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +164,7 @@ def test_chunked_range_is_the_nan_ignoring_range_of_all_data(
 def test_all_nan_first_chunk_does_not_stick(paths, tmp_path, per_channel):
     """The first chunk (or call) is all NaN, a later one has values: the range is theirs. ORT
     1.31.1 keeps the first call's NaN (per-tensor) or raises (per-channel); with
-    max_intermediate_outputs it discards full chunks (test_calibrators.test_max_intermediate_outputs)."""
+    max_intermediate_outputs it discards full chunks (test_calibrators_ort_failures.test_max_intermediate_outputs)."""
     batches = [np.full((1, CHANNELS), np.nan, np.float32), np.full((1, CHANNELS), np.nan, np.float32),
                np.array([[-4, 7, np.nan]], np.float32), np.array([[2, np.nan, np.nan]], np.float32)]
     opts = {"per_channel": per_channel}
@@ -223,33 +220,25 @@ def test_moving_average_limit_equals_explicit_calls(paths, tmp_path_factory, bat
 
 
 def _conv_clip_matmul() -> onnx.ModelProto:
-    rng = np.random.default_rng(3)
-    vi = helper.make_tensor_value_info
-    return models._model(
-        [helper.make_node("Relu", ["A"], ["R"], name="relu"),
-         helper.make_node("Conv", ["R", "W"], ["C"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-         helper.make_node("Clip", ["C"], ["D"], name="clip"),
-         helper.make_node("MatMul", ["D", "E"], ["F"], name="matmul")],
-        "conv_clip_matmul",
-        [vi("A", models.F32, [1, 1, 5, 5]), vi("E", models.F32, [1, 1, 5, 2])],
-        [vi("F", models.F32, [1, 1, 5, 2])],
-        [models._init("W", rng.normal(size=(1, 1, 3, 3)).astype(np.float32))], 13,
-    )
+    g = GraphBuilder(3)
+    g.const(g.rng.normal(size=(1, 1, 3, 3)).astype(np.float32), "W")
+    g.node("Relu", ["A"], output="R", name="relu")
+    g.node("Conv", ["R", "W"], output="C", name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.node("Clip", ["C"], output="D", name="clip")
+    g.node("MatMul", ["D", "E"], output="F", name="matmul")
+    return g.model("conv_clip_matmul", [tensor("A", [1, 1, 5, 5]), tensor("E", [1, 1, 5, 2])],
+                   [tensor("F", [1, 1, 5, 2])], 13)
 
 
 def _resize_with_empty_inputs() -> onnx.ModelProto:
     """Zero-length float inputs (Resize's roi and scales): ORT's augmentation keeps keepdims=1
     for them."""
-    rng = np.random.default_rng(4)
-    vi = helper.make_tensor_value_info
-    return models._model(
-        [helper.make_node("Conv", ["G", "W"], ["I"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-         helper.make_node("Resize", ["I", "roi", "scales"], ["O"], name="resize")],
-        "resize_empty",
-        [vi("G", models.F32, [1, 1, 5, 5]), vi("roi", models.F32, [0]), vi("scales", models.F32, [0])],
-        [vi("O", models.F32, [1, 1, 5, 5])],
-        [models._init("W", rng.normal(size=(1, 1, 3, 3)).astype(np.float32))], 13,
-    )
+    g = GraphBuilder(4)
+    g.const(g.rng.normal(size=(1, 1, 3, 3)).astype(np.float32), "W")
+    g.node("Conv", ["G", "W"], output="I", name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.node("Resize", ["I", "roi", "scales"], output="O", name="resize")
+    return g.model("resize_empty", [tensor("G", [1, 1, 5, 5]), tensor("roi", [0]), tensor("scales", [0])],
+                   [tensor("O", [1, 1, 5, 5])], 13)
 
 
 @pytest.mark.parametrize("build,op_types", [

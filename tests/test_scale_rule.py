@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
 
 import method_refs as R
-from conftest import examples
+from profiles import examples
 from histocal import _core, methods, scale_rule
 from histocal.scale_rule import SCALE_RULE
 

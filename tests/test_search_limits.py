@@ -25,7 +25,7 @@ import pytest
 
 import histocal
 from histocal.scale_rule import SCALE_RULE
-from conftest import run_ort
+from parity import run_ort
 
 TESTS = Path(__file__).parent
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
