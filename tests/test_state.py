@@ -304,6 +304,20 @@ def test_calibrator_continues_from_loaded_state(model_path, tmp_path, mode):
         assert _stream_exports(again.state) == _stream_exports(ref.state)
 
 
+@pytest.mark.parametrize("method, kw", [("percentile", dict(symmetric=True)), ("distribution", dict(num_bins=1024))])
+def test_exact_histograms_continue_from_loaded_state(model_path, tmp_path, method, kw):
+    """A loaded |x| (symmetric percentile) or value histogram grows on wider data exactly as the
+    one collected: same edges, counts, min/max, results."""
+    first, second = _batches(20, 3, 0.5), _batches(21, 3, 4.0)
+    _calibrate(method, model_path, tmp_path, first, mode="exact", **kw).save_state(tmp_path / "first.npz")
+    cont = _calibrator(method, model_path, tmp_path, mode="exact", **kw)
+    cont.load_state(tmp_path / "first.npz")
+    cont.collect_data(second)
+    ref = _calibrate(method, model_path, tmp_path, (first, second), mode="exact", **kw)
+    assert _exact_exports(cont.state) == _exact_exports(ref.state)
+    _assert_same(cont.compute_data(), ref.compute_data())
+
+
 def test_staleness_errors(model_path, other_model_path, tmp_path):
     cal = _calibrate("entropy", model_path, tmp_path, DATA, mode="streaming", streaming_bins=1024)
     cal.save_state(tmp_path / "s.npz")
