@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from histocal import _core
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
 
 
 def median_time(fn, repeat: int) -> float:

@@ -19,7 +19,7 @@ every method reads); then for every method:
 2. quantize: ``histocal.quantize_static(model, out, tensors_range=ranges, quant_format=QDQ,
    activation_type=QInt8, weight_type=QInt8)`` (when the installed histocal has no
    ``tensors_range`` keyword yet: onnxruntime's quantize_static with the ranges in an ORT JSON
-   calibration cache written by ``histocal.cache``, which is the same thing),
+   calibration cache written by ``histocal.io.cache``, which is the same thing),
 3. run the quantized model on the held-back inputs with onnxruntime and report the output SQNR
    ``10 log10(sum y^2 / sum (y - yq)^2)`` (dB, over all outputs of all held-back inputs) against
    the float model.
@@ -226,7 +226,7 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetr
             return "histocal.quantize_static(tensors_range=)"
         import importlib
 
-        from histocal.cache import save_tensors_data
+        from histocal.io.cache import save_tensors_data
         from onnxruntime.quantization import CalibrationMethod
 
         cache = workdir / "ranges.json"
@@ -237,7 +237,7 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetr
         with quiet:
             ort_q.quantize_static(model_path, out_path, None, calibrate_method=CalibrationMethod.MinMax,
                                   calibration_cache_path=str(cache), **kw)
-        return "onnxruntime quantize_static + histocal.cache calibration cache"
+        return "onnxruntime quantize_static + histocal.io.cache calibration cache"
     finally:
         logging.disable(logging.NOTSET)
 
@@ -262,7 +262,7 @@ def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool,
     from onnxruntime.quantization import QuantFormat, QuantType
 
     chosen = _Chosen()
-    selection_log = logging.getLogger("histocal.selection")
+    selection_log = logging.getLogger("histocal.quantize.selection")
     root = logging.getLogger()
     saved = selection_log.level, root.level, selection_log.propagate
     selection_log.addHandler(chosen)

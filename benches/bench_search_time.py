@@ -25,7 +25,7 @@ import numpy as np
 
 import histocal
 from histocal import _core
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
 
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
 

@@ -101,7 +101,7 @@ def scale_zp_many(lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bo
                   dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
     """Vectorised :func:`ort_scale_zp`: the same operations as ORT's compute_scale_zp, with the
     installed version's degenerate-scale test (1.32 changed it for float16)."""
-    from histocal.scale_rule import SCALE_RULE
+    from histocal.methods.scale_rule import SCALE_RULE
 
     dt = np.dtype(dtype)
     qmin, qmax = qrange(qtype, symmetric)

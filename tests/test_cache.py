@@ -37,7 +37,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 from parity import quiet
 from profiles import examples
-from histocal import cache
+from histocal.io import cache
 
 METHODS = list(CalibrationMethod)
 FLOAT_DTYPES = [np.float16, np.float32]
@@ -365,7 +365,7 @@ def test_check_cache_missing_smooth_quant_key_means_false(tmp_path):
 def test_check_cache_smooth_quant_mismatch_warns_and_skips_method_check(calibrated, tmp_path, caplog):
     path = tmp_path / "c.json"
     cache.save_tensors_data(calibrated[CalibrationMethod.Percentile], path, smooth_quant=False)
-    with caplog.at_level(logging.WARNING, logger="histocal.cache"):
+    with caplog.at_level(logging.WARNING, logger="histocal.io.cache"):
         assert cache.check_cache(path, CalibrationMethod.MinMax, True) is None
     assert caplog.messages == [
         f"Calibration cache at {path} was produced with smooth_quant=False; current run uses smooth_quant=True. "
@@ -592,7 +592,7 @@ def test_oversized_file_rejected_before_reading(tmp_path, monkeypatch):
             raise AssertionError("the file was read")
 
     with monkeypatch.context() as patch:
-        patch.setattr(cache.os, "fdopen", NoRead)
+        patch.setattr(os, "fdopen", NoRead)
         with pytest.raises(ValueError, match="more than the limit"):
             cache.load_tensors_data(path)
     monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 100)
@@ -833,7 +833,7 @@ def _partial_write(fd, view):
     raise KeyboardInterrupt
 
 
-INTERRUPTIONS = {  # os function patched in histocal.cache -> replacement
+INTERRUPTIONS = {  # os function patched in histocal.io.files -> replacement
     "write": _partial_write,
     "fsync": _raising(KeyboardInterrupt()),
     "close": _close_then_interrupt,
@@ -847,7 +847,7 @@ def test_interrupted_write_keeps_old_file(tmp_path, monkeypatch, calibrated, tar
     cache.save_tensors_data(calibrated[CalibrationMethod.MinMax], path)
     old = path.read_bytes()
     with monkeypatch.context() as patch:
-        patch.setattr(cache.os, target, INTERRUPTIONS[target])
+        patch.setattr(os, target, INTERRUPTIONS[target])
         with pytest.raises((KeyboardInterrupt, OSError)):
             cache.save_tensors_data(calibrated[CalibrationMethod.Distribution], path)
     assert path.read_bytes() == old
@@ -882,7 +882,7 @@ def _versions(count: int) -> list[TensorsData]:
 
 WRITER_SCRIPT = """
 import sys
-from histocal import cache
+from histocal.io import cache
 path, sources = sys.argv[1], sys.argv[2:]
 for _ in range(10):
     for source in sources:

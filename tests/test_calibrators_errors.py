@@ -94,7 +94,7 @@ def test_a_bare_array_says_what_was_expected(paths, tmp_path, form):
 def test_progress_bar_total_is_the_known_batch_count(monkeypatch):
     """The progress bar's total: a list's length, a reader's __length_hint__ (what is left of
     it), none for a plain reader or a generator."""
-    from histocal.readers import DataSource, progress
+    from histocal.io.readers import DataSource, progress
 
     monkeypatch.delenv("HISTOCAL_PROGRESS", raising=False)
     feeds = models.cnn_feeds(5)

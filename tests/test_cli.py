@@ -24,7 +24,7 @@ from PIL import Image
 
 import histocal
 from histocal.cli import main
-from histocal.data import open_calibration_data
+from histocal.io.data import open_calibration_data
 
 ENV = {**os.environ, "HISTOCAL_PROGRESS": "0"}
 
@@ -150,7 +150,7 @@ def test_calibrate_each_data_kind_matches_api(work, tmp_path, capsys, kind, meth
     }[method]
     expected = histocal.calibrate(work["model"], data, CalibrationMethod[method.capitalize() if method != "minmax"
                                                                             else "MinMax"], **settings)
-    assert_same_tensors_data(histocal.cache.load_tensors_data(cache), expected)
+    assert_same_tensors_data(histocal.io.cache.load_tensors_data(cache), expected)
     assert oct(cache.stat().st_mode & 0o777) == "0o600"  # ORT's cache mode
 
 
@@ -159,7 +159,7 @@ def test_calibrate_streaming_mode_and_op_types(work, tmp_path, capsys):
     rc = main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "percentile",
                "--mode", "streaming", "--streaming-bins", "1024", "--op-types", "Conv", "--cache", str(cache)])
     assert rc == 0, capsys.readouterr().err
-    ranges = histocal.cache.load_tensors_data(cache)
+    ranges = histocal.io.cache.load_tensors_data(cache)
     assert {"X", "conv1", "pool"} <= set(ranges.data)  # Conv inputs and outputs only
     assert "resize" not in ranges.data
     # an option of another method is ignored with a warning
@@ -232,7 +232,7 @@ def test_recompute_from_state(work, tmp_path, capsys):
                  "--cache", str(cache), "--state", str(state)]) == 0
     again = tmp_path / "again.json"
     assert main(["recompute", str(state), "--method", "distribution", "--cache", str(again)]) == 0
-    assert_same_tensors_data(histocal.cache.load_tensors_data(again), histocal.cache.load_tensors_data(cache))
+    assert_same_tensors_data(histocal.io.cache.load_tensors_data(again), histocal.io.cache.load_tensors_data(cache))
     pct = tmp_path / "p.json"
     assert main(["recompute", str(state), "--method", "percentile", "--percentile", "99.5", "--no-symmetric",
                  "--cache", str(pct)]) == 0

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, quantize_static
 from PIL import Image
 
-from histocal.data import CalibrationData, DataError, model_inputs, open_calibration_data
+from histocal.io.data import CalibrationData, DataError, model_inputs, open_calibration_data
 
 F32, I64, I32, U8 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.UINT8
 X2 = ("x", F32, ["N", 2])
@@ -92,7 +92,7 @@ def test_sample_and_item_counts_and_length_hint(tmp_path, caplog):
     for i in range(3):
         np.save(tmp_path / f"b{i}.npy", np.full((i + 1, 2), i, np.float32))
     np.save(tmp_path / "single.npy", np.zeros(2, np.float64))  # one sample, float64 on disk
-    with caplog.at_level(logging.INFO, logger="histocal.data"):
+    with caplog.at_level(logging.INFO, logger="histocal.io.data"):
         data = open_calibration_data(model, tmp_path, batch_size=2)
     assert (data.num_items, data.num_samples, len(data)) == (4, 7, 2)
     assert "7 sample(s) in 4 npy file(s)" in caplog.text
@@ -326,7 +326,7 @@ def test_unsupported_files_in_folders_are_skipped_with_a_warning(tmp_path, caplo
     np.save(tmp_path / "a.npy", np.zeros(2, np.float32))
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / ".hidden.npy").write_bytes(b"junk")
-    with caplog.at_level(logging.WARNING, logger="histocal.data"):
+    with caplog.at_level(logging.WARNING, logger="histocal.io.data"):
         data = open_calibration_data(make_model(("x", F32, [1, 2])), tmp_path)
     assert [f.name for f in data.files] == ["a.npy"] and "notes.txt" in caplog.text
 

@@ -206,7 +206,7 @@ def test_sparse_cache_file_stops_at_its_first_chunk(tmp_path):
     path = tmp_path / "sparse.json"
     with open(path, "wb") as f:
         f.truncate(GiB)
-    r = run_capped("from histocal import cache\n" + outcome(f"cache.load_tensors_data({str(path)!r})", "load"), 256 * MiB)
+    r = run_capped("from histocal.io import cache\n" + outcome(f"cache.load_tensors_data({str(path)!r})", "load"), 256 * MiB)
     assert r["load"].startswith("ValueError: Invalid calibration cache") and "control character" in r["load"], r
     assert r["load_seconds"] < 2
 
@@ -257,12 +257,12 @@ def test_valid_files_load_merge_and_inspect_under_a_tight_address_space(tmp_path
     stream_state(80, 16384).save(state_path)
     assert 500_000 < state_path.stat().st_size < 2_000_000
     histocal_cache = stream_state(5, 1024).compute("percentile", num_bins=64)
-    from histocal.cache import save_tensors_data
+    from histocal.io.cache import save_tensors_data
 
     save_tensors_data(histocal_cache, cache_path)
     r = run_capped(f"""
 from histocal import merge_states
-from histocal.cache import load_tensors_data
+from histocal.io.cache import load_tensors_data
 from histocal.cli import main
 {outcome(f"CalibrationState.load({str(state_path)!r}).compute('percentile', num_bins=512)", "load")}
 {outcome(f"merge_states({str(state_path)!r}, {str(state_path)!r})", "merge")}
@@ -327,7 +327,7 @@ report(kept=bool(h.state("t")[0].sum() == before), counts=h.counts("t")[0])
 
 FUZZ_BODY = r"""
 import io, random, time, zipfile
-from histocal import cache
+from histocal.io import cache
 rng = random.Random(SEED)
 bases = {name: open(path, "rb").read() for name, path in BASES.items()}
 huge = [1 << 24, 1 << 25, (1 << 25) + 1, 1 << 31, 1 << 62, -1, 0, 2 ** 64, 16777217, 99999999999]
@@ -442,7 +442,7 @@ def test_fuzz_loaders_under_a_2_gib_cap(tmp_path, seed):
                         ("abs.npz", exact_state(2, "abs", 32)), ("many.npz", stream_state(16, 64))]:
         bases[name] = str(tmp_path / name)
         state.save(bases[name], compress=name == "exact.npz")
-    from histocal.cache import save_tensors_data
+    from histocal.io.cache import save_tensors_data
 
     bases["cache.json"] = str(tmp_path / "cache.json")
     save_tensors_data(stream_state(3, 64).compute("distribution", num_bins=512), bases["cache.json"])

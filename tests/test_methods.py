@@ -46,14 +46,14 @@ def _core():
 
 def kernel_range(method: str, *args, **kwargs) -> tuple[float, float]:
     """``histogram_range`` under the installed onnxruntime's scale rule."""
-    from histocal.scale_rule import SCALE_RULE
+    from histocal.methods.scale_rule import SCALE_RULE
 
     return _core().histogram_range(method, *args, scale_rule=SCALE_RULE, **kwargs)
 
 
 def kernel_qerror(*args, **kwargs) -> float:
     """``histogram_qerror`` under the installed onnxruntime's scale rule."""
-    from histocal.scale_rule import SCALE_RULE
+    from histocal.methods.scale_rule import SCALE_RULE
 
     return _core().histogram_qerror(*args, scale_rule=SCALE_RULE, **kwargs)
 

@@ -17,9 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import histocal
-from histocal import _core, report
+from histocal import _core
+from histocal.report import page as report
 from histocal.cli import main
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
 from histocal.state import CalibrationState
 
 pytest.importorskip("matplotlib")

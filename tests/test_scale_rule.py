@@ -28,8 +28,9 @@ from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax
 
 import method_refs as R
 from profiles import examples
-from histocal import _core, methods, scale_rule
-from histocal.scale_rule import SCALE_RULE
+from histocal import _core, methods
+from histocal.methods import scale_rule
+from histocal.methods.scale_rule import SCALE_RULE
 
 QTYPES = ["int8", "uint8", "int16", "uint16"]
 
@@ -44,7 +45,7 @@ def test_detected_rule_is_the_installed_versions():
 
 def test_unknown_behaviour_falls_back_on_the_version_with_a_warning(monkeypatch, caplog):
     monkeypatch.setattr(scale_rule, "compute_scale_zp", lambda *a: [np.array(0, np.int8), np.array(0.5, np.float16)])
-    with caplog.at_level(logging.WARNING, logger="histocal.scale_rule"):
+    with caplog.at_level(logging.WARNING, logger="histocal.methods.scale_rule"):
         assert scale_rule.detect_scale_rule() == SCALE_RULE
     assert "neither known float16 scale rule" in caplog.text
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import histocal
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
 from parity import run_ort
 
 TESTS = Path(__file__).parent
@@ -205,7 +205,7 @@ _SEARCHES = {
     "kl": """
         s = histocal._core.StreamHistograms(1 << 22)
         s.collect([("x", [np.array([1e-3, 0.7, -3.0], np.float32)]), ("y", [np.array([2e-3, 1.0], np.float32)])])
-        search = lambda: s.ranges("kl", scale_rule=histocal.scale_rule.SCALE_RULE, num_bins=2_000_000)
+        search = lambda: s.ranges("kl", scale_rule=histocal.methods.scale_rule.SCALE_RULE, num_bins=2_000_000)
     """,
 }
 

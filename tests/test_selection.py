@@ -20,8 +20,9 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 import histocal
-from histocal import methods, selection
-from histocal.cache import load_tensors_data, save_tensors_data
+from histocal import methods
+from histocal.quantize import selection
+from histocal.io.cache import load_tensors_data, save_tensors_data
 from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
 
 EVAL = 3  # evaluation samples in these tests
@@ -196,7 +197,7 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
 
 
 def test_one_kept_feed_falls_back_to_in_sample_with_a_warning(cnn, caplog):
-    with caplog.at_level(logging.WARNING, logger="histocal.integration"):
+    with caplog.at_level(logging.WARNING, logger="histocal.quantize.integration"):
         chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=1)
     assert "too few to cross-validate" in caplog.text
     candidates = selection.state_candidates(cnn["state"], "int8", False)
@@ -234,7 +235,7 @@ def test_state_candidates_are_the_single_methods(cnn):
 def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
     tmp = cnn["tmp"]
     out, cache = tmp / "auto.onnx", tmp / "auto_cache.json"
-    with caplog.at_level(logging.INFO, logger="histocal.selection"):
+    with caplog.at_level(logging.INFO, logger="histocal.quantize.selection"):
         histocal.quantize_static(cnn["path"], out, cnn["feeds"], calibrate_method="auto",
                                  method_options={"eval_samples": EVAL}, calibration_cache_path=cache)
     assert f"output SQNR of each candidate, {min(EVAL, methods.AUTO_SELECTION_OPTIONS['folds'])}-fold cross-validated" in caplog.text and "per-tensor estimate" in caplog.text

@@ -517,7 +517,7 @@ def test_interrupted_write_keeps_previous_file(model_path, tmp_path, monkeypatch
     old.save(path)
     before = path.read_bytes()
     new = _calibrate("entropy", model_path, tmp_path, SHARDS[0], mode="streaming").state
-    import histocal.cache as cache
+    import histocal.io.cache as cache
 
     real_write = os.write
     calls = {"n": 0}
@@ -528,7 +528,7 @@ def test_interrupted_write_keeps_previous_file(model_path, tmp_path, monkeypatch
             return real_write(fd, bytes(data[: len(data) // 2]))
         raise KeyboardInterrupt  # like Ctrl-C half-way through the write
 
-    monkeypatch.setattr(cache.os, "write", interrupted)
+    monkeypatch.setattr(os, "write", interrupted)
     with pytest.raises(KeyboardInterrupt):
         new.save(path)
     monkeypatch.undo()
@@ -641,7 +641,7 @@ def test_f16_open_top_states_merge(f16_model_path, tmp_path):
 def test_states_and_caches_share_one_file_mode(model_path, tmp_path):
     """One rule for the files histocal saves: 0600 like onnxruntime's calibration cache, whatever
     the umask and the mode of the file replaced (states were 0644, caches 0600)."""
-    from histocal import cache
+    from histocal.io import cache
 
     cal = _calibrate("percentile", model_path, tmp_path, DATA)
     state_path, cache_path = tmp_path / "s.hcs", tmp_path / "c.json"

@@ -21,7 +21,7 @@ from .methods import (
     unregister_method,
 )
 from .state import CalibrationState, merge_states, model_fingerprint
-from .integration import (
+from .quantize.integration import (
     calibrate,
     calibrate_and_select,
     is_patched,
@@ -29,7 +29,7 @@ from .integration import (
     quantize_static,
     unpatch_onnxruntime,
 )
-from .selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
+from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -39,7 +39,7 @@ from .stats import (
     tensor_stats,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "HistogramCollector",

@@ -219,15 +219,13 @@ class HistogramCollector(CalibrationDataCollector):
         """A new Rust state holding ``d``'s histograms, in ``d``'s order. Entries this collector
         handed out unchanged keep their state (value counts included); others are checked and
         loaded. A ValueError naming the tensor if one cannot be."""
-        from .state import _export_exact, _restore_exact
-
         hists = _core.Histograms(self._kind, self.num_bins)
         current = set(self._hists.names())
         for name, entry in d.items():
             if not isinstance(name, str):
                 raise TypeError(f"histogram_dict keys must be tensor names (str), got {name!r}")
             if name in current and entry is self._handed.get(name) and self._unchanged(name, entry):
-                _restore_exact(hists, name, _export_exact(self._hists, name))
+                restore_exact(hists, name, export_exact(self._hists, name))
             else:
                 _restore_entry(hists, self._kind, name, entry)
         return hists
@@ -411,3 +409,44 @@ def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:
 
 
 __all__ = ["HistogramCollector", "ValueCounts", "float_batches"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Copies of collected histograms (the state and the calibrators use them)
+# ----------------------------------------------------------------------------------------------
+
+
+def copy_stream(stream: Any) -> Any:
+    out = _core.StreamHistograms(stream.num_bins, pow2_votes=stream.pow2_votes)
+    out.merge(stream)
+    return out
+
+
+@dataclass
+class ExactHistogram:
+    """One tensor's exact ORT histogram: what ``Histograms.state``/``counts`` export."""
+
+    dtype: str
+    hist: np.ndarray
+    edges: np.ndarray
+    min: tuple[float, bool]
+    max: tuple[float, bool]
+    threshold: tuple[float, bool] | None
+    counts: tuple[int, int, int, int, int]
+
+
+def export_exact(hists: Any, name: str) -> ExactHistogram:
+    hist, edges, mn, mx, thr, dtype = hists.state(name)
+    return ExactHistogram(dtype, hist, edges, tuple(mn), tuple(mx), None if thr is None else tuple(thr), tuple(hists.counts(name)))
+
+
+def restore_exact(hists: Any, name: str, e: ExactHistogram) -> None:
+    hists.restore(name, e.dtype, np.ascontiguousarray(e.hist, np.int64), np.ascontiguousarray(e.edges),
+                  e.min, e.max, e.threshold, e.counts)
+
+
+def copy_histograms(source: Any, target: Any) -> None:
+    """Put every tensor of one ``_core.Histograms`` into another (empty, same kind and bins)."""
+    for name in source.names():
+        restore_exact(target, name, export_exact(source, name))
+

@@ -44,9 +44,10 @@ import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from . import _core, methods
-from .collector import HistogramCollector
-from .readers import DataSource, FeedChecker, progress, run_session
+from .. import _core, methods
+from ..collector import HistogramCollector, copy_histograms, copy_stream
+from ..io.readers import DataSource, FeedChecker, progress, run_session
+from ..state import CalibrationState, load_into_calibrator
 
 logger = logging.getLogger(__name__)
 
@@ -244,13 +245,11 @@ class _HistogramCalibration:
             raise
 
     def _snapshot(self) -> tuple[Any, Any, Any, Any]:
-        from .state import _copy_stream, copy_histograms
-
         histograms = None
         if self.collector is not None:
             histograms = _core.Histograms(self._kind, self.collector.num_bins)
             copy_histograms(self.collector._histograms, histograms)
-        stream = None if self._stream is None else _copy_stream(self._stream)
+        stream = None if self._stream is None else copy_stream(self._stream)
         return self._mode_used, self.collector, histograms, stream
 
     def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any) -> None:
@@ -379,21 +378,15 @@ class _HistogramCalibration:
     @property
     def state(self) -> Any:
         """A ``histocal.CalibrationState`` (copy) of what has been collected."""
-        from .state import CalibrationState
-
         return CalibrationState.from_calibrator(self)
 
     def save_state(self, path: str | Path, data_fingerprint: str | None = None, compress: bool = False) -> None:
         """Save the collected histogram state (see ``histocal.CalibrationState``)."""
-        from .state import CalibrationState
-
         CalibrationState.from_calibrator(self, data_fingerprint).save(path, compress)
 
     @_one_call_at_a_time
     def load_state(self, state: Any) -> None:
         """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
-        from .state import load_into_calibrator
-
         load_into_calibrator(self, state)
 
     @_one_call_at_a_time
@@ -515,8 +508,6 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
     def compute_data(self) -> TensorsData:
         if self._stream is None:
             raise ValueError("No collector created and can't generate calibration data.")
-        from .state import CalibrationState
-
         # read the collected histograms in place: no copy of every tensor's bins
         return CalibrationState._of_calibrator(self, None, copy_stream=False).compute(self.method, **self.method_options)
 

@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from . import _core
+from .. import _core
 from .scale_rule import SCALE_RULE
 
 logger = logging.getLogger(__name__)

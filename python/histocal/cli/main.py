@@ -116,7 +116,7 @@ def _display(method: str) -> str:
 
 def _check_method(args: argparse.Namespace) -> None:
     """Resolve --method (after --plugin imports) to its canonical name; usage error if unknown."""
-    from . import methods
+    from .. import methods
 
     if getattr(args, "method", None) is None:
         return
@@ -130,7 +130,7 @@ def _load_plugins(args: argparse.Namespace) -> None:
     """--plugin MODULE (its import registers methods) or MODULE:FUNC (FUNC registered as FUNC)."""
     import importlib
 
-    from . import methods
+    from .. import methods
 
     for spec in getattr(args, "plugin", None) or ():
         module_name, _, attr = spec.partition(":")
@@ -329,7 +329,7 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _histocal_option_names(method: str) -> tuple[str, ...]:
-    from . import methods
+    from .. import methods
 
     return tuple(methods.METHOD_OPTIONS.get(method, ()))
 
@@ -367,7 +367,7 @@ def _flag(key: str) -> str:
 
 
 def _open_data(args: argparse.Namespace, model: Path) -> Any:
-    from .data import open_calibration_data
+    from ..io.data import open_calibration_data
 
     data = open_calibration_data(
         model, args.data, batch_size=args.batch_size, preprocess=args.preprocess,
@@ -379,7 +379,7 @@ def _open_data(args: argparse.Namespace, model: Path) -> Any:
 def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: bool) -> tuple[Any, Any]:
     """Run histocal's calibrator on ``data``: (TensorsData, calibrator). The calibrator is kept
     (for ``save_state``) only when ``want_state``."""
-    from . import calibrators
+    from .. import calibrators
 
     options = _calibrator_options(args)
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
@@ -424,7 +424,7 @@ def _data_fingerprint(files: Sequence[Path]) -> str:
 def _write_outputs(ranges: Any, cache: Path | None, calibrator: Any, state: Path | None,
                    fingerprint: str | None = None) -> None:
     """Stage every output next to its destination, then move them all into place."""
-    from .cache import save_tensors_data
+    from ..io.cache import save_tensors_data
 
     with contextlib.ExitStack() as stack:
         moves = []
@@ -465,7 +465,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _state_class() -> Any:
     try:
-        from .state import CalibrationState
+        from ..state import CalibrationState
     except ImportError as e:
         raise CliError(f"histocal states are not available in this build ({e})") from None
     return CalibrationState
@@ -511,7 +511,7 @@ def _quant_type(name: str) -> Any:
 def _default_error_model(args: argparse.Namespace) -> None:
     """histocal's methods minimize the error of the quantization that will be applied: their
     qtype and symmetry default to the activation type and --symmetric-activations."""
-    from . import methods
+    from .. import methods
 
     options = _histocal_option_names(args.method) if args.method else ()
     if "qtype" in options and args.qtype is None:
@@ -554,8 +554,8 @@ def _model_level_auto(args: argparse.Namespace) -> bool:
 
 def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization: dict[str, Any]) -> Any:
     """auto's model-level choice (see histocal.selection): the chosen candidate's ranges."""
-    from . import methods
-    from .integration import calibrate_and_select
+    from .. import methods
+    from ..quantize.integration import calibrate_and_select
 
     options = _calibrator_options(args)  # warns about options that do not apply to auto
     eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
@@ -573,8 +573,8 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from .cache import check_cache, load_tensors_data, save_tensors_data
-    from .integration import quantize_static
+    from ..io.cache import check_cache, load_tensors_data, save_tensors_data
+    from ..quantize.integration import quantize_static
 
     sources = [s for s in ("data", "state") if getattr(args, s) is not None]
     if len(sources) > 1:
@@ -704,7 +704,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _inspect_cache(path: Path) -> dict[str, Any]:
-    from .cache import load_tensors_data, read_json_file
+    from ..io.cache import load_tensors_data, read_json_file
 
     ranges = load_tensors_data(path)
     document = read_json_file(path, what="calibration cache")
@@ -959,8 +959,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from onnxruntime.quantization import calibrate as ort_calibrate
     from onnxruntime.quantization.calibrate import CalibrationMethod
 
-    from . import calibrators
-    from .data import open_calibration_data
+    from .. import calibrators
+    from ..io.data import open_calibration_data
 
     runs = [
         ("Entropy", CalibrationMethod.Entropy, {"num_bins": 2048, "num_quantized_bins": 128}),
@@ -1018,8 +1018,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _report_parser(sub: Any) -> None:
-    from .methods import QTYPES
-    from .report import REPORT_METHODS
+    from ..methods import QTYPES
+    from ..report import REPORT_METHODS
 
     p = sub.add_parser("report", help="HTML report of a histocal state: histograms, every method's range and error",
                        description="Write DIR/index.html (a table of every tensor, worst outliers first: counts, "
@@ -1040,7 +1040,7 @@ def _report_parser(sub: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import require_matplotlib, write_report
+    from ..report import require_matplotlib, write_report
 
     require_matplotlib()
     state = _load_state(args.state)
@@ -1066,7 +1066,7 @@ def _add_verbosity(parser: argparse.ArgumentParser, *, default: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .._version import __version__
 
     parser = _Parser(
         prog="histocal",

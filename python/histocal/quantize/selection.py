@@ -31,7 +31,6 @@ from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import shutil
@@ -45,9 +44,9 @@ import numpy as np
 import onnx
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from . import methods
-from .integration import model_file
-from .readers import Feed, run_session
+from .. import methods
+from ..io.readers import Feed, run_session
+from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +200,6 @@ def _energies(
     """Per candidate, (sum y^2, sum (y - y_q)^2) over ``feeds``; the exception if its model failed
     to build or run; None if its outputs cannot be compared (see ``_squared_sums``). Candidates
     whose ranges equal an earlier one's are not quantized again."""
-    from .integration import quantize_static
-
     reference = _Reference(model_path, feeds, providers)
     out: dict[str, tuple[float, float] | BaseException | None] = {}
     seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
@@ -218,7 +215,7 @@ def _energies(
         workdir.mkdir()
         try:
             quantized = workdir / "model.onnx"
-            quantize_static(model_path, quantized, tensors_range=ranges, **quantize_kwargs)
+            quantize_with_ranges(model_path, quantized, ranges, **quantize_kwargs)
             out[label] = reference.energy(quantized)
         except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
             logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
@@ -238,12 +235,10 @@ def _sqnr_db(signal: float, noise: float) -> float:
 
 def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
     """TypeError unless these are quantize_static arguments a selection may pass through."""
-    from .integration import quantize_static
-
     own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
     if own:
         raise TypeError(f"auto's model-level choice sets {own} itself (the ranges come from the candidates)")
-    unknown = sorted(set(quantize_kwargs) - set(inspect.signature(quantize_static).parameters))
+    unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
     if unknown:
         raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
 

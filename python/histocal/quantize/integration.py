@@ -21,18 +21,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
-from . import calibrators, methods
-from .readers import DataSource
-
-if TYPE_CHECKING:
-    from .selection import Selection
+from .. import calibrators, methods
+from ..io.cache import check_cache, save_tensors_data
+from ..io.readers import DataSource
+from ..state import merge_states
+from . import selection
+from .ort import SMOOTH_QUANT_NEEDS_ORT, model_file, ort_quantize_static, quantize_with_ranges
+from .selection import Selection
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,6 @@ _depth = 0
 
 def _modules() -> list[Any]:
     return [importlib.import_module(m) for m in _TARGETS]
-
-
-def _ort_quantize_static(*args: Any) -> None:
-    # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
-    importlib.import_module("onnxruntime.quantization.quantize").quantize_static(*args)
 
 
 def _patch() -> None:
@@ -150,16 +147,6 @@ def calibrate(
     return result
 
 
-def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
-    """The model's path: as given, or a ModelProto saved into ``tmp`` (its weights as external
-    data, so models over 2 GB work)."""
-    if isinstance(model_input, onnx.ModelProto):
-        path = tmp / "model_input.onnx"
-        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
-        return path
-    return Path(model_input)
-
-
 def _collect(calibrator: Any, reader: Any, stride: int | None, collect: Callable[[Any], Any] | None = None) -> None:
     """ORT's collection loop (CalibStridedMinMax included); ``collect`` collects one read of the
     reader (default: ``calibrator.collect_data``)."""
@@ -205,7 +192,7 @@ def calibrate_and_select(
     streaming_bins: int | None = None,
     show_progress: bool | None = None,
     **quantize_kwargs: Any,
-) -> "Selection":
+) -> Selection:
     """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
     of reader), keeping the first ``eval_samples`` feeds; choose among the candidates of
     ``methods.MODEL_AUTO_CANDIDATES`` the one whose quantized model's output is closest to the
@@ -224,9 +211,6 @@ def calibrate_and_select(
     their own states, the rest into one; streaming states merge exactly, so each fold's training
     state and the full state are merges); per fold the candidates are computed from its training
     state, and per distinct candidate and fold there is one quantization and one run over the fold."""
-    from . import selection
-    from .state import merge_states
-
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
     eval_samples, folds = select["eval_samples"], select["folds"]
@@ -333,8 +317,6 @@ def quantize_static(
     results: ORT's cache format cannot record other method names, so a cache made with one
     histocal method is a hit for every other one. ``tensors_range`` skips calibration and
     quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``)."""
-    from .cache import check_cache, save_tensors_data
-
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
@@ -355,11 +337,11 @@ def quantize_static(
     elif method_options:
         raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
     if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
-        raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods and no tensors_range")
+        raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
     if smooth_quant:
         # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
         with patch_onnxruntime():
-            _ort_quantize_static(
+            ort_quantize_static(
                 model_input, model_output, calibration_data_reader, quant_format, op_types_to_quantize,
                 per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize, nodes_to_exclude,
                 use_external_data_format, calibrate_method, calibration_providers, extra, calibration_cache_path,
@@ -393,14 +375,11 @@ def quantize_static(
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
-    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
-        cache = Path(tmp, "ranges.json")
-        save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
-        _ort_quantize_static(
-            model_input, model_output, None, quant_format, op_types_to_quantize, per_channel, reduce_range,
-            activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
-            calibrate_method, calibration_providers, extra, cache,
-        )
+    quantize_with_ranges(
+        model_input, model_output, ranges, quant_format, op_types_to_quantize, per_channel, reduce_range,
+        activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
+        calibration_providers, extra, calibrate_method=calibrate_method,
+    )
 
 
 def _default_method_options(name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]) -> dict[str, Any]:

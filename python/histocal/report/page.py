@@ -51,8 +51,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import methods as _methods
-from .scale_rule import SCALE_RULE
+from .. import methods as _methods
+from ..methods.scale_rule import SCALE_RULE
+from ..state import CalibrationState
 
 logger = logging.getLogger(__name__)
 
@@ -414,7 +415,7 @@ def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    code = "import sys; from histocal.report import _worker_main; _worker_main(sys.stdin)"
+    code = "import sys; from histocal.report.page import _worker_main; _worker_main(sys.stdin)"
     procs = []
     try:
         for chunk in chunks[1:]:
@@ -630,8 +631,6 @@ def write_report(state: Any, out_dir: str | os.PathLike[str], *, qtype: str = "i
     all); ``max_tensors``: plot only that many tensors, the largest outlier ratios first (the table
     lists every tensor); ``workers``: processes drawing the images (default: the usable CPUs);
     ``source``: how the page names the state (default: its file, or "in-memory state")."""
-    from .state import CalibrationState
-
     require_matplotlib()
     if qtype not in _methods.QTYPES:
         raise ValueError(f"qtype must be one of {list(_methods.QTYPES)}, got {qtype!r}")
