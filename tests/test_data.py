@@ -220,6 +220,19 @@ def test_image_none_preset_raw_pixels_and_formats(tmp_path):
     run(model, data)
 
 
+def test_images_without_pillow_name_the_extra(tmp_path, monkeypatch):
+    # Pillow is the images extra, imported only when an image is read: without it, .npy data
+    # still works and images fail with an error saying what to install.
+    model = make_model(("img", F32, ["N", 3, 6, 5]))
+    save_image(tmp_path / "a.png", rgb(6, 5, 1))
+    np.save(tmp_path / "b.npy", np.zeros((1, 3, 6, 5), np.float32))
+    monkeypatch.setitem(__import__("sys").modules, "PIL", None)
+    (batch,) = list(open_calibration_data(model, tmp_path / "b.npy"))
+    assert batch["img"].shape == (1, 3, 6, 5)
+    with pytest.raises(DataError, match=r"needs Pillow.*pip install pillow.*\[images\]"):
+        open_calibration_data(model, tmp_path / "a.png")
+
+
 def test_image_gray_and_rgba_become_rgb_uint8_input(tmp_path):
     model = make_model(("img", U8, [1, 4, 4, 3]))
     Image.fromarray(np.arange(16, dtype=np.uint8).reshape(4, 4)).save(tmp_path / "g.png")

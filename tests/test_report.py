@@ -18,6 +18,7 @@ from PIL import Image
 
 import histocal
 from histocal import _core
+from histocal.report import images as report_images
 from histocal.report import page as report
 from histocal.cli import main
 from histocal.methods.scale_rule import SCALE_RULE
@@ -324,7 +325,7 @@ def test_pow2_without_the_qtype_is_reported_not_fatal(state, tmp_path):
 
 
 def test_parallel_workers_render_the_same_images(state, tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "_PARALLEL_MIN", 1)
+    monkeypatch.setattr(report_images, "_PARALLEL_MIN", 1)
     one, two = tmp_path / "one", tmp_path / "two"
     report.write_report(state, one, methods=["minmax", "entropy"], workers=1)
     report.write_report(state, two, methods=["minmax", "entropy"], workers=2)

@@ -27,150 +27,24 @@ its augmented model to its own temporary folder (removed with the calibrator).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
-import os
-import shutil
-import tempfile
 import threading
-import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
-from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core, methods
 from ..collector import HistogramCollector, copy_histograms, copy_stream
-from ..io.readers import DataSource, FeedChecker, progress, run_session
+from ..io.readers import DataSource
 from ..state import CalibrationState, load_into_calibrator
 
+from .common import _METHODS, _ReadDigest, _augmented_model_path, _binned_and_binnable, _check_mode, _check_streaming_bins, _is_checkpoint, _one_call_at_a_time, _run_batches, _second_read_differs
+
 logger = logging.getLogger(__name__)
-
-MODES = ("auto", "exact", "streaming")
-DEFAULT_STREAMING_BINS = 16384
-MODE_OPTION = "CollectionMode"
-STREAMING_BINS_OPTION = "StreamingBins"
-METHOD_OPTIONS_OPTION = "MethodOptions"
-
-_METHODS = {
-    "entropy": CalibrationMethod.Entropy,
-    "percentile": CalibrationMethod.Percentile,
-    "distribution": CalibrationMethod.Distribution,
-}
-
-
-def _check_mode(mode: str | None) -> str:
-    mode = "auto" if mode is None else mode
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return mode
-
-
-def _check_streaming_bins(n: int | None) -> int:
-    n = DEFAULT_STREAMING_BINS if n is None else n
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 8 or n & (n - 1):
-        raise ValueError(f"streaming_bins must be a power of two >= 8, got {n!r}")
-    return int(n)
-
-
-def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
-    """``path``, or where none is given a file in a temporary folder of ``owner``'s own (removed
-    with it): calibrators created at once with ORT's shared default path would write and load
-    each other's augmented models."""
-    if path is not None:
-        return path
-    folder = tempfile.mkdtemp(prefix="histocal_augmented_")
-    weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
-    return os.path.join(folder, "augmented_model.onnx")
-
-
-def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``method`` holding the calibrator's lock: calls from several threads take turns."""
-
-    @functools.wraps(method)
-    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
-
-
-def _is_checkpoint(i: int) -> bool:
-    return i & (i + 1) == 0  # i = 2^k - 1: batches 0, 1, 3, 7, 15, ...
-
-
-class _ReadDigest:
-    """The output shapes and dtypes of one read's batches in O(log batches) memory: a running
-    digest, kept after batches 0, 1, 3, 7, ... (2^k - 1) for a second read to compare with. A
-    second read that differs is caught by twice the batch index where it starts differing, and
-    the error names the span of batches (between two kept digests) where it does."""
-
-    def __init__(self) -> None:
-        self.digest = b""
-        self.kept: dict[int, bytes] = {}
-
-    def add(self, items: list[tuple[str, list[np.ndarray]]]) -> None:
-        h = hashlib.blake2b(self.digest, digest_size=16)
-        for _, arrays in items:
-            h.update(f"{arrays[0].dtype.str}{arrays[0].shape};".encode())
-        self.digest = h.digest()
-
-
-def _second_read_differs(first: int, last: int) -> ValueError:
-    where = f"batch {last}" if first == last else f"batches {first} to {last}"
-    return ValueError(
-        f"{where}: the data reader returned different data on its second read "
-        "(exact mode reads the data twice; it must yield the same batches each time, "
-        "or use mode='streaming')"
-    )
-
-
-def _run_batches(
-    calibrator: Any,
-    source: DataSource,
-    fetch: list[str],
-    consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
-    desc: str,
-) -> int:
-    """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
-    GIL released) runs on a worker thread while ORT infers the next batch, so at most two
-    batches of outputs are alive. Returns the number of batches."""
-    session = calibrator.infer_session
-    checker = FeedChecker(session)
-    inputs = set(checker.inputs)
-    pending: Future | None = None
-    n = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="histocal") as pool:
-        for feed in progress(source.read(), desc, calibrator.show_progress):
-            outputs = run_session(session, fetch, checker.check(feed, n), n)
-            # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
-            # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
-            items = [(name, [a.copy() if name in inputs else a]) for name, a in zip(fetch, outputs)]
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(consume, n, items)
-            n += 1
-        if pending is not None:
-            pending.result()
-    return n
-
-
-def _binned_and_binnable(hist: Any) -> dict[str, tuple[int, int, int, bool]]:
-    """Per tensor: values in the histogram, finite values and infinities collected, and whether
-    the edges end in +inf (an |x| histogram past float16's range: like ORT, it then bins later
-    infinities in its last bin)."""
-    out = {}
-    for n in hist.names():
-        h, edges = hist.state(n)[:2]
-        finite, _, posinf, neginf, _ = hist.counts(n)
-        out[n] = (int(h.sum()), finite, posinf + neginf, bool(np.isposinf(edges[-1])))
-    return out
-
 
 class _HistogramCalibration:
     """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
@@ -293,7 +167,7 @@ class _HistogramCalibration:
             first.add(items)
             if _is_checkpoint(i):
                 first.kept[i] = first.digest
-            # The state's streaming histogram (see state.py) is fed here, from the same scans.
+            # The state's streaming histogram (see histocal.state) is fed here, from the same scans.
             hist.scan(items, stream)
 
         def count(i: int, items: list) -> None:
@@ -347,7 +221,7 @@ class _HistogramCalibration:
         stream = self._exact_stream()
 
         def keep(_: int, items: list) -> None:
-            stream.collect(items)  # the state's streaming histogram (see state.py)
+            stream.collect(items)  # the state's streaming histogram (see histocal.state)
             for name, arrays in items:
                 buffered[name].extend(arrays)
 
@@ -510,190 +384,3 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
             raise ValueError("No collector created and can't generate calibration data.")
         # read the collected histograms in place: no copy of every tensor's bins
         return CalibrationState._of_calibrator(self, None, copy_stream=False).compute(self.method, **self.method_options)
-
-
-def _nan_min(old: Any, new: Any) -> Any:
-    """Python ``min(old, new)`` (ORT's merge: ``old`` on ties, so the same object), except that
-    a NaN never wins over a number; elementwise for per-channel arrays."""
-    if np.ndim(old) == 0 or np.size(old) == 1:
-        return new if new < old or np.isnan(old) else old
-    return np.where((new < old) | np.isnan(old), new, old)
-
-
-def _nan_max(old: Any, new: Any) -> Any:
-    if np.ndim(old) == 0 or np.size(old) == 1:
-        return new if new > old or np.isnan(old) else old
-    return np.where((new > old) | np.isnan(old), new, old)
-
-
-class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
-    """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
-    a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
-    chunks instead of discarding them, and per-channel ranges that merge across calls, NaN
-    ignored: the range is the NaN-ignoring one of all batches, however they are chunked."""
-
-    def __init__(
-        self,
-        model_path: str | Path,
-        op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str | Path | None = None,
-        symmetric: bool = False,
-        use_external_data_format: bool = False,
-        moving_average: bool = False,
-        averaging_constant: float = 0.01,
-        max_intermediate_outputs: int | None = None,
-        per_channel: bool = False,
-        *,
-        show_progress: bool | None = None,
-    ) -> None:
-        super().__init__(
-            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), symmetric=symmetric,
-            use_external_data_format=use_external_data_format, moving_average=moving_average,
-            averaging_constant=averaging_constant, max_intermediate_outputs=max_intermediate_outputs,
-            per_channel=per_channel,
-        )
-        if max_intermediate_outputs is not None and (
-            isinstance(max_intermediate_outputs, bool) or not isinstance(max_intermediate_outputs, (int, np.integer))
-            or max_intermediate_outputs < 1
-        ):
-            raise ValueError(f"max_intermediate_outputs must be a positive integer, got {max_intermediate_outputs!r}")
-        self.show_progress = show_progress
-        self._lock = threading.RLock()
-
-    augment_graph = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
-    create_inference_session = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.create_inference_session)
-    compute_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
-    clear_collected_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
-
-    @_one_call_at_a_time
-    def collect_data(self, data_reader: Any) -> None:
-        """ORT's collect_data, except that a call that fails leaves what earlier calls collected
-        unchanged, as in the histogram calibrators (ORT keeps the failed call's batches)."""
-        # compute_data replaces the range rather than changing it, so a reference is a snapshot
-        saved = list(self.intermediate_outputs), self.calibrate_tensors_range
-        try:
-            self._collect_call(data_reader)
-        except BaseException:
-            self.intermediate_outputs, self.calibrate_tensors_range = saved
-            raise
-
-    def _collect_call(self, data_reader: Any) -> None:
-        source = DataSource(data_reader)
-        session = self.infer_session
-        checker = FeedChecker(session)
-        outputs = [o.name for o in session.get_outputs()]
-        fetch = outputs[self.num_model_outputs :]
-        head = [None] * self.num_model_outputs
-        for i, feed in enumerate(progress(source.read(), "histocal collect", self.show_progress)):
-            self.intermediate_outputs.append(head + run_session(session, fetch, checker.check(feed, i), i))
-            if self.max_intermediate_outputs is not None and len(self.intermediate_outputs) == self.max_intermediate_outputs:
-                # ORT discards the chunk here; histocal folds it into the range.
-                self.compute_data()
-                self.clear_collected_data()
-        if len(self.intermediate_outputs) == 0 and self.calibrate_tensors_range is None:
-            raise ValueError("No data is collected.")
-        self.compute_data()
-        self.clear_collected_data()
-
-    def merge_range(self, old_range: Any, new_range: Any) -> Any:
-        if not old_range:
-            return new_range
-        for key, value in old_range.items():
-            old_min, old_max = value.range_value if isinstance(value, TensorData) else value
-            new = new_range[key]
-            new_min, new_max = new.range_value if isinstance(new, TensorData) else new
-            if self.moving_average:
-                # ORT's arithmetic exactly: a NaN (e.g. an all-NaN chunk's mean) stays NaN, as in ORT
-                min_value = old_min + self.averaging_constant * (new_min - old_min)
-                max_value = old_max + self.averaging_constant * (new_max - old_max)
-            else:
-                min_value, max_value = _nan_min(old_min, new_min), _nan_max(old_max, new_max)
-            if isinstance(value, TensorData) or isinstance(new, TensorData):
-                new_range[key] = TensorData(lowest=min_value, highest=max_value)
-            else:
-                new_range[key] = (min_value, max_value)
-        return new_range
-
-
-def create_calibrator(
-    model: str | Path,
-    op_types_to_calibrate: Sequence[str] | None = None,
-    augmented_model_path: str | Path | None = None,
-    calibrate_method: CalibrationMethod | str = CalibrationMethod.MinMax,
-    use_external_data_format: bool = False,
-    providers: Sequence[Any] | None = None,
-    extra_options: dict[str, Any] | None = None,
-) -> Any:
-    """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
-    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming) and
-    ``StreamingBins`` for the histogram methods. ``calibrate_method`` may also name a histocal
-    method (mse, kl, pow2, auto) or a registered one, with its options in
-    ``extra_options["MethodOptions"]`` (a dict)."""
-    opts = dict(extra_options or {})
-    hist_opts = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
-    common = dict(use_external_data_format=use_external_data_format)
-    if isinstance(calibrate_method, str):
-        name = methods.canonical_name(calibrate_method)
-        if name not in methods.ORT_METHODS:
-            calibrator: Any = MethodCalibrater(
-                model, op_types_to_calibrate, augmented_model_path, **common,
-                method=name, method_options=opts.get(METHOD_OPTIONS_OPTION),
-                streaming_bins=opts.get(STREAMING_BINS_OPTION),
-            )
-            return _prepare(calibrator, providers)
-        calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
-    if calibrate_method == CalibrationMethod.MinMax:
-        calibrator = MinMaxCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
-            symmetric=opts.get("symmetric", False),
-            moving_average=opts.get("moving_average", False),
-            averaging_constant=opts.get("averaging_constant", 0.01),
-            max_intermediate_outputs=opts.get("max_intermediate_outputs", None),
-            per_channel=opts.get("per_channel", False),
-        )
-    elif calibrate_method == CalibrationMethod.Entropy:
-        calibrator = EntropyCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
-            symmetric=opts.get("symmetric", False),
-            num_bins=opts.get("num_bins", 128),
-            num_quantized_bins=opts.get("num_quantized_bins", 128),
-            **hist_opts,
-        )
-    elif calibrate_method == CalibrationMethod.Percentile:
-        calibrator = PercentileCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
-            symmetric=opts.get("symmetric", True),
-            num_bins=opts.get("num_bins", 2048),
-            percentile=opts.get("percentile", 99.999),
-            **hist_opts,
-        )
-    elif calibrate_method == CalibrationMethod.Distribution:
-        calibrator = DistributionCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
-            num_bins=opts.get("num_bins", 2048),
-            scenario=opts.get("scenario", "same"),
-            **hist_opts,
-        )
-    else:
-        raise ValueError(f"Unsupported calibration method {calibrate_method}")
-    return _prepare(calibrator, providers)
-
-
-def _prepare(calibrator: Any, providers: Sequence[Any] | None) -> Any:
-    calibrator.augment_graph()
-    if providers:
-        calibrator.execution_providers = providers
-    calibrator.create_inference_session()
-    return calibrator
-
-
-__all__ = [
-    "MinMaxCalibrater",
-    "EntropyCalibrater",
-    "PercentileCalibrater",
-    "DistributionCalibrater",
-    "MethodCalibrater",
-    "create_calibrator",
-    "MODES",
-    "DEFAULT_STREAMING_BINS",
-]

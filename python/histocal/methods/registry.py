@@ -21,7 +21,7 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   has no model to run. The least error per tensor is not always the best model output, so
   ``histocal.quantize_static(calibrate_method="auto")`` and ``histocal quantize --method auto
   --data ...``, which have the model and data at hand, choose at the model level instead (see
-  ``histocal.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
+  ``histocal.quantize.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
   single method's full range set), the one whose quantized model's output is closest to the float
   model's, K-fold cross-validated (option ``folds``) on the first ``eval_samples`` calibration feeds. Option
   ``per_tensor_estimate=True`` keeps the per-tensor estimate there too.
@@ -35,7 +35,7 @@ are not called for them).
 The error model (``qerror``): the bins' centres (clamped to the data's min/max) stand for their
 values; onnxruntime's ``compute_scale_zp`` maps the range, in the tensor's type (float16 or
 float32, as TensorData holds it), to a scale of that type and a zero point, under the installed
-onnxruntime's degenerate-scale rule (``histocal.scale_rule``: 1.32 changed it for float16); the
+onnxruntime's degenerate-scale rule (``histocal.methods.scale_rule``: 1.32 changed it for float16); the
 error is the count-weighted mean of ``(x - dequantize(quantize(x)))^2``. mse searches with this
 model, and pow2 keeps to the exponents whose range that rule maps back to scale ``2^k``.
 """

@@ -8,7 +8,7 @@
   nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
   ORT-format calibration cache, and writes the user's ``calibration_cache_path`` if given.
   With ``calibrate_method="auto"`` it chooses the ranges by the quantized model's output
-  (``calibrate_and_select``, see ``histocal.selection``).
+  (``calibrate_and_select``, see ``histocal.quantize.selection``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ sums are kept per candidate.
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
 ``quantize --method auto --data`` use it with K-fold cross-validation (see
-``histocal.integration.calibrate_and_select``).
+``histocal.quantize.integration.calibrate_and_select``).
 """
 
 from __future__ import annotations
