@@ -450,3 +450,22 @@ def copy_histograms(source: Any, target: Any) -> None:
     for name in source.names():
         restore_exact(target, name, export_exact(source, name))
 
+
+@dataclass(frozen=True)
+class CollectedData:
+    """What a histogram calibrator has collected (``calibrator.collected()``): the calibration
+    state is built from it, and ``calibrator.restore_collected`` puts one back."""
+
+    mode: str  # how it was collected: "exact" or "streaming"
+    stream: Any = None  # _core.StreamHistograms; exact mode feeds one too, so every method can be served
+    exact: Any = None  # _core.Histograms: ORT's exact histograms (exact mode only)
+    exact_kind: str | None = None  # "value" or "abs"
+    exact_num_bins: int | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The tensors collected, in collection order."""
+        if self.stream is not None:
+            return list(self.stream.names())
+        return [] if self.exact is None else list(self.exact.names())
+

@@ -38,13 +38,15 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core, methods
-from ..collector import HistogramCollector, copy_histograms, copy_stream
+from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
-from ..state import CalibrationState, load_into_calibrator
+from ..state import CalibrationState, model_fingerprint
 
 from .common import _METHODS, _ReadDigest, _augmented_model_path, _binned_and_binnable, _check_mode, _check_streaming_bins, _is_checkpoint, _one_call_at_a_time, _run_batches, _second_read_differs
 
 logger = logging.getLogger(__name__)
+
+_NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
 
 class _HistogramCalibration:
     """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
@@ -65,6 +67,7 @@ class _HistogramCalibration:
         self.show_progress = show_progress
         self._stream: Any = None
         self._mode_used: str | None = None
+        self._model_fingerprint: str | None = None
         self._new_collector()  # validates the settings now (ORT only does at collect time)
 
     def _new_collector(self) -> HistogramCollector:
@@ -249,6 +252,51 @@ class _HistogramCalibration:
         self.collector = None
         self._stream = None
 
+    # -- what has been collected: the calibration state's interface ------------------------------
+
+    def collected(self, *, copy: bool = True) -> CollectedData:
+        """What has been collected: the streaming histograms and, in exact mode, ORT's exact
+        ones. A copy, unless ``copy=False`` (then the streaming histograms are shared: only for
+        reading them at once). ValueError before anything was collected."""
+        with self._lock:  # not while another thread collects
+            if self._mode_used is None:
+                raise ValueError(_NOTHING_COLLECTED)
+            stream = self._stream
+            if stream is not None and copy:
+                stream = copy_stream(stream)
+            exact = kind = num_bins = None
+            if self._mode_used == "exact" and self.collector is not None and self.collector._histograms.names():
+                kind, num_bins = self._kind, int(self.num_bins)
+                exact = _core.Histograms(kind, num_bins)
+                copy_histograms(self.collector._histograms, exact)
+            if stream is None and exact is None:
+                raise ValueError(_NOTHING_COLLECTED)
+            return CollectedData(self._mode_used, stream, exact, kind, num_bins)
+
+    def restore_collected(self, data: CollectedData) -> None:
+        """Replace what has been collected by (a copy of) ``data``."""
+        with self._lock:
+            self._mode_used = data.mode
+            self._stream = None if data.stream is None else copy_stream(data.stream)
+            if data.mode == "exact":
+                self.collector = self._new_collector()
+                if data.exact is not None:
+                    copy_histograms(data.exact, self.collector._histograms)
+
+    @property
+    def model_fingerprint(self) -> str:
+        """``histocal.model_fingerprint`` of the calibrated model (computed once)."""
+        if self._model_fingerprint is None:
+            self._model_fingerprint = model_fingerprint(self.model, getattr(self, "num_model_outputs", None))
+        return self._model_fingerprint
+
+    @property
+    def collection_settings(self) -> dict[str, Any]:
+        """The settings a state records: the histogram settings and the method's options."""
+        settings = {k: getattr(self, k) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")}
+        settings.update(getattr(self, "method_options", {}))
+        return settings
+
     @property
     def state(self) -> Any:
         """A ``histocal.CalibrationState`` (copy) of what has been collected."""
@@ -261,18 +309,51 @@ class _HistogramCalibration:
     @_one_call_at_a_time
     def load_state(self, state: Any) -> None:
         """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
-        load_into_calibrator(self, state)
+        if not isinstance(state, CalibrationState):
+            state = CalibrationState.load(state)
+        self._check_loadable(state)
+        if self._mode_used is not None:
+            state = CalibrationState.from_calibrator(self).merge(state)
+        self.restore_collected(state.collected())
+
+    def _check_loadable(self, state: CalibrationState) -> None:
+        fp = self.model_fingerprint
+        if state.model_fingerprint is not None and state.model_fingerprint != fp:
+            raise ValueError(
+                f"the state was collected on another model (fingerprint {state.model_fingerprint}, this model {fp}): "
+                "it is stale for this model"
+            )
+        if self.tensors_to_calibrate is not None:
+            wanted = set(self._fetch_names()) if getattr(self, "infer_session", None) is not None else set(self.tensors_to_calibrate)
+            if wanted != set(state.names):
+                diff = sorted(wanted ^ set(state.names))[:5]
+                raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
+        if self.mode != "auto" and self.mode != state.mode:
+            raise ValueError(f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}")
+        if state.stream is not None and state.streaming_bins != self.streaming_bins:
+            raise ValueError(f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {self.streaming_bins}")
+        if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self._kind, self.num_bins):
+            raise ValueError(
+                f"incompatible options: the state holds exact {state.exact_kind} histograms of {state.exact_num_bins} "
+                f"bins, this calibrator needs {self._kind} histograms of {self.num_bins} bins (state.compute() can still "
+                "serve these settings)"
+            )
 
     @_one_call_at_a_time
     def compute_data(self) -> TensorsData:
-        method = _METHODS[self.method]
-        if self._mode_used == "streaming":
-            collector = self._new_collector()
-            collector._histograms = self._stream.to_histograms(self._kind, self.num_bins)
-            return TensorsData(method, collector.compute_collection_result())
-        if self.collector is None:
+        """Every method's results from what has been collected. Exact mode: ORT's own computation
+        on ORT's exact histograms (edits of ``collector.histogram_dict`` included); otherwise the
+        calibration state's ``compute``, reading the calibrator's streaming histograms in place."""
+        if self._mode_used == "exact":
+            if self.collector is None:
+                raise ValueError("No collector created and can't generate calibration data.")
+            return TensorsData(_METHODS[self.method], self.collector.compute_collection_result())
+        if self._stream is None:
             raise ValueError("No collector created and can't generate calibration data.")
-        return TensorsData(method, self.collector.compute_collection_result())
+        state = CalibrationState.from_collected(
+            self.collected(copy=False), model_fingerprint=None, method=self.method, settings=self.collection_settings
+        )
+        return state.compute(self.method, **getattr(self, "method_options", {}))
 
 
 class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
@@ -372,15 +453,9 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self.show_progress = show_progress
         self._stream = None
         self._mode_used = None
+        self._model_fingerprint = None
 
     def _new_stream(self) -> Any:
         # pow2 MostCommon needs every batch's vote, collected as the batches come
         votes = self.method == "pow2" and self.method_options.get("minmse_mode") == "MostCommon"
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)
-
-    @_one_call_at_a_time
-    def compute_data(self) -> TensorsData:
-        if self._stream is None:
-            raise ValueError("No collector created and can't generate calibration data.")
-        # read the collected histograms in place: no copy of every tensor's bins
-        return CalibrationState._of_calibrator(self, None, copy_stream=False).compute(self.method, **self.method_options)

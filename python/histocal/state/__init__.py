@@ -1,7 +1,7 @@
 """The calibration state: what a calibration collected, reusable and mergeable, and its file format."""
 
 from .file_format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BINS, MAX_STATE_BYTES, StateError
-from .state import CalibrationState, load_into_calibrator, merge_states, model_fingerprint
+from .state import CalibrationState, merge_states, model_fingerprint
 
 __all__ = [
     "FORMAT_NAME",
@@ -10,7 +10,6 @@ __all__ = [
     "MAX_STATE_BYTES",
     "CalibrationState",
     "StateError",
-    "load_into_calibrator",
     "merge_states",
     "model_fingerprint",
 ]

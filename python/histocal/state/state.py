@@ -40,7 +40,6 @@ The file format and its checks: :mod:`histocal.state.file_format`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -57,7 +56,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 from .. import _core, methods
 from .._version import __version__
-from ..collector import HistogramCollector, copy_histograms, export_exact, restore_exact
+from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
 from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from .file_format import (
@@ -136,14 +135,6 @@ def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
     return h.hexdigest()
 
 
-def _calibrator_fingerprint(cal: Any) -> str:
-    fp = getattr(cal, "_histocal_model_fingerprint", None)
-    if fp is None:
-        fp = model_fingerprint(cal.model, getattr(cal, "num_model_outputs", None))
-        cal._histocal_model_fingerprint = fp
-    return fp
-
-
 def _version() -> str:
     return __version__
 
@@ -177,36 +168,29 @@ class CalibrationState:
 
     @classmethod
     def from_calibrator(cls, cal: Any, data_fingerprint: str | None = None) -> "CalibrationState":
-        """A copy of what a histocal Entropy/Percentile/Distribution calibrator has collected."""
-        with getattr(cal, "_lock", contextlib.nullcontext()):  # not while another thread collects
-            return cls._of_calibrator(cal, data_fingerprint, copy_stream=True)
+        """A copy of what a histocal Entropy/Percentile/Distribution/Method calibrator has collected
+        (through its public interface: ``collected()``, ``model_fingerprint``, ``collection_settings``)."""
+        return cls.from_collected(
+            cal.collected(), model_fingerprint=cal.model_fingerprint, method=cal.method,
+            settings=cal.collection_settings, data_fingerprint=data_fingerprint,
+        )
 
     @classmethod
-    def _of_calibrator(cls, cal: Any, data_fingerprint: str | None, copy_stream: bool) -> "CalibrationState":
-        # copy_stream=False shares the calibrator's streaming histograms: only for reading them
-        # at once (compute_data), never for a state that outlives further collection.
-        mode = getattr(cal, "_mode_used", None)
-        if mode is None:
-            raise ValueError("the calibrator has not collected any data yet (call collect_data first)")
-        stream = None if cal._stream is None else (_copy_stream(cal._stream) if copy_stream else cal._stream)
-        exact = kind = nbins = None
-        names = list(stream.names()) if stream is not None else []
-        if mode == "exact" and cal.collector is not None and cal.collector._histograms.names():
-            src = cal.collector._histograms
-            kind, nbins = cal._kind, int(cal.num_bins)
-            exact = _core.Histograms(kind, nbins)
-            copy_histograms(src, exact)
-            names = names or list(src.names())
-        if stream is None and exact is None:
-            raise ValueError("the calibrator has not collected any data yet (call collect_data first)")
-        settings = {k: _plain(getattr(cal, k)) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")}
-        settings.update({k: _plain(v) for k, v in getattr(cal, "method_options", {}).items()})
+    def from_collected(
+        cls, data: CollectedData, *, model_fingerprint: str | None, method: str | None,
+        settings: dict[str, Any], data_fingerprint: str | None = None,
+    ) -> "CalibrationState":
+        """The state holding ``data`` (shared, not copied) and how it was collected."""
         return cls(
-            names=names, mode=mode, stream=stream, exact=exact, exact_kind=kind, exact_num_bins=nbins,
-            model_fingerprint=_calibrator_fingerprint(cal),
+            names=data.names, mode=data.mode, stream=data.stream, exact=data.exact, exact_kind=data.exact_kind,
+            exact_num_bins=data.exact_num_bins, model_fingerprint=model_fingerprint,
             data_fingerprints=() if data_fingerprint is None else (_check_fingerprint(data_fingerprint),),
-            method=cal.method, settings=settings,
+            method=method, settings={k: _plain(v) for k, v in settings.items()},
         )
+
+    def collected(self) -> CollectedData:
+        """The state's histograms as a calibrator holds them (shared, not copied)."""
+        return CollectedData(self.mode, self.stream, self.exact, self.exact_kind, self.exact_num_bins)
 
     @property
     def streaming_bins(self) -> int | None:
@@ -444,49 +428,6 @@ def merge_states(*states: "CalibrationState | PathLike") -> CalibrationState:
     for s in loaded[1:]:
         out = out.merge(s)
     return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Calibrator integration (called by the calibrators' save_state / state / load_state)
-# ----------------------------------------------------------------------------------------------
-
-
-def load_into_calibrator(cal: Any, state: "CalibrationState | PathLike") -> None:
-    """Make ``cal`` start from ``state`` (merged with anything it already collected)."""
-    if not isinstance(state, CalibrationState):
-        state = CalibrationState.load(state)
-    fp = _calibrator_fingerprint(cal)
-    if state.model_fingerprint is not None and state.model_fingerprint != fp:
-        raise ValueError(
-            f"the state was collected on another model (fingerprint {state.model_fingerprint}, this model {fp}): "
-            "it is stale for this model"
-        )
-    if cal.tensors_to_calibrate is not None:
-        wanted = set(cal._fetch_names()) if getattr(cal, "infer_session", None) is not None else set(cal.tensors_to_calibrate)
-        if wanted != set(state.names):
-            diff = sorted(wanted ^ set(state.names))[:5]
-            raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
-    if cal.mode != "auto" and cal.mode != state.mode:
-        raise ValueError(f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={cal.mode!r}")
-    if state.stream is not None and state.streaming_bins != cal.streaming_bins:
-        raise ValueError(f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {cal.streaming_bins}")
-    if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (cal._kind, cal.num_bins):
-        raise ValueError(
-            f"incompatible options: the state holds exact {state.exact_kind} histograms of {state.exact_num_bins} "
-            f"bins, this calibrator needs {cal._kind} histograms of {cal.num_bins} bins (state.compute() can still "
-            "serve these settings)"
-        )
-    if cal._mode_used is not None:
-        state = CalibrationState.from_calibrator(cal).merge(state)
-    cal._mode_used = state.mode
-    cal._stream = None if state.stream is None else _copy_stream(state.stream)
-    if state.mode == "exact":
-        cal.collector = cal._new_collector()
-        if state.exact is not None:
-            copy_histograms(state.exact, cal.collector._histograms)
-        cal.collector._dict = None
-
-
 
 
 def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
