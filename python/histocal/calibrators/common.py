@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
+from ..methods.table import ORT_TABLE
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +28,7 @@ MODE_OPTION = "CollectionMode"
 STREAMING_BINS_OPTION = "StreamingBins"
 METHOD_OPTIONS_OPTION = "MethodOptions"
 
-_METHODS = {
-    "entropy": CalibrationMethod.Entropy,
-    "percentile": CalibrationMethod.Percentile,
-    "distribution": CalibrationMethod.Distribution,
-}
+_METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
 
 
 def _check_mode(mode: str | None) -> str:

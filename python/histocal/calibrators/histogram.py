@@ -40,6 +40,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import _core, methods
 from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
+from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
 
 from .common import _METHODS, _ReadDigest, _augmented_model_path, _binned_and_binnable, _check_mode, _check_streaming_bins, _is_checkpoint, _one_call_at_a_time, _run_batches, _second_read_differs
@@ -456,6 +457,6 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self._model_fingerprint = None
 
     def _new_stream(self) -> Any:
-        # pow2 MostCommon needs every batch's vote, collected as the batches come
-        votes = self.method == "pow2" and self.method_options.get("minmse_mode") == "MostCommon"
+        # a method choosing per batch needs every batch's vote, collected as the batches come
+        votes = collects_votes(self.method, self.method_options)
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)

@@ -14,15 +14,20 @@ from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence
 
 
+from ..methods.table import HISTOCAL_METHODS, HISTOCAL_TABLE, ORT_METHODS, ORT_TABLE, QTYPES, TABLE
+
+ALL_ORT_OPTIONS = {o.name for m in ORT_TABLE for o in m.options}
+
 logger = logging.getLogger("histocal.cli")
 
 
-METHODS = ("minmax", "entropy", "percentile", "distribution")
-HISTOGRAM_METHODS = METHODS[1:]
-HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
-_METHOD_NAMES = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
-# Options of histocal's own methods (mse, kl, pow2, auto), passed as MethodOptions.
-_METHOD_OPTION_KEYS = ("qtype", "pow2_method", "minmse_mode")
+METHODS = ORT_METHODS
+HISTOGRAM_METHODS = tuple(m.name for m in ORT_TABLE if m.histogram == "exact")
+_METHOD_NAMES = {m.name: m.ort.name for m in ORT_TABLE if m.ort is not None}
+# Options of histocal's own methods only (mse, kl, pow2, auto), passed as MethodOptions.
+_METHOD_OPTION_KEYS = tuple(
+    dict.fromkeys(o.name for m in HISTOCAL_TABLE for o in m.options if o.name not in ALL_ORT_OPTIONS)
+)
 # histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] and ["folds"] (not imported: fast --help)
 AUTO_EVAL_SAMPLES = 16
 AUTO_FOLDS = 2
@@ -241,12 +246,17 @@ def _add_method_options(p: argparse.ArgumentParser, *, default_method: str | Non
     g.add_argument("--percentile", type=_percentile, metavar="P", help="percentile: the percentile (default 99.999)")
     g.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
                    help="symmetric ranges (ORT defaults: percentile yes, others no)")
-    g.add_argument("--scenario", choices=("same", "p3"), help="distribution: scenario (default same)")
-    g.add_argument("--qtype", choices=("int8", "uint8", "int16", "uint16"),
+    scenario = TABLE["distribution"].option("scenario")
+    g.add_argument("--scenario", choices=scenario.choices, help=f"distribution: {scenario.help} (default {scenario.default})")
+    g.add_argument("--qtype", choices=QTYPES,
                    help="mse/pow2/auto: target type of the error model (default int8; quantize: the activation type)")
-    g.add_argument("--pow2-method", choices=("NonOverflow", "MinMSE"), help="pow2: scale choice (default MinMSE)")
-    g.add_argument("--minmse-mode", choices=("All", "MostCommon"),
-                   help="pow2 MinMSE: over all data, or the most common per-batch choice (default All)")
+    for name in _METHOD_OPTION_KEYS:
+        if name == "qtype":
+            continue
+        users = [m for m in HISTOCAL_TABLE if any(o.name == name for o in m.options)]
+        option = users[0].option(name)
+        g.add_argument(f"--{name.replace('_', '-')}", choices=option.choices,
+                       help=f"{'/'.join(m.name for m in users)}: {option.help} (default {option.default})")
     if minmax:
         g.add_argument("--moving-average", action="store_true", default=None, help="minmax: moving average of ranges")
         g.add_argument("--averaging-constant", type=_float, metavar="C",

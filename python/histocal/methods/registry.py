@@ -9,12 +9,10 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   thresholds from ``num_quantized_bins`` bins upward, KL divergence with the quantized
   distribution zero where the reference is zero; the low end is raised to the data's min when
   that is above -t, so a Relu output gets (0, t));
-* ``"pow2"``: power-of-two scales as in AMD Quark: ``NonOverflow`` (the smallest power-of-two
-  scale whose range covers the data) or ``MinMSE`` (the power-of-two scale with the least squared
-  error, over all data, ``All``, or the most common per-batch choice, ``MostCommon``); the range
-  returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into scale
-  ``s`` and zero point 0. Only scales whose range the tensor's type holds are candidates
-  (float32: up to 2^120 for int8); NonOverflow data needing a larger one is an error;
+* ``"pow2"``: power-of-two scales as in AMD Quark (its options: :mod:`histocal.methods.table`); the
+  range returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into
+  scale ``s`` and zero point 0. Only scales whose range the tensor's type holds are candidates
+  (float32: up to 2^120 for int8); data whose covering scale is larger is an error;
 * ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
   mse has the least estimated quantization error (the ``mse`` error model). This is what
   ``CalibrationState.compute("auto")`` (and ``calibrate``, ``create_calibrator``) return: a state
@@ -54,21 +52,22 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 from .. import _core
 from .scale_rule import SCALE_RULE
+from .table import (
+    ALL_DATA,
+    HISTOCAL_METHODS,
+    HISTOCAL_TABLE,
+    MIN_MSE,
+    NON_OVERFLOW,
+    ORT_METHODS,
+    POW2_QTYPES,
+    QTYPES,
+    TABLE,
+)
 
 logger = logging.getLogger(__name__)
 
-ORT_METHODS = ("minmax", "entropy", "percentile", "distribution")
-HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
-QTYPES = ("int8", "uint8", "int16", "uint16")
-POW2_QTYPES = ("int8", "uint8", "int16")
-
-# Options of the histocal methods and their defaults.
-METHOD_OPTIONS: dict[str, dict[str, Any]] = {
-    "mse": {"qtype": "int8", "symmetric": False},
-    "kl": {"num_bins": 2048, "num_quantized_bins": 128},
-    "pow2": {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"},
-    "auto": {"qtype": "int8", "symmetric": False},
-}
+# Options of the histocal methods and their defaults (from the method table).
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in HISTOCAL_TABLE}
 # auto's candidates: (label, method, options), in tie-breaking order.
 AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("minmax", "minmax", {"symmetric": False}),
@@ -91,8 +90,8 @@ MODEL_AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("entropy 2048", "entropy", {"symmetric": False, "num_bins": 2048, "num_quantized_bins": 128}),
     ("kl", "kl", {}),
     ("mse", "mse", {}),
-    ("pow2 NonOverflow", "pow2", {"pow2_method": "NonOverflow"}),
-    ("pow2 MinMSE", "pow2", {"pow2_method": "MinMSE", "minmse_mode": "All"}),
+    (f"pow2 {NON_OVERFLOW}", "pow2", {"pow2_method": NON_OVERFLOW}),
+    (f"pow2 {MIN_MSE}", "pow2", {"pow2_method": MIN_MSE, "minmse_mode": ALL_DATA}),
 )
 # Options of auto's model-level choice (not of the per-tensor method: a state cannot use them).
 AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "folds": 2, "per_tensor_estimate": False}
@@ -198,11 +197,10 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{method}: {key} must be an integer in [1, {_core.MAX_BINS}], got {value!r}")
     if method == "kl" and out["num_bins"] < out["num_quantized_bins"]:
         raise ValueError(f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})")
-    if method == "pow2":
-        if out["pow2_method"] not in ("NonOverflow", "MinMSE"):
-            raise ValueError(f"pow2: pow2_method must be 'NonOverflow' or 'MinMSE', got {out['pow2_method']!r}")
-        if out["minmse_mode"] not in ("All", "MostCommon"):
-            raise ValueError(f"pow2: minmse_mode must be 'All' or 'MostCommon', got {out['minmse_mode']!r}")
+    for option in TABLE[method].options:
+        if option.kind is str and option.name != "qtype" and out[option.name] not in (option.choices or ()):
+            allowed = " or ".join(map(repr, option.choices or ()))
+            raise ValueError(f"{method}: {option.name} must be {allowed}, got {out[option.name]!r}")
     return out
 
 

@@ -13,7 +13,7 @@
 
 Methods: ``minmax``, ``entropy`` and ``percentile`` (onnxruntime's, computed by
 ``CalibrationState.compute``: the state's own settings for the method it was collected with,
-onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (MinMSE, All) and ``auto``
+onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (its default options) and ``auto``
 (``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
 them and to the error estimate (``state.stream.qerrors``: the mean squared error of quantizing and
 dequantizing the histogram's values with the range, under the installed onnxruntime's
@@ -188,7 +188,7 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
         f"tensor in green). Outlier ratio: max|x| / p{OUTLIER_PERCENTILE:g}(|x|), highlighted above "
         f"{OUTLIER_THRESHOLD:g}. minmax, entropy and percentile are onnxruntime's methods, here with "
         f"symmetric={bool(info['symmetric'])} (their other settings: the state's own for the method it was collected "
-        "with, onnxruntime's defaults otherwise); pow2 is MinMSE over all data. "
+        "with, onnxruntime's defaults otherwise); pow2 uses its default options. "
         "Counts are finite values; NaN and ±Inf are listed apart.</p>")
     if problems:
         out.append('<div class="problems"><b>Not available:</b><ul>' + "".join(

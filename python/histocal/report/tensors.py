@@ -12,11 +12,14 @@ import numpy as np
 from .. import methods as _methods
 from ..methods.scale_rule import SCALE_RULE
 
+from ..methods.table import TABLE
+
 logger = logging.getLogger(__name__)
 
 
 REPORT_METHODS = ("minmax", "entropy", "percentile", "mse", "kl", "pow2", "auto")
-LABELS = {"pow2": "pow2 (MinMSE, All)"}
+_POW2 = TABLE["pow2"].defaults
+LABELS = {"pow2": f"pow2 ({_POW2['pow2_method']}, {_POW2['minmse_mode']})"}
 COLOURS = {
     "minmax": "#6b6b6b",
     "entropy": "#1f77b4",
@@ -111,7 +114,7 @@ def _method_settings(method: str, qtype: str, symmetric: bool) -> dict[str, Any]
     if method in ("minmax", "entropy", "percentile"):
         return {"symmetric": symmetric}
     if method == "pow2":
-        return {"qtype": qtype, "pow2_method": "MinMSE", "minmse_mode": "All"}
+        return {**_POW2, "qtype": qtype}
     if method == "kl":
         return {}
     return {"qtype": qtype, "symmetric": symmetric}  # mse, auto

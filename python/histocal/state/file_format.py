@@ -11,7 +11,7 @@ plain little-endian numeric ``.npy`` members, never pickles:
   length}`` (the non-zero span of the bins) or null, ``exact`` = ``{edge_dtype, bins}`` or null);
 * ``stream_bins`` (the spans concatenated, as the narrowest of uint8/16/32/64 that holds them), ``stream_stats`` (float64 (n, 3): finite min,
   finite max, min |x|; NaN when there are no finite values), ``stream_counts`` (uint64 (n, 5):
-  finite, NaN, +Inf, -Inf, batches), and, when pow2 MostCommon votes were collected,
+  finite, NaN, +Inf, -Inf, batches), and, when pow2's per-batch votes were collected,
   ``stream_votes`` (int64 (m, 4): tensor index, type (int8, uint8, int16), exponent, batches);
 * ``exact_hist`` (concatenated, int64 or the narrowest of uint8/16/32 that holds the counts), ``exact_edges_float16/32/64`` (edges concatenated per edge
   dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
@@ -40,7 +40,8 @@ from typing import Any, BinaryIO, Iterable, NoReturn
 
 import numpy as np
 
-from .. import _core, methods
+from .. import _core
+from ..methods.table import ALL_OPTIONS, QTYPES
 from ..io.files import parse_bounded_json, READ_CHUNK
 
 FORMAT_NAME = "histocal-calibration-state"
@@ -258,14 +259,10 @@ def _settings(v: Any) -> dict[str, Any]:
         elif key == "percentile":
             if type(value) not in (int, float) or not 0 <= value <= 100:
                 _fail(f"{where}: expected a number in [0, 100]")
-        elif key == "scenario":
-            _str(value, where, ("same", "p3"))
         elif key == "qtype":
-            _str(value, where, methods.QTYPES)
-        elif key == "pow2_method":
-            _str(value, where, ("NonOverflow", "MinMSE"))
-        elif key == "minmse_mode":
-            _str(value, where, ("All", "MostCommon"))
+            _str(value, where, QTYPES)
+        elif key in ALL_OPTIONS and ALL_OPTIONS[key].choices is not None:
+            _str(value, where, ALL_OPTIONS[key].choices)
         else:
             _fail(f"{where}: unknown setting")
         out[key] = value

@@ -73,6 +73,7 @@ from .file_format import (
     _plain,
     read_members,
 )
+from ..methods.table import ORT_TABLE
 from .merge import _merge_exact
 
 
@@ -80,19 +81,9 @@ __all__ = ["CalibrationState", "merge_states", "model_fingerprint", "FORMAT_NAME
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_ORT_METHODS = {
-    "minmax": CalibrationMethod.MinMax,
-    "entropy": CalibrationMethod.Entropy,
-    "percentile": CalibrationMethod.Percentile,
-    "distribution": CalibrationMethod.Distribution,
-}
+_ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
 # create_calibrator's defaults (what quantize_static uses)
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "minmax": {"symmetric": False},
-    "entropy": {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128},
-    "percentile": {"symmetric": True, "num_bins": 2048, "percentile": 99.999},
-    "distribution": {"num_bins": 2048, "scenario": "same"},
-}
+_DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
 _FULL = {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128, "percentile": 99.999, "scenario": "same"}
 
 
