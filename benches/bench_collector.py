@@ -47,7 +47,7 @@ import histocal
 
 # graphs.py (the ONNX model builder shared with the tests) lives in tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from graphs import GraphBuilder, tensor  # noqa: E402
+from graphs import GraphBuilder, tensor
 
 NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128
@@ -323,7 +323,7 @@ def cnn_activations(
     rng = np.random.default_rng(seed + 1)
     # Contrast varies per input, so later collect calls can exceed the range (histograms grow).
     runs = []
-    for k in range(n_inputs):
+    for _k in range(n_inputs):
         img = image_like(rng, channels, hw, contrast=rng.uniform(0.7, 1.5))
         runs.append(sess.run(names, {"input": img}))
     return names, runs

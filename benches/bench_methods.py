@@ -212,8 +212,9 @@ def as_ranges(td: Any) -> Any:
 
 def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetric: bool) -> str:
     """Quantize with the given ranges, no calibration. Returns how."""
-    import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
+
+    import histocal
 
     kw = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
               extra_options={"ActivationSymmetric": symmetric})
@@ -226,8 +227,9 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetr
             return "histocal.quantize_static(tensors_range=)"
         import importlib
 
-        from histocal.io.cache import save_tensors_data
         from onnxruntime.quantization import CalibrationMethod
+
+        from histocal.io.cache import save_tensors_data
 
         cache = workdir / "ranges.json"
         with contextlib.suppress(FileNotFoundError):
@@ -258,8 +260,9 @@ def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool,
              selection_options: dict[str, Any]) -> tuple[float, float, str]:
     """histocal.quantize_static(calibrate_method="auto") on the calibration inputs, with auto's
     selection options as method_options: (total seconds, seconds of the choice, chosen candidate)."""
-    import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
+
+    import histocal
 
     chosen = _Chosen()
     selection_log = logging.getLogger("histocal.quantize.selection")
@@ -317,8 +320,9 @@ class ModelRun:
 
 
 def collect_state(model_path: str, feeds: list[dict], workdir: Path) -> tuple[Any, float]:
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     cal = histocal.create_calibrator(
         model_path, augmented_model_path=str(workdir / "augmented.onnx"),
@@ -393,7 +397,8 @@ def machine_info() -> list[str]:
     import histocal
 
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     except (OSError, StopIteration):
         cpu = platform.processor() or "unknown CPU"
     return [f"{cpu}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, numpy {np.__version__}, "
@@ -409,7 +414,7 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
     md = ["## Calibration methods: int8 QDQ output SQNR", "", "Command (from the repository root):", "",
           "```", command, "```", ""]
     md += [f"- {line}" for line in machine_info()]
-    md += [f"- {len(runs) and runs[0].how or '-'}; QDQ, activations and weights QInt8 (per tensor), "
+    md += [f"- {(len(runs) and runs[0].how) or '-'}; QDQ, activations and weights QInt8 (per tensor), "
            f"{args.calib} calibration inputs, {args.held} held-back inputs (seeds {args.seed} / {args.seed + 1}); "
            f"wall time {elapsed:.0f} s"]
     for r in runs:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_calibrate as bc  # noqa: E402  (the model and reader of the end-to-end benchmark)
+import bench_calibrate as bc
 
 
 def cpu_seconds() -> float:
@@ -63,8 +63,9 @@ def session(path: str, spinning: bool) -> Any:
 
 
 def augmented(model: str, workdir: Path) -> str:
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     path = str(workdir / "augmented.onnx")
     histocal.create_calibrator(model, augmented_model_path=path, calibrate_method=CalibrationMethod.Entropy)
@@ -74,8 +75,9 @@ def augmented(model: str, workdir: Path) -> str:
 def collect_ab(model: str, work: Path, feeds: list[dict], repeat: int) -> dict[bool, float]:
     """Streaming Entropy collect_data over the feeds, seconds (median), with histocal's session
     (threads sleeping) and with the same calibrator on a spinning session, alternating."""
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeat):
@@ -100,9 +102,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", help="write the markdown report to this file")
     args = ap.parse_args(argv)
 
+    import onnx
+
     import histocal
     from histocal import _core
-    import onnx
 
     with tempfile.TemporaryDirectory(prefix="bench_overlap.") as tmp:
         work = Path(tmp)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 
+import models
 import numpy as np
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, TensorData, TensorsData
-
-import histocal
-import models
 from parity import argmin_spy, assert_entropy_threshold, assert_same, quiet
 
+import histocal
 
 MM, ENT, PCT, DIST = (
     CalibrationMethod.MinMax,

@@ -425,12 +425,12 @@ def pow2_error_exact(h: Hist, k: int, qtype: str) -> Fraction:
     return total / int(h.counts.sum(dtype=np.uint64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pow2_bounds(qtype: str, dtype: str = "float32") -> tuple[int, int]:
     """The smallest and largest k whose range (qmin 2^k, qmax 2^k) in ``dtype`` the installed
     onnxruntime's compute_scale_zp maps back to scale 2^k, zero point 0 (every k between too)."""
     ks = [k for k in range(-300, 301) if ort_scale_zp(*pow2_range(k, qtype), qtype, False, dtype) == (math.ldexp(1.0, k), 0)]
-    assert ks and ks == list(range(ks[0], ks[-1] + 1)) and -300 < ks[0] and ks[-1] < 300, (qtype, dtype, ks)
+    assert ks and ks == list(range(ks[0], ks[-1] + 1)) and ks[0] > -300 and ks[-1] < 300, (qtype, dtype, ks)
     return ks[0], ks[-1]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-
 from graphs import F16, GraphBuilder, tensor
 
 

@@ -18,7 +18,6 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
 from onnxruntime.quantization.calibrate import TensorData
 
-
 # ----------------------------------------------------------------------------------------------
 # Running the two collectors
 # ----------------------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
                 c = _resolve_open_top(hc, c)
                 _count_infs_binned(hc, c, run.infs_binned)
                 hc.collect(c)
-        except Exception as e:  # noqa: BLE001 - every ORT failure is classified by the caller
+        except Exception as e:
             run.error, run.stage = e, "collect"
             return run
         if not compute:
@@ -261,7 +260,7 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
                     run.result = hc.compute_collection_result()
             else:
                 run.result = hc.compute_collection_result()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             run.error, run.stage = e, "compute"
         # compute_entropy visits histogram_dict in order and calls argmin once per tensor.
         run.kl = dict(zip(list(hc.histogram_dict), records))

@@ -34,9 +34,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, quantize_static
 from onnxruntime.quantization import calibrate as ort
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
 from parity import quiet
 from profiles import examples
+
 from histocal.io import cache
 
 METHODS = list(CalibrationMethod)
@@ -663,10 +663,10 @@ def _paths(node, prefix=()):
     yield prefix
     if isinstance(node, dict):
         for key, child in node.items():
-            yield from _paths(child, prefix + (key,))
+            yield from _paths(child, (*prefix, key))
     elif isinstance(node, list):
         for index, child in enumerate(node):
-            yield from _paths(child, prefix + (index,))
+            yield from _paths(child, (*prefix, index))
 
 
 BASE_PATHS = [list(_paths(json.loads(doc))) for doc in BASE_DOCUMENTS]
@@ -909,7 +909,7 @@ def test_concurrent_writers(tmp_path):
                 continue
             try:
                 seen.append(as_map(cache.load_tensors_data(path)) in expected)
-            except Exception as exc:  # noqa: BLE001 - any failure here means a torn or missing file
+            except Exception as exc:
                 errors.append(exc)
 
     def writer(offset):

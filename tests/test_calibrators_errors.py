@@ -8,17 +8,28 @@ import logging
 import re
 import tracemalloc
 
+import models
 import numpy as np
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    FORMS,
+    MM,
+    ORT_CREATE,
+    PCT,
+    OnceReader,
+    RewindReader,
+    as_form,
+    assert_tensors_same,
+    make_histocal,
+    run_histocal,
+    run_ort,
+)
 from onnxruntime.quantization.calibrate import CalibrationMethod
+from parity import quiet
 
 import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, FORMS, MM, ORT_CREATE, OnceReader, PCT, RewindReader, as_form, assert_tensors_same, make_histocal,
-    run_histocal, run_ort,
-)
-from parity import quiet
 
 
 @pytest.mark.parametrize("method", [MM, ENT, PCT, DIST], ids=lambda m: m.name)
@@ -189,7 +200,7 @@ def test_a_failed_collect_leaves_earlier_data_unchanged(paths, tmp_path, mode):
     mode or midway in streaming mode) changes nothing: the calibrator can go on as if it had
     not happened."""
     good = models.cnn_feeds(3)
-    bad = list(models.cnn_feeds(2)) + [{"X": np.zeros((1, 2), np.float32)}]
+    bad = [*list(models.cnn_feeds(2)), {"X": np.zeros((1, 2), np.float32)}]
     cal = make_histocal(paths["cnn"], PCT, {}, tmp_path / "a.onnx", mode=mode)
     cal.collect_data(list(good))
     before = cal.compute_data()

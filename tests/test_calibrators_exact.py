@@ -12,22 +12,36 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import models
 import numpy as np
 import onnxruntime as ort
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    FORMS,
+    MM,
+    ORT_CREATE,
+    PCT,
+    OnceReader,
+    OrtResult,
+    RewindReader,
+    as_form,
+    assert_tensors_same,
+    chunks_for,
+    flat,
+    histocal_calibrator,
+    make_histocal,
+    run_histocal,
+    run_ort,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationDataReader
-
-import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, FORMS, MM, ORT_CREATE, OnceReader, OrtResult, PCT, RewindReader, as_form, assert_tensors_same,
-    chunks_for, flat, histocal_calibrator, make_histocal, run_histocal, run_ort,
-)
 from parity import argmin_spy, assert_same, quiet
 
+import histocal
 
 MINMAX_CONFIGS = {
     "default": {},

@@ -4,20 +4,32 @@
 
 from __future__ import annotations
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    MM,
+    ORT_CREATE,
+    ORT_QUANTIZE,
+    PCT,
+    OnceReader,
+    RewindReader,
+    StridedReader,
+    assert_tensors_same,
+    chunks_for,
+    flat,
+    ranges,
+    run_ort,
+)
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization import calibrate as oc
+from parity import quiet
 
 import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, MM, ORT_CREATE, ORT_QUANTIZE, OnceReader, PCT, RewindReader, StridedReader, assert_tensors_same,
-    chunks_for, flat, ranges, run_ort,
-)
-from parity import quiet
 
 
 def _quantize_ort(path, out, feeds, method, extra=None, **kw):

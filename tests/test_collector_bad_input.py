@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from parity import (
     assert_counts,
     assert_hist_tuple_same,
@@ -45,7 +44,7 @@ def _new(cfg):
     return _histocal().HistogramCollector(**cfg)
 
 
-def _raises_somewhere(exc, cfg, collects=({"t": np.arange(4, dtype=f32)},)):
+def _raises_somewhere(exc, cfg, collects=({"t": np.arange(4, dtype=f32)},)):  # noqa: B008 - read only
     """The error may come from the constructor, collect() or compute_collection_result()."""
     with pytest.raises(exc) as info, quiet():
         hc = _new(cfg)
@@ -213,7 +212,7 @@ def test_all_nan_and_empty_tensors_give_ort_empty_result(key, dtype, shape):
     cfg = _cfg(key)
     empty = np.zeros((0,), dtype)
     data = np.full(shape, np.nan, dtype)
-    hc, ours = _compare_with_ort(cfg, [{"n": data, "e": empty}], [{"n": empty, "e": empty}])
+    hc, _ours = _compare_with_ort(cfg, [{"n": data, "e": empty}], [{"n": empty, "e": empty}])
     c = hc.counts["n"]
     assert (c.finite, c.nan, c.posinf, c.neginf, c.batches) == (0, data.size, 0, 0, 1)
     c = hc.counts["e"]

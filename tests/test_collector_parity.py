@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
-
 from parity import (
     argmin_spy,
     assert_hist_tuple_same,
@@ -65,7 +64,7 @@ def _run_property(cfg, plan, growth):
     report = check_parity(cfg, collects)
     for reason in report.deviations.values():
         event(f"deviation: {reason}")
-    for name in report.near_ties:
+    for _name in report.near_ties:
         event("entropy threshold differs: accepted as a KL near-tie")
     for reason in report.fallback.values():
         event(f"compared against ORT on flattened finite values: {reason}")
@@ -460,10 +459,7 @@ def test_deviation_non_finite(method, where, bad):
     m = "percentile" if sym else method
     cfg = _cfg(m, symmetric=sym, num_bins=512, num_quantized_bins=8, percentile=99.9)
     good = np.array([[0.5, -1.25, 2.0], [0.1, 0.0, -0.3]], f32)
-    if bad == "all-nan":
-        badarr = np.full((2, 2), np.nan, f32)
-    else:
-        badarr = np.array([1.5, bad, -0.75], f32)
+    badarr = np.full((2, 2), np.nan, f32) if bad == "all-nan" else np.array([1.5, bad, -0.75], f32)
     collects = [{"n": badarr}, {"n": good}] if where == "first" else [{"n": good}, {"n": badarr}]
     rep = _parity(cfg, collects)
     assert set(rep.compared) | set(rep.deviations) == {"n"}
@@ -643,9 +639,9 @@ def _f16_overflow_cases(draw):
     else:  # bins about 1 to 40 wide: the extensions that reach 65504 without overflowing arange
         first_max = float(f16(min(65504.0, nb * draw(st.sampled_from([1.0, 1.3, 1.664, 2.5, 3.0, 5.0, 10.0, 17.0, 40.0])))))
     below = draw(_f16_values(first_max)) if draw(st.booleans()) else [0.0]
-    first = np.array(below + [first_max * draw(st.sampled_from([1, -1]))], f16)
+    first = np.array([*below, first_max * draw(st.sampled_from([1, -1]))], f16)
     # The first later collect extends towards 65504; the others may follow an open top.
-    later = [draw(_f16_later_collect(first_max, ("big",)))] + draw(st.lists(_f16_later_collect(first_max), max_size=3))
+    later = [draw(_f16_later_collect(first_max, ("big",))), *draw(st.lists(_f16_later_collect(first_max), max_size=3))]
     return _cfg("percentile", symmetric=True, num_bins=nb, percentile=p), [{"x": first}] + [{"x": v} for v in later]
 
 
@@ -682,7 +678,6 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from parity import (  # noqa: E402
-    MAX_BINS,
     OrtNotRun,
     classify_ort_error,
     ort_bins_needed,

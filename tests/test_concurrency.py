@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+import models
 import numpy as np
 import onnx
 import pytest
+from calibrator_runs import assert_tensors_same
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+from parity import assert_hist_tuple_same, assert_same, quiet
 
 import histocal
-import models
-from calibrator_runs import assert_tensors_same
-from parity import assert_hist_tuple_same, assert_same, quiet
 
 THREADS = 4  # collecting threads per round
 ROUNDS = 3
@@ -48,7 +49,7 @@ def run_at_once(calls: list[Callable[[], Any]]) -> list[BaseException | None]:
         barrier.wait()
         try:
             calls[i]()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             errors[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]

@@ -13,6 +13,7 @@ same dict entries and the same results:
 
 from __future__ import annotations
 
+import models
 import numpy as np
 import onnx
 import pytest
@@ -21,11 +22,10 @@ from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
-
-import histocal
-import models
 from parity import argmin_spy, assert_hist_tuple_same, assert_result_same, assert_same, quiet
 from profiles import examples
+
+import histocal
 
 CFGS = {
     "entropy": dict(method="entropy", symmetric=False, num_bins=128, num_quantized_bins=16, percentile=99.999, scenario="same"),

@@ -92,9 +92,9 @@ def test_no_import_cycles():
         state[m] = 1
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                cycles.append(path[path.index(d):] + [d])
+                cycles.append([*path[path.index(d):], d])
             elif d not in state:
-                visit(d, path + [d])
+                visit(d, [*path, d])
         state[m] = 2
 
     for m in sorted(graph):

@@ -21,7 +21,7 @@ def test_histocal_methods_defaults_are_the_table_defaults():
     for m in table.HISTOCAL_TABLE:
         assert methods.METHOD_OPTIONS[m.name] == m.defaults
         assert methods.check_options(m.name, {}) == m.defaults
-    assert methods.ORT_METHODS + methods.HISTOCAL_METHODS == tuple(table.TABLE)
+    assert tuple(table.TABLE) == methods.ORT_METHODS + methods.HISTOCAL_METHODS
 
 
 @pytest.mark.parametrize(("method", "option"), STR_OPTIONS, ids=[f"{m}.{o.name}" for m, o in STR_OPTIONS])

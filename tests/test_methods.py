@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import math
 
+import method_refs as R
 import numpy as np
 import onnx
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
-
-import method_refs as R
-from profiles import examples
 from method_refs import Hist
+from onnx import TensorProto, helper, numpy_helper
+from profiles import examples
 
 REL = 1e-9
 ABS = 1e-300
@@ -301,7 +300,7 @@ def test_reference_kl_vectorised_is_literal(h, nq, extra):
 
 def test_reference_pow2_range_maps_back_to_the_scale():
     """(qmin 2^k, qmax 2^k) gives ORT's asymmetric compute_scale_zp exactly scale 2^k, zero point 0."""
-    for qtype, (qmin, qmax) in R.POW2_RANGES.items():
+    for qtype, (_qmin, _qmax) in R.POW2_RANGES.items():
         for k in range(-120, 100, 7):
             lo, hi = R.pow2_range(k, qtype)
             assert R.ort_scale_zp(lo, hi, qtype, False) == (math.ldexp(1.0, k), 0), (qtype, k)
@@ -680,8 +679,9 @@ def _api_batches() -> list[dict[str, np.ndarray]]:
 def api(request, tmp_path_factory):
     """A streaming state of the model (2048 streaming bins, and histocal's default), and one
     state per batch (what each batch's histogram is on its own)."""
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     bins = request.param
     tmp = tmp_path_factory.mktemp("methods_api")
@@ -914,8 +914,9 @@ def test_api_unknown_method(api):
 def test_api_quantize_static_with_pow2_ranges(api):
     """quantize_static(tensors_range=) uses the given ranges: pow2 ranges give power-of-two
     activation scales and zero point 0 in the QDQ model."""
-    import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
+
+    import histocal
 
     state = api["state"]
     td = state.compute("pow2", qtype="int8", pow2_method="MinMSE")

@@ -21,15 +21,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from graphs import GraphBuilder, tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
-
-import histocal
-from graphs import GraphBuilder, tensor
 from parity import assert_same, quiet
 from profiles import examples
+
+import histocal
 
 MM = CalibrationMethod.MinMax
 CHANNELS = 3

@@ -17,15 +17,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import models
 import numpy as np
 import onnx
 import pytest
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
+from parity import quiet
 
 import histocal
-import models
-from parity import quiet
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

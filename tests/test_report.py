@@ -18,10 +18,10 @@ from PIL import Image
 
 import histocal
 from histocal import _core
-from histocal.report import images as report_images
-from histocal.report import page as report
 from histocal.cli import main
 from histocal.methods.scale_rule import SCALE_RULE
+from histocal.report import images as report_images
+from histocal.report import page as report
 from histocal.state import CalibrationState
 
 pytest.importorskip("matplotlib")
@@ -233,7 +233,7 @@ def test_rows_by_outlier_ratio_and_highlight(full_report, state):
 
 def test_nonfinite_counts_shown(full_report, state):
     text = (full_report / "index.html").read_text(encoding="utf-8")
-    finite, nan, posinf, neginf, _ = state.counts(NAMES["log"])
+    _finite, _nan, _posinf, neginf, _ = state.counts(NAMES["log"])
     assert neginf > 0
     assert f"{neginf:,} -Inf" in text
     rows = {r["name"]: r for r in _page(full_report).rows}

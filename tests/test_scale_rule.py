@@ -19,15 +19,15 @@ from __future__ import annotations
 import logging
 import math
 
+import method_refs as R
 import numpy as np
 import onnxruntime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
-import method_refs as R
 from profiles import examples
+
 from histocal import _core, methods
 from histocal.methods import scale_rule
 from histocal.methods.scale_rule import SCALE_RULE
@@ -40,7 +40,7 @@ def ort_version() -> tuple[int, int]:
 
 
 def test_detected_rule_is_the_installed_versions():
-    assert SCALE_RULE == ("1.32" if ort_version() >= (1, 32) else "1.31"), (onnxruntime.__version__, SCALE_RULE)
+    assert ("1.32" if ort_version() >= (1, 32) else "1.31") == SCALE_RULE, (onnxruntime.__version__, SCALE_RULE)
 
 
 def test_unknown_behaviour_falls_back_on_the_version_with_a_warning(monkeypatch, caplog):
@@ -163,7 +163,7 @@ def test_pow2_ranges_keep_a_power_of_two_scale_in_onnxruntime(options, qtype):
     pairs, _ = methods.ranges(stream, names, "pow2", opts, ort_ranges=None)
     td = methods.to_tensors_data(names, pairs, {"h": "float16", "f": "float32"})
     qmin, qmax = get_qmin_qmax_for_qType(R.QTYPES[qtype], reduce_range=False, symmetric=False)
-    for name, (low, high) in zip(names, pairs):
+    for name, (_low, high) in zip(names, pairs):
         lowest, highest = td[name].range_value
         zp, scale = compute_scale_zp(lowest, highest, qmin, qmax, False)
         scale, zp = float(np.asarray(scale).reshape(-1)[0]), int(np.asarray(zp).reshape(-1)[0])

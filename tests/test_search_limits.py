@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from parity import run_ort
 
 import histocal
 from histocal.methods.scale_rule import SCALE_RULE
-from parity import run_ort
 
 TESTS = Path(__file__).parent
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"

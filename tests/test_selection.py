@@ -21,9 +21,9 @@ from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 import histocal
 from histocal import methods
-from histocal.quantize import selection
-from histocal.io.cache import load_tensors_data, save_tensors_data
 from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
+from histocal.io.cache import load_tensors_data, save_tensors_data
+from histocal.quantize import selection
 
 EVAL = 3  # evaluation samples in these tests
 
@@ -444,5 +444,5 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
 
 
 def test_cli_defaults_are_the_library_defaults():
-    assert AUTO_EVAL_SAMPLES == methods.AUTO_SELECTION_OPTIONS["eval_samples"]
-    assert AUTO_FOLDS == methods.AUTO_SELECTION_OPTIONS["folds"]
+    assert methods.AUTO_SELECTION_OPTIONS["eval_samples"] == AUTO_EVAL_SAMPLES
+    assert methods.AUTO_SELECTION_OPTIONS["folds"] == AUTO_FOLDS

@@ -71,7 +71,7 @@ DATA = _batches(1, 8)
 SHARDS = [_batches(10 + i, 3 + i) for i in range(3)]
 # every shard starts with the same, dominating batch: all shards then share every tensor's range
 ANCHOR = {"X": np.array([[30.0, -30.0, 30.0, -30.0], [-30.0, 30.0, -30.0, 30.0]] * 2, np.float32)}
-ANCHORED = [[ANCHOR] + s for s in SHARDS]
+ANCHORED = [[ANCHOR, *s] for s in SHARDS]
 
 CLASSES = {
     "entropy": histocal.EntropyCalibrater,
@@ -111,7 +111,7 @@ def _assert_same(a: TensorsData, b: TensorsData, ordered: bool = True) -> None:
             if va is None:
                 continue
             assert type(va) is type(vb), (name, attr, type(va), type(vb))
-            if isinstance(va, np.ndarray) or isinstance(va, np.generic):
+            if isinstance(va, (np.ndarray, np.generic)):
                 assert va.dtype == vb.dtype, (name, attr)
                 assert np.shape(va) == np.shape(vb), (name, attr)
             np.testing.assert_array_equal(va, vb, err_msg=f"{name}.{attr}")
@@ -270,7 +270,7 @@ def test_exact_merge_with_different_edges_follows_ort_rule(model_path, tmp_path)
     for a, b in ((small, big), (big, small)):
         merged = a.merge(b)
         for name in merged.names:
-            hist, edges, mn, mx, thr, _ = merged.exact.state(name)
+            hist, edges, mn, _mx, thr, _ = merged.exact.state(name)
             assert hist.sum() == a.exact.state(name)[0].sum() + b.exact.state(name)[0].sum()
             assert thr[0] >= max(a.exact.state(name)[4][0], b.exact.state(name)[4][0])
             assert len(edges) == len(hist) + 1 and len(hist) >= 128
@@ -418,10 +418,10 @@ def _paths(node, prefix=()):
     yield prefix
     if isinstance(node, dict):
         for k, v in node.items():
-            yield from _paths(v, prefix + (k,))
+            yield from _paths(v, (*prefix, k))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            yield from _paths(v, prefix + (i,))
+            yield from _paths(v, (*prefix, i))
 
 
 @settings(FUZZ, max_examples=1000)
@@ -517,7 +517,6 @@ def test_interrupted_write_keeps_previous_file(model_path, tmp_path, monkeypatch
     old.save(path)
     before = path.read_bytes()
     new = _calibrate("entropy", model_path, tmp_path, SHARDS[0], mode="streaming").state
-    import histocal.io.cache as cache
 
     real_write = os.write
     calls = {"n": 0}

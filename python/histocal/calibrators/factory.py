@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
-
 from .common import METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
 from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
 from .minmax import MinMaxCalibrater
@@ -50,7 +50,7 @@ def create_calibrator(
             symmetric=opts.get("symmetric", False),
             moving_average=opts.get("moving_average", False),
             averaging_constant=opts.get("averaging_constant", 0.01),
-            max_intermediate_outputs=opts.get("max_intermediate_outputs", None),
+            max_intermediate_outputs=opts.get("max_intermediate_outputs"),
             per_channel=opts.get("per_channel", False),
         )
     elif calibrate_method == CalibrationMethod.Entropy:

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import onnxruntime
@@ -42,8 +43,18 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
-
-from .common import _METHODS, _ReadDigest, _augmented_model_path, _binned_and_binnable, _check_mode, _check_streaming_bins, _is_checkpoint, _one_call_at_a_time, _run_batches, _second_read_differs
+from .common import (
+    _METHODS,
+    _augmented_model_path,
+    _binned_and_binnable,
+    _check_mode,
+    _check_streaming_bins,
+    _is_checkpoint,
+    _one_call_at_a_time,
+    _ReadDigest,
+    _run_batches,
+    _second_read_differs,
+)
 
 logger = logging.getLogger(__name__)
 

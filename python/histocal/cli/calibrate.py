@@ -8,8 +8,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-from .common import CliError, METHODS, _UsageError, _calibrate, _check_method, _check_model, _compute_settings, _data_fingerprint, _display, _method_key, _open_data, _write_outputs
+from .common import (
+    METHODS,
+    CliError,
+    _calibrate,
+    _check_method,
+    _check_model,
+    _compute_settings,
+    _data_fingerprint,
+    _display,
+    _method_key,
+    _open_data,
+    _UsageError,
+    _write_outputs,
+)
 
 logger = logging.getLogger("histocal.cli")
 

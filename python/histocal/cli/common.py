@@ -10,9 +10,9 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Sequence
-
+from typing import Any, NoReturn
 
 from ..methods.table import HISTOCAL_METHODS, HISTOCAL_TABLE, ORT_METHODS, ORT_TABLE, QTYPES, TABLE
 
@@ -69,7 +69,7 @@ class _Parser(argparse.ArgumentParser):
         options = ["[options]"] if any(a.option_strings and not a.required for a in self._actions) else []
         return " ".join([f"usage: {self.prog}", *options, *parts])
 
-    def error(self, message: str) -> "NoReturn":
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n"
                      f"Run '{self.prog} --help' for the full usage.\n")
 
@@ -89,7 +89,7 @@ class _Parser(argparse.ArgumentParser):
             parser.error(f"unrecognized arguments: {' '.join(extras)}" + next((h for h in hints if h), ""))
         return parsed
 
-    def _subcommand(self, parsed: argparse.Namespace) -> "_Parser | None":
+    def _subcommand(self, parsed: argparse.Namespace) -> _Parser | None:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
                 return action.choices.get(getattr(parsed, action.dest, None))

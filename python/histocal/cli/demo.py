@@ -11,8 +11,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class _PeakRss:
         except (OSError, ValueError, IndexError):
             return None
 
-    def __enter__(self) -> "_PeakRss":
+    def __enter__(self) -> _PeakRss:
         _release_free_memory()
         self._base = self._rss()
         self._max = self._base

@@ -7,13 +7,14 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .calibrate import _state_class
-from .common import CliError, HISTOGRAM_METHODS, _METHOD_NAMES, _display, _method_key, _one_line
+from .common import _METHOD_NAMES, HISTOGRAM_METHODS, CliError, _display, _method_key, _one_line
 
 logger = logging.getLogger("histocal.cli")
 
@@ -125,7 +126,7 @@ def _inspect_state(path: Path, state: Any) -> dict[str, Any]:
         if state.method in HISTOGRAM_METHODS:
             try:
                 ranges = state.compute(state.method)
-            except Exception as e:  # noqa: BLE001 - the facts above are still worth showing
+            except Exception as e:
                 logger.warning("cannot compute %s ranges from %s: %s", state.method, path, e)
             else:
                 for name, td in ranges.data.items():
@@ -149,7 +150,7 @@ def _load_any(path: Path) -> dict[str, Any]:
             raise cache_error from None
         try:
             state = CalibrationState.load(path)
-        except Exception as state_error:  # noqa: BLE001 - reported with both reasons
+        except Exception as state_error:
             raise CliError(
                 f"{path}: neither an ORT calibration cache ({_one_line(cache_error)}) nor a histocal state "
                 f"({_one_line(state_error)})"
@@ -197,7 +198,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         head.append(f"{key}: {text}")
     rows = {name: _table_row(entry if isinstance(entry, dict) else {"value": entry})
             for name, entry in info["tensors"].items()}
-    columns = sorted({k for row in rows.values() for k in row}, key=lambda k: (_COLUMNS + [k]).index(k))
+    columns = sorted({k for row in rows.values() for k in row}, key=lambda k: ([*_COLUMNS, k]).index(k))
     titles = [f"{_display(str(info['method']).lower())} range" if c == "range" else c for c in columns]
     table = [[name] + [row.get(c, "") for c in columns] for name, row in rows.items()]
     sys.stdout.write("\n".join(head) + "\n\n" + _table(["tensor", *titles], table))

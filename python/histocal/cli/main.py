@@ -14,11 +14,25 @@ import contextlib
 import functools
 import logging
 import sys
-from typing import Iterator, Sequence
-
+from collections.abc import Iterator, Sequence
 
 from .calibrate import cmd_calibrate, cmd_recompute
-from .common import AUTO_EVAL_SAMPLES, AUTO_FOLDS, FORMATS, HISTOGRAM_METHODS, QUANT_TYPES, _Parser, _UsageError, _add_data_options, _add_method_options, _check_method, _folds, _load_plugins, _one_line, _positive_int
+from .common import (
+    AUTO_EVAL_SAMPLES,
+    AUTO_FOLDS,
+    FORMATS,
+    HISTOGRAM_METHODS,
+    QUANT_TYPES,
+    _add_data_options,
+    _add_method_options,
+    _check_method,
+    _folds,
+    _load_plugins,
+    _one_line,
+    _Parser,
+    _positive_int,
+    _UsageError,
+)
 from .demo import cmd_demo
 from .inspect import cmd_inspect
 from .quantize import cmd_quantize
@@ -192,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             logger.error("interrupted")
             return 130
-        except Exception as e:  # noqa: BLE001 - every failure is one line on stderr, exit 1
+        except Exception as e:
             logger.debug("traceback", exc_info=True)
             text = str(e) or type(e).__name__
             if isinstance(e, (OSError,)) and getattr(e, "filename", None) and str(e.filename) not in text:

@@ -11,9 +11,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from .calibrate import _load_state, _ranges_from_state
-from .common import CliError, METHODS, _UsageError, _calibrate, _calibrator_options, _check_model, _display, _histocal_option_names, _method_enum, _method_key, _open_data, _write_outputs
+from .common import (
+    METHODS,
+    CliError,
+    _calibrate,
+    _calibrator_options,
+    _check_model,
+    _display,
+    _histocal_option_names,
+    _method_enum,
+    _method_key,
+    _open_data,
+    _UsageError,
+    _write_outputs,
+)
 
 logger = logging.getLogger("histocal.cli")
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 from .calibrate import _load_state
 from .common import _count
 

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
+from .files import MAX_NUMBER_DIGITS as MAX_NUMBER_DIGITS
 from .files import ContentError as _CacheError
 from .files import (
     StrPath,
@@ -29,8 +30,6 @@ from .files import (
     parse_bounded_json,
     read_bounded_file,
 )
-from .files import MAX_NUMBER_DIGITS as MAX_NUMBER_DIGITS
-
 
 __all__ = [
     "MAX_CACHE_BYTES",

@@ -60,15 +60,35 @@ import logging
 import math
 import os
 import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import onnx
 from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-
-from .samples import DataError, IMAGE_SUFFIXES, LAYOUTS, ModelInput, PRESETS, PathLike, Shape, _ImageSample, _NpySample, _NpzSample, _PbSample, _Sample, _check_batch, _check_dtype, _conform, _fit_shape, _image_prep, _parse_shape, _read_pb, model_inputs
+from .samples import (
+    IMAGE_SUFFIXES,
+    LAYOUTS,
+    PRESETS,
+    DataError,
+    ModelInput,
+    PathLike,
+    Shape,
+    _check_batch,
+    _check_dtype,
+    _conform,
+    _fit_shape,
+    _image_prep,
+    _ImageSample,
+    _NpySample,
+    _NpzSample,
+    _parse_shape,
+    _PbSample,
+    _read_pb,
+    _Sample,
+    model_inputs,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, NoReturn, Optional, Union
+from typing import Any, BinaryIO, NoReturn, Union
 
 import numpy as np
 
@@ -117,7 +118,7 @@ def open_untrusted_file(path: StrPath, max_bytes: int, *, what: str) -> Iterator
 
 
 def read_bounded_file(
-    path: StrPath, max_bytes: int, *, what: str, check: Optional[Callable[[memoryview, int], None]] = None
+    path: StrPath, max_bytes: int, *, what: str, check: Callable[[memoryview, int], None] | None = None
 ) -> bytearray:
     """The bytes of an untrusted regular file of at most ``max_bytes`` (checked before reading).
 
@@ -153,7 +154,7 @@ def _reject_control_characters(chunk: memoryview, offset: int) -> None:
         raise ContentError(f"byte {offset + found.start()} is the control character {found.group()!r}, which JSON never allows")
 
 
-def parse_bounded_json(raw: Union[bytes, bytearray], max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True) -> Any:
+def parse_bounded_json(raw: bytes | bytearray, max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True) -> Any:
     """Parse untrusted JSON bytes with bounded nesting and number length; ``constants``: accept
     ``NaN``/``Infinity``. Every problem goes to ``fail``."""
     # The checks first (they hold a copy of the text without its strings), the decoded text after.

@@ -49,9 +49,7 @@ class DataSource:
             )
         if hasattr(data, "get_next") and callable(data.get_next):
             self.rereadable = callable(getattr(data, "rewind", None))
-        elif isinstance(data, (Sequence, np.ndarray)) and not isinstance(data, (str, bytes)):
-            self.rereadable = True
-        elif callable(data):
+        elif (isinstance(data, (Sequence, np.ndarray)) and not isinstance(data, (str, bytes))) or callable(data):
             self.rereadable = True
         elif isinstance(data, Iterable):
             # A re-iterable container (not an iterator) reads again from its start.
@@ -63,7 +61,7 @@ class DataSource:
             )
         self._reads = 0
 
-    def read(self) -> "Read":
+    def read(self) -> Read:
         """Feed dicts of the next read (rewinding a reader before a second read)."""
         data = self._data
         if self._reads and hasattr(data, "get_next"):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, Protocol, Union
 
 import numpy as np
 import onnx

@@ -44,8 +44,9 @@ import logging
 import math
 import re
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -323,20 +324,20 @@ def to_tensors_data(names: Sequence[str], pairs: Sequence[tuple[float, float]], 
         dt = np.dtype(dtypes[name])
         with np.errstate(over="ignore"):
             lo, hi = np.array([low], dt), np.array([high], dt)
-        if np.isinf(lo[0]) and math.isfinite(low) or np.isinf(hi[0]) and math.isfinite(high):
+        if (np.isinf(lo[0]) and math.isfinite(low)) or (np.isinf(hi[0]) and math.isfinite(high)):
             raise ValueError(f"tensor {name!r}: range ({low!r}, {high!r}) is beyond {dt}'s range")
         out[name] = TensorData(lowest=lo, highest=hi)
     return TensorsData(CalibrationMethod.MinMax, out)
 
 
 __all__ = [
-    "TensorHistogram",
-    "register_method",
-    "unregister_method",
-    "registered_methods",
-    "method_names",
-    "METHOD_OPTIONS",
     "AUTO_CANDIDATES",
-    "MODEL_AUTO_CANDIDATES",
     "AUTO_SELECTION_OPTIONS",
+    "METHOD_OPTIONS",
+    "MODEL_AUTO_CANDIDATES",
+    "TensorHistogram",
+    "method_names",
+    "register_method",
+    "registered_methods",
+    "unregister_method",
 ]

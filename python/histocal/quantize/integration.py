@@ -82,7 +82,7 @@ class patch_onnxruntime:
         _patch()
         self._active = True
 
-    def __enter__(self) -> "patch_onnxruntime":
+    def __enter__(self) -> patch_onnxruntime:
         if not self._active:
             _patch()
             self._active = True
@@ -392,4 +392,4 @@ def _default_method_options(name: str, given: dict[str, Any] | None, activation_
     return options
 
 
-__all__ = ["patch_onnxruntime", "unpatch_onnxruntime", "is_patched", "calibrate", "calibrate_and_select", "quantize_static"]
+__all__ = ["calibrate", "calibrate_and_select", "is_patched", "patch_onnxruntime", "quantize_static", "unpatch_onnxruntime"]

@@ -11,11 +11,11 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
-
 
 from .tensors import COLOURS, FIG_DPI, FIG_SIZE, LABELS, REPORT_METHODS, _Tensor
 

@@ -41,20 +41,31 @@ import shutil
 import tempfile
 import time
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import methods as _methods
 from ..state import CalibrationState
-
 from .images import _fmt_num, _plot_job, _render_all
-from .tensors import COLOURS, FIG_DPI, FIG_SIZE, LABELS, OUTLIER_PERCENTILE, OUTLIER_THRESHOLD, REPORT_METHODS, _Tensor, _compute, _summarise
+from .tensors import (
+    COLOURS,
+    FIG_DPI,
+    FIG_SIZE,
+    LABELS,
+    OUTLIER_PERCENTILE,
+    OUTLIER_THRESHOLD,
+    REPORT_METHODS,
+    _compute,
+    _summarise,
+    _Tensor,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["write_report", "require_matplotlib", "REPORT_METHODS", "OUTLIER_THRESHOLD", "MissingDependency"]
+__all__ = ["OUTLIER_THRESHOLD", "REPORT_METHODS", "MissingDependency", "require_matplotlib", "write_report"]
 
 # histocal is installed from its source tree, not from an index: name the package itself.
 _INSTALL_HINT = "pip install matplotlib (or pip install '.[report]' in histocal's source folder)"
@@ -141,10 +152,7 @@ def _range_cell(t: _Tensor, method: str, best: float | None) -> str:
         return '<td class="r na">—</td>'
     low, high = pair
     sqnr = t.sqnr(method)
-    if sqnr is None:
-        quality = "SQNR n/a"
-    else:
-        quality = "SQNR ∞" if math.isinf(sqnr) else f"{sqnr:.1f} dB"
+    quality = "SQNR n/a" if sqnr is None else "SQNR ∞" if math.isinf(sqnr) else f"{sqnr:.1f} dB"
     best_cls = " best" if sqnr is not None and best is not None and sqnr >= best - 1e-9 else ""
     err = f' data-error="{t.errors[method]!r}"' if method in t.errors else ""
     return (f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}"{err}>'

@@ -11,7 +11,6 @@ import numpy as np
 
 from .. import methods as _methods
 from ..methods.scale_rule import SCALE_RULE
-
 from ..methods.table import TABLE
 
 logger = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ def _compute(state: Any, tensors: list[_Tensor], method: str, qtype: str, symmet
             pairs, choices = [_pair(data[n]) for n in names], None
         else:
             pairs, choices = state.method_ranges(method, **settings)
-    except Exception as exc:  # noqa: BLE001 - one method failing must not lose the whole report
+    except Exception as exc:
         logger.warning("report: %s: %s", method, exc)
         return f"{type(exc).__name__}: {exc}"
     for i, (t, pair) in enumerate(zip(tensors, pairs)):
@@ -145,7 +144,7 @@ def _compute(state: Any, tensors: list[_Tensor], method: str, qtype: str, symmet
     try:
         errs = state.stream.qerrors([t.name for t in finite], [t.ranges[method] for t in finite],
                                     scale_rule=SCALE_RULE, qtype=qtype, symmetric=symmetric)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         logger.warning("report: %s: quantization error estimate failed: %s", method, exc)
         return f"no error estimate ({type(exc).__name__}: {exc})"
     for t, err in zip(finite, errs):

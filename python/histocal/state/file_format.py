@@ -30,19 +30,18 @@ and the problem (``FileNotFoundError`` for a missing path), running out of memor
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import io
 import math
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterable, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
 from .. import _core
+from ..io.files import READ_CHUNK, parse_bounded_json
 from ..methods.table import ALL_OPTIONS, QTYPES
-from ..io.files import parse_bounded_json, READ_CHUNK
 
 FORMAT_NAME = "histocal-calibration-state"
 FORMAT_VERSION = 1
