@@ -432,7 +432,7 @@ class ExactHistogram:
     min: tuple[float, bool]
     max: tuple[float, bool]
     threshold: tuple[float, bool] | None
-    counts: tuple[int, int, int, int, int]
+    counts: tuple[int, ...]  # finite, NaN, +Inf, -Inf, batches
 
 
 def export_exact(hists: Any, name: str) -> ExactHistogram:

@@ -71,6 +71,11 @@ class _HistogramCalibration:
     scenario: str
     tensors_to_calibrate: set[str] | None
     collector: HistogramCollector | None
+    # set by onnxruntime's CalibraterBase
+    model: Any
+    augmented_model_path: str
+    execution_providers: list[str] | None
+    infer_session: Any
 
     def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
         self._lock = threading.RLock()

@@ -200,8 +200,8 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})")
     for option in TABLE[method].options:
         if option.kind is str and option.name != "qtype" and out[option.name] not in (option.choices or ()):
-            allowed = " or ".join(map(repr, option.choices or ()))
-            raise ValueError(f"{method}: {option.name} must be {allowed}, got {out[option.name]!r}")
+            expected = " or ".join(map(repr, option.choices or ()))
+            raise ValueError(f"{method}: {option.name} must be {expected}, got {out[option.name]!r}")
     return out
 
 

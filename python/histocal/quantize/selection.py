@@ -137,13 +137,13 @@ def select_ranges_cross_validated(
     the folds (the sums of signal and error energy over every fold's feeds), so ranges are never
     scored on the data they were fitted on. The chosen candidate's ranges are returned from
     ``candidates`` (typically fitted on all the data). Arguments as ``select_ranges``."""
-    folds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
-    if not folds or any(not feeds for _, feeds in folds):
+    fold_feeds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
+    if not fold_feeds or any(not feeds for _, feeds in fold_feeds):
         raise ValueError("select_ranges_cross_validated needs folds with at least one evaluation feed each")
-    for fold_candidates, _ in folds:
+    for fold_candidates, _ in fold_feeds:
         if list(fold_candidates) != list(candidates):
             raise ValueError(f"a fold's candidates {list(fold_candidates)} are not the candidates {list(candidates)}")
-    return _select(model_input, folds, candidates, providers, quantize_kwargs, cross_validated=True)
+    return _select(model_input, fold_feeds, candidates, providers, quantize_kwargs, cross_validated=True)
 
 
 def _select(

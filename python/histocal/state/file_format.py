@@ -391,7 +391,7 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
     reads = _BoundedReads(source, size)
     reads.budget = MAX_ZIP_DIRECTORY
     try:
-        zf = zipfile.ZipFile(reads)  # type: ignore[arg-type]  # a file-like object
+        zf = zipfile.ZipFile(reads)  # a file-like object (seek, tell, read)
     except zipfile.BadZipFile as exc:
         _fail(f"not a zip/npz file ({exc})")
     with zf:

@@ -319,7 +319,7 @@ class CalibrationState:
 
     def to_bytes(self, compress: bool = False) -> bytes:
         arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header"}
-        tensors = []
+        tensors: list[dict[str, Any]] = []
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
             if self.stream is not None:
