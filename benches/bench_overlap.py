@@ -82,8 +82,12 @@ def collect_ab(model: str, work: Path, feeds: list[dict], repeat: int) -> dict[b
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeat):
         for spinning in (False, True):
-            cal = histocal.create_calibrator(model, augmented_model_path=str(work / "ab.onnx"), calibrate_method=CalibrationMethod.Entropy,
-                                             extra_options={"CollectionMode": "streaming"})
+            cal = histocal.create_calibrator(
+                model,
+                augmented_model_path=str(work / "ab.onnx"),
+                calibrate_method=CalibrationMethod.Entropy,
+                extra_options={"CollectionMode": "streaming"},
+            )
             if spinning:
                 cal.infer_session = session(cal.augmented_model_path, True)
             t0 = time.perf_counter()
@@ -127,7 +131,9 @@ def main(argv: list[str]) -> None:
             passes = [timed(lambda: [sess.run(names, f) for f in feeds]) for _ in range(args.repeat)]
             ort_wall[spinning] = statistics.median(w for w, _ in passes) / args.samples
             ort_cpu[spinning] = statistics.median(c for _, c in passes) / args.samples
-            label = "ORT inference, " + ("spinning threads (ORT's calibrators)" if spinning else "non-spinning threads (histocal's)")
+            label = "ORT inference, " + (
+                "spinning threads (ORT's calibrators)" if spinning else "non-spinning threads (histocal's)"
+            )
             rows.append((label, ort_wall[spinning], ort_cpu[spinning]))
         sess = session(aug, False)
         names = [o.name for o in sess.get_outputs()]
@@ -143,7 +149,13 @@ def main(argv: list[str]) -> None:
             passes = [timed(lambda: [stream.collect(items) for items in saved]) for _ in range(args.repeat)]
             rust_wall[threads] = statistics.median(w for w, _ in passes) / args.saved
             rust_cpu[threads] = statistics.median(c for _, c in passes) / args.saved
-            rows.append((f"Rust streaming collect, {threads} thread{'s' if threads > 1 else ''}", rust_wall[threads], rust_cpu[threads]))
+            rows.append(
+                (
+                    f"Rust streaming collect, {threads} thread{'s' if threads > 1 else ''}",
+                    rust_wall[threads],
+                    rust_cpu[threads],
+                )
+            )
         _core.set_num_threads(0)
         collect = collect_ab(model, work, feeds, args.repeat)
 

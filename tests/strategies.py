@@ -18,8 +18,20 @@ PERCENTILES = [0.0, 50.0, 99.9, 99.999, 100.0]
 
 # Data kinds. "edges" feeds back ORT's current bin edges (and +-1 ulp); it needs a previous collect.
 KINDS = [
-    "normal", "normal", "shifted", "relu", "negative", "heavy", "outliers", "uniform",
-    "zeros", "const", "grid", "ints", "edges", "edges",
+    "normal",
+    "normal",
+    "shifted",
+    "relu",
+    "negative",
+    "heavy",
+    "outliers",
+    "uniform",
+    "zeros",
+    "const",
+    "grid",
+    "ints",
+    "edges",
+    "edges",
 ]
 
 

@@ -33,8 +33,10 @@ def _samples(model, n=8, seed=11):
 
 
 def _batched(samples, size):
-    return [{k: np.concatenate([s[k] for s in samples[i : i + size]]) for k in samples[0]}
-            for i in range(0, len(samples), size)]
+    return [
+        {k: np.concatenate([s[k] for s in samples[i : i + size]]) for k in samples[0]}
+        for i in range(0, len(samples), size)
+    ]
 
 
 @pytest.mark.parametrize("model", ["cnn", "transformer"])

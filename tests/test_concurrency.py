@@ -150,8 +150,10 @@ def test_one_state_from_several_threads(cnn_path, tmp_path):
         "percentile": lambda: state.compute("percentile", percentile=99.9),
         "mse": lambda: state.compute("mse"),
         "merge": lambda: state.merge(state).compute("percentile"),
-        "save": lambda: (state.save(tmp_path / f"{threading.get_ident()}.hcs"),
-                         histocal.CalibrationState.load(tmp_path / f"{threading.get_ident()}.hcs").compute("entropy")),
+        "save": lambda: (
+            state.save(tmp_path / f"{threading.get_ident()}.hcs"),
+            histocal.CalibrationState.load(tmp_path / f"{threading.get_ident()}.hcs").compute("entropy"),
+        ),
     }
     with quiet():
         expected = {key: f() for key, f in work.items()}
@@ -178,7 +180,8 @@ def _two_output_model(name: str, op: str) -> onnx.ModelProto:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node(op, ["X"], [f"{name}_out"])], name,
+        [helper.make_node(op, ["X"], [f"{name}_out"])],
+        name,
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, ["N", 4])],
     )

@@ -132,9 +132,7 @@ def test_npy_multi_input_per_sample_folders(tmp_path):
 
 
 def test_npy_multi_input_name_prefixes_longest_match_and_sanitised_names(tmp_path):
-    model = make_model(
-        ("input", F32, ["N", 2]), ("input_ids", I64, ["N", 3]), ("mask:0", I64, ["N", 3])
-    )
+    model = make_model(("input", F32, ["N", 2]), ("input_ids", I64, ["N", 3]), ("mask:0", I64, ["N", 3]))
     for s in range(2):
         np.save(tmp_path / f"input_{s}.npy", np.full((1, 2), s, np.float32))
         np.save(tmp_path / f"input_ids_{s}.npy", np.full((1, 3), 10 + s, np.int64))

@@ -28,11 +28,21 @@ from profiles import examples
 import histocal
 
 CFGS = {
-    "entropy": dict(method="entropy", symmetric=False, num_bins=128, num_quantized_bins=16, percentile=99.999, scenario="same"),
-    "percentile": dict(method="percentile", symmetric=False, num_bins=256, num_quantized_bins=128, percentile=99.9, scenario="same"),
-    "percentile-sym": dict(method="percentile", symmetric=True, num_bins=256, num_quantized_bins=128, percentile=99.0, scenario="same"),
-    "distribution": dict(method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="same"),
-    "distribution-p3": dict(method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="p3"),
+    "entropy": dict(
+        method="entropy", symmetric=False, num_bins=128, num_quantized_bins=16, percentile=99.999, scenario="same"
+    ),
+    "percentile": dict(
+        method="percentile", symmetric=False, num_bins=256, num_quantized_bins=128, percentile=99.9, scenario="same"
+    ),
+    "percentile-sym": dict(
+        method="percentile", symmetric=True, num_bins=256, num_quantized_bins=128, percentile=99.0, scenario="same"
+    ),
+    "distribution": dict(
+        method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="same"
+    ),
+    "distribution-p3": dict(
+        method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="p3"
+    ),
 }
 NAMES = ("a", "b", "c")
 
@@ -254,13 +264,18 @@ def test_failed_collect_data_rolls_back_the_handed_out_dict(tmp_path):
     onnx.save(models.cnn(), path.as_posix())
     feeds = models.cnn_feeds(3, seed=6)
     cal = histocal.create_calibrator(
-        path.as_posix(), None, (tmp_path / "h.onnx").as_posix(), CalibrationMethod.Entropy,
+        path.as_posix(),
+        None,
+        (tmp_path / "h.onnx").as_posix(),
+        CalibrationMethod.Entropy,
         extra_options={"CollectionMode": "exact"},
     )
     with quiet():
         cal.collect_data(feeds[:2])
     held = cal.collector.histogram_dict
-    before = {name: tuple(np.copy(v) if isinstance(v, np.ndarray) else v for v in entry) for name, entry in held.items()}
+    before = {
+        name: tuple(np.copy(v) if isinstance(v, np.ndarray) else v for v in entry) for name, entry in held.items()
+    }
     bad = dict(feeds[2])
     bad[next(iter(bad))] = np.zeros((1, 1), np.float32)  # wrong shape: the call fails mid-read
     with quiet(), pytest.raises(ValueError):

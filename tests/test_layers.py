@@ -77,9 +77,7 @@ def test_no_module_imports_the_package_root():
 
 
 def test_imports_point_down_the_layers():
-    upward = sorted(
-        (m, d) for m, deps in _graph().items() for d in deps if d != "histocal" and _layer(d) > _layer(m)
-    )
+    upward = sorted((m, d) for m, deps in _graph().items() for d in deps if d != "histocal" and _layer(d) > _layer(m))
     assert upward == []
 
 
@@ -92,7 +90,7 @@ def test_no_import_cycles():
         state[m] = 1
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                cycles.append([*path[path.index(d):], d])
+                cycles.append([*path[path.index(d) :], d])
             elif d not in state:
                 visit(d, [*path, d])
         state[m] = 2
@@ -104,5 +102,7 @@ def test_no_import_cycles():
 
 
 def test_no_source_file_over_the_limit():
-    long = {name: n for name, p in _modules().items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        name: n for name, p in _modules().items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert long == {}

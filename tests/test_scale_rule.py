@@ -97,8 +97,13 @@ def f16_range(draw, qtype: str, symmetric: bool) -> tuple[float, float]:
 @given(st.data(), st.sampled_from(QTYPES), st.booleans())
 def test_float16_scale_and_zero_point_are_orts(data, qtype, symmetric):
     low, high = data.draw(f16_range(qtype, symmetric))
-    assert histocal(low, high, qtype, symmetric, "float16") == ort(low, high, qtype, symmetric, "float16"), \
-        (low, high, qtype, symmetric, SCALE_RULE)
+    assert histocal(low, high, qtype, symmetric, "float16") == ort(low, high, qtype, symmetric, "float16"), (
+        low,
+        high,
+        qtype,
+        symmetric,
+        SCALE_RULE,
+    )
 
 
 @settings(max_examples=examples(300))
@@ -115,8 +120,12 @@ def test_float32_scale_and_zero_point_are_orts(qtype, symmetric, data):
         t = np.float32(float(np.finfo(np.float32).tiny) * (qmax - qmin))
         high = float(np.nextafter(t, np.float32(data.draw(st.sampled_from([np.inf, -np.inf])))))
         low = -data.draw(st.sampled_from([0.0, high]))
-    assert histocal(low, high, qtype, symmetric, "float32") == ort(low, high, qtype, symmetric, "float32"), \
-        (low, high, qtype, symmetric)
+    assert histocal(low, high, qtype, symmetric, "float32") == ort(low, high, qtype, symmetric, "float32"), (
+        low,
+        high,
+        qtype,
+        symmetric,
+    )
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -148,11 +157,14 @@ def _small_values_stream() -> _core.StreamHistograms:
     return stream
 
 
-@pytest.mark.parametrize("options", [
-    {"pow2_method": "NonOverflow"},
-    {"pow2_method": "MinMSE", "minmse_mode": "All"},
-    {"pow2_method": "MinMSE", "minmse_mode": "MostCommon"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pow2_method": "NonOverflow"},
+        {"pow2_method": "MinMSE", "minmse_mode": "All"},
+        {"pow2_method": "MinMSE", "minmse_mode": "MostCommon"},
+    ],
+)
 @pytest.mark.parametrize("qtype", ["int8", "uint8", "int16"])
 def test_pow2_ranges_keep_a_power_of_two_scale_in_onnxruntime(options, qtype):
     """What onnxruntime computes from the TensorData histocal returns is scale 2^k, zero point 0,
@@ -181,7 +193,9 @@ def test_error_estimates_are_the_errors_of_onnxruntimes_parameters(method, symme
     and zero point onnxruntime computes from the returned TensorData (float16 and float32)."""
     stream = _small_values_stream()
     names = ["h", "f"]
-    options = {k: v for k, v in {"qtype": "int8", "symmetric": symmetric}.items() if k in methods.METHOD_OPTIONS[method]}
+    options = {
+        k: v for k, v in {"qtype": "int8", "symmetric": symmetric}.items() if k in methods.METHOD_OPTIONS[method]
+    }
     opts = methods.check_options(method, options)
 
     def ort_ranges(name, settings):  # auto's onnxruntime candidates: not what this test is about

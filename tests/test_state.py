@@ -40,7 +40,8 @@ def _make_model(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("MatMul", ["relu1", "W2"], ["Y"], name="mm2"),
     ]
     graph = helper.make_graph(
-        nodes, "state_test",
+        nodes,
+        "state_test",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])],
         initializer=inits,
@@ -217,8 +218,14 @@ def _saved(cal, path):
 def test_compute_errors(model_path, tmp_path):
     cal = _calibrate("percentile", model_path, tmp_path, DATA, mode="exact", num_bins=512)
     state = cal.state
-    exact_only = CalibrationState(names=state.names, mode="exact", exact=state.exact, exact_kind=state.exact_kind,
-                                  exact_num_bins=state.exact_num_bins, model_fingerprint=state.model_fingerprint)
+    exact_only = CalibrationState(
+        names=state.names,
+        mode="exact",
+        exact=state.exact,
+        exact_kind=state.exact_kind,
+        exact_num_bins=state.exact_num_bins,
+        model_fingerprint=state.model_fingerprint,
+    )
     with pytest.raises(ValueError, match="needs value histograms of 128 bins"):
         exact_only.compute("entropy")
     _assert_same(exact_only.compute("percentile", num_bins=512, symmetric=False, percentile=99.999), cal.compute_data())
@@ -241,7 +248,11 @@ def test_streaming_shards_merge_to_one_run(model_path, tmp_path):
     states = [_calibrate("percentile", model_path, tmp_path, s, mode="streaming").state for s in SHARDS]
     whole = _calibrate("percentile", model_path, tmp_path, [b for s in SHARDS for b in s], mode="streaming")
     paths = [_saved_state(s, tmp_path / f"shard{i}.npz") for i, s in enumerate(states)]
-    for merged in (merge_states(*paths), states[2].merge(states[0]).merge(states[1]), states[1].merge(states[2].merge(states[0]))):
+    for merged in (
+        merge_states(*paths),
+        states[2].merge(states[0]).merge(states[1]),
+        states[1].merge(states[2].merge(states[0])),
+    ):
         assert _stream_exports(merged) == _stream_exports(whole.state)
         for method, kw in REQUESTS:
             _assert_same(merged.compute(method, **kw), whole.state.compute(method, **kw))
@@ -318,8 +329,9 @@ def test_staleness_errors(model_path, other_model_path, tmp_path):
     with pytest.raises(ValueError, match="histograms of 2048 bins"):
         _calibrator("percentile", model_path, tmp_path, mode="exact").load_state(ex.state)
     with pytest.raises(ValueError, match="other tensors"):
-        _calibrator("entropy", model_path, tmp_path, mode="streaming", streaming_bins=1024,
-                    op_types_to_calibrate=["MatMul"]).load_state(tmp_path / "s.npz")
+        _calibrator(
+            "entropy", model_path, tmp_path, mode="streaming", streaming_bins=1024, op_types_to_calibrate=["MatMul"]
+        ).load_state(tmp_path / "s.npz")
     other_state = _calibrate("entropy", other_model_path, tmp_path, DATA, mode="streaming", streaming_bins=1024).state
     with pytest.raises(ValueError, match="different models"):
         cal.state.merge(other_state)
@@ -387,8 +399,12 @@ FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database
 
 
 @settings(FUZZ, max_examples=2200)
-@given(mode=st.sampled_from(["streaming", "exact"]), seed=st.integers(0, 2**32 - 1),
-       n_mut=st.integers(1, 8), cut=st.integers(0, 1 << 16))
+@given(
+    mode=st.sampled_from(["streaming", "exact"]),
+    seed=st.integers(0, 2**32 - 1),
+    n_mut=st.integers(1, 8),
+    cut=st.integers(0, 1 << 16),
+)
 def test_fuzz_mutated_bytes(small_files, mode, seed, n_mut, cut):
     """Random byte mutations of a valid file, with and without truncation (4 inputs per example)."""
     rng = np.random.default_rng(seed)
@@ -580,7 +596,8 @@ def test_concurrent_writers(model_path, tmp_path):
 @pytest.fixture(scope="module")
 def f16_model_path(tmp_path_factory):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["X"], ["Y"], name="relu")], "f16_state_test",
+        [helper.make_node("Relu", ["X"], ["Y"], name="relu")],
+        "f16_state_test",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["N", 2])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["N", 2])],
     )
@@ -599,8 +616,16 @@ OPEN_TOP_CALLS = _f16_calls([0, 1664], [-54900, 3], [np.inf, -np.inf], [65504, 1
 
 
 def test_f16_open_top_state_round_trips(f16_model_path, tmp_path):
-    cal = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS, mode="exact", symmetric=True,
-                     num_bins=1000, percentile=99.9)
+    cal = _calibrate(
+        "percentile",
+        f16_model_path,
+        tmp_path,
+        OPEN_TOP_CALLS,
+        mode="exact",
+        symmetric=True,
+        num_bins=1000,
+        percentile=99.9,
+    )
     hist, edges, *_ = cal.state.exact.state("X")
     assert edges.dtype == np.float16 and np.isposinf(edges[-1]) and hist[-1] == 2
     assert (edges[1:] == edges[:-1]).any()  # repeated float16 edges
@@ -610,11 +635,21 @@ def test_f16_open_top_state_round_trips(f16_model_path, tmp_path):
     assert _exact_exports(state) == _exact_exports(cal.state)
     _assert_same(state.compute("percentile", symmetric=True, num_bins=1000, percentile=99.9), cal.compute_data())
     # a calibrator continuing from the file holds what one run over all the calls holds
-    cont = _calibrator("percentile", f16_model_path, tmp_path, mode="exact", symmetric=True, num_bins=1000, percentile=99.9)
+    cont = _calibrator(
+        "percentile", f16_model_path, tmp_path, mode="exact", symmetric=True, num_bins=1000, percentile=99.9
+    )
     cont.load_state(path)
     cont.collect_data(*_f16_calls([np.inf, 7]))
-    ref = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS + _f16_calls([np.inf, 7]), mode="exact",
-                     symmetric=True, num_bins=1000, percentile=99.9)
+    ref = _calibrate(
+        "percentile",
+        f16_model_path,
+        tmp_path,
+        OPEN_TOP_CALLS + _f16_calls([np.inf, 7]),
+        mode="exact",
+        symmetric=True,
+        num_bins=1000,
+        percentile=99.9,
+    )
     assert _exact_exports(cont.state) == _exact_exports(ref.state)
 
 

@@ -58,16 +58,11 @@ def float_batches(name: str, data: Any) -> list[np.ndarray]:
     arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in items]
     for a in arrays:
         if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
-            raise TypeError(
-                f"tensor {name!r}: expected float16, float32 or float64 data, got {a.dtype}"
-            )
+            raise TypeError(f"tensor {name!r}: expected float16, float32 or float64 data, got {a.dtype}")
     if len({a.dtype for a in arrays}) > 1:
         common = np.result_type(*arrays)
         arrays = [a.astype(common) for a in arrays]
-    return [
-        a if a.dtype.isnative and a.flags.aligned else a.astype(a.dtype.newbyteorder("="))
-        for a in arrays
-    ]
+    return [a if a.dtype.isnative and a.flags.aligned else a.astype(a.dtype.newbyteorder("=")) for a in arrays]
 
 
 def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
@@ -93,12 +88,8 @@ class HistogramCollector(CalibrationDataCollector):
         if method == "entropy":
             num_quantized_bins = _check_int("num_quantized_bins", num_quantized_bins, 1)
             if num_bins < num_quantized_bins:
-                raise ValueError(
-                    f"num_bins ({num_bins}) must be >= num_quantized_bins ({num_quantized_bins})"
-                )
-        if method == "percentile" and (
-            percentile is None or not 0 <= percentile <= 100 or np.isnan(percentile)
-        ):
+                raise ValueError(f"num_bins ({num_bins}) must be >= num_quantized_bins ({num_quantized_bins})")
+        if method == "percentile" and (percentile is None or not 0 <= percentile <= 100 or np.isnan(percentile)):
             raise ValueError("Invalid percentile. Must be in range 0 <= percentile <= 100.")
         if method == "distribution" and scenario not in SCENARIOS:
             raise ValueError("Invalid scenario. Must be in {'same', 'p3'}.")
@@ -351,8 +342,16 @@ def _restore_entry(hists: Any, kind: str, name: str, entry: Any) -> None:
 
     threshold = held(entry[4]) if kind == "value" else None
     counts = (int(hist.sum()), 0, 0, 0, 0)
-    hists.restore(name, str(data), np.ascontiguousarray(hist, np.int64), np.ascontiguousarray(edges),
-                  held(mn), held(entry[3]), threshold, counts)
+    hists.restore(
+        name,
+        str(data),
+        np.ascontiguousarray(hist, np.int64),
+        np.ascontiguousarray(edges),
+        held(mn),
+        held(entry[3]),
+        threshold,
+        counts,
+    )
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -437,12 +436,22 @@ class ExactHistogram:
 
 def export_exact(hists: Any, name: str) -> ExactHistogram:
     hist, edges, mn, mx, thr, dtype = hists.state(name)
-    return ExactHistogram(dtype, hist, edges, tuple(mn), tuple(mx), None if thr is None else tuple(thr), tuple(hists.counts(name)))
+    return ExactHistogram(
+        dtype, hist, edges, tuple(mn), tuple(mx), None if thr is None else tuple(thr), tuple(hists.counts(name))
+    )
 
 
 def restore_exact(hists: Any, name: str, e: ExactHistogram) -> None:
-    hists.restore(name, e.dtype, np.ascontiguousarray(e.hist, np.int64), np.ascontiguousarray(e.edges),
-                  e.min, e.max, e.threshold, e.counts)
+    hists.restore(
+        name,
+        e.dtype,
+        np.ascontiguousarray(e.hist, np.int64),
+        np.ascontiguousarray(e.edges),
+        e.min,
+        e.max,
+        e.threshold,
+        e.counts,
+    )
 
 
 def copy_histograms(source: Any, target: Any) -> None:
@@ -468,4 +477,3 @@ class CollectedData:
         if self.stream is not None:
             return list(self.stream.names())
         return [] if self.exact is None else list(self.exact.names())
-

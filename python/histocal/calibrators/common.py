@@ -22,7 +22,6 @@ from ..methods.table import ORT_TABLE
 logger = logging.getLogger(__name__)
 
 
-
 MODES = ("auto", "exact", "streaming")
 DEFAULT_STREAMING_BINS = 16384
 MODE_OPTION = "CollectionMode"

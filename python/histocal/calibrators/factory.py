@@ -38,15 +38,22 @@ def create_calibrator(
         name = methods.canonical_name(calibrate_method)
         if name not in methods.ORT_METHODS:
             calibrator: Any = MethodCalibrater(
-                model, op_types_to_calibrate, augmented_model_path, **common,
-                method=name, method_options=opts.get(METHOD_OPTIONS_OPTION),
+                model,
+                op_types_to_calibrate,
+                augmented_model_path,
+                **common,
+                method=name,
+                method_options=opts.get(METHOD_OPTIONS_OPTION),
                 streaming_bins=opts.get(STREAMING_BINS_OPTION),
             )
             return _prepare(calibrator, providers)
         calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
     if calibrate_method == CalibrationMethod.MinMax:
         calibrator = MinMaxCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
             symmetric=opts.get("symmetric", False),
             moving_average=opts.get("moving_average", False),
             averaging_constant=opts.get("averaging_constant", 0.01),
@@ -55,7 +62,10 @@ def create_calibrator(
         )
     elif calibrate_method == CalibrationMethod.Entropy:
         calibrator = EntropyCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
             symmetric=opts.get("symmetric", False),
             num_bins=opts.get("num_bins", 128),
             num_quantized_bins=opts.get("num_quantized_bins", 128),
@@ -63,7 +73,10 @@ def create_calibrator(
         )
     elif calibrate_method == CalibrationMethod.Percentile:
         calibrator = PercentileCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
             symmetric=opts.get("symmetric", True),
             num_bins=opts.get("num_bins", 2048),
             percentile=opts.get("percentile", 99.999),
@@ -71,7 +84,10 @@ def create_calibrator(
         )
     elif calibrate_method == CalibrationMethod.Distribution:
         calibrator = DistributionCalibrater(
-            model, op_types_to_calibrate, augmented_model_path, **common,
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
             num_bins=opts.get("num_bins", 2048),
             scenario=opts.get("scenario", "same"),
             **hist_opts,

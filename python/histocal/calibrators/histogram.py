@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
 
+
 class _HistogramCalibration:
     """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
 
@@ -310,7 +311,9 @@ class _HistogramCalibration:
     @property
     def collection_settings(self) -> dict[str, Any]:
         """The settings a state records: the histogram settings and the method's options."""
-        settings = {k: getattr(self, k) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")}
+        settings = {
+            k: getattr(self, k) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")
+        }
         settings.update(getattr(self, "method_options", {}))
         return settings
 
@@ -341,14 +344,22 @@ class _HistogramCalibration:
                 "it is stale for this model"
             )
         if self.tensors_to_calibrate is not None:
-            wanted = set(self._fetch_names()) if getattr(self, "infer_session", None) is not None else set(self.tensors_to_calibrate)
+            wanted = (
+                set(self._fetch_names())
+                if getattr(self, "infer_session", None) is not None
+                else set(self.tensors_to_calibrate)
+            )
             if wanted != set(state.names):
                 diff = sorted(wanted ^ set(state.names))[:5]
                 raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
         if self.mode != "auto" and self.mode != state.mode:
-            raise ValueError(f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}")
+            raise ValueError(
+                f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}"
+            )
         if state.stream is not None and state.streaming_bins != self.streaming_bins:
-            raise ValueError(f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {self.streaming_bins}")
+            raise ValueError(
+                f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {self.streaming_bins}"
+            )
         if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self._kind, self.num_bins):
             raise ValueError(
                 f"incompatible options: the state holds exact {state.exact_kind} histograms of {state.exact_num_bins} "
@@ -390,8 +401,14 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format,
-            method=method, symmetric=symmetric, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=method,
+            symmetric=symmetric,
+            num_bins=num_bins,
+            num_quantized_bins=num_quantized_bins,
         )
         self._init_histocal(mode, streaming_bins, show_progress)
 
@@ -413,8 +430,14 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format,
-            method=method, symmetric=symmetric, num_bins=num_bins, percentile=percentile,
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=method,
+            symmetric=symmetric,
+            num_bins=num_bins,
+            percentile=percentile,
         )
         self._init_histocal(mode, streaming_bins, show_progress)
 
@@ -435,8 +458,13 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format,
-            method=method, num_bins=num_bins, scenario=scenario,
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=method,
+            num_bins=num_bins,
+            scenario=scenario,
         )
         self._init_histocal(mode, streaming_bins, show_progress)
 
@@ -463,7 +491,13 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         if name in methods.ORT_METHODS:
             raise ValueError(f"{name} is an onnxruntime method: use its own calibrator (or create_calibrator)")
         self.method_options = methods.check_options(name, dict(method_options or {}))
-        super().__init__(model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), use_external_data_format, method=name)
+        super().__init__(
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=name,
+        )
         self._lock = threading.RLock()
         self.mode = "streaming"
         self.streaming_bins = _check_streaming_bins(streaming_bins)

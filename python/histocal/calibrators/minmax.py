@@ -53,13 +53,19 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_path, op_types_to_calibrate, _augmented_model_path(self, augmented_model_path), symmetric=symmetric,
-            use_external_data_format=use_external_data_format, moving_average=moving_average,
-            averaging_constant=averaging_constant, max_intermediate_outputs=max_intermediate_outputs,
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            symmetric=symmetric,
+            use_external_data_format=use_external_data_format,
+            moving_average=moving_average,
+            averaging_constant=averaging_constant,
+            max_intermediate_outputs=max_intermediate_outputs,
             per_channel=per_channel,
         )
         if max_intermediate_outputs is not None and (
-            isinstance(max_intermediate_outputs, bool) or not isinstance(max_intermediate_outputs, (int, np.integer))
+            isinstance(max_intermediate_outputs, bool)
+            or not isinstance(max_intermediate_outputs, (int, np.integer))
             or max_intermediate_outputs < 1
         ):
             raise ValueError(f"max_intermediate_outputs must be a positive integer, got {max_intermediate_outputs!r}")
@@ -92,7 +98,10 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
         head = [None] * self.num_model_outputs
         for i, feed in enumerate(progress(source.read(), "histocal collect", self.show_progress)):
             self.intermediate_outputs.append(head + run_session(session, fetch, checker.check(feed, i), i))
-            if self.max_intermediate_outputs is not None and len(self.intermediate_outputs) == self.max_intermediate_outputs:
+            if (
+                self.max_intermediate_outputs is not None
+                and len(self.intermediate_outputs) == self.max_intermediate_outputs
+            ):
                 # ORT discards the chunk here; histocal folds it into the range.
                 self.compute_data()
                 self.clear_collected_data()

@@ -77,6 +77,7 @@ def cmd_recompute(args: argparse.Namespace) -> int:
     state = _load_state(args.state)
     ranges = _ranges_from_state(args, state)
     _write_outputs(ranges, Path(args.cache), None, None)
-    sys.stdout.write(f"computed {len(ranges.data)} tensors ({_display(args.method)}) from {args.state}; "
-                     f"cache: {args.cache}\n")
+    sys.stdout.write(
+        f"computed {len(ranges.data)} tensors ({_display(args.method)}) from {args.state}; cache: {args.cache}\n"
+    )
     return 0

@@ -44,7 +44,7 @@ class _UsageError(Exception):
 
 
 def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    """" (did you mean X?)" for the closest candidate, or ""."""
+    """ " (did you mean X?)" for the closest candidate, or ""."""
     import difflib
 
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
@@ -60,18 +60,23 @@ class _Parser(argparse.ArgumentParser):
         parts = []
         for action in self._actions:
             if not action.option_strings:
-                parts.append(f"{action.metavar or action.dest.upper()}"
-                             + (" ..." if isinstance(action, argparse._SubParsersAction) else ""))
+                parts.append(
+                    f"{action.metavar or action.dest.upper()}"
+                    + (" ..." if isinstance(action, argparse._SubParsersAction) else "")
+                )
         for action in self._actions:
             if action.option_strings and action.required:
-                parts.append(f"{action.option_strings[0]} {action.metavar or action.dest.upper()}"
-                             + (" ..." if action.nargs in ("+", "*") else ""))
+                parts.append(
+                    f"{action.option_strings[0]} {action.metavar or action.dest.upper()}"
+                    + (" ..." if action.nargs in ("+", "*") else "")
+                )
         options = ["[options]"] if any(a.option_strings and not a.required for a in self._actions) else []
         return " ".join([f"usage: {self.prog}", *options, *parts])
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n"
-                     f"Run '{self.prog} --help' for the full usage.\n")
+        self.exit(
+            2, f"{self.short_usage()}\n{self.prog}: error: {message}\nRun '{self.prog} --help' for the full usage.\n"
+        )
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:
@@ -229,61 +234,121 @@ def _staged(final: Path, suffix: str = "") -> Iterator[Path]:
 # Options shared by several subcommands
 
 
-def _add_method_options(p: argparse.ArgumentParser, *, default_method: str | None, minmax: bool = True,
-                        per_channel: bool = True, collection: bool = True, required: bool = False) -> None:
+def _add_method_options(
+    p: argparse.ArgumentParser,
+    *,
+    default_method: str | None,
+    minmax: bool = True,
+    per_channel: bool = True,
+    collection: bool = True,
+    required: bool = False,
+) -> None:
     """Method options; ``minmax=False``: only the options a state's ``compute`` takes."""
     g = p.add_argument_group("calibration method")
-    g.add_argument("--method", metavar="METHOD", default=default_method, required=required,
-                   help=f"{', '.join(METHODS + HISTOCAL_METHODS)} or a method registered by --plugin "
-                        f"(default: {default_method or 'see below'})")
-    g.add_argument("--plugin", action="append", metavar="MODULE[:FUNC]",
-                   help="import MODULE (which calls histocal.register_method), or register MODULE's FUNC "
-                        "as method FUNC; repeatable")
-    g.add_argument("--num-bins", type=_positive_int, metavar="N",
-                   help="histogram bins (ORT defaults: entropy 128, percentile/distribution 2048)")
-    g.add_argument("--num-quantized-bins", type=_positive_int, metavar="N",
-                   help="entropy: quantized bins (default 128)")
+    g.add_argument(
+        "--method",
+        metavar="METHOD",
+        default=default_method,
+        required=required,
+        help=f"{', '.join(METHODS + HISTOCAL_METHODS)} or a method registered by --plugin "
+        f"(default: {default_method or 'see below'})",
+    )
+    g.add_argument(
+        "--plugin",
+        action="append",
+        metavar="MODULE[:FUNC]",
+        help="import MODULE (which calls histocal.register_method), or register MODULE's FUNC "
+        "as method FUNC; repeatable",
+    )
+    g.add_argument(
+        "--num-bins",
+        type=_positive_int,
+        metavar="N",
+        help="histogram bins (ORT defaults: entropy 128, percentile/distribution 2048)",
+    )
+    g.add_argument(
+        "--num-quantized-bins", type=_positive_int, metavar="N", help="entropy: quantized bins (default 128)"
+    )
     g.add_argument("--percentile", type=_percentile, metavar="P", help="percentile: the percentile (default 99.999)")
-    g.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=None,
-                   help="symmetric ranges (ORT defaults: percentile yes, others no)")
+    g.add_argument(
+        "--symmetric",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="symmetric ranges (ORT defaults: percentile yes, others no)",
+    )
     scenario = TABLE["distribution"].option("scenario")
-    g.add_argument("--scenario", choices=scenario.choices, help=f"distribution: {scenario.help} (default {scenario.default})")
-    g.add_argument("--qtype", choices=QTYPES,
-                   help="mse/pow2/auto: target type of the error model (default int8; quantize: the activation type)")
+    g.add_argument(
+        "--scenario", choices=scenario.choices, help=f"distribution: {scenario.help} (default {scenario.default})"
+    )
+    g.add_argument(
+        "--qtype",
+        choices=QTYPES,
+        help="mse/pow2/auto: target type of the error model (default int8; quantize: the activation type)",
+    )
     for name in _METHOD_OPTION_KEYS:
         if name == "qtype":
             continue
         users = [m for m in HISTOCAL_TABLE if any(o.name == name for o in m.options)]
         option = users[0].option(name)
-        g.add_argument(f"--{name.replace('_', '-')}", choices=option.choices,
-                       help=f"{'/'.join(m.name for m in users)}: {option.help} (default {option.default})")
+        g.add_argument(
+            f"--{name.replace('_', '-')}",
+            choices=option.choices,
+            help=f"{'/'.join(m.name for m in users)}: {option.help} (default {option.default})",
+        )
     if minmax:
         g.add_argument("--moving-average", action="store_true", default=None, help="minmax: moving average of ranges")
-        g.add_argument("--averaging-constant", type=_float, metavar="C",
-                       help="minmax: moving-average constant (default 0.01)")
-        g.add_argument("--max-intermediate-outputs", type=_positive_int, metavar="K",
-                       help="minmax: fold ranges every K batches")
+        g.add_argument(
+            "--averaging-constant", type=_float, metavar="C", help="minmax: moving-average constant (default 0.01)"
+        )
+        g.add_argument(
+            "--max-intermediate-outputs", type=_positive_int, metavar="K", help="minmax: fold ranges every K batches"
+        )
         if per_channel:
             g.add_argument("--per-channel", action="store_true", default=None, help="minmax: per-channel ranges")
     if collection:
-        g.add_argument("--mode", choices=("auto", "exact", "streaming"),
-                       help="histogram collection: exact (ORT-identical, reads the data twice), streaming "
-                            "(one pass), auto (default: exact when the data can be read twice)")
-        g.add_argument("--streaming-bins", type=_positive_int, metavar="N",
-                       help="streaming mode: bins of the batch-invariant histogram (power of two, default 16384)")
+        g.add_argument(
+            "--mode",
+            choices=("auto", "exact", "streaming"),
+            help="histogram collection: exact (ORT-identical, reads the data twice), streaming "
+            "(one pass), auto (default: exact when the data can be read twice)",
+        )
+        g.add_argument(
+            "--streaming-bins",
+            type=_positive_int,
+            metavar="N",
+            help="streaming mode: bins of the batch-invariant histogram (power of two, default 16384)",
+        )
 
 
 def _add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
     g = p.add_argument_group("calibration data")
-    g.add_argument("--data", nargs="+", metavar="PATH", required=required,
-                   help="data files or folders: .npy, .npz, model-zoo .pb or images (.jpg .png .bmp)")
-    g.add_argument("--batch-size", type=_positive_int, default=1, metavar="N",
-                   help="data items per batch: files, or one file per input of a multi-input model; a file "
-                        "holding a batch of k samples adds k rows (default 1)")
-    g.add_argument("--preprocess", choices=("none", "mobilenet", "resnet", "caffe2"), default="none",
-                   help="image preprocessing preset (default none)")
-    g.add_argument("--input-shape", type=_shape, metavar="DIMS",
-                   help="override the input shape, e.g. 1,3,224,224 ('?' or <= 0: dynamic)")
+    g.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        required=required,
+        help="data files or folders: .npy, .npz, model-zoo .pb or images (.jpg .png .bmp)",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="data items per batch: files, or one file per input of a multi-input model; a file "
+        "holding a batch of k samples adds k rows (default 1)",
+    )
+    g.add_argument(
+        "--preprocess",
+        choices=("none", "mobilenet", "resnet", "caffe2"),
+        default="none",
+        help="image preprocessing preset (default none)",
+    )
+    g.add_argument(
+        "--input-shape",
+        type=_shape,
+        metavar="DIMS",
+        help="override the input shape, e.g. 1,3,224,224 ('?' or <= 0: dynamic)",
+    )
     g.add_argument("--layout", choices=("NCHW", "NHWC"), type=str.upper, help="image layout (default: from the model)")
     g.add_argument("--providers", nargs="+", metavar="EP", help="execution providers for calibration inference")
     g.add_argument("--op-types", nargs="+", metavar="OP", help="only calibrate/quantize these op types")
@@ -342,16 +407,28 @@ def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
         "distribution": ("num_bins", "scenario"),
     }.get(args.method) or _histocal_option_names(args.method)
     settings = {}
-    for key in ("num_bins", "num_quantized_bins", "percentile", "symmetric", "scenario", "moving_average",
-                "averaging_constant", "max_intermediate_outputs", "mode", "streaming_bins", *_METHOD_OPTION_KEYS):
+    for key in (
+        "num_bins",
+        "num_quantized_bins",
+        "percentile",
+        "symmetric",
+        "scenario",
+        "moving_average",
+        "averaging_constant",
+        "max_intermediate_outputs",
+        "mode",
+        "streaming_bins",
+        *_METHOD_OPTION_KEYS,
+    ):
         value = getattr(args, key, None)
         if value is None:
             continue
         if key in applies:
             settings[key] = value
         else:
-            logger.warning("option %s does not apply to --method %s computed from a state; ignored", _flag(key),
-                           args.method)
+            logger.warning(
+                "option %s does not apply to --method %s computed from a state; ignored", _flag(key), args.method
+            )
     return settings
 
 
@@ -369,8 +446,13 @@ def _open_data(args: argparse.Namespace, model: Path) -> Any:
     from ..io.data import open_calibration_data
 
     data = open_calibration_data(
-        model, args.data, batch_size=args.batch_size, preprocess=args.preprocess,
-        input_shape=args.input_shape, layout=args.layout, validate=True,
+        model,
+        args.data,
+        batch_size=args.batch_size,
+        preprocess=args.preprocess,
+        input_shape=args.input_shape,
+        layout=args.layout,
+        validate=True,
     )
     return data
 
@@ -393,13 +475,16 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
         if args.no_progress:
             calibrator.show_progress = False
         if want_state and not callable(getattr(calibrator, "save_state", None)):
-            raise CliError(f"--state: {args.method} calibration keeps no histograms; calibrate with a histogram "
-                           "method (entropy, percentile, distribution): its state also computes minmax ranges")
+            raise CliError(
+                f"--state: {args.method} calibration keeps no histograms; calibrate with a histogram "
+                "method (entropy, percentile, distribution): its state also computes minmax ranges"
+            )
         start = time.perf_counter()
         calibrator.collect_data(data)
         ranges = calibrator.compute_data()
-        logger.info("calibrated %d tensors with %s in %.2f s", len(ranges.data), args.method,
-                    time.perf_counter() - start)
+        logger.info(
+            "calibrated %d tensors with %s in %.2f s", len(ranges.data), args.method, time.perf_counter() - start
+        )
         if not want_state:
             del calibrator
             calibrator = None
@@ -420,8 +505,9 @@ def _data_fingerprint(files: Sequence[Path]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _write_outputs(ranges: Any, cache: Path | None, calibrator: Any, state: Path | None,
-                   fingerprint: str | None = None) -> None:
+def _write_outputs(
+    ranges: Any, cache: Path | None, calibrator: Any, state: Path | None, fingerprint: str | None = None
+) -> None:
     """Stage every output next to its destination, then move them all into place."""
     from ..io.cache import save_tensors_data
 

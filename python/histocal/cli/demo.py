@@ -38,10 +38,14 @@ def _demo_model(seed: int = 0) -> Any:
         return numpy_helper.from_array((rng.normal(0, 1, shape) * np.sqrt(2 / fan_in)).astype(np.float32), name)
 
     inits = [
-        w("W1", 16, 3, 3, 3), numpy_helper.from_array(np.zeros(16, np.float32), "B1"),
-        w("W2", 32, 16, 3, 3), numpy_helper.from_array(np.full(32, 0.01, np.float32), "B2"),
-        w("W3", 32, 32, 3, 3), numpy_helper.from_array(np.zeros(32, np.float32), "B3"),
-        w("Wfc", 10, 32), numpy_helper.from_array(np.zeros(10, np.float32), "Bfc"),
+        w("W1", 16, 3, 3, 3),
+        numpy_helper.from_array(np.zeros(16, np.float32), "B1"),
+        w("W2", 32, 16, 3, 3),
+        numpy_helper.from_array(np.full(32, 0.01, np.float32), "B2"),
+        w("W3", 32, 32, 3, 3),
+        numpy_helper.from_array(np.zeros(32, np.float32), "B3"),
+        w("Wfc", 10, 32),
+        numpy_helper.from_array(np.zeros(10, np.float32), "Bfc"),
     ]
     nodes = [
         helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
@@ -56,7 +60,8 @@ def _demo_model(seed: int = 0) -> Any:
         helper.make_node("Gemm", ["flat", "Wfc", "Bfc"], ["Y"], transB=1, name="fc"),
     ]
     graph = helper.make_graph(
-        nodes, "histocal_demo_cnn",
+        nodes,
+        "histocal_demo_cnn",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 32, 32])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 10])],
         initializer=inits,
@@ -118,13 +123,19 @@ class _PeakRss:
             self.peak = max(self._max, rss) - self._base
 
 
-def _run_calibrator(factory: Callable[..., Any], model: Path, tmp: Path, method: Any, options: dict[str, Any],
-                    data: Any) -> tuple[Any, float, int | None]:
+def _run_calibrator(
+    factory: Callable[..., Any], model: Path, tmp: Path, method: Any, options: dict[str, Any], data: Any
+) -> tuple[Any, float, int | None]:
     data.rewind()
     with contextlib.redirect_stdout(io.StringIO()), np.errstate(all="ignore"), _PeakRss() as mem:
         start = time.perf_counter()
-        calibrator = factory(model, None, augmented_model_path=str(tmp / "augmented.onnx"),
-                             calibrate_method=method, extra_options=options)
+        calibrator = factory(
+            model,
+            None,
+            augmented_model_path=str(tmp / "augmented.onnx"),
+            calibrate_method=method,
+            extra_options=options,
+        )
         if hasattr(calibrator, "show_progress"):
             calibrator.show_progress = False
         calibrator.collect_data(data)
@@ -188,23 +199,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
         all_same = True
         for label, method, options in runs:
             ours, t_ours, m_ours = _run_calibrator(
-                calibrators.create_calibrator, model, tmp, method, {**options, "CollectionMode": "exact"}, data)
+                calibrators.create_calibrator, model, tmp, method, {**options, "CollectionMode": "exact"}, data
+            )
             ort, t_ort, m_ort = _run_calibrator(ort_calibrate.create_calibrator, model, tmp, method, options, data)
             same = _same_ranges(ort, ours)
             all_same &= same
             settings = ", ".join(f"{k}={v}" for k, v in options.items())
-            rows.append([
-                f"{label} ({settings})", str(len(ours.data)), f"{t_ort:.2f} s", f"{t_ours:.2f} s",
-                f"{t_ort / t_ours:.1f}x" if t_ours > 0 else "-", _mib(m_ort), _mib(m_ours),
-                "yes" if same else "NO",
-            ])
+            rows.append(
+                [
+                    f"{label} ({settings})",
+                    str(len(ours.data)),
+                    f"{t_ort:.2f} s",
+                    f"{t_ours:.2f} s",
+                    f"{t_ort / t_ours:.1f}x" if t_ours > 0 else "-",
+                    _mib(m_ort),
+                    _mib(m_ours),
+                    "yes" if same else "NO",
+                ]
+            )
             sys.stdout.flush()
-    sys.stdout.write(_table(
-        ["method", "tensors", "ORT", "histocal", "speedup", "ORT peak mem", "histocal peak mem", "identical ranges"],
-        rows,
-    ))
-    sys.stdout.write("\n(time: calibrator creation + collect_data + compute_data; peak mem: resident-set "
-                     "growth during the run, approximate)\n")
+    sys.stdout.write(
+        _table(
+            [
+                "method",
+                "tensors",
+                "ORT",
+                "histocal",
+                "speedup",
+                "ORT peak mem",
+                "histocal peak mem",
+                "identical ranges",
+            ],
+            rows,
+        )
+    )
+    sys.stdout.write(
+        "\n(time: calibrator creation + collect_data + compute_data; peak mem: resident-set "
+        "growth during the run, approximate)\n"
+    )
     if not all_same:
         logger.error("ranges differ from onnxruntime's")
         return 1

@@ -117,8 +117,14 @@ def _inspect_state(path: Path, state: Any) -> dict[str, Any]:
     tensors: dict[str, dict[str, Any]] = {}
     for name in names:
         finite, nan, posinf, neginf, batches = state.counts(name)
-        tensors[name] = {"dtype": state.dtype(name), "finite": int(finite), "nan": int(nan), "posinf": int(posinf),
-                         "neginf": int(neginf), "batches": int(batches)}
+        tensors[name] = {
+            "dtype": state.dtype(name),
+            "finite": int(finite),
+            "nan": int(nan),
+            "posinf": int(posinf),
+            "neginf": int(neginf),
+            "batches": int(batches),
+        }
     with np.errstate(all="ignore"):
         for name, td in state.compute("minmax").data.items():
             tensors[name]["min"] = _scalar_or_list(td.lowest)
@@ -159,7 +165,7 @@ def _load_any(path: Path) -> dict[str, Any]:
 
 
 def _range_text(low: Any, high: Any) -> str:
-    """"[low, high]"; per-channel ranges as the span of all channels and their count."""
+    """ "[low, high]"; per-channel ranges as the span of all channels and their count."""
     low, high = np.asarray(low), np.asarray(high)
     if low.size == 1 and high.size == 1:
         return f"[{_fmt(float(low.item()))}, {_fmt(float(high.item()))}]"
@@ -196,8 +202,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             continue
         text = json.dumps(_jsonable(value), allow_nan=False) if isinstance(value, (dict, list)) else _fmt(value)
         head.append(f"{key}: {text}")
-    rows = {name: _table_row(entry if isinstance(entry, dict) else {"value": entry})
-            for name, entry in info["tensors"].items()}
+    rows = {
+        name: _table_row(entry if isinstance(entry, dict) else {"value": entry})
+        for name, entry in info["tensors"].items()
+    }
     columns = sorted({k for row in rows.values() for k in row}, key=lambda k: ([*_COLUMNS, k]).index(k))
     titles = [f"{_display(str(info['method']).lower())} range" if c == "range" else c for c in columns]
     table = [[name] + [row.get(c, "") for c in columns] for name, row in rows.items()]

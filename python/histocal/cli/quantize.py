@@ -95,12 +95,23 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
     folds = args.folds or methods.AUTO_SELECTION_OPTIONS["folds"]
     start = time.perf_counter()
     chosen = calibrate_and_select(
-        model, data, eval_samples=eval_samples, folds=folds, method_options=options.get("MethodOptions"),
-        streaming_bins=options.get("StreamingBins"), show_progress=False if args.no_progress else None,
+        model,
+        data,
+        eval_samples=eval_samples,
+        folds=folds,
+        method_options=options.get("MethodOptions"),
+        streaming_bins=options.get("StreamingBins"),
+        show_progress=False if args.no_progress else None,
         **quantization,
     )
-    logger.info("auto chose %s (output SQNR %.2f dB, %s on %d batches) in %.2f s", chosen.label,
-                chosen.sqnr_db[chosen.label], chosen.scoring, chosen.eval_samples, time.perf_counter() - start)
+    logger.info(
+        "auto chose %s (output SQNR %.2f dB, %s on %d batches) in %.2f s",
+        chosen.label,
+        chosen.sqnr_db[chosen.label],
+        chosen.scoring,
+        chosen.eval_samples,
+        time.perf_counter() - start,
+    )
     args.auto_choice = chosen.label
     return chosen.ranges
 
@@ -145,8 +156,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             ranges, _ = _calibrate(args, model, data, want_state=False)
             write_cache = cache is not None
     if args.method != "auto" or args.data is None or args.per_tensor_estimate:
-        for flag, value in (("--eval-samples", args.eval_samples), ("--folds", args.folds),
-                            ("--per-tensor-estimate", args.per_tensor_estimate or None)):
+        for flag, value in (
+            ("--eval-samples", args.eval_samples),
+            ("--folds", args.folds),
+            ("--per-tensor-estimate", args.per_tensor_estimate or None),
+        ):
             if value is not None:
                 logger.warning("option %s applies only to --method auto with --data; ignored", flag)
 
@@ -156,8 +170,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         save_tensors_data(ranges, ranges_file)
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        quantize_static(model, staged, None, calibrate_method=ranges.calibration_method,
-                        calibration_cache_path=ranges_file, **quantization)
+        quantize_static(
+            model,
+            staged,
+            None,
+            calibrate_method=ranges.calibration_method,
+            calibration_cache_path=ranges_file,
+            **quantization,
+        )
         if write_cache:
             _write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
@@ -166,6 +186,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             os.replace(f, output.parent / f.name)
     logger.info("wrote %s", output)
     how = _display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
-    sys.stdout.write(f"quantized {model} -> {output} ({how} ranges, {args.format}, "
-                     f"activations {args.activation_type}, weights {args.weight_type})\n")
+    sys.stdout.write(
+        f"quantized {model} -> {output} ({how} ranges, {args.format}, "
+        f"activations {args.activation_type}, weights {args.weight_type})\n"
+    )
     return 0

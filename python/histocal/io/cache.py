@@ -55,7 +55,6 @@ _INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "
 _INT64 = np.iinfo(np.int64)
 
 
-
 def read_json_file(
     path: StrPath, max_bytes: int = MAX_CACHE_BYTES, max_depth: int = MAX_JSON_DEPTH, *, what: str = "JSON file"
 ) -> Any:

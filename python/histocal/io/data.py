@@ -99,9 +99,7 @@ logger = logging.getLogger(__name__)
 class CalibrationData(CalibrationDataReader):
     """Batches ``{input_name: array}`` read lazily from files; re-iterable; an ORT data reader."""
 
-    def __init__(
-        self, inputs: Sequence[ModelInput], samples: Sequence[_Sample], batch_size: int
-    ) -> None:
+    def __init__(self, inputs: Sequence[ModelInput], samples: Sequence[_Sample], batch_size: int) -> None:
         self.inputs = tuple(inputs)
         self.batch_size = batch_size
         self._samples = list(samples)
@@ -181,8 +179,13 @@ class CalibrationData(CalibrationDataReader):
             rows += sum(s[0] if s else 1 for s, _ in columns[0])
         self._num_samples = rows
         for (name, dtype), where in cast.items():
-            logger.info("input %r: %s data (e.g. %s) cast to %s, the model's input type", name, dtype, where,
-                        self.inputs[self.input_names.index(name)].dtype)
+            logger.info(
+                "input %r: %s data (e.g. %s) cast to %s, the model's input type",
+                name,
+                dtype,
+                where,
+                self.inputs[self.input_names.index(name)].dtype,
+            )
 
     # onnxruntime CalibrationDataReader protocol (index-based, so copy.deepcopy works)
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -378,7 +381,11 @@ def open_calibration_data(
         data.validate()
     logger.info(
         "calibration data: %s sample(s) in %d %s file(s), %d batch(es) of up to %d %s",
-        data.num_samples if validate else "?", len(files), kind, len(data), batch_size,
+        data.num_samples if validate else "?",
+        len(files),
+        kind,
+        len(data),
+        batch_size,
         "file(s)" if len(inputs) == 1 else "item(s) (one file per input)",
     )
     return data

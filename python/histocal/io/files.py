@@ -21,6 +21,7 @@ StrPath = Union[str, "os.PathLike[str]"]
 class ContentError(ValueError):
     """A problem in an untrusted file's content (the reader adds the file name)."""
 
+
 MAX_NUMBER_DIGITS = 100  # longer digit runs are rejected before int()/float() see them (quadratic int parsing)
 READ_CHUNK = 1 << 20  # untrusted files are read (and checked) this much at a time
 
@@ -74,7 +75,9 @@ def _json_depth(outside_strings: bytes) -> int:
     ``json.loads`` needs (its valid prefix never closes more than it opened)."""
     depth = deepest = 0
     for start in range(0, len(outside_strings), _DEPTH_CHUNK):  # chunked: bounded memory for huge inputs
-        chunk = np.frombuffer(outside_strings[start : start + _DEPTH_CHUNK].translate(None, _NOT_BRACKETS), dtype=np.uint8)
+        chunk = np.frombuffer(
+            outside_strings[start : start + _DEPTH_CHUNK].translate(None, _NOT_BRACKETS), dtype=np.uint8
+        )
         if chunk.size:
             levels = depth + np.cumsum(np.where((chunk == ord("[")) | (chunk == ord("{")), 1, -1))
             deepest = max(deepest, int(levels.max()))
@@ -151,10 +154,14 @@ _JSON_NEVER = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # control characters
 def _reject_control_characters(chunk: memoryview, offset: int) -> None:
     found = _JSON_NEVER.search(chunk)
     if found is not None:
-        raise ContentError(f"byte {offset + found.start()} is the control character {found.group()!r}, which JSON never allows")
+        raise ContentError(
+            f"byte {offset + found.start()} is the control character {found.group()!r}, which JSON never allows"
+        )
 
 
-def parse_bounded_json(raw: bytes | bytearray, max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True) -> Any:
+def parse_bounded_json(
+    raw: bytes | bytearray, max_depth: int, fail: Callable[[str], NoReturn], *, constants: bool = True
+) -> Any:
     """Parse untrusted JSON bytes with bounded nesting and number length; ``constants``: accept
     ``NaN``/``Infinity``. Every problem goes to ``fail``."""
     # The checks first (they hold a copy of the text without its strings), the decoded text after.

@@ -177,7 +177,6 @@ def _read_pb(path: Path) -> onnx.TensorProto:
     return tensor
 
 
-
 def _pillow() -> Any:
     """``PIL.Image``, imported on first use: only image files need Pillow (the ``images`` extra)."""
     try:
@@ -348,8 +347,6 @@ class _ImageSample:
             return [(self.prep(img), str(self.files[0]))]
 
 
-
-
 def _parse_shape(shape: str | Sequence[int | str | None]) -> tuple[int | None, ...]:
     dims = shape.split(",") if isinstance(shape, str) else list(shape)
     try:
@@ -365,8 +362,10 @@ def _image_prep(inp: ModelInput, preset: str, layout: str | None, where: Path) -
         raise DataError(f"{where}: images give 4-D batches, input {inp} is not 4-D (input_shape?)")
     if layout is None:
         layout = "NHWC" if shape and shape[1] != 3 and shape[3] == 3 else "NCHW"
-    channels, h, w = (None, None, None) if shape is None else (
-        (shape[1], shape[2], shape[3]) if layout == "NCHW" else (shape[3], shape[1], shape[2])
+    channels, h, w = (
+        (None, None, None)
+        if shape is None
+        else ((shape[1], shape[2], shape[3]) if layout == "NCHW" else (shape[3], shape[1], shape[2]))
     )
     if channels not in (None, 3):
         raise DataError(f"{where}: images have 3 channels, input {inp} has {channels} ({layout})")

@@ -197,7 +197,9 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= _core.MAX_BINS:
             raise ValueError(f"{method}: {key} must be an integer in [1, {_core.MAX_BINS}], got {value!r}")
     if method == "kl" and out["num_bins"] < out["num_quantized_bins"]:
-        raise ValueError(f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})")
+        raise ValueError(
+            f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})"
+        )
     for option in TABLE[method].options:
         if option.kind is str and option.name != "qtype" and out[option.name] not in (option.choices or ()):
             expected = " or ".join(map(repr, option.choices or ()))
@@ -224,9 +226,16 @@ def tensor_histogram(stream: Any, name: str) -> TensorHistogram:
     edges = np.linspace(-top, top, 2 * half + 1)  # exact: power-of-two steps
     nan = math.nan
     return TensorHistogram(
-        name=name, dtype=dtype, counts=np.asarray(bins), edges=edges,
-        min=nan if fmin is None else fmin, max=nan if fmax is None else fmax,
-        n_nan=counts[1], n_posinf=counts[2], n_neginf=counts[3], batches=counts[4],
+        name=name,
+        dtype=dtype,
+        counts=np.asarray(bins),
+        edges=edges,
+        min=nan if fmin is None else fmin,
+        max=nan if fmax is None else fmax,
+        n_nan=counts[1],
+        n_posinf=counts[2],
+        n_neginf=counts[3],
+        batches=counts[4],
     )
 
 
@@ -245,12 +254,20 @@ def _custom_ranges(stream: Any, names: Sequence[str], method: str) -> list[tuple
         except Exception as exc:  # a user's function: report which tensor it failed on
             raise ValueError(f"method {method!r} failed on tensor {name!r}: {exc!r}") from exc
         if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-            raise ValueError(f"method {method!r} returned ({low}, {high}) for tensor {name!r}: expected finite low <= high")
+            raise ValueError(
+                f"method {method!r} returned ({low}, {high}) for tensor {name!r}: expected finite low <= high"
+            )
         out.append((low, high))
     return out
 
 
-def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str, Any], ort_ranges: Callable[[str, dict], TensorsData]) -> tuple[list[tuple[float, float]], list[str] | None]:
+def ranges(
+    stream: Any,
+    names: Sequence[str],
+    method: str,
+    options: Mapping[str, Any],
+    ort_ranges: Callable[[str, dict], TensorsData],
+) -> tuple[list[tuple[float, float]], list[str] | None]:
     """Per-tensor ``(low, high)`` of a histocal or registered method, and for ``auto`` the
     label of the candidate chosen per tensor. ``ort_ranges(method, settings)`` computes an ORT
     method's TensorsData from the same state (auto's candidates)."""
@@ -268,8 +285,13 @@ def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str,
             cand_options = {k: v for k, v in options.items() if k in METHOD_OPTIONS[cand]}
             cand_ranges = list(stream.ranges(cand, list(names), scale_rule=SCALE_RULE, **cand_options))
         finite = [i for i, r in enumerate(cand_ranges) if math.isfinite(r[0]) and math.isfinite(r[1])]
-        errors = stream.qerrors([names[i] for i in finite], [cand_ranges[i] for i in finite], scale_rule=SCALE_RULE,
-                                qtype=qtype, symmetric=symmetric)
+        errors = stream.qerrors(
+            [names[i] for i in finite],
+            [cand_ranges[i] for i in finite],
+            scale_rule=SCALE_RULE,
+            qtype=qtype,
+            symmetric=symmetric,
+        )
         for i, err in zip(finite, errors):
             if err < best[i][0]:
                 best[i] = (err, cand_ranges[i], label)
@@ -297,7 +319,9 @@ def check_selection_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """auto's model-level options with defaults filled in; ValueError names a bad one."""
     unknown = set(options) - set(AUTO_SELECTION_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown options for auto's model-level choice: {sorted(unknown)} (allowed: {sorted(AUTO_SELECTION_OPTIONS)})")
+        raise ValueError(
+            f"unknown options for auto's model-level choice: {sorted(unknown)} (allowed: {sorted(AUTO_SELECTION_OPTIONS)})"
+        )
     out = {**AUTO_SELECTION_OPTIONS, **options}
     n = out["eval_samples"]
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -314,7 +338,9 @@ def _pair(td: TensorData) -> tuple[float, float]:
     return float(np.asarray(td.range_value[0]).reshape(-1)[0]), float(np.asarray(td.range_value[1]).reshape(-1)[0])
 
 
-def to_tensors_data(names: Sequence[str], pairs: Sequence[tuple[float, float]], dtypes: Mapping[str, str]) -> TensorsData:
+def to_tensors_data(
+    names: Sequence[str], pairs: Sequence[tuple[float, float]], dtypes: Mapping[str, str]
+) -> TensorsData:
     """TensorsData carrying the ranges (as MinMax results: onnxruntime's TensorsData has no other
     way to carry plain ranges; quantize_static only reads lowest/highest from it), rounded to the
     nearest value of each tensor's type: the methods compute them in float64 as estimates, not

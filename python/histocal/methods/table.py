@@ -77,25 +77,50 @@ _NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins")
 # ORT's methods: options and defaults as onnxruntime's create_calibrator (what quantize_static uses).
 ORT_TABLE = (
     Method("minmax", "the data's min and max", CalibrationMethod.MinMax, "minmax", (_symmetric(False),)),
-    Method("entropy", "ORT's KL-divergence threshold (TensorRT style)", CalibrationMethod.Entropy, "exact",
-           (_symmetric(False), _num_bins(128), _NUM_QUANTIZED_BINS)),
-    Method("percentile", "a percentile of the values (|x| when symmetric)", CalibrationMethod.Percentile, "exact",
-           (_symmetric(True), _num_bins(2048), Option("percentile", float, 99.999, "the percentile"))),
-    Method("distribution", "ORT's distribution ranges (float8)", CalibrationMethod.Distribution, "exact",
-           (_num_bins(2048), Option("scenario", str, "same", "scenario", SCENARIOS))),
+    Method(
+        "entropy",
+        "ORT's KL-divergence threshold (TensorRT style)",
+        CalibrationMethod.Entropy,
+        "exact",
+        (_symmetric(False), _num_bins(128), _NUM_QUANTIZED_BINS),
+    ),
+    Method(
+        "percentile",
+        "a percentile of the values (|x| when symmetric)",
+        CalibrationMethod.Percentile,
+        "exact",
+        (_symmetric(True), _num_bins(2048), Option("percentile", float, 99.999, "the percentile")),
+    ),
+    Method(
+        "distribution",
+        "ORT's distribution ranges (float8)",
+        CalibrationMethod.Distribution,
+        "exact",
+        (_num_bins(2048), Option("scenario", str, "same", "scenario", SCENARIOS)),
+    ),
 )
 # histocal's methods: ranges computed from the streaming histogram.
 HISTOCAL_TABLE = (
     Method("mse", "the range with the least quantization error", options=(_qtype(), _symmetric(False))),
-    Method("kl", "KL-divergence threshold on the streaming histogram",
-           options=(_num_bins(2048), _NUM_QUANTIZED_BINS)),
-    Method("pow2", "power-of-two scales (AMD Quark)", options=(
-        _qtype(POW2_QTYPES),
-        Option("pow2_method", str, POW2_METHODS[1], "scale choice", POW2_METHODS),
-        Option("minmse_mode", str, MINMSE_MODES[0], "MinMSE over all data, or the most common per-batch choice",
-               MINMSE_MODES),
-    )),
-    Method("auto", "per tensor, the candidate with the least quantization error", options=(_qtype(), _symmetric(False))),
+    Method("kl", "KL-divergence threshold on the streaming histogram", options=(_num_bins(2048), _NUM_QUANTIZED_BINS)),
+    Method(
+        "pow2",
+        "power-of-two scales (AMD Quark)",
+        options=(
+            _qtype(POW2_QTYPES),
+            Option("pow2_method", str, POW2_METHODS[1], "scale choice", POW2_METHODS),
+            Option(
+                "minmse_mode",
+                str,
+                MINMSE_MODES[0],
+                "MinMSE over all data, or the most common per-batch choice",
+                MINMSE_MODES,
+            ),
+        ),
+    ),
+    Method(
+        "auto", "per tensor, the candidate with the least quantization error", options=(_qtype(), _symmetric(False))
+    ),
 )
 TABLE: dict[str, Method] = {m.name: m for m in ORT_TABLE + HISTOCAL_TABLE}
 ORT_METHODS = tuple(m.name for m in ORT_TABLE)

@@ -218,7 +218,8 @@ def calibrate_and_select(
     if extra.get("SmoothQuant", False):
         raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods")
     options = methods.check_options(
-        "auto", _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra)
+        "auto",
+        _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
     )
     kept: list[dict[str, np.ndarray]] = []
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
@@ -230,18 +231,27 @@ def calibrate_and_select(
             calibrate_method="auto",
             use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
             providers=quantize_kwargs.get("calibration_providers"),
-            extra_options={calibrators.METHOD_OPTIONS_OPTION: options, calibrators.STREAMING_BINS_OPTION: streaming_bins},
+            extra_options={
+                calibrators.METHOD_OPTIONS_OPTION: options,
+                calibrators.STREAMING_BINS_OPTION: streaming_bins,
+            },
         )
         if show_progress is not None:
             calibrator.show_progress = show_progress
         start = time.perf_counter()
         rest_collected = []  # per read: whether feeds beyond the kept ones reached the calibrator
-        _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"),
-                 lambda data: rest_collected.append(_collect_unless_empty(calibrator, _withholding_first(data, kept, eval_samples))))
+        _collect(
+            calibrator,
+            calibration_data_reader,
+            extra.get("CalibStridedMinMax"),
+            lambda data: rest_collected.append(
+                _collect_unless_empty(calibrator, _withholding_first(data, kept, eval_samples))
+            ),
+        )
         if not kept and not any(rest_collected):
             raise ValueError("No data is collected.")
         rest = calibrator.state if any(rest_collected) else None
-        fold_feeds = [kept[k::min(folds, len(kept))] for k in range(min(folds, len(kept)))]
+        fold_feeds = [kept[k :: min(folds, len(kept))] for k in range(min(folds, len(kept)))]
         fold_states = []
         for feeds in fold_feeds:
             calibrator._restart_collection()
@@ -255,17 +265,31 @@ def calibrate_and_select(
 
         candidates = candidates_of([rest, *fold_states])
         cross_validate = len(fold_feeds) >= 2
-        cv_folds = [(candidates_of([rest, *fold_states[:k], *fold_states[k + 1:]]), feeds)
-                    for k, feeds in enumerate(fold_feeds)] if cross_validate else []
-        logger.info("auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
-                    len(candidates), len(cv_folds), time.perf_counter() - start)
+        cv_folds = (
+            [
+                (candidates_of([rest, *fold_states[:k], *fold_states[k + 1 :]]), feeds)
+                for k, feeds in enumerate(fold_feeds)
+            ]
+            if cross_validate
+            else []
+        )
+        logger.info(
+            "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
+            len(candidates),
+            len(cv_folds),
+            time.perf_counter() - start,
+        )
         providers = quantize_kwargs.get("calibration_providers")
         if not cross_validate:
-            logger.warning("auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
-                           "sample, on the feed they were fitted on (which favours tight clipping)", len(kept))
+            logger.warning(
+                "auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
+                "sample, on the feed they were fitted on (which favours tight clipping)",
+                len(kept),
+            )
             return selection.select_ranges(model_input, kept, candidates, providers=providers, **quantize_kwargs)
-        return selection.select_ranges_cross_validated(model_input, cv_folds, candidates, providers=providers,
-                                                       **quantize_kwargs)
+        return selection.select_ranges_cross_validated(
+            model_input, cv_folds, candidates, providers=providers, **quantize_kwargs
+        )
 
 
 def quantize_static(
@@ -342,9 +366,22 @@ def quantize_static(
         # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
         with patch_onnxruntime():
             ort_quantize_static(
-                model_input, model_output, calibration_data_reader, quant_format, op_types_to_quantize,
-                per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize, nodes_to_exclude,
-                use_external_data_format, calibrate_method, calibration_providers, extra, calibration_cache_path,
+                model_input,
+                model_output,
+                calibration_data_reader,
+                quant_format,
+                op_types_to_quantize,
+                per_channel,
+                reduce_range,
+                activation_type,
+                weight_type,
+                nodes_to_quantize,
+                nodes_to_exclude,
+                use_external_data_format,
+                calibrate_method,
+                calibration_providers,
+                extra,
+                calibration_cache_path,
             )
         return
     if tensors_range is not None:
@@ -356,33 +393,69 @@ def quantize_static(
             ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
         if ranges is None:
             if calibration_data_reader is None:
-                raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
+                raise ValueError(
+                    "Either calibration_data_reader or an existing calibration_cache_path must be provided."
+                )
             if select is not None:
                 ranges = calibrate_and_select(
-                    model_input, calibration_data_reader, eval_samples=select["eval_samples"], folds=select["folds"],
-                    method_options=method_options, streaming_bins=streaming_bins,
-                    quant_format=quant_format, op_types_to_quantize=op_types_to_quantize, per_channel=per_channel,
-                    reduce_range=reduce_range, activation_type=activation_type, weight_type=weight_type,
-                    nodes_to_quantize=nodes_to_quantize, nodes_to_exclude=nodes_to_exclude,
-                    use_external_data_format=use_external_data_format, calibration_providers=calibration_providers,
+                    model_input,
+                    calibration_data_reader,
+                    eval_samples=select["eval_samples"],
+                    folds=select["folds"],
+                    method_options=method_options,
+                    streaming_bins=streaming_bins,
+                    quant_format=quant_format,
+                    op_types_to_quantize=op_types_to_quantize,
+                    per_channel=per_channel,
+                    reduce_range=reduce_range,
+                    activation_type=activation_type,
+                    weight_type=weight_type,
+                    nodes_to_quantize=nodes_to_quantize,
+                    nodes_to_exclude=nodes_to_exclude,
+                    use_external_data_format=use_external_data_format,
+                    calibration_providers=calibration_providers,
                     extra_options=extra,
                 ).ranges
             else:
                 ranges = calibrate(
-                    model_input, calibration_data_reader, method_arg, op_types_to_quantize, extra, calibration_providers,
-                    use_external_data_format, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
-                    scenario=scenario, mode=mode, StreamingBins=streaming_bins, method_options=method_options,
+                    model_input,
+                    calibration_data_reader,
+                    method_arg,
+                    op_types_to_quantize,
+                    extra,
+                    calibration_providers,
+                    use_external_data_format,
+                    num_bins=num_bins,
+                    num_quantized_bins=num_quantized_bins,
+                    scenario=scenario,
+                    mode=mode,
+                    StreamingBins=streaming_bins,
+                    method_options=method_options,
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
     quantize_with_ranges(
-        model_input, model_output, ranges, quant_format, op_types_to_quantize, per_channel, reduce_range,
-        activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
-        calibration_providers, extra, calibrate_method=calibrate_method,
+        model_input,
+        model_output,
+        ranges,
+        quant_format,
+        op_types_to_quantize,
+        per_channel,
+        reduce_range,
+        activation_type,
+        weight_type,
+        nodes_to_quantize,
+        nodes_to_exclude,
+        use_external_data_format,
+        calibration_providers,
+        extra,
+        calibrate_method=calibrate_method,
     )
 
 
-def _default_method_options(name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def _default_method_options(
+    name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]
+) -> dict[str, Any]:
     options = dict(given or {})
     allowed = methods.METHOD_OPTIONS.get(name, {})
     if "qtype" in allowed:
@@ -392,4 +465,11 @@ def _default_method_options(name: str, given: dict[str, Any] | None, activation_
     return options
 
 
-__all__ = ["calibrate", "calibrate_and_select", "is_patched", "patch_onnxruntime", "quantize_static", "unpatch_onnxruntime"]
+__all__ = [
+    "calibrate",
+    "calibrate_and_select",
+    "is_patched",
+    "patch_onnxruntime",
+    "quantize_static",
+    "unpatch_onnxruntime",
+]

@@ -78,7 +78,20 @@ def quantize_with_ranges(
         cache = Path(tmp, "ranges.json")
         save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
         ort_quantize_static(
-            model_input, model_output, None, quant_format, op_types_to_quantize, per_channel, reduce_range,
-            activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
-            calibrate_method, calibration_providers, extra, cache,
+            model_input,
+            model_output,
+            None,
+            quant_format,
+            op_types_to_quantize,
+            per_channel,
+            reduce_range,
+            activation_type,
+            weight_type,
+            nodes_to_quantize,
+            nodes_to_exclude,
+            use_external_data_format,
+            calibrate_method,
+            calibration_providers,
+            extra,
+            cache,
         )

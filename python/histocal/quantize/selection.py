@@ -52,9 +52,20 @@ from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 logger = logging.getLogger(__name__)
 
 # quantize_static arguments the selection sets itself (the ranges come from each candidate).
-_OWN_ARGUMENTS = ("model_input", "model_output", "calibration_data_reader", "calibrate_method",
-                  "calibration_cache_path", "tensors_range", "num_bins", "num_quantized_bins", "scenario",
-                  "mode", "streaming_bins", "method_options")
+_OWN_ARGUMENTS = (
+    "model_input",
+    "model_output",
+    "calibration_data_reader",
+    "calibrate_method",
+    "calibration_cache_path",
+    "tensors_range",
+    "num_bins",
+    "num_quantized_bins",
+    "scenario",
+    "mode",
+    "streaming_bins",
+    "method_options",
+)
 
 
 Fold = tuple[Mapping[str, TensorsData], Sequence[Feed]]  # (candidates fitted without these feeds, the feeds)
@@ -97,9 +108,10 @@ def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, Tenso
     out = {}
     for label, method, options in methods.model_candidate_options(qtype, symmetric):
         td = state.compute(method, **options)
-        out[label] = TensorsData(CalibrationMethod.MinMax, {
-            name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()
-        })
+        out[label] = TensorsData(
+            CalibrationMethod.MinMax,
+            {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()},
+        )
     return out
 
 
@@ -183,10 +195,17 @@ def _select(
         if value > sqnr[chosen]:
             chosen = label
     n = sum(len(feeds) for _, feeds in folds)
-    selection = Selection(chosen, candidates[chosen], sqnr, n, time.perf_counter() - start,
-                          len(folds) if cross_validated else 0)
-    logger.info("auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
-                selection.scoring, n, chosen, selection.seconds, selection.table())
+    selection = Selection(
+        chosen, candidates[chosen], sqnr, n, time.perf_counter() - start, len(folds) if cross_validated else 0
+    )
+    logger.info(
+        "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
+        selection.scoring,
+        n,
+        chosen,
+        selection.seconds,
+        selection.table(),
+    )
     return selection
 
 

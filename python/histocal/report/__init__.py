@@ -9,4 +9,11 @@ from .page import (
     write_report,
 )
 
-__all__ = ["OUTLIER_THRESHOLD", "REPORT_METHODS", "MissingDependency", "require_matplotlib", "safe_file_names", "write_report"]
+__all__ = [
+    "OUTLIER_THRESHOLD",
+    "REPORT_METHODS",
+    "MissingDependency",
+    "require_matplotlib",
+    "safe_file_names",
+    "write_report",
+]

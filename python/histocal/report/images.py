@@ -31,7 +31,11 @@ _PARALLEL_MIN = 48  # tensors to plot before worker processes pay off
 def _plot_job(t: _Tensor, methods: Sequence[str]) -> dict[str, Any]:
     """What a worker needs to draw one tensor (plain, picklable data)."""
     return {
-        "title": t.name, "dtype": t.dtype, "finite": t.finite, "counts": t.counts, "edges": t.edges,
+        "title": t.name,
+        "dtype": t.dtype,
+        "finite": t.finite,
+        "counts": t.counts,
+        "edges": t.edges,
         "ranges": [(m, t.ranges[m]) for m in methods if m in t.ranges],
         "auto_choice": t.auto_choice,
     }
@@ -59,8 +63,9 @@ class _Canvas:
         self.fig = Figure(figsize=FIG_SIZE, dpi=FIG_DPI)
         FigureCanvasAgg(self.fig)
         self.rows = len(REPORT_METHODS)
-        grid = self.fig.add_gridspec(2, 1, height_ratios=[3.0, 0.45 + 0.22 * self.rows], hspace=0.06,
-                                     left=0.19, right=0.98, top=0.9, bottom=0.12)
+        grid = self.fig.add_gridspec(
+            2, 1, height_ratios=[3.0, 0.45 + 0.22 * self.rows], hspace=0.06, left=0.19, right=0.98, top=0.9, bottom=0.12
+        )
         self.ax = ax = self.fig.add_subplot(grid[0])
         self.bar = bar = self.fig.add_subplot(grid[1], sharex=ax)
         self.title = self.fig.text(0.01, 0.975, "", fontsize=8, ha="left", va="top")
@@ -81,17 +86,18 @@ class _Canvas:
         # add_artist: no autoscaling (the limits are set per tensor)
         self.fill = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
         self.step = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
-        self.empty = ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center",
-                             fontsize=9)
+        self.empty = ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", fontsize=9)
         xaxis = ax.get_xaxis_transform()
         self.vlines, self.bars, self.ends, self.notes = [], [], [], []
         for _ in range(self.rows):
             self.vlines.append(ax.add_artist(Line2D([], [], transform=xaxis, alpha=0.85)))
             self.bars.append(bar.add_artist(Line2D([], [], linewidth=4.5, solid_capstyle="butt")))
-            self.ends.append([bar.add_artist(Line2D([], [], linestyle="none", markersize=7, markeredgewidth=1.2))
-                              for _ in range(2)])
-            self.notes.append(bar.text(0.5, 0, "", transform=bar.get_yaxis_transform(), ha="center", va="center",
-                                       fontsize=6.5))
+            self.ends.append(
+                [bar.add_artist(Line2D([], [], linestyle="none", markersize=7, markeredgewidth=1.2)) for _ in range(2)]
+            )
+            self.notes.append(
+                bar.text(0.5, 0, "", transform=bar.get_yaxis_transform(), ha="center", va="center", fontsize=6.5)
+            )
 
     def draw(self, job: dict[str, Any], path: str) -> None:
         ax, bar = self.ax, self.bar
@@ -204,11 +210,19 @@ def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
     procs = []
     try:
         for chunk in chunks[1:]:
-            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env=env, text=True, encoding="utf-8")
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                text=True,
+                encoding="utf-8",
+            )
             procs.append(proc)
-            payload = [({**job, "counts": job["counts"].tolist(), "edges": job["edges"].tolist()}, path)
-                       for job, path in chunk]
+            payload = [
+                ({**job, "counts": job["counts"].tolist(), "edges": job["edges"].tolist()}, path) for job, path in chunk
+            ]
             threading.Thread(target=_feed, args=(proc, json.dumps(payload)), daemon=True).start()
         _render(chunks[0])
         for proc in procs:
@@ -231,6 +245,16 @@ def _feed(proc: subprocess.Popen, text: str) -> None:
 
 def _worker_main(stream: Any) -> None:
     """Entry point of an image worker process: JSON ``[[job, path], ...]`` on ``stream``."""
-    jobs = [({**job, "counts": np.asarray(job["counts"], np.uint64), "edges": np.asarray(job["edges"], np.float64),
-              "ranges": [(m, tuple(r)) for m, r in job["ranges"]]}, path) for job, path in json.load(stream)]
+    jobs = [
+        (
+            {
+                **job,
+                "counts": np.asarray(job["counts"], np.uint64),
+                "edges": np.asarray(job["edges"], np.float64),
+                "ranges": [(m, tuple(r)) for m, r in job["ranges"]],
+            },
+            path,
+        )
+        for job, path in json.load(stream)
+    ]
     _render(jobs)

@@ -155,8 +155,10 @@ def _range_cell(t: _Tensor, method: str, best: float | None) -> str:
     quality = "SQNR n/a" if sqnr is None else "SQNR ∞" if math.isinf(sqnr) else f"{sqnr:.1f} dB"
     best_cls = " best" if sqnr is not None and best is not None and sqnr >= best - 1e-9 else ""
     err = f' data-error="{t.errors[method]!r}"' if method in t.errors else ""
-    return (f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}"{err}>'
-            f"{_fmt_num(low)} … {_fmt_num(high)}<small>{quality}</small></td>")
+    return (
+        f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}"{err}>'
+        f"{_fmt_num(low)} … {_fmt_num(high)}<small>{quality}</small></td>"
+    )
 
 
 def _nonfinite(t: _Tensor) -> str:
@@ -176,20 +178,26 @@ def _ratio_cell(t: _Tensor) -> str:
 
 
 def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, str], info: dict[str, Any]) -> str:
-    out = ['<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-           _GENERATOR,
-           '<meta name="viewport" content="width=device-width,initial-scale=1">',
-           f"<title>histocal report: {_e(info['source'])}</title><style>{_CSS}</style></head><body>",
-           "<h1>histocal calibration report</h1>"]
+    out = [
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+        _GENERATOR,
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>histocal report: {_e(info['source'])}</title><style>{_CSS}</style></head><body>",
+        "<h1>histocal calibration report</h1>",
+    ]
     flagged = sum(1 for t in tensors if t.ratio > OUTLIER_THRESHOLD)
     plotted = sum(1 for t in tensors if t.file)
     out.append(
         f'<p class="meta">State <code>{_e(info["source"])}</code> · {len(tensors)} tensors · collected in '
-        f'{_e(info["mode"])} mode with {_e(info["method"])} · quantization to <code>{_e(info["qtype"])}</code>, '
-        f'{"symmetric" if info["symmetric"] else "asymmetric"} · {flagged} tensor(s) with outliers · '
-        f'{plotted} plotted · histocal {_e(info["version"])}</p>')
-    out.append('<p class="legend">' + "".join(
-        f'<span><i style="background:{COLOURS[m]}"></i>{_e(LABELS.get(m, m))}</span>' for m in methods) + "</p>")
+        f"{_e(info['mode'])} mode with {_e(info['method'])} · quantization to <code>{_e(info['qtype'])}</code>, "
+        f"{'symmetric' if info['symmetric'] else 'asymmetric'} · {flagged} tensor(s) with outliers · "
+        f"{plotted} plotted · histocal {_e(info['version'])}</p>"
+    )
+    out.append(
+        '<p class="legend">'
+        + "".join(f'<span><i style="background:{COLOURS[m]}"></i>{_e(LABELS.get(m, m))}</span>' for m in methods)
+        + "</p>"
+    )
     out.append(
         '<p class="small">Each method cell: the range (low … high) and the estimated SQNR of quantizing the '
         "tensor's histogram with it, 10·log10(mean x² / mean squared error), in dB (higher is better; the best per "
@@ -197,14 +205,20 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
         f"{OUTLIER_THRESHOLD:g}. minmax, entropy and percentile are onnxruntime's methods, here with "
         f"symmetric={bool(info['symmetric'])} (their other settings: the state's own for the method it was collected "
         "with, onnxruntime's defaults otherwise); pow2 uses its default options. "
-        "Counts are finite values; NaN and ±Inf are listed apart.</p>")
+        "Counts are finite values; NaN and ±Inf are listed apart.</p>"
+    )
     if problems:
-        out.append('<div class="problems"><b>Not available:</b><ul>' + "".join(
-            f"<li><b>{_e(m)}</b>: {_e(p)}</li>" for m, p in problems.items()) + "</ul></div>")
+        out.append(
+            '<div class="problems"><b>Not available:</b><ul>'
+            + "".join(f"<li><b>{_e(m)}</b>: {_e(p)}</li>" for m, p in problems.items())
+            + "</ul></div>"
+        )
 
-    out.append('<h2 id="summary">Tensors, by outlier ratio</h2><div class="wrap"><table><thead><tr>'
-               '<th>#</th><th class="name">tensor</th><th>dtype</th><th>count</th><th>NaN / Inf</th>'
-               '<th>min</th><th>max</th><th>outlier ratio</th>')
+    out.append(
+        '<h2 id="summary">Tensors, by outlier ratio</h2><div class="wrap"><table><thead><tr>'
+        '<th>#</th><th class="name">tensor</th><th>dtype</th><th>count</th><th>NaN / Inf</th>'
+        "<th>min</th><th>max</th><th>outlier ratio</th>"
+    )
     out += [f'<th class="m" style="--c:{COLOURS[m]}">{_e(LABELS.get(m, m))}</th>' for m in methods]
     if "auto" in methods:
         out.append("<th>auto's choice</th>")
@@ -213,9 +227,16 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
         name = f'<a href="#{_e(t.file)}">{_e(t.name)}</a>' if t.file else _e(t.name)
         sqnrs = [s for s in (t.sqnr(m) for m in methods) if s is not None]
         best = max(sqnrs) if sqnrs else None
-        row = [f"<td>{i}</td>", f'<td class="name" data-name="{_e(t.name)}">{name}</td>', f"<td>{_e(t.dtype)}</td>",
-               f"<td>{_count(t.finite)}</td>", f"<td>{_nonfinite(t)}</td>", f"<td>{_fmt_num(t.min)}</td>",
-               f"<td>{_fmt_num(t.max)}</td>", _ratio_cell(t)]
+        row = [
+            f"<td>{i}</td>",
+            f'<td class="name" data-name="{_e(t.name)}">{name}</td>',
+            f"<td>{_e(t.dtype)}</td>",
+            f"<td>{_count(t.finite)}</td>",
+            f"<td>{_nonfinite(t)}</td>",
+            f"<td>{_fmt_num(t.min)}</td>",
+            f"<td>{_fmt_num(t.max)}</td>",
+            _ratio_cell(t),
+        ]
         row += [_range_cell(t, m, best) for m in methods]
         if "auto" in methods:
             row.append(f'<td data-auto="{_e(t.auto_choice or "")}">{_e(t.auto_choice or "—")}</td>')
@@ -225,8 +246,9 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
     if plotted:
         out.append("<h2>Histograms</h2>")
         if plotted < len(tensors):
-            out.append(f'<p class="small">The {plotted} tensors with the largest outlier ratios '
-                       f"(of {len(tensors)}).</p>")
+            out.append(
+                f'<p class="small">The {plotted} tensors with the largest outlier ratios (of {len(tensors)}).</p>'
+            )
     for t in tensors:
         if not t.file:
             continue
@@ -239,7 +261,8 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
             f'<section class="t" id="{_e(t.file)}"><h3>{_e(t.name)}</h3>'
             f'<p class="small">{_e(" · ".join(facts))} · <a href="#summary">back to the table</a></p>'
             f'<img src="tensors/{_e(t.file)}.png" alt="histogram of {_e(t.name)}" loading="lazy" '
-            f'width="{int(FIG_SIZE[0] * FIG_DPI)}" height="{int(FIG_SIZE[1] * FIG_DPI)}"></section>')
+            f'width="{int(FIG_SIZE[0] * FIG_DPI)}" height="{int(FIG_SIZE[1] * FIG_DPI)}"></section>'
+        )
     out.append("</body></html>\n")
     return "\n".join(out)
 
@@ -257,8 +280,10 @@ def _check_replaceable(out_dir: Path) -> None:
     if images.is_dir():
         strays = [p.name for p in images.iterdir() if p.suffix != ".png" or not p.is_file() or p.is_symlink()]
         if strays:
-            raise ValueError(f"{images}: holds files that are not report images ({strays[0]!r}, ...); "
-                             "choose another output directory")
+            raise ValueError(
+                f"{images}: holds files that are not report images ({strays[0]!r}, ...); "
+                "choose another output directory"
+            )
     index = out_dir / "index.html"
     if index.is_symlink() or (index.exists() and not index.is_file()):
         raise ValueError(f"{index}: exists and is not a file; choose another output directory")
@@ -282,9 +307,17 @@ def _install(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_report(state: Any, out_dir: str | os.PathLike[str], *, qtype: str = "int8", symmetric: bool = False,
-                 methods: Sequence[str] | None = None, max_tensors: int | None = None,
-                 workers: int | None = None, source: str | None = None) -> Path:
+def write_report(
+    state: Any,
+    out_dir: str | os.PathLike[str],
+    *,
+    qtype: str = "int8",
+    symmetric: bool = False,
+    methods: Sequence[str] | None = None,
+    max_tensors: int | None = None,
+    workers: int | None = None,
+    source: str | None = None,
+) -> Path:
     """Write the report of ``state`` (a ``CalibrationState`` or a state file) into ``out_dir``;
     returns the path of ``index.html``. ``methods``: a subset of :data:`REPORT_METHODS` (default
     all); ``max_tensors``: plot only that many tensors, the largest outlier ratios first (the table
@@ -298,7 +331,9 @@ def write_report(state: Any, out_dir: str | os.PathLike[str], *, qtype: str = "i
     if unknown or not methods:
         raise ValueError(f"report methods must be among {list(REPORT_METHODS)}, got {unknown or methods}")
     methods = [m for m in REPORT_METHODS if m in methods]
-    if max_tensors is not None and (isinstance(max_tensors, bool) or int(max_tensors) != max_tensors or max_tensors < 0):
+    if max_tensors is not None and (
+        isinstance(max_tensors, bool) or int(max_tensors) != max_tensors or max_tensors < 0
+    ):
         raise ValueError(f"max_tensors must be a non-negative integer, got {max_tensors!r}")
     if not isinstance(state, CalibrationState):
         source = str(state) if source is None else source
@@ -331,13 +366,24 @@ def write_report(state: Any, out_dir: str | os.PathLike[str], *, qtype: str = "i
         if workers is None:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         _render_all(jobs, max(1, int(workers)))
-        info = {"source": source, "mode": state.mode, "method": state.method or "?", "qtype": qtype,
-                "symmetric": bool(symmetric), "version": state.histocal_version}
+        info = {
+            "source": source,
+            "mode": state.mode,
+            "method": state.method or "?",
+            "qtype": qtype,
+            "symmetric": bool(symmetric),
+            "version": state.histocal_version,
+        }
         (staging / "index.html").write_text(_html(tensors, methods, problems, info), encoding="utf-8")
         _install(staging, out_dir)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(staging)
-    logger.info("report: %d tensors (%d plotted): ranges %.2f s, images and page %.2f s", len(tensors), len(plot),
-                computed - start, time.perf_counter() - computed)
+    logger.info(
+        "report: %d tensors (%d plotted): ranges %.2f s, images and page %.2f s",
+        len(tensors),
+        len(plot),
+        computed - start,
+        time.perf_counter() - computed,
+    )
     return out_dir / "index.html"

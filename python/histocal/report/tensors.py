@@ -29,8 +29,14 @@ COLOURS = {
     "auto": "#111111",
 }
 # auto's candidate labels -> the report method whose colour they take
-_CANDIDATE_METHOD = {"minmax": "minmax", "entropy": "entropy", "kl": "kl", "mse": "mse",
-                     "percentile 99.99": "percentile", "percentile 99.999": "percentile"}
+_CANDIDATE_METHOD = {
+    "minmax": "minmax",
+    "entropy": "entropy",
+    "kl": "kl",
+    "mse": "mse",
+    "percentile 99.99": "percentile",
+    "percentile 99.999": "percentile",
+}
 OUTLIER_THRESHOLD = 4.0  # max|x| / p99.99(|x|) above this is highlighted
 OUTLIER_PERCENTILE = 99.99
 DISPLAY_BINS = 256
@@ -74,10 +80,21 @@ def _summarise(stream: Any, name: str) -> _Tensor:
     dtype, level, bins, fmin, fmax, _, (finite, nan, posinf, neginf, batches) = stream.export(name)
     bins = np.asarray(bins, dtype=np.uint64)
     nz = np.flatnonzero(bins)
-    t = _Tensor(name=name, dtype=dtype, finite=int(finite), nan=int(nan), posinf=int(posinf), neginf=int(neginf),
-                batches=int(batches), min=math.nan if fmin is None else float(fmin),
-                max=math.nan if fmax is None else float(fmax), ratio=math.nan, mean_square=0.0,
-                counts=np.zeros(0, np.uint64), edges=np.zeros(0))
+    t = _Tensor(
+        name=name,
+        dtype=dtype,
+        finite=int(finite),
+        nan=int(nan),
+        posinf=int(posinf),
+        neginf=int(neginf),
+        batches=int(batches),
+        min=math.nan if fmin is None else float(fmin),
+        max=math.nan if fmax is None else float(fmax),
+        ratio=math.nan,
+        mean_square=0.0,
+        counts=np.zeros(0, np.uint64),
+        edges=np.zeros(0),
+    )
     if nz.size == 0 or level is None or fmin is None or fmax is None:
         return t
     half = bins.size // 2
@@ -90,7 +107,7 @@ def _summarise(stream: Any, name: str) -> _Tensor:
     total = span.sum()
     t.mean_square = float(np.dot(span, centres * centres) / total)
     # outlier ratio: max|x| over the p99.99 of |x| (upper edge of the |x| bin reaching it)
-    absolute = bins[half:][: half].astype(np.float64) + bins[:half][::-1]
+    absolute = bins[half:][:half].astype(np.float64) + bins[:half][::-1]
     cum = np.cumsum(absolute)
     j = int(np.searchsorted(cum, total * OUTLIER_PERCENTILE / 100.0, side="left"))
     amax = max(abs(fmin), abs(fmax))
@@ -142,8 +159,13 @@ def _compute(state: Any, tensors: list[_Tensor], method: str, qtype: str, symmet
     if not finite:
         return None
     try:
-        errs = state.stream.qerrors([t.name for t in finite], [t.ranges[method] for t in finite],
-                                    scale_rule=SCALE_RULE, qtype=qtype, symmetric=symmetric)
+        errs = state.stream.qerrors(
+            [t.name for t in finite],
+            [t.ranges[method] for t in finite],
+            scale_rule=SCALE_RULE,
+            qtype=qtype,
+            symmetric=symmetric,
+        )
     except Exception as exc:
         logger.warning("report: %s: quantization error estimate failed: %s", method, exc)
         return f"no error estimate ({type(exc).__name__}: {exc})"

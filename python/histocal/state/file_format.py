@@ -298,7 +298,9 @@ class _Header:
         n = len(self.tensors)
         held = n * (self.streaming_bins or 0) + sum(t.exact[1] for t in self.tensors if t.exact)
         if held > MAX_STATE_BINS:
-            _fail(f"the state would hold {held} bins (tensors x streaming_bins + exact bins), more than the limit of {MAX_STATE_BINS}")
+            _fail(
+                f"the state would hold {held} bins (tensors x streaming_bins + exact bins), more than the limit of {MAX_STATE_BINS}"
+            )
         limits = dict.fromkeys(_MEMBERS, 0)
         if self.streaming_bins is not None:
             limits["stream_bins"] = 8 * sum(t.stream[2] for t in self.tensors if t.stream)
@@ -308,7 +310,9 @@ class _Header:
         if self.exact_kind is not None:
             limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
             for edt in _DTYPES:
-                limits[f"exact_edges_{edt}"] = np.dtype(edt).itemsize * sum(t.exact[1] + 1 for t in self.tensors if t.exact and t.exact[0] == edt)
+                limits[f"exact_edges_{edt}"] = np.dtype(edt).itemsize * sum(
+                    t.exact[1] + 1 for t in self.tensors if t.exact and t.exact[0] == edt
+                )
             limits["exact_scalars"] = 8 * 3 * n
             limits["exact_flags"] = 3 * n
             limits["exact_counts"] = 8 * 5 * n
@@ -322,7 +326,20 @@ def _votes_limit(counts: np.ndarray) -> int:
 
 def _parse_header(text_bytes: bytes) -> _Header:
     h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
-    h = _obj(h, "header", ("format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors", "exact_order"))
+    h = _obj(
+        h,
+        "header",
+        (
+            "format",
+            "version",
+            "histocal_version",
+            "model_fingerprint",
+            "data_fingerprints",
+            "options",
+            "tensors",
+            "exact_order",
+        ),
+    )
     if h["format"] != FORMAT_NAME:
         _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
     if h["version"] != FORMAT_VERSION or type(h["version"]) is not int:
@@ -371,7 +388,10 @@ def _parse_header(text_bytes: bytes) -> _Header:
             stream = (level, start, _int(st["length"], f"{where}.stream.length", 0, sbins - start))
         if kind is not None:
             e = _obj(t["exact"], f"{where}.exact", ("edge_dtype", "bins"))
-            exact = (_str(e["edge_dtype"], f"{where}.exact.edge_dtype", _DTYPES), _int(e["bins"], f"{where}.exact.bins", 1, _core.MAX_BINS))
+            exact = (
+                _str(e["edge_dtype"], f"{where}.exact.edge_dtype", _DTYPES),
+                _int(e["bins"], f"{where}.exact.bins", 1, _core.MAX_BINS),
+            )
         tensors.append(_Tensor(name, dtype, stream, exact))
     order = h["exact_order"]
     if kind is None:

@@ -86,7 +86,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
 _FULL = {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128, "percentile": 99.999, "scenario": "same"}
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Fingerprints
 # ----------------------------------------------------------------------------------------------
@@ -129,7 +128,6 @@ def _version() -> str:
     return __version__
 
 
-
 # ----------------------------------------------------------------------------------------------
 # The state
 # ----------------------------------------------------------------------------------------------
@@ -161,21 +159,35 @@ class CalibrationState:
         """A copy of what a histocal Entropy/Percentile/Distribution/Method calibrator has collected
         (through its public interface: ``collected()``, ``model_fingerprint``, ``collection_settings``)."""
         return cls.from_collected(
-            cal.collected(), model_fingerprint=cal.model_fingerprint, method=cal.method,
-            settings=cal.collection_settings, data_fingerprint=data_fingerprint,
+            cal.collected(),
+            model_fingerprint=cal.model_fingerprint,
+            method=cal.method,
+            settings=cal.collection_settings,
+            data_fingerprint=data_fingerprint,
         )
 
     @classmethod
     def from_collected(
-        cls, data: CollectedData, *, model_fingerprint: str | None, method: str | None,
-        settings: dict[str, Any], data_fingerprint: str | None = None,
+        cls,
+        data: CollectedData,
+        *,
+        model_fingerprint: str | None,
+        method: str | None,
+        settings: dict[str, Any],
+        data_fingerprint: str | None = None,
     ) -> CalibrationState:
         """The state holding ``data`` (shared, not copied) and how it was collected."""
         return cls(
-            names=data.names, mode=data.mode, stream=data.stream, exact=data.exact, exact_kind=data.exact_kind,
-            exact_num_bins=data.exact_num_bins, model_fingerprint=model_fingerprint,
+            names=data.names,
+            mode=data.mode,
+            stream=data.stream,
+            exact=data.exact,
+            exact_kind=data.exact_kind,
+            exact_num_bins=data.exact_num_bins,
+            model_fingerprint=model_fingerprint,
             data_fingerprints=() if data_fingerprint is None else (_check_fingerprint(data_fingerprint),),
-            method=method, settings={k: _plain(v) for k, v in settings.items()},
+            method=method,
+            settings={k: _plain(v) for k, v in settings.items()},
         )
 
     def collected(self) -> CollectedData:
@@ -194,8 +206,12 @@ class CalibrationState:
     @property
     def options(self) -> dict[str, Any]:
         return {
-            "mode": self.mode, "streaming_bins": self.streaming_bins, "exact_kind": self.exact_kind,
-            "exact_num_bins": self.exact_num_bins, "method": self.method, "settings": dict(self.settings),
+            "mode": self.mode,
+            "streaming_bins": self.streaming_bins,
+            "exact_kind": self.exact_kind,
+            "exact_num_bins": self.exact_num_bins,
+            "method": self.method,
+            "settings": dict(self.settings),
         }
 
     def counts(self, name: str) -> tuple[int, int, int, int, int]:
@@ -227,7 +243,10 @@ class CalibrationState:
         if name in methods.ORT_METHODS:
             raise ValueError(f"{name} is an onnxruntime method: use compute()")
         if name == self.method:
-            options = {**{k: self.settings[k] for k in methods.METHOD_OPTIONS.get(name, ()) if k in self.settings}, **options}
+            options = {
+                **{k: self.settings[k] for k in methods.METHOD_OPTIONS.get(name, ()) if k in self.settings},
+                **options,
+            }
         options = methods.check_options(name, options)
         if self.stream is None:
             raise ValueError(f"{name} needs the streaming histogram, and this state holds only exact histograms")
@@ -242,7 +261,9 @@ class CalibrationState:
         s = {**_FULL, **allowed, **base, **settings}
         if method == "minmax":
             return self._minmax(bool(s["symmetric"]))
-        collector = HistogramCollector(method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"])
+        collector = HistogramCollector(
+            method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
+        )
         kind = "abs" if method == "percentile" and s["symmetric"] else "value"
         if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == collector.num_bins:
             collector._histograms = self.exact
@@ -304,15 +325,23 @@ class CalibrationState:
             exact = _core.Histograms(self.exact_kind, self.exact_num_bins)
             for name in self.exact.names():
                 try:
-                    merged = _merge_exact(export_exact(self.exact, name), export_exact(other.exact, name), self.exact_kind)
+                    merged = _merge_exact(
+                        export_exact(self.exact, name), export_exact(other.exact, name), self.exact_kind
+                    )
                     restore_exact(exact, name, merged)
                 except ValueError as exc:
                     raise ValueError(f"cannot merge tensor {name!r}: {exc}") from None
         return CalibrationState(
-            names=list(self.names), mode=self.mode, stream=stream, exact=exact, exact_kind=self.exact_kind,
-            exact_num_bins=self.exact_num_bins, model_fingerprint=self.model_fingerprint,
+            names=list(self.names),
+            mode=self.mode,
+            stream=stream,
+            exact=exact,
+            exact_kind=self.exact_kind,
+            exact_num_bins=self.exact_num_bins,
+            model_fingerprint=self.model_fingerprint,
             data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
-            method=self.method, settings=dict(self.settings),
+            method=self.method,
+            settings=dict(self.settings),
         )
 
     # -- files ----------------------------------------------------------------------------------
@@ -349,9 +378,14 @@ class CalibrationState:
                 arrays["exact_counts"].append(np.array([e.counts], np.uint64))
                 entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
         header = {
-            "format": FORMAT_NAME, "version": FORMAT_VERSION, "histocal_version": self.histocal_version,
-            "model_fingerprint": self.model_fingerprint, "data_fingerprints": sorted(self.data_fingerprints),
-            "options": self.options, "tensors": tensors, "exact_order": exact_order,
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "histocal_version": self.histocal_version,
+            "model_fingerprint": self.model_fingerprint,
+            "data_fingerprints": sorted(self.data_fingerprints),
+            "options": self.options,
+            "tensors": tensors,
+            "exact_order": exact_order,
         }
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
         for key, parts in arrays.items():
@@ -360,7 +394,11 @@ class CalibrationState:
                 joined = np.concatenate(parts)
                 if "|" in dtype:  # counts: the narrowest unsigned type that holds them (compact files)
                     top = int(joined.max()) if joined.size else 0
-                    dtype = next(d for d in ("u1", "<u2", "<u4") if top <= np.iinfo(d).max) if top < 1 << 32 else dtype.split("|")[0]
+                    dtype = (
+                        next(d for d in ("u1", "<u2", "<u4") if top <= np.iinfo(d).max)
+                        if top < 1 << 32
+                        else dtype.split("|")[0]
+                    )
                 members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
             elif key == "stream_votes":
                 if self.stream is not None and self.stream.pow2_votes:  # the member says votes were collected
@@ -400,11 +438,26 @@ class CalibrationState:
             return _build(*read_members(source, size))
         except StateError as exc:
             raise ValueError(f"Invalid calibration state {what}: {exc}") from None
-        except (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFError, zipfile.BadZipFile,
-                zipfile.LargeZipFile, zlib.error, NotImplementedError, RecursionError, MemoryError, OSError) as exc:
+        except (
+            ValueError,
+            TypeError,
+            OverflowError,
+            KeyError,
+            IndexError,
+            EOFError,
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            zlib.error,
+            NotImplementedError,
+            RecursionError,
+            MemoryError,
+            OSError,
+        ) as exc:
             raise ValueError(f"Invalid calibration state {what}: {type(exc).__name__}: {exc}") from None
         except Exception as exc:
-            raise ValueError(f"Invalid calibration state {what}: internal error ({type(exc).__name__}: {exc})") from None
+            raise ValueError(
+                f"Invalid calibration state {what}: internal error ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
@@ -467,7 +520,12 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                 except (ValueError, OverflowError) as exc:
                     _fail(f"stream_votes: {exc}")
     if exact is not None:
-        e_hist, e_scal, e_flags, e_counts = arr("exact_hist"), arr("exact_scalars"), arr("exact_flags"), arr("exact_counts")
+        e_hist, e_scal, e_flags, e_counts = (
+            arr("exact_hist"),
+            arr("exact_scalars"),
+            arr("exact_flags"),
+            arr("exact_counts"),
+        )
         if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
             _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
         if np.any(e_flags > 1):
@@ -492,8 +550,16 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                 _fail(f"{where}: NaN where a number is required in exact_scalars (or a threshold for |x| histograms)")
             threshold = (float(sc[2]), bool(fl[2])) if kind == "value" else None
             try:
-                exact.restore(t.name, t.dtype, hist, edges, (float(sc[0]), bool(fl[0])), (float(sc[1]), bool(fl[1])),
-                              threshold, tuple(int(c) for c in e_counts[j]))
+                exact.restore(
+                    t.name,
+                    t.dtype,
+                    hist,
+                    edges,
+                    (float(sc[0]), bool(fl[0])),
+                    (float(sc[1]), bool(fl[1])),
+                    threshold,
+                    tuple(int(c) for c in e_counts[j]),
+                )
             except ValueError as exc:
                 _fail(str(exc))
         if h_off != len(e_hist):
@@ -506,7 +572,15 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
             if tuple(stream.counts(name)) != tuple(exact.counts(name)):
                 _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
     return CalibrationState(
-        names=names, mode=header.mode, stream=stream, exact=exact, exact_kind=kind, exact_num_bins=header.exact_num_bins,
-        model_fingerprint=header.model_fingerprint, data_fingerprints=header.data_fingerprints, method=header.method,
-        settings=header.settings, histocal_version=header.histocal_version,
+        names=names,
+        mode=header.mode,
+        stream=stream,
+        exact=exact,
+        exact_kind=kind,
+        exact_num_bins=header.exact_num_bins,
+        model_fingerprint=header.model_fingerprint,
+        data_fingerprints=header.data_fingerprints,
+        method=header.method,
+        settings=header.settings,
+        histocal_version=header.histocal_version,
     )
