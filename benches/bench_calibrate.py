@@ -61,9 +61,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,10 @@ CONFIGS = {
         Config("minmax", "MinMax", {}, ("ort", "histocal"), "MinMax"),
         Config("entropy", "Entropy", {}, HIST_IMPLS, "Entropy (128 bins)"),
         Config(
-            "entropy2048", "Entropy", {"num_bins": 2048, "num_quantized_bins": 128}, HIST_IMPLS,
+            "entropy2048",
+            "Entropy",
+            {"num_bins": 2048, "num_quantized_bins": 128},
+            HIST_IMPLS,
             "Entropy (2048 bins, 128 q)",
         ),
         Config("percentile", "Percentile", {}, HIST_IMPLS, "Percentile (2048, sym)"),
@@ -99,8 +103,11 @@ CONFIGS = {
 }
 # (config, impl) pairs rerun with --growth-samples for the memory-growth check.
 GROWTH_RUNS = (
-    ("entropy", "ort"), ("entropy", "exact"), ("entropy", "streaming"),
-    ("percentile", "streaming"), ("distribution", "streaming"),
+    ("entropy", "ort"),
+    ("entropy", "exact"),
+    ("entropy", "streaming"),
+    ("percentile", "streaming"),
+    ("distribution", "streaming"),
 )
 TARGET_SPEEDUP_ENTROPY2048 = 100.0
 TARGET_BEYOND_INFERENCE_PCT = 15.0
@@ -146,8 +153,12 @@ def build_cnn(size: int, depth: tuple[int, int, int, int], width: int, seed: int
     head = g.node("Concat", feats, "concat", axis=1)
     head = g.node("Flatten", [head], "flat")
     fc_w = g.rng.standard_normal((1000, w2 + w1 + w4)) / np.sqrt(w2 + w1 + w4)
-    g.node("Gemm", [head, g.const(fc_w.astype(np.float32), "fc_w"), g.const(np.zeros(1000, np.float32), "fc_b")],
-           output="logits", transB=1)
+    g.node(
+        "Gemm",
+        [head, g.const(fc_w.astype(np.float32), "fc_w"), g.const(np.zeros(1000, np.float32), "fc_b")],
+        output="logits",
+        transB=1,
+    )
     return g.model("histocal_bench_cnn", [tensor("input", [1, 3, size, size])], [tensor("logits", [1, 1000])])
 
 
@@ -162,7 +173,8 @@ def describe_model(path: str) -> str:
     inits = {i.name for i in m.graph.initializer}
     ins = [
         f"{i.name} {[d.dim_value or d.dim_param or '?' for d in i.type.tensor_type.shape.dim]}"
-        for i in m.graph.input if i.name not in inits
+        for i in m.graph.input
+        if i.name not in inits
     ]
     return f"{len(m.graph.node)} nodes ({top}); inputs: {', '.join(ins)}"
 
@@ -271,8 +283,7 @@ def measure_augmented_inference(augmented_model: str, reader: SyntheticReader) -
 
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(augmented_model, sess_options=options,
-                                           providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(augmented_model, sess_options=options, providers=["CPUExecutionProvider"])
     seconds, outputs = 0.0, 0
     for feed in reader:
         t0 = time.perf_counter()
@@ -302,8 +313,9 @@ def measure_calibration(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"base_rss_mb": base_rss, "threads": histocal.get_num_threads()}
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # ORT print()s
         t0 = time.perf_counter()
-        cal = create(spec["model"], augmented_model_path=spec["augmented"], calibrate_method=method,
-                     extra_options=extra)
+        cal = create(
+            spec["model"], augmented_model_path=spec["augmented"], calibrate_method=method, extra_options=extra
+        )
         t1 = time.perf_counter()
         cal.collect_data(reader)
         t2 = time.perf_counter()
@@ -332,8 +344,12 @@ def measure_calibration(spec: dict[str, Any]) -> dict[str, Any]:
         peak_rss_mb=peak_rss_mb(),
     )
     if n_total is not None:
-        result.update(compute_measured=compute, tensors_computed=len(ranges), tensors=n_total,
-                      compute=compute * n_total / len(ranges))
+        result.update(
+            compute_measured=compute,
+            tensors_computed=len(ranges),
+            tensors=n_total,
+            compute=compute * n_total / len(ranges),
+        )
     del cal, tensors_data
     result["inference"], result["outputs"] = measure_augmented_inference(spec["augmented"], reader)
     return result
@@ -371,11 +387,14 @@ def run_child(spec: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     env = dict(os.environ, HISTOCAL_PROGRESS="0", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-        capture_output=True, text=True, env=env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
 
 
@@ -385,8 +404,12 @@ def compare_ranges(ref: dict, got: dict) -> tuple[int, int, float]:
     mismatches, worst = len(set(ref) - set(got)), 0.0  # a tensor ORT calibrated and histocal did not
     for name in names:
         (rl, rh), (gl, gh) = ref[name], got[name]
-        same = (rl.shape == gl.shape and rh.shape == gh.shape
-                and np.array_equal(rl, gl, equal_nan=True) and np.array_equal(rh, gh, equal_nan=True))
+        same = (
+            rl.shape == gl.shape
+            and rh.shape == gh.shape
+            and np.array_equal(rl, gl, equal_nan=True)
+            and np.array_equal(rh, gh, equal_nan=True)
+        )
         if not same:
             mismatches += 1
             try:
@@ -457,10 +480,14 @@ class Benchmark:
     def spec(self, method: str, samples: int, **kw: Any) -> dict[str, Any]:
         self.n += 1
         return {
-            "method": method, "samples": samples, "seed": self.args.seed,
-            "model": self.model_path, "inputs": self.inputs,
+            "method": method,
+            "samples": samples,
+            "seed": self.args.seed,
+            "model": self.model_path,
+            "inputs": self.inputs,
             "augmented": str(self.workdir / f"augmented_{self.n}.onnx"),
-            "ranges_out": str(self.workdir / f"ranges_{self.n}.pkl"), **kw,
+            "ranges_out": str(self.workdir / f"ranges_{self.n}.pkl"),
+            **kw,
         }
 
     def log(self, msg: str) -> None:
@@ -469,8 +496,7 @@ class Benchmark:
     def measure_run(self, config: Config, impl: str, samples: int) -> Run:
         run = Run(config.name, impl, samples)
         cap = self.args.ort_cap if (config.name == "entropy2048" and impl == "ort") else 0
-        spec = self.spec(config.method, samples, impl=impl,
-                         extra_options=config.extra_options, ort_cap=cap)
+        spec = self.spec(config.method, samples, impl=impl, extra_options=config.extra_options, ort_cap=cap)
         t0 = time.perf_counter()
         try:
             # Best of --repeat runs by total time (the machine is shared: the minimum is the least
@@ -482,11 +508,13 @@ class Benchmark:
                 run.ranges = pickle.load(f)
             os.unlink(spec["ranges_out"])
             r = run.result
-            self.log(f"  {config.name:12s} {impl:9s} x{samples}: setup {fmt_s(r['setup'])}, collect "
-                     f"{fmt_s(r['collect'])}, compute {fmt_s(r['compute'])}"
-                     f"{' (extrapolated)' if 'compute_measured' in r else ''}, peak {r['peak_rss_mb']:.0f} MB, "
-                     f"inference {fmt_s(r['inference'])}"
-                     f" [{time.perf_counter() - t0:.1f} s]")
+            self.log(
+                f"  {config.name:12s} {impl:9s} x{samples}: setup {fmt_s(r['setup'])}, collect "
+                f"{fmt_s(r['collect'])}, compute {fmt_s(r['compute'])}"
+                f"{' (extrapolated)' if 'compute_measured' in r else ''}, peak {r['peak_rss_mb']:.0f} MB, "
+                f"inference {fmt_s(r['inference'])}"
+                f" [{time.perf_counter() - t0:.1f} s]"
+            )
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             run.error = str(e).splitlines()[-1] if str(e) else type(e).__name__
             self.log(f"  {config.name:12s} {impl:9s} x{samples}: FAILED: {e}")
@@ -531,8 +559,9 @@ class Benchmark:
         for config in configs:
             ort = self.find(config.name, "ort", samples)
             for impl in config.impls:
-                run = next((r for r in self.runs if (r.config, r.impl, r.samples) == (config.name, impl, samples)),
-                           None)
+                run = next(
+                    (r for r in self.runs if (r.config, r.impl, r.samples) == (config.name, impl, samples)), None
+                )
                 if run is None:
                     continue
                 if run.error is not None:
@@ -558,8 +587,10 @@ class Benchmark:
                         else:
                             verdict = f"{bad} differ{scope}, max dev {worst:.2%} of width"
                 if capped:
-                    verdict += f"; compute measured on {r['tensors_computed']} tensors " \
-                               f"({fmt_s(r['compute_measured'])}), extrapolated"
+                    verdict += (
+                        f"; compute measured on {r['tensors_computed']} tensors "
+                        f"({fmt_s(r['compute_measured'])}), extrapolated"
+                    )
                 compute = tilde + fmt_s(r["compute"])
                 total = tilde + fmt_s(run.total)
                 lines.append(
@@ -582,8 +613,10 @@ class Benchmark:
             ra, rb = a.result["peak_rss_mb"], b.result["peak_rss_mb"]
             extra, pct = self.beyond(b)
             beyond = f"{fmt_s(extra)} ({pct:.0f}%)"
-            lines.append(f"| {CONFIGS[cname].label} | {impl} | {ra:.0f} MB | {rb:.0f} MB | "
-                         f"{100 * (rb - ra) / ra:+.1f}% | {fmt_s(b.busy)} | {beyond} |")
+            lines.append(
+                f"| {CONFIGS[cname].label} | {impl} | {ra:.0f} MB | {rb:.0f} MB | "
+                f"{100 * (rb - ra) / ra:+.1f}% | {fmt_s(b.busy)} | {beyond} |"
+            )
         return lines if len(lines) > 2 else []
 
     def target_lines(self) -> list[str]:
@@ -597,9 +630,11 @@ class Benchmark:
             hc = self.find("entropy2048", impl, s)
             if ort and hc:
                 x = ort.total / hc.total
-                out.append(f"- Entropy 2048 bins >= {TARGET_SPEEDUP_ENTROPY2048:.0f}x end to end ({impl}): "
-                           f"{fmt_ratio(x)} -> {verdict(x >= TARGET_SPEEDUP_ENTROPY2048)}"
-                           f" (collect+compute only: {fmt_ratio(ort.busy / hc.busy)})")
+                out.append(
+                    f"- Entropy 2048 bins >= {TARGET_SPEEDUP_ENTROPY2048:.0f}x end to end ({impl}): "
+                    f"{fmt_ratio(x)} -> {verdict(x >= TARGET_SPEEDUP_ENTROPY2048)}"
+                    f" (collect+compute only: {fmt_ratio(ort.busy / hc.busy)})"
+                )
         for cname in ("entropy", "percentile", "distribution"):
             hc, o = self.find(cname, "streaming", s), self.find(cname, "ort", s)
             if hc is None:
@@ -608,24 +643,30 @@ class Benchmark:
             ort_txt = ""
             if o is not None:
                 ort_txt = f" (ORT {self.beyond(o)[1]:.0f}%)"
-            out.append(f"- {CONFIGS[cname].label} streaming, time beyond inference <= "
-                       f"{TARGET_BEYOND_INFERENCE_PCT:.0f}%: {pct:.0f}%{ort_txt} -> "
-                       f"{verdict(pct <= TARGET_BEYOND_INFERENCE_PCT)}")
+            out.append(
+                f"- {CONFIGS[cname].label} streaming, time beyond inference <= "
+                f"{TARGET_BEYOND_INFERENCE_PCT:.0f}%: {pct:.0f}%{ort_txt} -> "
+                f"{verdict(pct <= TARGET_BEYOND_INFERENCE_PCT)}"
+            )
         for cname, impl in GROWTH_RUNS:
             if impl != "streaming":
                 continue
             a, b = self.find(cname, impl, s), self.find(cname, impl, self.args.growth_samples)
             if a and b:
                 g = 100 * (b.result["peak_rss_mb"] - a.result["peak_rss_mb"]) / a.result["peak_rss_mb"]
-                out.append(f"- {CONFIGS[cname].label} streaming peak RSS growth x{s} -> "
-                           f"x{self.args.growth_samples} <= +{TARGET_RSS_GROWTH_PCT:.0f}%: {g:+.1f}% -> "
-                           f"{verdict(g <= TARGET_RSS_GROWTH_PCT)}")
+                out.append(
+                    f"- {CONFIGS[cname].label} streaming peak RSS growth x{s} -> "
+                    f"x{self.args.growth_samples} <= +{TARGET_RSS_GROWTH_PCT:.0f}%: {g:+.1f}% -> "
+                    f"{verdict(g <= TARGET_RSS_GROWTH_PCT)}"
+                )
         o, hc = self.find("minmax", "ort", s), self.find("minmax", "histocal", s)
         if o and hc:
             x = o.total / hc.total
             noise = " (within the 5% allowed for noise)" if 0.95 <= x < 1 else ""
-            out.append(f"- MinMax no slower than ORT: ORT/histocal total {fmt_ratio(x)}, "
-                       f"collect+compute {fmt_ratio(o.busy / hc.busy)} -> {verdict(x >= 0.95)}{noise}")
+            out.append(
+                f"- MinMax no slower than ORT: ORT/histocal total {fmt_ratio(x)}, "
+                f"collect+compute {fmt_ratio(o.busy / hc.busy)} -> {verdict(x >= 0.95)}{noise}"
+            )
         return out
 
 
@@ -633,20 +674,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model, 2 samples, a few seconds (smoke test)")
     ap.add_argument("--samples", type=int, default=None, help="calibration samples (default 8; --quick: 2)")
-    ap.add_argument("--growth-samples", type=int, default=None,
-                    help="samples for the memory-growth check (default 64; --quick: 4)")
+    ap.add_argument(
+        "--growth-samples", type=int, default=None, help="samples for the memory-growth check (default 64; --quick: 4)"
+    )
     ap.add_argument("--no-growth", action="store_true", help="skip the memory-growth check")
     ap.add_argument("--model", help="benchmark this ONNX model instead of the built-in CNN")
     ap.add_argument("--dim", type=int, default=1, help="value for symbolic/unknown input dims (default 1)")
     ap.add_argument("--size", type=int, default=None, help="built-in CNN input size (default 224; --quick: 32)")
-    ap.add_argument("--width", type=int, default=32, help="built-in CNN base width (default 32; compute per activation value grows with it)")
-    ap.add_argument("--only", nargs="+", choices=sorted(CONFIGS), metavar="CONFIG",
-                    help=f"run only these configurations ({', '.join(CONFIGS)})")
-    ap.add_argument("--ort-cap", type=int, default=None,
-                    help="ORT entropy2048: compute only this many tensors and extrapolate (0 = all; "
-                         "default 32; --quick: 2)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run each configuration this many times, report the fastest (default 1)")
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=32,
+        help="built-in CNN base width (default 32; compute per activation value grows with it)",
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(CONFIGS),
+        metavar="CONFIG",
+        help=f"run only these configurations ({', '.join(CONFIGS)})",
+    )
+    ap.add_argument(
+        "--ort-cap",
+        type=int,
+        default=None,
+        help="ORT entropy2048: compute only this many tensors and extrapolate (0 = all; default 32; --quick: 2)",
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="run each configuration this many times, report the fastest (default 1)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per child run (default none)")
     ap.add_argument("--out", help="write a markdown section with the results to this file")
@@ -681,8 +737,10 @@ def main(argv: list[str]) -> None:
             depth, width = ((1, 1, 1, 1), 8) if args.quick else ((5, 8, 14, 6), args.width)
             model_path = str(workdir / "cnn.onnx")
             onnx.save(build_cnn(args.size, depth, width, args.seed), model_path)
-            model_desc = (f"built-in CNN (stage depths {depth}, base width {width}, input 1x3x{args.size}x{args.size}): "
-                          + describe_model(model_path))
+            model_desc = (
+                f"built-in CNN (stage depths {depth}, base width {width}, input 1x3x{args.size}x{args.size}): "
+                + describe_model(model_path)
+            )
         print(f"model: {model_desc}", file=sys.stderr)
         bench = Benchmark(args, workdir, model_path)
         bench.execute(configs, growth=not args.no_growth and args.growth_samples != args.samples)
@@ -696,16 +754,27 @@ def main(argv: list[str]) -> None:
     load_end = loadavg()
     elapsed = time.perf_counter() - started
 
-    md = ["## End-to-end calibration: onnxruntime vs histocal", "", "Command (from the repository root):", "",
-          "```", command, "```", ""]
+    md = [
+        "## End-to-end calibration: onnxruntime vs histocal",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+    ]
     md += [f"- {line}" for line in machine_info()]
     md += [
         f"- load average at start {load_start}, at end {load_end} (shared machine: times are noisy); "
         f"benchmark wall time {elapsed:.0f} s",
         f"- model: {model_desc}",
         f"- {args.samples} samples (batch as declared), seed {args.seed}, one subprocess per run; "
-        + ("times are single runs" if args.repeat == 1 else
-           f"times are from the fastest of {args.repeat} runs by total")
+        + (
+            "times are single runs"
+            if args.repeat == 1
+            else f"times are from the fastest of {args.repeat} runs by total"
+        )
         + " (perf_counter); collect excludes the reader's input generation",
         "",
         f"### Per configuration, {args.samples} samples",
@@ -716,9 +785,9 @@ def main(argv: list[str]) -> None:
         "samples, measured in the same process right after (fresh session, all outputs fetched). beyond "
         "inference = collect + compute - inference (histocal exact runs inference twice by design, so it is "
         ">= 100%). "
-        "Ratios > 1 mean histocal is faster. \"ranges vs ORT\": bit-exact comparison of range_value per tensor "
+        'Ratios > 1 mean histocal is faster. "ranges vs ORT": bit-exact comparison of range_value per tensor '
         "(for streaming, deviations are expected: its histogram has different bin edges). "
-        "\"~\": ORT's compute extrapolated from a subset of tensors (--ort-cap).",
+        '"~": ORT\'s compute extrapolated from a subset of tensors (--ort-cap).',
     ]
     growth = bench.growth_table()
     if growth:

@@ -47,7 +47,7 @@ import histocal
 
 # graphs.py (the ONNX model builder shared with the tests) lives in tests/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from graphs import GraphBuilder, tensor  # noqa: E402
+from graphs import GraphBuilder, tensor
 
 NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128
@@ -278,7 +278,9 @@ def build_cnn(n_blocks: int, channels: int, hw: int, seed: int) -> onnx.ModelPro
         w = rng.standard_normal((channels, channels, 3, 3)) * gain * np.sqrt(1.0 / fan_in)
         b = rng.standard_normal(channels) * 0.1
         conv, act, add, out = f"b{i}_conv", f"b{i}_act", f"b{i}_add", f"b{i}_out"
-        g.node("Conv", [x, const(f"b{i}_w", w), const(f"b{i}_b", b)], output=conv, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        g.node(
+            "Conv", [x, const(f"b{i}_w", w), const(f"b{i}_b", b)], output=conv, kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+        )
         kind = i % 3
         if kind == 0:
             g.node("Relu", [conv], output=act)
@@ -323,7 +325,7 @@ def cnn_activations(
     rng = np.random.default_rng(seed + 1)
     # Contrast varies per input, so later collect calls can exceed the range (histograms grow).
     runs = []
-    for k in range(n_inputs):
+    for _k in range(n_inputs):
         img = image_like(rng, channels, hw, contrast=rng.uniform(0.7, 1.5))
         runs.append(sess.run(names, {"input": img}))
     return names, runs
@@ -453,8 +455,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke test of a few seconds")
     ap.add_argument("--note", default="", help="free-text note printed with the machine info")
-    ap.add_argument("--only", nargs="+", choices=("collect", "entropy", "stream"), default=("collect", "entropy", "stream"),
-                    help="run only these sections: (a) collect, (b) entropy, (c) stream")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=("collect", "entropy", "stream"),
+        default=("collect", "entropy", "stream"),
+        help="run only these sections: (a) collect, (b) entropy, (c) stream",
+    )
     opts = ap.parse_args()
 
     if opts.quick:
@@ -478,7 +485,9 @@ def main() -> None:
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     print(f"command: {command}")
     build = core_build()
-    print(f"histocal {histocal.__version__} ({build}), default threads {default_threads}; load average at start {load_start}")
+    print(
+        f"histocal {histocal.__version__} ({build}), default threads {default_threads}; load average at start {load_start}"
+    )
     if opts.note:
         print(f"note: {opts.note}")
 
@@ -510,7 +519,9 @@ def main() -> None:
             ("percentile sym=True (|x| hist)", "percentile", True),
         ):
             t0 = time.perf_counter()
-            rf, rm, check = bench_collect(label, method, sym, first, merge, reps_hc, reps_hc1, reps_ort, default_threads)
+            rf, rm, check = bench_collect(
+                label, method, sym, first, merge, reps_hc, reps_hc1, reps_ort, default_threads
+            )
             rows += [rf, rm]
             notes.append(f"{label}: histogram {check}")
             for r in (rf, rm):
@@ -550,7 +561,9 @@ def main() -> None:
             f"[{time.perf_counter() - t0:.1f}s]"
         )
         t0 = time.perf_counter()
-        r_coll, r_ent, ort_res, hc_res, bins = bench_entropy(calls, ent_bins, ent_qbins, e_hc, e_hc1, e_ort, default_threads)
+        r_coll, r_ent, ort_res, hc_res, bins = bench_entropy(
+            calls, ent_bins, ent_qbins, e_hc, e_hc1, e_ort, default_threads
+        )
         rows += [r_coll, r_ent]
         matches, total, problems = compare_thresholds(ort_res, hc_res)
         print(
@@ -587,10 +600,7 @@ def main() -> None:
         f"(b) histocal {e_hc}, 1-thread {e_hc1}, ORT {e_ort}; (c) histocal {reps_hc}, 1-thread {reps_hc1}. "
         f"Sections run: {', '.join(opts.only)}. (a) input {n_vals / 2**20:.3g}Mi float32 = {n_vals * 4 / 1e9:.3f} GB per collect.\n"
     )
-    print(
-        "| benchmark | ORT | histocal | histocal GB/s | ORT / histocal | histocal 1 thread | "
-        "1 thread / default |"
-    )
+    print("| benchmark | ORT | histocal | histocal GB/s | ORT / histocal | histocal 1 thread | 1 thread / default |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         o, h, h1 = r.med("ort"), r.med("hc"), r.med("hc1")

@@ -65,14 +65,26 @@ def main() -> None:
         for mode in ("exact", "streaming"):
             for n in counts:
                 t = time.perf_counter()
-                run = subprocess.run([sys.executable, "-c", CHILD, model.as_posix(), mode, str(n)],
-                                     capture_output=True, text=True, check=True, cwd=tmp)
+                run = subprocess.run(
+                    [sys.executable, "-c", CHILD, model.as_posix(), mode, str(n)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=tmp,
+                )
                 r = json.loads(run.stdout.strip().splitlines()[-1])
                 rows.append((mode, n, r))
-                print(f"{mode:9} {n:>7} batches: peak RSS {r['peak_rss_mib']:.1f} MiB, "
-                      f"{r['seconds']:.1f} s ({time.perf_counter() - t:.1f} s with start-up)", flush=True)
-    lines = [f"{rows[0][2]['tensors']} calibrated tensors, one 1x4 float32 feed per batch, PercentileCalibrater.",
-             "", "| mode | batches | peak RSS (MiB) | collect_data (s) |", "|---|---:|---:|---:|"]
+                print(
+                    f"{mode:9} {n:>7} batches: peak RSS {r['peak_rss_mib']:.1f} MiB, "
+                    f"{r['seconds']:.1f} s ({time.perf_counter() - t:.1f} s with start-up)",
+                    flush=True,
+                )
+    lines = [
+        f"{rows[0][2]['tensors']} calibrated tensors, one 1x4 float32 feed per batch, PercentileCalibrater.",
+        "",
+        "| mode | batches | peak RSS (MiB) | collect_data (s) |",
+        "|---|---:|---:|---:|",
+    ]
     lines += [f"| {m} | {n} | {r['peak_rss_mib']:.1f} | {r['seconds']:.1f} |" for m, n, r in rows]
     text = "\n".join(lines) + "\n"
     print(text)

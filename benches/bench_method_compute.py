@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from histocal import _core
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
 
 
 def median_time(fn, repeat: int) -> float:
@@ -53,8 +53,12 @@ def method_times() -> list[str]:
         ("pow2 MinMSE, int8", "pow2", {}),
         ("pow2 MinMSE, int16", "pow2", {"qtype": "int16"}),
     ]:
-        rows.append(f"| {label} | {median_time(lambda: stream.ranges(method, scale_rule=SCALE_RULE, **options), 5):.3f} |")
-    rows.append(f"| qerrors of 700 ranges | {median_time(lambda: stream.qerrors(names, mse, scale_rule=SCALE_RULE), 5):.3f} |")
+        rows.append(
+            f"| {label} | {median_time(lambda: stream.ranges(method, scale_rule=SCALE_RULE, **options), 5):.3f} |"
+        )
+    rows.append(
+        f"| qerrors of 700 ranges | {median_time(lambda: stream.qerrors(names, mse, scale_rule=SCALE_RULE), 5):.3f} |"
+    )
     return rows
 
 
@@ -68,7 +72,9 @@ def votes_cost() -> str:
             stream.collect(b)
 
     plain, voting = median_time(lambda: collect(False), 7), median_time(lambda: collect(True), 7)
-    return f"collection without votes {plain * 1e3:.0f} ms, with pow2 votes {voting * 1e3:.0f} ms ({voting / plain:.2f}x)"
+    return (
+        f"collection without votes {plain * 1e3:.0f} ms, with pow2 votes {voting * 1e3:.0f} ms ({voting / plain:.2f}x)"
+    )
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ every method reads); then for every method:
 2. quantize: ``histocal.quantize_static(model, out, tensors_range=ranges, quant_format=QDQ,
    activation_type=QInt8, weight_type=QInt8)`` (when the installed histocal has no
    ``tensors_range`` keyword yet: onnxruntime's quantize_static with the ranges in an ORT JSON
-   calibration cache written by ``histocal.cache``, which is the same thing),
+   calibration cache written by ``histocal.io.cache``, which is the same thing),
 3. run the quantized model on the held-back inputs with onnxruntime and report the output SQNR
    ``10 log10(sum y^2 / sum (y - yq)^2)`` (dB, over all outputs of all held-back inputs) against
    the float model.
@@ -108,8 +108,13 @@ def build_cnn(size: int, width: int, seed: int) -> Any:
     x = g.node("GlobalAveragePool", [x], "gap")
     x = g.node("Flatten", [x], "flat", axis=1)
     w = (g.rng.standard_normal((10, 4 * width)) / math.sqrt(4 * width)).astype(np.float32)
-    g.node("Gemm", [x, g.const(w, prefix="fc"), g.const(np.zeros(10, np.float32), prefix="fcb")], output="Y",
-           name="head", transB=1)
+    g.node(
+        "Gemm",
+        [x, g.const(w, prefix="fc"), g.const(np.zeros(10, np.float32), prefix="fcb")],
+        output="Y",
+        name="head",
+        transB=1,
+    )
     return g.model("cnn", [tensor("X", [1, 3, size, size])], [tensor("Y", [1, 10])])
 
 
@@ -205,18 +210,25 @@ def as_ranges(td: Any) -> Any:
     for name, d in td.data.items():
         if not hasattr(d, "lowest"):
             raise ValueError("no ranges (lowest/highest): this method's results are not int8 ranges")
-        out[name] = TensorData(lowest=np.asarray(d.lowest).reshape(-1)[:1].astype(np.float32).reshape(()),
-                               highest=np.asarray(d.highest).reshape(-1)[:1].astype(np.float32).reshape(()))
+        out[name] = TensorData(
+            lowest=np.asarray(d.lowest).reshape(-1)[:1].astype(np.float32).reshape(()),
+            highest=np.asarray(d.highest).reshape(-1)[:1].astype(np.float32).reshape(()),
+        )
     return TensorsData(CalibrationMethod.MinMax, out)
 
 
 def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetric: bool) -> str:
     """Quantize with the given ranges, no calibration. Returns how."""
-    import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
 
-    kw = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-              extra_options={"ActivationSymmetric": symmetric})
+    import histocal
+
+    kw = dict(
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        extra_options={"ActivationSymmetric": symmetric},
+    )
     quiet = contextlib.redirect_stdout(io.StringIO())
     logging.disable(logging.WARNING)
     try:
@@ -226,8 +238,9 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetr
             return "histocal.quantize_static(tensors_range=)"
         import importlib
 
-        from histocal.cache import save_tensors_data
         from onnxruntime.quantization import CalibrationMethod
+
+        from histocal.io.cache import save_tensors_data
 
         cache = workdir / "ranges.json"
         with contextlib.suppress(FileNotFoundError):
@@ -235,9 +248,15 @@ def quantize(model_path: str, out_path: str, ranges: Any, workdir: Path, symmetr
         save_tensors_data(ranges, cache)
         ort_q = importlib.import_module("onnxruntime.quantization.quantize")
         with quiet:
-            ort_q.quantize_static(model_path, out_path, None, calibrate_method=CalibrationMethod.MinMax,
-                                  calibration_cache_path=str(cache), **kw)
-        return "onnxruntime quantize_static + histocal.cache calibration cache"
+            ort_q.quantize_static(
+                model_path,
+                out_path,
+                None,
+                calibrate_method=CalibrationMethod.MinMax,
+                calibration_cache_path=str(cache),
+                **kw,
+            )
+        return "onnxruntime quantize_static + histocal.io.cache calibration cache"
     finally:
         logging.disable(logging.NOTSET)
 
@@ -254,15 +273,17 @@ class _Chosen(logging.Handler):
             self.args = tuple(record.args or ())
 
 
-def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool,
-             selection_options: dict[str, Any]) -> tuple[float, float, str]:
+def run_auto(
+    model_path: str, out_path: str, calib: list[dict], symmetric: bool, selection_options: dict[str, Any]
+) -> tuple[float, float, str]:
     """histocal.quantize_static(calibrate_method="auto") on the calibration inputs, with auto's
     selection options as method_options: (total seconds, seconds of the choice, chosen candidate)."""
-    import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
 
+    import histocal
+
     chosen = _Chosen()
-    selection_log = logging.getLogger("histocal.selection")
+    selection_log = logging.getLogger("histocal.quantize.selection")
     root = logging.getLogger()
     saved = selection_log.level, root.level, selection_log.propagate
     selection_log.addHandler(chosen)
@@ -272,10 +293,17 @@ def run_auto(model_path: str, out_path: str, calib: list[dict], symmetric: bool,
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             t0 = time.perf_counter()
-            histocal.quantize_static(model_path, out_path, calib, calibrate_method="auto",
-                                     quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                                     weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": symmetric},
-                                     method_options=dict(selection_options))
+            histocal.quantize_static(
+                model_path,
+                out_path,
+                calib,
+                calibrate_method="auto",
+                quant_format=QuantFormat.QDQ,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                extra_options={"ActivationSymmetric": symmetric},
+                method_options=dict(selection_options),
+            )
             total = time.perf_counter() - t0
     finally:
         selection_log.removeHandler(chosen)
@@ -317,12 +345,15 @@ class ModelRun:
 
 
 def collect_state(model_path: str, feeds: list[dict], workdir: Path) -> tuple[Any, float]:
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
 
+    import histocal
+
     cal = histocal.create_calibrator(
-        model_path, augmented_model_path=str(workdir / "augmented.onnx"),
-        calibrate_method=CalibrationMethod.Entropy, extra_options={"CollectionMode": "streaming"},
+        model_path,
+        augmented_model_path=str(workdir / "augmented.onnx"),
+        calibrate_method=CalibrationMethod.Entropy,
+        extra_options={"CollectionMode": "streaming"},
     )
     t0 = time.perf_counter()
     cal.collect_data(feeds)
@@ -330,8 +361,16 @@ def collect_state(model_path: str, feeds: list[dict], workdir: Path) -> tuple[An
     return cal.state, elapsed
 
 
-def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[dict], workdir: Path,
-                methods: list[tuple[str, str, dict]], auto_options: dict[str, Any]) -> ModelRun:
+def bench_model(
+    name: str,
+    desc: str,
+    model: Any,
+    calib: list[dict],
+    held: list[dict],
+    workdir: Path,
+    methods: list[tuple[str, str, dict]],
+    auto_options: dict[str, Any],
+) -> ModelRun:
     import onnx
 
     run = ModelRun(name, desc)
@@ -356,8 +395,10 @@ def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[
                 log(f"  {mode[:4]} {label:18s} {row.note}")
                 continue
             row.sqnr = sqnr_db(ref, run_all(qpath, held))
-            log(f"  {mode[:4]} {label:18s} quantize_static(auto) {row.compute_s:.2f} s (choice {row.select_s:.2f} s): "
-                f"{row.chosen}, SQNR {row.sqnr:.2f} dB")
+            log(
+                f"  {mode[:4]} {label:18s} quantize_static(auto) {row.compute_s:.2f} s (choice {row.select_s:.2f} s): "
+                f"{row.chosen}, SQNR {row.sqnr:.2f} dB"
+            )
             continue
         try:
             t0 = time.perf_counter()
@@ -379,7 +420,9 @@ def bench_model(name: str, desc: str, model: Any, calib: list[dict], held: list[
         run.how = quantize(path, qpath, ranges, workdir, symmetric)
         row.quantize_s = time.perf_counter() - t0
         row.sqnr = sqnr_db(ref, run_all(qpath, held))
-        log(f"  {mode[:4]} {label:18s} compute {row.compute_s:.3f} s, quantize {row.quantize_s:.2f} s, SQNR {row.sqnr:.2f} dB")
+        log(
+            f"  {mode[:4]} {label:18s} compute {row.compute_s:.3f} s, quantize {row.quantize_s:.2f} s, SQNR {row.sqnr:.2f} dB"
+        )
     return run
 
 
@@ -393,12 +436,15 @@ def machine_info() -> list[str]:
     import histocal
 
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     except (OSError, StopIteration):
         cpu = platform.processor() or "unknown CPU"
-    return [f"{cpu}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, numpy {np.__version__}, "
-            f"onnxruntime {onnxruntime.__version__}, histocal {histocal.__version__} "
-            f"({histocal.get_num_threads()} threads)"]
+    return [
+        f"{cpu}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, numpy {np.__version__}, "
+        f"onnxruntime {onnxruntime.__version__}, histocal {histocal.__version__} "
+        f"({histocal.get_num_threads()} threads)"
+    ]
 
 
 def fmt(v: float | None, spec: str) -> str:
@@ -406,19 +452,30 @@ def fmt(v: float | None, spec: str) -> str:
 
 
 def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed: float) -> str:
-    md = ["## Calibration methods: int8 QDQ output SQNR", "", "Command (from the repository root):", "",
-          "```", command, "```", ""]
+    md = [
+        "## Calibration methods: int8 QDQ output SQNR",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+    ]
     md += [f"- {line}" for line in machine_info()]
-    md += [f"- {len(runs) and runs[0].how or '-'}; QDQ, activations and weights QInt8 (per tensor), "
-           f"{args.calib} calibration inputs, {args.held} held-back inputs (seeds {args.seed} / {args.seed + 1}); "
-           f"wall time {elapsed:.0f} s"]
+    md += [
+        f"- {(len(runs) and runs[0].how) or '-'}; QDQ, activations and weights QInt8 (per tensor), "
+        f"{args.calib} calibration inputs, {args.held} held-back inputs (seeds {args.seed} / {args.seed + 1}); "
+        f"wall time {elapsed:.0f} s"
+    ]
     for r in runs:
-        md.append(f"- `{r.name}`: {r.desc}; {r.tensors} calibrated tensors; streaming state collected in "
-                  f"{r.collect_s:.2f} s")
+        md.append(
+            f"- `{r.name}`: {r.desc}; {r.tensors} calibrated tensors; streaming state collected in {r.collect_s:.2f} s"
+        )
     md += [
         "",
         "SQNR of the model output vs the float model on the held-back inputs (dB, higher is better), with "
-        "onnxruntime's default asymmetric activations (asym) and with `extra_options={\"ActivationSymmetric\": "
+        'onnxruntime\'s default asymmetric activations (asym) and with `extra_options={"ActivationSymmetric": '
         "True}` (sym; mse and auto then search symmetric ranges). compute = `state.compute(method)` for all "
         "tensors (asym run). Best per column in bold.",
         "",
@@ -427,8 +484,11 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
     md.append("| method | " + " | ".join(f"{n} asym (dB) | {n} sym (dB) | {n} compute (s)" for n in names) + " |")
     md.append("|---|" + "---:|---:|---:|" * len(names))
     labels = [m[0] for m in METHODS if any(row.label == m[0] for r in runs for row in r.rows)]
-    best = {(r.name, mode): max((row.sqnr for row in r.rows if row.sqnr is not None and row.mode == mode), default=None)
-            for r in runs for mode in MODES}
+    best = {
+        (r.name, mode): max((row.sqnr for row in r.rows if row.sqnr is not None and row.mode == mode), default=None)
+        for r in runs
+        for mode in MODES
+    }
     notes = []
     for label in labels:
         cells = []
@@ -460,10 +520,12 @@ def report(runs: list[ModelRun], command: str, args: argparse.Namespace, elapsed
         md += ["", "auto minus the best single method, per column: " + "; ".join(gaps) + "."]
     auto_rows = [row for r in runs for row in r.rows if row.label == "auto" and row.chosen]
     if auto_rows:
-        choices = "; ".join(f"{row.model} {row.mode[:4]}: {row.chosen} ({row.compute_s:.2f} s, choice {row.select_s:.2f} s)"
-                            for row in auto_rows)
+        choices = "; ".join(
+            f"{row.model} {row.mode[:4]}: {row.chosen} ({row.compute_s:.2f} s, choice {row.select_s:.2f} s)"
+            for row in auto_rows
+        )
         notes.append(
-            "- auto: `histocal.quantize_static(calibrate_method=\"auto\")` with the calibration inputs as the reader: "
+            '- auto: `histocal.quantize_static(calibrate_method="auto")` with the calibration inputs as the reader: '
             "one streaming calibration pass that sets the first 16 inputs aside (each in one of 2 folds, by "
             "position) and collects the rest into one state, then one state per fold; each fold's 8 inputs are "
             "scored with every distinct candidate (per-tensor estimate and every single method above) computed "
@@ -494,8 +556,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--calib", type=int, default=None, help="calibration inputs per model (default 32; --quick 4)")
     ap.add_argument("--held", type=int, default=None, help="held-back inputs per model (default 32; --quick 4)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--auto-options", type=json.loads, default={}, metavar="JSON",
-                    help='auto\'s selection options, e.g. \'{"folds": 4, "eval_samples": 32}\' (default: the library\'s)')
+    ap.add_argument(
+        "--auto-options",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="auto's selection options, e.g. '{\"folds\": 4, \"eval_samples\": 32}' (default: the library's)",
+    )
     ap.add_argument("--out", help="also write the markdown report to this file")
     args = ap.parse_args(argv)
     args.calib = args.calib or (4 if args.quick else 32)
@@ -513,20 +580,34 @@ def main(argv: list[str]) -> None:
         workdir = Path(tmp)
         if "cnn" in args.models:
             size, width = (16, 8) if args.quick else (32, 16)
-            runs.append(bench_model(
-                "cnn", f"ResNet-like CNN, input 1x3x{size}x{size}, widths {width}/{2 * width}/{4 * width}",
-                build_cnn(size, width, args.seed), cnn_inputs(args.calib, size, args.seed),
-                cnn_inputs(args.held, size, args.seed + 1), workdir, methods, args.auto_options))
+            runs.append(
+                bench_model(
+                    "cnn",
+                    f"ResNet-like CNN, input 1x3x{size}x{size}, widths {width}/{2 * width}/{4 * width}",
+                    build_cnn(size, width, args.seed),
+                    cnn_inputs(args.calib, size, args.seed),
+                    cnn_inputs(args.held, size, args.seed + 1),
+                    workdir,
+                    methods,
+                    args.auto_options,
+                )
+            )
         if "transformer" in args.models:
             seq, dim, ff, layers = (16, 32, 64, 1) if args.quick else (32, 64, 256, 2)
             ch, mag = outlier_channels(dim, args.seed)
-            runs.append(bench_model(
-                "transformer",
-                f"{layers} pre-LN encoder blocks, input 1x{seq}x{dim}, FF {ff}, outlier channels {sorted(ch.tolist())} "
-                f"at {', '.join(f'{abs(m):.0f}' for m in mag)}x",
-                build_transformer(seq, dim, ff, layers, args.seed),
-                transformer_inputs(args.calib, seq, dim, args.seed, args.seed),
-                transformer_inputs(args.held, seq, dim, args.seed + 1, args.seed), workdir, methods, args.auto_options))
+            runs.append(
+                bench_model(
+                    "transformer",
+                    f"{layers} pre-LN encoder blocks, input 1x{seq}x{dim}, FF {ff}, outlier channels {sorted(ch.tolist())} "
+                    f"at {', '.join(f'{abs(m):.0f}' for m in mag)}x",
+                    build_transformer(seq, dim, ff, layers, args.seed),
+                    transformer_inputs(args.calib, seq, dim, args.seed, args.seed),
+                    transformer_inputs(args.held, seq, dim, args.seed + 1, args.seed),
+                    workdir,
+                    methods,
+                    args.auto_options,
+                )
+            )
     text = report(runs, command, args, time.perf_counter() - started)
     sys.stdout.write(text)
     if args.out:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_calibrate as bc  # noqa: E402  (the model and reader of the end-to-end benchmark)
+import bench_calibrate as bc
 
 
 def cpu_seconds() -> float:
@@ -63,8 +63,9 @@ def session(path: str, spinning: bool) -> Any:
 
 
 def augmented(model: str, workdir: Path) -> str:
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     path = str(workdir / "augmented.onnx")
     histocal.create_calibrator(model, augmented_model_path=path, calibrate_method=CalibrationMethod.Entropy)
@@ -74,14 +75,19 @@ def augmented(model: str, workdir: Path) -> str:
 def collect_ab(model: str, work: Path, feeds: list[dict], repeat: int) -> dict[bool, float]:
     """Streaming Entropy collect_data over the feeds, seconds (median), with histocal's session
     (threads sleeping) and with the same calibrator on a spinning session, alternating."""
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeat):
         for spinning in (False, True):
-            cal = histocal.create_calibrator(model, augmented_model_path=str(work / "ab.onnx"), calibrate_method=CalibrationMethod.Entropy,
-                                             extra_options={"CollectionMode": "streaming"})
+            cal = histocal.create_calibrator(
+                model,
+                augmented_model_path=str(work / "ab.onnx"),
+                calibrate_method=CalibrationMethod.Entropy,
+                extra_options={"CollectionMode": "streaming"},
+            )
             if spinning:
                 cal.infer_session = session(cal.augmented_model_path, True)
             t0 = time.perf_counter()
@@ -100,9 +106,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", help="write the markdown report to this file")
     args = ap.parse_args(argv)
 
+    import onnx
+
     import histocal
     from histocal import _core
-    import onnx
 
     with tempfile.TemporaryDirectory(prefix="bench_overlap.") as tmp:
         work = Path(tmp)
@@ -124,7 +131,9 @@ def main(argv: list[str]) -> None:
             passes = [timed(lambda: [sess.run(names, f) for f in feeds]) for _ in range(args.repeat)]
             ort_wall[spinning] = statistics.median(w for w, _ in passes) / args.samples
             ort_cpu[spinning] = statistics.median(c for _, c in passes) / args.samples
-            label = "ORT inference, " + ("spinning threads (ORT's calibrators)" if spinning else "non-spinning threads (histocal's)")
+            label = "ORT inference, " + (
+                "spinning threads (ORT's calibrators)" if spinning else "non-spinning threads (histocal's)"
+            )
             rows.append((label, ort_wall[spinning], ort_cpu[spinning]))
         sess = session(aug, False)
         names = [o.name for o in sess.get_outputs()]
@@ -140,7 +149,13 @@ def main(argv: list[str]) -> None:
             passes = [timed(lambda: [stream.collect(items) for items in saved]) for _ in range(args.repeat)]
             rust_wall[threads] = statistics.median(w for w, _ in passes) / args.saved
             rust_cpu[threads] = statistics.median(c for _, c in passes) / args.saved
-            rows.append((f"Rust streaming collect, {threads} thread{'s' if threads > 1 else ''}", rust_wall[threads], rust_cpu[threads]))
+            rows.append(
+                (
+                    f"Rust streaming collect, {threads} thread{'s' if threads > 1 else ''}",
+                    rust_wall[threads],
+                    rust_cpu[threads],
+                )
+            )
         _core.set_num_threads(0)
         collect = collect_ab(model, work, feeds, args.repeat)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 import histocal
 from histocal import _core
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
 
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
 
@@ -55,7 +55,9 @@ def main() -> None:
     lines += ["| search | bins | bin evaluations | time (s) | ns per bin evaluation |", "|---|---:|---:|---:|---:|"]
     for n in (47_536, 144_456, 346_000):
         dt = entropy_time(histocal.HistogramCollector, n, data)
-        lines.append(f"| histocal entropy | {n} | {entropy_work(n):.3g} | {dt:.2f} | {dt / entropy_work(n) * 1e9:.2f} |")
+        lines.append(
+            f"| histocal entropy | {n} | {entropy_work(n):.3g} | {dt:.2f} | {dt / entropy_work(n) * 1e9:.2f} |"
+        )
         print(lines[-1], flush=True)
     if not args.skip_ort:
         import logging
@@ -78,8 +80,11 @@ def main() -> None:
         outcome = "no error"
     except ValueError:
         outcome = "ValueError"
-    lines += ["", f"float16 outlier case: {bins} bins ({entropy_work(bins):.3g} bin evaluations): "
-              f"{outcome} after {(time.perf_counter() - start) * 1e3:.2f} ms"]
+    lines += [
+        "",
+        f"float16 outlier case: {bins} bins ({entropy_work(bins):.3g} bin evaluations): "
+        f"{outcome} after {(time.perf_counter() - start) * 1e3:.2f} ms",
+    ]
     print(lines[-1], flush=True)
 
     os.environ[LIMIT_VAR] = "inf"
@@ -97,8 +102,10 @@ def main() -> None:
         c.compute_collection_result()
         lines.append("SIGINT: the search finished first")
     except KeyboardInterrupt:
-        lines.append(f"SIGINT 1 s into an entropy search over 1M bins: KeyboardInterrupt after "
-                     f"{(time.perf_counter() - sent[0]) * 1e3:.0f} ms")
+        lines.append(
+            f"SIGINT 1 s into an entropy search over 1M bins: KeyboardInterrupt after "
+            f"{(time.perf_counter() - sent[0]) * 1e3:.0f} ms"
+        )
     print(lines[-1], flush=True)
     os.environ.pop(LIMIT_VAR)
 

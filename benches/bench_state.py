@@ -35,9 +35,21 @@ def build(n_tensors: int, bins: int, streaming_bins: int, seed: int = 0) -> Cali
         stream.collect(items)
     names = list(stream.names())
     return CalibrationState(
-        names=names, mode="exact", stream=stream, exact=exact, exact_kind="value", exact_num_bins=bins,
-        model_fingerprint="0" * 64, method="percentile",
-        settings={"symmetric": False, "num_bins": bins, "num_quantized_bins": 128, "percentile": 99.999, "scenario": "same"},
+        names=names,
+        mode="exact",
+        stream=stream,
+        exact=exact,
+        exact_kind="value",
+        exact_num_bins=bins,
+        model_fingerprint="0" * 64,
+        method="percentile",
+        settings={
+            "symmetric": False,
+            "num_bins": bins,
+            "num_quantized_bins": 128,
+            "percentile": 99.999,
+            "scenario": "same",
+        },
     )
 
 

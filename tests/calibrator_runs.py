@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 
+import models
 import numpy as np
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, TensorData, TensorsData
-
-import histocal
-import models
 from parity import argmin_spy, assert_entropy_threshold, assert_same, quiet
 
+import histocal
 
 MM, ENT, PCT, DIST = (
     CalibrationMethod.MinMax,
@@ -186,8 +185,14 @@ def run_histocal(path, method, opts, chunks, aug, form="list", op_types=None, mo
         return cal.compute_data()
 
 
-def assert_tensors_same(ort_td: TensorsData, ours: TensorsData, where: str = "", ort_run: OrtResult | None = None,
-                        nq: int = 128, deviating: frozenset = frozenset()) -> list[str]:
+def assert_tensors_same(
+    ort_td: TensorsData,
+    ours: TensorsData,
+    where: str = "",
+    ort_run: OrtResult | None = None,
+    nq: int = 128,
+    deviating: frozenset = frozenset(),
+) -> list[str]:
     """Same TensorsData as a map. Returns the entropy tensors accepted as KL near-ties.
     ``deviating``: tensors whose values are not compared (a documented deviation, checked by
     the caller); their keys, attributes and types still are."""
@@ -202,9 +207,12 @@ def assert_tensors_same(ort_td: TensorsData, ours: TensorsData, where: str = "",
         assert h._attrs == o._attrs, f"{w}: attributes {h._attrs} != ORT's {o._attrs}"
         skip = set()
         if ort_td.calibration_method == ENT and not (o.lowest == h.lowest and o.highest == h.highest):
-            assert ort_run is not None, f"{w}: entropy thresholds differ: {(h.lowest, h.highest)} vs {(o.lowest, o.highest)}"
-            assert_entropy_threshold(name, (o.lowest, o.highest), (h.lowest, h.highest), ort_run.hist[name],
-                                     ort_run.kl.get(name), nq)
+            assert ort_run is not None, (
+                f"{w}: entropy thresholds differ: {(h.lowest, h.highest)} vs {(o.lowest, o.highest)}"
+            )
+            assert_entropy_threshold(
+                name, (o.lowest, o.highest), (h.lowest, h.highest), ort_run.hist[name], ort_run.kl.get(name), nq
+            )
             for attr in ("lowest", "highest"):
                 assert type(getattr(h, attr)) is type(getattr(o, attr)), f"{w}.{attr}: type"
             skip = {"lowest", "highest"}

@@ -10,9 +10,8 @@ method_refs.py.
 from __future__ import annotations
 
 import onnx
-import pytest
-
 import profiles
+import pytest
 from calibrator_runs import BUILDERS
 
 profiles.load()

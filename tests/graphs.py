@@ -9,7 +9,8 @@ builder makes the same model every time.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -41,8 +42,16 @@ class GraphBuilder:
         self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
         return name
 
-    def node(self, op: str, inputs: Sequence[str], prefix: str | None = None, *, output: str | None = None,
-             name: str | None = None, **attrs: Any) -> str:
+    def node(
+        self,
+        op: str,
+        inputs: Sequence[str],
+        prefix: str | None = None,
+        *,
+        output: str | None = None,
+        name: str | None = None,
+        **attrs: Any,
+    ) -> str:
         """One node with one output; returns the output's name. Without ``output`` the output is
         numbered (``<prefix or op>_<n>``) and the node named ``<op>_<n>``."""
         if output is None:
@@ -52,8 +61,9 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, list(inputs), [output], name=name, **attrs))
         return output
 
-    def model(self, name: str, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto],
-              opset: int = 17) -> onnx.ModelProto:
+    def model(
+        self, name: str, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto], opset: int = 17
+    ) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, list(inputs), list(outputs), initializer=self.inits)
         model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", opset)])
         onnx.checker.check_model(model)
@@ -61,8 +71,17 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------------------ CNN pieces
 
-    def conv(self, x: str, cin: int, cout: int, k: int = 3, stride: int = 1, group: int = 1,
-             act: str | None = "relu", gain: float = 1.0) -> str:
+    def conv(
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        k: int = 3,
+        stride: int = 1,
+        group: int = 1,
+        act: str | None = "relu",
+        gain: float = 1.0,
+    ) -> str:
         """Conv with He-initialised weights (times ``gain``) and a folded-BatchNorm bias, then
         ``act``: "relu", "relu6" (Clip 0..6) or None."""
         fan_in = cin // group * k * k
@@ -73,14 +92,20 @@ class GraphBuilder:
         y = self.node(
             "Conv",
             [x, self.const(w.astype(np.float32), prefix="w"), self.const(b.astype(np.float32), prefix="b")],
-            "conv", kernel_shape=[k, k], strides=[stride, stride], pads=[p, p, p, p], **grouped,
+            "conv",
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[p, p, p, p],
+            **grouped,
         )
         if act == "relu":
             return self.node("Relu", [y], "relu")
         if act == "relu6":
             if self._relu6 is None:
-                self._relu6 = (self.const(np.array(0.0, np.float32), "relu6_lo"),
-                               self.const(np.array(6.0, np.float32), "relu6_hi"))
+                self._relu6 = (
+                    self.const(np.array(0.0, np.float32), "relu6_lo"),
+                    self.const(np.array(6.0, np.float32), "relu6_hi"),
+                )
             return self.node("Clip", [y, *self._relu6], "relu6")
         assert act is None, act
         return y
@@ -113,5 +138,10 @@ class GraphBuilder:
     def layernorm(self, x: str, d: int) -> str:
         gamma = (1 + 0.1 * self.rng.standard_normal(d)).astype(np.float32)
         beta = (0.05 * self.rng.standard_normal(d)).astype(np.float32)
-        return self.node("LayerNormalization", [x, self.const(gamma, prefix="g"), self.const(beta, prefix="beta")],
-                         "ln", axis=-1, epsilon=1e-5)
+        return self.node(
+            "LayerNormalization",
+            [x, self.const(gamma, prefix="g"), self.const(beta, prefix="beta")],
+            "ln",
+            axis=-1,
+            epsilon=1e-5,
+        )

@@ -97,11 +97,12 @@ def ort_scale_zp(low: float, high: float, qtype: str, symmetric: bool, dtype: st
     return float(scale), int(zp)
 
 
-def scale_zp_many(lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bool,
-                  dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
+def scale_zp_many(
+    lows: np.ndarray, highs: np.ndarray, qtype: str, symmetric: bool, dtype: str = "float32"
+) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised :func:`ort_scale_zp`: the same operations as ORT's compute_scale_zp, with the
     installed version's degenerate-scale test (1.32 changed it for float16)."""
-    from histocal.scale_rule import SCALE_RULE
+    from histocal.methods.scale_rule import SCALE_RULE
 
     dt = np.dtype(dtype)
     qmin, qmax = qrange(qtype, symmetric)
@@ -138,8 +139,9 @@ def dequant(x: np.ndarray, scale, zp, qmin: int, qmax: int) -> np.ndarray:
     return (q - zp) * scale
 
 
-def qerror(h: Hist, low: float, high: float, qtype: str = "int8", symmetric: bool = False,
-           dtype: str = "float32") -> float:
+def qerror(
+    h: Hist, low: float, high: float, qtype: str = "int8", symmetric: bool = False, dtype: str = "float32"
+) -> float:
     """Mean squared error of quantizing the histogram's representative values with the range
     ``(low, high)`` (scale and zero point straight from onnxruntime's compute_scale_zp; an
     infinite scale, for a range beyond ``dtype``, is an infinite error)."""
@@ -154,8 +156,15 @@ def qerror(h: Hist, low: float, high: float, qtype: str = "int8", symmetric: boo
     return float(np.sum(c * d * d) / np.sum(c))
 
 
-def qerror_many(h: Hist, lows: np.ndarray, highs: np.ndarray, qtype: str = "int8", symmetric: bool = False,
-                dtype: str = "float32", chunk: int = 512) -> np.ndarray:
+def qerror_many(
+    h: Hist,
+    lows: np.ndarray,
+    highs: np.ndarray,
+    qtype: str = "int8",
+    symmetric: bool = False,
+    dtype: str = "float32",
+    chunk: int = 512,
+) -> np.ndarray:
     """:func:`qerror` for many ranges at once (float64 vector), via :func:`scale_zp_many`."""
     x, c = _nonzero(h)
     lows, highs = np.asarray(lows, np.float64), np.asarray(highs, np.float64)
@@ -342,8 +351,9 @@ def kl_divergence(hist: np.ndarray, i: int, nq: int) -> float:
     return entropy(ps, qs)
 
 
-def kl_divergences(h: Hist, num_bins: int = 2048, num_quantized_bins: int = 128,
-                   literal: bool = False) -> tuple[np.ndarray, float]:
+def kl_divergences(
+    h: Hist, num_bins: int = 2048, num_quantized_bins: int = 128, literal: bool = False
+) -> tuple[np.ndarray, float]:
     """(divergence for every i in num_quantized_bins..=num_bins (index i - nq), A)."""
     hist, A = abs_histogram(h, num_bins)
     nq = num_quantized_bins
@@ -425,12 +435,16 @@ def pow2_error_exact(h: Hist, k: int, qtype: str) -> Fraction:
     return total / int(h.counts.sum(dtype=np.uint64))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pow2_bounds(qtype: str, dtype: str = "float32") -> tuple[int, int]:
     """The smallest and largest k whose range (qmin 2^k, qmax 2^k) in ``dtype`` the installed
     onnxruntime's compute_scale_zp maps back to scale 2^k, zero point 0 (every k between too)."""
-    ks = [k for k in range(-300, 301) if ort_scale_zp(*pow2_range(k, qtype), qtype, False, dtype) == (math.ldexp(1.0, k), 0)]
-    assert ks and ks == list(range(ks[0], ks[-1] + 1)) and -300 < ks[0] and ks[-1] < 300, (qtype, dtype, ks)
+    ks = [
+        k
+        for k in range(-300, 301)
+        if ort_scale_zp(*pow2_range(k, qtype), qtype, False, dtype) == (math.ldexp(1.0, k), 0)
+    ]
+    assert ks and ks == list(range(ks[0], ks[-1] + 1)) and ks[0] > -300 and ks[-1] < 300, (qtype, dtype, ks)
     return ks[0], ks[-1]
 
 
@@ -497,4 +511,6 @@ def hist_from_export(export: tuple) -> Hist | None:
     if level is None:
         return None
     half = len(bins) // 2
-    return Hist(np.asarray(bins, np.uint64), -math.ldexp(1.0, level), math.ldexp(1.0, level) / half, float(fmin), float(fmax))
+    return Hist(
+        np.asarray(bins, np.uint64), -math.ldexp(1.0, level), math.ldexp(1.0, level) / half, float(fmin), float(fmax)
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-
 from graphs import F16, GraphBuilder, tensor
 
 
@@ -33,7 +32,9 @@ def cnn(opset: int = 17, seed: int = 0) -> onnx.ModelProto:
 LOWEST = float(np.finfo(np.float32).min)
 
 
-def transformer(opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1, padding_mask: bool = False) -> onnx.ModelProto:
+def transformer(
+    opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1, padding_mask: bool = False
+) -> onnx.ModelProto:
     """One encoder block on X[B,S,D] with an additive attention mask M[B,S,S] (dynamic B and S):
     single-head attention (MatMul, Softmax), residual, LayerNormalization, Erf-GELU feed-forward.
 
@@ -45,7 +46,14 @@ def transformer(opset: int = 17, d: int = 8, ff: int = 16, seed: int = 1, paddin
     def w(name, *shape):
         g.const((g.rng.normal(0, 1, shape) / np.sqrt(shape[0])).astype(np.float32), name)
 
-    for name, shape in (("Wq", (d, d)), ("Wk", (d, d)), ("Wv", (d, d)), ("Wo", (d, d)), ("W1", (d, ff)), ("W2", (ff, d))):
+    for name, shape in (
+        ("Wq", (d, d)),
+        ("Wk", (d, d)),
+        ("Wv", (d, d)),
+        ("Wo", (d, d)),
+        ("W1", (d, ff)),
+        ("W2", (ff, d)),
+    ):
         w(name, *shape)
     g.const(np.array(1 / np.sqrt(d), np.float32), "scale")
     g.const((1 + 0.1 * g.rng.normal(size=d)).astype(np.float32), "gamma")
@@ -138,8 +146,7 @@ def causal_mask(b: int, s: int, fill: float) -> np.ndarray:
 def transformer_feeds(seq_lens, batch: int = 2, fill: float = -1e4, d: int = 8, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [
-        {"X": rng.normal(0, 1, (batch, s, d)).astype(np.float32), "M": causal_mask(batch, s, fill)}
-        for s in seq_lens
+        {"X": rng.normal(0, 1, (batch, s, d)).astype(np.float32), "M": causal_mask(batch, s, fill)} for s in seq_lens
     ]
 
 

@@ -18,7 +18,6 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
 from onnxruntime.quantization.calibrate import TensorData
 
-
 # ----------------------------------------------------------------------------------------------
 # Running the two collectors
 # ----------------------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
                 c = _resolve_open_top(hc, c)
                 _count_infs_binned(hc, c, run.infs_binned)
                 hc.collect(c)
-        except Exception as e:  # noqa: BLE001 - every ORT failure is classified by the caller
+        except Exception as e:
             run.error, run.stage = e, "collect"
             return run
         if not compute:
@@ -261,7 +260,7 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
                     run.result = hc.compute_collection_result()
             else:
                 run.result = hc.compute_collection_result()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             run.error, run.stage = e, "compute"
         # compute_entropy visits histogram_dict in order and calls argmin once per tensor.
         run.kl = dict(zip(list(hc.histogram_dict), records))
@@ -335,7 +334,9 @@ def run_histocal(cfg: dict, collects: list[dict]):
     return hc, result
 
 
-_TOO_MANY_BINS = re.compile(r'^tensor "(?P<name>.*)": Too many bins for data range\. Cannot create \d+ finite-sized bins\.$')
+_TOO_MANY_BINS = re.compile(
+    r'^tensor "(?P<name>.*)": Too many bins for data range\. Cannot create \d+ finite-sized bins\.$'
+)
 
 
 def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
@@ -439,7 +440,9 @@ def assert_same(ort, ours, where: str, *, zero_sign: bool = False, ulps: int = 0
     order-dependent); ``ulps`` allows a distance in units of the dtype's last place.
     """
     if check_type:
-        assert type(ours) is type(ort), f"{where}: type {type(ours).__name__} != ORT's {type(ort).__name__} ({ours!r} vs {ort!r})"
+        assert type(ours) is type(ort), (
+            f"{where}: type {type(ours).__name__} != ORT's {type(ort).__name__} ({ours!r} vs {ort!r})"
+        )
     if isinstance(ort, (np.ndarray, np.generic)):
         assert isinstance(ours, (np.ndarray, np.generic)), f"{where}: {ours!r} is not a numpy object"
         assert ours.dtype == ort.dtype, f"{where}: dtype {ours.dtype} != ORT's {ort.dtype}"
@@ -701,7 +704,9 @@ def _compare_tensor(cfg, name, ref, reason, hc, ours, e: Expected, report: Parit
             f"but {e.finite} finite values (and {binned - e.finite} infinities after an open top) were collected"
         )
     if strict_hist and ref.error is None:
-        if assert_result_same(cfg, name, ref.result[name], ours[name], ref.collector.histogram_dict[name], ref.kl.get(name)):
+        if assert_result_same(
+            cfg, name, ref.result[name], ours[name], ref.collector.histogram_dict[name], ref.kl.get(name)
+        ):
             report.near_ties.append(name)
         report.compared.append(name)
         if reason is not None:
@@ -725,7 +730,9 @@ def _kept_values_widened(ort_t: tuple, ours_t: tuple, where: str):
     mn, mx = ours_t[2], ours_t[3]
     if ours_t[1].dtype == ort_t[1].dtype:
         return mn, mx
-    assert ort_t[1].dtype == np.float16 and ours_t[1].dtype == np.float32, f"{where}: edge dtype {ours_t[1].dtype} != ORT's {ort_t[1].dtype}"
+    assert ort_t[1].dtype == np.float16 and ours_t[1].dtype == np.float32, (
+        f"{where}: edge dtype {ours_t[1].dtype} != ORT's {ort_t[1].dtype}"
+    )
     out = []
     for x in (mn, mx):
         y = x.astype(np.float16)
@@ -825,5 +832,7 @@ def check_parity(cfg: dict, collects: list[dict]) -> ParityReport:
             ) from first_failure
     # The whole-dict ORT run must have failed only if some tensor deviates.
     if full.error is not None:
-        assert report.deviations or report.fallback, f"ORT failed on the whole dict but on no single tensor: {full.error!r}"
+        assert report.deviations or report.fallback, (
+            f"ORT failed on the whole dict but on no single tensor: {full.error!r}"
+        )
     return report

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
-
 from parity import MAX_BINS, OrtCollector, bounded_address_space, flat_finite, ort_bins_needed, quiet
 
 NUM_BINS = [7, 8, 128, 129, 512, 1000, 2048]
@@ -19,8 +18,20 @@ PERCENTILES = [0.0, 50.0, 99.9, 99.999, 100.0]
 
 # Data kinds. "edges" feeds back ORT's current bin edges (and +-1 ulp); it needs a previous collect.
 KINDS = [
-    "normal", "normal", "shifted", "relu", "negative", "heavy", "outliers", "uniform",
-    "zeros", "const", "grid", "ints", "edges", "edges",
+    "normal",
+    "normal",
+    "shifted",
+    "relu",
+    "negative",
+    "heavy",
+    "outliers",
+    "uniform",
+    "zeros",
+    "const",
+    "grid",
+    "ints",
+    "edges",
+    "edges",
 ]
 
 
@@ -270,6 +281,6 @@ def build_collects(plan: Plan, cfg: dict, growth: float) -> list[dict]:
                         shadow.collect({tp.name: fin})
                 except MemoryError:
                     raise  # the bins guard missed a runaway histogram: say so
-                except Exception:  # noqa: BLE001 - ORT failing here only disables edge feedback
+                except Exception:
                     shadow_ok = False
     return collects

@@ -34,10 +34,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, quantize_static
 from onnxruntime.quantization import calibrate as ort
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
 from parity import quiet
 from profiles import examples
-from histocal import cache
+
+from histocal.io import cache
 
 METHODS = list(CalibrationMethod)
 FLOAT_DTYPES = [np.float16, np.float32]
@@ -191,7 +191,9 @@ def test_load_conversions_like_ort(tmp_path):
         CalibrationMethod.Percentile,
         {
             "a": TensorData(lowest=np.float16(-2.0), highest=np.array(3.5, np.float16), hist=np.int64(7), bins=3),
-            "b": TensorData(lowest=np.array([1.0, -0.0], np.float32), highest=np.array([[np.inf], [np.nan]], np.float32)),
+            "b": TensorData(
+                lowest=np.array([1.0, -0.0], np.float32), highest=np.array([[np.inf], [np.nan]], np.float32)
+            ),
         },
     )
     path = tmp_path / "c.json"
@@ -319,9 +321,13 @@ def test_ort_quantize_static_reads_the_cached_ranges(conv_model, tmp_path):
     """The cached values really drive ORT's quantization: a changed range changes Y's scale."""
     scales = []
     for highest in (6.0, 12.0):
-        td = TensorsData(CalibrationMethod.MinMax, {
-            name: TensorData(lowest=np.array([-1.0], np.float32), highest=np.array([highest], np.float32)) for name in "XCY"
-        })
+        td = TensorsData(
+            CalibrationMethod.MinMax,
+            {
+                name: TensorData(lowest=np.array([-1.0], np.float32), highest=np.array([highest], np.float32))
+                for name in "XCY"
+            },
+        )
         cache.save_tensors_data(td, tmp_path / "c.json")
         quantized = quantize(conv_model, tmp_path / "q.onnx", CalibrationMethod.MinMax, tmp_path / "c.json")
         model = onnx.load_from_string(quantized)
@@ -357,7 +363,9 @@ def test_check_cache_hit_and_miss(calibrated, tmp_path):
 
 def test_check_cache_missing_smooth_quant_key_means_false(tmp_path):
     path = tmp_path / "c.json"
-    path.write_text('{"data": {}, "calibration_method": {"CLS": "CalibrationMethod", "value": "CalibrationMethod.Entropy"}}')
+    path.write_text(
+        '{"data": {}, "calibration_method": {"CLS": "CalibrationMethod", "value": "CalibrationMethod.Entropy"}}'
+    )
     assert cache.check_cache(path, CalibrationMethod.Entropy, False) is not None
     assert cache.check_cache(path, CalibrationMethod.Entropy, True) is None
 
@@ -365,7 +373,7 @@ def test_check_cache_missing_smooth_quant_key_means_false(tmp_path):
 def test_check_cache_smooth_quant_mismatch_warns_and_skips_method_check(calibrated, tmp_path, caplog):
     path = tmp_path / "c.json"
     cache.save_tensors_data(calibrated[CalibrationMethod.Percentile], path, smooth_quant=False)
-    with caplog.at_level(logging.WARNING, logger="histocal.cache"):
+    with caplog.at_level(logging.WARNING, logger="histocal.io.cache"):
         assert cache.check_cache(path, CalibrationMethod.MinMax, True) is None
     assert caplog.messages == [
         f"Calibration cache at {path} was produced with smooth_quant=False; current run uses smooth_quant=True. "
@@ -427,8 +435,15 @@ def test_missing_and_directory_like_ort(tmp_path):
 
 VALID = {
     "CLS": "TensorsData",
-    "data": {"t": {"lowest": 1.5, "highest": {"data": [2.0, 3.0], "dtype": "float32", "CLS": "numpy.array"}, "hist": 4,
-                   "bins": {"data": [1, 2], "dtype": "int64", "CLS": "numpy.array"}, "CLS": "TensorData"}},
+    "data": {
+        "t": {
+            "lowest": 1.5,
+            "highest": {"data": [2.0, 3.0], "dtype": "float32", "CLS": "numpy.array"},
+            "hist": 4,
+            "bins": {"data": [1, 2], "dtype": "int64", "CLS": "numpy.array"},
+            "CLS": "TensorData",
+        }
+    },
     "calibration_method": {"CLS": "CalibrationMethod", "value": "CalibrationMethod.Percentile"},
     "smooth_quant": False,
 }
@@ -484,7 +499,9 @@ BAD_DOCUMENTS = {
     "data is list": variant("data", value=[]),
     "entry is list": variant("data", "t", value=[]),
     "key self": in_tensor("self", 1),  # would be a TypeError in ORT's TensorData(**kwargs)
-    "unknown method": variant("calibration_method", value={"CLS": "CalibrationMethod", "value": "CalibrationMethod.Foo"}),
+    "unknown method": variant(
+        "calibration_method", value={"CLS": "CalibrationMethod", "value": "CalibrationMethod.Foo"}
+    ),
     "method value int": variant("calibration_method", value={"CLS": "CalibrationMethod", "value": 2}),
     "array without dtype": in_tensor("highest", {"data": [1.0], "CLS": "numpy.array"}),
     "array without data": in_tensor("highest", {"dtype": "float32", "CLS": "numpy.array"}),
@@ -513,8 +530,25 @@ BAD_DOCUMENTS = {
     # dtypes numpy accepts but ORT never writes
     **{
         f"dtype {d!r}": in_tensor("bins", arr([1], d))
-        for d in ["object", "O", "V8", "(1000000000,)float32", "(100000,100000)int64", "bool", "complex64", "<U5",
-                  "M8[s]", "<f4", "f4", "float", "S1", "", 5, None, ["float32"]]
+        for d in [
+            "object",
+            "O",
+            "V8",
+            "(1000000000,)float32",
+            "(100000,100000)int64",
+            "bool",
+            "complex64",
+            "<U5",
+            "M8[s]",
+            "<f4",
+            "f4",
+            "float",
+            "S1",
+            "",
+            5,
+            None,
+            ["float32"],
+        ]
     },
 }
 
@@ -538,8 +572,9 @@ BAD_TEXTS = {
     "deep arrays": b'{"data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     "deep unclosed": b"[" * 1_000_000,
     "deep objects": b'{"a": ' * 50_000 + b"1" + b"}" * 50_000,
-    "deep in array data": json.dumps(in_tensor("highest", arr("SENTINEL"))).encode().replace(
-        b'"SENTINEL"', b"[" * 40 + b"1.0" + b"]" * 40),
+    "deep in array data": json.dumps(in_tensor("highest", arr("SENTINEL")))
+    .encode()
+    .replace(b'"SENTINEL"', b"[" * 40 + b"1.0" + b"]" * 40),
     "5000-digit int": json.dumps(in_tensor("hist", "SENTINEL")).encode().replace(b'"SENTINEL"', b"9" * 5000),
     "101-digit int": json.dumps(in_tensor("hist", "SENTINEL")).encode().replace(b'"SENTINEL"', b"9" * 101),
     "lowercase nan": json.dumps(VALID).encode().replace(b"1.5", b"nan"),
@@ -592,7 +627,7 @@ def test_oversized_file_rejected_before_reading(tmp_path, monkeypatch):
             raise AssertionError("the file was read")
 
     with monkeypatch.context() as patch:
-        patch.setattr(cache.os, "fdopen", NoRead)
+        patch.setattr(os, "fdopen", NoRead)
         with pytest.raises(ValueError, match="more than the limit"):
             cache.load_tensors_data(path)
     monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 100)
@@ -636,20 +671,40 @@ def test_read_json_file(tmp_path):
 def _base_documents() -> list[bytes]:
     f16, f32 = np.float16, np.float32
     docs = [
-        TensorsData(CalibrationMethod.MinMax, {
-            "a": TensorData(lowest=np.array([-1.5, 0.25], f32), highest=np.array([[2.0], [3.0]], f32)),
-            "b[0]": TensorData(lowest=np.array([np.inf], f32), highest=np.array([-np.inf], f32)),
-        }),
-        TensorsData(CalibrationMethod.Entropy, {
-            "e": TensorData(lowest=f16(-1), highest=f16(2), hist=np.array([3, 0, 5]), bins=np.array([-1, 0, 1, 2], f16)),
-        }),
-        TensorsData(CalibrationMethod.Percentile, {
-            "p": TensorData(lowest=f32(-0.5), highest=np.array(7.25, f32), hist=3, bins=1),
-        }),
-        TensorsData(CalibrationMethod.Distribution, {
-            "d": TensorData(avg=np.array(0.5, f32), std=np.array(np.nan, f32), hist=np.array([1, 2]),
-                            hist_edges=np.array([0, 1, 2], f32), lowest=f32(-np.inf), highest=f32(1e-5)),
-        }),
+        TensorsData(
+            CalibrationMethod.MinMax,
+            {
+                "a": TensorData(lowest=np.array([-1.5, 0.25], f32), highest=np.array([[2.0], [3.0]], f32)),
+                "b[0]": TensorData(lowest=np.array([np.inf], f32), highest=np.array([-np.inf], f32)),
+            },
+        ),
+        TensorsData(
+            CalibrationMethod.Entropy,
+            {
+                "e": TensorData(
+                    lowest=f16(-1), highest=f16(2), hist=np.array([3, 0, 5]), bins=np.array([-1, 0, 1, 2], f16)
+                ),
+            },
+        ),
+        TensorsData(
+            CalibrationMethod.Percentile,
+            {
+                "p": TensorData(lowest=f32(-0.5), highest=np.array(7.25, f32), hist=3, bins=1),
+            },
+        ),
+        TensorsData(
+            CalibrationMethod.Distribution,
+            {
+                "d": TensorData(
+                    avg=np.array(0.5, f32),
+                    std=np.array(np.nan, f32),
+                    hist=np.array([1, 2]),
+                    hist_edges=np.array([0, 1, 2], f32),
+                    lowest=f32(-np.inf),
+                    highest=f32(1e-5),
+                ),
+            },
+        ),
     ]
     return [json.dumps(td.to_dict() | {"smooth_quant": False}, cls=cache._CacheEncoder).encode() for td in docs]
 
@@ -663,25 +718,101 @@ def _paths(node, prefix=()):
     yield prefix
     if isinstance(node, dict):
         for key, child in node.items():
-            yield from _paths(child, prefix + (key,))
+            yield from _paths(child, (*prefix, key))
     elif isinstance(node, list):
         for index, child in enumerate(node):
-            yield from _paths(child, prefix + (index,))
+            yield from _paths(child, (*prefix, index))
 
 
 BASE_PATHS = [list(_paths(json.loads(doc))) for doc in BASE_DOCUMENTS]
-DTYPE_NAMES = ["float16", "float32", "float64", "int64", "int32", "uint8", "uint64", "object", "V8", "(1000000000,)f4",
-               "bool", "<f4", "complex64", "U3", "M8[s]", "", "float128"]
-KEYS = ["CLS", "data", "dtype", "lowest", "highest", "hist", "bins", "avg", "std", "hist_edges", "value", "smooth_quant",
-        "calibration_method", "self", "__class__", ""]
-STRINGS = KEYS + DTYPE_NAMES + ["numpy.array", "CalibrationMethod", "CalibrationMethod.MinMax", "Entropy", "TensorData",
-                                "1.5", "NaN", "\u00e9\u4e2d", "\ud800"]
-FLOATS = [0.0, -0.0, 1.5, -2.25, 1e-5, 5e-324, 1e39, -1e39, 65504.0, 65520.0, 3.4028235677973366e38, 1e308,
-          float("nan"), float("inf"), float("-inf")]
+DTYPE_NAMES = [
+    "float16",
+    "float32",
+    "float64",
+    "int64",
+    "int32",
+    "uint8",
+    "uint64",
+    "object",
+    "V8",
+    "(1000000000,)f4",
+    "bool",
+    "<f4",
+    "complex64",
+    "U3",
+    "M8[s]",
+    "",
+    "float128",
+]
+KEYS = [
+    "CLS",
+    "data",
+    "dtype",
+    "lowest",
+    "highest",
+    "hist",
+    "bins",
+    "avg",
+    "std",
+    "hist_edges",
+    "value",
+    "smooth_quant",
+    "calibration_method",
+    "self",
+    "__class__",
+    "",
+]
+STRINGS = (
+    KEYS
+    + DTYPE_NAMES
+    + [
+        "numpy.array",
+        "CalibrationMethod",
+        "CalibrationMethod.MinMax",
+        "Entropy",
+        "TensorData",
+        "1.5",
+        "NaN",
+        "\u00e9\u4e2d",
+        "\ud800",
+    ]
+)
+FLOATS = [
+    0.0,
+    -0.0,
+    1.5,
+    -2.25,
+    1e-5,
+    5e-324,
+    1e39,
+    -1e39,
+    65504.0,
+    65520.0,
+    3.4028235677973366e38,
+    1e308,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+]
 INTS = [0, 1, -1, 7, 255, 256, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64, 10**30]
-RAW_TOKENS = [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e999999999", b"9" * 30, b"-" + b"9" * 5000, b"1" * 101,
-              b"0.1e-400", b"4.9e-324", b"65520.0", b"3.4028235677973366e+38", b"18446744073709551616", b"-0.0",
-              b"1" + b"0" * 4400, b"0." + b"1" * 10000]
+RAW_TOKENS = [
+    b"NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"1e400",
+    b"-1e999999999",
+    b"9" * 30,
+    b"-" + b"9" * 5000,
+    b"1" * 101,
+    b"0.1e-400",
+    b"4.9e-324",
+    b"65520.0",
+    b"3.4028235677973366e+38",
+    b"18446744073709551616",
+    b"-0.0",
+    b"1" + b"0" * 4400,
+    b"0." + b"1" * 10000,
+]
 
 
 def random_number(rng: random.Random):
@@ -833,7 +964,7 @@ def _partial_write(fd, view):
     raise KeyboardInterrupt
 
 
-INTERRUPTIONS = {  # os function patched in histocal.cache -> replacement
+INTERRUPTIONS = {  # os function patched in histocal.io.files -> replacement
     "write": _partial_write,
     "fsync": _raising(KeyboardInterrupt()),
     "close": _close_then_interrupt,
@@ -847,7 +978,7 @@ def test_interrupted_write_keeps_old_file(tmp_path, monkeypatch, calibrated, tar
     cache.save_tensors_data(calibrated[CalibrationMethod.MinMax], path)
     old = path.read_bytes()
     with monkeypatch.context() as patch:
-        patch.setattr(cache.os, target, INTERRUPTIONS[target])
+        patch.setattr(os, target, INTERRUPTIONS[target])
         with pytest.raises((KeyboardInterrupt, OSError)):
             cache.save_tensors_data(calibrated[CalibrationMethod.Distribution], path)
     assert path.read_bytes() == old
@@ -882,7 +1013,7 @@ def _versions(count: int) -> list[TensorsData]:
 
 WRITER_SCRIPT = """
 import sys
-from histocal import cache
+from histocal.io import cache
 path, sources = sys.argv[1], sys.argv[2:]
 for _ in range(10):
     for source in sources:
@@ -909,14 +1040,16 @@ def test_concurrent_writers(tmp_path):
                 continue
             try:
                 seen.append(as_map(cache.load_tensors_data(path)) in expected)
-            except Exception as exc:  # noqa: BLE001 - any failure here means a torn or missing file
+            except Exception as exc:
                 errors.append(exc)
 
     def writer(offset):
         for k in range(30):
             cache.save_tensors_data(versions[(offset + k) % len(versions)], path)
 
-    threads = [threading.Thread(target=reader, daemon=True)] + [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    threads = [threading.Thread(target=reader, daemon=True)] + [
+        threading.Thread(target=writer, args=(n,)) for n in range(6)
+    ]
     for t in threads:
         t.start()
     try:

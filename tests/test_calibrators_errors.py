@@ -8,17 +8,28 @@ import logging
 import re
 import tracemalloc
 
+import models
 import numpy as np
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    FORMS,
+    MM,
+    ORT_CREATE,
+    PCT,
+    OnceReader,
+    RewindReader,
+    as_form,
+    assert_tensors_same,
+    make_histocal,
+    run_histocal,
+    run_ort,
+)
 from onnxruntime.quantization.calibrate import CalibrationMethod
+from parity import quiet
 
 import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, FORMS, MM, ORT_CREATE, OnceReader, PCT, RewindReader, as_form, assert_tensors_same, make_histocal,
-    run_histocal, run_ort,
-)
-from parity import quiet
 
 
 @pytest.mark.parametrize("method", [MM, ENT, PCT, DIST], ids=lambda m: m.name)
@@ -41,8 +52,11 @@ def _bad_feed_error_(paths, tmp_path, feed, method, mode, form):
     return str(info.value)
 
 
-@pytest.mark.parametrize("method,mode,form", [(MM, None, "list"), (PCT, "exact", "list"), (ENT, "exact", "once"),
-                                              (DIST, "streaming", "rewind")], ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize(
+    "method,mode,form",
+    [(MM, None, "list"), (PCT, "exact", "list"), (ENT, "exact", "once"), (DIST, "streaming", "rewind")],
+    ids=lambda v: getattr(v, "name", v),
+)
 def test_bad_feeds_name_the_input(paths, tmp_path, method, mode, form):
     good = models.cnn_feeds(1)[0]["X"]
 
@@ -94,7 +108,7 @@ def test_a_bare_array_says_what_was_expected(paths, tmp_path, form):
 def test_progress_bar_total_is_the_known_batch_count(monkeypatch):
     """The progress bar's total: a list's length, a reader's __length_hint__ (what is left of
     it), none for a plain reader or a generator."""
-    from histocal.readers import DataSource, progress
+    from histocal.io.readers import DataSource, progress
 
     monkeypatch.delenv("HISTOCAL_PROGRESS", raising=False)
     feeds = models.cnn_feeds(5)
@@ -105,8 +119,7 @@ def test_progress_bar_total_is_the_known_batch_count(monkeypatch):
 
     hinted = HintedReader(feeds)
     hinted.get_next()
-    cases = [(feeds, 5), (lambda: iter(feeds), 5), (RewindReader(feeds), None), (hinted, 4),
-             ((f for f in feeds), None)]
+    cases = [(feeds, 5), (lambda: iter(feeds), 5), (RewindReader(feeds), None), (hinted, 4), ((f for f in feeds), None)]
     for data, total in cases:
         bar = progress(DataSource(data).read(), "test", True)
         try:
@@ -124,8 +137,9 @@ def test_invalid_mode_and_streaming_bins(paths, tmp_path):
             histocal.PercentileCalibrater(paths["cnn"], mode=bad)
     for bad in (1000, 4, 0, -16, True, 16.0, "16384"):
         with pytest.raises(ValueError, match="streaming_bins"):
-            histocal.create_calibrator(paths["cnn"], None, (tmp_path / "b.onnx").as_posix(), DIST,
-                                       extra_options={"StreamingBins": bad})
+            histocal.create_calibrator(
+                paths["cnn"], None, (tmp_path / "b.onnx").as_posix(), DIST, extra_options={"StreamingBins": bad}
+            )
         with pytest.raises(ValueError, match="streaming_bins"):
             histocal.EntropyCalibrater(paths["cnn"], streaming_bins=bad)
     # valid non-default streaming_bins works and is batching-independent
@@ -165,7 +179,10 @@ def test_exact_mode_rejects_a_reader_whose_second_read_differs(paths, tmp_path):
             self.i = 0
 
     cal = histocal.create_calibrator(
-        paths["passthrough"], None, str(tmp_path / "aug.onnx"), CalibrationMethod.Distribution,
+        paths["passthrough"],
+        None,
+        str(tmp_path / "aug.onnx"),
+        CalibrationMethod.Distribution,
         extra_options={"CollectionMode": "exact"},
     )
     with pytest.raises(ValueError, match="different data on its second read"):
@@ -176,7 +193,10 @@ def test_exact_mode_rejects_a_reader_whose_second_read_differs(paths, tmp_path):
     feeds = [{"X": np.full((4, 4), v, np.float32)} for v in (1.0, -2.0)]
     cal.collect_data(feeds)
     ref = histocal.create_calibrator(
-        paths["passthrough"], None, str(tmp_path / "aug2.onnx"), CalibrationMethod.Distribution,
+        paths["passthrough"],
+        None,
+        str(tmp_path / "aug2.onnx"),
+        CalibrationMethod.Distribution,
         extra_options={"CollectionMode": "exact"},
     )
     ref.collect_data(feeds)
@@ -189,7 +209,7 @@ def test_a_failed_collect_leaves_earlier_data_unchanged(paths, tmp_path, mode):
     mode or midway in streaming mode) changes nothing: the calibrator can go on as if it had
     not happened."""
     good = models.cnn_feeds(3)
-    bad = list(models.cnn_feeds(2)) + [{"X": np.zeros((1, 2), np.float32)}]
+    bad = [*list(models.cnn_feeds(2)), {"X": np.zeros((1, 2), np.float32)}]
     cal = make_histocal(paths["cnn"], PCT, {}, tmp_path / "a.onnx", mode=mode)
     cal.collect_data(list(good))
     before = cal.compute_data()
@@ -262,8 +282,10 @@ class ShapeChangingReader(RewindReader):
 
     def rewind(self):
         super().rewind()
-        self.feeds = [{"X": np.ones((3, 4), np.float32)} if self.k is not None and i >= self.k else f
-                      for i, f in enumerate(self.first)]
+        self.feeds = [
+            {"X": np.ones((3, 4), np.float32)} if self.k is not None and i >= self.k else f
+            for i, f in enumerate(self.first)
+        ]
         if self.second_n is not None:
             self.feeds = (self.feeds * 2)[: self.second_n]
 

@@ -12,22 +12,36 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import models
 import numpy as np
 import onnxruntime as ort
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    FORMS,
+    MM,
+    ORT_CREATE,
+    PCT,
+    OnceReader,
+    OrtResult,
+    RewindReader,
+    as_form,
+    assert_tensors_same,
+    chunks_for,
+    flat,
+    histocal_calibrator,
+    make_histocal,
+    run_histocal,
+    run_ort,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationDataReader
-
-import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, FORMS, MM, ORT_CREATE, OnceReader, OrtResult, PCT, RewindReader, as_form, assert_tensors_same,
-    chunks_for, flat, histocal_calibrator, make_histocal, run_histocal, run_ort,
-)
 from parity import argmin_spy, assert_same, quiet
 
+import histocal
 
 MINMAX_CONFIGS = {
     "default": {},
@@ -81,8 +95,7 @@ HIST_CONFIGS = {
 HIST_MODELS = ("cnn", "transformer", "fp16", "empty", "passthrough")
 # float16 tensors: ORT fails with "Too many bins" at 2048 (and for the |x| histogram at 1024);
 # those are tested in test_float16_2048_bins_ort_fails.
-FP16_OK = {"entropy-128", "entropy-256-64", "percentile-sym-128-99", "distribution-same-512",
-           "distribution-p3-512"}
+FP16_OK = {"entropy-128", "entropy-256-64", "percentile-sym-128-99", "distribution-same-512", "distribution-p3-512"}
 
 
 def _hist_cases():
@@ -141,9 +154,17 @@ def _symmetric_merge_drops(ref: OrtResult, cal) -> frozenset:
     return frozenset(out)
 
 
-@pytest.mark.parametrize("method,opts", [(ENT, {"num_bins": 256, "num_quantized_bins": 64}), (PCT, {}),
-                                         (PCT, {"symmetric": False}), (DIST, {"scenario": "p3"}), (MM, {})],
-                         ids=["entropy", "percentile-sym", "percentile-nonsym", "distribution", "minmax"])
+@pytest.mark.parametrize(
+    "method,opts",
+    [
+        (ENT, {"num_bins": 256, "num_quantized_bins": 64}),
+        (PCT, {}),
+        (PCT, {"symmetric": False}),
+        (DIST, {"scenario": "p3"}),
+        (MM, {}),
+    ],
+    ids=["entropy", "percentile-sym", "percentile-nonsym", "distribution", "minmax"],
+)
 def test_compute_between_calls(paths, tmp_path, method, opts):
     """collect, compute, collect, compute: each compute_data() is ORT's (exact mode), and in
     streaming mode the second one covers all the data collected so far."""
@@ -167,9 +188,12 @@ def test_compute_between_calls(paths, tmp_path, method, opts):
             assert_tensors_same(ref, ours, f"compute {i}", run, opts.get("num_quantized_bins", 128), deviating)
             if method != MM:
                 assert_tensors_same(
-                    run_histocal(paths["cnn"], method, opts, [flat(chunks[: i + 1])], tmp_path / "s2.onnx",
-                                 mode="streaming"),
-                    s.compute_data(), f"streaming compute {i}")
+                    run_histocal(
+                        paths["cnn"], method, opts, [flat(chunks[: i + 1])], tmp_path / "s2.onnx", mode="streaming"
+                    ),
+                    s.compute_data(),
+                    f"streaming compute {i}",
+                )
 
 
 PROPERTY_CONFIGS = [
@@ -198,8 +222,12 @@ def call_plans(draw):
 
 
 @settings(max_examples=15, deadline=None)
-@given(cfg=st.sampled_from(range(len(PROPERTY_CONFIGS))), plan=call_plans(), form=st.sampled_from(FORMS),
-       seed=st.integers(0, 2**16))
+@given(
+    cfg=st.sampled_from(range(len(PROPERTY_CONFIGS))),
+    plan=call_plans(),
+    form=st.sampled_from(FORMS),
+    seed=st.integers(0, 2**16),
+)
 def test_exact_parity_property(paths, tmp_path_factory, cfg, plan, form, seed):
     """Random data, batch sizes and collect_data call splits on the passthrough model (graph
     input X also a graph output, Z = Identity(X), Y = Relu(Z)): histocal exact == ORT."""
@@ -215,8 +243,9 @@ def test_exact_parity_property(paths, tmp_path_factory, cfg, plan, form, seed):
     deviating = frozenset()
     if method == PCT and opts.get("symmetric", True) and len(chunks) > 1:
         deviating = _symmetric_merge_drops(ref, cal)
-    assert_tensors_same(ref.td, ours, f"{method.name} {opts} {calls} {form}", ref, opts.get("num_quantized_bins", 128),
-                        deviating)
+    assert_tensors_same(
+        ref.td, ours, f"{method.name} {opts} {calls} {form}", ref, opts.get("num_quantized_bins", 128), deviating
+    )
 
 
 def test_two_pass_reads_twice_and_auto_mode(paths, tmp_path):
@@ -258,12 +287,24 @@ def test_calibrater_classes_direct(paths, tmp_path, method):
     """The classes (not create_calibrator) with mode='exact' and ORT's constructor arguments."""
     chunks = chunks_for("transformer", 3)
     # (symmetric percentile over several calls is a documented deviation: see _symmetric_merge_drops)
-    kw = {ENT: dict(num_bins=256, num_quantized_bins=64), PCT: dict(symmetric=False, num_bins=512, percentile=99.9),
-          DIST: dict(num_bins=512, scenario="p3"), MM: dict(symmetric=True, moving_average=True)}[method]
-    ours_cls = {MM: histocal.MinMaxCalibrater, ENT: histocal.EntropyCalibrater, PCT: histocal.PercentileCalibrater,
-                DIST: histocal.DistributionCalibrater}[method]
-    ort_cls = {MM: oc.MinMaxCalibrater, ENT: oc.EntropyCalibrater, PCT: oc.PercentileCalibrater,
-               DIST: oc.DistributionCalibrater}[method]
+    kw = {
+        ENT: dict(num_bins=256, num_quantized_bins=64),
+        PCT: dict(symmetric=False, num_bins=512, percentile=99.9),
+        DIST: dict(num_bins=512, scenario="p3"),
+        MM: dict(symmetric=True, moving_average=True),
+    }[method]
+    ours_cls = {
+        MM: histocal.MinMaxCalibrater,
+        ENT: histocal.EntropyCalibrater,
+        PCT: histocal.PercentileCalibrater,
+        DIST: histocal.DistributionCalibrater,
+    }[method]
+    ort_cls = {
+        MM: oc.MinMaxCalibrater,
+        ENT: oc.EntropyCalibrater,
+        PCT: oc.PercentileCalibrater,
+        DIST: oc.DistributionCalibrater,
+    }[method]
     extra = {} if method == MM else {"mode": "exact"}
     results = []
     records: list = []
@@ -285,12 +326,18 @@ def test_histogram_session_sleeps_instead_of_spinning(paths, tmp_path):
     """The histogram calibrators' session is ORT's (optimizations off) with non-spinning intra-op
     threads (the Rust work runs alongside inference); MinMax keeps ORT's session as is."""
     for method in (ENT, PCT, DIST):
-        cal = histocal.create_calibrator(paths["cnn"], augmented_model_path=(tmp_path / "h.onnx").as_posix(), calibrate_method=method)
+        cal = histocal.create_calibrator(
+            paths["cnn"], augmented_model_path=(tmp_path / "h.onnx").as_posix(), calibrate_method=method
+        )
         options = cal.infer_session.get_session_options()
         assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    cal = histocal.create_calibrator(paths["cnn"], augmented_model_path=(tmp_path / "m.onnx").as_posix(), calibrate_method=MM)
-    assert cal.infer_session.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    cal = histocal.create_calibrator(
+        paths["cnn"], augmented_model_path=(tmp_path / "m.onnx").as_posix(), calibrate_method=MM
+    )
+    assert (
+        cal.infer_session.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
 
 
 def test_minmax_inf_mask_parity(paths, tmp_path):
@@ -321,7 +368,9 @@ def test_reused_input_buffer(paths, tmp_path):
 
     feeds = models.vector_feeds(4)
     with quiet():
-        cal = ORT_CREATE(paths["passthrough"], None, (tmp_path / "o.onnx").as_posix(), DIST, extra_options={"num_bins": 512})
+        cal = ORT_CREATE(
+            paths["passthrough"], None, (tmp_path / "o.onnx").as_posix(), DIST, extra_options={"num_bins": 512}
+        )
         cal.collect_data(Refill(feeds))
         ref = cal.compute_data()
         for rewind in (True, False):

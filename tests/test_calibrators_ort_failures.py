@@ -5,16 +5,26 @@ discarding batches): each test shows ORT's failure and checks histocal's result.
 
 from __future__ import annotations
 
+import models
 import numpy as np
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    FORMS,
+    MM,
+    PCT,
+    assert_tensors_same,
+    chunks_for,
+    flat,
+    run_histocal,
+    run_ort,
+    split,
+)
 from onnxruntime.quantization.calibrate import TensorsData
+from parity import assert_same, check_parity, quiet
 
 import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, FORMS, MM, PCT, assert_tensors_same, chunks_for, flat, run_histocal, run_ort, split,
-)
-from parity import assert_same, check_parity, quiet
 
 
 def _activations(path, feeds, tmp_path, op_types=None):

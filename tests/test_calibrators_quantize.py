@@ -4,26 +4,39 @@
 
 from __future__ import annotations
 
+import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from calibrator_runs import (
+    DIST,
+    ENT,
+    MM,
+    ORT_CREATE,
+    ORT_QUANTIZE,
+    PCT,
+    OnceReader,
+    RewindReader,
+    StridedReader,
+    assert_tensors_same,
+    chunks_for,
+    flat,
+    ranges,
+    run_ort,
+)
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization import calibrate as oc
+from parity import quiet
 
 import histocal
-import models
-from calibrator_runs import (
-    DIST, ENT, MM, ORT_CREATE, ORT_QUANTIZE, OnceReader, PCT, RewindReader, StridedReader, assert_tensors_same,
-    chunks_for, flat, ranges, run_ort,
-)
-from parity import quiet
 
 
 def _quantize_ort(path, out, feeds, method, extra=None, **kw):
     with quiet():
-        ORT_QUANTIZE.quantize_static(path, out.as_posix(), RewindReader(feeds), calibrate_method=method,
-                                     extra_options=dict(extra or {}), **kw)
+        ORT_QUANTIZE.quantize_static(
+            path, out.as_posix(), RewindReader(feeds), calibrate_method=method, extra_options=dict(extra or {}), **kw
+        )
     return out.read_bytes()
 
 
@@ -66,21 +79,38 @@ def test_quantize_static_patched_and_unpatched(paths, tmp_path, model, method, e
     assert ORT_QUANTIZE.create_calibrator is ORT_CREATE and oc.create_calibrator is ORT_CREATE
     assert_models_same(plain, patched, "patched")
     with quiet():
-        histocal.quantize_static(paths[model], (tmp_path / "hc.onnx").as_posix(), RewindReader(feeds),
-                                 calibrate_method=method, extra_options=dict(extra))
+        histocal.quantize_static(
+            paths[model],
+            (tmp_path / "hc.onnx").as_posix(),
+            RewindReader(feeds),
+            calibrate_method=method,
+            extra_options=dict(extra),
+        )
     assert_models_same(plain, (tmp_path / "hc.onnx").read_bytes(), "histocal.quantize_static")
     # A list (auto mode -> exact) gives the same model too.
     with quiet():
-        histocal.quantize_static(paths[model], (tmp_path / "list.onnx").as_posix(), feeds, calibrate_method=method,
-                                 extra_options=dict(extra))
+        histocal.quantize_static(
+            paths[model], (tmp_path / "list.onnx").as_posix(), feeds, calibrate_method=method, extra_options=dict(extra)
+        )
     assert_models_same(plain, (tmp_path / "list.onnx").read_bytes(), "histocal.quantize_static(list)")
     # A reader without rewind: auto mode is streaming for the histogram methods (a valid model,
     # not necessarily ORT's), mode="exact" buffers and matches; MinMax has one mode.
     with quiet():
-        histocal.quantize_static(paths[model], (tmp_path / "once.onnx").as_posix(), OnceReader(feeds),
-                                 calibrate_method=method, extra_options=dict(extra))
-        histocal.quantize_static(paths[model], (tmp_path / "once_exact.onnx").as_posix(), OnceReader(feeds),
-                                 calibrate_method=method, extra_options=dict(extra), mode="exact")
+        histocal.quantize_static(
+            paths[model],
+            (tmp_path / "once.onnx").as_posix(),
+            OnceReader(feeds),
+            calibrate_method=method,
+            extra_options=dict(extra),
+        )
+        histocal.quantize_static(
+            paths[model],
+            (tmp_path / "once_exact.onnx").as_posix(),
+            OnceReader(feeds),
+            calibrate_method=method,
+            extra_options=dict(extra),
+            mode="exact",
+        )
     assert_models_same(plain, (tmp_path / "once_exact.onnx").read_bytes(), "histocal.quantize_static(once, exact)")
     once = onnx.load((tmp_path / "once.onnx").as_posix())
     onnx.checker.check_model(once)
@@ -124,13 +154,31 @@ def test_quantize_static_strided_and_options(paths, tmp_path):
     ):
         plain = ORT_QUANTIZE.quantize_static
         with quiet():
-            plain(paths["cnn"], (tmp_path / "o.onnx").as_posix(), StridedReader(feeds), calibrate_method=method,
-                  extra_options=dict(extra), **kw)
+            plain(
+                paths["cnn"],
+                (tmp_path / "o.onnx").as_posix(),
+                StridedReader(feeds),
+                calibrate_method=method,
+                extra_options=dict(extra),
+                **kw,
+            )
             with histocal.patch_onnxruntime():
-                plain(paths["cnn"], (tmp_path / "p.onnx").as_posix(), StridedReader(feeds), calibrate_method=method,
-                      extra_options=dict(extra), **kw)
-            histocal.quantize_static(paths["cnn"], (tmp_path / "h.onnx").as_posix(), StridedReader(feeds),
-                                     calibrate_method=method, extra_options=dict(extra), **kw)
+                plain(
+                    paths["cnn"],
+                    (tmp_path / "p.onnx").as_posix(),
+                    StridedReader(feeds),
+                    calibrate_method=method,
+                    extra_options=dict(extra),
+                    **kw,
+                )
+            histocal.quantize_static(
+                paths["cnn"],
+                (tmp_path / "h.onnx").as_posix(),
+                StridedReader(feeds),
+                calibrate_method=method,
+                extra_options=dict(extra),
+                **kw,
+            )
         ref = (tmp_path / "o.onnx").read_bytes()
         assert_models_same(ref, (tmp_path / "p.onnx").read_bytes(), f"{method.name} {extra} patched")
         assert_models_same(ref, (tmp_path / "h.onnx").read_bytes(), f"{method.name} {extra} histocal")
@@ -150,13 +198,29 @@ def test_quantize_static_histogram_options(paths, tmp_path):
     cache = tmp_path / "ranges.json"
     oc.save_tensors_data(ref.td, cache)
     with quiet():
-        ORT_QUANTIZE.quantize_static(paths["cnn"], (tmp_path / "ort.onnx").as_posix(), None,
-                                     op_types_to_quantize=["Add"], calibrate_method=ENT,
-                                     calibration_cache_path=cache)
-        histocal.quantize_static(paths["cnn"], (tmp_path / "hc.onnx").as_posix(), RewindReader(feeds),
-                                 op_types_to_quantize=["Add"], calibrate_method=ENT, **opts)
-        histocal.quantize_static(paths["cnn"], (tmp_path / "hc_default.onnx").as_posix(), RewindReader(feeds),
-                                 op_types_to_quantize=["Add"], calibrate_method=ENT)
+        ORT_QUANTIZE.quantize_static(
+            paths["cnn"],
+            (tmp_path / "ort.onnx").as_posix(),
+            None,
+            op_types_to_quantize=["Add"],
+            calibrate_method=ENT,
+            calibration_cache_path=cache,
+        )
+        histocal.quantize_static(
+            paths["cnn"],
+            (tmp_path / "hc.onnx").as_posix(),
+            RewindReader(feeds),
+            op_types_to_quantize=["Add"],
+            calibrate_method=ENT,
+            **opts,
+        )
+        histocal.quantize_static(
+            paths["cnn"],
+            (tmp_path / "hc_default.onnx").as_posix(),
+            RewindReader(feeds),
+            op_types_to_quantize=["Add"],
+            calibrate_method=ENT,
+        )
     assert_models_same((tmp_path / "ort.onnx").read_bytes(), (tmp_path / "hc.onnx").read_bytes(), "num_bins")
     assert (tmp_path / "hc.onnx").read_bytes() != (tmp_path / "hc_default.onnx").read_bytes()
     # Distribution p3 through histocal.quantize_static's scenario argument.

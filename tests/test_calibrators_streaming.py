@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import random
 
+import models
 import numpy as np
 import pytest
+from calibrator_runs import DIST, ENT, PCT, assert_tensors_same, run_histocal, split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.calibrate import TensorsData
-
-import models
-from calibrator_runs import DIST, ENT, PCT, assert_tensors_same, run_histocal, split
-
 
 STREAM_CONFIGS = {
     "entropy-2048": (ENT, {"num_bins": 2048, "num_quantized_bins": 128}),
@@ -35,8 +33,10 @@ def _samples(model, n=8, seed=11):
 
 
 def _batched(samples, size):
-    return [{k: np.concatenate([s[k] for s in samples[i : i + size]]) for k in samples[0]}
-            for i in range(0, len(samples), size)]
+    return [
+        {k: np.concatenate([s[k] for s in samples[i : i + size]]) for k in samples[0]}
+        for i in range(0, len(samples), size)
+    ]
 
 
 @pytest.mark.parametrize("model", ["cnn", "transformer"])

@@ -24,14 +24,18 @@ from PIL import Image
 
 import histocal
 from histocal.cli import main
-from histocal.data import open_calibration_data
+from histocal.io.data import open_calibration_data
 
 ENV = {**os.environ, "HISTOCAL_PROGRESS": "0"}
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "histocal", *map(str, args)], capture_output=True, text=True, env=ENV, cwd=cwd,
+        [sys.executable, "-m", "histocal", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=cwd,
         timeout=120,
     )
 
@@ -104,8 +108,22 @@ def out_dir(tmp_path: Path) -> Path:
 
 def test_calibrate_subprocess_cache_loads_in_ort_and_matches_api(work, tmp_path):
     cache, state = tmp_path / "cache.json", tmp_path / "state.hcs"
-    r = run_cli("calibrate", work["model"], "--data", work["npy"], "--method", "entropy", "--num-bins", "256",
-                "--batch-size", "2", "--cache", cache, "--state", state)
+    r = run_cli(
+        "calibrate",
+        work["model"],
+        "--data",
+        work["npy"],
+        "--method",
+        "entropy",
+        "--num-bins",
+        "256",
+        "--batch-size",
+        "2",
+        "--cache",
+        cache,
+        "--state",
+        state,
+    )
     assert r.returncode == 0, r.stderr
     assert "calibrated 8 tensors" in r.stdout and not error_lines(r.stderr)
     from_file = ort_calibrate.load_tensors_data(cache)  # onnxruntime's own loader
@@ -136,8 +154,20 @@ def test_summary_counts_samples_not_files(work, tmp_path, capsys):
 )
 def test_calibrate_each_data_kind_matches_api(work, tmp_path, capsys, kind, method, extra):
     cache = tmp_path / "c.json"
-    rc = main(["calibrate", str(work["model"]), "--data", str(work[kind]), "--method", method, "--no-progress",
-               "--cache", str(cache), *extra])
+    rc = main(
+        [
+            "calibrate",
+            str(work["model"]),
+            "--data",
+            str(work[kind]),
+            "--method",
+            method,
+            "--no-progress",
+            "--cache",
+            str(cache),
+            *extra,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     batch_size = int(extra[extra.index("--batch-size") + 1]) if "--batch-size" in extra else 1
     preprocess = "mobilenet" if kind == "png" else "none"
@@ -148,23 +178,50 @@ def test_calibrate_each_data_kind_matches_api(work, tmp_path, capsys, kind, meth
         "distribution": dict(scenario="p3", num_bins=512),
         "entropy": dict(num_bins=256, num_quantized_bins=64),
     }[method]
-    expected = histocal.calibrate(work["model"], data, CalibrationMethod[method.capitalize() if method != "minmax"
-                                                                            else "MinMax"], **settings)
-    assert_same_tensors_data(histocal.cache.load_tensors_data(cache), expected)
+    expected = histocal.calibrate(
+        work["model"], data, CalibrationMethod[method.capitalize() if method != "minmax" else "MinMax"], **settings
+    )
+    assert_same_tensors_data(histocal.io.cache.load_tensors_data(cache), expected)
     assert oct(cache.stat().st_mode & 0o777) == "0o600"  # ORT's cache mode
 
 
 def test_calibrate_streaming_mode_and_op_types(work, tmp_path, capsys):
     cache = tmp_path / "c.json"
-    rc = main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "percentile",
-               "--mode", "streaming", "--streaming-bins", "1024", "--op-types", "Conv", "--cache", str(cache)])
+    rc = main(
+        [
+            "calibrate",
+            str(work["model"]),
+            "--data",
+            str(work["npy"]),
+            "--method",
+            "percentile",
+            "--mode",
+            "streaming",
+            "--streaming-bins",
+            "1024",
+            "--op-types",
+            "Conv",
+            "--cache",
+            str(cache),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
-    ranges = histocal.cache.load_tensors_data(cache)
+    ranges = histocal.io.cache.load_tensors_data(cache)
     assert {"X", "conv1", "pool"} <= set(ranges.data)  # Conv inputs and outputs only
     assert "resize" not in ranges.data
     # an option of another method is ignored with a warning
-    rc = main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--scenario", "p3",
-               "--cache", str(tmp_path / "m.json")])
+    rc = main(
+        [
+            "calibrate",
+            str(work["model"]),
+            "--data",
+            str(work["npy"]),
+            "--scenario",
+            "p3",
+            "--cache",
+            str(tmp_path / "m.json"),
+        ]
+    )
     assert rc == 0 and "--scenario does not apply to --method minmax" in capsys.readouterr().err
 
 
@@ -186,8 +243,20 @@ def op_types(model_path: Path) -> set[str]:
 def test_quantize_images_subprocess_model_runs_in_ort(work, tmp_path):
     out = tmp_path / "q" / "cnn.qdq.onnx"
     cache = tmp_path / "ranges.json"
-    r = run_cli("quantize", work["model"], out, "--data", work["png"], "--preprocess", "mobilenet",
-                "--method", "percentile", "--cache", cache, "--per-channel")
+    r = run_cli(
+        "quantize",
+        work["model"],
+        out,
+        "--data",
+        work["png"],
+        "--preprocess",
+        "mobilenet",
+        "--method",
+        "percentile",
+        "--cache",
+        cache,
+        "--per-channel",
+    )
     assert r.returncode == 0, r.stderr
     assert not error_lines(r.stderr) and "Please consider" not in r.stderr
     assert {"QuantizeLinear", "DequantizeLinear"} <= op_types(out)
@@ -198,26 +267,87 @@ def test_quantize_images_subprocess_model_runs_in_ort(work, tmp_path):
 
 def test_quantize_from_cache_and_from_state(work, tmp_path, capsys):
     cache, state = tmp_path / "e.json", tmp_path / "e.hcs"
-    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "entropy",
-                 "--cache", str(cache), "--state", str(state)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                str(work["model"]),
+                "--data",
+                str(work["npy"]),
+                "--method",
+                "entropy",
+                "--cache",
+                str(cache),
+                "--state",
+                str(state),
+            ]
+        )
+        == 0
+    )
     # --cache alone: the cache's method is used
     q1 = tmp_path / "q1.onnx"
-    assert main(["quantize", str(work["model"]), str(q1), "--cache", str(cache), "--format", "qoperator",
-                 "--activation-type", "quint8", "--weight-type", "qint8"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "quantize",
+                str(work["model"]),
+                str(q1),
+                "--cache",
+                str(cache),
+                "--format",
+                "qoperator",
+                "--activation-type",
+                "quint8",
+                "--weight-type",
+                "qint8",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     assert "QLinearConv" in op_types(q1)
     ort_run(q1)
     # --state: ranges computed from the state (its own method by default) == the cache's ranges
     q2, q3 = tmp_path / "q2.onnx", tmp_path / "q3.onnx"
-    assert main(["quantize", str(work["model"]), str(q2), "--state", str(state), "--format", "qoperator",
-                 "--activation-type", "quint8"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "quantize",
+                str(work["model"]),
+                str(q2),
+                "--state",
+                str(state),
+                "--format",
+                "qoperator",
+                "--activation-type",
+                "quint8",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     assert onnx.load(str(q1)).graph == onnx.load(str(q2)).graph
-    assert main(["quantize", str(work["model"]), str(q3), "--state", str(state), "--method", "minmax",
-                 "--nodes-to-exclude", "conv2"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "quantize",
+                str(work["model"]),
+                str(q3),
+                "--state",
+                str(state),
+                "--method",
+                "minmax",
+                "--nodes-to-exclude",
+                "conv2",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     ort_run(q3)
     # a cache made with another method is refused
     capsys.readouterr()
-    assert main(["quantize", str(work["model"]), str(tmp_path / "q4.onnx"), "--cache", str(cache),
-                 "--method", "minmax"]) == 1
+    assert (
+        main(["quantize", str(work["model"]), str(tmp_path / "q4.onnx"), "--cache", str(cache), "--method", "minmax"])
+        == 1
+    )
     assert str(cache) in capsys.readouterr().err
     assert not (tmp_path / "q4.onnx").exists()
 
@@ -228,14 +358,43 @@ def test_quantize_from_cache_and_from_state(work, tmp_path, capsys):
 
 def test_recompute_from_state(work, tmp_path, capsys):
     cache, state = tmp_path / "d.json", tmp_path / "d.hcs"
-    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "distribution",
-                 "--cache", str(cache), "--state", str(state)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                str(work["model"]),
+                "--data",
+                str(work["npy"]),
+                "--method",
+                "distribution",
+                "--cache",
+                str(cache),
+                "--state",
+                str(state),
+            ]
+        )
+        == 0
+    )
     again = tmp_path / "again.json"
     assert main(["recompute", str(state), "--method", "distribution", "--cache", str(again)]) == 0
-    assert_same_tensors_data(histocal.cache.load_tensors_data(again), histocal.cache.load_tensors_data(cache))
+    assert_same_tensors_data(histocal.io.cache.load_tensors_data(again), histocal.io.cache.load_tensors_data(cache))
     pct = tmp_path / "p.json"
-    assert main(["recompute", str(state), "--method", "percentile", "--percentile", "99.5", "--no-symmetric",
-                 "--cache", str(pct)]) == 0
+    assert (
+        main(
+            [
+                "recompute",
+                str(state),
+                "--method",
+                "percentile",
+                "--percentile",
+                "99.5",
+                "--no-symmetric",
+                "--cache",
+                str(pct),
+            ]
+        )
+        == 0
+    )
     from histocal.state import CalibrationState
 
     expected = CalibrationState.load(state).compute("percentile", percentile=99.5, symmetric=False)
@@ -266,25 +425,50 @@ def test_histocal_methods_and_plugins(work, tmp_path, capsys, monkeypatch):
     from histocal.state import CalibrationState
 
     state, cache = tmp_path / "s.hcs", tmp_path / "pow2.json"
-    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "pow2",
-                 "--pow2-method", "MinMSE", "--minmse-mode", "MostCommon", "--qtype", "uint8",
-                 "--cache", str(cache), "--state", str(state)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                str(work["model"]),
+                "--data",
+                str(work["npy"]),
+                "--method",
+                "pow2",
+                "--pow2-method",
+                "MinMSE",
+                "--minmse-mode",
+                "MostCommon",
+                "--qtype",
+                "uint8",
+                "--cache",
+                str(cache),
+                "--state",
+                str(state),
+            ]
+        )
+        == 0
+    )
     loaded = CalibrationState.load(state)
     options = {"qtype": "uint8", "pow2_method": "MinMSE", "minmse_mode": "MostCommon"}
     assert_same_tensors_data(ort_calibrate.load_tensors_data(cache), loaded.compute("pow2", **options))
     mse = tmp_path / "mse.json"
-    assert main(["recompute", str(state), "--method", "mse", "--qtype", "int16", "--symmetric",
-                 "--cache", str(mse)]) == 0
+    assert (
+        main(["recompute", str(state), "--method", "mse", "--qtype", "int16", "--symmetric", "--cache", str(mse)]) == 0
+    )
     assert_same_tensors_data(ort_calibrate.load_tensors_data(mse), loaded.compute("mse", qtype="int16", symmetric=True))
     # a plugin module registers a method that then works by name
     (tmp_path / "cli_plugin_mod.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     half = tmp_path / "half.json"
-    assert main(["recompute", str(state), "--plugin", "cli_plugin_mod", "--method", "cli_plugin_half",
-                 "--cache", str(half)]) == 0
+    assert (
+        main(
+            ["recompute", str(state), "--plugin", "cli_plugin_mod", "--method", "cli_plugin_half", "--cache", str(half)]
+        )
+        == 0
+    )
     got = ort_calibrate.load_tensors_data(half)
     for name in loaded.names:
-        _, _, _, fmin, fmax, _, _ = loaded.stream.export(name)
+        _, _, _, fmin, _fmax, _, _ = loaded.stream.export(name)
         assert float(got.data[name].range_value[0][0]) == np.float32(fmin / 2)
     out = tmp_path / "q.onnx"
     assert main(["quantize", str(work["model"]), str(out), "--state", str(state), "--method", "kl"]) == 0
@@ -292,8 +476,21 @@ def test_histocal_methods_and_plugins(work, tmp_path, capsys, monkeypatch):
     # unknown method: usage error; a plugin that fails to import: exit 1, named
     capsys.readouterr()
     assert main(["recompute", str(state), "--method", "nosuch", "--cache", str(tmp_path / "n.json")]) == 2
-    assert main(["recompute", str(state), "--plugin", "no_such_module_xyz", "--method", "mse",
-                 "--cache", str(tmp_path / "n.json")]) == 1
+    assert (
+        main(
+            [
+                "recompute",
+                str(state),
+                "--plugin",
+                "no_such_module_xyz",
+                "--method",
+                "mse",
+                "--cache",
+                str(tmp_path / "n.json"),
+            ]
+        )
+        == 1
+    )
     assert "no_such_module_xyz" in capsys.readouterr().err
     assert not (tmp_path / "n.json").exists()
 
@@ -319,8 +516,21 @@ def test_inspect_cache_text_and_json(work, tmp_path, capsys):
 
 def test_inspect_state(work, tmp_path, capsys):
     state = tmp_path / "s.hcs"
-    assert main(["calibrate", str(work["model"]), "--data", str(work["npz"]), "--method", "percentile",
-                 "--state", str(state)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                str(work["model"]),
+                "--data",
+                str(work["npz"]),
+                "--method",
+                "percentile",
+                "--state",
+                str(state),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["inspect", str(state), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -348,10 +558,15 @@ def test_inspect_table_shows_each_range_once(work, tmp_path, capsys):
     """One "[low, high]" cell per range: a state's data range and its method's range (marked
     when they are the same), per-channel ranges as their span and channel count."""
     state, cache = tmp_path / "s.hcs", tmp_path / "pc.json"
-    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "entropy",
-                 "--state", str(state)]) == 0
-    assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--per-channel",
-                 "--cache", str(cache)]) == 0
+    assert (
+        main(
+            ["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "entropy", "--state", str(state)]
+        )
+        == 0
+    )
+    assert (
+        main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--per-channel", "--cache", str(cache)]) == 0
+    )
     capsys.readouterr()
     assert main(["inspect", str(state), "--json"]) == 0
     x = json.loads(capsys.readouterr().out)["tensors"]["X"]
@@ -422,8 +637,20 @@ BAD = ["unreadable image", "unreadable npy", "wrong shape", "wrong dtype", "miss
 def test_bad_data_fails_cleanly(work, tmp_path, capsys, kind):
     model, data, culprit = _bad_data(kind, work, tmp_path)
     out = out_dir(tmp_path)
-    rc = main(["calibrate", str(model), "--data", str(data), "--method", "entropy",
-               "--cache", str(out / "c.json"), "--state", str(out / "s.hcs")])
+    rc = main(
+        [
+            "calibrate",
+            str(model),
+            "--data",
+            str(data),
+            "--method",
+            "entropy",
+            "--cache",
+            str(out / "c.json"),
+            "--state",
+            str(out / "s.hcs"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     (line,) = error_lines(err)
@@ -449,8 +676,11 @@ def test_non_onnx_model_names_the_file(tmp_path, capsys, work, command):
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"not a model \x00\xff" * 8)
     out = out_dir(tmp_path)
-    argv = ["calibrate", str(junk), "--cache", str(out / "c.json")] if command == "calibrate" else \
-        ["quantize", str(junk), str(out / "q.onnx")]
+    argv = (
+        ["calibrate", str(junk), "--cache", str(out / "c.json")]
+        if command == "calibrate"
+        else ["quantize", str(junk), str(out / "q.onnx")]
+    )
     assert main([*argv, "--data", str(work["npy"])]) == 1
     (line,) = error_lines(capsys.readouterr().err)
     assert str(junk) in line and "not an ONNX model" in line
@@ -471,10 +701,24 @@ def test_float64_files_follow_the_feed_rule(work, tmp_path, capsys):
     caches = {}
     for name, folder in (("f32", f32), ("f64", f64)):
         caches[name] = tmp_path / f"{name}.json"
-        assert main(["calibrate", str(work["model"]), "--data", str(folder), "--method", "percentile",
-                     "--cache", str(caches[name])]) == 0
-    assert_same_tensors_data(ort_calibrate.load_tensors_data(caches["f32"]),
-                             ort_calibrate.load_tensors_data(caches["f64"]))
+        assert (
+            main(
+                [
+                    "calibrate",
+                    str(work["model"]),
+                    "--data",
+                    str(folder),
+                    "--method",
+                    "percentile",
+                    "--cache",
+                    str(caches[name]),
+                ]
+            )
+            == 0
+        )
+    assert_same_tensors_data(
+        ort_calibrate.load_tensors_data(caches["f32"]), ort_calibrate.load_tensors_data(caches["f64"])
+    )
     np.save(f64 / "s1.npy", np.full((3, 8, 8), 1e39))
     out = out_dir(tmp_path)
     assert main(["calibrate", str(work["model"]), "--data", str(f64), "--cache", str(out / "c.json")]) == 1
@@ -484,8 +728,12 @@ def test_float64_files_follow_the_feed_rule(work, tmp_path, capsys):
 
 
 def test_missing_model(tmp_path, capsys, work):
-    assert main(["calibrate", str(tmp_path / "nope.onnx"), "--data", str(work["npy"]),
-                 "--cache", str(tmp_path / "c.json")]) == 1
+    assert (
+        main(
+            ["calibrate", str(tmp_path / "nope.onnx"), "--data", str(work["npy"]), "--cache", str(tmp_path / "c.json")]
+        )
+        == 1
+    )
     assert "nope.onnx" in capsys.readouterr().err and not (tmp_path / "c.json").exists()
 
 
@@ -528,14 +776,26 @@ def test_usage_error_subprocess(tmp_path):
     "argv, prog, suggestion",
     [
         (["calibrat", "m.onnx"], "histocal", "did you mean calibrate?"),
-        (["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bnis", "3"], "histocal calibrate",
-         "did you mean --num-bins?"),
-        (["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bnis=3"], "histocal calibrate",
-         "did you mean --num-bins?"),
-        (["quantize", "m.onnx", "o.onnx", "--data", "d", "--preprocess", "resnt"], "histocal quantize",
-         "did you mean resnet?"),
-        (["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--method", "entrpy"], "histocal calibrate",
-         "did you mean entropy?"),
+        (
+            ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bnis", "3"],
+            "histocal calibrate",
+            "did you mean --num-bins?",
+        ),
+        (
+            ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--num-bnis=3"],
+            "histocal calibrate",
+            "did you mean --num-bins?",
+        ),
+        (
+            ["quantize", "m.onnx", "o.onnx", "--data", "d", "--preprocess", "resnt"],
+            "histocal quantize",
+            "did you mean resnet?",
+        ),
+        (
+            ["calibrate", "m.onnx", "--data", "d", "--cache", "c.json", "--method", "entrpy"],
+            "histocal calibrate",
+            "did you mean entropy?",
+        ),
         (["calibrate", "m.onnx"], "histocal calibrate", None),
         (["report", "s.hcs"], "histocal report", None),
     ],
@@ -557,8 +817,16 @@ def test_usage_errors_are_short_with_suggestions(argv, prog, suggestion, tmp_pat
 
 def test_verbosity_before_or_after_the_subcommand(work, tmp_path, capsys):
     """-v and -q work on either side of the subcommand; a message has one "histocal:" prefix."""
-    base = ["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "entropy",
-            "--cache", str(tmp_path / "c.json")]
+    base = [
+        "calibrate",
+        str(work["model"]),
+        "--data",
+        str(work["npy"]),
+        "--method",
+        "entropy",
+        "--cache",
+        str(tmp_path / "c.json"),
+    ]
     for argv in (["-v", *base], [*base, "-v"], [*base, "--verbose"]):
         assert main(argv) == 0
         info = [line for line in capsys.readouterr().err.splitlines() if line.startswith("histocal: info: ")]
@@ -574,12 +842,44 @@ def test_verbosity_before_or_after_the_subcommand(work, tmp_path, capsys):
 
 HELP = {
     None: ["calibrate", "quantize", "inspect", "recompute", "demo"],
-    "calibrate": ["--data", "--method", "--num-bins", "--num-quantized-bins", "--percentile", "--symmetric",
-                  "--scenario", "--moving-average", "--averaging-constant", "--per-channel",
-                  "--max-intermediate-outputs", "--mode", "--streaming-bins", "--cache", "--state", "--batch-size",
-                  "--preprocess", "--input-shape", "--layout", "--providers", "--op-types", "--no-progress"],
-    "quantize": ["--data", "--cache", "--state", "--method", "--format", "--per-channel", "--activation-type",
-                 "--weight-type", "--reduce-range", "--nodes-to-exclude", "--op-types", "--preprocess"],
+    "calibrate": [
+        "--data",
+        "--method",
+        "--num-bins",
+        "--num-quantized-bins",
+        "--percentile",
+        "--symmetric",
+        "--scenario",
+        "--moving-average",
+        "--averaging-constant",
+        "--per-channel",
+        "--max-intermediate-outputs",
+        "--mode",
+        "--streaming-bins",
+        "--cache",
+        "--state",
+        "--batch-size",
+        "--preprocess",
+        "--input-shape",
+        "--layout",
+        "--providers",
+        "--op-types",
+        "--no-progress",
+    ],
+    "quantize": [
+        "--data",
+        "--cache",
+        "--state",
+        "--method",
+        "--format",
+        "--per-channel",
+        "--activation-type",
+        "--weight-type",
+        "--reduce-range",
+        "--nodes-to-exclude",
+        "--op-types",
+        "--preprocess",
+    ],
     "inspect": ["FILE", "--json"],
     "recompute": ["STATE", "--method", "--cache", "--num-bins", "--percentile", "--scenario"],
     "demo": ["--samples"],

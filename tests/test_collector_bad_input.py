@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from parity import (
     assert_counts,
     assert_hist_tuple_same,
@@ -22,11 +21,21 @@ from parity import (
 f32, f16 = np.float32, np.float16
 
 CFGS = {
-    "entropy": dict(method="entropy", symmetric=False, num_bins=128, num_quantized_bins=8, percentile=99.999, scenario="same"),
-    "percentile": dict(method="percentile", symmetric=False, num_bins=1000, num_quantized_bins=128, percentile=99.9, scenario="same"),
-    "percentile-sym": dict(method="percentile", symmetric=True, num_bins=1000, num_quantized_bins=128, percentile=99.9, scenario="same"),
-    "distribution": dict(method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="same"),
-    "distribution-p3": dict(method="distribution", symmetric=False, num_bins=1000, num_quantized_bins=128, percentile=99.999, scenario="p3"),
+    "entropy": dict(
+        method="entropy", symmetric=False, num_bins=128, num_quantized_bins=8, percentile=99.999, scenario="same"
+    ),
+    "percentile": dict(
+        method="percentile", symmetric=False, num_bins=1000, num_quantized_bins=128, percentile=99.9, scenario="same"
+    ),
+    "percentile-sym": dict(
+        method="percentile", symmetric=True, num_bins=1000, num_quantized_bins=128, percentile=99.9, scenario="same"
+    ),
+    "distribution": dict(
+        method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="same"
+    ),
+    "distribution-p3": dict(
+        method="distribution", symmetric=False, num_bins=1000, num_quantized_bins=128, percentile=99.999, scenario="p3"
+    ),
 }
 ALL = sorted(CFGS)
 
@@ -45,7 +54,7 @@ def _new(cfg):
     return _histocal().HistogramCollector(**cfg)
 
 
-def _raises_somewhere(exc, cfg, collects=({"t": np.arange(4, dtype=f32)},)):
+def _raises_somewhere(exc, cfg, collects=({"t": np.arange(4, dtype=f32)},)):  # noqa: B008 - read only
     """The error may come from the constructor, collect() or compute_collection_result()."""
     with pytest.raises(exc) as info, quiet():
         hc = _new(cfg)
@@ -213,7 +222,7 @@ def test_all_nan_and_empty_tensors_give_ort_empty_result(key, dtype, shape):
     cfg = _cfg(key)
     empty = np.zeros((0,), dtype)
     data = np.full(shape, np.nan, dtype)
-    hc, ours = _compare_with_ort(cfg, [{"n": data, "e": empty}], [{"n": empty, "e": empty}])
+    hc, _ours = _compare_with_ort(cfg, [{"n": data, "e": empty}], [{"n": empty, "e": empty}])
     c = hc.counts["n"]
     assert (c.finite, c.nan, c.posinf, c.neginf, c.batches) == (0, data.size, 0, 0, 1)
     c = hc.counts["e"]
@@ -297,11 +306,17 @@ def test_non_contiguous_inputs_equal_contiguous_copies(key, dtype):
     views = _layouts(rng, dtype, 2.5)
     second = _layouts(rng, dtype, 4.0)  # a larger range: the histograms grow
     for v in (views, second):
-        assert not any(v[k].flags.c_contiguous for k in ("transposed", "negative-strides", "every-other", "every-other-3d", "column"))
+        assert not any(
+            v[k].flags.c_contiguous
+            for k in ("transposed", "negative-strides", "every-other", "every-other-3d", "column")
+        )
     strided = [dict(views), {k: [v, v[::-1]] for k, v in second.items()}]
     contiguous = [
         {k: np.ascontiguousarray(v, dtype=dtype) for k, v in views.items()},
-        {k: [np.ascontiguousarray(v, dtype=dtype), np.ascontiguousarray(v[::-1], dtype=dtype)] for k, v in second.items()},
+        {
+            k: [np.ascontiguousarray(v, dtype=dtype), np.ascontiguousarray(v[::-1], dtype=dtype)]
+            for k, v in second.items()
+        },
     ]
     hc_s, res_s = run_histocal(cfg, strided)
     hc_c, res_c = run_histocal(cfg, contiguous)
@@ -396,7 +411,13 @@ def test_results_identical_for_one_and_two_threads(key):
             for i, (x, y) in enumerate(zip(a, b)):
                 assert_same(x, y, f"{name} result[{i}]")
         c1, c2 = hc1.counts[name], hc2.counts[name]
-        assert (c1.finite, c1.nan, c1.posinf, c1.neginf, c1.batches) == (c2.finite, c2.nan, c2.posinf, c2.neginf, c2.batches)
+        assert (c1.finite, c1.nan, c1.posinf, c1.neginf, c1.batches) == (
+            c2.finite,
+            c2.nan,
+            c2.posinf,
+            c2.neginf,
+            c2.batches,
+        )
 
 
 @pytest.mark.parametrize("key", ALL)
@@ -423,8 +444,13 @@ def _threads_from_environment(value: str | None) -> tuple[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "HISTOCAL_NUM_THREADS"}
     if value is not None:
         env["HISTOCAL_NUM_THREADS"] = value
-    run = subprocess.run([sys.executable, "-c", "import histocal; print(histocal.get_num_threads())"],
-                         env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", "import histocal; print(histocal.get_num_threads())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return run.stdout.strip(), run.stderr
 
 
@@ -434,14 +460,17 @@ def test_bad_thread_count_in_the_environment_is_an_error():
     for value in ("abc", "-3", "1.5"):
         out, err = _threads_from_environment(value)
         assert out == "" and (
-            f'HISTOCAL_NUM_THREADS must be a whole number of threads >= 0 (0 or unset: one per core), got "{value}"' in err
+            f'HISTOCAL_NUM_THREADS must be a whole number of threads >= 0 (0 or unset: one per core), got "{value}"'
+            in err
         ), err
     one_per_core = _threads_from_environment(None)[0]
     got = [_threads_from_environment(v)[0] for v in ("3", " 2 ", "", "0")]
     assert got == ["3", "2", one_per_core, one_per_core]
 
 
-@pytest.mark.parametrize("value,error", [(-1, ValueError), (10**30, ValueError), (True, TypeError), (1.5, TypeError), ("2", TypeError)])
+@pytest.mark.parametrize(
+    "value,error", [(-1, ValueError), (10**30, ValueError), (True, TypeError), (1.5, TypeError), ("2", TypeError)]
+)
 def test_bad_thread_count_argument_is_a_clear_error(value, error):
     """set_num_threads(-1) gave an OverflowError; a bool or a float was taken as a number."""
     histocal = _histocal()

@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
-
 from parity import (
     argmin_spy,
     assert_hist_tuple_same,
@@ -65,7 +64,7 @@ def _run_property(cfg, plan, growth):
     report = check_parity(cfg, collects)
     for reason in report.deviations.values():
         event(f"deviation: {reason}")
-    for name in report.near_ties:
+    for _name in report.near_ties:
         event("entropy threshold differs: accepted as a KL near-tie")
     for reason in report.fallback.values():
         event(f"compared against ORT on flattened finite values: {reason}")
@@ -306,9 +305,7 @@ def test_f32_values_on_edges_and_one_ulp_away():
             first = {"e": (rng.standard_normal(500) * 3.7).astype(f32)}
             ort = run_ort(cfg, [first])
             edges = ort.collector.histogram_dict["e"][1]
-            second = np.concatenate(
-                [edges, np.nextafter(edges, f32(np.inf)), np.nextafter(edges, f32(-np.inf))]
-            )
+            second = np.concatenate([edges, np.nextafter(edges, f32(np.inf)), np.nextafter(edges, f32(-np.inf))])
             if not sym:
                 second = second[(second >= edges[0]) & (second <= edges[-1])]
             _parity(cfg, [first, {"e": second}, {"e": -second}])
@@ -416,7 +413,9 @@ def test_deviation_ragged_batches(method):
         [np.zeros((0, 4), f32), rng.standard_normal((1, 4)).astype(f32)],
     ):
         # later |x| >= 3, above the first min|x|, so the |x| path drops nothing and compares exactly
-        later = [np.copysign(3 + np.abs(rng.standard_normal(s)), rng.standard_normal(s)).astype(f32) for s in ((7, 5), (2,))]
+        later = [
+            np.copysign(3 + np.abs(rng.standard_normal(s)), rng.standard_normal(s)).astype(f32) for s in ((7, 5), (2,))
+        ]
         collects = [{"r": batches}, {"r": later}]
         ort = run_ort(cfg, collects)
         assert ort.error is not None and "inhomogeneous" in str(ort.error)
@@ -460,10 +459,7 @@ def test_deviation_non_finite(method, where, bad):
     m = "percentile" if sym else method
     cfg = _cfg(m, symmetric=sym, num_bins=512, num_quantized_bins=8, percentile=99.9)
     good = np.array([[0.5, -1.25, 2.0], [0.1, 0.0, -0.3]], f32)
-    if bad == "all-nan":
-        badarr = np.full((2, 2), np.nan, f32)
-    else:
-        badarr = np.array([1.5, bad, -0.75], f32)
+    badarr = np.full((2, 2), np.nan, f32) if bad == "all-nan" else np.array([1.5, bad, -0.75], f32)
     collects = [{"n": badarr}, {"n": good}] if where == "first" else [{"n": good}, {"n": badarr}]
     rep = _parity(cfg, collects)
     assert set(rep.compared) | set(rep.deviations) == {"n"}
@@ -563,7 +559,9 @@ def test_f16_open_top_bins_later_infinities_like_ort():
             assert ort.error is None, ort.error
             rep = check_parity(c, head + tail)
             assert rep.compared == ["x"] and not rep.deviations, (tail, p, rep)
-            n_inf = sum(int(np.isinf(b).sum()) for t in tail for b in (t["x"] if isinstance(t["x"], list) else [t["x"]]))
+            n_inf = sum(
+                int(np.isinf(b).sum()) for t in tail for b in (t["x"] if isinstance(t["x"], list) else [t["x"]])
+            )
             assert ort.infs_binned.get("x", 0) == n_inf  # ORT binned every later infinity
 
 
@@ -600,7 +598,9 @@ def test_f16_edges_diverge_after_dropped_values():
 
 # Scales near and past f16's largest value (65504), and small ones (values below min|x|).
 # The largest ones most often carry the f64 extension edges past 65504.
-_F16_BIG = [65504.0] * 3 + [65472.0] * 2 + [65440.0, 65000.0, 64000.0, 60000.0, 54900.0, 50000.0, 40000.0, 32768.0, 20000.0]
+_F16_BIG = (
+    [65504.0] * 3 + [65472.0] * 2 + [65440.0, 65000.0, 64000.0, 60000.0, 54900.0, 50000.0, 40000.0, 32768.0, 20000.0]
+)
 _F16_FIRST = [1.0, 10.0, 100.0, 1000.0, 1664.0, 5000.0, 20000.0, 40000.0, 60000.0, 65504.0]
 
 
@@ -641,11 +641,13 @@ def _f16_overflow_cases(draw):
     if draw(st.integers(0, 3)) == 0:
         first_max = draw(st.sampled_from(_F16_FIRST))
     else:  # bins about 1 to 40 wide: the extensions that reach 65504 without overflowing arange
-        first_max = float(f16(min(65504.0, nb * draw(st.sampled_from([1.0, 1.3, 1.664, 2.5, 3.0, 5.0, 10.0, 17.0, 40.0])))))
+        first_max = float(
+            f16(min(65504.0, nb * draw(st.sampled_from([1.0, 1.3, 1.664, 2.5, 3.0, 5.0, 10.0, 17.0, 40.0]))))
+        )
     below = draw(_f16_values(first_max)) if draw(st.booleans()) else [0.0]
-    first = np.array(below + [first_max * draw(st.sampled_from([1, -1]))], f16)
+    first = np.array([*below, first_max * draw(st.sampled_from([1, -1]))], f16)
     # The first later collect extends towards 65504; the others may follow an open top.
-    later = [draw(_f16_later_collect(first_max, ("big",)))] + draw(st.lists(_f16_later_collect(first_max), max_size=3))
+    later = [draw(_f16_later_collect(first_max, ("big",))), *draw(st.lists(_f16_later_collect(first_max), max_size=3))]
     return _cfg("percentile", symmetric=True, num_bins=nb, percentile=p), [{"x": first}] + [{"x": v} for v in later]
 
 
@@ -682,7 +684,6 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from parity import (  # noqa: E402
-    MAX_BINS,
     OrtNotRun,
     classify_ort_error,
     ort_bins_needed,
@@ -698,8 +699,7 @@ def _in_bounded_subprocess(body: str, headroom: int = 1 << 30) -> subprocess.Com
     code = (
         f"import sys; sys.path.insert(0, {str(tests)!r})\n"
         "import numpy as np\nfrom parity import *\nimport histocal\n"
-        f"with bounded_address_space({headroom}):\n"
-        + "".join(f"    {line}\n" for line in body.strip().splitlines())
+        f"with bounded_address_space({headroom}):\n" + "".join(f"    {line}\n" for line in body.strip().splitlines())
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
@@ -724,7 +724,9 @@ def test_abs_path_all_nan_first_then_huge_is_clear_too_many_bins_error():
 
     hc = histocal.HistogramCollector(**cfg)
     hc.collect(collects[0])
-    with pytest.raises(ValueError, match=r'^tensor "t0": Too many bins for data range\. Cannot create 16777216 finite-sized bins\.$'):
+    with pytest.raises(
+        ValueError, match=r'^tensor "t0": Too many bins for data range\. Cannot create 16777216 finite-sized bins\.$'
+    ):
         for c in collects[1:]:
             hc.collect(c)
     # ORT is never run on it, neither the collects nor a finite-value fallback of them.

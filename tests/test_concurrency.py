@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+import models
 import numpy as np
 import onnx
 import pytest
+from calibrator_runs import assert_tensors_same
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+from parity import assert_hist_tuple_same, assert_same, quiet
 
 import histocal
-import models
-from calibrator_runs import assert_tensors_same
-from parity import assert_hist_tuple_same, assert_same, quiet
 
 THREADS = 4  # collecting threads per round
 ROUNDS = 3
@@ -48,7 +49,7 @@ def run_at_once(calls: list[Callable[[], Any]]) -> list[BaseException | None]:
         barrier.wait()
         try:
             calls[i]()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             errors[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
@@ -149,8 +150,10 @@ def test_one_state_from_several_threads(cnn_path, tmp_path):
         "percentile": lambda: state.compute("percentile", percentile=99.9),
         "mse": lambda: state.compute("mse"),
         "merge": lambda: state.merge(state).compute("percentile"),
-        "save": lambda: (state.save(tmp_path / f"{threading.get_ident()}.hcs"),
-                         histocal.CalibrationState.load(tmp_path / f"{threading.get_ident()}.hcs").compute("entropy")),
+        "save": lambda: (
+            state.save(tmp_path / f"{threading.get_ident()}.hcs"),
+            histocal.CalibrationState.load(tmp_path / f"{threading.get_ident()}.hcs").compute("entropy"),
+        ),
     }
     with quiet():
         expected = {key: f() for key, f in work.items()}
@@ -177,7 +180,8 @@ def _two_output_model(name: str, op: str) -> onnx.ModelProto:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node(op, ["X"], [f"{name}_out"])], name,
+        [helper.make_node(op, ["X"], [f"{name}_out"])],
+        name,
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, ["N", 4])],
     )

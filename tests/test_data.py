@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, quantize_static
 from PIL import Image
 
-from histocal.data import CalibrationData, DataError, model_inputs, open_calibration_data
+from histocal.io.data import CalibrationData, DataError, model_inputs, open_calibration_data
 
 F32, I64, I32, U8 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.UINT8
 X2 = ("x", F32, ["N", 2])
@@ -92,7 +92,7 @@ def test_sample_and_item_counts_and_length_hint(tmp_path, caplog):
     for i in range(3):
         np.save(tmp_path / f"b{i}.npy", np.full((i + 1, 2), i, np.float32))
     np.save(tmp_path / "single.npy", np.zeros(2, np.float64))  # one sample, float64 on disk
-    with caplog.at_level(logging.INFO, logger="histocal.data"):
+    with caplog.at_level(logging.INFO, logger="histocal.io.data"):
         data = open_calibration_data(model, tmp_path, batch_size=2)
     assert (data.num_items, data.num_samples, len(data)) == (4, 7, 2)
     assert "7 sample(s) in 4 npy file(s)" in caplog.text
@@ -132,9 +132,7 @@ def test_npy_multi_input_per_sample_folders(tmp_path):
 
 
 def test_npy_multi_input_name_prefixes_longest_match_and_sanitised_names(tmp_path):
-    model = make_model(
-        ("input", F32, ["N", 2]), ("input_ids", I64, ["N", 3]), ("mask:0", I64, ["N", 3])
-    )
+    model = make_model(("input", F32, ["N", 2]), ("input_ids", I64, ["N", 3]), ("mask:0", I64, ["N", 3]))
     for s in range(2):
         np.save(tmp_path / f"input_{s}.npy", np.full((1, 2), s, np.float32))
         np.save(tmp_path / f"input_ids_{s}.npy", np.full((1, 3), 10 + s, np.int64))
@@ -218,6 +216,19 @@ def test_image_none_preset_raw_pixels_and_formats(tmp_path):
     assert batch["img"].shape == (4, 3, 6, 5) and batch["img"].dtype == np.float32
     np.testing.assert_array_equal(batch["img"], expected)
     run(model, data)
+
+
+def test_images_without_pillow_name_the_extra(tmp_path, monkeypatch):
+    # Pillow is the images extra, imported only when an image is read: without it, .npy data
+    # still works and images fail with an error saying what to install.
+    model = make_model(("img", F32, ["N", 3, 6, 5]))
+    save_image(tmp_path / "a.png", rgb(6, 5, 1))
+    np.save(tmp_path / "b.npy", np.zeros((1, 3, 6, 5), np.float32))
+    monkeypatch.setitem(__import__("sys").modules, "PIL", None)
+    (batch,) = list(open_calibration_data(model, tmp_path / "b.npy"))
+    assert batch["img"].shape == (1, 3, 6, 5)
+    with pytest.raises(DataError, match=r"needs Pillow.*pip install pillow.*\[images\]"):
+        open_calibration_data(model, tmp_path / "a.png")
 
 
 def test_image_gray_and_rgba_become_rgb_uint8_input(tmp_path):
@@ -326,7 +337,7 @@ def test_unsupported_files_in_folders_are_skipped_with_a_warning(tmp_path, caplo
     np.save(tmp_path / "a.npy", np.zeros(2, np.float32))
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / ".hidden.npy").write_bytes(b"junk")
-    with caplog.at_level(logging.WARNING, logger="histocal.data"):
+    with caplog.at_level(logging.WARNING, logger="histocal.io.data"):
         data = open_calibration_data(make_model(("x", F32, [1, 2])), tmp_path)
     assert [f.name for f in data.files] == ["a.npy"] and "notes.txt" in caplog.text
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import models
 import numpy as np
 import onnx
 import pytest
@@ -23,18 +24,27 @@ from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
-
-import histocal
-import models
 from parity import argmin_spy, assert_hist_tuple_same, assert_result_same, assert_same, quiet
 from profiles import examples
 
+import histocal
+
 CFGS = {
-    "entropy": dict(method="entropy", symmetric=False, num_bins=128, num_quantized_bins=16, percentile=99.999, scenario="same"),
-    "percentile": dict(method="percentile", symmetric=False, num_bins=256, num_quantized_bins=128, percentile=99.9, scenario="same"),
-    "percentile-sym": dict(method="percentile", symmetric=True, num_bins=256, num_quantized_bins=128, percentile=99.0, scenario="same"),
-    "distribution": dict(method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="same"),
-    "distribution-p3": dict(method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="p3"),
+    "entropy": dict(
+        method="entropy", symmetric=False, num_bins=128, num_quantized_bins=16, percentile=99.999, scenario="same"
+    ),
+    "percentile": dict(
+        method="percentile", symmetric=False, num_bins=256, num_quantized_bins=128, percentile=99.9, scenario="same"
+    ),
+    "percentile-sym": dict(
+        method="percentile", symmetric=True, num_bins=256, num_quantized_bins=128, percentile=99.0, scenario="same"
+    ),
+    "distribution": dict(
+        method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="same"
+    ),
+    "distribution-p3": dict(
+        method="distribution", symmetric=False, num_bins=512, num_quantized_bins=128, percentile=99.999, scenario="p3"
+    ),
 }
 NAMES = ("a", "b", "c")
 
@@ -188,7 +198,10 @@ def test_assigned_abs_dict_extension_rounded_short():
         b_ort, b_ours = ort.histogram_dict["b"][0], ours.histogram_dict["b"][0]
         assert (len(b_ort), int(b_ort.sum())) == (4240, 25), how
         assert (len(b_ours), int(b_ours.sum())) == (4241, 26), how
-        assert (ort.histogram_dict["b"][1][-1], np.abs(more["b"]).max()) == (np.float32(72.687416), np.float32(72.687744))
+        assert (ort.histogram_dict["b"][1][-1], np.abs(more["b"]).max()) == (
+            np.float32(72.687416),
+            np.float32(72.687744),
+        )
         ref = ort_reference(cfg, ort, ours, held, how)
         assert ref is not ort
         compute_both(cfg, ref, ours, how)
@@ -329,13 +342,18 @@ def test_failed_collect_data_rolls_back_the_handed_out_dict(tmp_path):
     onnx.save(models.cnn(), path.as_posix())
     feeds = models.cnn_feeds(3, seed=6)
     cal = histocal.create_calibrator(
-        path.as_posix(), None, (tmp_path / "h.onnx").as_posix(), CalibrationMethod.Entropy,
+        path.as_posix(),
+        None,
+        (tmp_path / "h.onnx").as_posix(),
+        CalibrationMethod.Entropy,
         extra_options={"CollectionMode": "exact"},
     )
     with quiet():
         cal.collect_data(feeds[:2])
     held = cal.collector.histogram_dict
-    before = {name: tuple(np.copy(v) if isinstance(v, np.ndarray) else v for v in entry) for name, entry in held.items()}
+    before = {
+        name: tuple(np.copy(v) if isinstance(v, np.ndarray) else v for v in entry) for name, entry in held.items()
+    }
     bad = dict(feeds[2])
     bad[next(iter(bad))] = np.zeros((1, 1), np.float32)  # wrong shape: the call fails mid-read
     with quiet(), pytest.raises(ValueError):

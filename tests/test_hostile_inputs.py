@@ -81,13 +81,19 @@ report({name}_seconds=time.perf_counter() - t)
 # ----------------------------------------------------------------------------------------------
 
 
-def stream_state(n_tensors: int, streaming_bins: int, *, empty: bool = False, settings: dict | None = None) -> CalibrationState:
+def stream_state(
+    n_tensors: int, streaming_bins: int, *, empty: bool = False, settings: dict | None = None
+) -> CalibrationState:
     rng = np.random.default_rng(n_tensors)
     stream = _core.StreamHistograms(streaming_bins)
-    items = [(f"t{i}", [np.zeros(0, np.float32) if empty else rng.normal(0, 1 + i, 500).astype(np.float32)]) for i in range(n_tensors)]
+    items = [
+        (f"t{i}", [np.zeros(0, np.float32) if empty else rng.normal(0, 1 + i, 500).astype(np.float32)])
+        for i in range(n_tensors)
+    ]
     stream.collect(items)
-    return CalibrationState(names=[n for n, _ in items], mode="streaming", stream=stream, method="percentile",
-                            settings=settings or {})
+    return CalibrationState(
+        names=[n for n, _ in items], mode="streaming", stream=stream, method="percentile", settings=settings or {}
+    )
 
 
 def exact_state(n_tensors: int, kind: str = "value", num_bins: int = 64) -> CalibrationState:
@@ -97,8 +103,16 @@ def exact_state(n_tensors: int, kind: str = "value", num_bins: int = 64) -> Cali
         items = [(f"t{i}", [rng.normal(0, 1 + i, 300).astype(np.float32)]) for i in range(n_tensors)]
         stream.collect(items)
         exact.collect(items)
-    return CalibrationState(names=[n for n, _ in items], mode="exact", stream=stream, exact=exact, exact_kind=kind,
-                            exact_num_bins=num_bins, method="entropy", settings={"num_bins": num_bins})
+    return CalibrationState(
+        names=[n for n, _ in items],
+        mode="exact",
+        stream=stream,
+        exact=exact,
+        exact_kind=kind,
+        exact_num_bins=num_bins,
+        method="entropy",
+        settings={"num_bins": num_bins},
+    )
 
 
 def members(raw: bytes) -> dict[str, bytes]:
@@ -141,8 +155,29 @@ def zip_with_deflate_bomb(stored: dict[str, bytes], name: str, zeros: int) -> by
         offset, fname = out.tell(), n.encode()
         out.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0x21, crc, len(data), size, len(fname), 0))
         out.write(fname + data)
-        central.write(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, method, 0, 0x21, crc, len(data), size,
-                                  len(fname), 0, 0, 0, 0, 0, offset) + fname)
+        central.write(
+            struct.pack(
+                "<IHHHHHHIIIHHHHHII",
+                0x02014B50,
+                20,
+                20,
+                0,
+                method,
+                0,
+                0x21,
+                crc,
+                len(data),
+                size,
+                len(fname),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + fname
+        )
     start = out.tell()
     out.write(central.getvalue())
     out.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(entries), len(entries), len(central.getvalue()), start, 0))
@@ -162,8 +197,12 @@ def test_small_state_declaring_huge_bins_x_tensors_is_refused_before_allocating(
     path = tmp_path / "huge.npz"
     path.write_bytes(with_header(raw, header))
     assert path.stat().st_size < 100_000
-    r = run_capped(f"from histocal import CalibrationState\n{outcome(f'CalibrationState.load({str(path)!r})', 'load')}", 256 * MiB)
-    assert r["load"].startswith("ValueError: Invalid calibration state") and "would hold 13421772800 bins" in r["load"], r
+    r = run_capped(
+        f"from histocal import CalibrationState\n{outcome(f'CalibrationState.load({str(path)!r})', 'load')}", 256 * MiB
+    )
+    assert (
+        r["load"].startswith("ValueError: Invalid calibration state") and "would hold 13421772800 bins" in r["load"]
+    ), r
     assert f"limit of {MAX_STATE_BINS}" in r["load"]
     assert r["load_seconds"] < 5
 
@@ -206,7 +245,9 @@ def test_sparse_cache_file_stops_at_its_first_chunk(tmp_path):
     path = tmp_path / "sparse.json"
     with open(path, "wb") as f:
         f.truncate(GiB)
-    r = run_capped("from histocal import cache\n" + outcome(f"cache.load_tensors_data({str(path)!r})", "load"), 256 * MiB)
+    r = run_capped(
+        "from histocal.io import cache\n" + outcome(f"cache.load_tensors_data({str(path)!r})", "load"), 256 * MiB
+    )
     assert r["load"].startswith("ValueError: Invalid calibration cache") and "control character" in r["load"], r
     assert r["load_seconds"] < 2
 
@@ -215,7 +256,10 @@ def test_states_settings_and_bins_are_capped_at_max_bins():
     raw = stream_state(3, 64).to_bytes()
     for edit, problem in [
         (lambda h: h["options"]["settings"].update(num_bins=_core.MAX_BINS + 1), "options.settings.num_bins"),
-        (lambda h: h["options"].update(exact_kind="value", exact_num_bins=_core.MAX_BINS + 1), "options.exact_num_bins"),
+        (
+            lambda h: h["options"].update(exact_kind="value", exact_num_bins=_core.MAX_BINS + 1),
+            "options.exact_num_bins",
+        ),
     ]:
         header = header_of(raw)
         edit(header)
@@ -232,9 +276,13 @@ def test_members_beyond_what_the_header_declares_are_refused():
     raw = exact_state(3).to_bytes()
     parts = members(raw)
     hist = np.load(io.BytesIO(parts["exact_hist.npy"]))
-    for key, array in [("exact_hist", np.concatenate([hist, np.zeros(50_000, hist.dtype)])),
-                       ("stream_counts", np.zeros((400, 5), np.uint64))]:
-        with pytest.raises(ValueError, match=f"zip member '{key}.npy' declares .* bytes, more than the .* its header allows"):
+    for key, array in [
+        ("exact_hist", np.concatenate([hist, np.zeros(50_000, hist.dtype)])),
+        ("stream_counts", np.zeros((400, 5), np.uint64)),
+    ]:
+        with pytest.raises(
+            ValueError, match=f"zip member '{key}.npy' declares .* bytes, more than the .* its header allows"
+        ):
             CalibrationState.from_bytes(rezip({**parts, f"{key}.npy": npy(array)}))
     # votes: at most one row per batch, type and exponent
     s = _core.StreamHistograms(64, pow2_votes=True)
@@ -257,18 +305,21 @@ def test_valid_files_load_merge_and_inspect_under_a_tight_address_space(tmp_path
     stream_state(80, 16384).save(state_path)
     assert 500_000 < state_path.stat().st_size < 2_000_000
     histocal_cache = stream_state(5, 1024).compute("percentile", num_bins=64)
-    from histocal.cache import save_tensors_data
+    from histocal.io.cache import save_tensors_data
 
     save_tensors_data(histocal_cache, cache_path)
-    r = run_capped(f"""
+    r = run_capped(
+        f"""
 from histocal import merge_states
-from histocal.cache import load_tensors_data
+from histocal.io.cache import load_tensors_data
 from histocal.cli import main
 {outcome(f"CalibrationState.load({str(state_path)!r}).compute('percentile', num_bins=512)", "load")}
 {outcome(f"merge_states({str(state_path)!r}, {str(state_path)!r})", "merge")}
 {outcome(f"load_tensors_data({str(cache_path)!r})", "cache")}
 {outcome(f"assert main(['--quiet', 'inspect', {str(state_path)!r}]) == 0", "inspect")}
-""", 512 * MiB)
+""",
+        512 * MiB,
+    )
     assert (r["load"], r["merge"], r["cache"], r["inspect"]) == ("ok", "ok", "ok", "ok"), r
 
 
@@ -282,41 +333,58 @@ def test_out_of_memory_computing_is_a_memory_error_naming_the_tensor(tmp_path):
     percentile aborted the interpreter (or raised PanicException, with more memory)."""
     path = tmp_path / "many_bins.npz"
     stream_state(12, 1024, settings={"num_bins": _core.MAX_BINS, "symmetric": True, "percentile": 99.9}).save(path)
-    r = run_capped(f"""
+    r = run_capped(
+        f"""
 state = CalibrationState.load({str(path)!r})
 {outcome("state.compute('percentile')", "compute")}
 {outcome("state.compute('percentile', num_bins=2048)", "after")}
-""", 1 * GiB, timeout=300)
+""",
+        1 * GiB,
+        timeout=300,
+    )
     assert r["compute"].startswith('MemoryError: tensor "t') and "out of memory (an allocation of" in r["compute"], r
     assert r["compute_is_exception"] and r["after"] == "ok", r
 
 
 def test_out_of_memory_exporting_arrays_is_a_memory_error():
     """numpy failing to allocate inside rust-numpy was a panic: to_bytes / StreamHistograms.export / state."""
-    r = run_capped("""
+    r = run_capped(
+        """
 stream = _core.StreamHistograms(1 << 25)  # 256 MiB of bins, already in the address space
 stream.collect([("t", [np.linspace(-3, 3, 101, dtype=np.float32)])])
 exact = _core.Histograms("value", _core.MAX_BINS)
 exact.collect([("t", [np.linspace(-3, 3, 101, dtype=np.float32)])])
 state = CalibrationState(names=["t"], mode="streaming", stream=stream)
 with bounded_address_space(64 << 20):
-""" + textwrap.indent(outcome("stream.export('t')", "export") + outcome("state.to_bytes()", "to_bytes")
-                      + outcome("exact.state('t')", "state"), "    "), 2 * GiB)
+"""
+        + textwrap.indent(
+            outcome("stream.export('t')", "export")
+            + outcome("state.to_bytes()", "to_bytes")
+            + outcome("exact.state('t')", "state"),
+            "    ",
+        ),
+        2 * GiB,
+    )
     for key in ("export", "to_bytes", "state"):
         assert r[key].startswith("MemoryError") and r[f"{key}_is_exception"], r
 
 
 def test_out_of_memory_collecting_keeps_the_histogram_and_names_the_tensor():
-    r = run_capped("""
+    r = run_capped(
+        """
 h = _core.Histograms("value", 1 << 20)
 small = np.linspace(-1, 1, 1000, dtype=np.float32)
 h.collect([("t", [small])])
 before = h.state("t")[0].sum()
 # growth to ~2^24 bins: 128 MiB of counts that the cap does not leave room for
 with bounded_address_space(32 << 20):
-""" + textwrap.indent(outcome("h.collect([('t', [small * 15])])", "grow"), "    ") + """
+"""
+        + textwrap.indent(outcome("h.collect([('t', [small * 15])])", "grow"), "    ")
+        + """
 report(kept=bool(h.state("t")[0].sum() == before), counts=h.counts("t")[0])
-""", 2 * GiB)
+""",
+        2 * GiB,
+    )
     assert r["grow"].startswith('MemoryError: tensor "t": out of memory'), r
     assert r["kept"] and r["counts"] == 1000, r
 
@@ -327,7 +395,7 @@ report(kept=bool(h.state("t")[0].sum() == before), counts=h.counts("t")[0])
 
 FUZZ_BODY = r"""
 import io, random, time, zipfile
-from histocal import cache
+from histocal.io import cache
 rng = random.Random(SEED)
 bases = {name: open(path, "rb").read() for name, path in BASES.items()}
 huge = [1 << 24, 1 << 25, (1 << 25) + 1, 1 << 31, 1 << 62, -1, 0, 2 ** 64, 16777217, 99999999999]
@@ -438,15 +506,18 @@ def test_fuzz_loaders_under_a_2_gib_cap(tmp_path, seed):
     give a result, a ValueError or a MemoryError; never an abort, a panic, another exception or a hang."""
     bases = {}
     # many.npz: 16 tensors, whose histograms of 2^24 bins need more than the cap
-    for name, state in [("stream.npz", stream_state(3, 64)), ("exact.npz", exact_state(3)),
-                        ("abs.npz", exact_state(2, "abs", 32)), ("many.npz", stream_state(16, 64))]:
+    for name, state in [
+        ("stream.npz", stream_state(3, 64)),
+        ("exact.npz", exact_state(3)),
+        ("abs.npz", exact_state(2, "abs", 32)),
+        ("many.npz", stream_state(16, 64)),
+    ]:
         bases[name] = str(tmp_path / name)
         state.save(bases[name], compress=name == "exact.npz")
-    from histocal.cache import save_tensors_data
+    from histocal.io.cache import save_tensors_data
 
     bases["cache.json"] = str(tmp_path / "cache.json")
     save_tensors_data(stream_state(3, 64).compute("distribution", num_bins=512), bases["cache.json"])
-    body = (f"SEED, ROUNDS, BASES, CACHE_PATH = {seed}, 1000, {bases!r}, {str(tmp_path / 'fuzz.json')!r}\n"
-            + FUZZ_BODY)
+    body = f"SEED, ROUNDS, BASES, CACHE_PATH = {seed}, 1000, {bases!r}, {str(tmp_path / 'fuzz.json')!r}\n" + FUZZ_BODY
     r = run_capped(body, 2 * GiB, timeout=300)
     assert r["load_ok"] > 50 and r["load_refused"] > 300 and r["cache_refused"] > 50, r

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import models
 import numpy as np
 import onnx
 import pytest
@@ -22,15 +23,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
-import histocal
-import models
 from parity import OrtCollector, assert_same, quiet
 from profiles import examples
 
+import histocal
+
 F32 = np.finfo(np.float32)
-ENT, PCT, DIST, MM = (CalibrationMethod.Entropy, CalibrationMethod.Percentile, CalibrationMethod.Distribution,
-                      CalibrationMethod.MinMax)
+ENT, PCT, DIST, MM = (
+    CalibrationMethod.Entropy,
+    CalibrationMethod.Percentile,
+    CalibrationMethod.Distribution,
+    CalibrationMethod.MinMax,
+)
 
 # (method, calibrator extra_options) as create_calibrator takes them
 ORT_CONFIGS = {
@@ -111,8 +115,14 @@ def ort_reference(cfg: dict, data: np.ndarray):
         avg, std = OrtCollector._avg_std(hist, edges, 1 if cfg["scenario"] == "same" else 1.0 / 3.0)
     e32 = edges.astype(np.float32)
     e32[0], e32[-1] = down(edges[0]), up(edges[-1])
-    return TensorData(avg=avg.astype(np.float32), std=std.astype(np.float32), hist=hist, hist_edges=e32,
-                      lowest=e32.min(), highest=e32.max()), True
+    return TensorData(
+        avg=avg.astype(np.float32),
+        std=std.astype(np.float32),
+        hist=hist,
+        hist_edges=e32,
+        lowest=e32.min(),
+        highest=e32.max(),
+    ), True
 
 
 def assert_result_same(ref, ours, where: str):
@@ -139,8 +149,16 @@ def float32_result(td_entry, where: str):
 # The collector on data near float32's limits
 # ----------------------------------------------------------------------------------------------
 
-EXTREME_KINDS = ["mask_lowest", "mask_highest", "full_range", "near_max", "near_min", "two_extremes", "constant",
-                 "normal"]
+EXTREME_KINDS = [
+    "mask_lowest",
+    "mask_highest",
+    "full_range",
+    "near_max",
+    "near_min",
+    "two_extremes",
+    "constant",
+    "normal",
+]
 
 
 @st.composite
@@ -242,7 +260,7 @@ def mask_model(tmp_path_factory):
     for feed in FEEDS:
         for n, a in zip(names, sess.run(names, feed)):
             acts[n].append(a.copy())
-    assert MASK_TENSORS <= set(acts)
+    assert set(acts) >= MASK_TENSORS
     for n in MASK_TENSORS:
         assert min(a.min() for a in acts[n]) == F32.min, n
     return {"path": path, "dir": d, "acts": acts}
@@ -250,6 +268,7 @@ def mask_model(tmp_path_factory):
 
 def once_reader(feeds):
     """A CalibrationDataReader (ORT's calibrators take nothing else)."""
+
     class Reader(oc.CalibrationDataReader):
         def __init__(self):
             self.it = iter(feeds)
@@ -262,8 +281,9 @@ def once_reader(feeds):
 
 def calibrate(mask_model, method, extra: dict, name: str, feeds=FEEDS):
     with quiet():
-        cal = histocal.create_calibrator(mask_model["path"], None, (mask_model["dir"] / f"{name}.onnx").as_posix(),
-                                         method, extra_options=extra)
+        cal = histocal.create_calibrator(
+            mask_model["path"], None, (mask_model["dir"] / f"{name}.onnx").as_posix(), method, extra_options=extra
+        )
         cal.collect_data(feeds)
         return cal, cal.compute_data()
 
@@ -278,8 +298,9 @@ def test_lowest_mask_model_ort_methods(mask_model, cfg, mode):
     method, opts = ORT_CONFIGS[cfg]
     if cfg != "percentile-symmetric":  # its |x| histogram starts at min|x| = 0: float32 copes
         with quiet(), pytest.raises(ValueError, match="Too many bins"):
-            ort = oc.create_calibrator(mask_model["path"], None, (mask_model["dir"] / "ort.onnx").as_posix(), method,
-                                       extra_options=dict(opts))
+            ort = oc.create_calibrator(
+                mask_model["path"], None, (mask_model["dir"] / "ort.onnx").as_posix(), method, extra_options=dict(opts)
+            )
             ort.collect_data(once_reader(FEEDS))
             ort.compute_data()
     _, td = calibrate(mask_model, method, {**opts, "CollectionMode": mode}, f"{cfg}-{mode}")
@@ -304,7 +325,7 @@ def test_lowest_mask_model_ort_methods(mask_model, cfg, mode):
         else:  # ORT's asymmetric percentile may cross on one-valued data (lo > hi)
             assert mn <= lo <= mx and mn <= hi <= mx, where
     if mode == "exact" and cfg != "percentile-symmetric":
-        assert MASK_TENSORS <= widened
+        assert widened >= MASK_TENSORS
 
 
 def test_lowest_mask_model_minmax(mask_model):
@@ -347,7 +368,9 @@ def test_lowest_mask_model_histocal_methods(mask_model, label):
         for name in td.data:
             lo, hi = float32_result(td[name], f"{label} {where} [{name!r}]")
             if method == "pow2":
-                qmin, qmax = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}[options.get("qtype", "int8")]
+                qmin, qmax = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}[
+                    options.get("qtype", "int8")
+                ]
                 k = math.log2(hi / qmax) if hi else None
                 if k is not None:
                     assert k == int(k) and lo == qmin * 2.0**k and k <= (112 if qmax == 32767 else 120), (name, lo, hi)
@@ -389,8 +412,9 @@ def streaming_result(cfg: dict, batches: list[np.ndarray]):
     stream = histocal._core.StreamHistograms(histocal.DEFAULT_STREAMING_BINS)
     stream.collect([("t", batches)])
     hc = histocal.HistogramCollector(**cfg)
-    hc._histograms = stream.to_histograms("abs" if cfg["method"] == "percentile" and cfg["symmetric"] else "value",
-                                          cfg["num_bins"])
+    hc._histograms = stream.to_histograms(
+        "abs" if cfg["method"] == "percentile" and cfg["symmetric"] else "value", cfg["num_bins"]
+    )
     with quiet():
         return hc.compute_collection_result()["t"]
 
@@ -402,8 +426,12 @@ CONSTANTS = st.one_of(
 
 
 @settings(max_examples=examples(80))
-@given(cfg=st.sampled_from(list(ORT_CONFIGS)), c=CONSTANTS, dtype=st.sampled_from(["float32", "float16"]),
-       sizes=st.lists(st.integers(1, 50), min_size=1, max_size=4))
+@given(
+    cfg=st.sampled_from(list(ORT_CONFIGS)),
+    c=CONSTANTS,
+    dtype=st.sampled_from(["float32", "float16"]),
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=4),
+)
 def test_streaming_constant_tensor_is_exact(cfg, c, dtype, sizes):
     """Every value the same constant: streaming mode gives exact mode's result, which is ORT's
     wherever ORT has one (the constant's own bin, not a streaming bin's centre)."""
@@ -442,8 +470,9 @@ def test_streaming_calibrator_on_a_constant_tensor_matches_ort(tmp_path, cfg):
         ort = oc.create_calibrator(path, None, (tmp_path / "o.onnx").as_posix(), method, extra_options=dict(opts))
         ort.collect_data(once_reader(feeds))
         ref = ort.compute_data()
-        ours = histocal.create_calibrator(path, None, (tmp_path / "h.onnx").as_posix(), method,
-                                          extra_options={**opts, "CollectionMode": "streaming"})
+        ours = histocal.create_calibrator(
+            path, None, (tmp_path / "h.onnx").as_posix(), method, extra_options={**opts, "CollectionMode": "streaming"}
+        )
         ours.collect_data(feeds)
         got = ours.compute_data()
     assert set(got.data) == set(ref.data)

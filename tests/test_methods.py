@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import math
 
+import method_refs as R
 import numpy as np
 import onnx
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
-
-import method_refs as R
-from profiles import examples
 from method_refs import Hist
+from onnx import TensorProto, helper, numpy_helper
+from profiles import examples
 
 REL = 1e-9
 ABS = 1e-300
@@ -46,14 +45,14 @@ def _core():
 
 def kernel_range(method: str, *args, **kwargs) -> tuple[float, float]:
     """``histogram_range`` under the installed onnxruntime's scale rule."""
-    from histocal.scale_rule import SCALE_RULE
+    from histocal.methods.scale_rule import SCALE_RULE
 
     return _core().histogram_range(method, *args, scale_rule=SCALE_RULE, **kwargs)
 
 
 def kernel_qerror(*args, **kwargs) -> float:
     """``histogram_qerror`` under the installed onnxruntime's scale rule."""
-    from histocal.scale_rule import SCALE_RULE
+    from histocal.methods.scale_rule import SCALE_RULE
 
     return _core().histogram_qerror(*args, scale_rule=SCALE_RULE, **kwargs)
 
@@ -197,8 +196,10 @@ def hists(draw, max_bins: int = 512, kinds=None, empty: bool = True, exponents=N
 
 def describe(h: Hist) -> str:
     nz = np.flatnonzero(h.counts)
-    return (f"Hist(counts=np.array({h.counts.tolist()!r}, np.uint64), left={h.left!r}, width={h.width!r}, "
-            f"mn={h.mn!r}, mx={h.mx!r})  # {len(h.counts)} bins, {nz.size} non-empty")
+    return (
+        f"Hist(counts=np.array({h.counts.tolist()!r}, np.uint64), left={h.left!r}, width={h.width!r}, "
+        f"mn={h.mn!r}, mx={h.mx!r})  # {len(h.counts)} bins, {nz.size} non-empty"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,7 +302,7 @@ def test_reference_kl_vectorised_is_literal(h, nq, extra):
 
 def test_reference_pow2_range_maps_back_to_the_scale():
     """(qmin 2^k, qmax 2^k) gives ORT's asymmetric compute_scale_zp exactly scale 2^k, zero point 0."""
-    for qtype, (qmin, qmax) in R.POW2_RANGES.items():
+    for qtype, (_qmin, _qmax) in R.POW2_RANGES.items():
         for k in range(-120, 100, 7):
             lo, hi = R.pow2_range(k, qtype)
             assert R.ort_scale_zp(lo, hi, qtype, False) == (math.ldexp(1.0, k), 0), (qtype, k)
@@ -319,8 +320,10 @@ def test_qerror(data, h, qtype, symmetric):
     got = kernel_qerror(*h.args, low, high, qtype=qtype, symmetric=symmetric)
     want = R.qerror(h, low, high, qtype, symmetric)
     assert isinstance(got, float)
-    assert err_close(h, got, want), f"qerror {got!r} != reference {want!r} for range ({low!r}, {high!r}) " \
-                             f"{qtype} symmetric={symmetric} on {describe(h)}"
+    assert err_close(h, got, want), (
+        f"qerror {got!r} != reference {want!r} for range ({low!r}, {high!r}) "
+        f"{qtype} symmetric={symmetric} on {describe(h)}"
+    )
 
 
 @settings(max_examples=examples(200))
@@ -331,8 +334,10 @@ def test_qerror_float16(data, h, qtype, symmetric):
     low, high = data.draw(f16_ranges_for(h, qtype, symmetric))
     got = kernel_qerror(*h.args, low, high, dtype="float16", qtype=qtype, symmetric=symmetric)
     want = R.qerror(h, low, high, qtype, symmetric, "float16")
-    assert err_close(h, got, want), f"float16 qerror {got!r} != reference {want!r} for range ({low!r}, {high!r}) " \
-                                    f"{qtype} symmetric={symmetric} on {describe(h)}"
+    assert err_close(h, got, want), (
+        f"float16 qerror {got!r} != reference {want!r} for range ({low!r}, {high!r}) "
+        f"{qtype} symmetric={symmetric} on {describe(h)}"
+    )
 
 
 @settings(max_examples=examples(100))
@@ -356,8 +361,15 @@ def test_pow2_error(h, qtype, dk):
 KL_ABS = 1e-12
 
 
-def check_choice(errors: np.ndarray, chosen: int, rule_pick: int, what: str, h: Hist | None = None,
-                 abs_tol: float = ABS, strict_zero: bool = True) -> None:
+def check_choice(
+    errors: np.ndarray,
+    chosen: int,
+    rule_pick: int,
+    what: str,
+    h: Hist | None = None,
+    abs_tol: float = ABS,
+    strict_zero: bool = True,
+) -> None:
     """The chosen candidate's reference error is the minimum (1e-9 relative + abs_tol, or for an
     error model on histogram h, error_tol); when the minimum is an exact zero (no float
     ambiguity), the spec's tie rule decides (rule_pick)."""
@@ -418,7 +430,8 @@ def test_kl(h, nq, extra):
     assert low == ref.low(high), f"{what}: low end {low} is not max(-t, min(min, 0)): {got}"
     i = int(round(high / ref.A * nb))
     assert nq <= i <= nb and high == ref.threshold(i), (
-        f"{what}: {high!r} is not a candidate threshold A*i/num_bins (A={ref.A!r}); reference {ref.result}")
+        f"{what}: {high!r} is not a candidate threshold A*i/num_bins (A={ref.A!r}); reference {ref.result}"
+    )
     d = ref.divergence
     if np.all(np.isinf(d)):
         assert i == nq, f"{what}: every divergence is +inf, the first candidate must win"
@@ -437,7 +450,9 @@ def test_kl_default_bins(h):
         return
     i = int(round(got[1] / ref.A * 2048))
     assert got == (ref.low(ref.threshold(i)), ref.threshold(i))
-    check_choice(ref.divergence, i - 128, ref.best_i - 128, f"kl default on {describe(h)}", abs_tol=KL_ABS, strict_zero=False)
+    check_choice(
+        ref.divergence, i - 128, ref.best_i - 128, f"kl default on {describe(h)}", abs_tol=KL_ABS, strict_zero=False
+    )
 
 
 def pow2_k_of(got: tuple, qtype: str) -> int | None:
@@ -474,7 +489,8 @@ def check_pow2_choice(h: Hist, qtype: str, window: R.Pow2Scan, k: int, what: str
     rule = max(j for j in near if exact[j] == e_min)
     assert k == rule or exact[k] != e_min, (
         f"{what}: exact tie E({k}) = E({rule}) = {float(e_min)!r}: the spec's tie rule picks the larger k={rule}, "
-        f"the kernel k={k}")
+        f"the kernel k={k}"
+    )
 
 
 @settings(max_examples=examples(150))
@@ -495,19 +511,24 @@ def test_pow2_minmse(h, qtype):
     # the window never misses: nothing in [k0-60, k0+10] beats it
     m = float(wide.errors.min())
     assert window.error(k) <= m + error_tol(h, m), (
-        f"{what}: best k in the window {k} (error {window.error(k)!r}) misses k={wide.best()} "
-        f"(error {m!r}) outside it")
+        f"{what}: best k in the window {k} (error {window.error(k)!r}) misses k={wide.best()} (error {m!r}) outside it"
+    )
 
 
 @settings(max_examples=examples(80))
-@given(hists(exponents=F16_EXPONENTS), st.sampled_from(POW2_QTYPES),
-       st.sampled_from(["NonOverflow", "All", "MostCommon"]),
-       st.lists(st.tuples(st.integers(-40, 12), st.integers(1, 5)), min_size=1, max_size=8))
+@given(
+    hists(exponents=F16_EXPONENTS),
+    st.sampled_from(POW2_QTYPES),
+    st.sampled_from(["NonOverflow", "All", "MostCommon"]),
+    st.lists(st.tuples(st.integers(-40, 12), st.integers(1, 5)), min_size=1, max_size=8),
+)
 def test_pow2_float16(h, qtype, choice, votes):
     """A float16 tensor's pow2 exponent stays where the installed onnxruntime maps its range back
     to scale 2^k (onnxruntime 1.31: from 2^-14, 1.32: from 2^-24)."""
     lo, hi = R.pow2_bounds(qtype, "float16")
-    method = {"pow2_method": "NonOverflow"} if choice == "NonOverflow" else {"pow2_method": "MinMSE", "minmse_mode": choice}
+    method = (
+        {"pow2_method": "NonOverflow"} if choice == "NonOverflow" else {"pow2_method": "MinMSE", "minmse_mode": choice}
+    )
     got = kernel_range("pow2", *h.args, dtype="float16", qtype=qtype, votes=votes, **method)
     k = pow2_k_of(tuple(got), qtype)
     what = f"pow2 {choice} float16 {qtype} on {describe(h)}"
@@ -525,11 +546,13 @@ def test_pow2_float16(h, qtype, choice, votes):
 
 
 @settings(max_examples=examples(60))
-@given(hists(empty=False), st.sampled_from(POW2_QTYPES),
-       st.lists(st.tuples(st.integers(-30, 10), st.integers(1, 5)), min_size=1, max_size=8))
+@given(
+    hists(empty=False),
+    st.sampled_from(POW2_QTYPES),
+    st.lists(st.tuples(st.integers(-30, 10), st.integers(1, 5)), min_size=1, max_size=8),
+)
 def test_pow2_most_common(h, qtype, votes):
-    got = kernel_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE", minmse_mode="MostCommon",
-                                  votes=votes)
+    got = kernel_range("pow2", *h.args, qtype=qtype, pow2_method="MinMSE", minmse_mode="MostCommon", votes=votes)
     assert tuple(got) == R.pow2_range(R.most_common_k(votes), qtype), (votes, got)
 
 
@@ -544,20 +567,32 @@ def _one_value(v: float, count: int = 7) -> Hist:
     return Hist(counts, -8.0, 1.0, v, v)  # bin 12 is [4, 5)
 
 
-@pytest.mark.parametrize("method,options", [
-    ("mse", {}), ("mse", {"symmetric": True}), ("kl", {"num_bins": 64, "num_quantized_bins": 16}),
-    ("pow2", {"pow2_method": "NonOverflow"}), ("pow2", {"pow2_method": "MinMSE"}),
-])
+@pytest.mark.parametrize(
+    "method,options",
+    [
+        ("mse", {}),
+        ("mse", {"symmetric": True}),
+        ("kl", {"num_bins": 64, "num_quantized_bins": 16}),
+        ("pow2", {"pow2_method": "NonOverflow"}),
+        ("pow2", {"pow2_method": "MinMSE"}),
+    ],
+)
 def test_empty_histogram_is_zero_range(method, options):
     h = Hist(np.zeros(32, np.uint64), -4.0, 0.25, 0.0, 0.0)
     assert tuple(kernel_range(method, *h.args, **options)) == (0.0, 0.0)
     assert kernel_qerror(*h.args, -1.0, 1.0) == 0.0
 
 
-@pytest.mark.parametrize("method,options", [
-    ("mse", {}), ("mse", {"symmetric": True}), ("kl", {}), ("pow2", {"pow2_method": "NonOverflow"}),
-    ("pow2", {"pow2_method": "MinMSE"}),
-])
+@pytest.mark.parametrize(
+    "method,options",
+    [
+        ("mse", {}),
+        ("mse", {"symmetric": True}),
+        ("kl", {}),
+        ("pow2", {"pow2_method": "NonOverflow"}),
+        ("pow2", {"pow2_method": "MinMSE"}),
+    ],
+)
 def test_all_zero_data_is_zero_range(method, options):
     counts = np.zeros(16, np.uint64)
     counts[8] = 5  # [0, 1): the data is all 0.0
@@ -606,11 +641,14 @@ def test_kl_requires_enough_bins():
         kernel_range("kl", *h.args, num_bins=64, num_quantized_bins=128)
 
 
-@pytest.mark.parametrize("kwargs,option", [
-    ({"qtype": "int4"}, "qtype"),
-    ({"pow2_method": "Bogus"}, "pow2_method"),
-    ({"minmse_mode": "Bogus"}, "minmse_mode"),
-])
+@pytest.mark.parametrize(
+    "kwargs,option",
+    [
+        ({"qtype": "int4"}, "qtype"),
+        ({"pow2_method": "Bogus"}, "pow2_method"),
+        ({"minmse_mode": "Bogus"}, "minmse_mode"),
+    ],
+)
 def test_kernel_bad_options(kwargs, option):
     h = _one_value(4.5)
     method = "mse" if option == "qtype" else "pow2"
@@ -655,7 +693,8 @@ def _api_model() -> onnx.ModelProto:
         helper.make_node("Mul", ["X", "Z"], ["z"]),
     ]
     graph = helper.make_graph(
-        nodes, "methods_api",
+        nodes,
+        "methods_api",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
         [helper.make_tensor_value_info(t, TensorProto.FLOAT, ["N", s]) for t, s in (("Y", 4), ("n", 16), ("z", 8))],
         initializer=inits,
@@ -680,8 +719,9 @@ def _api_batches() -> list[dict[str, np.ndarray]]:
 def api(request, tmp_path_factory):
     """A streaming state of the model (2048 streaming bins, and histocal's default), and one
     state per batch (what each batch's histogram is on its own)."""
-    import histocal
     from onnxruntime.quantization import CalibrationMethod
+
+    import histocal
 
     bins = request.param
     tmp = tmp_path_factory.mktemp("methods_api")
@@ -690,7 +730,9 @@ def api(request, tmp_path_factory):
 
     def collect(batches, tag):
         cal = histocal.create_calibrator(
-            path, augmented_model_path=str(tmp / f"aug_{tag}.onnx"), calibrate_method=CalibrationMethod.Entropy,
+            path,
+            augmented_model_path=str(tmp / f"aug_{tag}.onnx"),
+            calibrate_method=CalibrationMethod.Entropy,
             extra_options={"CollectionMode": "streaming", **({"StreamingBins": bins} if bins else {})},
         )
         cal.collect_data(batches)
@@ -771,7 +813,11 @@ def test_api_pow2(api, qtype, pow2_method):
     td = state.compute("pow2", qtype=qtype, pow2_method=pow2_method)
     for name in state.names:
         h = _hist(state, name)
-        k = None if h is None else (R.pow2_nonoverflow_k(h, qtype) if pow2_method == "NonOverflow" else R.pow2_minmse_k(h, qtype))
+        k = (
+            None
+            if h is None
+            else (R.pow2_nonoverflow_k(h, qtype) if pow2_method == "NonOverflow" else R.pow2_minmse_k(h, qtype))
+        )
         want = (0.0, 0.0) if k is None else R.pow2_range(k, qtype)
         assert _range_of(td, name) == want, f"compute('pow2', {qtype}, {pow2_method})[{name!r}]: brute force k={k}"
 
@@ -784,8 +830,12 @@ def test_api_pow2_most_common(api, qtype):
 
     options = {"qtype": qtype, "pow2_method": "MinMSE", "minmse_mode": "MostCommon"}
     extra = {"MethodOptions": options, **({"StreamingBins": api["bins"]} if api["bins"] else {})}
-    cal = histocal.create_calibrator(api["path"], augmented_model_path=str(api["tmp"] / "aug_votes.onnx"),
-                                     calibrate_method="pow2", extra_options=extra)
+    cal = histocal.create_calibrator(
+        api["path"],
+        augmented_model_path=str(api["tmp"] / "aug_votes.onnx"),
+        calibrate_method="pow2",
+        extra_options=extra,
+    )
     cal.collect_data(_api_batches())
     cal.state.save(api["tmp"] / f"votes_{qtype}.hcs")
     state = histocal.CalibrationState.load(api["tmp"] / f"votes_{qtype}.hcs")
@@ -888,19 +938,22 @@ def test_api_register_method_bad_result_names_tensor(api):
         histocal.register_method("mse", lambda t: (0.0, 1.0))  # built-ins cannot be replaced
 
 
-@pytest.mark.parametrize("method,options,option", [
-    ("mse", {"qtype": "int4"}, "qtype"),
-    ("mse", {"symmetric": "yes"}, "symmetric"),
-    ("mse", {"bogus": 1}, "bogus"),
-    ("auto", {"qtype": "float8"}, "qtype"),
-    ("kl", {"num_bins": 64, "num_quantized_bins": 128}, "num_bins"),
-    ("kl", {"num_bins": 0}, "num_bins"),
-    ("kl", {"num_quantized_bins": -3}, "num_quantized_bins"),
-    ("kl", {"qtype": "int8"}, "qtype"),
-    ("pow2", {"qtype": "uint16"}, "qtype"),
-    ("pow2", {"pow2_method": "Bogus"}, "pow2_method"),
-    ("pow2", {"minmse_mode": "Bogus"}, "minmse_mode"),
-])
+@pytest.mark.parametrize(
+    "method,options,option",
+    [
+        ("mse", {"qtype": "int4"}, "qtype"),
+        ("mse", {"symmetric": "yes"}, "symmetric"),
+        ("mse", {"bogus": 1}, "bogus"),
+        ("auto", {"qtype": "float8"}, "qtype"),
+        ("kl", {"num_bins": 64, "num_quantized_bins": 128}, "num_bins"),
+        ("kl", {"num_bins": 0}, "num_bins"),
+        ("kl", {"num_quantized_bins": -3}, "num_quantized_bins"),
+        ("kl", {"qtype": "int8"}, "qtype"),
+        ("pow2", {"qtype": "uint16"}, "qtype"),
+        ("pow2", {"pow2_method": "Bogus"}, "pow2_method"),
+        ("pow2", {"minmse_mode": "Bogus"}, "minmse_mode"),
+    ],
+)
 def test_api_bad_options(api, method, options, option):
     with pytest.raises(ValueError, match=option):
         api["state"].compute(method, **options)
@@ -914,14 +967,21 @@ def test_api_unknown_method(api):
 def test_api_quantize_static_with_pow2_ranges(api):
     """quantize_static(tensors_range=) uses the given ranges: pow2 ranges give power-of-two
     activation scales and zero point 0 in the QDQ model."""
-    import histocal
     from onnxruntime.quantization import QuantFormat, QuantType
+
+    import histocal
 
     state = api["state"]
     td = state.compute("pow2", qtype="int8", pow2_method="MinMSE")
     out = str(api["tmp"] / "pow2.qdq.onnx")
-    histocal.quantize_static(api["path"], out, tensors_range=td, quant_format=QuantFormat.QDQ,
-                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    histocal.quantize_static(
+        api["path"],
+        out,
+        tensors_range=td,
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
     q = onnx.load(out)
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
     checked = 0
@@ -946,9 +1006,12 @@ def test_pow2_votes_merge_like_one_run(api):
     options = {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "MostCommon"}
 
     def collect(batches, tag, method="pow2"):
-        cal = histocal.create_calibrator(api["path"], augmented_model_path=str(api["tmp"] / f"aug_m{tag}.onnx"),
-                                         calibrate_method=method,
-                                         extra_options={"MethodOptions": options if method == "pow2" else {}})
+        cal = histocal.create_calibrator(
+            api["path"],
+            augmented_model_path=str(api["tmp"] / f"aug_m{tag}.onnx"),
+            calibrate_method=method,
+            extra_options={"MethodOptions": options if method == "pow2" else {}},
+        )
         cal.collect_data(batches)
         return cal.state
 

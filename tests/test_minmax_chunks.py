@@ -21,15 +21,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from graphs import GraphBuilder, tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
-
-import histocal
-from graphs import GraphBuilder, tensor
 from parity import assert_same, quiet
 from profiles import examples
+
+import histocal
 
 MM = CalibrationMethod.MinMax
 CHANNELS = 3
@@ -155,8 +155,13 @@ def test_chunked_range_is_the_nan_ignoring_range_of_all_data(
         assert_ranges_equal(nan_ignoring_range(batches, per_channel, symmetric), ref, "ORT, one call")
     cut = len(batches) // 2 if two_calls else 0
     calls = [batches[:cut], batches[cut:]] if cut else [batches]
-    ours = calibrate(histocal.create_calibrator, paths[opset], (tmp / "h.onnx").as_posix(),
-                     dict(opts, max_intermediate_outputs=k), calls)
+    ours = calibrate(
+        histocal.create_calibrator,
+        paths[opset],
+        (tmp / "h.onnx").as_posix(),
+        dict(opts, max_intermediate_outputs=k),
+        calls,
+    )
     assert_td_same(ref, ours, f"k={k}, calls={len(calls)}")
 
 
@@ -165,8 +170,12 @@ def test_all_nan_first_chunk_does_not_stick(paths, tmp_path, per_channel):
     """The first chunk (or call) is all NaN, a later one has values: the range is theirs. ORT
     1.31.1 keeps the first call's NaN (per-tensor) or raises (per-channel); with
     max_intermediate_outputs it discards full chunks (test_calibrators_ort_failures.test_max_intermediate_outputs)."""
-    batches = [np.full((1, CHANNELS), np.nan, np.float32), np.full((1, CHANNELS), np.nan, np.float32),
-               np.array([[-4, 7, np.nan]], np.float32), np.array([[2, np.nan, np.nan]], np.float32)]
+    batches = [
+        np.full((1, CHANNELS), np.nan, np.float32),
+        np.full((1, CHANNELS), np.nan, np.float32),
+        np.array([[-4, 7, np.nan]], np.float32),
+        np.array([[2, np.nan, np.nan]], np.float32),
+    ]
     opts = {"per_channel": per_channel}
     expected = nan_ignoring_range(batches, per_channel, symmetric=False)
     path, chunks = paths[18], chunked(batches, 2)
@@ -176,9 +185,11 @@ def test_all_nan_first_chunk_does_not_stick(paths, tmp_path, per_channel):
     else:
         sticky = calibrate(oc.create_calibrator, path, (tmp_path / "o.onnx").as_posix(), opts, chunks)
         assert np.isnan(sticky.data["X"].lowest).all() and np.isnan(sticky.data["X"].highest).all()
-    for how, extra, calls in (("limit", {"max_intermediate_outputs": 2}, [batches]),
-                              ("calls", {}, chunks),
-                              ("limit+calls", {"max_intermediate_outputs": 1}, chunks)):
+    for how, extra, calls in (
+        ("limit", {"max_intermediate_outputs": 2}, [batches]),
+        ("calls", {}, chunks),
+        ("limit+calls", {"max_intermediate_outputs": 1}, chunks),
+    ):
         ours = calibrate(histocal.create_calibrator, path, (tmp_path / "h.onnx").as_posix(), dict(opts, **extra), calls)
         assert_ranges_equal(expected, ours, how)
 
@@ -187,8 +198,13 @@ def test_all_nan_everywhere_stays_nan(paths, tmp_path):
     """A tensor with no value at all has a NaN range, as in ORT (nothing to ignore it for)."""
     batches = [np.full((2, CHANNELS), np.nan, np.float32)] * 3
     ref = calibrate(oc.create_calibrator, paths[13], (tmp_path / "o.onnx").as_posix(), {}, [batches])
-    ours = calibrate(histocal.create_calibrator, paths[13], (tmp_path / "h.onnx").as_posix(),
-                     {"max_intermediate_outputs": 2}, [batches[:1], batches[1:]])
+    ours = calibrate(
+        histocal.create_calibrator,
+        paths[13],
+        (tmp_path / "h.onnx").as_posix(),
+        {"max_intermediate_outputs": 2},
+        [batches[:1], batches[1:]],
+    )
     assert np.isnan(ref.data["X"].lowest).all()
     assert_td_same(ref, ours, "all NaN")
 
@@ -201,14 +217,21 @@ def test_all_nan_everywhere_stays_nan(paths, tmp_path):
     k=st.integers(1, 3),
     constant=st.sampled_from([0.01, 0.25, 0.5]),
 )
-def test_moving_average_limit_equals_explicit_calls(paths, tmp_path_factory, batches, per_channel, symmetric, k, constant):
+def test_moving_average_limit_equals_explicit_calls(
+    paths, tmp_path_factory, batches, per_channel, symmetric, k, constant
+):
     """moving_average with max_intermediate_outputs=k in one call is ORT's result for calls of k
     batches each: chunk means merged by ORT's arithmetic (a NaN chunk mean included)."""
     tmp = tmp_path_factory.mktemp("ma")
     opts = {"moving_average": True, "averaging_constant": constant, "per_channel": per_channel, "symmetric": symmetric}
     ref = calibrate(oc.create_calibrator, paths[13], (tmp / "o.onnx").as_posix(), opts, chunked(batches, k))
-    ours = calibrate(histocal.create_calibrator, paths[13], (tmp / "h.onnx").as_posix(),
-                     dict(opts, max_intermediate_outputs=k), [batches])
+    ours = calibrate(
+        histocal.create_calibrator,
+        paths[13],
+        (tmp / "h.onnx").as_posix(),
+        dict(opts, max_intermediate_outputs=k),
+        [batches],
+    )
     assert_td_same(ref, ours, f"k={k}")
     explicit = calibrate(histocal.create_calibrator, paths[13], (tmp / "h2.onnx").as_posix(), opts, chunked(batches, k))
     assert_td_same(ref, explicit, f"calls of {k}")
@@ -226,8 +249,9 @@ def _conv_clip_matmul() -> onnx.ModelProto:
     g.node("Conv", ["R", "W"], output="C", name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
     g.node("Clip", ["C"], output="D", name="clip")
     g.node("MatMul", ["D", "E"], output="F", name="matmul")
-    return g.model("conv_clip_matmul", [tensor("A", [1, 1, 5, 5]), tensor("E", [1, 1, 5, 2])],
-                   [tensor("F", [1, 1, 5, 2])], 13)
+    return g.model(
+        "conv_clip_matmul", [tensor("A", [1, 1, 5, 5]), tensor("E", [1, 1, 5, 2])], [tensor("F", [1, 1, 5, 2])], 13
+    )
 
 
 def _resize_with_empty_inputs() -> onnx.ModelProto:
@@ -237,16 +261,23 @@ def _resize_with_empty_inputs() -> onnx.ModelProto:
     g.const(g.rng.normal(size=(1, 1, 3, 3)).astype(np.float32), "W")
     g.node("Conv", ["G", "W"], output="I", name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
     g.node("Resize", ["I", "roi", "scales"], output="O", name="resize")
-    return g.model("resize_empty", [tensor("G", [1, 1, 5, 5]), tensor("roi", [0]), tensor("scales", [0])],
-                   [tensor("O", [1, 1, 5, 5])], 13)
+    return g.model(
+        "resize_empty",
+        [tensor("G", [1, 1, 5, 5]), tensor("roi", [0]), tensor("scales", [0])],
+        [tensor("O", [1, 1, 5, 5])],
+        13,
+    )
 
 
-@pytest.mark.parametrize("build,op_types", [
-    (_conv_clip_matmul, ["Conv", "MatMul"]),
-    (_conv_clip_matmul, None),
-    (_resize_with_empty_inputs, []),
-    (_resize_with_empty_inputs, ["Conv"]),
-])
+@pytest.mark.parametrize(
+    "build,op_types",
+    [
+        (_conv_clip_matmul, ["Conv", "MatMul"]),
+        (_conv_clip_matmul, None),
+        (_resize_with_empty_inputs, []),
+        (_resize_with_empty_inputs, ["Conv"]),
+    ],
+)
 def test_augmented_model_matches_ort(tmp_path, build, op_types):
     path = tmp_path / "m.onnx"
     onnx.save(build(), path.as_posix())

@@ -17,15 +17,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import models
 import numpy as np
 import onnx
 import pytest
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
+from parity import quiet
 
 import histocal
-import models
-from parity import quiet
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -78,16 +78,20 @@ def example_namespace(workdir: Path) -> dict:
     onnx.save(models.cnn(), (workdir / "model.onnx").as_posix())
     batches = models.cnn_feeds(8)
     with quiet():
-        cal = histocal.create_calibrator((workdir / "model.onnx").as_posix(), calibrate_method=CalibrationMethod.Entropy,
-                                         augmented_model_path=(workdir / "augmented.onnx").as_posix(),
-                                         extra_options={"CollectionMode": "exact"})
+        cal = histocal.create_calibrator(
+            (workdir / "model.onnx").as_posix(),
+            calibrate_method=CalibrationMethod.Entropy,
+            augmented_model_path=(workdir / "augmented.onnx").as_posix(),
+            extra_options={"CollectionMode": "exact"},
+        )
         cal.collect_data(batches)
         cal.save_state((workdir / "run.hcs").as_posix())
     rng = np.random.default_rng(0)
     batch_array = rng.normal(0, 1, (2, 4, 8, 8)).astype(np.float32)
     b1, b2, b3 = (rng.normal(0, 1, shape).astype(np.float32) for shape in [(2, 4, 8, 8), (1, 4, 8, 8), (2, 4, 6, 6)])
-    ort_collector = OrtCollector(method="entropy", symmetric=False, num_bins=2048, num_quantized_bins=128,
-                                 percentile=99.999, scenario="same")
+    ort_collector = OrtCollector(
+        method="entropy", symmetric=False, num_bins=2048, num_quantized_bins=128, percentile=99.999, scenario="same"
+    )
     with quiet():
         ort_collector.collect({"conv1_out": batch_array})
     return {

@@ -17,9 +17,11 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 import histocal
-from histocal import _core, report
+from histocal import _core
 from histocal.cli import main
-from histocal.scale_rule import SCALE_RULE
+from histocal.methods.scale_rule import SCALE_RULE
+from histocal.report import images as report_images
+from histocal.report import page as report
 from histocal.state import CalibrationState
 
 pytest.importorskip("matplotlib")
@@ -59,7 +61,8 @@ def _model() -> onnx.ModelProto:
         helper.make_node("Add", [n["lower"], n["log"]], ["Y"]),
     ]
     graph = helper.make_graph(
-        nodes, "report_test",
+        nodes,
+        "report_test",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 8])],
         initializer=inits,
@@ -87,8 +90,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     onnx.save(_model(), model.as_posix())
     from onnxruntime.quantization import CalibrationMethod
 
-    cal = histocal.create_calibrator(model, augmented_model_path=(root / "aug.onnx").as_posix(),
-                                     calibrate_method=CalibrationMethod.Entropy)
+    cal = histocal.create_calibrator(
+        model, augmented_model_path=(root / "aug.onnx").as_posix(), calibrate_method=CalibrationMethod.Entropy
+    )
     cal.show_progress = False
     with np.errstate(all="ignore"):
         cal.collect_data(_batches())
@@ -190,9 +194,12 @@ def test_page_lists_every_tensor_with_every_methods_range(full_report, state):
             assert _same(got[0], want[0]) and _same(got[1], want[1]), (m, name, got, want)
     if not KERNELS:
         pytest.skip("mse/kl/pow2/auto kernels are not in this build")
-    for m, options in (("mse", {"qtype": "int8", "symmetric": False}), ("kl", {}),
-                       ("pow2", {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"}),
-                       ("auto", {"qtype": "int8", "symmetric": False})):
+    for m, options in (
+        ("mse", {"qtype": "int8", "symmetric": False}),
+        ("kl", {}),
+        ("pow2", {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"}),
+        ("auto", {"qtype": "int8", "symmetric": False}),
+    ):
         pairs, choices = state.method_ranges(m, **options)
         computed = state.compute(m, **options).data
         for i, name in enumerate(state.names):
@@ -211,7 +218,12 @@ def test_errors_are_the_kernels_estimates(full_report, state):
         for m, err in row["errors"].items():
             low, high = row["ranges"][m]
             assert math.isfinite(low) and math.isfinite(high)
-            assert err == state.stream.qerrors([row["name"]], [(low, high)], scale_rule=SCALE_RULE, qtype="int8", symmetric=False)[0]
+            assert (
+                err
+                == state.stream.qerrors(
+                    [row["name"]], [(low, high)], scale_rule=SCALE_RULE, qtype="int8", symmetric=False
+                )[0]
+            )
         # every finite range has an estimate
         assert set(row["errors"]) == {m for m, r in row["ranges"].items() if all(map(math.isfinite, r))}
 
@@ -231,7 +243,7 @@ def test_rows_by_outlier_ratio_and_highlight(full_report, state):
 
 def test_nonfinite_counts_shown(full_report, state):
     text = (full_report / "index.html").read_text(encoding="utf-8")
-    finite, nan, posinf, neginf, _ = state.counts(NAMES["log"])
+    _finite, _nan, _posinf, neginf, _ = state.counts(NAMES["log"])
     assert neginf > 0
     assert f"{neginf:,} -Inf" in text
     rows = {r["name"]: r for r in _page(full_report).rows}
@@ -247,8 +259,10 @@ def test_images_exist_are_pngs_and_are_linked(full_report, state):
         with Image.open(png) as im:
             im.verify()
         with Image.open(png) as im:
-            assert im.format == "PNG" and im.size == (int(report.FIG_SIZE[0] * report.FIG_DPI),
-                                                      int(report.FIG_SIZE[1] * report.FIG_DPI))
+            assert im.format == "PNG" and im.size == (
+                int(report.FIG_SIZE[0] * report.FIG_DPI),
+                int(report.FIG_SIZE[1] * report.FIG_DPI),
+            )
     assert len({p.name.lower() for p in pngs}) == len(pngs)  # distinct on case-insensitive file systems
     assert sorted(page.images) == sorted(f"tensors/{p.name}" for p in pngs)
     # every tensor name in the table links to its section
@@ -256,8 +270,22 @@ def test_images_exist_are_pngs_and_are_linked(full_report, state):
 
 
 def test_safe_file_names():
-    names = ["a/b", "a:b", "a_b", "A_b", "Enc", "enc", "блок/relu 出力", "出力", "", "con", "x" * 300, ".hidden", "..",
-             "a_b-2"]
+    names = [
+        "a/b",
+        "a:b",
+        "a_b",
+        "A_b",
+        "Enc",
+        "enc",
+        "блок/relu 出力",
+        "出力",
+        "",
+        "con",
+        "x" * 300,
+        ".hidden",
+        "..",
+        "a_b-2",
+    ]
     stems = report.safe_file_names(names)
     assert len({s.lower() for s in stems}) == len(names)
     for s in stems:
@@ -273,8 +301,9 @@ def test_safe_file_names():
 
 def test_methods_subset_qtype_and_max_tensors(files, state, tmp_path):
     out = tmp_path / "r"
-    report.write_report(files["state"], out, methods=["percentile", "minmax"], symmetric=True, qtype="uint8",
-                        max_tensors=2, workers=1)
+    report.write_report(
+        files["state"], out, methods=["percentile", "minmax"], symmetric=True, qtype="uint8", max_tensors=2, workers=1
+    )
     page = _page(out)
     assert len(page.rows) == len(state.names)
     assert {m for r in page.rows for m in r["ranges"]} == {"minmax", "percentile"}
@@ -298,12 +327,18 @@ def test_qtype_and_symmetric_reach_the_methods_and_errors(state, tmp_path):
     if not KERNELS:
         pytest.skip("mse/kl/pow2/auto kernels are not in this build")
     out = tmp_path / "u8"
-    report.write_report(state, out, methods=["mse", "auto", "pow2", "entropy"], qtype="uint8", symmetric=True,
-                        max_tensors=0)
+    report.write_report(
+        state, out, methods=["mse", "auto", "pow2", "entropy"], qtype="uint8", symmetric=True, max_tensors=0
+    )
     rows = {r["name"]: r for r in _page(out).rows}
-    expected = {m: state.method_ranges(m, **o)[0] for m, o in (
-        ("mse", {"qtype": "uint8", "symmetric": True}), ("auto", {"qtype": "uint8", "symmetric": True}),
-        ("pow2", {"qtype": "uint8"}))}
+    expected = {
+        m: state.method_ranges(m, **o)[0]
+        for m, o in (
+            ("mse", {"qtype": "uint8", "symmetric": True}),
+            ("auto", {"qtype": "uint8", "symmetric": True}),
+            ("pow2", {"qtype": "uint8"}),
+        )
+    }
     entropy = state.compute("entropy", symmetric=True).data
     for i, name in enumerate(state.names):
         row = rows[name]
@@ -311,7 +346,12 @@ def test_qtype_and_symmetric_reach_the_methods_and_errors(state, tmp_path):
             assert row["ranges"][m] == tuple(pairs[i]), (m, name)
         assert row["ranges"]["entropy"] == _pair(entropy[name])
         for m, err in row["errors"].items():
-            assert err == state.stream.qerrors([name], [row["ranges"][m]], scale_rule=SCALE_RULE, qtype="uint8", symmetric=True)[0]
+            assert (
+                err
+                == state.stream.qerrors(
+                    [name], [row["ranges"][m]], scale_rule=SCALE_RULE, qtype="uint8", symmetric=True
+                )[0]
+            )
 
 
 def test_pow2_without_the_qtype_is_reported_not_fatal(state, tmp_path):
@@ -323,7 +363,7 @@ def test_pow2_without_the_qtype_is_reported_not_fatal(state, tmp_path):
 
 
 def test_parallel_workers_render_the_same_images(state, tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "_PARALLEL_MIN", 1)
+    monkeypatch.setattr(report_images, "_PARALLEL_MIN", 1)
     one, two = tmp_path / "one", tmp_path / "two"
     report.write_report(state, one, methods=["minmax", "entropy"], workers=1)
     report.write_report(state, two, methods=["minmax", "entropy"], workers=2)
@@ -362,8 +402,10 @@ def test_rewrite_replaces_images_and_keeps_other_files(state, tmp_path):
 
 def test_cli_report(files, state, tmp_path, capsys):
     out = tmp_path / "deep" / "er" / "dir"
-    assert main(["report", str(files["state"]), "--out", str(out), "--methods", "minmax", "entropy",
-                 "--max-tensors", "3"]) == 0
+    assert (
+        main(["report", str(files["state"]), "--out", str(out), "--methods", "minmax", "entropy", "--max-tensors", "3"])
+        == 0
+    )
     stdout = capsys.readouterr().out
     assert f"report of {len(state.names)} tensors (3 plotted)" in stdout
     assert (out / "index.html").is_file() and len(list((out / "tensors").iterdir())) == 3
@@ -371,8 +413,24 @@ def test_cli_report(files, state, tmp_path, capsys):
 
 def test_cli_report_subprocess(files, tmp_path):
     out = tmp_path / "sub"
-    r = subprocess.run([sys.executable, "-m", "histocal", "report", str(files["state"]), "--out", str(out),
-                        "--methods", "minmax", "--no-symmetric"], capture_output=True, text=True, env=ENV, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "histocal",
+            "report",
+            str(files["state"]),
+            "--out",
+            str(out),
+            "--methods",
+            "minmax",
+            "--no-symmetric",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert (out / "index.html").is_file()
 

@@ -19,17 +19,18 @@ from __future__ import annotations
 import logging
 import math
 
+import method_refs as R
 import numpy as np
 import onnxruntime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
-import method_refs as R
 from profiles import examples
-from histocal import _core, methods, scale_rule
-from histocal.scale_rule import SCALE_RULE
+
+from histocal import _core, methods
+from histocal.methods import scale_rule
+from histocal.methods.scale_rule import SCALE_RULE
 
 QTYPES = ["int8", "uint8", "int16", "uint16"]
 
@@ -39,12 +40,12 @@ def ort_version() -> tuple[int, int]:
 
 
 def test_detected_rule_is_the_installed_versions():
-    assert SCALE_RULE == ("1.32" if ort_version() >= (1, 32) else "1.31"), (onnxruntime.__version__, SCALE_RULE)
+    assert ("1.32" if ort_version() >= (1, 32) else "1.31") == SCALE_RULE, (onnxruntime.__version__, SCALE_RULE)
 
 
 def test_unknown_behaviour_falls_back_on_the_version_with_a_warning(monkeypatch, caplog):
     monkeypatch.setattr(scale_rule, "compute_scale_zp", lambda *a: [np.array(0, np.int8), np.array(0.5, np.float16)])
-    with caplog.at_level(logging.WARNING, logger="histocal.scale_rule"):
+    with caplog.at_level(logging.WARNING, logger="histocal.methods.scale_rule"):
         assert scale_rule.detect_scale_rule() == SCALE_RULE
     assert "neither known float16 scale rule" in caplog.text
 
@@ -96,8 +97,13 @@ def f16_range(draw, qtype: str, symmetric: bool) -> tuple[float, float]:
 @given(st.data(), st.sampled_from(QTYPES), st.booleans())
 def test_float16_scale_and_zero_point_are_orts(data, qtype, symmetric):
     low, high = data.draw(f16_range(qtype, symmetric))
-    assert histocal(low, high, qtype, symmetric, "float16") == ort(low, high, qtype, symmetric, "float16"), \
-        (low, high, qtype, symmetric, SCALE_RULE)
+    assert histocal(low, high, qtype, symmetric, "float16") == ort(low, high, qtype, symmetric, "float16"), (
+        low,
+        high,
+        qtype,
+        symmetric,
+        SCALE_RULE,
+    )
 
 
 @settings(max_examples=examples(300))
@@ -114,8 +120,12 @@ def test_float32_scale_and_zero_point_are_orts(qtype, symmetric, data):
         t = np.float32(float(np.finfo(np.float32).tiny) * (qmax - qmin))
         high = float(np.nextafter(t, np.float32(data.draw(st.sampled_from([np.inf, -np.inf])))))
         low = -data.draw(st.sampled_from([0.0, high]))
-    assert histocal(low, high, qtype, symmetric, "float32") == ort(low, high, qtype, symmetric, "float32"), \
-        (low, high, qtype, symmetric)
+    assert histocal(low, high, qtype, symmetric, "float32") == ort(low, high, qtype, symmetric, "float32"), (
+        low,
+        high,
+        qtype,
+        symmetric,
+    )
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -147,11 +157,14 @@ def _small_values_stream() -> _core.StreamHistograms:
     return stream
 
 
-@pytest.mark.parametrize("options", [
-    {"pow2_method": "NonOverflow"},
-    {"pow2_method": "MinMSE", "minmse_mode": "All"},
-    {"pow2_method": "MinMSE", "minmse_mode": "MostCommon"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pow2_method": "NonOverflow"},
+        {"pow2_method": "MinMSE", "minmse_mode": "All"},
+        {"pow2_method": "MinMSE", "minmse_mode": "MostCommon"},
+    ],
+)
 @pytest.mark.parametrize("qtype", ["int8", "uint8", "int16"])
 def test_pow2_ranges_keep_a_power_of_two_scale_in_onnxruntime(options, qtype):
     """What onnxruntime computes from the TensorData histocal returns is scale 2^k, zero point 0,
@@ -162,7 +175,7 @@ def test_pow2_ranges_keep_a_power_of_two_scale_in_onnxruntime(options, qtype):
     pairs, _ = methods.ranges(stream, names, "pow2", opts, ort_ranges=None)
     td = methods.to_tensors_data(names, pairs, {"h": "float16", "f": "float32"})
     qmin, qmax = get_qmin_qmax_for_qType(R.QTYPES[qtype], reduce_range=False, symmetric=False)
-    for name, (low, high) in zip(names, pairs):
+    for name, (_low, high) in zip(names, pairs):
         lowest, highest = td[name].range_value
         zp, scale = compute_scale_zp(lowest, highest, qmin, qmax, False)
         scale, zp = float(np.asarray(scale).reshape(-1)[0]), int(np.asarray(zp).reshape(-1)[0])
@@ -180,7 +193,9 @@ def test_error_estimates_are_the_errors_of_onnxruntimes_parameters(method, symme
     and zero point onnxruntime computes from the returned TensorData (float16 and float32)."""
     stream = _small_values_stream()
     names = ["h", "f"]
-    options = {k: v for k, v in {"qtype": "int8", "symmetric": symmetric}.items() if k in methods.METHOD_OPTIONS[method]}
+    options = {
+        k: v for k, v in {"qtype": "int8", "symmetric": symmetric}.items() if k in methods.METHOD_OPTIONS[method]
+    }
     opts = methods.check_options(method, options)
 
     def ort_ranges(name, settings):  # auto's onnxruntime candidates: not what this test is about

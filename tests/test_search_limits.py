@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from parity import run_ort
 
 import histocal
-from histocal.scale_rule import SCALE_RULE
-from parity import run_ort
+from histocal.methods.scale_rule import SCALE_RULE
 
 TESTS = Path(__file__).parent
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
@@ -64,7 +64,8 @@ def test_float16_outlier_batch_is_a_prompt_clear_error(outlier):
     """|x| ~ 3, then a batch with +-65504 (or a finfo(float16).min mask): ORT raises
     OverflowError at once; histocal grows the histogram to ~2.1M bins, whose search would take
     12 minutes to an hour. It must refuse at once, naming the tensor and the bin count."""
-    r = run_python(f"""
+    r = run_python(
+        f"""
         import time
         import numpy as np, histocal
         c = histocal.HistogramCollector("entropy", False, 128, 128, 99.999, "same")
@@ -77,7 +78,9 @@ def test_float16_outlier_batch_is_a_prompt_clear_error(outlier):
         except ValueError as e:
             print(f"{{time.perf_counter() - t:.3f}}")
             print(e)
-    """, timeout=120)
+    """,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     bins, seconds, message = r.stdout.splitlines()[:3]
     assert int(bins) > 2_000_000
@@ -89,7 +92,8 @@ def test_float16_outlier_batch_is_a_prompt_clear_error(outlier):
 
 def test_float16_model_outlier_batch_through_the_calibrator(tmp_path):
     """The same through a float16 model's calibrator (exact mode): compute_data refuses promptly."""
-    r = run_python(f"""
+    r = run_python(
+        f"""
         import numpy as np, onnx, histocal, models
         from onnxruntime.quantization.calibrate import CalibrationMethod
         path = {str(tmp_path / "fp16.onnx")!r}
@@ -106,7 +110,9 @@ def test_float16_model_outlier_batch_through_the_calibrator(tmp_path):
             cal.compute_data()
         except ValueError as e:
             print(e)
-    """, timeout=120)
+    """,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.match(r'tensor "X": the entropy search over its histogram of \d{7} bins \(grown from 128 bins', r.stdout)
     assert LIMIT_VAR in r.stdout
@@ -159,7 +165,10 @@ def test_default_limit(monkeypatch):
     assert entropy_work(346_000, 128) < 3e10 < entropy_work(347_000, 128)
     hc = histocal.HistogramCollector(**{**CFG, "num_bins": 347_000})
     hc.collect({"t": np.arange(10, dtype=np.float32)})
-    with pytest.raises(ValueError, match=r"^tensor \"t\": the entropy search over its histogram of 347000 bins needs .* above the limit of 3\.00e10 "):
+    with pytest.raises(
+        ValueError,
+        match=r"^tensor \"t\": the entropy search over its histogram of 347000 bins needs .* above the limit of 3\.00e10 ",
+    ):
         hc.compute_collection_result()
 
 
@@ -205,7 +214,7 @@ _SEARCHES = {
     "kl": """
         s = histocal._core.StreamHistograms(1 << 22)
         s.collect([("x", [np.array([1e-3, 0.7, -3.0], np.float32)]), ("y", [np.array([2e-3, 1.0], np.float32)])])
-        search = lambda: s.ranges("kl", scale_rule=histocal.scale_rule.SCALE_RULE, num_bins=2_000_000)
+        search = lambda: s.ranges("kl", scale_rule=histocal.methods.scale_rule.SCALE_RULE, num_bins=2_000_000)
     """,
 }
 
@@ -233,7 +242,9 @@ def test_sigint_stops_a_long_search_promptly(method):
     """
     code = f"import sys; sys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(body)
     env = {**os.environ, LIMIT_VAR: "inf", "HISTOCAL_NUM_THREADS": "4"}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     # where the search does not stop, the readline below would wait for minutes
     watchdog = threading.Timer(60, proc.kill)
     watchdog.start()

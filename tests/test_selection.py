@@ -20,9 +20,10 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 import histocal
-from histocal import methods, selection
-from histocal.cache import load_tensors_data, save_tensors_data
+from histocal import methods
 from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
+from histocal.io.cache import load_tensors_data, save_tensors_data
+from histocal.quantize import selection
 
 EVAL = 3  # evaluation samples in these tests
 
@@ -76,13 +77,21 @@ def _ort_quantize(model: Path, out: Path, ranges: TensorsData, **kw) -> None:
     save_tensors_data(ranges, cache)
     # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
     ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
-    ort_quantize.quantize_static(model.as_posix(), out.as_posix(), None, calibrate_method=CalibrationMethod.MinMax,
-                                 calibration_cache_path=cache.as_posix(), **kw)
+    ort_quantize.quantize_static(
+        model.as_posix(),
+        out.as_posix(),
+        None,
+        calibrate_method=CalibrationMethod.MinMax,
+        calibration_cache_path=cache.as_posix(),
+        **kw,
+    )
 
 
 def _ranges(td: TensorsData) -> dict[str, tuple[float, float]]:
-    return {n: (float(np.asarray(d.lowest).reshape(-1)[0]), float(np.asarray(d.highest).reshape(-1)[0]))
-            for n, d in td.data.items()}
+    return {
+        n: (float(np.asarray(d.lowest).reshape(-1)[0]), float(np.asarray(d.highest).reshape(-1)[0]))
+        for n, d in td.data.items()
+    }
 
 
 def _model_bytes(path: Path) -> bytes:
@@ -96,7 +105,9 @@ def _streaming_state(model: Path, feeds: list[dict], tmp: Path):
     return cal.state
 
 
-def _independent_cv(cnn: dict, kept: int, folds: int = methods.AUTO_SELECTION_OPTIONS["folds"], symmetric: bool = False, **kw) -> tuple[dict[str, float], str]:
+def _independent_cv(
+    cnn: dict, kept: int, folds: int = methods.AUTO_SELECTION_OPTIONS["folds"], symmetric: bool = False, **kw
+) -> tuple[dict[str, float], str]:
     """auto's K-fold cross-validated SQNR of each candidate, computed here: kept feed i (of the
     first ``kept``) is in fold i mod K; each fold is scored (onnxruntime's quantize_static, numpy)
     with the candidates of a state calibrated, in one pass, on every feed but that fold's;
@@ -104,9 +115,14 @@ def _independent_cv(cnn: dict, kept: int, folds: int = methods.AUTO_SELECTION_OP
     feeds = cnn["feeds"]
     k = min(folds, kept)
     fold_feeds = [list(range(kept))[i::k] for i in range(k)]
-    fitted = [selection.state_candidates(
-        _streaming_state(cnn["path"], [f for j, f in enumerate(feeds) if j not in fold], cnn["tmp"]), "int8", symmetric)
-        for fold in fold_feeds]
+    fitted = [
+        selection.state_candidates(
+            _streaming_state(cnn["path"], [f for j, f in enumerate(feeds) if j not in fold], cnn["tmp"]),
+            "int8",
+            symmetric,
+        )
+        for fold in fold_feeds
+    ]
     kw = dict(kw, extra_options={"ActivationSymmetric": symmetric}) if symmetric else kw
     scores = {}
     for label in fitted[0]:
@@ -129,8 +145,12 @@ def _independent_cv(cnn: dict, kept: int, folds: int = methods.AUTO_SELECTION_OP
 def test_select_ranges_picks_the_highest_ort_sqnr(cnn, symmetric):
     candidates = selection.state_candidates(cnn["state"], "int8", symmetric)
     assert list(candidates) == [label for label, _, _ in methods.MODEL_AUTO_CANDIDATES]
-    kw = dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-              extra_options={"ActivationSymmetric": symmetric})
+    kw = dict(
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        extra_options={"ActivationSymmetric": symmetric},
+    )
     feeds = cnn["feeds"][:EVAL]
     chosen = histocal.select_ranges(cnn["path"], feeds, candidates, **kw)
     want = {}
@@ -168,9 +188,12 @@ def test_calibrate_and_select_cross_validates(cnn, symmetric, folds):
     if folds != 2:
         return
     # Out of sample is not in sample: the same candidates scored on their own fitting data differ.
-    in_sample = histocal.select_ranges(cnn["path"], cnn["feeds"][:kept],
-                                       selection.state_candidates(_streaming_state(cnn["path"], cnn["feeds"][:kept], cnn["tmp"]),
-                                                                  "int8", symmetric), **kw)
+    in_sample = histocal.select_ranges(
+        cnn["path"],
+        cnn["feeds"][:kept],
+        selection.state_candidates(_streaming_state(cnn["path"], cnn["feeds"][:kept], cnn["tmp"]), "int8", symmetric),
+        **kw,
+    )
     assert not in_sample.cross_validated and in_sample.folds == 0
     assert all(abs(in_sample.sqnr_db[n] - chosen.sqnr_db[n]) > 1e-6 for n in want if math.isfinite(want[n]))
 
@@ -181,12 +204,18 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
     streaming states are exact."""
     seen = []
     original = selection.select_ranges_cross_validated
-    monkeypatch.setattr(selection, "select_ranges_cross_validated",
-                        lambda model, folds, candidates, **kw: seen.append((folds, candidates)) or original(model, folds, candidates, **kw))
+    monkeypatch.setattr(
+        selection,
+        "select_ranges_cross_validated",
+        lambda model, folds, candidates, **kw: (
+            seen.append((folds, candidates)) or original(model, folds, candidates, **kw)
+        ),
+    )
     histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=5, folds=3)
-    (folds, candidates), = seen
-    assert [[f["X"].tobytes() for f in feeds] for _, feeds in folds] == \
-        [[cnn["feeds"][j]["X"].tobytes() for j in fold] for fold in ([0, 3], [1, 4], [2])]
+    ((folds, candidates),) = seen
+    assert [[f["X"].tobytes() for f in feeds] for _, feeds in folds] == [
+        [cnn["feeds"][j]["X"].tobytes() for j in fold] for fold in ([0, 3], [1, 4], [2])
+    ]
     for (fold_candidates, _), fold in zip(folds, ([0, 3], [1, 4], [2])):
         others = [f for j, f in enumerate(cnn["feeds"]) if j not in fold]
         want = selection.state_candidates(_streaming_state(cnn["path"], others, cnn["tmp"]), "int8", False)
@@ -196,7 +225,7 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
 
 
 def test_one_kept_feed_falls_back_to_in_sample_with_a_warning(cnn, caplog):
-    with caplog.at_level(logging.WARNING, logger="histocal.integration"):
+    with caplog.at_level(logging.WARNING, logger="histocal.quantize.integration"):
         chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=1)
     assert "too few to cross-validate" in caplog.text
     candidates = selection.state_candidates(cnn["state"], "int8", False)
@@ -225,19 +254,34 @@ def test_state_candidates_are_the_single_methods(cnn):
         for label, method, options in methods.model_candidate_options(qtype, symmetric):
             assert candidates[label].calibration_method == CalibrationMethod.MinMax
             assert _ranges(candidates[label]) == _ranges(state.compute(method, **options)), label
-        assert _ranges(candidates["per-tensor estimate"]) == _ranges(state.compute("auto", qtype=qtype, symmetric=symmetric))
+        assert _ranges(candidates["per-tensor estimate"]) == _ranges(
+            state.compute("auto", qtype=qtype, symmetric=symmetric)
+        )
         assert _ranges(candidates["percentile 99.99"]) == _ranges(
-            state.compute("percentile", percentile=99.99, num_bins=2048, symmetric=symmetric))
-        assert _ranges(candidates["entropy 2048"]) == _ranges(state.compute("entropy", num_bins=2048, num_quantized_bins=128))
+            state.compute("percentile", percentile=99.99, num_bins=2048, symmetric=symmetric)
+        )
+        assert _ranges(candidates["entropy 2048"]) == _ranges(
+            state.compute("entropy", num_bins=2048, num_quantized_bins=128)
+        )
 
 
 def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
     tmp = cnn["tmp"]
     out, cache = tmp / "auto.onnx", tmp / "auto_cache.json"
-    with caplog.at_level(logging.INFO, logger="histocal.selection"):
-        histocal.quantize_static(cnn["path"], out, cnn["feeds"], calibrate_method="auto",
-                                 method_options={"eval_samples": EVAL}, calibration_cache_path=cache)
-    assert f"output SQNR of each candidate, {min(EVAL, methods.AUTO_SELECTION_OPTIONS['folds'])}-fold cross-validated" in caplog.text and "per-tensor estimate" in caplog.text
+    with caplog.at_level(logging.INFO, logger="histocal.quantize.selection"):
+        histocal.quantize_static(
+            cnn["path"],
+            out,
+            cnn["feeds"],
+            calibrate_method="auto",
+            method_options={"eval_samples": EVAL},
+            calibration_cache_path=cache,
+        )
+    assert (
+        f"output SQNR of each candidate, {min(EVAL, methods.AUTO_SELECTION_OPTIONS['folds'])}-fold cross-validated"
+        in caplog.text
+        and "per-tensor estimate" in caplog.text
+    )
     _, label = _independent_cv(cnn, EVAL)
     chosen = selection.state_candidates(cnn["state"], "int8", False)[label]
     assert _ranges(load_tensors_data(cache)) == _ranges(chosen)
@@ -261,11 +305,15 @@ def test_quantize_static_auto_with_a_one_shot_generator(cnn):
             yield {"X": feed["X"].copy()}
 
     out = tmp / "auto_gen.onnx"
-    histocal.quantize_static(cnn["path"], out, one_shot(), calibrate_method="auto", method_options={"eval_samples": EVAL})
+    histocal.quantize_static(
+        cnn["path"], out, one_shot(), calibrate_method="auto", method_options={"eval_samples": EVAL}
+    )
     assert reads == [1]
     _, label = _independent_cv(cnn, EVAL)
     ref = tmp / "auto_gen_ref.onnx"
-    histocal.quantize_static(cnn["path"], ref, tensors_range=selection.state_candidates(cnn["state"], "int8", False)[label])
+    histocal.quantize_static(
+        cnn["path"], ref, tensors_range=selection.state_candidates(cnn["state"], "int8", False)[label]
+    )
     assert _model_bytes(out) == _model_bytes(ref)
 
 
@@ -296,8 +344,14 @@ def test_calibrate_and_select_keeps_first_feeds_and_reuses_buffers_safely(cnn):
 def test_per_tensor_estimate_keeps_the_state_method(cnn):
     tmp = cnn["tmp"]
     cache = tmp / "estimate.json"
-    histocal.quantize_static(cnn["path"], tmp / "estimate.onnx", cnn["feeds"], calibrate_method="auto",
-                             method_options={"per_tensor_estimate": True}, calibration_cache_path=cache)
+    histocal.quantize_static(
+        cnn["path"],
+        tmp / "estimate.onnx",
+        cnn["feeds"],
+        calibrate_method="auto",
+        method_options={"per_tensor_estimate": True},
+        calibration_cache_path=cache,
+    )
     assert _ranges(load_tensors_data(cache)) == _ranges(cnn["state"].compute("auto", qtype="int8", symmetric=False))
     # A state (no model at hand) gives the per-tensor estimate, and says where the model-level choice is.
     with pytest.raises(ValueError, match="quantize_static"):
@@ -328,9 +382,13 @@ def _log_model() -> onnx.ModelProto:
         helper.make_node("Log", ["a"], ["l"]),
         helper.make_node("Div", ["l", "l"], ["Y"]),
     ]
-    graph = helper.make_graph(nodes, "log", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 8])],
-                              initializer=[numpy_helper.from_array(np.array(1, np.float32), "one")])
+    graph = helper.make_graph(
+        nodes,
+        "log",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 8])],
+        initializer=[numpy_helper.from_array(np.array(1, np.float32), "one")],
+    )
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     return model
@@ -344,10 +402,13 @@ def test_a_candidate_with_nan_output_loses(tmp_path):
     cal = histocal.create_calibrator(path, augmented_model_path=str(tmp_path / "aug.onnx"), calibrate_method="auto")
     cal.collect_data(feeds)
     good = selection.state_candidates(cal.state, "int8", False)["minmax"]
-    huge = TensorsData(CalibrationMethod.MinMax, {
-        n: TensorData(lowest=d.lowest, highest=np.array([1e4], np.float32) if n == "a" else d.highest)
-        for n, d in good.data.items()
-    })
+    huge = TensorsData(
+        CalibrationMethod.MinMax,
+        {
+            n: TensorData(lowest=d.lowest, highest=np.array([1e4], np.float32) if n == "a" else d.highest)
+            for n, d in good.data.items()
+        },
+    )
     kw = dict(op_types_to_quantize=["Add"])
     out = tmp_path / "huge.onnx"
     _ort_quantize(path, out, huge, **kw)
@@ -382,27 +443,43 @@ def test_errors_are_clear(cnn):
         histocal.select_ranges(cnn["path"], feeds, candidates, tensors_range=candidates["minmax"])
     with pytest.raises(TypeError, match="bogus"):
         histocal.select_ranges(cnn["path"], feeds, candidates, bogus=1)
-    nan = TensorsData(CalibrationMethod.MinMax, {
-        n: TensorData(lowest=np.array([np.nan], np.float32), highest=d.highest) for n, d in candidates["minmax"].data.items()
-    })
+    nan = TensorsData(
+        CalibrationMethod.MinMax,
+        {
+            n: TensorData(lowest=np.array([np.nan], np.float32), highest=d.highest)
+            for n, d in candidates["minmax"].data.items()
+        },
+    )
     with pytest.raises(ValueError, match="every candidate failed.*'nan'"):
         histocal.select_ranges(cnn["path"], feeds, {"nan": nan})
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="eval_samples"):
-            histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
-                                     method_options={"eval_samples": bad})
+            histocal.quantize_static(
+                cnn["path"],
+                cnn["tmp"] / "x.onnx",
+                cnn["feeds"],
+                calibrate_method="auto",
+                method_options={"eval_samples": bad},
+            )
     for bad in (1, 0, True, 2.5):
         with pytest.raises(ValueError, match="folds"):
-            histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
-                                     method_options={"folds": bad})
+            histocal.quantize_static(
+                cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto", method_options={"folds": bad}
+            )
         with pytest.raises(ValueError, match="folds"):
             histocal.calibrate_and_select(cnn["path"], iter(()), folds=bad)  # before reading any data
     with pytest.raises(ValueError, match="per_tensor_estimate"):
-        histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
-                                 method_options={"per_tensor_estimate": "yes"})
+        histocal.quantize_static(
+            cnn["path"],
+            cnn["tmp"] / "x.onnx",
+            cnn["feeds"],
+            calibrate_method="auto",
+            method_options={"per_tensor_estimate": "yes"},
+        )
     with pytest.raises(ValueError, match="bogus"):
-        histocal.quantize_static(cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto",
-                                 method_options={"bogus": 1})
+        histocal.quantize_static(
+            cnn["path"], cnn["tmp"] / "x.onnx", cnn["feeds"], calibrate_method="auto", method_options={"bogus": 1}
+        )
     with pytest.raises(ValueError, match="quantize_static"):
         histocal.calibrate(cnn["path"], cnn["feeds"], "auto", method_options={"eval_samples": 2})
     with pytest.raises(TypeError, match="bogus"):
@@ -421,8 +498,24 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
         np.save(data / f"s{i}.npy", feed["X"][0])  # one sample per file, batch size 1
     feeds = [{"X": f["X"][:1]} for f in cnn["feeds"]]
     cache = tmp_path / "cache.json"
-    rc = main(["quantize", str(cnn["path"]), str(tmp_path / "q.onnx"), "--data", str(data), "--method", "auto",
-               "--eval-samples", str(EVAL), "--folds", "3", "--cache", str(cache), "--no-progress"])
+    rc = main(
+        [
+            "quantize",
+            str(cnn["path"]),
+            str(tmp_path / "q.onnx"),
+            "--data",
+            str(data),
+            "--method",
+            "auto",
+            "--eval-samples",
+            str(EVAL),
+            "--folds",
+            "3",
+            "--cache",
+            str(cache),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     want = histocal.calibrate_and_select(cnn["path"], feeds, eval_samples=EVAL, folds=3)
     assert f"auto ({want.label}) ranges" in capsys.readouterr().out
@@ -430,18 +523,47 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
     ref = tmp_path / "ref.onnx"
     histocal.quantize_static(cnn["path"], ref, tensors_range=want.ranges)
     assert _model_bytes(tmp_path / "q.onnx") == _model_bytes(ref)
-    assert main(["quantize", str(cnn["path"]), str(tmp_path / "x.onnx"), "--data", str(data), "--method", "auto",
-                 "--folds", "1"]) == 2  # a usage error
+    assert (
+        main(
+            [
+                "quantize",
+                str(cnn["path"]),
+                str(tmp_path / "x.onnx"),
+                "--data",
+                str(data),
+                "--method",
+                "auto",
+                "--folds",
+                "1",
+            ]
+        )
+        == 2
+    )  # a usage error
 
     estimate = tmp_path / "estimate.json"
-    rc = main(["quantize", str(cnn["path"]), str(tmp_path / "e.onnx"), "--data", str(data), "--method", "auto",
-               "--per-tensor-estimate", "--cache", str(estimate), "--no-progress"])
+    rc = main(
+        [
+            "quantize",
+            str(cnn["path"]),
+            str(tmp_path / "e.onnx"),
+            "--data",
+            str(data),
+            "--method",
+            "auto",
+            "--per-tensor-estimate",
+            "--cache",
+            str(estimate),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
-    cal = histocal.create_calibrator(cnn["path"], augmented_model_path=str(tmp_path / "aug.onnx"), calibrate_method="auto")
+    cal = histocal.create_calibrator(
+        cnn["path"], augmented_model_path=str(tmp_path / "aug.onnx"), calibrate_method="auto"
+    )
     cal.collect_data(feeds)
     assert _ranges(load_tensors_data(estimate)) == _ranges(cal.state.compute("auto", qtype="int8", symmetric=False))
 
 
 def test_cli_defaults_are_the_library_defaults():
-    assert AUTO_EVAL_SAMPLES == methods.AUTO_SELECTION_OPTIONS["eval_samples"]
-    assert AUTO_FOLDS == methods.AUTO_SELECTION_OPTIONS["folds"]
+    assert methods.AUTO_SELECTION_OPTIONS["eval_samples"] == AUTO_EVAL_SAMPLES
+    assert methods.AUTO_SELECTION_OPTIONS["folds"] == AUTO_FOLDS

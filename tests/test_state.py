@@ -40,7 +40,8 @@ def _make_model(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("MatMul", ["relu1", "W2"], ["Y"], name="mm2"),
     ]
     graph = helper.make_graph(
-        nodes, "state_test",
+        nodes,
+        "state_test",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])],
         initializer=inits,
@@ -71,7 +72,7 @@ DATA = _batches(1, 8)
 SHARDS = [_batches(10 + i, 3 + i) for i in range(3)]
 # every shard starts with the same, dominating batch: all shards then share every tensor's range
 ANCHOR = {"X": np.array([[30.0, -30.0, 30.0, -30.0], [-30.0, 30.0, -30.0, 30.0]] * 2, np.float32)}
-ANCHORED = [[ANCHOR] + s for s in SHARDS]
+ANCHORED = [[ANCHOR, *s] for s in SHARDS]
 
 CLASSES = {
     "entropy": histocal.EntropyCalibrater,
@@ -111,7 +112,7 @@ def _assert_same(a: TensorsData, b: TensorsData, ordered: bool = True) -> None:
             if va is None:
                 continue
             assert type(va) is type(vb), (name, attr, type(va), type(vb))
-            if isinstance(va, np.ndarray) or isinstance(va, np.generic):
+            if isinstance(va, (np.ndarray, np.generic)):
                 assert va.dtype == vb.dtype, (name, attr)
                 assert np.shape(va) == np.shape(vb), (name, attr)
             np.testing.assert_array_equal(va, vb, err_msg=f"{name}.{attr}")
@@ -217,8 +218,14 @@ def _saved(cal, path):
 def test_compute_errors(model_path, tmp_path):
     cal = _calibrate("percentile", model_path, tmp_path, DATA, mode="exact", num_bins=512)
     state = cal.state
-    exact_only = CalibrationState(names=state.names, mode="exact", exact=state.exact, exact_kind=state.exact_kind,
-                                  exact_num_bins=state.exact_num_bins, model_fingerprint=state.model_fingerprint)
+    exact_only = CalibrationState(
+        names=state.names,
+        mode="exact",
+        exact=state.exact,
+        exact_kind=state.exact_kind,
+        exact_num_bins=state.exact_num_bins,
+        model_fingerprint=state.model_fingerprint,
+    )
     with pytest.raises(ValueError, match="needs value histograms of 128 bins"):
         exact_only.compute("entropy")
     _assert_same(exact_only.compute("percentile", num_bins=512, symmetric=False, percentile=99.999), cal.compute_data())
@@ -241,7 +248,11 @@ def test_streaming_shards_merge_to_one_run(model_path, tmp_path):
     states = [_calibrate("percentile", model_path, tmp_path, s, mode="streaming").state for s in SHARDS]
     whole = _calibrate("percentile", model_path, tmp_path, [b for s in SHARDS for b in s], mode="streaming")
     paths = [_saved_state(s, tmp_path / f"shard{i}.npz") for i, s in enumerate(states)]
-    for merged in (merge_states(*paths), states[2].merge(states[0]).merge(states[1]), states[1].merge(states[2].merge(states[0]))):
+    for merged in (
+        merge_states(*paths),
+        states[2].merge(states[0]).merge(states[1]),
+        states[1].merge(states[2].merge(states[0])),
+    ):
         assert _stream_exports(merged) == _stream_exports(whole.state)
         for method, kw in REQUESTS:
             _assert_same(merged.compute(method, **kw), whole.state.compute(method, **kw))
@@ -270,7 +281,7 @@ def test_exact_merge_with_different_edges_follows_ort_rule(model_path, tmp_path)
     for a, b in ((small, big), (big, small)):
         merged = a.merge(b)
         for name in merged.names:
-            hist, edges, mn, mx, thr, _ = merged.exact.state(name)
+            hist, edges, mn, _mx, thr, _ = merged.exact.state(name)
             assert hist.sum() == a.exact.state(name)[0].sum() + b.exact.state(name)[0].sum()
             assert thr[0] >= max(a.exact.state(name)[4][0], b.exact.state(name)[4][0])
             assert len(edges) == len(hist) + 1 and len(hist) >= 128
@@ -332,8 +343,9 @@ def test_staleness_errors(model_path, other_model_path, tmp_path):
     with pytest.raises(ValueError, match="histograms of 2048 bins"):
         _calibrator("percentile", model_path, tmp_path, mode="exact").load_state(ex.state)
     with pytest.raises(ValueError, match="other tensors"):
-        _calibrator("entropy", model_path, tmp_path, mode="streaming", streaming_bins=1024,
-                    op_types_to_calibrate=["MatMul"]).load_state(tmp_path / "s.npz")
+        _calibrator(
+            "entropy", model_path, tmp_path, mode="streaming", streaming_bins=1024, op_types_to_calibrate=["MatMul"]
+        ).load_state(tmp_path / "s.npz")
     other_state = _calibrate("entropy", other_model_path, tmp_path, DATA, mode="streaming", streaming_bins=1024).state
     with pytest.raises(ValueError, match="different models"):
         cal.state.merge(other_state)
@@ -401,8 +413,12 @@ FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database
 
 
 @settings(FUZZ, max_examples=2200)
-@given(mode=st.sampled_from(["streaming", "exact"]), seed=st.integers(0, 2**32 - 1),
-       n_mut=st.integers(1, 8), cut=st.integers(0, 1 << 16))
+@given(
+    mode=st.sampled_from(["streaming", "exact"]),
+    seed=st.integers(0, 2**32 - 1),
+    n_mut=st.integers(1, 8),
+    cut=st.integers(0, 1 << 16),
+)
 def test_fuzz_mutated_bytes(small_files, mode, seed, n_mut, cut):
     """Random byte mutations of a valid file, with and without truncation (4 inputs per example)."""
     rng = np.random.default_rng(seed)
@@ -432,10 +448,10 @@ def _paths(node, prefix=()):
     yield prefix
     if isinstance(node, dict):
         for k, v in node.items():
-            yield from _paths(v, prefix + (k,))
+            yield from _paths(v, (*prefix, k))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            yield from _paths(v, prefix + (i,))
+            yield from _paths(v, (*prefix, i))
 
 
 @settings(FUZZ, max_examples=1000)
@@ -531,7 +547,6 @@ def test_interrupted_write_keeps_previous_file(model_path, tmp_path, monkeypatch
     old.save(path)
     before = path.read_bytes()
     new = _calibrate("entropy", model_path, tmp_path, SHARDS[0], mode="streaming").state
-    import histocal.cache as cache
 
     real_write = os.write
     calls = {"n": 0}
@@ -542,7 +557,7 @@ def test_interrupted_write_keeps_previous_file(model_path, tmp_path, monkeypatch
             return real_write(fd, bytes(data[: len(data) // 2]))
         raise KeyboardInterrupt  # like Ctrl-C half-way through the write
 
-    monkeypatch.setattr(cache.os, "write", interrupted)
+    monkeypatch.setattr(os, "write", interrupted)
     with pytest.raises(KeyboardInterrupt):
         new.save(path)
     monkeypatch.undo()
@@ -595,7 +610,8 @@ def test_concurrent_writers(model_path, tmp_path):
 @pytest.fixture(scope="module")
 def f16_model_path(tmp_path_factory):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["X"], ["Y"], name="relu")], "f16_state_test",
+        [helper.make_node("Relu", ["X"], ["Y"], name="relu")],
+        "f16_state_test",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT16, ["N", 2])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["N", 2])],
     )
@@ -614,8 +630,16 @@ OPEN_TOP_CALLS = _f16_calls([0, 1664], [-54900, 3], [np.inf, -np.inf], [65504, 1
 
 
 def test_f16_open_top_state_round_trips(f16_model_path, tmp_path):
-    cal = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS, mode="exact", symmetric=True,
-                     num_bins=1000, percentile=99.9)
+    cal = _calibrate(
+        "percentile",
+        f16_model_path,
+        tmp_path,
+        OPEN_TOP_CALLS,
+        mode="exact",
+        symmetric=True,
+        num_bins=1000,
+        percentile=99.9,
+    )
     hist, edges, *_ = cal.state.exact.state("X")
     assert edges.dtype == np.float16 and np.isposinf(edges[-1]) and hist[-1] == 2
     assert (edges[1:] == edges[:-1]).any()  # repeated float16 edges
@@ -625,11 +649,21 @@ def test_f16_open_top_state_round_trips(f16_model_path, tmp_path):
     assert _exact_exports(state) == _exact_exports(cal.state)
     _assert_same(state.compute("percentile", symmetric=True, num_bins=1000, percentile=99.9), cal.compute_data())
     # a calibrator continuing from the file holds what one run over all the calls holds
-    cont = _calibrator("percentile", f16_model_path, tmp_path, mode="exact", symmetric=True, num_bins=1000, percentile=99.9)
+    cont = _calibrator(
+        "percentile", f16_model_path, tmp_path, mode="exact", symmetric=True, num_bins=1000, percentile=99.9
+    )
     cont.load_state(path)
     cont.collect_data(*_f16_calls([np.inf, 7]))
-    ref = _calibrate("percentile", f16_model_path, tmp_path, OPEN_TOP_CALLS + _f16_calls([np.inf, 7]), mode="exact",
-                     symmetric=True, num_bins=1000, percentile=99.9)
+    ref = _calibrate(
+        "percentile",
+        f16_model_path,
+        tmp_path,
+        OPEN_TOP_CALLS + _f16_calls([np.inf, 7]),
+        mode="exact",
+        symmetric=True,
+        num_bins=1000,
+        percentile=99.9,
+    )
     assert _exact_exports(cont.state) == _exact_exports(ref.state)
 
 
@@ -655,7 +689,7 @@ def test_f16_open_top_states_merge(f16_model_path, tmp_path):
 def test_states_and_caches_share_one_file_mode(model_path, tmp_path):
     """One rule for the files histocal saves: 0600 like onnxruntime's calibration cache, whatever
     the umask and the mode of the file replaced (states were 0644, caches 0600)."""
-    from histocal import cache
+    from histocal.io import cache
 
     cal = _calibrate("percentile", model_path, tmp_path, DATA)
     state_path, cache_path = tmp_path / "s.hcs", tmp_path / "c.json"

@@ -1,6 +1,7 @@
 """histocal: Rust-accelerated, ORT-identical histogram calibration for ONNX quantization."""
 
 from ._core import get_num_threads, set_num_threads
+from ._version import __version__
 from .calibrators import (
     DEFAULT_STREAMING_BINS,
     MODES,
@@ -20,8 +21,7 @@ from .methods import (
     registered_methods,
     unregister_method,
 )
-from .state import CalibrationState, merge_states, model_fingerprint
-from .integration import (
+from .quantize.integration import (
     calibrate,
     calibrate_and_select,
     is_patched,
@@ -29,7 +29,8 @@ from .integration import (
     quantize_static,
     unpatch_onnxruntime,
 )
-from .selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
+from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
+from .state import CalibrationState, merge_states, model_fingerprint
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -39,45 +40,43 @@ from .stats import (
     tensor_stats,
 )
 
-__version__ = "0.1.0"
-
 __all__ = [
-    "HistogramCollector",
-    "ValueCounts",
+    "AUTO_SELECTION_OPTIONS",
+    "DEFAULT_STREAMING_BINS",
+    "MODEL_AUTO_CANDIDATES",
+    "MODES",
     "CalibrationState",
+    "DistributionCalibrater",
+    "EntropyCalibrater",
+    "HistogramCollector",
+    "MethodCalibrater",
+    "MinMaxCalibrater",
+    "PercentileCalibrater",
+    "Selection",
+    "TensorHistogram",
+    "TensorStats",
+    "ValueCounts",
+    "__version__",
+    "calibrate",
+    "calibrate_and_select",
+    "channel_min_max",
+    "create_calibrator",
+    "get_num_threads",
+    "is_patched",
     "merge_states",
     "model_fingerprint",
-    "MinMaxCalibrater",
-    "EntropyCalibrater",
-    "PercentileCalibrater",
-    "DistributionCalibrater",
-    "MethodCalibrater",
-    "create_calibrator",
-    "TensorHistogram",
-    "register_method",
-    "unregister_method",
-    "registered_methods",
-    "MODEL_AUTO_CANDIDATES",
-    "AUTO_SELECTION_OPTIONS",
-    "MODES",
-    "DEFAULT_STREAMING_BINS",
-    "patch_onnxruntime",
-    "unpatch_onnxruntime",
-    "is_patched",
-    "calibrate",
-    "quantize_static",
-    "calibrate_and_select",
-    "select_ranges",
-    "select_ranges_cross_validated",
-    "state_candidates",
-    "Selection",
-    "TensorStats",
-    "tensor_stats",
-    "channel_min_max",
+    "moving_average",
     "nanmean_pairwise",
     "nanmean_sequential",
-    "moving_average",
+    "patch_onnxruntime",
+    "quantize_static",
+    "register_method",
+    "registered_methods",
+    "select_ranges",
+    "select_ranges_cross_validated",
     "set_num_threads",
-    "get_num_threads",
-    "__version__",
+    "state_candidates",
+    "tensor_stats",
+    "unpatch_onnxruntime",
+    "unregister_method",
 ]

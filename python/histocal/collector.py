@@ -58,16 +58,11 @@ def float_batches(name: str, data: Any) -> list[np.ndarray]:
     arrays = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in items]
     for a in arrays:
         if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
-            raise TypeError(
-                f"tensor {name!r}: expected float16, float32 or float64 data, got {a.dtype}"
-            )
+            raise TypeError(f"tensor {name!r}: expected float16, float32 or float64 data, got {a.dtype}")
     if len({a.dtype for a in arrays}) > 1:
         common = np.result_type(*arrays)
         arrays = [a.astype(common) for a in arrays]
-    return [
-        a if a.dtype.isnative and a.flags.aligned else a.astype(a.dtype.newbyteorder("="))
-        for a in arrays
-    ]
+    return [a if a.dtype.isnative and a.flags.aligned else a.astype(a.dtype.newbyteorder("=")) for a in arrays]
 
 
 def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
@@ -93,12 +88,8 @@ class HistogramCollector(CalibrationDataCollector):
         if method == "entropy":
             num_quantized_bins = _check_int("num_quantized_bins", num_quantized_bins, 1)
             if num_bins < num_quantized_bins:
-                raise ValueError(
-                    f"num_bins ({num_bins}) must be >= num_quantized_bins ({num_quantized_bins})"
-                )
-        if method == "percentile" and (
-            percentile is None or not 0 <= percentile <= 100 or np.isnan(percentile)
-        ):
+                raise ValueError(f"num_bins ({num_bins}) must be >= num_quantized_bins ({num_quantized_bins})")
+        if method == "percentile" and (percentile is None or not 0 <= percentile <= 100 or np.isnan(percentile)):
             raise ValueError("Invalid percentile. Must be in range 0 <= percentile <= 100.")
         if method == "distribution" and scenario not in SCENARIOS:
             raise ValueError("Invalid scenario. Must be in {'same', 'p3'}.")
@@ -219,15 +210,13 @@ class HistogramCollector(CalibrationDataCollector):
         """A new Rust state holding ``d``'s histograms, in ``d``'s order. Entries this collector
         handed out unchanged keep their state (value counts included); others are checked and
         loaded. A ValueError naming the tensor if one cannot be."""
-        from .state import _export_exact, _restore_exact
-
         hists = _core.Histograms(self._kind, self.num_bins)
         current = set(self._hists.names())
         for name, entry in d.items():
             if not isinstance(name, str):
                 raise TypeError(f"histogram_dict keys must be tensor names (str), got {name!r}")
             if name in current and entry is self._handed.get(name) and self._unchanged(name, entry):
-                _restore_exact(hists, name, _export_exact(self._hists, name))
+                restore_exact(hists, name, export_exact(self._hists, name))
             else:
                 _restore_entry(hists, self._kind, name, entry)
         return hists
@@ -353,8 +342,16 @@ def _restore_entry(hists: Any, kind: str, name: str, entry: Any) -> None:
 
     threshold = held(entry[4]) if kind == "value" else None
     counts = (int(hist.sum()), 0, 0, 0, 0)
-    hists.restore(name, str(data), np.ascontiguousarray(hist, np.int64), np.ascontiguousarray(edges),
-                  held(mn), held(entry[3]), threshold, counts)
+    hists.restore(
+        name,
+        str(data),
+        np.ascontiguousarray(hist, np.int64),
+        np.ascontiguousarray(edges),
+        held(mn),
+        held(entry[3]),
+        threshold,
+        counts,
+    )
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -411,3 +408,72 @@ def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:
 
 
 __all__ = ["HistogramCollector", "ValueCounts", "float_batches"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Copies of collected histograms (the state and the calibrators use them)
+# ----------------------------------------------------------------------------------------------
+
+
+def copy_stream(stream: Any) -> Any:
+    out = _core.StreamHistograms(stream.num_bins, pow2_votes=stream.pow2_votes)
+    out.merge(stream)
+    return out
+
+
+@dataclass
+class ExactHistogram:
+    """One tensor's exact ORT histogram: what ``Histograms.state``/``counts`` export."""
+
+    dtype: str
+    hist: np.ndarray
+    edges: np.ndarray
+    min: tuple[float, bool]
+    max: tuple[float, bool]
+    threshold: tuple[float, bool] | None
+    counts: tuple[int, ...]  # finite, NaN, +Inf, -Inf, batches
+
+
+def export_exact(hists: Any, name: str) -> ExactHistogram:
+    hist, edges, mn, mx, thr, dtype = hists.state(name)
+    return ExactHistogram(
+        dtype, hist, edges, tuple(mn), tuple(mx), None if thr is None else tuple(thr), tuple(hists.counts(name))
+    )
+
+
+def restore_exact(hists: Any, name: str, e: ExactHistogram) -> None:
+    hists.restore(
+        name,
+        e.dtype,
+        np.ascontiguousarray(e.hist, np.int64),
+        np.ascontiguousarray(e.edges),
+        e.min,
+        e.max,
+        e.threshold,
+        e.counts,
+    )
+
+
+def copy_histograms(source: Any, target: Any) -> None:
+    """Put every tensor of one ``_core.Histograms`` into another (empty, same kind and bins)."""
+    for name in source.names():
+        restore_exact(target, name, export_exact(source, name))
+
+
+@dataclass(frozen=True)
+class CollectedData:
+    """What a histogram calibrator has collected (``calibrator.collected()``): the calibration
+    state is built from it, and ``calibrator.restore_collected`` puts one back."""
+
+    mode: str  # how it was collected: "exact" or "streaming"
+    stream: Any = None  # _core.StreamHistograms; exact mode feeds one too, so every method can be served
+    exact: Any = None  # _core.Histograms: ORT's exact histograms (exact mode only)
+    exact_kind: str | None = None  # "value" or "abs"
+    exact_num_bins: int | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The tensors collected, in collection order."""
+        if self.stream is not None:
+            return list(self.stream.names())
+        return [] if self.exact is None else list(self.exact.names())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -16,10 +15,10 @@ class TensorStats:
     """``nanmin``/``nanmax`` (±Inf included), min/max over finite values, and value counts.
     A bound is None when there is no value of that kind."""
 
-    min: Optional[float]
-    max: Optional[float]
-    finite_min: Optional[float]
-    finite_max: Optional[float]
+    min: float | None
+    max: float | None
+    finite_min: float | None
+    finite_max: float | None
     finite: int
     nan: int
     posinf: int
@@ -61,9 +60,9 @@ def moving_average(old: np.ndarray, new: np.ndarray, averaging_constant: float) 
 
 __all__ = [
     "TensorStats",
-    "tensor_stats",
     "channel_min_max",
+    "moving_average",
     "nanmean_pairwise",
     "nanmean_sequential",
-    "moving_average",
+    "tensor_stats",
 ]

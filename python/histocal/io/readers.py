@@ -49,9 +49,7 @@ class DataSource:
             )
         if hasattr(data, "get_next") and callable(data.get_next):
             self.rereadable = callable(getattr(data, "rewind", None))
-        elif isinstance(data, (Sequence, np.ndarray)) and not isinstance(data, (str, bytes)):
-            self.rereadable = True
-        elif callable(data):
+        elif (isinstance(data, (Sequence, np.ndarray)) and not isinstance(data, (str, bytes))) or callable(data):
             self.rereadable = True
         elif isinstance(data, Iterable):
             # A re-iterable container (not an iterator) reads again from its start.
@@ -63,7 +61,7 @@ class DataSource:
             )
         self._reads = 0
 
-    def read(self) -> "Read":
+    def read(self) -> Read:
         """Feed dicts of the next read (rewinding a reader before a second read)."""
         data = self._data
         if self._reads and hasattr(data, "get_next"):
@@ -101,8 +99,10 @@ class Read:
     def __iter__(self) -> Iterator[Feed]:
         for batch, item in enumerate(self._items):
             if isinstance(item, np.ndarray):
-                raise TypeError(f"batch {batch}: expected a dict of input name -> array, got a bare numpy array "
-                                f"{item.shape}; pass {{input_name: array}}")
+                raise TypeError(
+                    f"batch {batch}: expected a dict of input name -> array, got a bare numpy array "
+                    f"{item.shape}; pass {{input_name: array}}"
+                )
             try:
                 ends = not item
             except (ValueError, TypeError, RuntimeError):  # e.g. a tensor with no single truth value
@@ -126,8 +126,10 @@ def _warn_if_items_follow(i: int, item: Any, items: Any, it: Iterator[Any]) -> N
         left_out = "" if next(it, _END) is _END else "the items after it are not used"
     if left_out:
         logger.warning(
-            "calibration data item %d is %s, which ends the data (onnxruntime's rule: "
-            "a falsy feed ends it); %s", i, _short(item), left_out,
+            "calibration data item %d is %s, which ends the data (onnxruntime's rule: a falsy feed ends it); %s",
+            i,
+            _short(item),
+            left_out,
         )
 
 
@@ -171,13 +173,9 @@ class FeedChecker:
                 if name not in self._cast:
                     self._cast.add(name)
                     logger.info("input %r: %s data cast to %s, the model's input type", name, given, arr.dtype)
-            if len(arr.shape) != len(shape) or any(
-                d is not None and d != s for d, s in zip(shape, arr.shape)
-            ):
+            if len(arr.shape) != len(shape) or any(d is not None and d != s for d, s in zip(shape, arr.shape)):
                 declared = tuple("?" if d is None else d for d in shape)
-                raise ValueError(
-                    f"batch {batch}: input {name!r} has shape {arr.shape}, the model expects {declared}"
-                )
+                raise ValueError(f"batch {batch}: input {name!r} has shape {arr.shape}, the model expects {declared}")
             out[name] = arr
         return out
 
@@ -221,8 +219,14 @@ def progress(iterable: Iterable[Any], desc: str, enabled: bool | None) -> Iterab
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
         return iterable
-    return tqdm(iterable, desc=desc, unit="batch", total=operator.length_hint(iterable) or None,
-                disable=None if enabled is None else not enabled, leave=False)
+    return tqdm(
+        iterable,
+        desc=desc,
+        unit="batch",
+        total=operator.length_hint(iterable) or None,
+        disable=None if enabled is None else not enabled,
+        leave=False,
+    )
 
 
 def run_session(session: Any, output_names: list[str] | None, feed: Feed, batch: int) -> list[np.ndarray]:
@@ -230,4 +234,3 @@ def run_session(session: Any, output_names: list[str] | None, feed: Feed, batch:
         return session.run(output_names, feed)
     except Exception as e:  # ORT raises its own types (Fail, InvalidArgument, ...)
         raise RuntimeError(f"batch {batch}: onnxruntime failed to run the model: {e}") from e
-

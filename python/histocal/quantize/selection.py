@@ -26,35 +26,46 @@ sums are kept per candidate.
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
 ``quantize --method auto --data`` use it with K-fold cross-validation (see
-``histocal.integration.calibrate_and_select``).
+``histocal.quantize.integration.calibrate_and_select``).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from . import methods
-from .integration import model_file
-from .readers import Feed, run_session
+from .. import methods
+from ..io.readers import Feed, run_session
+from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 
 logger = logging.getLogger(__name__)
 
 # quantize_static arguments the selection sets itself (the ranges come from each candidate).
-_OWN_ARGUMENTS = ("model_input", "model_output", "calibration_data_reader", "calibrate_method",
-                  "calibration_cache_path", "tensors_range", "num_bins", "num_quantized_bins", "scenario",
-                  "mode", "streaming_bins", "method_options")
+_OWN_ARGUMENTS = (
+    "model_input",
+    "model_output",
+    "calibration_data_reader",
+    "calibrate_method",
+    "calibration_cache_path",
+    "tensors_range",
+    "num_bins",
+    "num_quantized_bins",
+    "scenario",
+    "mode",
+    "streaming_bins",
+    "method_options",
+)
 
 
 Fold = tuple[Mapping[str, TensorsData], Sequence[Feed]]  # (candidates fitted without these feeds, the feeds)
@@ -97,9 +108,10 @@ def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, Tenso
     out = {}
     for label, method, options in methods.model_candidate_options(qtype, symmetric):
         td = state.compute(method, **options)
-        out[label] = TensorsData(CalibrationMethod.MinMax, {
-            name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()
-        })
+        out[label] = TensorsData(
+            CalibrationMethod.MinMax,
+            {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()},
+        )
     return out
 
 
@@ -137,13 +149,13 @@ def select_ranges_cross_validated(
     the folds (the sums of signal and error energy over every fold's feeds), so ranges are never
     scored on the data they were fitted on. The chosen candidate's ranges are returned from
     ``candidates`` (typically fitted on all the data). Arguments as ``select_ranges``."""
-    folds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
-    if not folds or any(not feeds for _, feeds in folds):
+    fold_feeds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
+    if not fold_feeds or any(not feeds for _, feeds in fold_feeds):
         raise ValueError("select_ranges_cross_validated needs folds with at least one evaluation feed each")
-    for fold_candidates, _ in folds:
+    for fold_candidates, _ in fold_feeds:
         if list(fold_candidates) != list(candidates):
             raise ValueError(f"a fold's candidates {list(fold_candidates)} are not the candidates {list(candidates)}")
-    return _select(model_input, folds, candidates, providers, quantize_kwargs, cross_validated=True)
+    return _select(model_input, fold_feeds, candidates, providers, quantize_kwargs, cross_validated=True)
 
 
 def _select(
@@ -183,10 +195,17 @@ def _select(
         if value > sqnr[chosen]:
             chosen = label
     n = sum(len(feeds) for _, feeds in folds)
-    selection = Selection(chosen, candidates[chosen], sqnr, n, time.perf_counter() - start,
-                          len(folds) if cross_validated else 0)
-    logger.info("auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
-                selection.scoring, n, chosen, selection.seconds, selection.table())
+    selection = Selection(
+        chosen, candidates[chosen], sqnr, n, time.perf_counter() - start, len(folds) if cross_validated else 0
+    )
+    logger.info(
+        "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
+        selection.scoring,
+        n,
+        chosen,
+        selection.seconds,
+        selection.table(),
+    )
     return selection
 
 
@@ -201,8 +220,6 @@ def _energies(
     """Per candidate, (sum y^2, sum (y - y_q)^2) over ``feeds``; the exception if its model failed
     to build or run; None if its outputs cannot be compared (see ``_squared_sums``). Candidates
     whose ranges equal an earlier one's are not quantized again."""
-    from .integration import quantize_static
-
     reference = _Reference(model_path, feeds, providers)
     out: dict[str, tuple[float, float] | BaseException | None] = {}
     seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
@@ -218,7 +235,7 @@ def _energies(
         workdir.mkdir()
         try:
             quantized = workdir / "model.onnx"
-            quantize_static(model_path, quantized, tensors_range=ranges, **quantize_kwargs)
+            quantize_with_ranges(model_path, quantized, ranges, **quantize_kwargs)
             out[label] = reference.energy(quantized)
         except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
             logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
@@ -238,12 +255,10 @@ def _sqnr_db(signal: float, noise: float) -> float:
 
 def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
     """TypeError unless these are quantize_static arguments a selection may pass through."""
-    from .integration import quantize_static
-
     own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
     if own:
         raise TypeError(f"auto's model-level choice sets {own} itself (the ranges come from the candidates)")
-    unknown = sorted(set(quantize_kwargs) - set(inspect.signature(quantize_static).parameters))
+    unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
     if unknown:
         raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
 

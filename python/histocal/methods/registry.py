@@ -9,19 +9,17 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   thresholds from ``num_quantized_bins`` bins upward, KL divergence with the quantized
   distribution zero where the reference is zero; the low end is raised to the data's min when
   that is above -t, so a Relu output gets (0, t));
-* ``"pow2"``: power-of-two scales as in AMD Quark: ``NonOverflow`` (the smallest power-of-two
-  scale whose range covers the data) or ``MinMSE`` (the power-of-two scale with the least squared
-  error, over all data, ``All``, or the most common per-batch choice, ``MostCommon``); the range
-  returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into scale
-  ``s`` and zero point 0. Only scales whose range the tensor's type holds are candidates
-  (float32: up to 2^120 for int8); NonOverflow data needing a larger one is an error;
+* ``"pow2"``: power-of-two scales as in AMD Quark (its options: :mod:`histocal.methods.table`); the
+  range returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into
+  scale ``s`` and zero point 0. Only scales whose range the tensor's type holds are candidates
+  (float32: up to 2^120 for int8); data whose covering scale is larger is an error;
 * ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
   mse has the least estimated quantization error (the ``mse`` error model). This is what
   ``CalibrationState.compute("auto")`` (and ``calibrate``, ``create_calibrator``) return: a state
   has no model to run. The least error per tensor is not always the best model output, so
   ``histocal.quantize_static(calibrate_method="auto")`` and ``histocal quantize --method auto
   --data ...``, which have the model and data at hand, choose at the model level instead (see
-  ``histocal.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
+  ``histocal.quantize.selection``): among ``MODEL_AUTO_CANDIDATES`` (this per-tensor estimate and every
   single method's full range set), the one whose quantized model's output is closest to the float
   model's, K-fold cross-validated (option ``folds``) on the first ``eval_samples`` calibration feeds. Option
   ``per_tensor_estimate=True`` keeps the per-tensor estimate there too.
@@ -35,7 +33,7 @@ are not called for them).
 The error model (``qerror``): the bins' centres (clamped to the data's min/max) stand for their
 values; onnxruntime's ``compute_scale_zp`` maps the range, in the tensor's type (float16 or
 float32, as TensorData holds it), to a scale of that type and a zero point, under the installed
-onnxruntime's degenerate-scale rule (``histocal.scale_rule``: 1.32 changed it for float16); the
+onnxruntime's degenerate-scale rule (``histocal.methods.scale_rule``: 1.32 changed it for float16); the
 error is the count-weighted mean of ``(x - dequantize(quantize(x)))^2``. mse searches with this
 model, and pow2 keeps to the exponents whose range that rule maps back to scale ``2^k``.
 """
@@ -46,29 +44,31 @@ import logging
 import math
 import re
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from . import _core
+from .. import _core
 from .scale_rule import SCALE_RULE
+from .table import (
+    ALL_DATA,
+    HISTOCAL_METHODS,
+    HISTOCAL_TABLE,
+    MIN_MSE,
+    NON_OVERFLOW,
+    ORT_METHODS,
+    POW2_QTYPES,
+    QTYPES,
+    TABLE,
+)
 
 logger = logging.getLogger(__name__)
 
-ORT_METHODS = ("minmax", "entropy", "percentile", "distribution")
-HISTOCAL_METHODS = ("mse", "kl", "pow2", "auto")
-QTYPES = ("int8", "uint8", "int16", "uint16")
-POW2_QTYPES = ("int8", "uint8", "int16")
-
-# Options of the histocal methods and their defaults.
-METHOD_OPTIONS: dict[str, dict[str, Any]] = {
-    "mse": {"qtype": "int8", "symmetric": False},
-    "kl": {"num_bins": 2048, "num_quantized_bins": 128},
-    "pow2": {"qtype": "int8", "pow2_method": "MinMSE", "minmse_mode": "All"},
-    "auto": {"qtype": "int8", "symmetric": False},
-}
+# Options of the histocal methods and their defaults (from the method table).
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in HISTOCAL_TABLE}
 # auto's candidates: (label, method, options), in tie-breaking order.
 AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("minmax", "minmax", {"symmetric": False}),
@@ -91,8 +91,8 @@ MODEL_AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("entropy 2048", "entropy", {"symmetric": False, "num_bins": 2048, "num_quantized_bins": 128}),
     ("kl", "kl", {}),
     ("mse", "mse", {}),
-    ("pow2 NonOverflow", "pow2", {"pow2_method": "NonOverflow"}),
-    ("pow2 MinMSE", "pow2", {"pow2_method": "MinMSE", "minmse_mode": "All"}),
+    (f"pow2 {NON_OVERFLOW}", "pow2", {"pow2_method": NON_OVERFLOW}),
+    (f"pow2 {MIN_MSE}", "pow2", {"pow2_method": MIN_MSE, "minmse_mode": ALL_DATA}),
 )
 # Options of auto's model-level choice (not of the per-tensor method: a state cannot use them).
 AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "folds": 2, "per_tensor_estimate": False}
@@ -197,12 +197,13 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= _core.MAX_BINS:
             raise ValueError(f"{method}: {key} must be an integer in [1, {_core.MAX_BINS}], got {value!r}")
     if method == "kl" and out["num_bins"] < out["num_quantized_bins"]:
-        raise ValueError(f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})")
-    if method == "pow2":
-        if out["pow2_method"] not in ("NonOverflow", "MinMSE"):
-            raise ValueError(f"pow2: pow2_method must be 'NonOverflow' or 'MinMSE', got {out['pow2_method']!r}")
-        if out["minmse_mode"] not in ("All", "MostCommon"):
-            raise ValueError(f"pow2: minmse_mode must be 'All' or 'MostCommon', got {out['minmse_mode']!r}")
+        raise ValueError(
+            f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})"
+        )
+    for option in TABLE[method].options:
+        if option.kind is str and option.name != "qtype" and out[option.name] not in (option.choices or ()):
+            expected = " or ".join(map(repr, option.choices or ()))
+            raise ValueError(f"{method}: {option.name} must be {expected}, got {out[option.name]!r}")
     return out
 
 
@@ -225,9 +226,16 @@ def tensor_histogram(stream: Any, name: str) -> TensorHistogram:
     edges = np.linspace(-top, top, 2 * half + 1)  # exact: power-of-two steps
     nan = math.nan
     return TensorHistogram(
-        name=name, dtype=dtype, counts=np.asarray(bins), edges=edges,
-        min=nan if fmin is None else fmin, max=nan if fmax is None else fmax,
-        n_nan=counts[1], n_posinf=counts[2], n_neginf=counts[3], batches=counts[4],
+        name=name,
+        dtype=dtype,
+        counts=np.asarray(bins),
+        edges=edges,
+        min=nan if fmin is None else fmin,
+        max=nan if fmax is None else fmax,
+        n_nan=counts[1],
+        n_posinf=counts[2],
+        n_neginf=counts[3],
+        batches=counts[4],
     )
 
 
@@ -246,12 +254,20 @@ def _custom_ranges(stream: Any, names: Sequence[str], method: str) -> list[tuple
         except Exception as exc:  # a user's function: report which tensor it failed on
             raise ValueError(f"method {method!r} failed on tensor {name!r}: {exc!r}") from exc
         if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-            raise ValueError(f"method {method!r} returned ({low}, {high}) for tensor {name!r}: expected finite low <= high")
+            raise ValueError(
+                f"method {method!r} returned ({low}, {high}) for tensor {name!r}: expected finite low <= high"
+            )
         out.append((low, high))
     return out
 
 
-def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str, Any], ort_ranges: Callable[[str, dict], TensorsData]) -> tuple[list[tuple[float, float]], list[str] | None]:
+def ranges(
+    stream: Any,
+    names: Sequence[str],
+    method: str,
+    options: Mapping[str, Any],
+    ort_ranges: Callable[[str, dict], TensorsData],
+) -> tuple[list[tuple[float, float]], list[str] | None]:
     """Per-tensor ``(low, high)`` of a histocal or registered method, and for ``auto`` the
     label of the candidate chosen per tensor. ``ort_ranges(method, settings)`` computes an ORT
     method's TensorsData from the same state (auto's candidates)."""
@@ -269,8 +285,13 @@ def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str,
             cand_options = {k: v for k, v in options.items() if k in METHOD_OPTIONS[cand]}
             cand_ranges = list(stream.ranges(cand, list(names), scale_rule=SCALE_RULE, **cand_options))
         finite = [i for i, r in enumerate(cand_ranges) if math.isfinite(r[0]) and math.isfinite(r[1])]
-        errors = stream.qerrors([names[i] for i in finite], [cand_ranges[i] for i in finite], scale_rule=SCALE_RULE,
-                                qtype=qtype, symmetric=symmetric)
+        errors = stream.qerrors(
+            [names[i] for i in finite],
+            [cand_ranges[i] for i in finite],
+            scale_rule=SCALE_RULE,
+            qtype=qtype,
+            symmetric=symmetric,
+        )
         for i, err in zip(finite, errors):
             if err < best[i][0]:
                 best[i] = (err, cand_ranges[i], label)
@@ -298,7 +319,9 @@ def check_selection_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """auto's model-level options with defaults filled in; ValueError names a bad one."""
     unknown = set(options) - set(AUTO_SELECTION_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown options for auto's model-level choice: {sorted(unknown)} (allowed: {sorted(AUTO_SELECTION_OPTIONS)})")
+        raise ValueError(
+            f"unknown options for auto's model-level choice: {sorted(unknown)} (allowed: {sorted(AUTO_SELECTION_OPTIONS)})"
+        )
     out = {**AUTO_SELECTION_OPTIONS, **options}
     n = out["eval_samples"]
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -315,7 +338,9 @@ def _pair(td: TensorData) -> tuple[float, float]:
     return float(np.asarray(td.range_value[0]).reshape(-1)[0]), float(np.asarray(td.range_value[1]).reshape(-1)[0])
 
 
-def to_tensors_data(names: Sequence[str], pairs: Sequence[tuple[float, float]], dtypes: Mapping[str, str]) -> TensorsData:
+def to_tensors_data(
+    names: Sequence[str], pairs: Sequence[tuple[float, float]], dtypes: Mapping[str, str]
+) -> TensorsData:
     """TensorsData carrying the ranges (as MinMax results: onnxruntime's TensorsData has no other
     way to carry plain ranges; quantize_static only reads lowest/highest from it), rounded to the
     nearest value of each tensor's type: the methods compute them in float64 as estimates, not
@@ -325,20 +350,20 @@ def to_tensors_data(names: Sequence[str], pairs: Sequence[tuple[float, float]], 
         dt = np.dtype(dtypes[name])
         with np.errstate(over="ignore"):
             lo, hi = np.array([low], dt), np.array([high], dt)
-        if np.isinf(lo[0]) and math.isfinite(low) or np.isinf(hi[0]) and math.isfinite(high):
+        if (np.isinf(lo[0]) and math.isfinite(low)) or (np.isinf(hi[0]) and math.isfinite(high)):
             raise ValueError(f"tensor {name!r}: range ({low!r}, {high!r}) is beyond {dt}'s range")
         out[name] = TensorData(lowest=lo, highest=hi)
     return TensorsData(CalibrationMethod.MinMax, out)
 
 
 __all__ = [
-    "TensorHistogram",
-    "register_method",
-    "unregister_method",
-    "registered_methods",
-    "method_names",
-    "METHOD_OPTIONS",
     "AUTO_CANDIDATES",
-    "MODEL_AUTO_CANDIDATES",
     "AUTO_SELECTION_OPTIONS",
+    "METHOD_OPTIONS",
+    "MODEL_AUTO_CANDIDATES",
+    "TensorHistogram",
+    "method_names",
+    "register_method",
+    "registered_methods",
+    "unregister_method",
 ]

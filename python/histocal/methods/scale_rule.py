@@ -50,7 +50,9 @@ def detect_scale_rule() -> str:
     rule = "1.32" if version >= (1, 32) else "1.31"
     logger.warning(
         "onnxruntime %s's compute_scale_zp follows neither known float16 scale rule; "
-        "histocal's error estimates use onnxruntime %s's", onnxruntime.__version__, rule,
+        "histocal's error estimates use onnxruntime %s's",
+        onnxruntime.__version__,
+        rule,
     )
     return rule
 

@@ -8,7 +8,7 @@
   nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
   ORT-format calibration cache, and writes the user's ``calibration_cache_path`` if given.
   With ``calibrate_method="auto"`` it chooses the ranges by the quantized model's output
-  (``calibrate_and_select``, see ``histocal.selection``).
+  (``calibrate_and_select``, see ``histocal.quantize.selection``).
 """
 
 from __future__ import annotations
@@ -21,18 +21,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
-from . import calibrators, methods
-from .readers import DataSource
-
-if TYPE_CHECKING:
-    from .selection import Selection
+from .. import calibrators, methods
+from ..io.cache import check_cache, save_tensors_data
+from ..io.readers import DataSource
+from ..state import merge_states
+from . import selection
+from .ort import SMOOTH_QUANT_NEEDS_ORT, model_file, ort_quantize_static, quantize_with_ranges
+from .selection import Selection
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,6 @@ _depth = 0
 
 def _modules() -> list[Any]:
     return [importlib.import_module(m) for m in _TARGETS]
-
-
-def _ort_quantize_static(*args: Any) -> None:
-    # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
-    importlib.import_module("onnxruntime.quantization.quantize").quantize_static(*args)
 
 
 def _patch() -> None:
@@ -85,7 +82,7 @@ class patch_onnxruntime:
         _patch()
         self._active = True
 
-    def __enter__(self) -> "patch_onnxruntime":
+    def __enter__(self) -> patch_onnxruntime:
         if not self._active:
             _patch()
             self._active = True
@@ -150,16 +147,6 @@ def calibrate(
     return result
 
 
-def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
-    """The model's path: as given, or a ModelProto saved into ``tmp`` (its weights as external
-    data, so models over 2 GB work)."""
-    if isinstance(model_input, onnx.ModelProto):
-        path = tmp / "model_input.onnx"
-        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
-        return path
-    return Path(model_input)
-
-
 def _collect(calibrator: Any, reader: Any, stride: int | None, collect: Callable[[Any], Any] | None = None) -> None:
     """ORT's collection loop (CalibStridedMinMax included); ``collect`` collects one read of the
     reader (default: ``calibrator.collect_data``)."""
@@ -205,7 +192,7 @@ def calibrate_and_select(
     streaming_bins: int | None = None,
     show_progress: bool | None = None,
     **quantize_kwargs: Any,
-) -> "Selection":
+) -> Selection:
     """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
     of reader), keeping the first ``eval_samples`` feeds; choose among the candidates of
     ``methods.MODEL_AUTO_CANDIDATES`` the one whose quantized model's output is closest to the
@@ -224,9 +211,6 @@ def calibrate_and_select(
     their own states, the rest into one; streaming states merge exactly, so each fold's training
     state and the full state are merges); per fold the candidates are computed from its training
     state, and per distinct candidate and fold there is one quantization and one run over the fold."""
-    from . import selection
-    from .state import merge_states
-
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
     eval_samples, folds = select["eval_samples"], select["folds"]
@@ -234,7 +218,8 @@ def calibrate_and_select(
     if extra.get("SmoothQuant", False):
         raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods")
     options = methods.check_options(
-        "auto", _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra)
+        "auto",
+        _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
     )
     kept: list[dict[str, np.ndarray]] = []
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
@@ -246,18 +231,27 @@ def calibrate_and_select(
             calibrate_method="auto",
             use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
             providers=quantize_kwargs.get("calibration_providers"),
-            extra_options={calibrators.METHOD_OPTIONS_OPTION: options, calibrators.STREAMING_BINS_OPTION: streaming_bins},
+            extra_options={
+                calibrators.METHOD_OPTIONS_OPTION: options,
+                calibrators.STREAMING_BINS_OPTION: streaming_bins,
+            },
         )
         if show_progress is not None:
             calibrator.show_progress = show_progress
         start = time.perf_counter()
         rest_collected = []  # per read: whether feeds beyond the kept ones reached the calibrator
-        _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"),
-                 lambda data: rest_collected.append(_collect_unless_empty(calibrator, _withholding_first(data, kept, eval_samples))))
+        _collect(
+            calibrator,
+            calibration_data_reader,
+            extra.get("CalibStridedMinMax"),
+            lambda data: rest_collected.append(
+                _collect_unless_empty(calibrator, _withholding_first(data, kept, eval_samples))
+            ),
+        )
         if not kept and not any(rest_collected):
             raise ValueError("No data is collected.")
         rest = calibrator.state if any(rest_collected) else None
-        fold_feeds = [kept[k::min(folds, len(kept))] for k in range(min(folds, len(kept)))]
+        fold_feeds = [kept[k :: min(folds, len(kept))] for k in range(min(folds, len(kept)))]
         fold_states = []
         for feeds in fold_feeds:
             calibrator._restart_collection()
@@ -271,17 +265,31 @@ def calibrate_and_select(
 
         candidates = candidates_of([rest, *fold_states])
         cross_validate = len(fold_feeds) >= 2
-        cv_folds = [(candidates_of([rest, *fold_states[:k], *fold_states[k + 1:]]), feeds)
-                    for k, feeds in enumerate(fold_feeds)] if cross_validate else []
-        logger.info("auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
-                    len(candidates), len(cv_folds), time.perf_counter() - start)
+        cv_folds = (
+            [
+                (candidates_of([rest, *fold_states[:k], *fold_states[k + 1 :]]), feeds)
+                for k, feeds in enumerate(fold_feeds)
+            ]
+            if cross_validate
+            else []
+        )
+        logger.info(
+            "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
+            len(candidates),
+            len(cv_folds),
+            time.perf_counter() - start,
+        )
         providers = quantize_kwargs.get("calibration_providers")
         if not cross_validate:
-            logger.warning("auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
-                           "sample, on the feed they were fitted on (which favours tight clipping)", len(kept))
+            logger.warning(
+                "auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
+                "sample, on the feed they were fitted on (which favours tight clipping)",
+                len(kept),
+            )
             return selection.select_ranges(model_input, kept, candidates, providers=providers, **quantize_kwargs)
-        return selection.select_ranges_cross_validated(model_input, cv_folds, candidates, providers=providers,
-                                                       **quantize_kwargs)
+        return selection.select_ranges_cross_validated(
+            model_input, cv_folds, candidates, providers=providers, **quantize_kwargs
+        )
 
 
 def quantize_static(
@@ -333,8 +341,6 @@ def quantize_static(
     results: ORT's cache format cannot record other method names, so a cache made with one
     histocal method is a hit for every other one. ``tensors_range`` skips calibration and
     quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``)."""
-    from .cache import check_cache, save_tensors_data
-
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
@@ -355,14 +361,27 @@ def quantize_static(
     elif method_options:
         raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
     if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
-        raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods and no tensors_range")
+        raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
     if smooth_quant:
         # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
         with patch_onnxruntime():
-            _ort_quantize_static(
-                model_input, model_output, calibration_data_reader, quant_format, op_types_to_quantize,
-                per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize, nodes_to_exclude,
-                use_external_data_format, calibrate_method, calibration_providers, extra, calibration_cache_path,
+            ort_quantize_static(
+                model_input,
+                model_output,
+                calibration_data_reader,
+                quant_format,
+                op_types_to_quantize,
+                per_channel,
+                reduce_range,
+                activation_type,
+                weight_type,
+                nodes_to_quantize,
+                nodes_to_exclude,
+                use_external_data_format,
+                calibrate_method,
+                calibration_providers,
+                extra,
+                calibration_cache_path,
             )
         return
     if tensors_range is not None:
@@ -374,36 +393,69 @@ def quantize_static(
             ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
         if ranges is None:
             if calibration_data_reader is None:
-                raise ValueError("Either calibration_data_reader or an existing calibration_cache_path must be provided.")
+                raise ValueError(
+                    "Either calibration_data_reader or an existing calibration_cache_path must be provided."
+                )
             if select is not None:
                 ranges = calibrate_and_select(
-                    model_input, calibration_data_reader, eval_samples=select["eval_samples"], folds=select["folds"],
-                    method_options=method_options, streaming_bins=streaming_bins,
-                    quant_format=quant_format, op_types_to_quantize=op_types_to_quantize, per_channel=per_channel,
-                    reduce_range=reduce_range, activation_type=activation_type, weight_type=weight_type,
-                    nodes_to_quantize=nodes_to_quantize, nodes_to_exclude=nodes_to_exclude,
-                    use_external_data_format=use_external_data_format, calibration_providers=calibration_providers,
+                    model_input,
+                    calibration_data_reader,
+                    eval_samples=select["eval_samples"],
+                    folds=select["folds"],
+                    method_options=method_options,
+                    streaming_bins=streaming_bins,
+                    quant_format=quant_format,
+                    op_types_to_quantize=op_types_to_quantize,
+                    per_channel=per_channel,
+                    reduce_range=reduce_range,
+                    activation_type=activation_type,
+                    weight_type=weight_type,
+                    nodes_to_quantize=nodes_to_quantize,
+                    nodes_to_exclude=nodes_to_exclude,
+                    use_external_data_format=use_external_data_format,
+                    calibration_providers=calibration_providers,
                     extra_options=extra,
                 ).ranges
             else:
                 ranges = calibrate(
-                    model_input, calibration_data_reader, method_arg, op_types_to_quantize, extra, calibration_providers,
-                    use_external_data_format, num_bins=num_bins, num_quantized_bins=num_quantized_bins,
-                    scenario=scenario, mode=mode, StreamingBins=streaming_bins, method_options=method_options,
+                    model_input,
+                    calibration_data_reader,
+                    method_arg,
+                    op_types_to_quantize,
+                    extra,
+                    calibration_providers,
+                    use_external_data_format,
+                    num_bins=num_bins,
+                    num_quantized_bins=num_quantized_bins,
+                    scenario=scenario,
+                    mode=mode,
+                    StreamingBins=streaming_bins,
+                    method_options=method_options,
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
-    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
-        cache = Path(tmp, "ranges.json")
-        save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
-        _ort_quantize_static(
-            model_input, model_output, None, quant_format, op_types_to_quantize, per_channel, reduce_range,
-            activation_type, weight_type, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
-            calibrate_method, calibration_providers, extra, cache,
-        )
+    quantize_with_ranges(
+        model_input,
+        model_output,
+        ranges,
+        quant_format,
+        op_types_to_quantize,
+        per_channel,
+        reduce_range,
+        activation_type,
+        weight_type,
+        nodes_to_quantize,
+        nodes_to_exclude,
+        use_external_data_format,
+        calibration_providers,
+        extra,
+        calibrate_method=calibrate_method,
+    )
 
 
-def _default_method_options(name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def _default_method_options(
+    name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]
+) -> dict[str, Any]:
     options = dict(given or {})
     allowed = methods.METHOD_OPTIONS.get(name, {})
     if "qtype" in allowed:
@@ -413,4 +465,11 @@ def _default_method_options(name: str, given: dict[str, Any] | None, activation_
     return options
 
 
-__all__ = ["patch_onnxruntime", "unpatch_onnxruntime", "is_patched", "calibrate", "calibrate_and_select", "quantize_static"]
+__all__ = [
+    "calibrate",
+    "calibrate_and_select",
+    "is_patched",
+    "patch_onnxruntime",
+    "quantize_static",
+    "unpatch_onnxruntime",
+]

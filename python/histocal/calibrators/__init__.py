@@ -1,0 +1,21 @@
+"""onnxruntime-compatible calibrators (MinMax, Entropy, Percentile, Distribution, histocal's methods)
+and ``create_calibrator``."""
+
+from .common import DEFAULT_STREAMING_BINS, METHOD_OPTIONS_OPTION, MODE_OPTION, MODES, STREAMING_BINS_OPTION
+from .factory import create_calibrator
+from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
+from .minmax import MinMaxCalibrater
+
+__all__ = [
+    "DEFAULT_STREAMING_BINS",
+    "METHOD_OPTIONS_OPTION",
+    "MODES",
+    "MODE_OPTION",
+    "STREAMING_BINS_OPTION",
+    "DistributionCalibrater",
+    "EntropyCalibrater",
+    "MethodCalibrater",
+    "MinMaxCalibrater",
+    "PercentileCalibrater",
+    "create_calibrator",
+]

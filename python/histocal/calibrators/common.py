@@ -1,0 +1,139 @@
+"""What the calibrators share: collection modes and options, the batch loop, one call at a time."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io.readers import DataSource, FeedChecker, progress, run_session
+from ..methods.table import ORT_TABLE
+
+logger = logging.getLogger(__name__)
+
+
+MODES = ("auto", "exact", "streaming")
+DEFAULT_STREAMING_BINS = 16384
+MODE_OPTION = "CollectionMode"
+STREAMING_BINS_OPTION = "StreamingBins"
+METHOD_OPTIONS_OPTION = "MethodOptions"
+
+_METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
+
+
+def _check_mode(mode: str | None) -> str:
+    mode = "auto" if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def _check_streaming_bins(n: int | None) -> int:
+    n = DEFAULT_STREAMING_BINS if n is None else n
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 8 or n & (n - 1):
+        raise ValueError(f"streaming_bins must be a power of two >= 8, got {n!r}")
+    return int(n)
+
+
+def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
+    """``path``, or where none is given a file in a temporary folder of ``owner``'s own (removed
+    with it): calibrators created at once with ORT's shared default path would write and load
+    each other's augmented models."""
+    if path is not None:
+        return path
+    folder = tempfile.mkdtemp(prefix="histocal_augmented_")
+    weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
+    return os.path.join(folder, "augmented_model.onnx")
+
+
+def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the calibrator's lock: calls from several threads take turns."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+def _is_checkpoint(i: int) -> bool:
+    return i & (i + 1) == 0  # i = 2^k - 1: batches 0, 1, 3, 7, 15, ...
+
+
+class _ReadDigest:
+    """The output shapes and dtypes of one read's batches in O(log batches) memory: a running
+    digest, kept after batches 0, 1, 3, 7, ... (2^k - 1) for a second read to compare with. A
+    second read that differs is caught by twice the batch index where it starts differing, and
+    the error names the span of batches (between two kept digests) where it does."""
+
+    def __init__(self) -> None:
+        self.digest = b""
+        self.kept: dict[int, bytes] = {}
+
+    def add(self, items: list[tuple[str, list[np.ndarray]]]) -> None:
+        h = hashlib.blake2b(self.digest, digest_size=16)
+        for _, arrays in items:
+            h.update(f"{arrays[0].dtype.str}{arrays[0].shape};".encode())
+        self.digest = h.digest()
+
+
+def _second_read_differs(first: int, last: int) -> ValueError:
+    where = f"batch {last}" if first == last else f"batches {first} to {last}"
+    return ValueError(
+        f"{where}: the data reader returned different data on its second read "
+        "(exact mode reads the data twice; it must yield the same batches each time, "
+        "or use mode='streaming')"
+    )
+
+
+def _run_batches(
+    calibrator: Any,
+    source: DataSource,
+    fetch: list[str],
+    consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
+    desc: str,
+) -> int:
+    """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
+    GIL released) runs on a worker thread while ORT infers the next batch, so at most two
+    batches of outputs are alive. Returns the number of batches."""
+    session = calibrator.infer_session
+    checker = FeedChecker(session)
+    inputs = set(checker.inputs)
+    pending: Future | None = None
+    n = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="histocal") as pool:
+        for feed in progress(source.read(), desc, calibrator.show_progress):
+            outputs = run_session(session, fetch, checker.check(feed, n), n)
+            # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
+            # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
+            items = [(name, [a.copy() if name in inputs else a]) for name, a in zip(fetch, outputs)]
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(consume, n, items)
+            n += 1
+        if pending is not None:
+            pending.result()
+    return n
+
+
+def _binned_and_binnable(hist: Any) -> dict[str, tuple[int, int, int, bool]]:
+    """Per tensor: values in the histogram, finite values and infinities collected, and whether
+    the edges end in +inf (an |x| histogram past float16's range: like ORT, it then bins later
+    infinities in its last bin)."""
+    out = {}
+    for n in hist.names():
+        h, edges = hist.state(n)[:2]
+        finite, _, posinf, neginf, _ = hist.counts(n)
+        out[n] = (int(h.sum()), finite, posinf + neginf, bool(np.isposinf(edges[-1])))
+    return out

@@ -1,0 +1,105 @@
+"""``create_calibrator``: ORT's factory, returning histocal's calibrators."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from onnxruntime.quantization.calibrate import CalibrationMethod
+
+from .. import methods
+from .common import METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
+from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
+from .minmax import MinMaxCalibrater
+
+logger = logging.getLogger(__name__)
+
+
+def create_calibrator(
+    model: str | Path,
+    op_types_to_calibrate: Sequence[str] | None = None,
+    augmented_model_path: str | Path | None = None,
+    calibrate_method: CalibrationMethod | str = CalibrationMethod.MinMax,
+    use_external_data_format: bool = False,
+    providers: Sequence[Any] | None = None,
+    extra_options: dict[str, Any] | None = None,
+) -> Any:
+    """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
+    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming) and
+    ``StreamingBins`` for the histogram methods. ``calibrate_method`` may also name a histocal
+    method (mse, kl, pow2, auto) or a registered one, with its options in
+    ``extra_options["MethodOptions"]`` (a dict)."""
+    opts = dict(extra_options or {})
+    hist_opts = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
+    common = dict(use_external_data_format=use_external_data_format)
+    if isinstance(calibrate_method, str):
+        name = methods.canonical_name(calibrate_method)
+        if name not in methods.ORT_METHODS:
+            calibrator: Any = MethodCalibrater(
+                model,
+                op_types_to_calibrate,
+                augmented_model_path,
+                **common,
+                method=name,
+                method_options=opts.get(METHOD_OPTIONS_OPTION),
+                streaming_bins=opts.get(STREAMING_BINS_OPTION),
+            )
+            return _prepare(calibrator, providers)
+        calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
+    if calibrate_method == CalibrationMethod.MinMax:
+        calibrator = MinMaxCalibrater(
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
+            symmetric=opts.get("symmetric", False),
+            moving_average=opts.get("moving_average", False),
+            averaging_constant=opts.get("averaging_constant", 0.01),
+            max_intermediate_outputs=opts.get("max_intermediate_outputs"),
+            per_channel=opts.get("per_channel", False),
+        )
+    elif calibrate_method == CalibrationMethod.Entropy:
+        calibrator = EntropyCalibrater(
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
+            symmetric=opts.get("symmetric", False),
+            num_bins=opts.get("num_bins", 128),
+            num_quantized_bins=opts.get("num_quantized_bins", 128),
+            **hist_opts,
+        )
+    elif calibrate_method == CalibrationMethod.Percentile:
+        calibrator = PercentileCalibrater(
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
+            symmetric=opts.get("symmetric", True),
+            num_bins=opts.get("num_bins", 2048),
+            percentile=opts.get("percentile", 99.999),
+            **hist_opts,
+        )
+    elif calibrate_method == CalibrationMethod.Distribution:
+        calibrator = DistributionCalibrater(
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
+            num_bins=opts.get("num_bins", 2048),
+            scenario=opts.get("scenario", "same"),
+            **hist_opts,
+        )
+    else:
+        raise ValueError(f"Unsupported calibration method {calibrate_method}")
+    return _prepare(calibrator, providers)
+
+
+def _prepare(calibrator: Any, providers: Sequence[Any] | None) -> Any:
+    calibrator.augment_graph()
+    if providers:
+        calibrator.execution_providers = providers
+    calibrator.create_inference_session()
+    return calibrator

@@ -1,0 +1,512 @@
+"""ORT-compatible calibrators whose statistics run in histocal's Rust core.
+
+Each class subclasses onnxruntime's own (same constructor, graph augmentation, session and
+tensor selection), so it works wherever ORT's does; only data collection and the statistics
+change:
+
+* ``MinMaxCalibrater``: ORT's in-graph ReduceMin/ReduceMax, results identical to ORT's, except
+  that ``max_intermediate_outputs`` folds each chunk into the range instead of discarding it,
+  per-channel ranges merge across ``collect_data`` calls (ORT raises there), and those merges
+  ignore NaN as ORT does within a chunk (ORT keeps an earlier all-NaN call's NaN).
+* ``EntropyCalibrater``, ``PercentileCalibrater``, ``DistributionCalibrater``: histograms in
+  bounded memory, in one of two modes:
+
+  - ``exact``: the same TensorsData as ORT for the same ``collect_data`` calls. Data that can be
+    read twice is read twice (global ranges, then fixed-edge counting), one batch at a time;
+    data that can only be read once is buffered per call like ORT does, with a warning.
+  - ``streaming``: one pass, one batch in memory at a time, and a histogram that does not depend
+    on how the data is batched or ordered (a power-of-two-aligned histogram of
+    ``streaming_bins`` bins; ORT's methods then run on an ORT-shaped histogram derived from it).
+  - ``auto`` (default): ``exact`` when the data can be read twice, else ``streaming``.
+
+Every calibrator serializes its calls with its own lock (shared with its collector), so one
+calibrator may be used from several threads: calls run one at a time, and a ``collect_data``
+that fails undoes only its own work. Without an ``augmented_model_path`` each calibrator writes
+its augmented model to its own temporary folder (removed with the calibrator).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+from onnxruntime.quantization import calibrate as ort_calibrate
+from onnxruntime.quantization.calibrate import TensorsData
+
+from .. import _core, methods
+from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
+from ..io.readers import DataSource
+from ..methods.table import collects_votes
+from ..state import CalibrationState, model_fingerprint
+from .common import (
+    _METHODS,
+    _augmented_model_path,
+    _binned_and_binnable,
+    _check_mode,
+    _check_streaming_bins,
+    _is_checkpoint,
+    _one_call_at_a_time,
+    _ReadDigest,
+    _run_batches,
+    _second_read_differs,
+)
+
+logger = logging.getLogger(__name__)
+
+_NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
+
+
+class _HistogramCalibration:
+    """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
+
+    method: str
+    symmetric: bool
+    num_bins: int
+    num_quantized_bins: int
+    percentile: float
+    scenario: str
+    tensors_to_calibrate: set[str] | None
+    collector: HistogramCollector | None
+    # set by onnxruntime's CalibraterBase
+    model: Any
+    augmented_model_path: str
+    execution_providers: list[str] | None
+    infer_session: Any
+
+    def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
+        self._lock = threading.RLock()
+        self.mode = _check_mode(mode)
+        self.streaming_bins = _check_streaming_bins(streaming_bins)
+        self.show_progress = show_progress
+        self._stream: Any = None
+        self._mode_used: str | None = None
+        self._model_fingerprint: str | None = None
+        self._new_collector()  # validates the settings now (ORT only does at collect time)
+
+    def _new_collector(self) -> HistogramCollector:
+        collector = HistogramCollector(
+            method=self.method,
+            symmetric=self.symmetric,
+            num_bins=self.num_bins,
+            num_quantized_bins=self.num_quantized_bins,
+            percentile=self.percentile,
+            scenario=self.scenario,
+        )
+        collector._lock = self._lock  # one lock: the calibrator's calls reach into the collector
+        return collector
+
+    @_one_call_at_a_time
+    def augment_graph(self) -> None:
+        super().augment_graph()  # type: ignore[misc]
+
+    @_one_call_at_a_time
+    def create_inference_session(self) -> None:
+        """ORT's calibration session (graph optimizations off), except that its intra-op threads
+        sleep between operators instead of spinning: the Rust work on the previous batch runs
+        alongside inference and needs those cycles (benches/bench_overlap.py, 2 cores: streaming
+        collection 10% faster; ORT alone is slower this way on an idle machine, faster when
+        another process wants a core)."""
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.infer_session = onnxruntime.InferenceSession(
+            self.augmented_model_path, sess_options=options, providers=self.execution_providers
+        )
+
+    @property
+    def _kind(self) -> str:
+        return "abs" if self.method == "percentile" and self.symmetric else "value"
+
+    def _fetch_names(self) -> list[str]:
+        if self.tensors_to_calibrate is None:
+            raise RuntimeError("call augment_graph() and create_inference_session() before collect_data()")
+        return [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
+
+    @_one_call_at_a_time
+    def collect_data(self, data_reader: Any) -> None:
+        """Collect one call's batches; may be called several times (ORT's merge rule applies
+        between calls in exact mode; streaming mode treats all calls as one data set). A call
+        that fails leaves what earlier calls collected unchanged."""
+        saved = self._snapshot()
+        try:
+            self._collect_call(data_reader)
+        except BaseException:
+            self._restore(*saved)
+            raise
+
+    def _snapshot(self) -> tuple[Any, Any, Any, Any]:
+        histograms = None
+        if self.collector is not None:
+            histograms = _core.Histograms(self._kind, self.collector.num_bins)
+            copy_histograms(self.collector._histograms, histograms)
+        stream = None if self._stream is None else copy_stream(self._stream)
+        return self._mode_used, self.collector, histograms, stream
+
+    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any) -> None:
+        # The same collector object, with its histograms as they were: a caller holding
+        # ``calibrator.collector`` sees no trace of the failed call either.
+        self._mode_used, self.collector, self._stream = mode_used, collector, stream
+        if collector is not None:
+            collector._roll_back_to(histograms)
+
+    def _collect_call(self, data_reader: Any) -> None:
+        source = DataSource(data_reader)
+        if self._mode_used is None:
+            self._mode_used = self.mode if self.mode != "auto" else ("exact" if source.rereadable else "streaming")
+            logger.info("collection mode: %s", self._mode_used)
+        fetch = self._fetch_names()
+        if self._mode_used == "streaming":
+            n = self._collect_streaming(source, fetch)
+        elif source.rereadable:
+            n = self._collect_two_pass(source, fetch)
+        else:
+            n = self._collect_buffered(source, fetch)
+        if n == 0:
+            raise ValueError("No data is collected.")
+
+    def _collect_streaming(self, source: DataSource, fetch: list[str]) -> int:
+        if self._stream is None:
+            self._stream = self._new_stream()
+        stream = self._stream
+        return _run_batches(self, source, fetch, lambda _, items: stream.collect(items), "histocal collect")
+
+    def _collect_two_pass(self, source: DataSource, fetch: list[str]) -> int:
+        if self.collector is None:
+            self.collector = self._new_collector()
+        hist = self.collector._histograms
+        stream = self._exact_stream()
+        # Constant memory per batch (a long stream must not grow it): the second read is checked
+        # against digests of the first, not against a list of every batch's shapes.
+        first, second = _ReadDigest(), _ReadDigest()
+
+        def scan(i: int, items: list) -> None:
+            first.add(items)
+            if _is_checkpoint(i):
+                first.kept[i] = first.digest
+            # The state's streaming histogram (see histocal.state) is fed here, from the same scans.
+            hist.scan(items, stream)
+
+        def count(i: int, items: list) -> None:
+            if i >= n:
+                raise ValueError(
+                    f"the data reader returned {n} batches on its first read and more on its second "
+                    "(exact mode reads the data twice; it must yield the same batches each time)"
+                )
+            second.add(items)
+            if _is_checkpoint(i) and second.digest != first.kept[i]:
+                raise _second_read_differs((i + 1) // 2, i)
+            hist.count(items)
+
+        before = _binned_and_binnable(hist)
+        n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
+        if n == 0:
+            return 0
+        hist.plan()
+        n2 = _run_batches(self, source, fetch, count, "histocal pass 2/2 (histograms)")
+        if n2 != n:
+            raise ValueError(
+                f"the data reader returned {n} batches on its first read and {n2} on its second "
+                "(exact mode reads the data twice; it must yield the same batches each time)"
+            )
+        if second.digest != first.digest:
+            raise _second_read_differs(max(first.kept) + 1, n - 1)
+        self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
+        # Values outside the first read's ranges were not binned: the reader changed its data.
+        for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
+            b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
+            # infinities are binned only where the edges ended in +inf before this collect
+            binnable = finite - f0 + (infs - i0 if open_top else 0)
+            if binned - b0 != binnable:
+                raise ValueError(
+                    f"tensor {name!r}: the data reader returned different data on its second read "
+                    f"({binnable - (binned - b0)} values fell outside the ranges of the first read); "
+                    "exact mode reads the data twice and needs the same batches each time, "
+                    "or use mode='streaming'"
+                )
+        return n
+
+    def _collect_buffered(self, source: DataSource, fetch: list[str]) -> int:
+        logger.warning(
+            "The calibration data can be read only once, so histocal's exact mode keeps every "
+            "batch's outputs in memory like onnxruntime does. To stay in bounded memory, pass a "
+            "list, a reader with rewind(), or a callable returning a fresh iterable, or use "
+            "mode='streaming'."
+        )
+        buffered: dict[str, list[np.ndarray]] = {name: [] for name in fetch}
+
+        stream = self._exact_stream()
+
+        def keep(_: int, items: list) -> None:
+            stream.collect(items)  # the state's streaming histogram (see histocal.state)
+            for name, arrays in items:
+                buffered[name].extend(arrays)
+
+        n = _run_batches(self, source, fetch, keep, "histocal collect")
+        if n:
+            if self.collector is None:
+                self.collector = self._new_collector()
+            self.collector.collect(buffered)
+        return n
+
+    def _new_stream(self) -> Any:
+        return _core.StreamHistograms(self.streaming_bins)
+
+    def _exact_stream(self) -> Any:
+        """Exact mode also feeds a streaming histogram, so that its state serves every method."""
+        if self._stream is None:
+            self._stream = self._new_stream()
+        return self._stream
+
+    @_one_call_at_a_time
+    def _restart_collection(self) -> None:
+        """Forget everything collected, keeping the augmented model, the session and the mode
+        already settled on (so that new data is collected the way the first was). ORT's
+        ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
+        self.collector = None
+        self._stream = None
+
+    # -- what has been collected: the calibration state's interface ------------------------------
+
+    def collected(self, *, copy: bool = True) -> CollectedData:
+        """What has been collected: the streaming histograms and, in exact mode, ORT's exact
+        ones. A copy, unless ``copy=False`` (then the streaming histograms are shared: only for
+        reading them at once). ValueError before anything was collected."""
+        with self._lock:  # not while another thread collects
+            if self._mode_used is None:
+                raise ValueError(_NOTHING_COLLECTED)
+            stream = self._stream
+            if stream is not None and copy:
+                stream = copy_stream(stream)
+            exact = kind = num_bins = None
+            if self._mode_used == "exact" and self.collector is not None and self.collector._histograms.names():
+                kind, num_bins = self._kind, int(self.num_bins)
+                exact = _core.Histograms(kind, num_bins)
+                copy_histograms(self.collector._histograms, exact)
+            if stream is None and exact is None:
+                raise ValueError(_NOTHING_COLLECTED)
+            return CollectedData(self._mode_used, stream, exact, kind, num_bins)
+
+    def restore_collected(self, data: CollectedData) -> None:
+        """Replace what has been collected by (a copy of) ``data``."""
+        with self._lock:
+            self._mode_used = data.mode
+            self._stream = None if data.stream is None else copy_stream(data.stream)
+            if data.mode == "exact":
+                self.collector = self._new_collector()
+                if data.exact is not None:
+                    copy_histograms(data.exact, self.collector._histograms)
+
+    @property
+    def model_fingerprint(self) -> str:
+        """``histocal.model_fingerprint`` of the calibrated model (computed once)."""
+        if self._model_fingerprint is None:
+            self._model_fingerprint = model_fingerprint(self.model, getattr(self, "num_model_outputs", None))
+        return self._model_fingerprint
+
+    @property
+    def collection_settings(self) -> dict[str, Any]:
+        """The settings a state records: the histogram settings and the method's options."""
+        settings = {
+            k: getattr(self, k) for k in ("symmetric", "num_bins", "num_quantized_bins", "percentile", "scenario")
+        }
+        settings.update(getattr(self, "method_options", {}))
+        return settings
+
+    @property
+    def state(self) -> Any:
+        """A ``histocal.CalibrationState`` (copy) of what has been collected."""
+        return CalibrationState.from_calibrator(self)
+
+    def save_state(self, path: str | Path, data_fingerprint: str | None = None, compress: bool = False) -> None:
+        """Save the collected histogram state (see ``histocal.CalibrationState``)."""
+        CalibrationState.from_calibrator(self, data_fingerprint).save(path, compress)
+
+    @_one_call_at_a_time
+    def load_state(self, state: Any) -> None:
+        """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
+        if not isinstance(state, CalibrationState):
+            state = CalibrationState.load(state)
+        self._check_loadable(state)
+        if self._mode_used is not None:
+            state = CalibrationState.from_calibrator(self).merge(state)
+        self.restore_collected(state.collected())
+
+    def _check_loadable(self, state: CalibrationState) -> None:
+        fp = self.model_fingerprint
+        if state.model_fingerprint is not None and state.model_fingerprint != fp:
+            raise ValueError(
+                f"the state was collected on another model (fingerprint {state.model_fingerprint}, this model {fp}): "
+                "it is stale for this model"
+            )
+        if self.tensors_to_calibrate is not None:
+            wanted = (
+                set(self._fetch_names())
+                if getattr(self, "infer_session", None) is not None
+                else set(self.tensors_to_calibrate)
+            )
+            if wanted != set(state.names):
+                diff = sorted(wanted ^ set(state.names))[:5]
+                raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
+        if self.mode != "auto" and self.mode != state.mode:
+            raise ValueError(
+                f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}"
+            )
+        if state.stream is not None and state.streaming_bins != self.streaming_bins:
+            raise ValueError(
+                f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {self.streaming_bins}"
+            )
+        if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self._kind, self.num_bins):
+            raise ValueError(
+                f"incompatible options: the state holds exact {state.exact_kind} histograms of {state.exact_num_bins} "
+                f"bins, this calibrator needs {self._kind} histograms of {self.num_bins} bins (state.compute() can still "
+                "serve these settings)"
+            )
+
+    @_one_call_at_a_time
+    def compute_data(self) -> TensorsData:
+        """Every method's results from what has been collected. Exact mode: ORT's own computation
+        on ORT's exact histograms (edits of ``collector.histogram_dict`` included); otherwise the
+        calibration state's ``compute``, reading the calibrator's streaming histograms in place."""
+        if self._mode_used == "exact":
+            if self.collector is None:
+                raise ValueError("No collector created and can't generate calibration data.")
+            return TensorsData(_METHODS[self.method], self.collector.compute_collection_result())
+        if self._stream is None:
+            raise ValueError("No collector created and can't generate calibration data.")
+        state = CalibrationState.from_collected(
+            self.collected(copy=False), model_fingerprint=None, method=self.method, settings=self.collection_settings
+        )
+        return state.compute(self.method, **getattr(self, "method_options", {}))
+
+
+class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str | Path | None = None,
+        use_external_data_format: bool = False,
+        method: str = "entropy",
+        symmetric: bool = False,
+        num_bins: int = 128,
+        num_quantized_bins: int = 128,
+        *,
+        mode: str | None = None,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=method,
+            symmetric=symmetric,
+            num_bins=num_bins,
+            num_quantized_bins=num_quantized_bins,
+        )
+        self._init_histocal(mode, streaming_bins, show_progress)
+
+
+class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str | Path | None = None,
+        use_external_data_format: bool = False,
+        method: str = "percentile",
+        symmetric: bool = False,
+        num_bins: int = 2048,
+        percentile: float = 99.999,
+        *,
+        mode: str | None = None,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=method,
+            symmetric=symmetric,
+            num_bins=num_bins,
+            percentile=percentile,
+        )
+        self._init_histocal(mode, streaming_bins, show_progress)
+
+
+class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str | Path | None = None,
+        use_external_data_format: bool = False,
+        method: str = "distribution",
+        num_bins: int = 128,
+        scenario: str = "same",
+        *,
+        mode: str | None = None,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=method,
+            num_bins=num_bins,
+            scenario=scenario,
+        )
+        self._init_histocal(mode, streaming_bins, show_progress)
+
+
+class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
+    """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
+    pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
+    ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
+    histogram)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str | Path | None = None,
+        use_external_data_format: bool = False,
+        method: str = "mse",
+        method_options: dict[str, Any] | None = None,
+        *,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+    ) -> None:
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            raise ValueError(f"{name} is an onnxruntime method: use its own calibrator (or create_calibrator)")
+        self.method_options = methods.check_options(name, dict(method_options or {}))
+        super().__init__(
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=name,
+        )
+        self._lock = threading.RLock()
+        self.mode = "streaming"
+        self.streaming_bins = _check_streaming_bins(streaming_bins)
+        self.show_progress = show_progress
+        self._stream = None
+        self._mode_used = None
+        self._model_fingerprint = None
+
+    def _new_stream(self) -> Any:
+        # a method choosing per batch needs every batch's vote, collected as the batches come
+        votes = collects_votes(self.method, self.method_options)
+        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)

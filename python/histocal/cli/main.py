@@ -1,0 +1,266 @@
+"""histocal's command line: ``histocal calibrate | quantize | inspect | recompute | report | demo``.
+
+Exit codes: 0 success, 1 failure (bad data, unreadable file, calibration or quantization error),
+2 usage error. Diagnostics go through :mod:`logging` to stderr (``histocal: error: ...``, one
+line); results (tables, JSON) go to stdout. Bad calibration data is detected before any output
+file is created, and every output (cache, state, quantized model) is written atomically, so a
+failed run leaves nothing behind and never a partial file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+
+from .calibrate import cmd_calibrate, cmd_recompute
+from .common import (
+    AUTO_EVAL_SAMPLES,
+    AUTO_FOLDS,
+    FORMATS,
+    HISTOGRAM_METHODS,
+    QUANT_TYPES,
+    _add_data_options,
+    _add_method_options,
+    _check_method,
+    _folds,
+    _load_plugins,
+    _one_line,
+    _Parser,
+    _positive_int,
+    _UsageError,
+)
+from .demo import cmd_demo
+from .inspect import cmd_inspect
+from .quantize import cmd_quantize
+from .report import _report_parser
+
+logger = logging.getLogger("histocal.cli")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser and entry point
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, *, default: bool) -> None:
+    """-v / -q; without defaults (``default=False``) they set nothing unless given."""
+    unset = argparse.SUPPRESS
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0 if default else unset, help="more logging (-vv: debug)"
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if default else unset, help="errors only")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .._version import __version__
+
+    parser = _Parser(
+        prog="histocal",
+        description="ORT-identical, faster calibration for ONNX post-training quantization.",
+    )
+    parser.add_argument("--version", action="version", version=f"histocal {__version__}")
+    _add_verbosity(parser, default=True)
+    verbosity = argparse.ArgumentParser(add_help=False)
+    _add_verbosity(verbosity, default=False)
+    # -v / -q also after the subcommand: every subparser takes them (without defaults of its own,
+    # which would replace the values given before the subcommand).
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=functools.partial(_Parser, parents=[verbosity])
+    )
+
+    p = sub.add_parser(
+        "calibrate",
+        help="calibrate a model: write an ORT calibration cache and/or a histocal state",
+        description="Calibrate MODEL on calibration data; write ONNX Runtime's JSON calibration "
+        "cache (--cache) and/or a histocal state (--state) from which other "
+        "histogram methods can be computed without inference (histocal recompute).",
+    )
+    p.add_argument("model", metavar="MODEL", help="ONNX model")
+    _add_data_options(p, required=True)
+    _add_method_options(p, default_method="minmax", per_channel=False)
+    p.add_argument(
+        "--per-channel", dest="calib_per_channel", action="store_true", default=None, help="minmax: per-channel ranges"
+    )
+    g = p.add_argument_group("outputs (at least one)")
+    g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
+    g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser(
+        "quantize",
+        help="calibrate (or reuse a cache / state) and write a quantized model",
+        description="Quantize MODEL into OUTPUT with onnxruntime's quantize_static, calibrated by "
+        "histocal on --data, or from an existing ORT cache (--cache) or a histocal "
+        "state (--state). With --data and --cache, the cache is reused if it exists "
+        "and written otherwise (ORT's rule).",
+    )
+    p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
+    p.add_argument("output", metavar="OUTPUT", help="quantized model to write")
+    _add_data_options(p, required=False)
+    g = p.add_argument_group("calibration source (one of --data, --cache, --state)")
+    g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
+    g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
+    _add_method_options(p, default_method=None, per_channel=False)
+    g = p.add_argument_group("quantization")
+    g.add_argument("--format", choices=FORMATS, default="qdq", help="QDQ or QOperator model (default qdq)")
+    g.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
+    g.add_argument(
+        "--activation-type",
+        choices=QUANT_TYPES,
+        type=str.lower,
+        default="qint8",
+        help="activation type (default qint8)",
+    )
+    g.add_argument(
+        "--weight-type", choices=QUANT_TYPES, type=str.lower, default="qint8", help="weight type (default qint8)"
+    )
+    g.add_argument("--reduce-range", action="store_true", help="7-bit weights (for older CPUs)")
+    g.add_argument(
+        "--symmetric-activations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ORT extra option ActivationSymmetric",
+    )
+    g.add_argument(
+        "--symmetric-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ORT extra option WeightSymmetric",
+    )
+    g.add_argument("--nodes-to-quantize", nargs="+", metavar="NODE", help="quantize only these nodes")
+    g.add_argument("--nodes-to-exclude", nargs="+", metavar="NODE", help="do not quantize these nodes")
+    g.add_argument("--external-data", action="store_true", help="write weights as external data")
+    g = p.add_argument_group("auto (--method auto with --data)")
+    g.add_argument(
+        "--eval-samples",
+        type=_positive_int,
+        metavar="N",
+        help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
+        "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
+        f"batches (of --batch-size items), kept in memory (default {AUTO_EVAL_SAMPLES})",
+    )
+    g.add_argument(
+        "--folds",
+        type=_folds,
+        metavar="K",
+        help="auto: K-fold cross-validation on those batches (batch i in fold i mod K; each fold scored "
+        f"with ranges calibrated on all the other data) (default {AUTO_FOLDS})",
+    )
+    g.add_argument(
+        "--per-tensor-estimate",
+        action="store_true",
+        help="auto: per tensor, the candidate with the least estimated error; no model evaluation",
+    )
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser(
+        "inspect",
+        help="show what an ORT calibration cache or a histocal state holds",
+        description="Show the method, tensors and ranges of an ORT calibration cache, or of a "
+        "histocal state (plus model fingerprint, non-finite counts, options).",
+    )
+    p.add_argument("file", metavar="FILE", help="ORT calibration cache (JSON) or histocal state")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON instead of a table")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "recompute",
+        help="compute another histogram method from a histocal state (no inference)",
+        description="Compute ranges for a histogram method from a histocal STATE (written by "
+        "'histocal calibrate --state') and write ONNX Runtime's calibration cache.",
+    )
+    p.add_argument("state", metavar="STATE", help="histocal state file")
+    _add_method_options(p, default_method=None, minmax=False, collection=False, required=True)
+    p.add_argument("--cache", metavar="OUT", required=True, help="ORT calibration cache to write")
+    p.set_defaults(func=cmd_recompute)
+    _report_parser(sub)
+
+    p = sub.add_parser(
+        "demo",
+        help="compare histocal with onnxruntime on a small CNN (time, memory, ranges)",
+        description="Build a small CNN and synthetic data in a temp folder, calibrate with "
+        "onnxruntime and with histocal (exact mode) and print time, peak memory and "
+        "whether the ranges are identical.",
+    )
+    p.add_argument("--samples", type=_positive_int, default=64, metavar="N", help="calibration samples (default 64)")
+    p.add_argument("--batch-size", type=_positive_int, default=8, metavar="N", help="batch size (default 8)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=HISTOGRAM_METHODS,
+        metavar="METHOD",
+        help="only these methods (entropy percentile distribution; default all)",
+    )
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            message = _one_line(message)
+        return f"histocal: {record.levelname.lower()}: {message}"
+
+
+def _ort_noise(record: logging.LogRecord) -> bool:
+    """onnxruntime's quantize_static advice to pre-process the model, on every run: debug only."""
+    return not (record.name == "root" and str(record.msg).startswith("Please consider"))
+
+
+@contextlib.contextmanager
+def _logging(level: int) -> Iterator[None]:
+    """Log to the current stderr for the duration of one command (also when called in-process)."""
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    handler.setLevel(level)
+    if level > logging.DEBUG:
+        handler.addFilter(_ort_noise)
+    saved = root.level
+    root.addHandler(handler)
+    root.setLevel(min(level, saved) if saved else level)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    level = logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    with _logging(level):
+        try:
+            _load_plugins(args)
+            _check_method(args)
+            return args.func(args)
+        except _UsageError as e:
+            subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            sub = subparsers[0].choices.get(args.command, parser) if subparsers else parser
+            try:
+                sub.error(str(e))
+            except SystemExit as exit_:
+                return exit_.code if isinstance(exit_.code, int) else 2
+            return 2
+        except KeyboardInterrupt:
+            logger.error("interrupted")
+            return 130
+        except Exception as e:
+            logger.debug("traceback", exc_info=True)
+            text = str(e) or type(e).__name__
+            if isinstance(e, (OSError,)) and getattr(e, "filename", None) and str(e.filename) not in text:
+                text = f"{e.filename}: {text}"
+            logger.error("%s", _one_line(text))
+            return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

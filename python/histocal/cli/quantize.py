@@ -1,0 +1,193 @@
+"""``histocal quantize``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .calibrate import _load_state, _ranges_from_state
+from .common import (
+    METHODS,
+    CliError,
+    _calibrate,
+    _calibrator_options,
+    _check_model,
+    _display,
+    _histocal_option_names,
+    _method_enum,
+    _method_key,
+    _open_data,
+    _UsageError,
+    _write_outputs,
+)
+
+logger = logging.getLogger("histocal.cli")
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization
+
+
+def _quant_type(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    members = {m.lower(): m for m in QuantType.__members__}
+    return QuantType[members[name]]
+
+
+def _default_error_model(args: argparse.Namespace) -> None:
+    """histocal's methods minimize the error of the quantization that will be applied: their
+    qtype and symmetry default to the activation type and --symmetric-activations."""
+    from .. import methods
+
+    options = _histocal_option_names(args.method) if args.method else ()
+    if "qtype" in options and args.qtype is None:
+        try:
+            args.qtype = methods.qtype_of(_quant_type(args.activation_type))
+        except ValueError as exc:
+            raise CliError(f"--method {args.method}: {exc}") from None
+    if "symmetric" in options and args.symmetric is None and args.symmetric_activations is not None:
+        args.symmetric = args.symmetric_activations
+
+
+def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """quantize_static's quantization arguments from the command line (also those auto's
+    model-level choice quantizes its candidates with)."""
+    from onnxruntime.quantization import QuantFormat
+
+    extra_options = {}
+    if args.symmetric_activations is not None:
+        extra_options["ActivationSymmetric"] = args.symmetric_activations
+    if args.symmetric_weights is not None:
+        extra_options["WeightSymmetric"] = args.symmetric_weights
+    return dict(
+        quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
+        op_types_to_quantize=args.op_types,
+        per_channel=args.per_channel,
+        reduce_range=args.reduce_range,
+        activation_type=_quant_type(args.activation_type),
+        weight_type=_quant_type(args.weight_type),
+        nodes_to_quantize=args.nodes_to_quantize,
+        nodes_to_exclude=args.nodes_to_exclude,
+        use_external_data_format=args.external_data,
+        calibration_providers=args.providers,
+        extra_options=extra_options,
+    )
+
+
+def _model_level_auto(args: argparse.Namespace) -> bool:
+    return args.method == "auto" and not args.per_tensor_estimate
+
+
+def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization: dict[str, Any]) -> Any:
+    """auto's model-level choice (see histocal.quantize.selection): the chosen candidate's ranges."""
+    from .. import methods
+    from ..quantize.integration import calibrate_and_select
+
+    options = _calibrator_options(args)  # warns about options that do not apply to auto
+    eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
+    folds = args.folds or methods.AUTO_SELECTION_OPTIONS["folds"]
+    start = time.perf_counter()
+    chosen = calibrate_and_select(
+        model,
+        data,
+        eval_samples=eval_samples,
+        folds=folds,
+        method_options=options.get("MethodOptions"),
+        streaming_bins=options.get("StreamingBins"),
+        show_progress=False if args.no_progress else None,
+        **quantization,
+    )
+    logger.info(
+        "auto chose %s (output SQNR %.2f dB, %s on %d batches) in %.2f s",
+        chosen.label,
+        chosen.sqnr_db[chosen.label],
+        chosen.scoring,
+        chosen.eval_samples,
+        time.perf_counter() - start,
+    )
+    args.auto_choice = chosen.label
+    return chosen.ranges
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from ..io.cache import check_cache, load_tensors_data, save_tensors_data
+    from ..quantize.integration import quantize_static
+
+    sources = [s for s in ("data", "state") if getattr(args, s) is not None]
+    if len(sources) > 1:
+        raise _UsageError("give either --data or --state, not both")
+    if not sources and args.cache is None:
+        raise _UsageError("give --data, --cache or --state")
+    model = _check_model(args.model)
+    output = Path(args.output)
+    cache = Path(args.cache) if args.cache else None
+    write_cache = False
+    _default_error_model(args)
+    quantization = _quantization_arguments(args)
+
+    if args.state is not None:
+        ranges = _ranges_from_state(args, _load_state(args.state))
+    elif args.data is None:  # --cache alone: reuse it
+        if not cache.is_file():
+            raise CliError(f"{cache}: no such calibration cache" if not cache.exists() else f"{cache}: not a file")
+        ranges = load_tensors_data(cache)
+        cached = _method_key(ranges.calibration_method)
+        if args.method is None:
+            args.method = cached if cached in METHODS else "minmax"
+        elif args.method != cached:
+            raise CliError(f"{cache}: cache made with {ranges.calibration_method}, not --method {args.method}")
+    else:
+        args.method = args.method or "minmax"
+        data = _open_data(args, model)
+        ranges = check_cache(cache, _method_enum(args.method), False) if cache is not None else None
+        if ranges is not None:
+            logger.info("reusing calibration cache %s", cache)
+        elif _model_level_auto(args):
+            ranges = _select_auto(args, model, data, quantization)
+            write_cache = cache is not None
+        else:
+            ranges, _ = _calibrate(args, model, data, want_state=False)
+            write_cache = cache is not None
+    if args.method != "auto" or args.data is None or args.per_tensor_estimate:
+        for flag, value in (
+            ("--eval-samples", args.eval_samples),
+            ("--folds", args.folds),
+            ("--per-tensor-estimate", args.per_tensor_estimate or None),
+        ):
+            if value is not None:
+                logger.warning("option %s applies only to --method auto with --data; ignored", flag)
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
+        ranges_file = Path(tmp, "ranges.json")
+        save_tensors_data(ranges, ranges_file)
+        staged = Path(tmp, "out", output.name)
+        staged.parent.mkdir()
+        quantize_static(
+            model,
+            staged,
+            None,
+            calibrate_method=ranges.calibration_method,
+            calibration_cache_path=ranges_file,
+            **quantization,
+        )
+        if write_cache:
+            _write_outputs(ranges, cache, None, None)
+        # Side files (external data) first, the model last: a reader never sees a model
+        # without its data.
+        for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
+            os.replace(f, output.parent / f.name)
+    logger.info("wrote %s", output)
+    how = _display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
+    sys.stdout.write(
+        f"quantized {model} -> {output} ({how} ranges, {args.format}, "
+        f"activations {args.activation_type}, weights {args.weight_type})\n"
+    )
+    return 0

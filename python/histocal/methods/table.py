@@ -1,0 +1,135 @@
+"""The method table: every built-in calibration method, declared once.
+
+Each entry says what the method is called, which histogram it reads, its options (type, default,
+allowed values, help) and a one-line description. The calibrators, the calibration state and its
+file format, the command line and the report all read this table; adding a method is its range
+function (``registry.ranges``), one entry here and its tests. Registered methods
+(``histocal.register_method``) take no options and read the streaming histogram.
+
+The option values of ``pow2`` follow AMD Quark: ``pow2_method`` is ``NonOverflow`` (the smallest
+power-of-two scale whose range covers the data) or ``MinMSE`` (the power-of-two scale with the least
+squared error); ``minmse_mode`` says over what: all the data (``All``) or each batch, keeping the most
+common choice (``MostCommon``, which needs every batch's vote collected as the batches come).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from onnxruntime.quantization.calibrate import CalibrationMethod
+
+QTYPES = ("int8", "uint8", "int16", "uint16")
+POW2_QTYPES = ("int8", "uint8", "int16")
+POW2_METHODS = ("NonOverflow", "MinMSE")
+MINMSE_MODES = ("All", "MostCommon")
+SCENARIOS = ("same", "p3")
+
+NON_OVERFLOW, MIN_MSE = POW2_METHODS
+# The pow2 setting that collects per-batch votes.
+ALL_DATA, MOST_COMMON = MINMSE_MODES
+POW2_VOTING = ("minmse_mode", MOST_COMMON)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a method: its type, default, allowed values and help."""
+
+    name: str
+    kind: type  # bool, int, float or str
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Method:
+    """One calibration method."""
+
+    name: str
+    help: str
+    ort: CalibrationMethod | None = None  # onnxruntime's enum, for ORT's own methods
+    histogram: str = "stream"  # what it reads: "minmax" (ranges), "exact" (ORT's histogram or the stream), "stream"
+    options: tuple[Option, ...] = field(default_factory=tuple)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {o.name: o.default for o in self.options}
+
+    def option(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+
+def _symmetric(default: bool) -> Option:
+    return Option("symmetric", bool, default, "symmetric ranges")
+
+
+def _num_bins(default: int) -> Option:
+    return Option("num_bins", int, default, "histogram bins")
+
+
+def _qtype(choices: tuple[str, ...] = QTYPES) -> Option:
+    return Option("qtype", str, "int8", "target type of the error model", choices)
+
+
+_NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins")
+
+# ORT's methods: options and defaults as onnxruntime's create_calibrator (what quantize_static uses).
+ORT_TABLE = (
+    Method("minmax", "the data's min and max", CalibrationMethod.MinMax, "minmax", (_symmetric(False),)),
+    Method(
+        "entropy",
+        "ORT's KL-divergence threshold (TensorRT style)",
+        CalibrationMethod.Entropy,
+        "exact",
+        (_symmetric(False), _num_bins(128), _NUM_QUANTIZED_BINS),
+    ),
+    Method(
+        "percentile",
+        "a percentile of the values (|x| when symmetric)",
+        CalibrationMethod.Percentile,
+        "exact",
+        (_symmetric(True), _num_bins(2048), Option("percentile", float, 99.999, "the percentile")),
+    ),
+    Method(
+        "distribution",
+        "ORT's distribution ranges (float8)",
+        CalibrationMethod.Distribution,
+        "exact",
+        (_num_bins(2048), Option("scenario", str, "same", "scenario", SCENARIOS)),
+    ),
+)
+# histocal's methods: ranges computed from the streaming histogram.
+HISTOCAL_TABLE = (
+    Method("mse", "the range with the least quantization error", options=(_qtype(), _symmetric(False))),
+    Method("kl", "KL-divergence threshold on the streaming histogram", options=(_num_bins(2048), _NUM_QUANTIZED_BINS)),
+    Method(
+        "pow2",
+        "power-of-two scales (AMD Quark)",
+        options=(
+            _qtype(POW2_QTYPES),
+            Option("pow2_method", str, POW2_METHODS[1], "scale choice", POW2_METHODS),
+            Option(
+                "minmse_mode",
+                str,
+                MINMSE_MODES[0],
+                "MinMSE over all data, or the most common per-batch choice",
+                MINMSE_MODES,
+            ),
+        ),
+    ),
+    Method(
+        "auto", "per tensor, the candidate with the least quantization error", options=(_qtype(), _symmetric(False))
+    ),
+)
+TABLE: dict[str, Method] = {m.name: m for m in ORT_TABLE + HISTOCAL_TABLE}
+ORT_METHODS = tuple(m.name for m in ORT_TABLE)
+HISTOCAL_METHODS = tuple(m.name for m in HISTOCAL_TABLE)
+# Every option of every built-in method, as the state file and the command line know them.
+ALL_OPTIONS: dict[str, Option] = {o.name: o for m in TABLE.values() for o in m.options}
+
+
+def collects_votes(method: str, options: dict[str, Any]) -> bool:
+    """Whether ``method`` with ``options`` needs per-batch votes collected with the histogram."""
+    key, value = POW2_VOTING
+    return method == "pow2" and options.get(key) == value

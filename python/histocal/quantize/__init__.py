@@ -1,0 +1,1 @@
+"""Quantization entry points: calibrate, quantize_static, patch_onnxruntime, model-level selection."""

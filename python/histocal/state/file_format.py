@@ -1,0 +1,435 @@
+"""The calibration state file: writing its members, and reading it as untrusted input.
+
+File format (``.npz``-compatible zip, written atomically with ``cache.atomic_write_bytes``): only
+plain little-endian numeric ``.npy`` members, never pickles:
+
+* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1),
+  ``histocal_version``, ``model_fingerprint`` (sha256 hex of the graph, see
+  :func:`model_fingerprint`), ``data_fingerprints`` (sorted list of the runs' data fingerprints),
+  ``options`` (``mode``, ``streaming_bins``, ``exact_kind``, ``exact_num_bins``, ``method``,
+  ``settings``) and ``tensors`` (per tensor: ``name``, ``dtype``, ``stream`` = ``{level, start,
+  length}`` (the non-zero span of the bins) or null, ``exact`` = ``{edge_dtype, bins}`` or null);
+* ``stream_bins`` (the spans concatenated, as the narrowest of uint8/16/32/64 that holds them), ``stream_stats`` (float64 (n, 3): finite min,
+  finite max, min |x|; NaN when there are no finite values), ``stream_counts`` (uint64 (n, 5):
+  finite, NaN, +Inf, -Inf, batches), and, when pow2's per-batch votes were collected,
+  ``stream_votes`` (int64 (m, 4): tensor index, type (int8, uint8, int16), exponent, batches);
+* ``exact_hist`` (concatenated, int64 or the narrowest of uint8/16/32 that holds the counts), ``exact_edges_float16/32/64`` (edges concatenated per edge
+  dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
+  (uint8 (n, 3): whether ORT holds each as a 0-d array), ``exact_counts`` (uint64 (n, 5)).
+
+Loading treats the file as untrusted and checks every size before taking the memory for it: the file
+size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` bytes are read to find and
+parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
+``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
+(tensors x ``streaming_bins`` + exact bins at most ``MAX_STATE_BINS``, bins and ``num_bins`` settings at
+most ``_core.MAX_BINS``), then each other member's declared size against that content before it is
+decompressed, read in chunks. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
+and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, BinaryIO, NoReturn
+
+import numpy as np
+
+from .. import _core
+from ..io.files import READ_CHUNK, parse_bounded_json
+from ..methods.table import ALL_OPTIONS, QTYPES
+
+FORMAT_NAME = "histocal-calibration-state"
+FORMAT_VERSION = 1
+MAX_STATE_BYTES = 4 << 30  # file size, and the members' total uncompressed size
+MAX_HEADER_BYTES = 64 << 20  # the JSON header
+# Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
+# at the default 16384 streaming bins). A header declaring more is refused before anything is allocated.
+MAX_STATE_BINS = 1 << 28
+MAX_JSON_DEPTH = 8
+MAX_MEMBERS = 16
+MAX_NAME_CHARS = 1 << 16
+MAX_NPY_HEADER = 4096  # a member's .npy header (numpy writes 128 bytes)
+MAX_ZIP_DIRECTORY = 1 << 20  # what zipfile may read to find and parse the central directory
+POW2_EXPONENTS = _core.POW2_EXPONENTS  # the exponents a pow2 vote can have
+
+_DTYPES = ("float16", "float32", "float64")
+_MODES = ("exact", "streaming")
+_KINDS = ("value", "abs")
+# zip members: name -> (dtype, ndim, columns)
+_MEMBERS: dict[str, tuple[str, int, int | None]] = {
+    "header": ("u1", 1, None),
+    "stream_bins": ("<u8|<u4|<u2|u1", 1, None),
+    "stream_stats": ("<f8", 2, 3),
+    "stream_counts": ("<u8", 2, 5),
+    "stream_votes": ("<i8", 2, 4),
+    "exact_hist": ("<i8|<u4|<u2|u1", 1, None),
+    "exact_edges_float16": ("<f2", 1, None),
+    "exact_edges_float32": ("<f4", 1, None),
+    "exact_edges_float64": ("<f8", 1, None),
+    "exact_scalars": ("<f8", 2, 3),
+    "exact_flags": ("u1", 2, 3),
+    "exact_counts": ("<u8", 2, 5),
+}
+
+
+class StateError(ValueError):
+    """A problem inside a state; ``load`` prefixes the file name."""
+
+
+def _fail(problem: str) -> NoReturn:
+    raise StateError(problem)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading (untrusted input)
+# ----------------------------------------------------------------------------------------------
+
+
+class _BoundedReads:
+    """A seekable file that hands out at most ``budget`` more bytes (reads past it return nothing), so that
+    zipfile reads (and allocates for) no more than the caller allows: its central directory, one member."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        self._file, self._size, self.budget = file, size, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def read(self, n: int | None = -1) -> bytes:
+        allowed = max(0, min(self.budget, self._size - self._file.tell()))
+        data = self._file.read(allowed if n is None or n < 0 else min(n, allowed))
+        self.budget -= len(data)
+        return data
+
+
+def _deflate_bound(size: int) -> int:
+    """The largest deflate stream of ``size`` bytes of data (zlib's compressBound, with slack)."""
+    return size + (size >> 12) + (size >> 14) + (size >> 25) + 64
+
+
+def _zip_members(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """The members by key (name without ``.npy``), checked from the central directory alone."""
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        _fail(f"{len(infos)} zip members, more than the limit of {MAX_MEMBERS}")
+    out: dict[str, zipfile.ZipInfo] = {}
+    for info in infos:
+        key = info.filename[:-4] if info.filename.endswith(".npy") else None
+        if key not in _MEMBERS:
+            _fail(f"unexpected zip member {info.filename[:100]!r}")
+        if key in out:
+            _fail("duplicate zip members")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            _fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
+        if info.flag_bits & 0x1:
+            _fail(f"zip member {info.filename!r} is encrypted")
+        stored_size = info.file_size if info.compress_type == zipfile.ZIP_STORED else _deflate_bound(info.file_size)
+        if info.compress_size > stored_size:
+            _fail(f"zip member {info.filename!r}: {info.compress_size} compressed bytes for {info.file_size} bytes")
+        out[key] = info
+    total = sum(i.file_size for i in infos)
+    if total > MAX_STATE_BYTES:
+        _fail(f"declared uncompressed size {total} is more than the limit of {MAX_STATE_BYTES}")
+    if "header" not in out:
+        _fail("no header member")
+    return out
+
+
+def _read_member(zf: zipfile.ZipFile, reads: _BoundedReads, info: zipfile.ZipInfo, max_data: int) -> np.ndarray:
+    """One member, its size checked against ``max_data`` (+ a .npy header) before it is decompressed, then
+    read in chunks into a buffer of that size."""
+    key = info.filename[:-4]
+    limit = max_data + MAX_NPY_HEADER
+    if info.file_size > limit:
+        _fail(f"zip member {info.filename!r} declares {info.file_size} bytes, more than the {limit} its header allows")
+    # the local header (fixed part, name and extra field of at most 64 KiB each), then the data
+    reads.budget = 30 + 2 * 0xFFFF + info.compress_size
+    data = bytearray(info.file_size)
+    filled = 0
+    with zf.open(info) as f:
+        while filled < len(data):
+            chunk = f.read(min(READ_CHUNK, len(data) - filled))
+            if not chunk:
+                break
+            data[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+        if filled != len(data) or f.read(1):
+            _fail(f"zip member {info.filename!r}: size does not match its declared size")
+    return _parse_npy(key, data)
+
+
+def _parse_npy(key: str, data: bytearray) -> np.ndarray:
+    dtype, ndim, cols = _MEMBERS[key]
+    f = io.BytesIO(bytes(data[:MAX_NPY_HEADER]))  # the .npy header, without copying the data
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
+        else:
+            _fail(f"{key}: unsupported .npy version {version}")
+    except StateError:
+        raise
+    except Exception as exc:  # numpy raises ValueError mostly; be strict about any failure here
+        _fail(f"{key}: bad .npy header ({type(exc).__name__}: {exc})")
+    allowed = [np.dtype(d) for d in dtype.split("|")]
+    if dt not in allowed or dt.hasobject:
+        _fail(f"{key}: dtype {dt}, expected {' or '.join(map(str, allowed))}")
+    want = dt
+    if fortran:
+        _fail(f"{key}: Fortran-ordered array")
+    if len(shape) != ndim or any(type(s) is not int or s < 0 for s in shape) or (cols is not None and shape[1] != cols):
+        _fail(f"{key}: shape {shape}, expected {ndim} dimensions" + (f" with {cols} columns" if cols else ""))
+    count = math.prod(shape)
+    offset = f.tell()
+    if count * want.itemsize != len(data) - offset:
+        _fail(f"{key}: {len(data) - offset} data bytes for shape {shape} of {want}")
+    return np.frombuffer(data, want, count, offset).reshape(shape)
+
+
+def _nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    return v
+
+
+def _check_fingerprint(v: Any) -> str:
+    if not isinstance(v, str) or not (1 <= len(v) <= 256):
+        raise ValueError(f"data_fingerprint must be a string of 1 to 256 characters, got {str(v)[:100]!r}")
+    return v
+
+
+def _obj(v: Any, where: str, keys: Iterable[str]) -> dict:
+    if type(v) is not dict:
+        _fail(f"{where}: expected an object, got {type(v).__name__}")
+    keys = set(keys)
+    if set(v) != keys:
+        _fail(f"{where}: keys {sorted(map(str, v))[:10]}, expected {sorted(keys)}")
+    return v
+
+
+def _int(v: Any, where: str, lo: int, hi: int, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if type(v) is not int or not lo <= v <= hi:
+        _fail(f"{where}: expected an integer in [{lo}, {hi}]{' or null' if none else ''}, got {str(v)[:50]}")
+    return v
+
+
+def _str(v: Any, where: str, choices: Iterable[str] | None = None, none: bool = False, max_len: int = 256) -> Any:
+    if v is None and none:
+        return None
+    if type(v) is not str or len(v) > max_len or (choices is not None and v not in choices):
+        _fail(f"{where}: expected {'one of ' + str(sorted(choices)) if choices else 'a string'}, got {str(v)[:50]!r}")
+    return v
+
+
+def _settings(v: Any) -> dict[str, Any]:
+    if type(v) is not dict:
+        _fail("options.settings: expected an object")
+    out: dict[str, Any] = {}
+    for key, value in v.items():
+        where = f"options.settings.{str(key)[:50]}"
+        if key == "symmetric":
+            if type(value) is not bool:
+                _fail(f"{where}: expected a boolean")
+        elif key in ("num_bins", "num_quantized_bins"):
+            _int(value, where, 1, _core.MAX_BINS)
+        elif key == "percentile":
+            if type(value) not in (int, float) or not 0 <= value <= 100:
+                _fail(f"{where}: expected a number in [0, 100]")
+        elif key == "qtype":
+            _str(value, where, QTYPES)
+        elif key in ALL_OPTIONS and ALL_OPTIONS[key].choices is not None:
+            _str(value, where, ALL_OPTIONS[key].choices)
+        else:
+            _fail(f"{where}: unknown setting")
+        out[key] = value
+    return out
+
+
+@dataclass
+class _Tensor:
+    """One tensor's entry of the header, validated: its streaming span and exact bins."""
+
+    name: str
+    dtype: str
+    stream: tuple[int | None, int, int] | None  # level, start, length
+    exact: tuple[str, int] | None  # edge dtype, bins
+
+
+@dataclass
+class _Header:
+    histocal_version: str
+    model_fingerprint: str | None
+    data_fingerprints: tuple[str, ...]
+    mode: str
+    streaming_bins: int | None
+    exact_kind: str | None
+    exact_num_bins: int | None
+    method: str | None
+    settings: dict[str, Any]
+    tensors: list[_Tensor]
+    exact_order: list[int]
+
+    def member_limits(self) -> dict[str, int]:
+        """The most data bytes each member can hold for this content (0: the member is not used), and a
+        check of the bins the state will hold in memory, before anything is allocated for them."""
+        n = len(self.tensors)
+        held = n * (self.streaming_bins or 0) + sum(t.exact[1] for t in self.tensors if t.exact)
+        if held > MAX_STATE_BINS:
+            _fail(
+                f"the state would hold {held} bins (tensors x streaming_bins + exact bins), more than the limit of {MAX_STATE_BINS}"
+            )
+        limits = dict.fromkeys(_MEMBERS, 0)
+        if self.streaming_bins is not None:
+            limits["stream_bins"] = 8 * sum(t.stream[2] for t in self.tensors if t.stream)
+            limits["stream_stats"] = 8 * 3 * n
+            limits["stream_counts"] = 8 * 5 * n
+            # stream_votes: limited by the batch counts once they are read (_votes_limit)
+        if self.exact_kind is not None:
+            limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
+            for edt in _DTYPES:
+                limits[f"exact_edges_{edt}"] = np.dtype(edt).itemsize * sum(
+                    t.exact[1] + 1 for t in self.tensors if t.exact and t.exact[0] == edt
+                )
+            limits["exact_scalars"] = 8 * 3 * n
+            limits["exact_flags"] = 3 * n
+            limits["exact_counts"] = 8 * 5 * n
+        return limits
+
+
+def _votes_limit(counts: np.ndarray) -> int:
+    """The most bytes of pow2 votes: per tensor and type at most one row per batch and exponent."""
+    return 8 * 4 * 3 * int(np.minimum(counts[:, 4], POW2_EXPONENTS).sum(dtype=np.uint64)) if counts.size else 0
+
+
+def _parse_header(text_bytes: bytes) -> _Header:
+    h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
+    h = _obj(
+        h,
+        "header",
+        (
+            "format",
+            "version",
+            "histocal_version",
+            "model_fingerprint",
+            "data_fingerprints",
+            "options",
+            "tensors",
+            "exact_order",
+        ),
+    )
+    if h["format"] != FORMAT_NAME:
+        _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
+    if h["version"] != FORMAT_VERSION or type(h["version"]) is not int:
+        _fail(f"unsupported format version {str(h['version'])[:20]} (this histocal reads version {FORMAT_VERSION})")
+    hv = _str(h["histocal_version"], "histocal_version")
+    fp = _str(h["model_fingerprint"], "model_fingerprint", none=True)
+    dfp = h["data_fingerprints"]
+    if type(dfp) is not list or len(dfp) > 1 << 20:
+        _fail("data_fingerprints: expected a list of strings")
+    dfp = tuple(sorted(_str(d, "data_fingerprints[]") for d in dfp))
+    o = _obj(h["options"], "options", ("mode", "streaming_bins", "exact_kind", "exact_num_bins", "method", "settings"))
+    mode = _str(o["mode"], "options.mode", _MODES)
+    sbins = _int(o["streaming_bins"], "options.streaming_bins", 8, 1 << 25, none=True)
+    if sbins is not None and sbins & (sbins - 1):
+        _fail("options.streaming_bins: not a power of two")
+    kind = _str(o["exact_kind"], "options.exact_kind", _KINDS, none=True)
+    nbins = _int(o["exact_num_bins"], "options.exact_num_bins", 1, _core.MAX_BINS, none=True)
+    if (kind is None) != (nbins is None):
+        _fail("options: exact_kind and exact_num_bins must both be given or both be null")
+    if mode == "streaming" and (sbins is None or kind is not None):
+        _fail("options: a streaming-mode state has streaming histograms and no exact ones")
+    if sbins is None and kind is None:
+        _fail("options: the state holds no histograms")
+    method = _str(o["method"], "options.method", none=True, max_len=64)
+    settings = _settings(o["settings"])
+    raw_tensors = h["tensors"]
+    if type(raw_tensors) is not list or not raw_tensors:
+        _fail("tensors: expected a non-empty list")
+    tensors: list[_Tensor] = []
+    seen: set[str] = set()
+    for i, t in enumerate(raw_tensors):
+        where = f"tensors[{i}]"
+        t = _obj(t, where, ("name", "dtype", "stream", "exact"))
+        name = _str(t["name"], f"{where}.name", max_len=MAX_NAME_CHARS)
+        if name in seen:
+            _fail(f"{where}: duplicate tensor name {name[:100]!r}")
+        seen.add(name)
+        dtype = _str(t["dtype"], f"{where}.dtype", _DTYPES)
+        if (t["stream"] is None) != (sbins is None) or (t["exact"] is None) != (kind is None):
+            _fail(f"{where}: its histograms do not match the options")
+        stream = exact = None
+        if sbins is not None:
+            st = _obj(t["stream"], f"{where}.stream", ("level", "start", "length"))
+            level = _int(st["level"], f"{where}.stream.level", -2000, 2000, none=True)
+            start = _int(st["start"], f"{where}.stream.start", 0, sbins)
+            stream = (level, start, _int(st["length"], f"{where}.stream.length", 0, sbins - start))
+        if kind is not None:
+            e = _obj(t["exact"], f"{where}.exact", ("edge_dtype", "bins"))
+            exact = (
+                _str(e["edge_dtype"], f"{where}.exact.edge_dtype", _DTYPES),
+                _int(e["bins"], f"{where}.exact.bins", 1, _core.MAX_BINS),
+            )
+        tensors.append(_Tensor(name, dtype, stream, exact))
+    order = h["exact_order"]
+    if kind is None:
+        if order is not None:
+            _fail("exact_order: given without exact histograms")
+        order = []
+    elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(len(tensors))):
+        _fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
+    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order)
+
+
+def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.ndarray]]:
+    """The validated header and members of a state file: an untrusted seekable file of ``size`` bytes. Every size is checked before the memory
+    for it is taken: the zip directory (bounded reads), the header member (``MAX_HEADER_BYTES``), the content
+    the header declares (``MAX_STATE_BINS``), then each member against that content before it is
+    decompressed."""
+    reads = _BoundedReads(source, size)
+    reads.budget = MAX_ZIP_DIRECTORY
+    try:
+        zf = zipfile.ZipFile(reads)  # a file-like object (seek, tell, read)
+    except zipfile.BadZipFile as exc:
+        _fail(f"not a zip/npz file ({exc})")
+    with zf:
+        infos = _zip_members(zf)
+        text = _read_member(zf, reads, infos["header"], MAX_HEADER_BYTES)
+        if text.size > MAX_HEADER_BYTES:
+            _fail(f"header of {text.size} bytes, more than the limit of {MAX_HEADER_BYTES}")
+        header = _parse_header(text.tobytes())
+        limits = header.member_limits()
+        arrays: dict[str, np.ndarray] = {}
+        for key, info in infos.items():
+            if key not in ("header", "stream_votes"):
+                arrays[key] = _read_member(zf, reads, info, limits[key])
+        if "stream_votes" in infos:
+            if header.streaming_bins is None:
+                _fail("stream_votes: given without streaming histograms")
+            counts = arrays.get("stream_counts")
+            if counts is None or len(counts) != len(header.tensors):
+                _fail(f"stream_counts: expected {len(header.tensors)} rows")
+            arrays["stream_votes"] = _read_member(zf, reads, infos["stream_votes"], _votes_limit(counts))
+    return header, arrays

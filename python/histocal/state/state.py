@@ -1,0 +1,586 @@
+"""Calibration state: everything a histogram calibration collected, saved once, reusable and mergeable.
+
+A :class:`CalibrationState` holds, per calibrated tensor:
+
+* the **streaming histogram** (``_core.StreamHistograms``: a power-of-two-aligned histogram of
+  ``streaming_bins`` bins, finite min/max, min |x|, counts of finite/NaN/+Inf/-Inf values and the
+  number of batches). Streaming-mode calibrators build it; exact-mode calibrators build it too
+  (during their counting pass), so that every state can serve every method;
+* in exact mode also the **exact ORT histogram** (``_core.Histograms`` of kind ``value`` or ``abs``
+  with the calibrator's ``num_bins``: the histogram onnxruntime itself would hold).
+
+``state.compute(method, **settings)`` returns onnxruntime's ``TensorsData`` for ``"minmax"``,
+``"entropy"``, ``"percentile"`` or ``"distribution"``, without running the model:
+
+* from the exact histogram when it has the kind and ``num_bins`` the request needs: then the result
+  is identical to the exact calibrator's own ``compute_data``;
+* otherwise from the streaming histogram (``to_histograms(kind, num_bins)``), identical to a
+  streaming-mode calibrator with those settings (for an exact-mode state this is the streaming
+  approximation, not ORT's exact histogram);
+* ``"minmax"`` gives ORT's MinMax (non per-channel, no moving average) ranges: ``lowest``/``highest``
+  as shape-(1,) arrays of the data dtype, NaN ignored, ±Inf included, ``symmetric`` supported.
+
+Settings not given default to the state's own recorded settings when the method is the one it was
+collected with, else to ``create_calibrator``'s defaults (entropy 128/128, percentile 2048 bins
+99.999 symmetric, distribution 2048 bins "same").
+
+Merging (:meth:`CalibrationState.merge`, :func:`merge_states`): the model fingerprint, the tensor
+names, the mode and the collection options must match. Streaming parts merge exactly and in any
+order (the result is the state of one run over all the data). Exact parts add their counts when
+the two histograms have identical edges (then the result equals one exact run over all the data);
+otherwise the second state's histogram is merged into the first one by ORT's rule between two
+``collect_data`` calls (``merge_histogram`` for value histograms, bin extension for |x| histograms),
+with the second histogram's counts placed at its bin centres: the approximation is only in where
+inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
+histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
+and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
+
+The file format and its checks: :mod:`histocal.state.file_format`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Union
+
+import numpy as np
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+from .. import _core, methods
+from .._version import __version__
+from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
+from ..collector import copy_stream as _copy_stream
+from ..io.files import atomic_write_bytes, open_untrusted_file
+from ..methods.table import ORT_TABLE
+from .file_format import (
+    _DTYPES,
+    _MEMBERS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MAX_STATE_BYTES,
+    StateError,
+    _check_fingerprint,
+    _fail,
+    _Header,
+    _nan,
+    _plain,
+    read_members,
+)
+from .merge import _merge_exact
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
+# create_calibrator's defaults (what quantize_static uses)
+_DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
+_FULL = {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128, "percentile": 99.999, "scenario": "same"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Fingerprints
+# ----------------------------------------------------------------------------------------------
+
+
+def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
+    """sha256 (hex) over the model's opset imports and its graph's nodes, inputs, outputs (the first
+    ``num_outputs``: a calibrator appends its own) and (sparse) initializers, each serialized
+    deterministically. Names, doc strings, metadata and value_info (shape inference) are ignored.
+    ``model``: an onnx ModelProto or a path."""
+    if isinstance(model, (str, os.PathLike)):
+        import onnx
+
+        try:
+            model = onnx.load(os.fspath(model))
+        except OSError:
+            raise
+        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
+            raise ValueError(f"{os.fspath(model)}: not an ONNX model ({' '.join(str(e).split())})") from None
+    graph = model.graph
+    outputs = list(graph.output)[: num_outputs if num_outputs is not None else None]
+    h = hashlib.sha256(b"histocal-model-fingerprint-v1\0")
+    for tag, messages in (
+        (b"opset", list(model.opset_import)),
+        (b"node", list(graph.node)),
+        (b"input", list(graph.input)),
+        (b"output", outputs),
+        (b"initializer", list(graph.initializer)),
+        (b"sparse_initializer", list(graph.sparse_initializer)),
+    ):
+        h.update(tag + len(messages).to_bytes(8, "little"))
+        for m in messages:
+            raw = m.SerializeToString(deterministic=True)
+            h.update(len(raw).to_bytes(8, "little"))
+            h.update(raw)
+    return h.hexdigest()
+
+
+def _version() -> str:
+    return __version__
+
+
+# ----------------------------------------------------------------------------------------------
+# The state
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CalibrationState:
+    """Reusable, mergeable histogram state of a calibration (see the module docstring).
+
+    Build it with ``calibrator.state`` / ``CalibrationState.from_calibrator`` or ``load``; use it
+    with ``compute``, ``merge``, ``save`` and ``calibrator.load_state``."""
+
+    names: list[str]
+    mode: str
+    stream: Any = None  # _core.StreamHistograms
+    exact: Any = None  # _core.Histograms
+    exact_kind: str | None = None
+    exact_num_bins: int | None = None
+    model_fingerprint: str | None = None
+    data_fingerprints: tuple[str, ...] = ()
+    method: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    histocal_version: str = field(default_factory=_version)
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_calibrator(cls, cal: Any, data_fingerprint: str | None = None) -> CalibrationState:
+        """A copy of what a histocal Entropy/Percentile/Distribution/Method calibrator has collected
+        (through its public interface: ``collected()``, ``model_fingerprint``, ``collection_settings``)."""
+        return cls.from_collected(
+            cal.collected(),
+            model_fingerprint=cal.model_fingerprint,
+            method=cal.method,
+            settings=cal.collection_settings,
+            data_fingerprint=data_fingerprint,
+        )
+
+    @classmethod
+    def from_collected(
+        cls,
+        data: CollectedData,
+        *,
+        model_fingerprint: str | None,
+        method: str | None,
+        settings: dict[str, Any],
+        data_fingerprint: str | None = None,
+    ) -> CalibrationState:
+        """The state holding ``data`` (shared, not copied) and how it was collected."""
+        return cls(
+            names=data.names,
+            mode=data.mode,
+            stream=data.stream,
+            exact=data.exact,
+            exact_kind=data.exact_kind,
+            exact_num_bins=data.exact_num_bins,
+            model_fingerprint=model_fingerprint,
+            data_fingerprints=() if data_fingerprint is None else (_check_fingerprint(data_fingerprint),),
+            method=method,
+            settings={k: _plain(v) for k, v in settings.items()},
+        )
+
+    def collected(self) -> CollectedData:
+        """The state's histograms as a calibrator holds them (shared, not copied)."""
+        return CollectedData(self.mode, self.stream, self.exact, self.exact_kind, self.exact_num_bins)
+
+    @property
+    def streaming_bins(self) -> int | None:
+        return None if self.stream is None else int(self.stream.num_bins)
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """The data fingerprint of a single run (None when absent or when merged from several)."""
+        return self.data_fingerprints[0] if len(self.data_fingerprints) == 1 else None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "streaming_bins": self.streaming_bins,
+            "exact_kind": self.exact_kind,
+            "exact_num_bins": self.exact_num_bins,
+            "method": self.method,
+            "settings": dict(self.settings),
+        }
+
+    def counts(self, name: str) -> tuple[int, int, int, int, int]:
+        """``(finite, nan, posinf, neginf, batches)`` of a tensor."""
+        src = self.stream if self.stream is not None else self.exact
+        return tuple(src.counts(name))
+
+    def dtype(self, name: str) -> str:
+        if self.stream is not None:
+            return self.stream.summary(name)[0]
+        return self.exact.state(name)[5]
+
+    # -- results --------------------------------------------------------------------------------
+
+    def compute(self, method: Any, **settings: Any) -> TensorsData:
+        """onnxruntime ``TensorsData`` for ``method`` and its settings: ORT's four methods (name or
+        CalibrationMethod), histocal's mse/kl/pow2/auto and registered methods (see
+        ``histocal.methods``; their ranges travel as MinMax-style TensorsData)."""
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            return self._compute_ort(name, settings)
+        pairs, _ = self.method_ranges(name, **settings)
+        return methods.to_tensors_data(self.names, pairs, {n: self.dtype(n) for n in self.names})
+
+    def method_ranges(self, method: Any, **options: Any) -> tuple[list[tuple[float, float]], list[str] | None]:
+        """Per-tensor ``(low, high)`` (in ``names`` order) of a histocal or registered method, and
+        for ``auto`` the candidate chosen for each tensor."""
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            raise ValueError(f"{name} is an onnxruntime method: use compute()")
+        if name == self.method:
+            options = {
+                **{k: self.settings[k] for k in methods.METHOD_OPTIONS.get(name, ()) if k in self.settings},
+                **options,
+            }
+        options = methods.check_options(name, options)
+        if self.stream is None:
+            raise ValueError(f"{name} needs the streaming histogram, and this state holds only exact histograms")
+        return methods.ranges(self.stream, self.names, name, options, self._compute_ort)
+
+    def _compute_ort(self, method: str, settings: dict[str, Any]) -> TensorsData:
+        allowed = _DEFAULTS[method]
+        unknown = set(settings) - set(allowed)
+        if unknown:
+            raise ValueError(f"unknown settings for {method}: {sorted(unknown)} (allowed: {sorted(allowed)})")
+        base = {k: self.settings[k] for k in allowed if k in self.settings} if method == self.method else {}
+        s = {**_FULL, **allowed, **base, **settings}
+        if method == "minmax":
+            return self._minmax(bool(s["symmetric"]))
+        collector = HistogramCollector(
+            method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
+        )
+        kind = "abs" if method == "percentile" and s["symmetric"] else "value"
+        if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == collector.num_bins:
+            collector._histograms = self.exact
+        elif self.stream is not None:
+            collector._histograms = self.stream.to_histograms(kind, collector.num_bins)
+        else:
+            raise ValueError(
+                f"this state holds only exact {self.exact_kind} histograms of {self.exact_num_bins} bins; "
+                f"{method} with num_bins={collector.num_bins} needs {kind} histograms of {collector.num_bins} bins: "
+                "collect with those settings, or keep the streaming histogram (histocal calibrators do)"
+            )
+        return TensorsData(_ORT_METHODS[method], collector.compute_collection_result())
+
+    def _minmax(self, symmetric: bool) -> TensorsData:
+        out = {}
+        for name in self.names:
+            dtype = np.dtype(self.dtype(name))
+            finite, _, posinf, neginf, _ = self.counts(name)
+            if self.stream is not None:
+                _, _, fmin, fmax, _, _ = self.stream.summary(name)
+            else:
+                e = export_exact(self.exact, name)
+                fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)
+            lo = -math.inf if neginf else (fmin if fmin is not None else (math.inf if posinf else math.nan))
+            hi = math.inf if posinf else (fmax if fmax is not None else (-math.inf if neginf else math.nan))
+            lo_a, hi_a = np.array([lo], dtype), np.array([hi], dtype)
+            if symmetric:
+                m = np.max([np.abs(lo_a), np.abs(hi_a)], axis=0)
+                lo_a, hi_a = -m, m
+            out[name] = TensorData(lowest=lo_a, highest=hi_a)
+        return TensorsData(CalibrationMethod.MinMax, out)
+
+    # -- merging --------------------------------------------------------------------------------
+
+    def check_compatible(self, other: CalibrationState) -> None:
+        """ValueError unless ``other`` comes from the same model, tensors and collection options."""
+        if self.model_fingerprint != other.model_fingerprint:
+            raise ValueError(
+                f"the states come from different models (fingerprints {self.model_fingerprint} and "
+                f"{other.model_fingerprint})"
+            )
+        if set(self.names) != set(other.names):
+            diff = sorted(set(self.names) ^ set(other.names))[:5]
+            raise ValueError(f"the states calibrate different tensors (e.g. {diff})")
+        for key in ("mode", "streaming_bins", "exact_kind", "exact_num_bins"):
+            a, b = getattr(self, key), getattr(other, key)
+            if a != b:
+                raise ValueError(f"incompatible collection options: {key} is {a!r} in one state and {b!r} in the other")
+
+    def merge(self, other: CalibrationState) -> CalibrationState:
+        """A new state: ``self`` and ``other`` combined (see the module docstring)."""
+        self.check_compatible(other)
+        stream = None
+        if self.stream is not None:
+            stream = _copy_stream(self.stream)
+            stream.merge(other.stream)
+        exact = None
+        if self.exact is not None:
+            exact = _core.Histograms(self.exact_kind, self.exact_num_bins)
+            for name in self.exact.names():
+                try:
+                    merged = _merge_exact(
+                        export_exact(self.exact, name), export_exact(other.exact, name), self.exact_kind
+                    )
+                    restore_exact(exact, name, merged)
+                except ValueError as exc:
+                    raise ValueError(f"cannot merge tensor {name!r}: {exc}") from None
+        return CalibrationState(
+            names=list(self.names),
+            mode=self.mode,
+            stream=stream,
+            exact=exact,
+            exact_kind=self.exact_kind,
+            exact_num_bins=self.exact_num_bins,
+            model_fingerprint=self.model_fingerprint,
+            data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
+            method=self.method,
+            settings=dict(self.settings),
+        )
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def to_bytes(self, compress: bool = False) -> bytes:
+        arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header"}
+        tensors: list[dict[str, Any]] = []
+        for name in self.names:
+            entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
+            if self.stream is not None:
+                _, level, bins, fmin, fmax, amin, counts = self.stream.export(name)
+                nz = np.flatnonzero(bins)
+                start, stop = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 0)
+                arrays["stream_bins"].append(bins[start:stop])
+                arrays["stream_stats"].append(np.array([[_nan(fmin), _nan(fmax), _nan(amin)]], np.float64))
+                arrays["stream_counts"].append(np.array([counts], np.uint64))
+                entry["stream"] = {"level": level, "start": start, "length": stop - start}
+                votes = self.stream.votes(name)
+                if votes:
+                    arrays["stream_votes"].append(np.array([(len(tensors), *v) for v in votes], np.int64))
+            tensors.append(entry)
+        exact_order = None
+        if self.exact is not None:
+            index = {n: i for i, n in enumerate(self.names)}
+            exact_order = [index[n] for n in self.exact.names()]
+            for name in self.exact.names():
+                entry = tensors[index[name]]
+                e = export_exact(self.exact, name)
+                arrays["exact_hist"].append(np.asarray(e.hist, np.int64))
+                arrays[f"exact_edges_{e.edges.dtype}"].append(e.edges)
+                thr = e.threshold if e.threshold is not None else (math.nan, False)
+                arrays["exact_scalars"].append(np.array([[e.min[0], e.max[0], thr[0]]], np.float64))
+                arrays["exact_flags"].append(np.array([[e.min[1], e.max[1], thr[1]]], np.uint8))
+                arrays["exact_counts"].append(np.array([e.counts], np.uint64))
+                entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
+        header = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "histocal_version": self.histocal_version,
+            "model_fingerprint": self.model_fingerprint,
+            "data_fingerprints": sorted(self.data_fingerprints),
+            "options": self.options,
+            "tensors": tensors,
+            "exact_order": exact_order,
+        }
+        members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
+        for key, parts in arrays.items():
+            dtype, ndim, cols = _MEMBERS[key]
+            if parts:
+                joined = np.concatenate(parts)
+                if "|" in dtype:  # counts: the narrowest unsigned type that holds them (compact files)
+                    top = int(joined.max()) if joined.size else 0
+                    dtype = (
+                        next(d for d in ("u1", "<u2", "<u4") if top <= np.iinfo(d).max)
+                        if top < 1 << 32
+                        else dtype.split("|")[0]
+                    )
+                members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
+            elif key == "stream_votes":
+                if self.stream is not None and self.stream.pow2_votes:  # the member says votes were collected
+                    members[key] = np.zeros((0, cols), dtype)
+            elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
+                members[key] = np.zeros((0, cols), dtype)
+        # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
+            for key, array in members.items():
+                info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zf.compression
+                with zf.open(info, "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, array, allow_pickle=False)
+        return buf.getvalue()
+
+    def save(self, path: PathLike, compress: bool = False) -> None:
+        """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, self.to_bytes(compress), prefix=".histocal_state_")
+
+    @classmethod
+    def load(cls, path: PathLike) -> CalibrationState:
+        """Read a state file (untrusted input: see the module docstring)."""
+        path = Path(path)
+        with open_untrusted_file(path, MAX_STATE_BYTES, what="calibration state") as (file, size):
+            return cls._read(file, size, str(path))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, what: str = "<bytes>") -> CalibrationState:
+        return cls._read(io.BytesIO(raw), len(raw), what)
+
+    @classmethod
+    def _read(cls, source: BinaryIO, size: int, what: str) -> CalibrationState:
+        try:
+            return _build(*read_members(source, size))
+        except StateError as exc:
+            raise ValueError(f"Invalid calibration state {what}: {exc}") from None
+        except (
+            ValueError,
+            TypeError,
+            OverflowError,
+            KeyError,
+            IndexError,
+            EOFError,
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            zlib.error,
+            NotImplementedError,
+            RecursionError,
+            MemoryError,
+            OSError,
+        ) as exc:
+            raise ValueError(f"Invalid calibration state {what}: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            raise ValueError(
+                f"Invalid calibration state {what}: internal error ({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
+    """Merge states (or state files) left to right."""
+    if len(states) == 1 and isinstance(states[0], (list, tuple)):
+        states = tuple(states[0])
+    if not states:
+        raise ValueError("merge_states needs at least one state")
+    loaded = [s if isinstance(s, CalibrationState) else CalibrationState.load(s) for s in states]
+    out = loaded[0]
+    for s in loaded[1:]:
+        out = out.merge(s)
+    return out
+
+
+def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
+    """The state of a validated header and its members, every array checked against the header and by the
+    Rust ``restore`` checks."""
+    sbins, kind, tensors = header.streaming_bins, header.exact_kind, header.tensors
+
+    def arr(key: str) -> np.ndarray:
+        if key not in arrays:
+            _fail(f"missing member {key}")
+        return arrays[key]
+
+    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
+    exact = _core.Histograms(kind, header.exact_num_bins) if kind is not None else None
+    n = len(tensors)
+    names = [t.name for t in tensors]
+    if stream is not None:
+        s_bins, s_stats, s_counts = arr("stream_bins"), arr("stream_stats"), arr("stream_counts")
+        if len(s_stats) != n or len(s_counts) != n:
+            _fail(f"stream_stats/stream_counts: expected {n} rows")
+        s_off = 0
+        for i, t in enumerate(tensors):
+            level, start, length = t.stream
+            if s_off + length > len(s_bins):
+                _fail("stream_bins: shorter than the tensors' spans")
+            bins = np.zeros(sbins, np.uint64)
+            bins[start : start + length] = s_bins[s_off : s_off + length]  # widens to uint64
+            s_off += length
+            stats = [None if math.isnan(x) else float(x) for x in s_stats[i]]
+            counts = tuple(int(c) for c in s_counts[i])
+            try:
+                stream.restore(t.name, t.dtype, level, bins, *stats, counts)
+            except ValueError as exc:
+                _fail(str(exc))
+        if s_off != len(s_bins):
+            _fail("stream_bins: longer than the tensors' spans")
+        if stream.pow2_votes:
+            votes = arr("stream_votes")
+            if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
+                _fail("stream_votes: tensor indices out of order or range")
+            for i, name in enumerate(names):
+                rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
+                if np.any(rows[:, 3] <= 0):
+                    _fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
+                try:
+                    stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
+                except (ValueError, OverflowError) as exc:
+                    _fail(f"stream_votes: {exc}")
+    if exact is not None:
+        e_hist, e_scal, e_flags, e_counts = (
+            arr("exact_hist"),
+            arr("exact_scalars"),
+            arr("exact_flags"),
+            arr("exact_counts"),
+        )
+        if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
+            _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
+        if np.any(e_flags > 1):
+            _fail("exact_flags: expected 0 or 1")
+        h_off = 0
+        edge_off = dict.fromkeys(_DTYPES, 0)
+        for j, i in enumerate(header.exact_order):
+            t = tensors[i]
+            where = f"tensors[{i}]"
+            edt, nb = t.exact
+            edges_all = arr(f"exact_edges_{edt}")
+            if h_off + nb > len(e_hist):
+                _fail("exact_hist: shorter than the tensors' histograms")
+            if edge_off[edt] + nb + 1 > len(edges_all):
+                _fail(f"exact_edges_{edt}: shorter than the tensors' edges")
+            hist = np.ascontiguousarray(e_hist[h_off : h_off + nb], dtype=np.int64)
+            edges = np.ascontiguousarray(edges_all[edge_off[edt] : edge_off[edt] + nb + 1]).astype(edt)
+            h_off += nb
+            edge_off[edt] += nb + 1
+            sc, fl = e_scal[j], e_flags[j]
+            if math.isnan(sc[0]) or math.isnan(sc[1]) or (kind == "value") == math.isnan(sc[2]):
+                _fail(f"{where}: NaN where a number is required in exact_scalars (or a threshold for |x| histograms)")
+            threshold = (float(sc[2]), bool(fl[2])) if kind == "value" else None
+            try:
+                exact.restore(
+                    t.name,
+                    t.dtype,
+                    hist,
+                    edges,
+                    (float(sc[0]), bool(fl[0])),
+                    (float(sc[1]), bool(fl[1])),
+                    threshold,
+                    tuple(int(c) for c in e_counts[j]),
+                )
+            except ValueError as exc:
+                _fail(str(exc))
+        if h_off != len(e_hist):
+            _fail("exact_hist: longer than the tensors' histograms")
+        for edt in _DTYPES:
+            if edge_off[edt] != len(arrays.get(f"exact_edges_{edt}", ())):
+                _fail(f"exact_edges_{edt}: longer than the tensors' edges")
+    if stream is not None and exact is not None:
+        for name in names:
+            if tuple(stream.counts(name)) != tuple(exact.counts(name)):
+                _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
+    return CalibrationState(
+        names=names,
+        mode=header.mode,
+        stream=stream,
+        exact=exact,
+        exact_kind=kind,
+        exact_num_bins=header.exact_num_bins,
+        model_fingerprint=header.model_fingerprint,
+        data_fingerprints=header.data_fingerprints,
+        method=header.method,
+        settings=header.settings,
+        histocal_version=header.histocal_version,
+    )

@@ -1,0 +1,108 @@
+"""The package's layers: imports point down only, no module imports one that imports it back, and
+nothing inside imports the package root. Read from the source (every import statement, those
+inside functions included), so a lazy import cannot hide a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import histocal
+
+PACKAGE = Path(histocal.__file__).parent
+
+# Lowest first: a module may import its own layer and the layers before it.
+LAYERS = (
+    ("histocal._core", "histocal._version"),
+    ("histocal.io",),
+    ("histocal.methods",),
+    ("histocal.collector",),
+    ("histocal.stats",),
+    ("histocal.state",),
+    ("histocal.calibrators",),
+    ("histocal.report",),
+    ("histocal.quantize",),
+    ("histocal.cli",),
+    ("histocal.__main__",),
+)
+MAX_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The histocal modules ``name`` imports (``from .. import methods`` names the module methods)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "histocal")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "histocal":
+                continue
+            subs = {f"{target}.{a.name}" for a in node.names} & known
+            out.update(subs or {target})
+    return {m for m in out if m in known or m == "histocal" or m == "histocal._core"}
+
+
+def _layer(module: str) -> int:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules) | {"histocal._core"}
+    return {name: _imports(name, path, known) - {name} for name, path in modules.items() if name != "histocal"}
+
+
+def test_no_module_imports_the_package_root():
+    offenders = sorted(m for m, deps in _graph().items() if "histocal" in deps)
+    assert offenders == []
+
+
+def test_imports_point_down_the_layers():
+    upward = sorted((m, d) for m, deps in _graph().items() for d in deps if d != "histocal" and _layer(d) > _layer(m))
+    assert upward == []
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append([*path[path.index(d) :], d])
+            elif d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_no_source_file_over_the_limit():
+    long = {
+        name: n for name, p in _modules().items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}
