@@ -269,6 +269,7 @@ class HistogramCollector(CalibrationDataCollector):
         if self.num_bins < 512:
             raise ValueError("Invalid num_bins. Must be in range 512 <= num_bins.")
         hd = self.histogram_dict
+        moments: dict[str, tuple[Any, Any]]  # floats from Rust, numpy scalars from numpy
         if self.scenario == "same":
             moments = {n: (a, s) for n, a, s in self._hists.distribution()}
         else:

@@ -32,8 +32,9 @@ def create_calibrator(
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict)."""
     opts = dict(extra_options or {})
-    hist_opts = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
-    common = dict(use_external_data_format=use_external_data_format)
+    # extra_options values are untyped (ORT's API); the calibrators check them
+    hist_opts: dict[str, Any] = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
+    common: dict[str, Any] = dict(use_external_data_format=use_external_data_format)
     if isinstance(calibrate_method, str):
         name = methods.canonical_name(calibrate_method)
         if name not in methods.ORT_METHODS:

@@ -38,6 +38,10 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
     chunks instead of discarding them, and per-channel ranges that merge across calls, NaN
     ignored: the range is the NaN-ignoring one of all batches, however they are chunked."""
 
+    # set by ORT's untyped base class
+    intermediate_outputs: list[Any]
+    calibrate_tensors_range: Any
+
     def __init__(
         self,
         model_path: str | Path,

@@ -4,6 +4,7 @@ lengths checked before anything is parsed). The ORT cache and the state file use
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn, Union
+from typing import Any, NoReturn, Union
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def _json_depth(outside_strings: bytes) -> int:
 
 
 @contextlib.contextmanager
-def open_untrusted_file(path: StrPath, max_bytes: int, *, what: str) -> Iterator[tuple[BinaryIO, int]]:
+def open_untrusted_file(path: StrPath, max_bytes: int, *, what: str) -> Iterator[tuple[io.FileIO, int]]:
     """An untrusted regular file of at most ``max_bytes`` opened for reading (unbuffered), and its size.
 
     The size is checked with ``fstat`` before anything is read. FileNotFoundError if ``path`` does not exist,

@@ -350,7 +350,7 @@ class _ImageSample:
 def _parse_shape(shape: str | Sequence[int | str | None]) -> tuple[int | None, ...]:
     dims = shape.split(",") if isinstance(shape, str) else list(shape)
     try:
-        ints = [-1 if str(d).strip() in ("?", "None") else int(d) for d in dims]
+        ints = [-1 if d is None or str(d).strip() in ("?", "None") else int(d) for d in dims]
     except ValueError:
         raise ValueError(f"input_shape: ints expected (<=0, '?': dynamic), got {shape!r}") from None
     return tuple(d if d > 0 else None for d in ints)

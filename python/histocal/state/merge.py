@@ -39,6 +39,8 @@ def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
         weights = b.hist.astype(np.float64)
         old_hist, old_edges = a.hist, a.edges.astype(et)
         if kind == "value":
+            if a.threshold is None or b.threshold is None:
+                _fail("a value histogram without its threshold")
             old_t, new_t = et.type(a.threshold[0]), et.type(b.threshold[0])
             if new_t <= old_t:
                 h, _ = np.histogram(centres, len(old_hist), range=(-old_t, old_t), weights=weights)

@@ -322,6 +322,8 @@ class CalibrationState:
             stream.merge(other.stream)
         exact = None
         if self.exact is not None:
+            if self.exact_kind is None or self.exact_num_bins is None:
+                raise ValueError("the state holds exact histograms without their kind and bin count")
             exact = _core.Histograms(self.exact_kind, self.exact_num_bins)
             for name in self.exact.names():
                 try:
@@ -400,6 +402,8 @@ class CalibrationState:
                         else dtype.split("|")[0]
                     )
                 members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
+            elif cols is None:
+                pass  # an empty 1-D member is left out
             elif key == "stream_votes":
                 if self.stream is not None and self.stream.pow2_votes:  # the member says votes were collected
                     members[key] = np.zeros((0, cols), dtype)
@@ -484,25 +488,32 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
         return arrays[key]
 
     stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
-    exact = _core.Histograms(kind, header.exact_num_bins) if kind is not None else None
+    exact = None
+    if kind is not None:
+        if header.exact_num_bins is None:
+            _fail("exact_num_bins: missing for exact histograms")
+        exact = _core.Histograms(kind, header.exact_num_bins)
     n = len(tensors)
     names = [t.name for t in tensors]
-    if stream is not None:
+    if stream is not None and sbins is not None:
         s_bins, s_stats, s_counts = arr("stream_bins"), arr("stream_stats"), arr("stream_counts")
         if len(s_stats) != n or len(s_counts) != n:
             _fail(f"stream_stats/stream_counts: expected {n} rows")
         s_off = 0
         for i, t in enumerate(tensors):
+            if t.stream is None:
+                _fail(f"tensors[{i}]: no streaming histogram")
             level, start, length = t.stream
             if s_off + length > len(s_bins):
                 _fail("stream_bins: shorter than the tensors' spans")
             bins = np.zeros(sbins, np.uint64)
             bins[start : start + length] = s_bins[s_off : s_off + length]  # widens to uint64
             s_off += length
-            stats = [None if math.isnan(x) else float(x) for x in s_stats[i]]
-            counts = tuple(int(c) for c in s_counts[i])
+            finite_min, finite_max, abs_min = (None if math.isnan(x) else float(x) for x in s_stats[i])
+            finite, nan, pos_inf, neg_inf, batches = (int(c) for c in s_counts[i])
+            counts = (finite, nan, pos_inf, neg_inf, batches)
             try:
-                stream.restore(t.name, t.dtype, level, bins, *stats, counts)
+                stream.restore(t.name, t.dtype, level, bins, finite_min, finite_max, abs_min, counts)
             except ValueError as exc:
                 _fail(str(exc))
         if s_off != len(s_bins):
@@ -535,6 +546,8 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
         for j, i in enumerate(header.exact_order):
             t = tensors[i]
             where = f"tensors[{i}]"
+            if t.exact is None:
+                _fail(f"{where}: no exact histogram")
             edt, nb = t.exact
             edges_all = arr(f"exact_edges_{edt}")
             if h_off + nb > len(e_hist):
