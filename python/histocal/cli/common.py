@@ -97,7 +97,8 @@ class _Parser(argparse.ArgumentParser):
     def _subcommand(self, parsed: argparse.Namespace) -> _Parser | None:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                return action.choices.get(getattr(parsed, action.dest, None))
+                name = getattr(parsed, action.dest, None)
+                return action.choices.get(name) if isinstance(name, str) else None
         return None
 
 

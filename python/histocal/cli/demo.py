@@ -101,10 +101,11 @@ class _PeakRss:
 
     def __enter__(self) -> _PeakRss:
         _release_free_memory()
-        self._base = self._rss()
-        self._max = self._base
+        base = self._rss()
+        self._base = base
         self._stop = threading.Event()
-        if self._base is not None:
+        if base is not None:
+            self._max = base
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self
@@ -171,7 +172,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .. import calibrators
     from ..io.data import open_calibration_data
 
-    runs = [
+    runs: list[tuple[str, CalibrationMethod, dict[str, Any]]] = [
         ("Entropy", CalibrationMethod.Entropy, {"num_bins": 2048, "num_quantized_bins": 128}),
         ("Percentile", CalibrationMethod.Percentile, {"num_bins": 2048, "percentile": 99.99}),
         ("Distribution", CalibrationMethod.Distribution, {"num_bins": 2048}),

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import logging
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .calibrate import cmd_calibrate, cmd_recompute
 from .common import (
@@ -65,11 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verbosity(parser, default=True)
     verbosity = argparse.ArgumentParser(add_help=False)
     _add_verbosity(verbosity, default=False)
+
     # -v / -q also after the subcommand: every subparser takes them (without defaults of its own,
     # which would replace the values given before the subcommand).
-    sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, parser_class=functools.partial(_Parser, parents=[verbosity])
-    )
+    class _SubcommandParser(_Parser):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(parents=[verbosity], **kwargs)
+
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_SubcommandParser)
 
     p = sub.add_parser(
         "calibrate",

@@ -135,6 +135,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.state is not None:
         ranges = _ranges_from_state(args, _load_state(args.state))
     elif args.data is None:  # --cache alone: reuse it
+        if cache is None:
+            raise _UsageError("give --data, --cache or --state")
         if not cache.is_file():
             raise CliError(f"{cache}: no such calibration cache" if not cache.exists() else f"{cache}: not a file")
         ranges = load_tensors_data(cache)

@@ -13,11 +13,17 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from .tensors import COLOURS, FIG_DPI, FIG_SIZE, LABELS, REPORT_METHODS, _Tensor
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+    from matplotlib.text import Text
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +53,15 @@ def _fmt_num(x: float) -> str:
     if math.isinf(x):
         return "∞" if x > 0 else "-∞"
     return f"{x:.5g}"
+
+
+_ArtistT = TypeVar("_ArtistT", bound="Artist")
+
+
+def _add(axes: Axes, artist: _ArtistT) -> _ArtistT:
+    """``axes.add_artist(artist)``, typed as the artist given (matplotlib's stub says a plain Artist)."""
+    axes.add_artist(artist)
+    return artist
 
 
 class _Canvas:
@@ -84,16 +99,19 @@ class _Canvas:
             bar.spines[spine].set_visible(False)
             ax.spines[spine].set_visible(False)
         # add_artist: no autoscaling (the limits are set per tensor)
-        self.fill = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
-        self.step = ax.add_artist(StepPatch([1], [0, 1], baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
+        self.fill = _add(ax, StepPatch([1], [0, 1], baseline=0.7, fill=True, facecolor="#9ecae1", linewidth=0))
+        self.step = _add(ax, StepPatch([1], [0, 1], baseline=0.7, fill=False, edgecolor="#3182bd", linewidth=0.6))
         self.empty = ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", fontsize=9)
         xaxis = ax.get_xaxis_transform()
-        self.vlines, self.bars, self.ends, self.notes = [], [], [], []
+        self.vlines: list[Line2D] = []
+        self.bars: list[Line2D] = []
+        self.ends: list[list[Line2D]] = []
+        self.notes: list[Text] = []
         for _ in range(self.rows):
-            self.vlines.append(ax.add_artist(Line2D([], [], transform=xaxis, alpha=0.85)))
-            self.bars.append(bar.add_artist(Line2D([], [], linewidth=4.5, solid_capstyle="butt")))
+            self.vlines.append(_add(ax, Line2D([], [], transform=xaxis, alpha=0.85)))
+            self.bars.append(_add(bar, Line2D([], [], linewidth=4.5, solid_capstyle="butt")))
             self.ends.append(
-                [bar.add_artist(Line2D([], [], linestyle="none", markersize=7, markeredgewidth=1.2)) for _ in range(2)]
+                [_add(bar, Line2D([], [], linestyle="none", markersize=7, markeredgewidth=1.2)) for _ in range(2)]
             )
             self.notes.append(
                 bar.text(0.5, 0, "", transform=bar.get_yaxis_transform(), ha="center", va="center", fontsize=6.5)
@@ -114,8 +132,8 @@ class _Canvas:
             ax.set_ylim(0.7, 10.0)
             points = [v for r in finite_ranges for v in r] or [0.0]
             data_lo, data_hi = min(points), max(points)
-        for artist in (self.fill, self.step):
-            artist.set_visible(bool(counts.size))
+        for patch in (self.fill, self.step):
+            patch.set_visible(bool(counts.size))
         self.empty.set_visible(not counts.size)
         # the view: the data, widened for the ranges by at most a quarter of the data's width on
         # each side (a range reaching further is cut, its end drawn as an arrow)
@@ -135,9 +153,9 @@ class _Canvas:
             colour = COLOURS[method]
             y = self.rows - 1 - row
             finite = math.isfinite(low) and math.isfinite(high)
-            for artist in (vline, line, left, right):
-                artist.set_visible(finite)
-                artist.set_color(colour)
+            for range_line in (vline, line, left, right):
+                range_line.set_visible(finite)
+                range_line.set_color(colour)
             note.set_visible(not finite)
             if finite:
                 lo, hi = max(low, view_lo - pad), min(high, view_hi + pad)
@@ -207,7 +225,7 @@ def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     code = "import sys; from histocal.report.images import _worker_main; _worker_main(sys.stdin)"
-    procs = []
+    procs: list[subprocess.Popen[str]] = []
     try:
         for chunk in chunks[1:]:
             proc = subprocess.Popen(
@@ -226,6 +244,8 @@ def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
             threading.Thread(target=_feed, args=(proc, json.dumps(payload)), daemon=True).start()
         _render(chunks[0])
         for proc in procs:
+            if proc.stderr is None:  # not possible: started with stderr=PIPE
+                raise RuntimeError("report image worker has no stderr pipe")
             stderr = proc.stderr.read()
             if proc.wait() != 0:
                 last = (stderr.strip().splitlines() or ["no message"])[-1]
@@ -237,7 +257,9 @@ def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
                 proc.wait()
 
 
-def _feed(proc: subprocess.Popen, text: str) -> None:
+def _feed(proc: subprocess.Popen[str], text: str) -> None:
+    if proc.stdin is None:  # not possible: started with stdin=PIPE
+        raise RuntimeError("report image worker has no stdin pipe")
     with contextlib.suppress(OSError, ValueError):
         proc.stdin.write(text)
         proc.stdin.close()
