@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -170,6 +171,109 @@ def _ort_bins_needed(per: list[np.ndarray], cfg: dict) -> int:
         if bins > MAX_BINS:
             return bins
     return bins
+
+
+class _Refused(Exception):
+    """histocal refuses a merge in one type (the caller widens, or refuses in float64)."""
+
+    def __init__(self, bins: float):
+        self.bins = bins  # the bins it would need (a lower bound; may be inf)
+
+
+def histocal_bins_needed(cfg: dict, collects: list[dict], name: str) -> int:
+    """The bins histocal's own rules give ``name``'s histogram over ``collects``, more than
+    MAX_BINS where histocal refuses it, from scalars only (no histogram is built).
+
+    ORT's rules (ort_bins_needed), except on the |x| path: there histocal also adds the bins
+    that keep the values ORT drops (below the first collect's min|x|, above an extension that
+    rounded short; README, *Deviations*), caps every merge at MAX_BINS bins, and redoes a
+    refused merge in the next wider type (rust/src/abs_histogram.rs, whose arithmetic this
+    follows step by step). Near the cap histocal can therefore refuse where ORT, dropping those
+    values, still computes.
+    """
+    if not (cfg["method"] == "percentile" and cfg["symmetric"]):
+        return ort_bins_needed(cfg, collects, name)
+    with np.errstate(all="ignore"):
+        return _histocal_abs_bins([flat_finite(c[name]) for c in collects if name in c], int(cfg["num_bins"]))
+
+
+def _histocal_abs_bins(per: list[np.ndarray], bins: int) -> int:
+    if not per:
+        return 0
+    edges = _first_edges(np.abs(per[0]), bins)
+    state = (edges[0], edges[1], edges[-1], bins)  # first, second and last stored edge; bins
+    for x in per[1:]:
+        if x.size == 0:
+            continue
+        ax = np.abs(x)
+        t = type(state[2])
+        while True:
+            try:
+                state = _histocal_abs_merge(*(t(e) for e in state[:3]), state[3], t(ax.min()), t(ax.max()))
+                break
+            except _Refused as refused:
+                if t is np.float64:
+                    b = refused.bins
+                    return max(MAX_BINS + 1, int(b)) if math.isfinite(b) else MAX_BINS + 1
+                t = _WIDER[np.dtype(t)]
+    return state[3]
+
+
+def _histocal_abs_merge(first, second, last, bins, amin, amax):
+    """AbsHistogram::merge on scalars of one float type: the new (first, second, last, bins)."""
+    t = type(last)
+    width = t(second - first)
+    top = float(last)  # the last edge in float64, before it is stored in t
+    if amax > last:
+        start, stop = t(last + width), t(amax + width)
+        quotient = float(t(t(stop - start) / width))
+        length = math.ceil(quotient) if math.isfinite(quotient) else quotient
+        if (math.isnan(quotient) and not (np.isfinite(start) and np.isfinite(stop))) or length > MAX_BINS:
+            raise _Refused(bins + length)  # numpy's arange fails in t, or histocal's cap
+        if length > 0:
+            step = float(t(start + width)) - float(start)
+            top = float(start) + (length - 1) * step if length > 1 else float(start)
+            bins += length
+    if bins > MAX_BINS:
+        raise _Refused(bins)
+    w = float(width)
+    if w > 0 and top < float(amax):
+        extra = (float(amax) - top) / w
+        if not (math.isfinite(extra - 2.0) and bins + extra - 2.0 <= MAX_BINS):
+            raise _Refused(bins + extra)
+        pushed, top = _pushes_until(top, w, float(amax), MAX_BINS - bins)
+        bins += pushed
+        if not np.isfinite(t(top)):
+            raise _Refused(bins)  # histocal's extra bins may not make an open top (widen)
+    lo = float(first)
+    if float(amin) < lo and w > 0:
+        quotient = (lo - float(amin)) / w
+        if not (math.isfinite(quotient) and bins + quotient <= MAX_BINS):
+            raise _Refused(bins + quotient)
+        below = math.ceil(quotient)
+        while lo - below * w > float(amin):
+            below += 1
+        if bins + below > MAX_BINS:
+            raise _Refused(bins + below)
+        first, second = t(lo - below * w), t(lo - (below - 1) * w)
+        bins += below
+    return first, second, t(top), bins
+
+
+def _pushes_until(top: float, w: float, amax: float, room: int) -> tuple[int, float]:
+    """histocal's loop ``while top < amax: top += w`` (float64 sums, one at a time), refused
+    beyond ``room`` additions: (the additions, the final top)."""
+    pushed = 0
+    while top < amax:
+        n = min(room - pushed, 1 << 16)
+        if n == 0:
+            raise _Refused(MAX_BINS + 1)
+        sums = np.add.accumulate(np.concatenate([[top], np.full(n, w)]))[1:]  # sequential, like the loop
+        reached = np.flatnonzero(sums >= amax)
+        if reached.size:
+            return pushed + int(reached[0]) + 1, float(sums[reached[0]])
+        pushed, top = pushed + n, float(sums[-1])
+    return pushed, top
 
 
 def tensors_beyond_max_bins(cfg: dict, collects: list[dict]) -> dict[str, int]:
@@ -341,9 +445,11 @@ _TOO_MANY_BINS = re.compile(
 
 def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
     """run_histocal, except that histocal may refuse a tensor with its "Too many bins" error
-    (naming the tensor) when ORT's rules need more than MAX_BINS bins for it: that tensor is
-    then left out and histocal re-run on the others. Returns (hc, result, refused), refused
-    mapping each such tensor to histocal's message; hc and result are None if none is left."""
+    (naming the tensor) when its own rules need more than MAX_BINS bins for it
+    (histocal_bins_needed): that tensor is then left out and histocal re-run on the others.
+    Every |x| histogram it keeps has the bins those rules give. Returns (hc, result, refused),
+    refused mapping each such tensor to histocal's message; hc and result are None if none is
+    left."""
     refused: dict[str, str] = {}
     while True:
         remaining = [{n: v for n, v in c.items() if n not in refused} for c in collects]
@@ -351,6 +457,15 @@ def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
             return None, None, refused
         try:
             hc, result = run_histocal(cfg, remaining)
+            for name, hist_t in hc.histogram_dict.items():
+                assert hist_t[0].size <= MAX_BINS, f"histocal's histogram for {name!r} has {hist_t[0].size} bins"
+                # The value path's count (ort_bins_needed) can be a few bins off histocal's
+                # (a guard against MAX_BINS); the |x| path's is exact.
+                if cfg["method"] == "percentile" and cfg["symmetric"]:
+                    bins = histocal_bins_needed(cfg, remaining, name)
+                    assert hist_t[0].size == bins, (
+                        f"histocal's histogram for {name!r} has {hist_t[0].size} bins, its own rules give {bins}"
+                    )
             return hc, result, refused
         except ValueError as err:
             msg = str(err)
@@ -359,9 +474,9 @@ def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
                 raise
             name = m["name"]
             assert name in {n for c in remaining for n in c}, f"histocal's error names no collected tensor: {msg}"
-            bins = ort_bins_needed(cfg, collects, name)
+            bins = histocal_bins_needed(cfg, collects, name)
             assert bins > MAX_BINS, (
-                f"histocal raised {msg!r} but ORT's rules need only {bins} bins (MAX_BINS = {MAX_BINS}) for {name!r}"
+                f"histocal raised {msg!r} but its own rules need only {bins} bins (MAX_BINS = {MAX_BINS}) for {name!r}"
             )
             refused[name] = msg
 

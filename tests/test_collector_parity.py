@@ -27,6 +27,7 @@ import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 from parity import (
+    MAX_BINS,
     argmin_spy,
     assert_hist_tuple_same,
     check_parity,
@@ -686,6 +687,7 @@ from pathlib import Path  # noqa: E402
 from parity import (  # noqa: E402
     OrtNotRun,
     classify_ort_error,
+    histocal_bins_needed,
     ort_bins_needed,
     run_histocal_or_too_many_bins,
 )
@@ -803,7 +805,7 @@ def test_histocal_too_many_bins_is_accepted_only_beyond_max_bins(monkeypatch):
 
     monkeypatch.setattr(parity, "run_histocal", refuse)
     cfg = _cfg("percentile", symmetric=True, num_bins=8, percentile=99.9)
-    with pytest.raises(AssertionError, match="ORT's rules need only 8 bins"):
+    with pytest.raises(AssertionError, match="its own rules need only 8 bins"):
         run_histocal_or_too_many_bins(cfg, [{"x": np.array([1, 2], f32)}])
 
 
@@ -829,3 +831,84 @@ def test_ort_bins_needed_matches_ort(method, dtype, sym):
         assert ort_bins_needed(cfg, collects, "g") == actual, (collects, actual)
         compared += actual > cfg["num_bins"]
     assert compared >= 5  # histograms that really grew
+
+
+# histocal keeps every finite value ORT's |x| merge drops (README, *Deviations*), so near
+# MAX_BINS its histogram needs more bins than ORT's. [1, 1] in 512 bins: edges [0.5, 1.5], width
+# 1/512. A later [32768, 0]: ORT extends to 32767.998 in 16776959 bins and drops both values;
+# histocal adds 1 bin above and 256 below, MAX_BINS bins in all.
+NEAR_CAP_CFG = _cfg("percentile", symmetric=True, num_bins=512, percentile=99.999)
+
+
+@pytest.mark.parametrize("dtype", [f16, f32])
+def test_kept_values_may_fill_max_bins_exactly(dtype):
+    """The derandomized CI profile's failing example: histocal refused, counting edges, not bins."""
+    collects = [{"x": np.array([1, 1], dtype)}, {"x": np.array([32768, 0], dtype)}]
+    assert ort_bins_needed(NEAR_CAP_CFG, collects, "x") == MAX_BINS - 257
+    assert histocal_bins_needed(NEAR_CAP_CFG, collects, "x") == MAX_BINS
+    # float32: ORT computes, dropping both later values; float16: ORT's arange overflows.
+    reason = "symmetric percentile dropped values" if dtype == f32 else "|x| extension overflow (later +inf or float16)"
+    assert check_parity(NEAR_CAP_CFG, collects).deviations == {"x": reason}
+    hc, _ = run_histocal(NEAR_CAP_CFG, collects)
+    hist = hc.histogram_dict["x"][0]
+    assert hist.size == MAX_BINS and hist.sum() == 4
+
+
+def test_kept_values_beyond_max_bins_are_refused_where_ort_computes():
+    """One float32 step higher, histocal's rules need more than MAX_BINS bins and it refuses;
+    ORT fits in fewer by dropping the 0."""
+    collects = [{"x": np.array([1, 1], f32)}, {"x": np.array([32768.004, 0], f32)}]
+    assert ort_bins_needed(NEAR_CAP_CFG, collects, "x") <= MAX_BINS < histocal_bins_needed(NEAR_CAP_CFG, collects, "x")
+    ort = run_ort(NEAR_CAP_CFG, collects, compute=False)
+    assert ort.error is None and ort.collector.histogram_dict["x"][0].sum() == 3  # the 0 is dropped
+    with pytest.raises(ValueError, match=r'^tensor "x": Too many bins for data range\.'):
+        run_histocal(NEAR_CAP_CFG, collects)
+    assert check_parity(NEAR_CAP_CFG, collects).deviations == {"x": "too many bins"}
+
+
+def test_abs_path_chain_of_extensions_stops_at_max_bins():
+    """Each |x| extension within numpy's and histocal's per-step limits, together beyond
+    MAX_BINS: histocal refuses the collect that passes the cap (it used to grow without bound)
+    and keeps what it had."""
+    import histocal
+
+    collects = [{"x": np.array([1, 1], f32)}, {"x": np.array([20000], f32)}, {"x": np.array([40000], f32)}]
+    assert ort_bins_needed(NEAR_CAP_CFG, collects, "x") > MAX_BINS
+    hc = histocal.HistogramCollector(**NEAR_CAP_CFG)
+    for c in collects[:2]:
+        hc.collect(c)
+    before = hc.histogram_dict["x"]
+    assert before[0].size == 10239744
+    with pytest.raises(ValueError, match=r'^tensor "x": Too many bins for data range\.'):
+        hc.collect(collects[2])
+    assert_hist_tuple_same(before, hc.histogram_dict["x"], "after the refused collect")
+    assert check_parity(NEAR_CAP_CFG, collects).deviations == {"x": "too many bins"}
+
+
+@pytest.mark.parametrize("dtype", [f32, f16])
+def test_histocal_bins_needed_matches_histocal(dtype):
+    """The refusal guard predicts histocal's real |x| histogram sizes exactly, on growing data
+    whose small values ORT drops (histocal adds bins below for them)."""
+    import histocal
+
+    rng = np.random.default_rng(11)
+    cfg = _cfg("percentile", symmetric=True, num_bins=512)
+    below = refused = 0
+    for _ in range(100):
+        collects = [
+            {"g": (rng.standard_normal(int(rng.integers(2, 50))) * 10.0 ** rng.uniform(-2, 2) * k).astype(dtype)}
+            for k in (1, rng.uniform(0.5, 6), rng.uniform(0.5, 20))
+        ]
+        hc = histocal.HistogramCollector(**cfg)
+        needed = histocal_bins_needed(cfg, collects, "g")
+        try:
+            for c in collects:
+                hc.collect(c)
+        except ValueError as err:
+            assert "Too many bins" in str(err) and needed > MAX_BINS, (collects, needed)
+            refused += 1
+            continue
+        actual = hc.histogram_dict["g"][0].size
+        assert needed == actual, (collects, actual)
+        below += actual != ort_bins_needed(cfg, collects, "g")
+    assert below >= 20 and refused >= 1  # histograms with bins ORT does not have; beyond the cap

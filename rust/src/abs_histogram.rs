@@ -7,6 +7,10 @@
 //! adding bins of the same width below (or above); where ORT drops nothing, the result is
 //! identical.
 //!
+//! Cap: after a merge the histogram has at most `MAX_BINS` bins, ORT's extension and those
+//! extra bins counted alike; beyond, the merge fails with `TooManyBins`. Near the cap histocal
+//! can therefore refuse where ORT, dropping the values, still computes.
+//!
 //! Open top: numpy computes the extension in f64, so its edges may pass the largest finite `E`
 //! (65504 for f16); ORT counts against those finite f64 edges and then stores them in `E`,
 //! where they become `+inf`. ORT keeps that state, and so does histocal: from then on
@@ -48,8 +52,8 @@ impl<E: Float> AbsHistogram<E> {
     /// A later collect: extend the edges if needed and lay the old counts on them; returns the
     /// binning (|x| against those edges) the collect's batches are counted with. Fails, leaving
     /// the state unchanged, where numpy's `arange` fails (ORT raises), where the bins histocal
-    /// adds to keep values ORT drops would overflow `E`, or beyond `MAX_BINS` (the caller then
-    /// widens `E`).
+    /// adds to keep values ORT drops would overflow `E`, or where the merged histogram would
+    /// have more than `MAX_BINS` bins (the caller then widens `E`).
     pub fn merge<D: Float + Widen<E>>(&mut self, scan: &Scan<D>) -> Result<Binning<E>, HistError> {
         // ORT raises on a later infinity only through the extension's `arange`; with an open
         // top there is no extension, so infinities are accepted, min/max included.
@@ -74,18 +78,30 @@ impl<E: Float> AbsHistogram<E> {
         if amax > last {
             fallible::extend(&mut edges, arange_f64(last.add(width), amax.add(width), width)?);
         }
+        // One cap for every merge: at most MAX_BINS bins, ORT's extension and the bins histocal
+        // adds to keep values ORT drops counted alike (a chain of extensions, each within
+        // arange's own limit, would otherwise grow without bound).
+        let beyond_cap = |bins: usize, extra: f64| !(extra.is_finite() && bins as f64 + extra <= MAX_BINS as f64);
+        if edges.len() - 1 > MAX_BINS {
+            return Err(HistError::TooManyBins(MAX_BINS));
+        }
         let w = width.to_f64();
-        let too_many = |have: usize, extra: f64| !(extra.is_finite() && (have as f64 + extra) < MAX_BINS as f64);
         // histocal: keep values ORT would drop (see the module docs).
         if w > 0.0 && *edges.last().unwrap() < amax.to_f64() {
-            if too_many(edges.len(), (amax.to_f64() - edges.last().unwrap()) / w) {
+            // The loop's sums round, so it may add a bin more or less than the quotient: the
+            // quotient only rules out what is clearly beyond the cap (bounding the work), and
+            // the loop itself stops at the cap.
+            let extra = (amax.to_f64() - edges.last().unwrap()) / w;
+            if beyond_cap(edges.len() - 1, extra - 2.0) {
                 return Err(HistError::TooManyBins(MAX_BINS));
             }
             // the bins the loop adds, and a few for rounding (extra pushes would grow `edges`
             // with the ordinary allocator)
-            let to_add = ((amax.to_f64() - edges.last().unwrap()) / w) as usize + 4;
-            fallible::reserve(&mut edges, to_add);
+            fallible::reserve(&mut edges, extra as usize + 4);
             while *edges.last().unwrap() < amax.to_f64() {
+                if edges.len() - 1 == MAX_BINS {
+                    return Err(HistError::TooManyBins(MAX_BINS));
+                }
                 let next = edges[edges.len() - 1] + w;
                 edges.push(next);
             }
@@ -98,12 +114,16 @@ impl<E: Float> AbsHistogram<E> {
         let mut below = 0usize;
         if amin.to_f64() < edges[0] && w > 0.0 {
             let e0 = edges[0];
-            if too_many(edges.len(), (e0 - amin.to_f64()) / w) {
+            // `below` is at least this quotient.
+            if beyond_cap(edges.len() - 1, (e0 - amin.to_f64()) / w) {
                 return Err(HistError::TooManyBins(MAX_BINS));
             }
             below = ((e0 - amin.to_f64()) / w).ceil() as usize;
             while e0 - below as f64 * w > amin.to_f64() {
                 below += 1;
+            }
+            if edges.len() - 1 + below > MAX_BINS {
+                return Err(HistError::TooManyBins(MAX_BINS));
             }
             let mut lower: Vec<f64> = fallible::with_capacity(below + edges.len());
             lower.extend((1..=below).rev().map(|k| e0 - k as f64 * w));
@@ -177,17 +197,22 @@ mod tests {
     use half::f16;
 
     fn step(h: &mut Option<AbsHistogram<f32>>, x: &[f32], n: usize) {
+        try_step(h, x, n).unwrap();
+    }
+
+    fn try_step<E: Float + Widen<E>>(h: &mut Option<AbsHistogram<E>>, x: &[E], n: usize) -> Result<(), HistError> {
         let v = View::from_slice(x);
         let s = scan(&v);
         let binning = match h {
             None => {
-                let (st, b) = AbsHistogram::first(&s, n).unwrap();
+                let (st, b) = AbsHistogram::first(&s, n)?;
                 *h = Some(st);
                 b
             }
-            Some(st) => st.merge(&s).unwrap(),
+            Some(st) => st.merge(&s)?,
         };
         binning.count(&v, &mut h.as_mut().unwrap().hist);
+        Ok(())
     }
 
     #[test]
@@ -320,5 +345,39 @@ mod tests {
         assert_eq!(st.hist.iter().sum::<i64>(), 7);
         assert!(st.edges[0] <= 0.0);
         assert!(*st.edges.last().unwrap() >= 2.2);
+    }
+
+    #[test]
+    fn kept_values_may_fill_the_cap_exactly() {
+        // [1, 1] in 512 bins: edges [0.5, 1.5], width 1/512. ORT extends to 32767.998 in
+        // 16776959 bins and drops both 0 and 32768; histocal adds 1 bin above and 256 below.
+        let mut h = None;
+        try_step(&mut h, &[1.0, 1.0], 512).unwrap();
+        try_step(&mut h, &[32768.0, 0.0], 512).unwrap();
+        let st = h.unwrap();
+        assert_eq!(st.hist.len(), MAX_BINS);
+        assert_eq!(st.hist.iter().sum::<i64>(), 4);
+        assert_eq!((st.edges[0], *st.edges.last().unwrap()), (0.0, 32768.0));
+    }
+
+    #[test]
+    fn kept_values_beyond_the_cap_are_refused() {
+        // One f32 step higher: ORT's 16776963 bins fit, histocal's 16777218 do not.
+        let mut h = None;
+        try_step(&mut h, &[1.0, 1.0], 512).unwrap();
+        let before = h.clone();
+        assert_eq!(try_step(&mut h, &[32768.004, 0.0], 512), Err(HistError::TooManyBins(MAX_BINS)));
+        assert_eq!(h, before, "state unchanged on error");
+    }
+
+    #[test]
+    fn a_chain_of_extensions_stops_at_the_cap() {
+        // Each extension is within arange's own limit; together they pass the cap (in float64,
+        // where the extensions need no extra bins of histocal's).
+        let mut h = None;
+        try_step(&mut h, &[1.0f64, 1.0], 512).unwrap();
+        try_step(&mut h, &[20000.0], 512).unwrap();
+        assert_eq!(h.as_ref().unwrap().hist.len(), 10239744);
+        assert_eq!(try_step(&mut h, &[40000.0], 512), Err(HistError::TooManyBins(MAX_BINS)));
     }
 }

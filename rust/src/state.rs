@@ -111,11 +111,20 @@ pub enum TypedBinning {
 
 /// The widening chain each data type starts from: f16 -> f32 -> f64, f32 -> f64, f64.
 /// Planning (creating or growing the histogram) may fail in a narrow type and is then redone
-/// in the next; counting uses whatever type planning ended in.
+/// in the next; counting uses whatever type planning ended in. A merge that fails in every
+/// type leaves the histogram unchanged, its type included.
 pub trait Chain: Float {
     fn first<Fm: Family>(scan: &Scan<Self>, n_bins: usize) -> Result<(Typed<Fm>, TypedBinning), HistError>;
     fn merge<Fm: Family>(h: &mut Typed<Fm>, scan: &Scan<Self>) -> Result<TypedBinning, HistError>;
     fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, view: &View<Self>);
+}
+
+/// The last resort of a merge refused in a narrower type: `wide`, the histogram in float64,
+/// replaces `h` only if the merge succeeds there, so a refused merge leaves `h` as it was.
+fn merge_in_f64<Fm: Family, D: Float + Widen<f64>>(h: &mut Typed<Fm>, mut wide: Fm::H<f64>, s: &Scan<D>) -> Result<TypedBinning, HistError> {
+    let b = Fm::merge(&mut wide, s)?;
+    *h = Typed::F64(wide);
+    Ok(TypedBinning::F64(b))
 }
 
 fn mismatch() -> ! {
@@ -130,21 +139,28 @@ impl Chain for f16 {
             .or_else(|_| Fm::first::<f64, f16>(s, n).map(|(h, b)| (Typed::F64(h), TypedBinning::F64(b))))
     }
     fn merge<Fm: Family>(h: &mut Typed<Fm>, s: &Scan<f16>) -> Result<TypedBinning, HistError> {
-        if let Typed::F16(x) = h {
-            if let Ok(b) = Fm::merge(x, s) {
-                return Ok(TypedBinning::F16(b));
-            }
-            *h = Typed::F32(Fm::widen(x));
-        }
-        if let Typed::F32(x) = h {
-            if let Ok(b) = Fm::merge(x, s) {
-                return Ok(TypedBinning::F32(b));
-            }
-            *h = Typed::F64(Fm::widen(x));
-        }
         match h {
+            Typed::F16(x) => {
+                if let Ok(b) = Fm::merge(x, s) {
+                    return Ok(TypedBinning::F16(b));
+                }
+                let mut wide = Fm::widen(x);
+                if let Ok(b) = Fm::merge(&mut wide, s) {
+                    *h = Typed::F32(wide);
+                    return Ok(TypedBinning::F32(b));
+                }
+                let wider = Fm::widen(&wide);
+                drop(wide);
+                merge_in_f64(h, wider, s)
+            }
+            Typed::F32(x) => match Fm::merge(x, s) {
+                Ok(b) => Ok(TypedBinning::F32(b)),
+                Err(_) => {
+                    let wide = Fm::widen(x);
+                    merge_in_f64(h, wide, s)
+                }
+            },
             Typed::F64(x) => Fm::merge(x, s).map(TypedBinning::F64),
-            _ => unreachable!("widened above"),
         }
     }
     fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f16>) {
@@ -165,15 +181,16 @@ impl Chain for f32 {
             .or_else(|_| Fm::first::<f64, f32>(s, n).map(|(h, b)| (Typed::F64(h), TypedBinning::F64(b))))
     }
     fn merge<Fm: Family>(h: &mut Typed<Fm>, s: &Scan<f32>) -> Result<TypedBinning, HistError> {
-        if let Typed::F32(x) = h {
-            if let Ok(b) = Fm::merge(x, s) {
-                return Ok(TypedBinning::F32(b));
-            }
-            *h = Typed::F64(Fm::widen(x));
-        }
         match h {
+            Typed::F32(x) => match Fm::merge(x, s) {
+                Ok(b) => Ok(TypedBinning::F32(b)),
+                Err(_) => {
+                    let wide = Fm::widen(x);
+                    merge_in_f64(h, wide, s)
+                }
+            },
             Typed::F64(x) => Fm::merge(x, s).map(TypedBinning::F64),
-            _ => unreachable!("float32 data never has a float16 histogram"),
+            Typed::F16(_) => unreachable!("float32 data never has a float16 histogram"),
         }
     }
     fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f32>) {
@@ -426,5 +443,18 @@ mod tests {
             (Scans::F32(x), Scans::F32(y)) => assert_eq!(x, y),
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn a_merge_refused_in_every_type_leaves_the_histogram_as_it_was() {
+        // |x| extensions from [1, 1] in 512 bins: to 20000 fits; to 40000 passes MAX_BINS in
+        // float32 and in float64, and the float32 histogram must not come back as float64.
+        let scan_of = |x: &[f32]| scan(&View::from_slice(x));
+        let (mut h, _) = <f32 as Chain>::first::<AbsFamily>(&scan_of(&[1.0, 1.0]), 512).unwrap();
+        <f32 as Chain>::merge(&mut h, &scan_of(&[20000.0])).unwrap();
+        let before = h.clone();
+        assert!(<f32 as Chain>::merge(&mut h, &scan_of(&[40000.0])).is_err());
+        assert!(matches!(h, Typed::F32(_)));
+        assert_eq!(h, before);
     }
 }
