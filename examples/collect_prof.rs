@@ -1,6 +1,6 @@
-use histocal::histogram::UniformBins;
-use histocal::scan::scan;
-use histocal::view::View;
+use histocal::ort::histogram::UniformBins;
+use histocal::numeric::scan::scan;
+use histocal::numeric::view::View;
 use std::time::Instant;
 fn main() {
     let n: usize = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(64usize << 20);

@@ -5,14 +5,14 @@
 //! raise instead (f16 "Too many bins", non-finite growth ranges, f32 subnormal ranges), the
 //! state is widened exactly (f16 -> f32 -> f64) and that step is redone in the wider type.
 
-use crate::abs_histogram::AbsHistogram;
-use crate::binning::Binning;
-use crate::float::{Float, Widen};
-use crate::histogram::HistError;
-use crate::scan::{scan, scan_all, Scan};
-use crate::stream_histogram::StreamHistogram;
-use crate::value_histogram::ValueHistogram;
-use crate::view::View;
+use crate::ort::abs_histogram::AbsHistogram;
+use crate::ort::binning::Binning;
+use crate::numeric::float::{Float, Widen};
+use crate::ort::histogram::HistError;
+use crate::numeric::scan::{scan, scan_all, Scan};
+use crate::stream::stream_histogram::StreamHistogram;
+use crate::ort::value_histogram::ValueHistogram;
+use crate::numeric::view::View;
 use half::f16;
 
 /// The batches of one collect, all of one dtype.

@@ -15,12 +15,12 @@
 //! and `|x| == inf` in the last bin, which makes infinities (and their `nanmin`/`nanmax`)
 //! part of ORT's result rather than an error.
 
-use crate::binning::Binning;
-use crate::fallible;
-use crate::float::{Float, Widen};
-use crate::histogram::{arange_f64, HistError, UniformBins, MAX_BINS};
-use crate::scan::Scan;
-use crate::value_histogram::{batch_min_max, first_min_max, Held};
+use crate::ort::binning::Binning;
+use crate::numeric::fallible;
+use crate::numeric::float::{Float, Widen};
+use crate::ort::histogram::{arange_f64, HistError, UniformBins, MAX_BINS};
+use crate::numeric::scan::Scan;
+use crate::ort::value_histogram::{batch_min_max, first_min_max, Held};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AbsHistogram<E> {
@@ -172,8 +172,8 @@ fn nan_min_max_with_infinities<D: Float + Widen<E>, E: Float>(scan: &Scan<D>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scan::scan;
-    use crate::view::View;
+    use crate::numeric::scan::scan;
+    use crate::numeric::view::View;
     use half::f16;
 
     fn step(h: &mut Option<AbsHistogram<f32>>, x: &[f32], n: usize) {

@@ -3,9 +3,10 @@
 //! at a time (histocal's two-pass exact mode) and still give ORT's one-call histogram, because
 //! counting is additive.
 
-use crate::float::{Float, Widen};
-use crate::histogram::{count_abs_explicit, UniformBins};
-use crate::view::View;
+use crate::numeric::float::{Float, Widen};
+use crate::ort::explicit_edges::count_abs_explicit;
+use crate::ort::histogram::UniformBins;
+use crate::numeric::view::View;
 
 #[derive(Clone, Debug, Default)]
 pub enum Binning<E> {

@@ -1,9 +1,9 @@
 //! ORT's `compute_distribution` moments (`_avg_std`) over histogram bin midpoints, scenario
 //! "same" (scenario "p3" runs numpy's own float power, in the Python collector).
 
-use crate::float::Float;
-use crate::libm::pow;
-use crate::pairwise::sum_f64_by;
+use crate::numeric::float::Float;
+use crate::numeric::libm::pow;
+use crate::numeric::pairwise::sum_f64_by;
 
 /// `(avg, std)` in f64, exactly as ORT computes them before rounding to the edge type.
 pub fn avg_std<E: Float>(hist: &[i64], edges: &[E]) -> (f64, f64) {

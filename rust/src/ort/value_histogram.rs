@@ -4,11 +4,11 @@
 //! Non-finite values are never binned (ORT raises on them); a batch without finite values is
 //! treated exactly as ORT treats an empty batch.
 
-use crate::binning::Binning;
-use crate::fallible;
-use crate::float::{py_max, Float, Widen};
-use crate::histogram::{HistError, UniformBins, MAX_BINS};
-use crate::scan::Scan;
+use crate::ort::binning::Binning;
+use crate::numeric::fallible;
+use crate::numeric::float::{py_max, Float, Widen};
+use crate::ort::histogram::{HistError, UniformBins, MAX_BINS};
+use crate::numeric::scan::Scan;
 
 /// A scalar as ORT holds it: numpy scalars from `nanmin`/arithmetic, or 0-d arrays (empty
 /// batches, `np.array(threshold)`). The distinction only shows in the Python objects returned.
@@ -150,8 +150,8 @@ impl<E: Float> ValueHistogram<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scan::scan;
-    use crate::view::View;
+    use crate::numeric::scan::scan;
+    use crate::numeric::view::View;
 
     #[test]
     fn growth_beyond_max_bins_is_an_error_not_an_allocation() {

@@ -1,4 +1,4 @@
-//! The mse method: the range with the least quantization error ([`crate::qerror`]) among a
+//! The mse method: the range with the least quantization error ([`crate::methods::qerror`]) among a
 //! fixed grid of candidates, the first in grid order on ties.
 //!
 //! With `lo = min(min, 0)`, `hi = max(max, 0)`, `a = max(|lo|, |hi|)`: symmetric candidates
@@ -14,10 +14,10 @@
 //!
 //! Cost: at most the 129 x 129 candidates, each at most linear in the number of levels (or of
 //! bins, where there are fewer), so linear in the histogram; the search stops early when its
-//! stop flag is set ([`crate::cancel`]).
+//! stop flag is set ([`crate::numeric::cancel`]).
 
-use crate::cancel::{self, Cancelled};
-use crate::qerror::{ErrorTable, OrtScale, QType, ScaleRule};
+use crate::numeric::cancel::{self, Cancelled};
+use crate::methods::qerror::{ErrorTable, OrtScale, QType, ScaleRule};
 use std::sync::atomic::AtomicBool;
 
 const SYMMETRIC_STEPS: usize = 1024;
@@ -138,8 +138,8 @@ fn least_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qerror::testing::*;
-    use crate::qerror::{Quantizer, UniformHistogram};
+    use crate::methods::qerror::testing::*;
+    use crate::methods::qerror::{Quantizer, UniformHistogram};
 
     const RULES: [ScaleRule; 3] = [ScaleRule::Float32, ScaleRule::Float16Normal, ScaleRule::Float16Subnormal];
 

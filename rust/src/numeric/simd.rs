@@ -41,7 +41,7 @@ macro_rules! dispatch_avx2 {
                 unsafe fn avx2 $(<$($g: $b),*>)? ($($arg: $t),*) -> $ret {
                     $body_fn $(::<$($g),*>)? ($($arg),*)
                 }
-                if $crate::simd::has_avx2_fma() {
+                if $crate::numeric::simd::has_avx2_fma() {
                     // SAFETY: the CPU features were just detected.
                     return unsafe { avx2 $(::<$($g),*>)? ($($arg),*) };
                 }
@@ -86,11 +86,11 @@ macro_rules! dispatch_avx512 {
                 unsafe fn avx2 $(<$($g: $b),*>)? ($($arg: $t),*) -> $ret {
                     $body_fn $(::<$($g),*>)? ($($arg),*)
                 }
-                if $crate::simd::has_avx512() {
+                if $crate::numeric::simd::has_avx512() {
                     // SAFETY: the CPU features were just detected.
                     return unsafe { avx512 $(::<$($g),*>)? ($($arg),*) };
                 }
-                if $crate::simd::has_avx2_fma() {
+                if $crate::numeric::simd::has_avx2_fma() {
                     // SAFETY: the CPU features were just detected.
                     return unsafe { avx2 $(::<$($g),*>)? ($($arg),*) };
                 }

@@ -16,7 +16,7 @@
 //! 2^121 is +-2^128, past float32) cannot reach ORT, which reads ranges in that type. A
 //! NonOverflow k beyond it has no such range at all (the caller reports it).
 
-use crate::qerror::{ErrorTable, QType, Quantizer, ScaleRule, UniformHistogram};
+use crate::methods::qerror::{ErrorTable, QType, Quantizer, ScaleRule, UniformHistogram};
 use std::sync::OnceLock;
 
 /// The integer types power-of-two scales are computed for.
@@ -211,7 +211,7 @@ pub fn batch_votes(hist: UniformHistogram, largest: f64) -> [Option<i32>; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qerror::testing::*;
+    use crate::methods::qerror::testing::*;
 
     #[test]
     fn pow2_is_exact_down_to_subnormals() {

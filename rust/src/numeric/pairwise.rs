@@ -60,7 +60,7 @@ impl NegZero for f64 {
 #[inline]
 pub fn sum_f32(a: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
+    if crate::numeric::simd::has_avx2_fma() {
         // SAFETY: the CPU features were just detected.
         return 0.0 + unsafe { pairwise_f32_avx2(a) };
     }
@@ -107,7 +107,7 @@ unsafe fn pairwise_f32_avx2(a: &[f32]) -> f32 {
 #[inline(always)]
 fn lanes8(a: &[f32]) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
+    if crate::numeric::simd::has_avx2_fma() {
         use std::arch::x86_64::*;
         // SAFETY: AVX is available (implied by AVX2); loads stay inside `a` (len % 8 == 0).
         unsafe {
@@ -132,7 +132,7 @@ fn lanes8(a: &[f32]) -> [f32; 8] {
     r
 }
 
-crate::simd::dispatch_avx2!(fn pairwise_f32_dispatch(a: &[f32]) -> f32 => pairwise_f32_slice);
+crate::numeric::simd::dispatch_avx2!(fn pairwise_f32_dispatch(a: &[f32]) -> f32 => pairwise_f32_slice);
 
 /// The same association order as `pairwise`, over a slice, in a form LLVM vectorises
 /// (the 8 accumulators are one SIMD register). The recursion only splits blocks > 128, so the

@@ -5,8 +5,8 @@
 //! between the per-tensor `(B, 1)` case (pairwise) and the per-channel `(B, C)` case
 //! (sequential down each column). Across `collect_data` calls it merges with an EMA in `T`.
 
-use crate::float::Float;
-use crate::pairwise::{sum_f32_by, sum_f64_by};
+use crate::numeric::float::Float;
+use crate::numeric::pairwise::{sum_f32_by, sum_f64_by};
 
 /// `np.nanmean` over a contiguous run of per-batch values (the per-tensor `(B, 1)` case):
 /// NaN -> 0, numpy pairwise sum (f32 accumulator for f16/f32, f64 for f64) rounded to `T`,

@@ -81,7 +81,7 @@ fn widen_f16_impl(src: &[f16], dst: &mut [f32]) {
     }
 }
 
-crate::simd::dispatch_avx512!(pub fn widen_f16(src: &[f16], dst: &mut [f32]) -> () => widen_f16_impl);
+crate::numeric::simd::dispatch_avx512!(pub fn widen_f16(src: &[f16], dst: &mut [f32]) -> () => widen_f16_impl);
 
 #[cfg(test)]
 mod tests {
@@ -91,7 +91,7 @@ mod tests {
     fn every_f16_widens_exactly() {
         let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
         for tier in [0u8, 1, 2] {
-            crate::simd::set_max_tier(tier);
+            crate::numeric::simd::set_max_tier(tier);
             let mut w = vec![0f32; all.len()];
             widen_f16(&all, &mut w);
             for (h, x) in all.iter().zip(&w) {
@@ -99,6 +99,6 @@ mod tests {
                 assert!(x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan()), "{:#06x} tier {tier}", h.to_bits());
             }
         }
-        crate::simd::set_max_tier(2);
+        crate::numeric::simd::set_max_tier(2);
     }
 }

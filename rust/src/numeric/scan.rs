@@ -2,9 +2,9 @@
 //! finite, NaN, +Inf and -Inf values. Parallel over fixed-size chunks; the result does not
 //! depend on the thread count because every reduction here is order-independent.
 
-use crate::float::Float;
-use crate::lanes::{widen_f16, Lane};
-use crate::view::View;
+use crate::numeric::float::Float;
+use crate::numeric::lanes::{widen_f16, Lane};
+use crate::numeric::view::View;
 use half::f16;
 use rayon::prelude::*;
 use std::any::TypeId;
@@ -155,8 +155,8 @@ pub(crate) fn scan_lanes_block<T: Lane + Float>(b: &[T]) -> Scan<T> {
     }
 }
 
-crate::simd::dispatch_avx2!(fn scan_f32(b: &[f32]) -> Scan<f32> => scan_f32_impl);
-crate::simd::dispatch_avx512!(fn scan_f64(b: &[f64]) -> Scan<f64> => scan_f64_impl);
+crate::numeric::simd::dispatch_avx2!(fn scan_f32(b: &[f32]) -> Scan<f32> => scan_f32_impl);
+crate::numeric::simd::dispatch_avx512!(fn scan_f64(b: &[f64]) -> Scan<f64> => scan_f64_impl);
 
 #[inline(always)]
 fn scan_f32_impl(b: &[f32]) -> Scan<f32> {
@@ -309,14 +309,14 @@ mod tests {
     /// dispatch tier.
     fn check<D: Float>(data: &[D], what: &str) {
         for tier in [0u8, 1, 2] {
-            crate::simd::set_max_tier(tier);
+            crate::numeric::simd::set_max_tier(tier);
             assert_eq!(bits(&scan(&View::from_slice(data))), bits(&reference(data)), "{what} ({}, tier {tier})", D::NAME);
             let odd = data.len() / 2;
             let v = unsafe { View::from_raw(data.as_ptr(), &[odd], &[2]) };
             let every_other: Vec<D> = data.iter().step_by(2).take(odd).copied().collect();
             assert_eq!(bits(&scan(&v)), bits(&reference(&every_other)), "{what} strided ({}, tier {tier})", D::NAME);
         }
-        crate::simd::set_max_tier(2);
+        crate::numeric::simd::set_max_tier(2);
     }
 
     /// Signed zeros placed so that the first zero, and the zero each lane sees first, differ;

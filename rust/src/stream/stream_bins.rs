@@ -20,12 +20,12 @@
 //! NaN and ±Inf are not binned. Only the window of bins between those of the batch's finite
 //! minimum and maximum is counted and added (ReLU-like data spans half the bins).
 
-use crate::fallible;
-use crate::float::Float;
-use crate::lanes::{widen_f16, Lane};
-use crate::scan::{retype, scan_lanes_block, Scan, PAR_CHUNK};
-use crate::stream_histogram::{level_for, raise_bins};
-use crate::view::View;
+use crate::numeric::fallible;
+use crate::numeric::float::Float;
+use crate::numeric::lanes::{widen_f16, Lane};
+use crate::numeric::scan::{retype, scan_lanes_block, Scan, PAR_CHUNK};
+use crate::stream::levels::{level_for, raise_bins};
+use crate::numeric::view::View;
 use half::f16;
 use rayon::prelude::*;
 use std::any::TypeId;
@@ -99,7 +99,7 @@ fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
     if x.abs() < T::INFINITY { i } else { p.len }
 }
 
-crate::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
+crate::numeric::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
 
 /// A lane type that is also a data type (f32, f64): one bound for the dispatch macro.
 trait LaneFloat: Lane + Float {}
@@ -156,7 +156,7 @@ fn bins_scan_impl<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -
     body.merge(tail)
 }
 
-crate::simd::dispatch_avx512!(fn bins_scan<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> Scan<T> => bins_scan_impl);
+crate::numeric::simd::dispatch_avx512!(fn bins_scan<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> Scan<T> => bins_scan_impl);
 
 /// `block` as a slice of `T` when `D` is `T`.
 fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
@@ -258,9 +258,9 @@ fn add_u64_impl(bins: &mut [u64], counts: &[u64]) {
     bins.iter_mut().zip(counts).for_each(|(b, &c)| *b += c);
 }
 
-crate::simd::dispatch_avx512!(fn widen(small: &[u16]) -> Vec<u64> => widen_impl);
-crate::simd::dispatch_avx512!(fn add_u16(counts: &mut [u64], small: &[u16]) -> () => add_u16_impl);
-crate::simd::dispatch_avx512!(fn add_u64(bins: &mut [u64], counts: &[u64]) -> () => add_u64_impl);
+crate::numeric::simd::dispatch_avx512!(fn widen(small: &[u16]) -> Vec<u64> => widen_impl);
+crate::numeric::simd::dispatch_avx512!(fn add_u16(counts: &mut [u64], small: &[u16]) -> () => add_u16_impl);
+crate::numeric::simd::dispatch_avx512!(fn add_u64(bins: &mut [u64], counts: &[u64]) -> () => add_u64_impl);
 
 /// One batch's own histogram at a level: the counts of bins `first..first + counts.len()`
 /// (indices into the `2H` bins), the span of the batch's finite values; all other bins are 0.

@@ -14,13 +14,13 @@
 //! It cannot be made sub-quadratic without changing results: every candidate's KL is a float32
 //! pairwise sum of terms that depend on that candidate's own normalisation and smoothing, and
 //! ORT's threshold depends on those sums' last bits. Callers bound it before starting (see the
-//! bindings' limit), and it stops early when its stop flag is set ([`crate::cancel`]).
+//! bindings' limit), and it stops early when its stop flag is set ([`crate::numeric::cancel`]).
 
-use crate::cancel::{self, Cancelled};
-use crate::fallible;
-use crate::float::Float;
-use crate::numpy_log::log_lane;
-use crate::pairwise::sum_f32;
+use crate::numeric::cancel::{self, Cancelled};
+use crate::numeric::fallible;
+use crate::numeric::float::Float;
+use crate::numeric::numpy_log::log_lane;
+use crate::numeric::pairwise::sum_f32;
 use rayon::prelude::*;
 use std::sync::atomic::AtomicBool;
 
@@ -123,7 +123,7 @@ fn smoothing_offset(len: usize, n_zero: usize, is_zero: impl Fn(usize) -> bool) 
     let n_zero: f32 = if len < (1 << 24) {
         n_zero as f32
     } else {
-        crate::pairwise::sum_f32_by(len, |i| is_zero(i) as i32 as f32)
+        crate::numeric::pairwise::sum_f32_by(len, |i| is_zero(i) as i32 as f32)
     };
     let n_nonzero: f32 = (len as f32) - n_zero;
     if n_nonzero == 0.0 {
@@ -160,7 +160,7 @@ fn fill_runs(out: &mut Vec<f32>, n: usize, values: &[f32], m: usize) {
     assert!(nq * m <= n);
     out.resize(n + 16, 0.0);
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx512() {
+    if crate::numeric::simd::has_avx512() {
         // SAFETY: features detected; every store starts below n and out has n + 16 elements.
         unsafe { fill_runs_avx512(out, n, values, m) };
         return;
@@ -212,7 +212,7 @@ fn kl_terms(ps: &[f32], sp: f32, qks: &[f32], r: &mut [f32]) {
     }
 }
 
-crate::simd::dispatch_avx512!(
+crate::numeric::simd::dispatch_avx512!(
     fn candidate_kl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32
         => candidate_kl_impl
 );
@@ -441,10 +441,10 @@ mod tests {
         let run = || -> Vec<u64> { hists.iter().flat_map(|h| kl_values::<f32>(h, 128, &GO).unwrap()).map(f64::to_bits).collect() };
         let best = run();
         for tier in [0u8, 1] {
-            crate::simd::set_max_tier(tier);
+            crate::numeric::simd::set_max_tier(tier);
             assert!(run() == best, "tier {tier}");
         }
-        crate::simd::set_max_tier(2);
+        crate::numeric::simd::set_max_tier(2);
     }
 
     #[test]

@@ -25,12 +25,12 @@
 //! cannot serve, and every candidate within the screening's tolerance of the least, takes the
 //! literal O(i) sum, so the worst case is quadratic in `num_bins`. [`search_work`] bounds the
 //! whole search by that worst case, and the search stops early when its stop flag is set
-//! ([`crate::cancel`]).
+//! ([`crate::numeric::cancel`]).
 
-use crate::cancel::{self, Cancelled};
-use crate::fallible;
-use crate::histogram::MAX_BINS;
-use crate::qerror::UniformHistogram;
+use crate::numeric::cancel::{self, Cancelled};
+use crate::numeric::fallible;
+use crate::ort::histogram::MAX_BINS;
+use crate::methods::qerror::UniformHistogram;
 use std::sync::atomic::AtomicBool;
 
 /// The smoothing constant.
@@ -85,12 +85,12 @@ pub fn kl_range(hist: &UniformHistogram, num_bins: usize, num_quantized_bins: us
 }
 
 /// What one literal divergence costs per bin, in the bin evaluations of ORT's float32 entropy
-/// search ([`crate::entropy::search_work`]): a float64 logarithm per bin on one thread against
+/// search ([`crate::ort::entropy::search_work`]): a float64 logarithm per bin on one thread against
 /// numpy's vectorised float32 one (measured ~10 ns against ~1.3 ns).
 pub const LITERAL_BIN_COST: u64 = 8;
 
 /// The search's worst-case work for `num_bins` bins, in the units of
-/// [`crate::entropy::search_work`]: every candidate i taking the literal O(i) sum twice (once
+/// [`crate::ort::entropy::search_work`]: every candidate i taking the literal O(i) sum twice (once
 /// to screen, once to decide), plus the linear passes.
 pub fn search_work(num_bins: usize, num_quantized_bins: usize) -> u64 {
     let (n, nq) = (num_bins as u128, num_quantized_bins.max(1) as u128);
@@ -471,7 +471,7 @@ fn rel_entr(x: f64, y: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qerror::testing::*;
+    use crate::methods::qerror::testing::*;
 
     /// A stop flag that is never set.
     static GO: AtomicBool = AtomicBool::new(false);
