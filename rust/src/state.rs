@@ -407,6 +407,38 @@ typed_from!(f16, F16);
 typed_from!(f32, F32);
 typed_from!(f64, F64);
 
+/// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
+/// ("Too many bins"), the next wider one.
+pub fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<Histogram, HistError> {
+    fn value<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
+        h.to_value::<E>(n)
+    }
+    fn abs<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::abs_histogram::AbsHistogram<E>, HistError> {
+        h.to_abs::<E>(n)
+    }
+    let start = match dtype {
+        "float16" => 0,
+        "float32" => 1,
+        _ => 2,
+    };
+    let mut last = HistError::NonFiniteRange;
+    for level in start..3 {
+        let r = match (kind, level) {
+            (Kind::Value, 0) => value::<f16>(h, n).map(|x| Histogram::Value(Typed::F16(x))),
+            (Kind::Value, 1) => value::<f32>(h, n).map(|x| Histogram::Value(Typed::F32(x))),
+            (Kind::Value, _) => value::<f64>(h, n).map(|x| Histogram::Value(Typed::F64(x))),
+            (Kind::Abs, 0) => abs::<f16>(h, n).map(|x| Histogram::Abs(Typed::F16(x))),
+            (Kind::Abs, 1) => abs::<f32>(h, n).map(|x| Histogram::Abs(Typed::F32(x))),
+            (Kind::Abs, _) => abs::<f64>(h, n).map(|x| Histogram::Abs(Typed::F64(x))),
+        };
+        match r {
+            Ok(x) => return Ok(x),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,18 +17,8 @@ use super::arrays::*;
 use super::arrays::Borrowed;
 use super::errors::*;
 use super::threads::*;
-use super::stream_histograms::*;
+use super::classes::{Histograms, StreamHistograms, StreamState};
 
-/// Per-tensor histogram states of one kind, in first-collected order.
-#[pyclass(module = "histocal._core")]
-pub struct Histograms {
-    pub(crate) kind: Kind,
-    pub(crate) num_bins: usize,
-    pub(crate) order: Vec<String>,
-    pub(crate) states: HashMap<String, TensorState>,
-    /// Two-pass collects: the combined scan and batch count of the collect being scanned.
-    pub(crate) pending: HashMap<String, (Scans, u64)>,
-}
 
 /// Apply `f` to a typed histogram whatever its arithmetic type.
 macro_rules! with_typed {
@@ -62,14 +52,6 @@ pub(crate) fn held<E: Float>(h: crate::ort::value_histogram::Held<E>) -> (f64, b
     (h.value.to_f64(), h.is_array)
 }
 
-impl Histograms {
-    pub(crate) fn insert(&mut self, name: &str, state: TensorState) {
-        if !self.states.contains_key(name) && !self.order.iter().any(|o| o == name) {
-            self.order.push(name.to_string());
-        }
-        self.states.insert(name.to_string(), state);
-    }
-}
 
 #[pymethods]
 impl Histograms {

@@ -10,6 +10,7 @@
 
 
 mod arrays;
+mod classes;
 mod errors;
 mod functions;
 mod histograms;
@@ -21,8 +22,8 @@ use crate::ort::histogram::MAX_BINS;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use functions::*;
-use histograms::*;
-use stream_histograms::*;
+use classes::{Histograms, StreamHistograms};
+
 use threads::*;
 
 #[pymodule]

@@ -1,13 +1,10 @@
 //! `StreamHistograms`: per-tensor streaming histograms and the range methods over them.
 
 use crate::numeric::fallible::{self};
-use crate::numeric::float::Float;
 use crate::methods::pow2::{self, Pow2Type};
 use crate::methods::qerror::{ErrorTable, Quantizer};
-use crate::state::{Batches, CollectError, Counts, Histogram, Kind, TensorState, Typed, TypedBinning};
+use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
 use crate::stream::stream_histogram::StreamHistogram;
-use crate::ort::histogram::HistError;
-use half::f16;
 use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -16,96 +13,10 @@ use std::collections::HashMap;
 use super::arrays::*;
 use super::errors::*;
 use super::threads::*;
-use super::histograms::*;
+use super::classes::{Histograms, StreamHistograms};
 use crate::methods::range_method::*;
 use crate::stream::stream_histogram::as_uniform;
 
-/// Per-tensor streaming histograms (batch-invariant), in first-collected order.
-#[pyclass(module = "histocal._core")]
-pub struct StreamHistograms {
-    pub(crate) log_half: u32,
-    /// Whether new tensors collect pow2 MostCommon's per-batch votes.
-    pub(crate) pow2_votes: bool,
-    pub(crate) order: Vec<String>,
-    pub(crate) states: HashMap<String, StreamState>,
-}
-
-/// A tensor's streaming histogram and its data dtype.
-pub(crate) type StreamState = (&'static str, StreamHistogram);
-
-impl StreamHistograms {
-    /// Take out the histograms of these tensors (new ones for tensors not seen yet) to add
-    /// batches to; an error, changing nothing, if a tensor's dtype changed.
-    pub(crate) fn take(&mut self, batches: &[(&str, Batches)]) -> PyResult<Vec<StreamState>> {
-        for (n, b) in batches {
-            if let Some((d, _)) = self.states.get(*n) {
-                if *d != b.dtype() {
-                    return Err(named(n, CollectError::DtypeChanged { before: d, now: b.dtype() }));
-                }
-            }
-        }
-        // the new histograms first: running out of memory then changes nothing
-        let fresh: Vec<Option<StreamHistogram>> = batches.iter().map(|(n, _)| (!self.states.contains_key(*n)).then(|| self.new_histogram())).collect();
-        Ok(batches
-            .iter()
-            .zip(fresh)
-            .map(|((n, b), new)| {
-                let old = self.states.remove(*n);
-                old.or_else(|| new.map(|h| (b.dtype(), h))).unwrap_or_else(|| (b.dtype(), self.new_histogram()))
-            })
-            .collect())
-    }
-
-    pub(crate) fn new_histogram(&self) -> StreamHistogram {
-        if self.pow2_votes {
-            StreamHistogram::with_pow2_votes(self.log_half)
-        } else {
-            StreamHistogram::new(self.log_half)
-        }
-    }
-
-    /// Put back what `take` gave.
-    pub(crate) fn put(&mut self, batches: &[(&str, Batches)], states: Vec<StreamState>) {
-        for ((n, _), st) in batches.iter().zip(states) {
-            if !self.order.iter().any(|o| o == n) {
-                self.order.push(n.to_string());
-            }
-            self.states.insert(n.to_string(), st);
-        }
-    }
-}
-
-/// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
-/// ("Too many bins"), the next wider one.
-pub(crate) fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<Histogram, HistError> {
-    fn value<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
-        h.to_value::<E>(n)
-    }
-    fn abs<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::abs_histogram::AbsHistogram<E>, HistError> {
-        h.to_abs::<E>(n)
-    }
-    let start = match dtype {
-        "float16" => 0,
-        "float32" => 1,
-        _ => 2,
-    };
-    let mut last = HistError::NonFiniteRange;
-    for level in start..3 {
-        let r = match (kind, level) {
-            (Kind::Value, 0) => value::<f16>(h, n).map(|x| Histogram::Value(Typed::F16(x))),
-            (Kind::Value, 1) => value::<f32>(h, n).map(|x| Histogram::Value(Typed::F32(x))),
-            (Kind::Value, _) => value::<f64>(h, n).map(|x| Histogram::Value(Typed::F64(x))),
-            (Kind::Abs, 0) => abs::<f16>(h, n).map(|x| Histogram::Abs(Typed::F16(x))),
-            (Kind::Abs, 1) => abs::<f32>(h, n).map(|x| Histogram::Abs(Typed::F32(x))),
-            (Kind::Abs, _) => abs::<f64>(h, n).map(|x| Histogram::Abs(Typed::F64(x))),
-        };
-        match r {
-            Ok(x) => return Ok(x),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
 
 #[pymethods]
 impl StreamHistograms {
@@ -433,16 +344,3 @@ impl StreamHistograms {
     }
 }
 
-impl StreamHistograms {
-    /// The data types and histograms of `names` (default: all, in `names()` order).
-    pub(crate) fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, (&'static str, &StreamHistogram))>> {
-        names
-            .unwrap_or_else(|| self.order.clone())
-            .into_iter()
-            .map(|n| match self.states.get(&n) {
-                Some((d, h)) => Ok((n, (*d, h))),
-                None => Err(PyValueError::new_err(format!("no histogram for tensor {n:?}"))),
-            })
-            .collect()
-    }
-}
