@@ -16,6 +16,7 @@ use super::arrays::*;
 use super::arrays::Borrowed;
 use super::errors::*;
 use super::threads::*;
+use super::records::{ScaleZeroPoint, TensorStats};
 use crate::methods::range_method::*;
 
 pub(crate) fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResult<UniformHistogram<'_>> {
@@ -101,7 +102,7 @@ pub(crate) fn histogram_qerror(
 /// a range beyond `dtype`).
 #[pyfunction]
 #[pyo3(signature = (low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
-pub(crate) fn scale_zero_point(low: f64, high: f64, scale_rule: &str, dtype: &str, qtype: &str, symmetric: bool) -> PyResult<(f64, i64)> {
+pub(crate) fn scale_zero_point(low: f64, high: f64, scale_rule: &str, dtype: &str, qtype: &str, symmetric: bool) -> PyResult<ScaleZeroPoint> {
     guard(|| {
         let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
         let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
@@ -109,7 +110,7 @@ pub(crate) fn scale_zero_point(low: f64, high: f64, scale_rule: &str, dtype: &st
             return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
         }
         let q = Quantizer::for_range(low, high, qtype, symmetric, rule);
-        Ok((q.scale, q.zero_point as i64))
+        Ok(ScaleZeroPoint { scale: q.scale, zero_point: q.zero_point as i64 })
     })
 }
 
@@ -139,16 +140,23 @@ pub(crate) fn pow2_error(
     })
 }
 
-pub(crate) type Stats = (Option<f64>, Option<f64>, Option<f64>, Option<f64>, u64, u64, u64, u64);
-
-pub(crate) fn stats_of<T: Float>(s: &Scan<T>) -> Stats {
+pub(crate) fn stats_of<T: Float>(s: &Scan<T>) -> TensorStats {
     let f = |v: Option<T>| v.map(|x| x.to_f64());
-    (f(s.nan_min()), f(s.nan_max()), f(s.finite_min), f(s.finite_max), s.n_finite, s.n_nan, s.n_posinf, s.n_neginf)
+    TensorStats {
+        nanmin: f(s.nan_min()),
+        nanmax: f(s.nan_max()),
+        finite_min: f(s.finite_min),
+        finite_max: f(s.finite_max),
+        n_finite: s.n_finite,
+        n_nan: s.n_nan,
+        n_posinf: s.n_posinf,
+        n_neginf: s.n_neginf,
+    }
 }
 
 /// `(nanmin, nanmax, finite_min, finite_max, n_finite, n_nan, n_posinf, n_neginf)` of a tensor.
 #[pyfunction]
-pub(crate) fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<Stats> {
+pub(crate) fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<TensorStats> {
     guard(|| {
     let b = borrow_all("array", std::slice::from_ref(&arr))?;
     let batches = batches_of(&b);

@@ -17,6 +17,7 @@ use super::arrays::*;
 use super::arrays::Borrowed;
 use super::errors::*;
 use super::threads::*;
+use super::records::{BinRange, HistogramState, Moments, TensorCounts};
 use super::classes::{Histograms, StreamHistograms, StreamState};
 
 
@@ -188,36 +189,31 @@ impl Histograms {
     }
 
     /// `(hist, edges, (min, is_array), (max, is_array), threshold or None, data dtype)`.
-    #[allow(clippy::type_complexity)]
-    fn state<'py>(
-        &self,
-        py: Python<'py>,
-        name: &str,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, (f64, bool), (f64, bool), Option<(f64, bool)>, &'static str)> {
+    fn state(&self, py: Python<'_>, name: &str) -> PyResult<HistogramState> {
         guard(|| {
         let st = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
         Ok(match &st.histogram {
             Histogram::Value(t) => with_typed!(t, |h, E| {
                 let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                (
-                        array(py, &h.hist).into_any(),
-                        array(py, &h.edges).into_any(),
-                    held(h.min),
-                    held(h.max),
-                    Some(held(h.threshold)),
-                    st.dtype,
-                )
+                HistogramState {
+                    hist: array(py, &h.hist).into_any().unbind(),
+                    edges: array(py, &h.edges).into_any().unbind(),
+                    min: held(h.min),
+                    max: held(h.max),
+                    threshold: Some(held(h.threshold)),
+                    dtype: st.dtype.to_string(),
+                }
             }),
             Histogram::Abs(t) => with_typed!(t, |h, E| {
                 let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                (
-                        array(py, &h.hist).into_any(),
-                        array(py, &h.edges).into_any(),
-                    held(h.min),
-                    held(h.max),
-                    None,
-                    st.dtype,
-                )
+                HistogramState {
+                    hist: array(py, &h.hist).into_any().unbind(),
+                    edges: array(py, &h.edges).into_any().unbind(),
+                    min: held(h.min),
+                    max: held(h.max),
+                    threshold: None,
+                    dtype: st.dtype.to_string(),
+                }
             }),
         })
         })
@@ -367,10 +363,10 @@ impl Histograms {
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.
-    fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
+    fn counts(&self, name: &str) -> PyResult<TensorCounts> {
         guard(|| {
         let c = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?.counts;
-        Ok((c.finite, c.nan, c.posinf, c.neginf, c.batches))
+        Ok(TensorCounts { n_finite: c.finite, n_nan: c.nan, n_posinf: c.posinf, n_neginf: c.neginf, batches: c.batches })
         })
     }
 
@@ -387,7 +383,7 @@ impl Histograms {
 
     /// Entropy: `[(name, start, end)]`, thresholds `(edges[start], edges[end])` before clipping.
     /// Every tensor's search is checked against the work limit before any starts.
-    fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<(String, usize, usize)>> {
+    fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<BinRange>> {
         guard(|| {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
         let limit = max_search_work()?;
@@ -410,7 +406,7 @@ impl Histograms {
             let what = format!("tensor {name:?}: the entropy search over its histogram of {n} bins{grown}");
             check_search_work(&what, entropy_search_work(n, num_quantized_bins), limit)?;
         }
-        let out: Vec<PyResult<(String, usize, usize)>> = run_stoppable(py, |stop| {
+        let out: Vec<PyResult<BinRange>> = run_stoppable(py, |stop| {
             states
                 .par_iter()
                 .map(|(name, st)| {
@@ -418,7 +414,7 @@ impl Histograms {
                         Histogram::Value(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop)),
                         Histogram::Abs(t) => with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop)),
                     });
-                    choice.map(|c| ((*name).clone(), c.start, c.end))
+                    choice.map(|c| BinRange { name: (*name).clone(), start: c.start, end: c.end })
                 })
                 .collect()
         })?;
@@ -427,7 +423,7 @@ impl Histograms {
     }
 
     /// Percentile: `[(name, low_index, high_index)]` into each tensor's edges.
-    fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> PyResult<Vec<(String, usize, usize)>> {
+    fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> PyResult<Vec<BinRange>> {
         guard(|| {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
             Ok(run(py, || {
@@ -445,7 +441,7 @@ impl Histograms {
                         }),
                     };
                     let (lo, hi) = percentile_indices(hist, percentile, symmetric);
-                    ((*name).clone(), lo, hi)
+                    BinRange { name: (*name).clone(), start: lo, end: hi }
                 })
                 .collect()
             }))
@@ -454,7 +450,7 @@ impl Histograms {
 
     /// Distribution (scenario "same"): `[(name, avg, std)]` in f64, before rounding to the
     /// edge dtype.
-    fn distribution(&self, py: Python<'_>) -> PyResult<Vec<(String, f64, f64)>> {
+    fn distribution(&self, py: Python<'_>) -> PyResult<Vec<Moments>> {
         guard(|| {
         let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
         Ok(run(py, || {
@@ -465,7 +461,7 @@ impl Histograms {
                         Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
                         Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
                     };
-                    ((*name).clone(), a, s)
+                    Moments { name: (*name).clone(), avg: a, std: s }
                 })
                 .collect()
         }))

@@ -14,6 +14,7 @@ mod classes;
 mod errors;
 mod functions;
 mod histograms;
+mod records;
 mod stream_histograms;
 mod threads;
 
@@ -30,10 +31,12 @@ use threads::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // A bad value fails the import with a clear error rather than being silently ignored.
     let _ = ENV_THREADS.set(threads_from_env().map_err(PyValueError::new_err)?);
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_BINS", MAX_BINS)?;
     m.add("POW2_EXPONENTS", (pow2::MAX_EXPONENT - pow2::MIN_EXPONENT + 1) as usize)?;
     m.add_class::<Histograms>()?;
     m.add_class::<StreamHistograms>()?;
+    records::add_records(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_stats, m)?)?;

@@ -5,7 +5,6 @@ use crate::methods::pow2::{self, Pow2Type};
 use crate::methods::qerror::{ErrorTable, Quantizer};
 use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
 use crate::stream::stream_histogram::StreamHistogram;
-use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
@@ -13,6 +12,7 @@ use std::collections::HashMap;
 use super::arrays::*;
 use super::errors::*;
 use super::threads::*;
+use super::records::{StreamExport, StreamSummary, TensorCounts};
 use super::classes::{Histograms, StreamHistograms};
 use crate::methods::range_method::*;
 use crate::stream::stream_histogram::as_uniform;
@@ -135,24 +135,33 @@ impl StreamHistograms {
     }
 
     /// `(dtype, level or None, bins (uint64), finite_min, finite_max, abs_min, counts)`.
-    #[allow(clippy::type_complexity)]
-    fn export<'py>(
-        &self,
-        py: Python<'py>,
-        name: &str,
-    ) -> PyResult<(&'static str, Option<i32>, Bound<'py, PyArray1<u64>>, Option<f64>, Option<f64>, Option<f64>, (u64, u64, u64, u64, u64))> {
+    fn export(&self, py: Python<'_>, name: &str) -> PyResult<StreamExport> {
         guard(|| {
         let (d, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
-            Ok((*d, h.level, array(py, &h.bins), h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+        Ok(StreamExport {
+            dtype: d.to_string(),
+            level: h.level,
+            bins: array(py, &h.bins).into_any().unbind(),
+            finite_min: h.finite_min,
+            finite_max: h.finite_max,
+            abs_min: h.abs_min,
+            counts: (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches),
+        })
         })
     }
 
     /// `export` without the bins: `(dtype, level or None, finite_min, finite_max, abs_min, counts)`.
-    #[allow(clippy::type_complexity)]
-    fn summary(&self, name: &str) -> PyResult<(&'static str, Option<i32>, Option<f64>, Option<f64>, Option<f64>, (u64, u64, u64, u64, u64))> {
+    fn summary(&self, name: &str) -> PyResult<StreamSummary> {
         guard(|| {
         let (d, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
-        Ok((*d, h.level, h.finite_min, h.finite_max, h.abs_min, (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches)))
+        Ok(StreamSummary {
+            dtype: d.to_string(),
+            level: h.level,
+            finite_min: h.finite_min,
+            finite_max: h.finite_max,
+            abs_min: h.abs_min,
+            counts: (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches),
+        })
         })
     }
 
@@ -336,10 +345,10 @@ impl StreamHistograms {
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.
-    fn counts(&self, name: &str) -> PyResult<(u64, u64, u64, u64, u64)> {
+    fn counts(&self, name: &str) -> PyResult<TensorCounts> {
         guard(|| {
         let (_, h) = self.states.get(name).ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
-        Ok((h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches))
+        Ok(TensorCounts { n_finite: h.n_finite, n_nan: h.n_nan, n_posinf: h.n_posinf, n_neginf: h.n_neginf, batches: h.batches })
         })
     }
 }
