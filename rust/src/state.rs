@@ -115,7 +115,7 @@ pub enum TypedBinning {
 pub trait Chain: Float {
     fn first<Fm: Family>(scan: &Scan<Self>, n_bins: usize) -> Result<(Typed<Fm>, TypedBinning), HistError>;
     fn merge<Fm: Family>(h: &mut Typed<Fm>, scan: &Scan<Self>) -> Result<TypedBinning, HistError>;
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, view: &View<Self>);
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, view: &View<'_, Self>);
 }
 
 fn mismatch() -> ! {
@@ -147,7 +147,7 @@ impl Chain for f16 {
             _ => unreachable!("widened above"),
         }
     }
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f16>) {
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<'_, f16>) {
         match (h, b) {
             (_, TypedBinning::Nothing) => {}
             (Typed::F16(x), TypedBinning::F16(b)) => b.count(v, Fm::hist_mut(x)),
@@ -176,7 +176,7 @@ impl Chain for f32 {
             _ => unreachable!("float32 data never has a float16 histogram"),
         }
     }
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f32>) {
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<'_, f32>) {
         match (h, b) {
             (_, TypedBinning::Nothing) => {}
             (Typed::F32(x), TypedBinning::F32(b)) => b.count(v, Fm::hist_mut(x)),
@@ -196,7 +196,7 @@ impl Chain for f64 {
             _ => unreachable!("float64 data only ever has a float64 histogram"),
         }
     }
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f64>) {
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<'_, f64>) {
         match (h, b) {
             (_, TypedBinning::Nothing) => {}
             (Typed::F64(x), TypedBinning::F64(b)) => b.count(v, Fm::hist_mut(x)),
@@ -270,7 +270,7 @@ pub enum Scans {
 }
 
 impl Scans {
-    pub fn of(batches: &Batches) -> Self {
+    pub fn of(batches: &Batches<'_>) -> Self {
         match batches {
             Batches::F16(v) => Scans::F16(scan_all(v)),
             Batches::F32(v) => Scans::F32(scan_all(v)),
@@ -280,8 +280,8 @@ impl Scans {
 
     /// `Scans::of(batches)`, adding each batch to `stream` with its scan on the way (one scan
     /// serves both).
-    pub fn of_streamed(batches: &Batches, stream: &mut StreamHistogram) -> Self {
-        fn each<D: Float>(views: &[View<D>], h: &mut StreamHistogram) -> Scan<D> {
+    pub fn of_streamed(batches: &Batches<'_>, stream: &mut StreamHistogram) -> Self {
+        fn each<D: Float>(views: &[View<'_, D>], h: &mut StreamHistogram) -> Scan<D> {
             views
                 .iter()
                 .map(|v| {
@@ -359,7 +359,7 @@ pub fn plan(state: &mut Option<TensorState>, kind: Kind, scans: &Scans, n_batche
     }
 }
 
-fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<D>]) -> Result<(), CollectError> {
+fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<'_, D>]) -> Result<(), CollectError> {
     if st.dtype != D::NAME {
         return Err(CollectError::DtypeChanged { before: st.dtype, now: D::NAME });
     }
@@ -374,7 +374,7 @@ fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<D>]) -> Result<(), 
 
 /// Count batches of the collect `plan` started. Every batch that was scanned for the plan
 /// must be counted exactly once (in any order and grouping) to get ORT's histogram.
-pub fn count(st: &mut TensorState, batches: &Batches) -> Result<(), CollectError> {
+pub fn count(st: &mut TensorState, batches: &Batches<'_>) -> Result<(), CollectError> {
     match batches {
         Batches::F16(v) => count_typed(st, v),
         Batches::F32(v) => count_typed(st, v),
@@ -384,7 +384,7 @@ pub fn count(st: &mut TensorState, batches: &Batches) -> Result<(), CollectError
 
 /// Collect one tensor's batches into `state` (created on the first call): `plan` and `count`
 /// in one step. On error the state is unchanged.
-pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches, n_bins: usize) -> Result<(), CollectError> {
+pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches<'_>, n_bins: usize) -> Result<(), CollectError> {
     plan(state, kind, &Scans::of(batches), batches.len() as u64, n_bins)?;
     count(state.as_mut().expect("planned above"), batches)
 }

@@ -76,7 +76,7 @@ impl std::fmt::Display for KlError {
 /// The KL threshold range `(-t, t)` of `hist`, its low end raised to `min(data min, 0)` (a Relu
 /// output gets `(0, t)`: ORT's QDQ quantizer removes Relu and lets the range do its clipping);
 /// (0, 0) when it is empty or all its values are 0. Stops with `Cancelled` once `stop` is set.
-pub fn kl_range(hist: &UniformHistogram, num_bins: usize, num_quantized_bins: usize, stop: &AtomicBool) -> Result<(f64, f64), KlError> {
+pub fn kl_range(hist: &UniformHistogram<'_>, num_bins: usize, num_quantized_bins: usize, stop: &AtomicBool) -> Result<(f64, f64), KlError> {
     check_settings(num_bins, num_quantized_bins)?;
     let Some((abs, a)) = abs_histogram(hist, num_bins) else { return Ok((0.0, 0.0)) };
     let i = best_candidate(&abs, num_quantized_bins, stop).map_err(|Cancelled| KlError::Cancelled)?;
@@ -117,7 +117,7 @@ pub fn check_settings(num_bins: usize, num_quantized_bins: usize) -> Result<(), 
 }
 
 /// The |x| histogram of step 1 and its range A; None when there is no non-zero value.
-pub fn abs_histogram(hist: &UniformHistogram, num_bins: usize) -> Option<(Vec<u64>, f64)> {
+pub fn abs_histogram(hist: &UniformHistogram<'_>, num_bins: usize) -> Option<(Vec<u64>, f64)> {
     let a = hist.min.abs().max(hist.max.abs());
     if hist.total == 0 || a == 0.0 || num_bins == 0 {
         return None;
@@ -244,7 +244,7 @@ struct GroupSums {
 }
 
 impl GroupSums {
-    fn new(search: &Search, merged: usize) -> Self {
+    fn new(search: &Search<'_>, merged: usize) -> Self {
         let mut g = GroupSums {
             merged,
             m_ln_q: Compensated::default(),

@@ -30,7 +30,7 @@ const PROBE_STRIDE: usize = 8;
 /// Errors follow ORT's scale `rule` for the range type. A candidate beyond the range type
 /// (infinite error) never wins; when every one is (float64 data beyond float32), the result is
 /// the whole range: `(-a, a)` or `(lo, hi)`. Stops with `Cancelled` once `stop` is set.
-pub fn mse_range(table: &ErrorTable, qtype: QType, symmetric: bool, rule: ScaleRule, stop: &AtomicBool) -> Result<(f64, f64), Cancelled> {
+pub fn mse_range(table: &ErrorTable<'_>, qtype: QType, symmetric: bool, rule: ScaleRule, stop: &AtomicBool) -> Result<(f64, f64), Cancelled> {
     let h = table.hist();
     let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
     let a = lo.abs().max(hi.abs());
@@ -84,7 +84,7 @@ const F64_SLACK: f64 = 1.0 / (1u64 << 44) as f64;
 /// (scale 1, whose levels are not near their range): those are the row's narrowest, and are
 /// still evaluated.
 fn least_error(
-    table: &ErrorTable,
+    table: &ErrorTable<'_>,
     qtype: QType,
     symmetric: bool,
     rule: ScaleRule,
@@ -157,7 +157,7 @@ mod tests {
     }
 
     /// The definition: every candidate's direct O(bins) error, the first minimum.
-    fn brute_force(h: &UniformHistogram, qtype: QType, symmetric: bool, rule: ScaleRule) -> (f64, f64) {
+    fn brute_force(h: &UniformHistogram<'_>, qtype: QType, symmetric: bool, rule: ScaleRule) -> (f64, f64) {
         let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
         let a = lo.abs().max(hi.abs());
         if h.total == 0 || a == 0.0 {
@@ -192,7 +192,7 @@ mod tests {
 
     /// Equal to the brute force, or (where two candidates' errors differ by rounding only)
     /// as good.
-    fn check(h: &UniformHistogram, qtype: QType, symmetric: bool, rule: ScaleRule, what: &str) {
+    fn check(h: &UniformHistogram<'_>, qtype: QType, symmetric: bool, rule: ScaleRule, what: &str) {
         let got = mse_range(&ErrorTable::new(*h), qtype, symmetric, rule, &GO).unwrap();
         let want = brute_force(h, qtype, symmetric, rule);
         if got != want {

@@ -136,7 +136,7 @@ pub fn exponent_bounds(t: Pow2Type, rule: ScaleRule) -> (i32, i32) {
 /// The smallest k with `max <= qmax 2^k` and `min >= qmin 2^k` (uint8: the max condition
 /// only, negative values clip to 0 anyway); None when there is nothing to hold: no data, all
 /// values 0, or (uint8) no positive value. Clamped to float64's exponents.
-pub fn non_overflow_exponent(hist: &UniformHistogram, t: Pow2Type) -> Option<i32> {
+pub fn non_overflow_exponent(hist: &UniformHistogram<'_>, t: Pow2Type) -> Option<i32> {
     let (min, max) = (hist.min, hist.max);
     if hist.total == 0 || min.abs().max(max.abs()) == 0.0 || (t == Pow2Type::UInt8 && max <= 0.0) {
         return None;
@@ -162,12 +162,12 @@ pub fn non_overflow_exponent(hist: &UniformHistogram, t: Pow2Type) -> Option<i32
 const TIE_TOLERANCE: f64 = 1e-12;
 
 /// `E(k)`: the mean squared error of scale `2^k`, zero point 0.
-pub fn error(table: &ErrorTable, k: i32, t: Pow2Type) -> f64 {
+pub fn error(table: &ErrorTable<'_>, k: i32, t: Pow2Type) -> f64 {
     table.mean_squared_error(&quantizer(k, t))
 }
 
 /// The MinMSE exponent on the whole histogram (mode All), within `(lo, hi)`.
-pub fn min_mse_exponent(table: &ErrorTable, t: Pow2Type, (lo, hi): (i32, i32)) -> Option<i32> {
+pub fn min_mse_exponent(table: &ErrorTable<'_>, t: Pow2Type, (lo, hi): (i32, i32)) -> Option<i32> {
     let k0 = non_overflow_exponent(table.hist(), t)?.clamp(lo, hi);
     let mut best = (f64::INFINITY, k0);
     // From the top, replacing only on a clearly smaller error: the larger k wins ties, also
@@ -203,7 +203,7 @@ pub const ALL_EXPONENTS: (i32, i32) = (MIN_EXPONENT, MAX_EXPONENT);
 /// (None where it has nothing to vote on), among [`ALL_EXPONENTS`] up to the largest whose
 /// range the data's type (largest finite value `largest`) holds. One error table serves all
 /// three types.
-pub fn batch_votes(hist: UniformHistogram, largest: f64) -> [Option<i32>; 3] {
+pub fn batch_votes(hist: UniformHistogram<'_>, largest: f64) -> [Option<i32>; 3] {
     let table = ErrorTable::new(hist);
     Pow2Type::ALL.map(|t| min_mse_exponent(&table, t, (ALL_EXPONENTS.0, ALL_EXPONENTS.1.min(max_exponent(t, largest)))))
 }
@@ -278,7 +278,7 @@ mod tests {
     }
 
     /// The definition: every k of the window, E(k) summed bin by bin, the larger k on ties.
-    fn brute_force_min_mse(h: &UniformHistogram, t: Pow2Type, (lo, hi): (i32, i32)) -> Option<i32> {
+    fn brute_force_min_mse(h: &UniformHistogram<'_>, t: Pow2Type, (lo, hi): (i32, i32)) -> Option<i32> {
         let k0 = non_overflow_exponent(h, t)?.clamp(lo, hi);
         let mut best = (f64::INFINITY, k0);
         for k in ((k0 - 30).max(lo)..=k0).rev() {

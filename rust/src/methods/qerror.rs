@@ -647,7 +647,7 @@ pub(crate) mod testing {
     }
 
     /// The definition of the error: every bin's value dequantized on its own, O(bins).
-    pub fn direct_error(h: &super::UniformHistogram, q: &super::Quantizer) -> f64 {
+    pub fn direct_error(h: &super::UniformHistogram<'_>, q: &super::Quantizer) -> f64 {
         let (mut sum, mut n) = (0.0, 0.0);
         for (i, &c) in h.counts.iter().enumerate() {
             if c != 0 {

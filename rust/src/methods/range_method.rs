@@ -138,7 +138,7 @@ impl RangeMethod {
     /// once `stop` is set.
     pub fn range(
         &self,
-        hist: UniformHistogram,
+        hist: UniformHistogram<'_>,
         votes: &[(i32, u64)],
         largest: f64,
         rule: ScaleRule,

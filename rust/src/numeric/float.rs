@@ -279,6 +279,48 @@ pub fn py_max<T: PartialOrd + Copy>(a: T, b: T) -> T {
     }
 }
 
+/// Exact widening of a data element `Self` into the histogram's arithmetic type `E`
+/// (identity, or f16 -> f32/f64, f32 -> f64).
+pub trait Widen<E>: Copy {
+    fn widen(self) -> E;
+}
+impl Widen<f32> for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+impl Widen<f64> for f64 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+}
+impl Widen<f16> for f16 {
+    #[inline(always)]
+    fn widen(self) -> f16 {
+        self
+    }
+}
+impl Widen<f64> for f32 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self as f64
+    }
+}
+impl Widen<f32> for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+impl Widen<f64> for f16 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self.to_f64()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,47 +363,5 @@ mod tests {
         assert_eq!(py_min(1.0, f32::NAN), 1.0);
         assert!(py_max(f32::NAN, 1.0).is_nan());
         assert_eq!(py_max(1.0f32, f32::NAN), 1.0);
-    }
-}
-
-/// Exact widening of a data element `Self` into the histogram's arithmetic type `E`
-/// (identity, or f16 -> f32/f64, f32 -> f64).
-pub trait Widen<E>: Copy {
-    fn widen(self) -> E;
-}
-impl Widen<f32> for f32 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
-    }
-}
-impl Widen<f64> for f64 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        self
-    }
-}
-impl Widen<f16> for f16 {
-    #[inline(always)]
-    fn widen(self) -> f16 {
-        self
-    }
-}
-impl Widen<f64> for f32 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        self as f64
-    }
-}
-impl Widen<f32> for f16 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-}
-impl Widen<f64> for f16 {
-    #[inline(always)]
-    fn widen(self) -> f64 {
-        self.to_f64()
     }
 }

@@ -46,9 +46,9 @@ macro_rules! lane {
                 i as $t
             }
             #[inline(always)]
-            unsafe fn trunc_i32(self) -> i32 {
+            unsafe fn trunc_i32(self) -> i32 { unsafe {
                 self.to_int_unchecked()
-            }
+            }}
             fn pow2(k: i32) -> Self {
                 assert!(k <= $max_exp);
                 let min_normal = 1 - $max_exp;

@@ -71,7 +71,7 @@ pub fn sum_f32(a: &[f32]) -> f32 {
 /// level): the 8 accumulators of a block of at most 128 are one register.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pairwise_f32_avx2(a: &[f32]) -> f32 {
+unsafe fn pairwise_f32_avx2(a: &[f32]) -> f32 { unsafe {
     use std::arch::x86_64::*;
     let n = a.len();
     if n < 8 {
@@ -101,7 +101,7 @@ unsafe fn pairwise_f32_avx2(a: &[f32]) -> f32 {
         n2 -= n2 % 8;
         pairwise_f32_avx2(&a[..n2]) + pairwise_f32_avx2(&a[n2..])
     }
-}
+}}
 
 /// numpy's 8 accumulators over a multiple-of-8 run: lane j sums a[j], a[j+8], a[j+16], ...
 #[inline(always)]

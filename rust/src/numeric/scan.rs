@@ -44,6 +44,10 @@ impl<T: Float> Scan<T> {
         self.n_finite + self.n_nan + self.n_posinf + self.n_neginf
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// `np.nanmin`: the minimum ignoring NaN (±Inf included); None when all values are NaN.
     pub fn nan_min(&self) -> Option<T> {
         if self.n_neginf > 0 {
@@ -170,6 +174,7 @@ fn scan_f64_impl(b: &[f64]) -> Scan<f64> {
 
 /// The hot path, written branch-free in 8 lanes so LLVM vectorises it.
 #[inline(always)]
+#[allow(clippy::eq_op)] // `v != v` is the NaN test, in a form that vectorises
 fn scan_lanes<T: Lane + Float>(b: &[T]) -> Scan<T> {
     const L: usize = 8;
     let mut mn = [T::INFINITY; L];
@@ -240,7 +245,7 @@ fn scan_lanes<T: Lane + Float>(b: &[T]) -> Scan<T> {
 }
 
 /// Scan a whole view, in parallel over fixed chunks.
-pub fn scan<D: Float>(view: &View<D>) -> Scan<D> {
+pub fn scan<D: Float>(view: &View<'_, D>) -> Scan<D> {
     let n = view.len();
     let chunks = n.div_ceil(PAR_CHUNK).max(1);
     (0..chunks)
@@ -254,7 +259,7 @@ pub fn scan<D: Float>(view: &View<D>) -> Scan<D> {
 }
 
 /// Scan several views (the batches of one collect) as one.
-pub fn scan_all<D: Float>(views: &[View<D>]) -> Scan<D> {
+pub fn scan_all<D: Float>(views: &[View<'_, D>]) -> Scan<D> {
     views.iter().map(scan).fold(Scan::empty(), Scan::merge)
 }
 

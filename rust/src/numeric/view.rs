@@ -33,7 +33,7 @@ impl<'a, D: Copy> View<'a, D> {
     /// # Safety
     /// `ptr` with `shape` and `strides` (in elements) must describe valid, initialised elements
     /// that stay alive and unmodified for `'a`.
-    pub unsafe fn from_raw(ptr: *const D, shape: &[usize], strides: &[isize]) -> Self {
+    pub unsafe fn from_raw(ptr: *const D, shape: &[usize], strides: &[isize]) -> Self { unsafe {
         let len: usize = shape.iter().product();
         let mut ptr = ptr;
         let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
@@ -50,7 +50,7 @@ impl<'a, D: Copy> View<'a, D> {
                 }
                 dims.push((n, s));
             }
-            dims.sort_by(|a, b| b.1.cmp(&a.1));
+            dims.sort_by_key(|d| std::cmp::Reverse(d.1));
             // Merge axes that are contiguous with the next (inner) axis.
             let mut merged: Vec<(usize, isize)> = Vec::with_capacity(dims.len());
             for (n, s) in dims.into_iter().rev() {
@@ -72,7 +72,7 @@ impl<'a, D: Copy> View<'a, D> {
             len,
             _data: PhantomData,
         }
-    }
+    }}
 
     pub fn len(&self) -> usize {
         self.len
@@ -155,7 +155,7 @@ impl<'a, D: Copy> View<'a, D> {
 mod tests {
     use super::*;
 
-    fn collect<D: Copy>(v: &View<D>, r: std::ops::Range<usize>) -> Vec<D> {
+    fn collect<D: Copy>(v: &View<'_, D>, r: std::ops::Range<usize>) -> Vec<D> {
         let mut out = Vec::new();
         v.for_each_block(r, |b| out.extend_from_slice(b));
         out
@@ -180,7 +180,7 @@ mod tests {
         assert!(v.as_slice().is_none());
         let all = collect(&v, 0..v.len());
         assert_eq!(all.len(), 5000);
-        assert!(all.iter().all(|x| (*x as usize) % 2 == 0));
+        assert!(all.iter().all(|x| (*x as usize).is_multiple_of(2)));
         let part = collect(&v, 150..4321);
         assert_eq!(part, all[150..4321].to_vec());
     }

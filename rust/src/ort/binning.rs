@@ -20,7 +20,7 @@ pub enum Binning<E> {
 }
 
 impl<E: Float> Binning<E> {
-    pub fn count<D: Float + Widen<E>>(&self, view: &View<D>, hist: &mut [i64]) {
+    pub fn count<D: Float + Widen<E>>(&self, view: &View<'_, D>, hist: &mut [i64]) {
         match self {
             Binning::Nothing => {}
             Binning::Uniform { bins, abs } => bins.count(view, *abs, hist),

@@ -180,7 +180,7 @@ fn fill_runs_scalar(out: &mut [f32], values: &[f32], m: usize) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-unsafe fn fill_runs_avx512(out: &mut [f32], n: usize, values: &[f32], m: usize) {
+unsafe fn fill_runs_avx512(out: &mut [f32], n: usize, values: &[f32], m: usize) { unsafe {
     use std::arch::x86_64::*;
     let nq = values.len() - 1;
     let p = out.as_mut_ptr();
@@ -198,7 +198,7 @@ unsafe fn fill_runs_avx512(out: &mut [f32], n: usize, values: &[f32], m: usize) 
         }
     }
     put(nq * m, n, values[nq]);
-}
+}}
 
 /// `r = pk * log(pk / qk)` for `pk = p / sp`, with ORT's special cases (`pk == 0`: 0, then
 /// anything not `pk > 0 && qk > 0`: inf).
@@ -213,14 +213,14 @@ fn kl_terms(ps: &[f32], sp: f32, qks: &[f32], r: &mut [f32]) {
 }
 
 crate::numeric::simd::dispatch_avx512!(
-    fn candidate_kl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32
+    fn candidate_kl(t: &Tables<'_>, nq: usize, i: usize, s: &mut Scratch) -> f32
         => candidate_kl_impl
 );
 
 /// KL divergence of candidate `i` (half-width in bins), as f32 before rounding to the edge type;
 /// +inf where ORT's smoothing yields None.
 #[inline(always)]
-fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
+fn candidate_kl_impl(t: &Tables<'_>, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     let Tables { hist, hf, prefix, zeros } = t;
     let n = hist.len();
     let zb = n / 2;
@@ -261,7 +261,7 @@ fn candidate_kl_impl(t: &Tables, nq: usize, i: usize, s: &mut Scratch) -> f32 {
     // the bins where p is non-zero, then written into *every* bin of the group, as ORT does.
     let m = len / nq;
     // Group holding the last bin (if any group does): its zero count gets `fix_last`.
-    let last_group = if m > 0 { (len - 1) / m } else { usize::MAX };
+    let last_group = (len - 1).checked_div(m).unwrap_or(usize::MAX);
     // Per group: the sum of the slice's counts (the leftover bins go to the last group) and
     // the number of non-zero p bins, then q's integer value, in vectorisable passes.
     group_qb.clear();
@@ -306,7 +306,7 @@ pub fn search_work(n_bins: usize, nq: usize) -> u64 {
         return 0;
     }
     // candidate i's slice holds 2 i + 1 bins, but the last one of an even count holds n_bins
-    let work = (zb + 1) * (zb + 1) - hq * hq - (n_bins % 2 == 0) as u128;
+    let work = (zb + 1) * (zb + 1) - hq * hq - n_bins.is_multiple_of(2) as u128;
     u64::try_from(work).unwrap_or(u64::MAX)
 }
 
@@ -432,7 +432,7 @@ mod tests {
                 let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let w = ((x >> 11) as f64) / (1u64 << 53) as f64;
-                let z = (-2.0 * u.ln()).sqrt() * (6.283185307179586 * w).cos();
+                let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * w).cos();
                 let z = if relu { z.max(0.0) } else { z };
                 h[(((z / 5.0 + 1.0) * (n / 2) as f64) as usize).min(n - 1)] += 1;
             }

@@ -14,7 +14,7 @@ use crate::ort::histogram::{add_counted, count_chunks, SubHist, FAST_BLOCK};
 /// The edges may end in `+inf` (ORT's stored f16 edges past 65504): then the bin ending at the
 /// first `inf` holds every finite `v` from the edge before it, the `[inf, inf)` bins stay empty
 /// and `v == inf` goes to the last bin, as numpy's searchsorted puts it.
-pub fn count_abs_explicit<D: Float>(view: &View<D>, edges: &[f64], counts: &mut [i64]) {
+pub fn count_abs_explicit<D: Float>(view: &View<'_, D>, edges: &[f64], counts: &mut [i64]) {
     let n = edges.len() - 1;
     assert_eq!(counts.len(), n);
     let fast = ExplicitF32::new::<D>(edges);
@@ -192,7 +192,7 @@ impl ExplicitF32 {
     /// value is further than one bin from its estimate.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-    unsafe fn bins_avx512(&self, block: &[f32], idx: &mut [u32]) -> bool {
+    unsafe fn bins_avx512(&self, block: &[f32], idx: &mut [u32]) -> bool { unsafe {
         use std::arch::x86_64::*;
         let t = self.t.as_ptr();
         let lo = _mm512_set1_ps(self.lo);
@@ -247,7 +247,7 @@ impl ExplicitF32 {
             ok = self.correct_checked(b, o);
         }
         ok
-    }
+    }}
 
     /// One correction step each way from the estimates in `idx`; false if a value needs more.
     fn correct_checked(&self, block: &[f32], idx: &mut [u32]) -> bool {
@@ -402,7 +402,7 @@ pub(crate) mod tests {
             let mut slow = vec![0i64; n];
             for &d in &x {
                 let v = (d as f64).abs();
-                if !v.is_finite() || !(v >= edges[0] && v <= edges[n]) {
+                if !(v.is_finite() && v >= edges[0] && v <= edges[n]) {
                     continue;
                 }
                 let i = (0..n).rev().find(|&i| edges[i] <= v).unwrap();

@@ -144,7 +144,7 @@ impl<E: Float> UniformBins<E> {
     /// Count the values of `view` (widened exactly to `E`; `|x|` when `abs`) into `counts`.
     /// Never fails for lack of memory: without room for the per-chunk counters, the values are
     /// counted one by one straight into `counts` (same result, slower).
-    pub fn count<D: Float + Widen<E>>(&self, view: &View<D>, abs: bool, counts: &mut [i64]) {
+    pub fn count<D: Float + Widen<E>>(&self, view: &View<'_, D>, abs: bool, counts: &mut [i64]) {
         let n = self.n_bins();
         assert_eq!(counts.len(), n);
         let len = view.len();

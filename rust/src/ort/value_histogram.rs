@@ -61,7 +61,7 @@ pub struct ValueHistogram<E> {
 pub fn batch_min_max<D: Float + Widen<E>, E: Float>(scan: &Scan<D>) -> Option<(Held<E>, Held<E>)> {
     match (scan.finite_min, scan.finite_max) {
         (Some(mn), Some(mx)) => Some((Held::scalar(mn.widen()), Held::scalar(mx.widen()))),
-        _ if scan.len() == 0 => Some((Held::array(E::ZERO), Held::array(E::ZERO))),
+        _ if scan.is_empty() => Some((Held::array(E::ZERO), Held::array(E::ZERO))),
         _ => None,
     }
 }

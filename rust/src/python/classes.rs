@@ -45,7 +45,7 @@ pub(crate) type StreamState = (&'static str, StreamHistogram);
 impl StreamHistograms {
     /// Take out the histograms of these tensors (new ones for tensors not seen yet) to add
     /// batches to; an error, changing nothing, if a tensor's dtype changed.
-    pub(crate) fn take(&mut self, batches: &[(&str, Batches)]) -> PyResult<Vec<StreamState>> {
+    pub(crate) fn take(&mut self, batches: &[(&str, Batches<'_>)]) -> PyResult<Vec<StreamState>> {
         for (n, b) in batches {
             if let Some((d, _)) = self.states.get(*n) {
                 if *d != b.dtype() {
@@ -74,7 +74,7 @@ impl StreamHistograms {
     }
 
     /// Put back what `take` gave.
-    pub(crate) fn put(&mut self, batches: &[(&str, Batches)], states: Vec<StreamState>) {
+    pub(crate) fn put(&mut self, batches: &[(&str, Batches<'_>)], states: Vec<StreamState>) {
         for ((n, _), st) in batches.iter().zip(states) {
             if !self.order.iter().any(|o| o == n) {
                 self.order.push(n.to_string());

@@ -75,7 +75,7 @@ impl Histograms {
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
         let borrowed = borrow_items(&items)?;
-        let mut work: Vec<(&str, Batches, Option<TensorState>)> =
+        let mut work: Vec<(&str, Batches<'_>, Option<TensorState>)> =
             borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b), self.states.remove(n))).collect();
         let (kind, n_bins) = (self.kind, self.num_bins);
             let results: Vec<PyResult<()>> = run(py, || {
@@ -99,7 +99,7 @@ impl Histograms {
     fn scan(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>, mut stream: Option<PyRefMut<'_, StreamHistograms>>) -> PyResult<()> {
         guard(|| {
         let borrowed = borrow_items(&items)?;
-        let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+        let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
         // Check every dtype before changing anything.
         for (name, b) in &batches {
             if let Some((p, _)) = self.pending.get(*name) {
@@ -168,7 +168,7 @@ impl Histograms {
     fn count(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
         let borrowed = borrow_items(&items)?;
-        let mut work: Vec<(&str, Batches, TensorState)> = Vec::with_capacity(borrowed.len());
+        let mut work: Vec<(&str, Batches<'_>, TensorState)> = Vec::with_capacity(borrowed.len());
         for (n, b) in &borrowed {
             let st = self.states.remove(n).ok_or_else(|| PyValueError::new_err(format!("tensor {n:?}: counted before it was planned")))?;
             work.push((n.as_str(), batches_of(b), st));

@@ -82,7 +82,7 @@ impl StreamHistograms {
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
         let borrowed = borrow_items(&items)?;
-        let batches: Vec<(&str, Batches)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+        let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
         let mut states = self.take(&batches)?;
             // Out of memory: the batches added before it stay added (each batch is added whole
             // or not at all), and the error names the tensor.

@@ -279,7 +279,7 @@ impl BatchBins {
 
 /// The histogram of one batch (`scan` is its scan) alone at `level`, which must hold every
 /// finite value of the batch (`|x| < 2^level`).
-pub fn batch_bins<D: Float>(view: &View<D>, scan: &Scan<D>, log_half: u32, level: i32) -> BatchBins {
+pub fn batch_bins<D: Float>(view: &View<'_, D>, scan: &Scan<D>, log_half: u32, level: i32) -> BatchBins {
     let (Some(min), Some(max)) = (scan.finite_min, scan.finite_max) else {
         return BatchBins::default();
     };
@@ -296,7 +296,7 @@ pub fn batch_bins<D: Float>(view: &View<D>, scan: &Scan<D>, log_half: u32, level
 }
 
 /// The window's counts of every value of `view`, in parallel over fixed chunks.
-fn count_view<D: Float, T: Lane + Send + Sync>(view: &View<D>, p: Pow2Bins<T>) -> Vec<u64> {
+fn count_view<D: Float, T: Lane + Send + Sync>(view: &View<'_, D>, p: Pow2Bins<T>) -> Vec<u64> {
     let n = view.len();
     (0..n.div_ceil(PAR_CHUNK))
         .into_par_iter()
@@ -398,7 +398,7 @@ impl<T: Lane> DirectCounter<T> {
 /// raised (`raise_bins`, exact) when the block holds a value beyond it, and the block counted
 /// at the level. Returns the batch's scan. Sequential: for batches up to a few `PAR_CHUNK`s
 /// (bigger ones are split by the caller's parallel path).
-pub fn add_direct<D: Float>(view: &View<D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64]) -> Scan<D> {
+pub fn add_direct<D: Float>(view: &View<'_, D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64]) -> Scan<D> {
     assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
     SCRATCH.with(|cell| {
         let s = &mut *cell.borrow_mut();
@@ -413,7 +413,7 @@ pub fn add_direct<D: Float>(view: &View<D>, log_half: u32, level: &mut Option<i3
     })
 }
 
-fn add_direct_lanes<D: Float, T: Lane + Float>(view: &View<D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64], s: &mut Scratch) -> Scan<D> {
+fn add_direct_lanes<D: Float, T: Lane + Float>(view: &View<'_, D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64], s: &mut Scratch) -> Scan<D> {
     let mut total = Scan::<D>::empty();
     let mut counter: Option<DirectCounter<T>> = level.map(|l| DirectCounter::new(log_half, l));
     let mut wide = std::mem::take(&mut s.wide);
@@ -465,7 +465,7 @@ pub fn prepare_direct(log_half: u32) {
 
 /// Count a batch whose finite values lie in `[min, max]`, all inside `level`'s range, straight
 /// into the `2H` bins (sequential; the direct path when the scan is already known).
-pub fn count_direct<D: Float>(view: &View<D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64]) {
+pub fn count_direct<D: Float>(view: &View<'_, D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64]) {
     assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
     SCRATCH.with(|cell| {
         let s = &mut *cell.borrow_mut();
@@ -479,7 +479,7 @@ pub fn count_direct<D: Float>(view: &View<D>, log_half: u32, level: i32, min: D,
     })
 }
 
-fn count_direct_lanes<D: Float, T: Lane + Float>(view: &View<D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64], s: &mut Scratch) {
+fn count_direct_lanes<D: Float, T: Lane + Float>(view: &View<'_, D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64], s: &mut Scratch) {
     // min and max are values of the data: exact in its lanes
     let (min, max) = (T::from_f64(min.to_f64()), T::from_f64(max.to_f64()));
     let mut counter = DirectCounter::<T>::new(log_half, level);

@@ -98,7 +98,7 @@ impl StreamHistogram {
     }
 
     /// Add one batch.
-    pub fn add<D: Float>(&mut self, view: &View<D>) {
+    pub fn add<D: Float>(&mut self, view: &View<'_, D>) {
         if self.pow2_votes.is_some() || view.len() > PAR_CHUNK {
             let sc = scan(view);
             self.add_scanned(view, &sc);
@@ -129,7 +129,7 @@ impl StreamHistogram {
 
     /// Add one batch whose scan is already known. Everything that allocates (the batch's own
     /// histogram, the pow2 votes) happens before the histogram changes.
-    pub fn add_scanned<D: Float>(&mut self, view: &View<D>, sc: &Scan<D>) {
+    pub fn add_scanned<D: Float>(&mut self, view: &View<'_, D>, sc: &Scan<D>) {
         let (Some(lo), Some(hi), Some(_)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
             self.record(sc);
             return;

@@ -110,7 +110,7 @@ fn invalid_histograms_are_rejected() {
 }
 
 /// Ranges around, inside and beyond the data, in every type, both modes.
-fn check_against_direct(h: &UniformHistogram, rng: &mut Rng, what: &str) {
+fn check_against_direct(h: &UniformHistogram<'_>, rng: &mut Rng, what: &str) {
     let table = ErrorTable::new(*h);
     let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
     let a = lo.abs().max(hi.abs()).max(h.width);

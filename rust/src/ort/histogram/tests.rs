@@ -31,6 +31,7 @@ fn orts_worked_example() {
 }
 
 #[test]
+#[allow(clippy::approx_constant)] // 0.7071: any irrational-looking step
 fn fast_f32_path_equals_the_literal_algorithm() {
     let mut x: Vec<f32> = (0..200_000).map(|i| ((i as f32) * 0.7071).sin() * 3.0).collect();
     x.extend([f32::NAN, f32::INFINITY, -f32::INFINITY, 5.0, -5.0, 0.0, -0.0]);

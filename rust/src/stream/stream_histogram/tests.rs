@@ -303,7 +303,7 @@ fn raise_in_place_equals_merging_bins() {
 #[test]
 fn result_does_not_depend_on_split_or_order() {
     let data: Vec<f32> = (0..20_000).map(|i| ((i * 7919 % 10007) as f32 - 5000.0) * 1e-3 * (1 + i % 7) as f32).collect();
-    let whole = hist_of(&[data.clone()], 8);
+    let whole = hist_of(std::slice::from_ref(&data), 8);
     let mut parts: Vec<Vec<f32>> = data.chunks(777).map(|c| c.to_vec()).collect();
     parts.reverse();
     let split = hist_of(&parts, 8);
@@ -346,8 +346,8 @@ fn pow2_votes_do_not_change_the_histogram_or_depend_on_order() {
 fn merge_equals_one_pass() {
     let a: Vec<f32> = (0..1000).map(|i| i as f32 * 0.01 - 3.0).collect();
     let b: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 100.0).collect();
-    let mut ha = hist_of(&[a.clone()], 6);
-    ha.merge(&hist_of(&[b.clone()], 6)).unwrap();
+    let mut ha = hist_of(std::slice::from_ref(&a), 6);
+    ha.merge(&hist_of(std::slice::from_ref(&b), 6)).unwrap();
     assert_eq!(ha, hist_of(&[a, b], 6));
 }
 
