@@ -407,6 +407,43 @@ typed_from!(f16, F16);
 typed_from!(f32, F32);
 typed_from!(f64, F64);
 
+/// An ORT-shaped histogram of `kind` from its exported parts (untrusted: a state file), in the
+/// edges' type `E`, with that type's name; or why the parts are inconsistent: edges one more
+/// than the bins (finite and increasing for value histograms, as `abs_histogram` checks them
+/// for |x| ones), and extremes and threshold that are values of `E`.
+pub fn histogram_from_parts<E: Float>(
+    kind: Kind, hist: Vec<i64>, edges: &[E], min: (f64, bool), max: (f64, bool), threshold: Option<(f64, bool)>,
+) -> Result<(Histogram, &'static str), String>
+where
+    Typed<ValueFamily>: From<crate::ort::value_histogram::ValueHistogram<E>>,
+    Typed<AbsFamily>: From<crate::ort::abs_histogram::AbsHistogram<E>>,
+{
+    if edges.len() != hist.len() + 1 {
+        return Err(format!("{} edges for {} bins", edges.len(), hist.len()));
+    }
+    match kind {
+        Kind::Value => {
+            if edges.iter().any(|e| !e.is_finite()) || edges.windows(2).any(|w| !(w[0] < w[1])) {
+                return Err("edges must be finite and increasing".into());
+            }
+        }
+        Kind::Abs => crate::ort::abs_histogram::check_edges(edges, &hist)?,
+    }
+    let held = |(v, a): (f64, bool)| {
+        let x = E::from_f64(v);
+        if v.is_nan() || x.to_f64() != v { Err(format!("{v} is not a {} value", E::NAME)) } else { Ok(crate::ort::value_histogram::Held { value: x, is_array: a }) }
+    };
+    let (mn, mx) = (held(min)?, held(max)?);
+        let edges = crate::numeric::fallible::copy(edges);
+    Ok(match kind {
+        Kind::Value => {
+            let t = held(threshold.expect("checked above"))?;
+            (Histogram::Value(crate::ort::value_histogram::ValueHistogram { hist, edges, min: mn, max: mx, threshold: t }.into()), E::NAME)
+        }
+        Kind::Abs => (Histogram::Abs(crate::ort::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx }.into()), E::NAME),
+    })
+}
+
 /// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
 /// ("Too many bins"), the next wider one.
 pub fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<Histogram, HistError> {

@@ -5,7 +5,7 @@ use crate::ort::entropy::{entropy_threshold, search_work as entropy_search_work}
 use crate::numeric::fallible::{self};
 use crate::numeric::float::Float;
 use crate::ort::percentile::percentile_indices;
-use crate::state::{collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
+use crate::state::{histogram_from_parts, collect, count, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans, TensorState, Typed, TypedBinning};
 use crate::ort::histogram::MAX_BINS;
 use half::f16;
 use numpy::{Element, PyArrayMethods};
@@ -312,44 +312,12 @@ impl Histograms {
             return Err(bad("threshold must be given for value histograms only".into()));
         }
         let b = borrow_all(name, std::slice::from_ref(&edges))?;
-        fn build<E: Float + Element>(
-            kind: Kind, hist: Vec<i64>, edges: &[E], min: (f64, bool), max: (f64, bool), threshold: Option<(f64, bool)>,
-        ) -> Result<(Histogram, &'static str), String>
-        where
-            Typed<crate::state::ValueFamily>: From<crate::ort::value_histogram::ValueHistogram<E>>,
-            Typed<crate::state::AbsFamily>: From<crate::ort::abs_histogram::AbsHistogram<E>>,
-        {
-            if edges.len() != hist.len() + 1 {
-                return Err(format!("{} edges for {} bins", edges.len(), hist.len()));
-            }
-            match kind {
-                Kind::Value => {
-                    if edges.iter().any(|e| !e.is_finite()) || edges.windows(2).any(|w| !(w[0] < w[1])) {
-                        return Err("edges must be finite and increasing".into());
-                    }
-                }
-                Kind::Abs => crate::ort::abs_histogram::check_edges(edges, &hist)?,
-            }
-            let held = |(v, a): (f64, bool)| {
-                let x = E::from_f64(v);
-                if v.is_nan() || x.to_f64() != v { Err(format!("{v} is not a {} value", E::NAME)) } else { Ok(crate::ort::value_histogram::Held { value: x, is_array: a }) }
-            };
-            let (mn, mx) = (held(min)?, held(max)?);
-                let edges = fallible::copy(edges);
-            Ok(match kind {
-                Kind::Value => {
-                    let t = held(threshold.expect("checked above"))?;
-                    (Histogram::Value(crate::ort::value_histogram::ValueHistogram { hist, edges, min: mn, max: mx, threshold: t }.into()), E::NAME)
-                }
-                Kind::Abs => (Histogram::Abs(crate::ort::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx }.into()), E::NAME),
-            })
-        }
         let err = |e: String| bad(e);
         let edge_slice = |ok: bool| if ok { Ok(()) } else { Err(bad("edges must be a contiguous 1-D array".into())) };
         let (histogram, edge_dtype) = match &b {
-            Borrowed::F16(v) => { edge_slice(v[0].as_slice().is_ok())?; build(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
-            Borrowed::F32(v) => { edge_slice(v[0].as_slice().is_ok())?; build(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
-            Borrowed::F64(v) => { edge_slice(v[0].as_slice().is_ok())?; build(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
+            Borrowed::F16(v) => { edge_slice(v[0].as_slice().is_ok())?; histogram_from_parts(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
+            Borrowed::F32(v) => { edge_slice(v[0].as_slice().is_ok())?; histogram_from_parts(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
+            Borrowed::F64(v) => { edge_slice(v[0].as_slice().is_ok())?; histogram_from_parts(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)? }
         };
         let rank = |d: &str| ["float16", "float32", "float64"].iter().position(|x| *x == d);
         if rank(edge_dtype) < rank(dtype) {

@@ -188,31 +188,7 @@ impl StreamHistograms {
             _ => return Err(bad("unsupported dtype")),
         };
         let bins = bins.as_slice().map_err(|_| bad("bins must be contiguous"))?;
-        if bins.len() != 2usize << self.log_half {
-            return Err(bad(&format!("{} bins, expected {}", bins.len(), 2usize << self.log_half)));
-        }
-        let mut h = StreamHistogram::new(self.log_half);
-        let (n_finite, n_nan, n_posinf, n_neginf, batches) = counts;
-        let total: u128 = bins.iter().map(|&c| c as u128).sum();
-        if total != n_finite as u128 {
-            return Err(bad("bin counts do not add up to the finite count"));
-        }
-        match (level, finite_min, finite_max, abs_min) {
-            (None, None, None, None) if n_finite == 0 => {}
-            (Some(l), Some(mn), Some(mx), Some(amn)) if n_finite > 0 => {
-                let m = mn.abs().max(mx.abs());
-                let ok = mn.is_finite() && mx.is_finite() && amn.is_finite() && mn <= mx && 0.0 <= amn && amn <= m
-                    && (crate::stream::stream_histogram::MIN_LEVEL..=1100).contains(&l) && crate::stream::stream_histogram::level_for(m) <= l;
-                if !ok {
-                    return Err(bad("inconsistent level or extremes"));
-                }
-            }
-            _ => return Err(bad("level and extremes must be given exactly when there are finite values")),
-        }
-        h.level = level;
-        h.bins.copy_from_slice(bins);
-        (h.finite_min, h.finite_max, h.abs_min) = (finite_min, finite_max, abs_min);
-        (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches) = (n_finite, n_nan, n_posinf, n_neginf, batches);
+        let h = StreamHistogram::from_parts(self.log_half, level, bins, finite_min, finite_max, abs_min, counts).map_err(|why| bad(&why))?;
         if !self.order.iter().any(|o| o == name) {
             self.order.push(name.to_string());
         }

@@ -345,6 +345,51 @@ impl StreamHistogram {
     }
 }
 
+/// A streaming histogram's counts: `(n_finite, n_nan, n_posinf, n_neginf, batches)`.
+pub type StreamCounts = (u64, u64, u64, u64, u64);
+
+impl StreamHistogram {
+    /// A histogram from its exported parts (untrusted: a state file), or why they are
+    /// inconsistent: `2H` bins adding up to the finite count, and a level and extremes given
+    /// exactly when there are finite values, the level holding them.
+    pub fn from_parts(
+        log_half: u32,
+        level: Option<i32>,
+        bins: &[u64],
+        finite_min: Option<f64>,
+        finite_max: Option<f64>,
+        abs_min: Option<f64>,
+        counts: StreamCounts,
+    ) -> Result<Self, String> {
+        if bins.len() != 2usize << log_half {
+            return Err(format!("{} bins, expected {}", bins.len(), 2usize << log_half));
+        }
+        let mut h = StreamHistogram::new(log_half);
+        let (n_finite, n_nan, n_posinf, n_neginf, batches) = counts;
+        let total: u128 = bins.iter().map(|&c| c as u128).sum();
+        if total != n_finite as u128 {
+            return Err("bin counts do not add up to the finite count".to_string());
+        }
+        match (level, finite_min, finite_max, abs_min) {
+            (None, None, None, None) if n_finite == 0 => {}
+            (Some(l), Some(mn), Some(mx), Some(amn)) if n_finite > 0 => {
+                let m = mn.abs().max(mx.abs());
+                let ok = mn.is_finite() && mx.is_finite() && amn.is_finite() && mn <= mx && 0.0 <= amn && amn <= m
+                    && (MIN_LEVEL..=1100).contains(&l) && level_for(m) <= l;
+                if !ok {
+                    return Err("inconsistent level or extremes".to_string());
+                }
+            }
+            _ => return Err("level and extremes must be given exactly when there are finite values".to_string()),
+        }
+        h.level = level;
+        h.bins.copy_from_slice(bins);
+        (h.finite_min, h.finite_max, h.abs_min) = (finite_min, finite_max, abs_min);
+        (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches) = (n_finite, n_nan, n_posinf, n_neginf, batches);
+        Ok(h)
+    }
+}
+
 /// A streaming histogram as a uniform signed histogram: `2H` bins of width `2^(level - log2 H)`
 /// from `-2^level`; None without finite values. Levels from 1023 on (float64 data of
 /// magnitude 2^1022 or more) have no finite right edge and are an error.

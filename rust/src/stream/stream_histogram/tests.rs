@@ -409,3 +409,19 @@ fn constant_tensors_get_orts_histograms() {
         }
     }
 }
+
+#[test]
+fn from_parts_takes_back_what_it_was_built_from_and_refuses_inconsistent_parts() {
+    let data: Vec<f32> = vec![-3.0, 0.25, 1.5, f32::NAN];
+    let h = hist_of(std::slice::from_ref(&data), 4);
+    let counts = (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches);
+    let back = StreamHistogram::from_parts(4, h.level, &h.bins, h.finite_min, h.finite_max, h.abs_min, counts).unwrap();
+    assert_eq!(back, h);
+    let short = StreamHistogram::from_parts(4, h.level, &h.bins[1..], h.finite_min, h.finite_max, h.abs_min, counts);
+    assert!(short.unwrap_err().contains("bins, expected"));
+    let more = (counts.0 + 1, counts.1, counts.2, counts.3, counts.4);
+    assert!(StreamHistogram::from_parts(4, h.level, &h.bins, h.finite_min, h.finite_max, h.abs_min, more).is_err());
+    let low = h.level.map(|l| l - 2);
+    assert!(StreamHistogram::from_parts(4, low, &h.bins, h.finite_min, h.finite_max, h.abs_min, counts).is_err());
+    assert!(StreamHistogram::from_parts(4, None, &h.bins, h.finite_min, h.finite_max, h.abs_min, counts).is_err());
+}
