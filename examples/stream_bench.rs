@@ -3,9 +3,9 @@
 //! and 2 threads. `cargo run --release --example stream_bench` (N=values, REPS=repeats).
 use half::f16;
 use histocal::numeric::scan::scan;
+use histocal::numeric::view::View;
 use histocal::stream::stream_bins::batch_bins;
 use histocal::stream::stream_histogram::StreamHistogram;
-use histocal::numeric::view::View;
 use std::time::Instant;
 
 fn normal_data(n: usize, seed: u64) -> Vec<f32> {
@@ -43,7 +43,7 @@ fn run<D: histocal::numeric::float::Float>(name: &str, data: &[D], reps: usize) 
     let mut h = StreamHistogram::new(13);
     h.add(&v);
     let level = h.level.unwrap();
-        let sc = histocal::numeric::scan::scan(&v);
+    let sc = histocal::numeric::scan::scan(&v);
     let t_bins = best(reps, || {
         std::hint::black_box(batch_bins(&v, &sc, 13, level));
     });

@@ -5,14 +5,14 @@
 //! raise instead (f16 "Too many bins", non-finite growth ranges, f32 subnormal ranges), the
 //! state is widened exactly (f16 -> f32 -> f64) and that step is redone in the wider type.
 
+use crate::numeric::float::{Float, Widen};
+use crate::numeric::scan::{scan, scan_all, Scan};
+use crate::numeric::view::View;
 use crate::ort::abs_histogram::AbsHistogram;
 use crate::ort::binning::Binning;
-use crate::numeric::float::{Float, Widen};
 use crate::ort::histogram::HistError;
-use crate::numeric::scan::{scan, scan_all, Scan};
-use crate::stream::stream_histogram::StreamHistogram;
 use crate::ort::value_histogram::ValueHistogram;
-use crate::numeric::view::View;
+use crate::stream::stream_histogram::StreamHistogram;
 use half::f16;
 
 /// The batches of one collect, all of one dtype.
@@ -47,7 +47,10 @@ impl Batches<'_> {
 /// A histogram family (ORT's value or |x| histogram), generic over its arithmetic type.
 pub trait Family {
     type H<E: Float>: Clone + std::fmt::Debug + PartialEq;
-    fn first<E: Float, D: Float + Widen<E>>(scan: &Scan<D>, n_bins: usize) -> Result<(Self::H<E>, Binning<E>), HistError>;
+    fn first<E: Float, D: Float + Widen<E>>(
+        scan: &Scan<D>,
+        n_bins: usize,
+    ) -> Result<(Self::H<E>, Binning<E>), HistError>;
     /// Must leave `h` unchanged on error.
     fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, scan: &Scan<D>) -> Result<Binning<E>, HistError>;
     fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F>;
@@ -317,7 +320,13 @@ impl Scans {
     }
 }
 
-fn plan_typed<D: Chain>(state: &mut Option<TensorState>, kind: Kind, scan: &Scan<D>, n_batches: u64, n_bins: usize) -> Result<(), CollectError> {
+fn plan_typed<D: Chain>(
+    state: &mut Option<TensorState>,
+    kind: Kind,
+    scan: &Scan<D>,
+    n_batches: u64,
+    n_bins: usize,
+) -> Result<(), CollectError> {
     let add_counts = |c: &mut Counts| {
         c.finite += scan.n_finite;
         c.nan += scan.n_nan;
@@ -351,7 +360,13 @@ fn plan_typed<D: Chain>(state: &mut Option<TensorState>, kind: Kind, scan: &Scan
 
 /// Start one collect (ORT's `collect` call) from the combined scan of all its batches: create
 /// or grow the histogram and fix how the batches are counted. On error the state is unchanged.
-pub fn plan(state: &mut Option<TensorState>, kind: Kind, scans: &Scans, n_batches: u64, n_bins: usize) -> Result<(), CollectError> {
+pub fn plan(
+    state: &mut Option<TensorState>,
+    kind: Kind,
+    scans: &Scans,
+    n_batches: u64,
+    n_bins: usize,
+) -> Result<(), CollectError> {
     match scans {
         Scans::F16(s) => plan_typed(state, kind, s, n_batches, n_bins),
         Scans::F32(s) => plan_typed(state, kind, s, n_batches, n_bins),
@@ -384,7 +399,12 @@ pub fn count(st: &mut TensorState, batches: &Batches<'_>) -> Result<(), CollectE
 
 /// Collect one tensor's batches into `state` (created on the first call): `plan` and `count`
 /// in one step. On error the state is unchanged.
-pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches<'_>, n_bins: usize) -> Result<(), CollectError> {
+pub fn collect(
+    state: &mut Option<TensorState>,
+    kind: Kind,
+    batches: &Batches<'_>,
+    n_bins: usize,
+) -> Result<(), CollectError> {
     plan(state, kind, &Scans::of(batches), batches.len() as u64, n_bins)?;
     count(state.as_mut().expect("planned above"), batches)
 }
@@ -412,7 +432,12 @@ typed_from!(f64, F64);
 /// than the bins (finite and increasing for value histograms, as `abs_histogram` checks them
 /// for |x| ones), and extremes and threshold that are values of `E`.
 pub fn histogram_from_parts<E: Float>(
-    kind: Kind, hist: Vec<i64>, edges: &[E], min: (f64, bool), max: (f64, bool), threshold: Option<(f64, bool)>,
+    kind: Kind,
+    hist: Vec<i64>,
+    edges: &[E],
+    min: (f64, bool),
+    max: (f64, bool),
+    threshold: Option<(f64, bool)>,
 ) -> Result<(Histogram, &'static str), String>
 where
     Typed<ValueFamily>: From<crate::ort::value_histogram::ValueHistogram<E>>,
@@ -431,23 +456,37 @@ where
     }
     let held = |(v, a): (f64, bool)| {
         let x = E::from_f64(v);
-        if v.is_nan() || x.to_f64() != v { Err(format!("{v} is not a {} value", E::NAME)) } else { Ok(crate::ort::value_histogram::Held { value: x, is_array: a }) }
+        if v.is_nan() || x.to_f64() != v {
+            Err(format!("{v} is not a {} value", E::NAME))
+        } else {
+            Ok(crate::ort::value_histogram::Held { value: x, is_array: a })
+        }
     };
     let (mn, mx) = (held(min)?, held(max)?);
-        let edges = crate::numeric::fallible::copy(edges);
+    let edges = crate::numeric::fallible::copy(edges);
     Ok(match kind {
         Kind::Value => {
             let t = held(threshold.expect("checked above"))?;
-            (Histogram::Value(crate::ort::value_histogram::ValueHistogram { hist, edges, min: mn, max: mx, threshold: t }.into()), E::NAME)
+            (
+                Histogram::Value(
+                    crate::ort::value_histogram::ValueHistogram { hist, edges, min: mn, max: mx, threshold: t }.into(),
+                ),
+                E::NAME,
+            )
         }
-        Kind::Abs => (Histogram::Abs(crate::ort::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx }.into()), E::NAME),
+        Kind::Abs => {
+            (Histogram::Abs(crate::ort::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx }.into()), E::NAME)
+        }
     })
 }
 
 /// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
 /// ("Too many bins"), the next wider one.
 pub fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<Histogram, HistError> {
-    fn value<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
+    fn value<E: Float>(
+        h: &StreamHistogram,
+        n: usize,
+    ) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
         h.to_value::<E>(n)
     }
     fn abs<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::abs_histogram::AbsHistogram<E>, HistError> {

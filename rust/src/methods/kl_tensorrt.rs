@@ -27,10 +27,10 @@
 //! whole search by that worst case, and the search stops early when its stop flag is set
 //! ([`crate::numeric::cancel`]).
 
+use crate::methods::qerror::UniformHistogram;
 use crate::numeric::cancel::{self, Cancelled};
 use crate::numeric::fallible;
 use crate::ort::histogram::MAX_BINS;
-use crate::methods::qerror::UniformHistogram;
 use std::sync::atomic::AtomicBool;
 
 /// The smoothing constant.
@@ -54,10 +54,15 @@ const MAX_GROUP_OFFSET: f64 = 0.01;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KlError {
     NoQuantizedBins,
-    TooFewBins { num_bins: usize, num_quantized_bins: usize },
+    TooFewBins {
+        num_bins: usize,
+        num_quantized_bins: usize,
+    },
     /// The stop flag was set before the search finished.
     Cancelled,
-    TooManyBins { num_bins: usize },
+    TooManyBins {
+        num_bins: usize,
+    },
 }
 
 impl std::fmt::Display for KlError {
@@ -76,7 +81,12 @@ impl std::fmt::Display for KlError {
 /// The KL threshold range `(-t, t)` of `hist`, its low end raised to `min(data min, 0)` (a Relu
 /// output gets `(0, t)`: ORT's QDQ quantizer removes Relu and lets the range do its clipping);
 /// (0, 0) when it is empty or all its values are 0. Stops with `Cancelled` once `stop` is set.
-pub fn kl_range(hist: &UniformHistogram<'_>, num_bins: usize, num_quantized_bins: usize, stop: &AtomicBool) -> Result<(f64, f64), KlError> {
+pub fn kl_range(
+    hist: &UniformHistogram<'_>,
+    num_bins: usize,
+    num_quantized_bins: usize,
+    stop: &AtomicBool,
+) -> Result<(f64, f64), KlError> {
     check_settings(num_bins, num_quantized_bins)?;
     let Some((abs, a)) = abs_histogram(hist, num_bins) else { return Ok((0.0, 0.0)) };
     let i = best_candidate(&abs, num_quantized_bins, stop).map_err(|Cancelled| KlError::Cancelled)?;
@@ -198,7 +208,12 @@ struct CountSums {
 
 impl CountSums {
     fn new() -> Self {
-        CountSums { small: [0; SMALL], small_series: SeriesSums::default(), large_series: SeriesSums::default(), min: u64::MAX }
+        CountSums {
+            small: [0; SMALL],
+            small_series: SeriesSums::default(),
+            large_series: SeriesSums::default(),
+            min: u64::MAX,
+        }
     }
 
     fn add(&mut self, h: u64) {
@@ -254,7 +269,8 @@ impl GroupSums {
         };
         for j in 0..search.nq - 1 {
             let (start, stop) = (j * merged, (j + 1) * merged);
-            let (m, k) = (search.cumulative[stop] - search.cumulative[start], search.nonzero[stop] - search.nonzero[start]);
+            let (m, k) =
+                (search.cumulative[stop] - search.cumulative[start], search.nonzero[stop] - search.nonzero[start]);
             if k == 0 {
                 continue;
             }
@@ -306,7 +322,8 @@ pub fn best_candidate(abs: &[u64], nq: usize, stop: &AtomicBool) -> Result<usize
         if groups.merged != i / nq {
             groups = GroupSums::new(&search, i / nq);
         }
-        screened.push(search.fast_divergence(i, &plain, &groups).unwrap_or_else(|| divergence(abs, i, nq, &mut scratch)));
+        screened
+            .push(search.fast_divergence(i, &plain, &groups).unwrap_or_else(|| divergence(abs, i, nq, &mut scratch)));
         // candidate i + 1 no longer folds anything into bin i - 1
         plain.add(abs[i - 1]);
     }
@@ -549,7 +566,8 @@ mod tests {
                 let nq = 1 + rng.below(40) as usize;
                 let nb = nq + rng.below(max_bins) as usize;
                 let scale = [3, 40, 1 << 20][rng.below(3) as usize];
-                let abs: Vec<u64> = (0..nb).map(|_| if rng.below(one_in) == 0 { rng.below(scale) } else { 0 }).collect();
+                let abs: Vec<u64> =
+                    (0..nb).map(|_| if rng.below(one_in) == 0 { rng.below(scale) } else { 0 }).collect();
                 if abs.iter().all(|&h| h == 0) {
                     continue;
                 }

@@ -16,8 +16,8 @@
 //! bins, where there are fewer), so linear in the histogram; the search stops early when its
 //! stop flag is set ([`crate::numeric::cancel`]).
 
-use crate::numeric::cancel::{self, Cancelled};
 use crate::methods::qerror::{ErrorTable, OrtScale, QType, ScaleRule};
+use crate::numeric::cancel::{self, Cancelled};
 use std::sync::atomic::AtomicBool;
 
 const SYMMETRIC_STEPS: usize = 1024;
@@ -30,7 +30,13 @@ const PROBE_STRIDE: usize = 8;
 /// Errors follow ORT's scale `rule` for the range type. A candidate beyond the range type
 /// (infinite error) never wins; when every one is (float64 data beyond float32), the result is
 /// the whole range: `(-a, a)` or `(lo, hi)`. Stops with `Cancelled` once `stop` is set.
-pub fn mse_range(table: &ErrorTable<'_>, qtype: QType, symmetric: bool, rule: ScaleRule, stop: &AtomicBool) -> Result<(f64, f64), Cancelled> {
+pub fn mse_range(
+    table: &ErrorTable<'_>,
+    qtype: QType,
+    symmetric: bool,
+    rule: ScaleRule,
+    stop: &AtomicBool,
+) -> Result<(f64, f64), Cancelled> {
     let h = table.hist();
     let (lo, hi) = (h.min.min(0.0), h.max.max(0.0));
     let a = lo.abs().max(hi.abs());
@@ -92,7 +98,8 @@ fn least_error(
     range: impl Fn(usize, usize) -> Option<(f64, f64)>,
     stop: &AtomicBool,
 ) -> Result<Option<(f64, f64)>, Cancelled> {
-    let params = |at: (usize, usize)| range(at.0, at.1).map(|(low, high)| OrtScale::of(low, high, qtype, symmetric, rule));
+    let params =
+        |at: (usize, usize)| range(at.0, at.1).map(|(low, high)| OrtScale::of(low, high, qtype, symmetric, rule));
     let offer = |best: &mut Option<(f64, (usize, usize))>, at: (usize, usize), p: &OrtScale| {
         let bound = best.map_or(f64::INFINITY, |(e, _)| e);
         let Some(e) = table.squared_error_sum(&p.quantizer, bound) else { return };
@@ -151,7 +158,10 @@ mod tests {
         let counts = [1u64, 5, 2, 0, 7];
         let h = UniformHistogram::new(&counts, -2.5, 1.0, -2.0, 2.0).unwrap();
         for symmetric in [false, true] {
-            assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, symmetric, ScaleRule::Float32, &AtomicBool::new(true)), Err(Cancelled));
+            assert_eq!(
+                mse_range(&ErrorTable::new(h), QType::Int8, symmetric, ScaleRule::Float32, &AtomicBool::new(true)),
+                Err(Cancelled)
+            );
             assert!(mse_range(&ErrorTable::new(h), QType::Int8, symmetric, ScaleRule::Float32, &GO).is_ok());
         }
     }
@@ -198,7 +208,10 @@ mod tests {
         if got != want {
             let e = |r: (f64, f64)| direct_error(h, &Quantizer::for_range(r.0, r.1, qtype, symmetric, rule));
             let (eg, ew) = (e(got), e(want));
-            assert!(eg <= ew * (1.0 + 1e-9), "{what} {qtype:?} sym={symmetric} {rule:?}: got {got:?} ({eg:e}), want {want:?} ({ew:e})");
+            assert!(
+                eg <= ew * (1.0 + 1e-9),
+                "{what} {qtype:?} sym={symmetric} {rule:?}: got {got:?} ({eg:e}), want {want:?} ({ew:e})"
+            );
         }
     }
 
@@ -256,8 +269,14 @@ mod tests {
     fn scales_beyond_float32_fall_back_to_the_whole_range() {
         let counts = [1u64, 0, 0, 1];
         let h = UniformHistogram::new(&counts, -2e300, 1e300, -1.5e300, 1.5e300).unwrap();
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, false, ScaleRule::Float32, &GO).unwrap(), (-1.5e300, 1.5e300));
-        assert_eq!(mse_range(&ErrorTable::new(h), QType::Int8, true, ScaleRule::Float32, &GO).unwrap(), (-1.5e300, 1.5e300));
+        assert_eq!(
+            mse_range(&ErrorTable::new(h), QType::Int8, false, ScaleRule::Float32, &GO).unwrap(),
+            (-1.5e300, 1.5e300)
+        );
+        assert_eq!(
+            mse_range(&ErrorTable::new(h), QType::Int8, true, ScaleRule::Float32, &GO).unwrap(),
+            (-1.5e300, 1.5e300)
+        );
     }
 
     #[test]

@@ -299,12 +299,19 @@ mod tests {
                 let h = b.hist();
                 let votes = batch_votes(h, f64::MAX);
                 for (i, t) in Pow2Type::ALL.into_iter().enumerate() {
-                    for bounds in [ALL_EXPONENTS, exponent_bounds(t, ScaleRule::Float32), exponent_bounds(t, ScaleRule::Float16Normal)] {
+                    for bounds in [
+                        ALL_EXPONENTS,
+                        exponent_bounds(t, ScaleRule::Float32),
+                        exponent_bounds(t, ScaleRule::Float16Normal),
+                    ] {
                         let got = min_mse_exponent(&ErrorTable::new(h), t, bounds);
                         let want = brute_force_min_mse(&h, t, bounds);
                         if got != want {
                             let e = |k: Option<i32>| direct_error(&h, &quantizer(k.unwrap(), t));
-                            assert!(e(got) <= e(want) * (1.0 + 1e-9), "{name} {t:?} {bounds:?}: got {got:?}, want {want:?}");
+                            assert!(
+                                e(got) <= e(want) * (1.0 + 1e-9),
+                                "{name} {t:?} {bounds:?}: got {got:?}, want {want:?}"
+                            );
                         }
                     }
                     let got = min_mse_exponent(&ErrorTable::new(h), t, ALL_EXPONENTS);
@@ -371,7 +378,8 @@ mod tests {
         }
         // float32 data up to its largest value: NonOverflow needs 2^122, MinMSE stays at <= 2^120
         let counts = [5u64, 5];
-        let h = UniformHistogram::new(&counts, -f32::MAX as f64, f32::MAX as f64, f32::MIN as f64, f32::MAX as f64).unwrap();
+        let h = UniformHistogram::new(&counts, -f32::MAX as f64, f32::MAX as f64, f32::MIN as f64, f32::MAX as f64)
+            .unwrap();
         assert_eq!(non_overflow_exponent(&h, Pow2Type::Int8), Some(122));
         assert_eq!(min_mse_exponent(&ErrorTable::new(h), Pow2Type::Int8, (MIN_EXPONENT, 120)), Some(120));
         assert_eq!(batch_votes(h, f32::MAX as f64), [Some(120), Some(120), Some(112)]);

@@ -272,7 +272,8 @@ impl<'a> UniformHistogram<'a> {
         if !(min.is_finite() && max.is_finite() && min <= max) {
             return Err(format!("min and max must be finite with min <= max (min={min}, max={max})"));
         }
-        let total = counts.iter().try_fold(0u64, |s, &c| s.checked_add(c)).ok_or("the counts add up to more than 2^64 - 1")?;
+        let total =
+            counts.iter().try_fold(0u64, |s, &c| s.checked_add(c)).ok_or("the counts add up to more than 2^64 - 1")?;
         Ok(UniformHistogram { counts, left, width, min, max, total })
     }
 
@@ -394,7 +395,8 @@ impl<'a> ErrorTable<'a> {
             cumulative += c;
             2 * (cumulative as u128) >= interior_total as u128
         });
-        let moments = if narrow { Moments::Narrow(prefix_moments(interior)) } else { Moments::Wide(prefix_moments(interior)) };
+        let moments =
+            if narrow { Moments::Narrow(prefix_moments(interior)) } else { Moments::Wide(prefix_moments(interior)) };
         let zero = -hist.left / hist.width - 0.5 - first as f64;
         ErrorTable { hist, first, n: interior.len(), below, above, zero, median: median.unwrap_or(0), moments }
     }
@@ -526,7 +528,13 @@ impl<'a> ErrorTable<'a> {
     fn clipping_with<T: Moment>(&self, m: &[[T; 3]], low: f64, high: f64) -> f64 {
         let h = &self.hist;
         let point = |x: f64, count: u64| {
-            let d = if x <= low { (low - x) / h.width } else if x >= high { (x - high) / h.width } else { 0.0 };
+            let d = if x <= low {
+                (low - x) / h.width
+            } else if x >= high {
+                (x - high) / h.width
+            } else {
+                0.0
+            };
             count as f64 * (d * d)
         };
         let mut acc = point(h.min, self.below) + point(h.max, self.above);
@@ -537,7 +545,8 @@ impl<'a> ErrorTable<'a> {
             let low_end = (floor(pl) + 1.0).clamp(0.0, n);
             let high_start = ceil(ph).clamp(0.0, n);
             let (low_end, high_start) = (low_end as usize, high_start as usize);
-            acc += segment(m[0], m[low_end], 0, low_end, pl) + segment(m[high_start], m[self.n], high_start, self.n, ph);
+            acc +=
+                segment(m[0], m[low_end], 0, low_end, pl) + segment(m[high_start], m[self.n], high_start, self.n, ph);
         }
         acc
     }
@@ -579,7 +588,14 @@ fn segment<T: Moment>(lo: [T; 3], hi: [T; 3], a: usize, b: usize, t: f64) -> f64
 }
 
 /// The mean squared quantization error of the range `(low, high)` on `hist`.
-pub fn range_error(hist: UniformHistogram<'_>, low: f64, high: f64, qtype: QType, symmetric: bool, rule: ScaleRule) -> f64 {
+pub fn range_error(
+    hist: UniformHistogram<'_>,
+    low: f64,
+    high: f64,
+    qtype: QType,
+    symmetric: bool,
+    rule: ScaleRule,
+) -> f64 {
     ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric, rule))
 }
 

@@ -103,7 +103,8 @@ impl RangeMethod {
         match method {
             "mse" => Ok(RangeMethod::Mse { qtype: q, symmetric }),
             "kl" => {
-                let count = |name: &str, v: i64| usize::try_from(v).map_err(|_| format!("{name} must be >= 1, got {v}"));
+                let count =
+                    |name: &str, v: i64| usize::try_from(v).map_err(|_| format!("{name} must be >= 1, got {v}"));
                 let (num_bins, num_quantized_bins) =
                     (count("num_bins", num_bins)?, count("num_quantized_bins", num_quantized_bins)?);
                 kl_tensorrt::check_settings(num_bins, num_quantized_bins).map_err(|e| e.to_string())?;
@@ -146,9 +147,8 @@ impl RangeMethod {
     ) -> Result<(f64, f64), String> {
         crate::numeric::cancel::check(stop).map_err(|e| e.to_string())?;
         Ok(match *self {
-            RangeMethod::Mse { qtype, symmetric } => {
-                mse_range(&ErrorTable::new(hist), qtype, symmetric, rule, stop).map_err(|e| format!("mse search {e}"))?
-            }
+            RangeMethod::Mse { qtype, symmetric } => mse_range(&ErrorTable::new(hist), qtype, symmetric, rule, stop)
+                .map_err(|e| format!("mse search {e}"))?,
             RangeMethod::Kl { num_bins, num_quantized_bins } => {
                 kl_tensorrt::kl_range(&hist, num_bins, num_quantized_bins, stop).map_err(|e| e.to_string())?
             }

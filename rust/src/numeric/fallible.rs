@@ -159,7 +159,12 @@ mod tests {
     fn unwinds_from_rayon_workers_are_caught_in_the_caller() {
         use rayon::prelude::*;
         // black_box: an allocation only measured could be optimised away
-        let r = catch(|| (0..64usize).into_par_iter().map(|i| if i == 40 { std::hint::black_box(zeroed::<u64>(usize::MAX / 16)).len() } else { i }).sum::<usize>());
+        let r = catch(|| {
+            (0..64usize)
+                .into_par_iter()
+                .map(|i| if i == 40 { std::hint::black_box(zeroed::<u64>(usize::MAX / 16)).len() } else { i })
+                .sum::<usize>()
+        });
         assert!(r.is_err());
     }
 

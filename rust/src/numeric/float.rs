@@ -253,7 +253,13 @@ pub fn f64_to_f16_bits(x: f64) -> u16 {
     }
     let e = a.log2().floor() as i32;
     // log2 can be off by one near powers of two: fix so that 2^e <= a < 2^(e+1).
-    let e = if 2f64.powi(e) > a { e - 1 } else if 2f64.powi(e + 1) <= a { e + 1 } else { e };
+    let e = if 2f64.powi(e) > a {
+        e - 1
+    } else if 2f64.powi(e + 1) <= a {
+        e + 1
+    } else {
+        e
+    };
     let m = (a * 2f64.powi(10 - e)).round_ties_even() as u32; // in [1024, 2048]
     let (e, m) = if m == 2048 { (e + 1, 1024) } else { (e, m) };
     sign | (((e + 15) as u16) << 10) | (m - 1024) as u16

@@ -46,9 +46,9 @@ macro_rules! lane {
                 i as $t
             }
             #[inline(always)]
-            unsafe fn trunc_i32(self) -> i32 { unsafe {
-                self.to_int_unchecked()
-            }}
+            unsafe fn trunc_i32(self) -> i32 {
+                unsafe { self.to_int_unchecked() }
+            }
             fn pow2(k: i32) -> Self {
                 assert!(k <= $max_exp);
                 let min_normal = 1 - $max_exp;
@@ -76,7 +76,13 @@ fn widen_f16_impl(src: &[f16], dst: &mut [f32]) {
         let normal = (em << 13) + (112 << 23);
         let subnormal = (em as f32 * f32::from_bits(103 << 23)).to_bits(); // em * 2^-24
         let special = (em << 13) | 0x7f80_0000;
-        let bits = if em < 0x400 { subnormal } else if em < 0x7c00 { normal } else { special };
+        let bits = if em < 0x400 {
+            subnormal
+        } else if em < 0x7c00 {
+            normal
+        } else {
+            special
+        };
         *o = f32::from_bits(bits | (h & 0x8000) << 16);
     }
 }
@@ -96,7 +102,11 @@ mod tests {
             widen_f16(&all, &mut w);
             for (h, x) in all.iter().zip(&w) {
                 let want = h.to_f32();
-                assert!(x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan()), "{:#06x} tier {tier}", h.to_bits());
+                assert!(
+                    x.to_bits() == want.to_bits() || (x.is_nan() && want.is_nan()),
+                    "{:#06x} tier {tier}",
+                    h.to_bits()
+                );
             }
         }
         crate::numeric::simd::set_max_tier(2);

@@ -82,11 +82,7 @@ pub(crate) fn log_lane(x_in: f32) -> f32 {
 
     // Subnormals (and zero): scale into the normal range, remember the shift.
     let is_denorm = x < f32::MIN_POSITIVE;
-    let x = if is_denorm {
-        x * f32::from_bits(TWO_POW_100_BITS)
-    } else {
-        x
-    };
+    let x = if is_denorm { x * f32::from_bits(TWO_POW_100_BITS) } else { x };
     let bits = x.to_bits();
 
     // Exponent such that x = m * 2^e with m in [0.5, 1): biased exponent - 126.
@@ -116,16 +112,8 @@ pub(crate) fn log_lane(x_in: f32) -> f32 {
     let r = e.mul_add(LN2, poly);
 
     // Special lanes, same precedence as the kernel (the classes are disjoint).
-    let r = if is_nan {
-        f32::from_bits(POS_QNAN_BITS)
-    } else {
-        r
-    };
-    let r = if is_neg {
-        f32::from_bits(NEG_QNAN_BITS)
-    } else {
-        r
-    };
+    let r = if is_nan { f32::from_bits(POS_QNAN_BITS) } else { r };
+    let r = if is_neg { f32::from_bits(NEG_QNAN_BITS) } else { r };
     let r = if is_zero { f32::NEG_INFINITY } else { r };
     if is_inf {
         f32::INFINITY
@@ -152,11 +140,7 @@ pub fn log_f32(x: f32) -> f32 {
 /// # Panics
 /// If `input.len() != out.len()`.
 pub fn log_f32_slice(input: &[f32], out: &mut [f32]) {
-    assert_eq!(
-        input.len(),
-        out.len(),
-        "log_f32_slice: input and output lengths differ"
-    );
+    assert_eq!(input.len(), out.len(), "log_f32_slice: input and output lengths differ");
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -244,10 +228,7 @@ mod tests {
     fn matches_numpy_reference_bits() {
         for &(xb, yb) in CASES {
             let got = log_f32(f32::from_bits(xb)).to_bits();
-            assert_eq!(
-                got, yb,
-                "log_f32({xb:#010x}) = {got:#010x}, numpy {yb:#010x}"
-            );
+            assert_eq!(got, yb, "log_f32({xb:#010x}) = {got:#010x}, numpy {yb:#010x}");
         }
     }
 
@@ -264,18 +245,8 @@ mod tests {
         log_f32_slice_portable(&input, &mut out_portable);
         for i in 0..input.len() {
             let s = log_f32(input[i]).to_bits();
-            assert_eq!(
-                out[i].to_bits(),
-                s,
-                "dispatched slice, input {:#010x}",
-                input[i].to_bits()
-            );
-            assert_eq!(
-                out_portable[i].to_bits(),
-                s,
-                "portable slice, input {:#010x}",
-                input[i].to_bits()
-            );
+            assert_eq!(out[i].to_bits(), s, "dispatched slice, input {:#010x}", input[i].to_bits());
+            assert_eq!(out_portable[i].to_bits(), s, "portable slice, input {:#010x}", input[i].to_bits());
         }
     }
 

@@ -71,37 +71,39 @@ pub fn sum_f32(a: &[f32]) -> f32 {
 /// level): the 8 accumulators of a block of at most 128 are one register.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pairwise_f32_avx2(a: &[f32]) -> f32 { unsafe {
-    use std::arch::x86_64::*;
-    let n = a.len();
-    if n < 8 {
-        let mut res = -0.0f32;
-        for &x in a {
-            res += x;
+unsafe fn pairwise_f32_avx2(a: &[f32]) -> f32 {
+    unsafe {
+        use std::arch::x86_64::*;
+        let n = a.len();
+        if n < 8 {
+            let mut res = -0.0f32;
+            for &x in a {
+                res += x;
+            }
+            res
+        } else if n <= BLOCK {
+            let full = n - n % 8;
+            let p = a.as_ptr();
+            let mut r = _mm256_loadu_ps(p);
+            let mut i = 8;
+            while i < full {
+                r = _mm256_add_ps(r, _mm256_loadu_ps(p.add(i)));
+                i += 8;
+            }
+            let mut l = [0.0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), r);
+            let mut res = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+            for &x in &a[full..] {
+                res += x;
+            }
+            res
+        } else {
+            let mut n2 = n / 2;
+            n2 -= n2 % 8;
+            pairwise_f32_avx2(&a[..n2]) + pairwise_f32_avx2(&a[n2..])
         }
-        res
-    } else if n <= BLOCK {
-        let full = n - n % 8;
-        let p = a.as_ptr();
-        let mut r = _mm256_loadu_ps(p);
-        let mut i = 8;
-        while i < full {
-            r = _mm256_add_ps(r, _mm256_loadu_ps(p.add(i)));
-            i += 8;
-        }
-        let mut l = [0.0f32; 8];
-        _mm256_storeu_ps(l.as_mut_ptr(), r);
-        let mut res = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-        for &x in &a[full..] {
-            res += x;
-        }
-        res
-    } else {
-        let mut n2 = n / 2;
-        n2 -= n2 % 8;
-        pairwise_f32_avx2(&a[..n2]) + pairwise_f32_avx2(&a[n2..])
     }
-}}
+}
 
 /// numpy's 8 accumulators over a multiple-of-8 run: lane j sums a[j], a[j+8], a[j+16], ...
 #[inline(always)]
@@ -190,7 +192,8 @@ mod tests {
 
     #[test]
     fn slice_and_closure_forms_agree() {
-        let a: Vec<f32> = (0..5000).map(|i| ((i * 7919) % 1013) as f32 * 1.37e-3 + 1e4 * ((i % 97 == 0) as i32 as f32)).collect();
+        let a: Vec<f32> =
+            (0..5000).map(|i| ((i * 7919) % 1013) as f32 * 1.37e-3 + 1e4 * ((i % 97 == 0) as i32 as f32)).collect();
         for n in [0, 3, 8, 100, 128, 129, 1000, 5000] {
             assert_eq!(sum_f32(&a[..n]).to_bits(), sum_f32_by(n, |i| a[i]).to_bits());
         }
@@ -198,7 +201,8 @@ mod tests {
 
     #[test]
     fn slice_forms_agree_for_all_lengths() {
-        let a: Vec<f32> = (0..3000).map(|i| ((i * 7919) % 1013) as f32 * 1.37e-3 + 1e5 * ((i % 89 == 0) as i32 as f32)).collect();
+        let a: Vec<f32> =
+            (0..3000).map(|i| ((i * 7919) % 1013) as f32 * 1.37e-3 + 1e5 * ((i % 89 == 0) as i32 as f32)).collect();
         for n in 0..3000 {
             assert_eq!(sum_f32(&a[..n]).to_bits(), sum_f32_by(n, |i| a[i]).to_bits(), "n={n}");
             assert_eq!((0.0 + pairwise_f32_dispatch(&a[..n])).to_bits(), sum_f32_by(n, |i| a[i]).to_bits(), "n={n}");

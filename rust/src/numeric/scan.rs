@@ -98,7 +98,8 @@ impl<T: Float> Scan<T> {
 /// `block` as a slice of `T` when `D` is `T`.
 fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
     // SAFETY: D and T are the same type.
-    (TypeId::of::<D>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(block.as_ptr() as *const T, block.len()) })
+    (TypeId::of::<D>() == TypeId::of::<T>())
+        .then(|| unsafe { std::slice::from_raw_parts(block.as_ptr() as *const T, block.len()) })
 }
 
 /// The same scan in another type holding the same values (f32 <-> f16 data, f64).
@@ -307,7 +308,10 @@ mod tests {
     /// A scan's values as bits (so that -0 and +0 differ) and its counts.
     fn bits<D: Float>(s: &Scan<D>) -> ([Option<u64>; 4], [u64; 4]) {
         let b = |v: Option<D>| v.map(|x| x.to_f64().to_bits());
-        ([b(s.finite_min), b(s.finite_max), b(s.finite_abs_min), b(s.finite_abs_max)], [s.n_finite, s.n_nan, s.n_posinf, s.n_neginf])
+        (
+            [b(s.finite_min), b(s.finite_max), b(s.finite_abs_min), b(s.finite_abs_max)],
+            [s.n_finite, s.n_nan, s.n_posinf, s.n_neginf],
+        )
     }
 
     /// `scan` of `data` (contiguous, and every other element) against the reference, at every
@@ -315,7 +319,12 @@ mod tests {
     fn check<D: Float>(data: &[D], what: &str) {
         for tier in [0u8, 1, 2] {
             crate::numeric::simd::set_max_tier(tier);
-            assert_eq!(bits(&scan(&View::from_slice(data))), bits(&reference(data)), "{what} ({}, tier {tier})", D::NAME);
+            assert_eq!(
+                bits(&scan(&View::from_slice(data))),
+                bits(&reference(data)),
+                "{what} ({}, tier {tier})",
+                D::NAME
+            );
             let odd = data.len() / 2;
             let v = unsafe { View::from_raw(data.as_ptr(), &[odd], &[2]) };
             let every_other: Vec<D> = data.iter().step_by(2).take(odd).copied().collect();
@@ -332,7 +341,17 @@ mod tests {
             for first_neg in [false, true] {
                 for pos in [0usize, 1, 8, n / 2, n.saturating_sub(1)] {
                     for side in [0.0f64, 1.5, -1.5] {
-                        let mut v: Vec<f64> = (0..n).map(|i| if i % 3 == 0 { 0.0 } else if side == 0.0 { -0.0 } else { side * (1.0 + i as f64) }).collect();
+                        let mut v: Vec<f64> = (0..n)
+                            .map(|i| {
+                                if i % 3 == 0 {
+                                    0.0
+                                } else if side == 0.0 {
+                                    -0.0
+                                } else {
+                                    side * (1.0 + i as f64)
+                                }
+                            })
+                            .collect();
                         let p = pos.min(n - 1);
                         v[p] = if first_neg { -0.0 } else { 0.0 };
                         for x in v[..p].iter_mut() {
@@ -364,7 +383,10 @@ mod tests {
             shuffled.swap(i, next() as usize % (i + 1));
         }
         check(&shuffled, "every f16, shuffled");
-        let wide: Vec<f64> = (0..100_000).map(|_| f64::from_bits(next())).chain([f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MAX, -f64::MAX, 5e-324, -5e-324]).collect();
+        let wide: Vec<f64> = (0..100_000)
+            .map(|_| f64::from_bits(next()))
+            .chain([f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MAX, -f64::MAX, 5e-324, -5e-324])
+            .collect();
         check(&wide, "random f64 bits");
         for (what, v) in zero_patterns() {
             check(&v, &what);

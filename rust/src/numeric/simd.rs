@@ -21,7 +21,9 @@ pub(crate) fn set_max_tier(tier: u8) {
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        MAX_TIER.load(Ordering::Relaxed) >= 1 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        MAX_TIER.load(Ordering::Relaxed) >= 1
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

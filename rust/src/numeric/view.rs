@@ -33,46 +33,48 @@ impl<'a, D: Copy> View<'a, D> {
     /// # Safety
     /// `ptr` with `shape` and `strides` (in elements) must describe valid, initialised elements
     /// that stay alive and unmodified for `'a`.
-    pub unsafe fn from_raw(ptr: *const D, shape: &[usize], strides: &[isize]) -> Self { unsafe {
-        let len: usize = shape.iter().product();
-        let mut ptr = ptr;
-        let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
-        if len > 0 {
-            for (&n, &s) in shape.iter().zip(strides) {
-                if n == 1 {
-                    continue;
+    pub unsafe fn from_raw(ptr: *const D, shape: &[usize], strides: &[isize]) -> Self {
+        unsafe {
+            let len: usize = shape.iter().product();
+            let mut ptr = ptr;
+            let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
+            if len > 0 {
+                for (&n, &s) in shape.iter().zip(strides) {
+                    if n == 1 {
+                        continue;
+                    }
+                    let mut s = s;
+                    if s < 0 {
+                        // Read this axis backwards: start at its last element.
+                        ptr = ptr.offset(s * (n as isize - 1));
+                        s = -s;
+                    }
+                    dims.push((n, s));
                 }
-                let mut s = s;
-                if s < 0 {
-                    // Read this axis backwards: start at its last element.
-                    ptr = ptr.offset(s * (n as isize - 1));
-                    s = -s;
+                dims.sort_by_key(|d| std::cmp::Reverse(d.1));
+                // Merge axes that are contiguous with the next (inner) axis.
+                let mut merged: Vec<(usize, isize)> = Vec::with_capacity(dims.len());
+                for (n, s) in dims.into_iter().rev() {
+                    match merged.last_mut() {
+                        Some(last) if last.1 * last.0 as isize == s => last.0 *= n,
+                        _ => merged.push((n, s)),
+                    }
                 }
-                dims.push((n, s));
+                merged.reverse();
+                dims = merged;
             }
-            dims.sort_by_key(|d| std::cmp::Reverse(d.1));
-            // Merge axes that are contiguous with the next (inner) axis.
-            let mut merged: Vec<(usize, isize)> = Vec::with_capacity(dims.len());
-            for (n, s) in dims.into_iter().rev() {
-                match merged.last_mut() {
-                    Some(last) if last.1 * last.0 as isize == s => last.0 *= n,
-                    _ => merged.push((n, s)),
-                }
+            if dims.is_empty() {
+                dims.push((len.min(1), 1));
             }
-            merged.reverse();
-            dims = merged;
+            View {
+                ptr,
+                shape: dims.iter().map(|d| d.0).collect(),
+                strides: dims.iter().map(|d| d.1).collect(),
+                len,
+                _data: PhantomData,
+            }
         }
-        if dims.is_empty() {
-            dims.push((len.min(1), 1));
-        }
-        View {
-            ptr,
-            shape: dims.iter().map(|d| d.0).collect(),
-            strides: dims.iter().map(|d| d.1).collect(),
-            len,
-            _data: PhantomData,
-        }
-    }}
+    }
 
     pub fn len(&self) -> usize {
         self.len

@@ -15,11 +15,11 @@
 //! and `|x| == inf` in the last bin, which makes infinities (and their `nanmin`/`nanmax`)
 //! part of ORT's result rather than an error.
 
-use crate::ort::binning::Binning;
 use crate::numeric::fallible;
 use crate::numeric::float::{Float, Widen};
-use crate::ort::histogram::{arange_f64, HistError, UniformBins, MAX_BINS};
 use crate::numeric::scan::Scan;
+use crate::ort::binning::Binning;
+use crate::ort::histogram::{arange_f64, HistError, UniformBins, MAX_BINS};
 use crate::ort::value_histogram::{batch_min_max, first_min_max, Held};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -255,11 +255,17 @@ mod tests {
         let st = h.unwrap();
         assert_eq!(st.edges, edges, "no extension once the top is open");
         let n = st.hist.len();
-        assert_eq!(nonzero(&st), vec![(0, 1), (1, 1), (999, 1), (k - 1, 2), (27624, 1), (n - 1, 2)].into_iter().fold(Vec::new(), |mut v, x| {
-            v.push(x);
-            v.sort();
-            v
-        }));
+        assert_eq!(
+            nonzero(&st),
+            vec![(0, 1), (1, 1), (999, 1), (k - 1, 2), (27624, 1), (n - 1, 2)].into_iter().fold(
+                Vec::new(),
+                |mut v, x| {
+                    v.push(x);
+                    v.sort();
+                    v
+                }
+            )
+        );
         // nanmin/nanmax see the infinities.
         assert_eq!(st.min.value, f16::NEG_INFINITY);
         assert_eq!(st.max.value, f16::INFINITY);

@@ -4,9 +4,9 @@
 //! counting is additive.
 
 use crate::numeric::float::{Float, Widen};
+use crate::numeric::view::View;
 use crate::ort::explicit_edges::count_abs_explicit;
 use crate::ort::histogram::UniformBins;
-use crate::numeric::view::View;
 
 #[derive(Clone, Debug, Default)]
 pub enum Binning<E> {

@@ -139,7 +139,15 @@ fn smoothing_offset(len: usize, n_zero: usize, is_zero: impl Fn(usize) -> bool) 
 /// `pk * log(pk / qk)` (numpy's f32 log), but `qk` is divided once per group, not per element,
 /// and the terms are computed in one vectorised pass.
 #[inline(always)]
-fn kl_f32(ps: &[f32], qs: &[f32], group_q: &[f32], m: usize, group_qk: &mut Vec<f32>, qk: &mut Vec<f32>, r: &mut Vec<f32>) -> f32 {
+fn kl_f32(
+    ps: &[f32],
+    qs: &[f32],
+    group_q: &[f32],
+    m: usize,
+    group_qk: &mut Vec<f32>,
+    qk: &mut Vec<f32>,
+    r: &mut Vec<f32>,
+) -> f32 {
     let n = ps.len();
     let sp = sum_f32(ps);
     let sq = sum_f32(qs);
@@ -180,25 +188,27 @@ fn fill_runs_scalar(out: &mut [f32], values: &[f32], m: usize) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-unsafe fn fill_runs_avx512(out: &mut [f32], n: usize, values: &[f32], m: usize) { unsafe {
-    use std::arch::x86_64::*;
-    let nq = values.len() - 1;
-    let p = out.as_mut_ptr();
-    let put = |from: usize, to: usize, x: f32| {
-        let v = _mm512_set1_ps(x);
-        let mut k = from;
-        while k < to {
-            _mm512_storeu_ps(p.add(k), v);
-            k += 16;
+unsafe fn fill_runs_avx512(out: &mut [f32], n: usize, values: &[f32], m: usize) {
+    unsafe {
+        use std::arch::x86_64::*;
+        let nq = values.len() - 1;
+        let p = out.as_mut_ptr();
+        let put = |from: usize, to: usize, x: f32| {
+            let v = _mm512_set1_ps(x);
+            let mut k = from;
+            while k < to {
+                _mm512_storeu_ps(p.add(k), v);
+                k += 16;
+            }
+        };
+        if m > 0 {
+            for (j, &x) in values[..nq].iter().enumerate() {
+                put(j * m, j * m + m, x);
+            }
         }
-    };
-    if m > 0 {
-        for (j, &x) in values[..nq].iter().enumerate() {
-            put(j * m, j * m + m, x);
-        }
+        put(nq * m, n, values[nq]);
     }
-    put(nq * m, n, values[nq]);
-}}
+}
 
 /// `r = pk * log(pk / qk)` for `pk = p / sp`, with ORT's special cases (`pk == 0`: 0, then
 /// anything not `pk > 0 && qk > 0`: inf).
@@ -237,7 +247,15 @@ fn candidate_kl_impl(t: &Tables<'_>, nq: usize, i: usize, s: &mut Scratch) -> f3
     } else {
         (hist[start] + left, hist[end - 1] + right)
     };
-    let p_at = |k: usize| if k == 0 { p_first } else if k == len - 1 { p_last } else { hist[start + k] };
+    let p_at = |k: usize| {
+        if k == 0 {
+            p_first
+        } else if k == len - 1 {
+            p_last
+        } else {
+            hist[start + k]
+        }
+    };
     // Zero counts come from the zero-prefix table, corrected at the two folded end bins.
     let fix_first = (p_first == 0) as i64 - (hist[start] == 0) as i64;
     let fix_last = if len > 1 { (p_last == 0) as i64 - (hist[end - 1] == 0) as i64 } else { 0 };
@@ -296,7 +314,6 @@ fn candidate_kl_impl(t: &Tables<'_>, nq: usize, i: usize, s: &mut Scratch) -> f3
     fill_runs(qs, len, group_q, m);
     kl_f32(&ps[..len], &qs[..len], group_q, m, group_qk, qk, r)
 }
-
 
 /// The search's work for `n_bins` bins: the number of bins all candidates' slices hold
 /// together (each candidate costs time in proportion to its slice); 0 without candidates.
@@ -366,7 +383,8 @@ mod tests {
         for n in [1usize, 2, 3, 7, 8, 128, 129, 130, 1001, 2048] {
             for nq in [1usize, 2, 3, 4, 127, 128] {
                 let (zb, hq) = (n / 2, nq / 2);
-                let want: u64 = if zb < hq { 0 } else { (hq..=zb).map(|i| ((zb + i + 1).min(n) - (zb - i)) as u64).sum() };
+                let want: u64 =
+                    if zb < hq { 0 } else { (hq..=zb).map(|i| ((zb + i + 1).min(n) - (zb - i)) as u64).sum() };
                 assert_eq!(search_work(n, nq), want, "n={n} nq={nq}");
             }
         }
@@ -438,7 +456,9 @@ mod tests {
             }
             hists.push(h);
         }
-        let run = || -> Vec<u64> { hists.iter().flat_map(|h| kl_values::<f32>(h, 128, &GO).unwrap()).map(f64::to_bits).collect() };
+        let run = || -> Vec<u64> {
+            hists.iter().flat_map(|h| kl_values::<f32>(h, 128, &GO).unwrap()).map(f64::to_bits).collect()
+        };
         let best = run();
         for tier in [0u8, 1] {
             crate::numeric::simd::set_max_tier(tier);

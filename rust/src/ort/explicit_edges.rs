@@ -3,9 +3,9 @@
 //! f32 data takes a vectorised path whose thresholds are the f32 images of the edges, so that
 //! every comparison is unchanged.
 
+use crate::numeric::fallible;
 use crate::numeric::float::Float;
 use crate::numeric::view::View;
-use crate::numeric::fallible;
 use crate::ort::histogram::{add_counted, count_chunks, SubHist, FAST_BLOCK};
 
 /// Count the absolute values of `view` into explicit, non-decreasing f64 `edges` (numpy's `searchsorted` rule):
@@ -40,11 +40,11 @@ pub fn count_abs_explicit<D: Float>(view: &View<'_, D>, edges: &[f64], counts: &
         Some(i)
     };
     let count_scalar = |b: &[D], local: &mut [i64]| {
-                for &d in b {
+        for &d in b {
             if let Some(i) = bin_of(d.to_f64().abs()) {
-                        local[i] += 1;
-                    }
-                }
+                local[i] += 1;
+            }
+        }
     };
     let len = view.len();
     let counted = count_chunks(len, n, |range, local| {
@@ -57,7 +57,7 @@ pub fn count_abs_explicit<D: Float>(view: &View<'_, D>, edges: &[f64], counts: &
             view.for_each_block(range, |b| count_scalar(b, local));
         }
         Some(())
-            });
+    });
     if !add_counted(counted, counts) {
         view.for_each_block(0..len, |b| count_scalar(b, counts));
     }
@@ -114,7 +114,11 @@ pub(crate) struct ExplicitF32 {
 impl ExplicitF32 {
     fn new<D: 'static>(edges: &[f64]) -> Option<Self> {
         let n = edges.len() - 1;
-        if std::any::TypeId::of::<D>() != std::any::TypeId::of::<f32>() || n == 0 || n > 1 << 24 || !edges.iter().all(|e| e.is_finite()) {
+        if std::any::TypeId::of::<D>() != std::any::TypeId::of::<f32>()
+            || n == 0
+            || n > 1 << 24
+            || !edges.iter().all(|e| e.is_finite())
+        {
             return None;
         }
         // no room for the thresholds: the scalar path needs none
@@ -133,7 +137,9 @@ impl ExplicitF32 {
         let one_step = (0..n).all(|i| {
             let a = t[i];
             let b = if i + 1 < n { f32_next_down(t[i + 1]).min(hi) } else { hi };
-            a > b || (biased_estimate(a, lo, scale, top) >= i as i32 && biased_estimate(b, lo, scale, top) <= i as i32 + 1)
+            a > b
+                || (biased_estimate(a, lo, scale, top) >= i as i32
+                    && biased_estimate(b, lo, scale, top) <= i as i32 + 1)
         });
         Some(ExplicitF32 { lo, hi, scale, n, t, one_step })
     }
@@ -192,62 +198,64 @@ impl ExplicitF32 {
     /// value is further than one bin from its estimate.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-    unsafe fn bins_avx512(&self, block: &[f32], idx: &mut [u32]) -> bool { unsafe {
-        use std::arch::x86_64::*;
-        let t = self.t.as_ptr();
-        let lo = _mm512_set1_ps(self.lo);
-        let hi = _mm512_set1_ps(self.hi);
-        let scale = _mm512_set1_ps(self.scale);
-        let zero = _mm512_setzero_ps();
-        let top = _mm512_set1_ps((self.n - 1) as f32);
-        let one = _mm512_set1_epi32(1);
-        let last = _mm512_set1_epi32((self.n - 1) as i32);
-        let dummy = _mm512_set1_epi32(self.n as i32);
-        let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
-        let mut ok = true;
-        let mut k = 0;
-        while k + 16 <= block.len() {
-            let x = _mm512_loadu_ps(block.as_ptr().add(k));
-            let v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs_mask));
-            // The same estimate as `explicit_estimate_impl` (max/min order: NaN -> 0).
-            let f = _mm512_mul_ps(_mm512_sub_ps(v, lo), scale);
-            let f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(f, zero), zero, f);
-            let f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(f, top), top, f);
-            let i = _mm512_cvttps_epi32(f);
-            let in_range = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, lo) & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, hi);
-            // i in [0, n-1]: t[i] and t[i + 1] are inside the padded table.
-            let t_i = _mm512_i32gather_ps::<4>(i, t);
-            let t_j = _mm512_i32gather_ps::<4>(_mm512_add_epi32(i, one), t);
-            let down = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, t_i);
-            let not_last = _mm512_cmpneq_epi32_mask(i, last);
-            let up = !down & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, t_j) & not_last;
-            let moved = (down | up) & in_range;
-            let i = _mm512_mask_sub_epi32(i, down, i, one);
-            let i = _mm512_mask_add_epi32(i, up, i, one);
-            if moved != 0 {
-                // Down to i: needs t[i] <= v. Up to i: needs i == n-1 or v < t[i + 1].
-                let probe = _mm512_mask_add_epi32(i, up, i, one);
-                let g = _mm512_mask_i32gather_ps::<4>(zero, moved, probe, t);
-                let good_down = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, g);
-                let good_up = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, g) | _mm512_cmpeq_epi32_mask(i, last);
-                let bad = moved & ((down & !good_down) | (up & !good_up));
-                if bad != 0 {
-                    ok = false;
-                    break;
+    unsafe fn bins_avx512(&self, block: &[f32], idx: &mut [u32]) -> bool {
+        unsafe {
+            use std::arch::x86_64::*;
+            let t = self.t.as_ptr();
+            let lo = _mm512_set1_ps(self.lo);
+            let hi = _mm512_set1_ps(self.hi);
+            let scale = _mm512_set1_ps(self.scale);
+            let zero = _mm512_setzero_ps();
+            let top = _mm512_set1_ps((self.n - 1) as f32);
+            let one = _mm512_set1_epi32(1);
+            let last = _mm512_set1_epi32((self.n - 1) as i32);
+            let dummy = _mm512_set1_epi32(self.n as i32);
+            let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+            let mut ok = true;
+            let mut k = 0;
+            while k + 16 <= block.len() {
+                let x = _mm512_loadu_ps(block.as_ptr().add(k));
+                let v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs_mask));
+                // The same estimate as `explicit_estimate_impl` (max/min order: NaN -> 0).
+                let f = _mm512_mul_ps(_mm512_sub_ps(v, lo), scale);
+                let f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(f, zero), zero, f);
+                let f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(f, top), top, f);
+                let i = _mm512_cvttps_epi32(f);
+                let in_range = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, lo) & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, hi);
+                // i in [0, n-1]: t[i] and t[i + 1] are inside the padded table.
+                let t_i = _mm512_i32gather_ps::<4>(i, t);
+                let t_j = _mm512_i32gather_ps::<4>(_mm512_add_epi32(i, one), t);
+                let down = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, t_i);
+                let not_last = _mm512_cmpneq_epi32_mask(i, last);
+                let up = !down & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, t_j) & not_last;
+                let moved = (down | up) & in_range;
+                let i = _mm512_mask_sub_epi32(i, down, i, one);
+                let i = _mm512_mask_add_epi32(i, up, i, one);
+                if moved != 0 {
+                    // Down to i: needs t[i] <= v. Up to i: needs i == n-1 or v < t[i + 1].
+                    let probe = _mm512_mask_add_epi32(i, up, i, one);
+                    let g = _mm512_mask_i32gather_ps::<4>(zero, moved, probe, t);
+                    let good_down = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, g);
+                    let good_up = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, g) | _mm512_cmpeq_epi32_mask(i, last);
+                    let bad = moved & ((down & !good_down) | (up & !good_up));
+                    if bad != 0 {
+                        ok = false;
+                        break;
+                    }
                 }
+                let i = _mm512_mask_blend_epi32(in_range, dummy, i);
+                _mm512_storeu_si512(idx.as_mut_ptr().add(k) as *mut _, i);
+                k += 16;
             }
-            let i = _mm512_mask_blend_epi32(in_range, dummy, i);
-            _mm512_storeu_si512(idx.as_mut_ptr().add(k) as *mut _, i);
-            k += 16;
+            if ok && k < block.len() {
+                // Tail: scalar, same rule.
+                let (b, o) = (&block[k..], &mut idx[k..]);
+                explicit_estimate_impl(self, b, o);
+                ok = self.correct_checked(b, o);
+            }
+            ok
         }
-        if ok && k < block.len() {
-            // Tail: scalar, same rule.
-            let (b, o) = (&block[k..], &mut idx[k..]);
-            explicit_estimate_impl(self, b, o);
-            ok = self.correct_checked(b, o);
-        }
-        ok
-    }}
+    }
 
     /// One correction step each way from the estimates in `idx`; false if a value needs more.
     fn correct_checked(&self, block: &[f32], idx: &mut [u32]) -> bool {
@@ -337,7 +345,8 @@ pub(crate) mod tests {
         // numpy: [0, 65472, 65504, inf, inf] puts 65504 in [65504, inf), nothing in [inf, inf)
         // and inf in the closed last bin; with one inf edge, 65504 and inf share the last bin.
         let inf = f64::INFINITY;
-        let x: Vec<f16> = [0.0, 65472.0, 65504.0, inf, -inf, 60000.0, f64::NAN, -65504.0].iter().map(|&v| f16::from_f64(v)).collect();
+        let x: Vec<f16> =
+            [0.0, 65472.0, 65504.0, inf, -inf, 60000.0, f64::NAN, -65504.0].iter().map(|&v| f16::from_f64(v)).collect();
         for (edges, want) in [
             (vec![0.0, 65472.0, 65504.0, inf, inf], vec![2, 1, 2, 2]),
             (vec![0.0, 65472.0, 65504.0, inf], vec![2, 1, 4]),
@@ -381,7 +390,9 @@ pub(crate) mod tests {
                 edges[k + 1] = (edges[k + 1] + edges[k + 2]) / 2.0; // a narrow one
             }
             let top = *edges.last().unwrap();
-            let mut x: Vec<f32> = (0..20_000).map(|_| ((rnd() * 1.3 - 0.1) * top) as f32 * if rnd() < 0.5 { -1.0 } else { 1.0 }).collect();
+            let mut x: Vec<f32> = (0..20_000)
+                .map(|_| ((rnd() * 1.3 - 0.1) * top) as f32 * if rnd() < 0.5 { -1.0 } else { 1.0 })
+                .collect();
             for &e in &edges {
                 let f = e as f32;
                 x.extend([f, -f, f32::from_bits(f.to_bits() + 1), f32::from_bits(f.to_bits().wrapping_sub(1))]);

@@ -150,17 +150,19 @@ impl<E: Float> UniformBins<E> {
         let len = view.len();
         let fast = self.fast_f32::<D>();
         let counted = count_chunks(len, n, |range, local| {
-                match &fast {
-                    Some(f) => {
+            match &fast {
+                Some(f) => {
                     let mut sub = SubHist::new(n)?;
-                        // SAFETY: `fast_f32` is Some only when D is f32.
-                        view.for_each_block(range, |b| f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, abs, &mut sub));
+                    // SAFETY: `fast_f32` is Some only when D is f32.
+                    view.for_each_block(range, |b| {
+                        f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, abs, &mut sub)
+                    });
                     sub.add_to(local);
-                    }
-                None => view.for_each_block(range, |b| self.count_block(b, abs, local)),
                 }
+                None => view.for_each_block(range, |b| self.count_block(b, abs, local)),
+            }
             Some(())
-            });
+        });
         if !add_counted(counted, counts) {
             view.for_each_block(0..len, |b| self.count_block(b, abs, counts));
         }
@@ -178,7 +180,10 @@ impl<E: Float> UniformBins<E> {
     /// The vectorised f32 kernel's tables, when both data and bins are f32.
     fn fast_f32<D: 'static>(&self) -> Option<FastF32> {
         use std::any::TypeId;
-        if TypeId::of::<D>() != TypeId::of::<f32>() || TypeId::of::<E>() != TypeId::of::<f32>() || self.n_bins() > 1 << 24 {
+        if TypeId::of::<D>() != TypeId::of::<f32>()
+            || TypeId::of::<E>() != TypeId::of::<f32>()
+            || self.n_bins() > 1 << 24
+        {
             return None;
         }
         let f = |x: E| x.to_f32();
@@ -380,7 +385,11 @@ fn correct<const ABS: bool>(t: &FastF32, block: &[f32], idx: &mut [u32]) {
 /// Count `len` values in parallel `PAR_CHUNK` chunks, each into its own `n` counters:
 /// `count(range, counters)`, None when it lacked memory. The summed counters; `Some(None)`
 /// when any chunk lacked memory (for its counters or in `count`), `None` when `len` is 0.
-pub(crate) fn count_chunks(len: usize, n: usize, count: impl Fn(std::ops::Range<usize>, &mut [i64]) -> Option<()> + Sync) -> Option<Option<Vec<i64>>> {
+pub(crate) fn count_chunks(
+    len: usize,
+    n: usize,
+    count: impl Fn(std::ops::Range<usize>, &mut [i64]) -> Option<()> + Sync,
+) -> Option<Option<Vec<i64>>> {
     (0..len.div_ceil(PAR_CHUNK))
         .into_par_iter()
         .map(|c| {
@@ -402,7 +411,7 @@ pub(crate) fn add_counted(counted: Option<Option<Vec<i64>>>, counts: &mut [i64])
         None => true,
         Some(None) => false,
         Some(Some(t)) => {
-        counts.iter_mut().zip(&t).for_each(|(x, y)| *x += y);
+            counts.iter_mut().zip(&t).for_each(|(x, y)| *x += y);
             true
         }
     }

@@ -53,10 +53,14 @@ mod tests {
     fn reference(hist: &[i64], v: f64) -> usize {
         let total = hist.iter().sum::<i64>() as f64;
         let mut acc = 0.0;
-        let cdf: Vec<f64> = hist.iter().enumerate().map(|(i, &h)| {
-            acc = if i == 0 { h as f64 / total } else { acc + h as f64 / total };
-            acc
-        }).collect();
+        let cdf: Vec<f64> = hist
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| {
+                acc = if i == 0 { h as f64 / total } else { acc + h as f64 / total };
+                acc
+            })
+            .collect();
         cdf.partition_point(|&c| c < v)
     }
 

@@ -4,11 +4,11 @@
 //! Non-finite values are never binned (ORT raises on them); a batch without finite values is
 //! treated exactly as ORT treats an empty batch.
 
-use crate::ort::binning::Binning;
 use crate::numeric::fallible;
 use crate::numeric::float::{py_max, Float, Widen};
-use crate::ort::histogram::{HistError, UniformBins, MAX_BINS};
 use crate::numeric::scan::Scan;
+use crate::ort::binning::Binning;
+use crate::ort::histogram::{HistError, UniformBins, MAX_BINS};
 
 /// A scalar as ORT holds it: numpy scalars from `nanmin`/arithmetic, or 0-d arrays (empty
 /// batches, `np.array(threshold)`). The distinction only shows in the Python objects returned.
@@ -87,7 +87,13 @@ impl<E: Float> ValueHistogram<E> {
         let (mn, mx) = first_min_max::<D, E>(scan);
         let t = py_max(mn.value.abs(), mx.value.abs());
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
-        let h = ValueHistogram { hist: fallible::zeroed(n_bins), edges: fallible::copy(&bins.edges), min: mn, max: mx, threshold: Held::array(t) };
+        let h = ValueHistogram {
+            hist: fallible::zeroed(n_bins),
+            edges: fallible::copy(&bins.edges),
+            min: mn,
+            max: mx,
+            threshold: Held::array(t),
+        };
         Ok((h, uniform(bins, scan)))
     }
 

@@ -1,8 +1,8 @@
 //! numpy arrays in and out: borrowed read-only views of float arrays and copies handed back.
 
 use crate::numeric::fallible::{self};
-use crate::state::Batches;
 use crate::numeric::view::View;
+use crate::state::Batches;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::PyTypeError;
@@ -12,7 +12,6 @@ use pyo3::prelude::*;
 pub(crate) fn array<'py, T: Element + Clone>(py: Python<'py>, values: &[T]) -> Bound<'py, PyArray1<T>> {
     PyArray1::from_vec(py, fallible::copy(values))
 }
-
 
 pub(crate) fn view_of<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>) -> View<'a, T> {
     let v = a.as_array();
@@ -58,13 +57,15 @@ pub(crate) fn batches_of<'a>(b: &'a Borrowed<'_>) -> Batches<'a> {
     }
 }
 
-
 pub(crate) fn borrow_items<'py>(items: &[(String, Vec<Bound<'py, PyAny>>)]) -> PyResult<Vec<(String, Borrowed<'py>)>> {
     items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect()
 }
 
 pub(crate) fn counts_array<'py>(counts: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, u64>> {
-    Ok(counts.cast::<PyArray1<u64>>().map_err(|_| PyTypeError::new_err("counts must be a 1-D numpy array of uint64"))?.readonly())
+    Ok(counts
+        .cast::<PyArray1<u64>>()
+        .map_err(|_| PyTypeError::new_err("counts must be a 1-D numpy array of uint64"))?
+        .readonly())
 }
 
 /// The counts as a slice, copied only when the array is not contiguous.
@@ -75,15 +76,13 @@ pub(crate) fn counts_of<'a>(counts: &'a numpy::PyReadonlyArray1<'_, u64>) -> std
     }
 }
 
-
 pub(crate) fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>, axis: usize) -> Vec<View<'a, T>> {
     let v = a.as_array();
     let (shape, strides) = (v.shape(), v.strides());
     let rest_shape: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
     let rest_strides: Vec<isize> = strides.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
     fallible::collect((0..shape[axis]).map(|c| {
-            // SAFETY: channel c's elements lie inside the borrowed array.
-            unsafe { View::from_raw(v.as_ptr().offset(c as isize * strides[axis]), &rest_shape, &rest_strides) }
+        // SAFETY: channel c's elements lie inside the borrowed array.
+        unsafe { View::from_raw(v.as_ptr().offset(c as isize * strides[axis]), &rest_shape, &rest_strides) }
     }))
 }
-

@@ -54,7 +54,8 @@ impl StreamHistograms {
             }
         }
         // the new histograms first: running out of memory then changes nothing
-        let fresh: Vec<Option<StreamHistogram>> = batches.iter().map(|(n, _)| (!self.states.contains_key(*n)).then(|| self.new_histogram())).collect();
+        let fresh: Vec<Option<StreamHistogram>> =
+            batches.iter().map(|(n, _)| (!self.states.contains_key(*n)).then(|| self.new_histogram())).collect();
         Ok(batches
             .iter()
             .zip(fresh)
@@ -86,7 +87,10 @@ impl StreamHistograms {
 
 impl StreamHistograms {
     /// The data types and histograms of `names` (default: all, in `names()` order).
-    pub(crate) fn selected(&self, names: Option<Vec<String>>) -> PyResult<Vec<(String, (&'static str, &StreamHistogram))>> {
+    pub(crate) fn selected(
+        &self,
+        names: Option<Vec<String>>,
+    ) -> PyResult<Vec<(String, (&'static str, &StreamHistogram))>> {
         names
             .unwrap_or_else(|| self.order.clone())
             .into_iter()

@@ -12,8 +12,14 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
         Err(match payload.downcast::<OutOfMemory>() {
             Ok(oom) => PyMemoryError::new_err(oom.to_string()),
             Err(other) => {
-                let what = other.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| other.downcast_ref::<String>().cloned());
-                PyRuntimeError::new_err(format!("histocal internal error: {}", what.as_deref().unwrap_or("a panic in the Rust core")))
+                let what = other
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| other.downcast_ref::<String>().cloned());
+                PyRuntimeError::new_err(format!(
+                    "histocal internal error: {}",
+                    what.as_deref().unwrap_or("a panic in the Rust core")
+                ))
             }
         })
     })
@@ -32,7 +38,6 @@ pub(crate) fn for_tensor<T, E: std::fmt::Display>(name: &str, f: impl FnOnce() -
 pub(crate) fn out_of_memory(name: &str, oom: OutOfMemory) -> PyErr {
     PyMemoryError::new_err(format!("tensor {name:?}: {oom}"))
 }
-
 
 pub(crate) fn named(name: &str, e: CollectError) -> PyErr {
     PyValueError::new_err(format!("tensor {name:?}: {e}"))

@@ -8,7 +8,6 @@
 //! Python are built from vectors allocated the same way (`PyArray1::from_vec` takes them
 //! over), since numpy's own allocation failing inside rust-numpy is a panic.
 
-
 mod arrays;
 mod classes;
 mod errors;
@@ -20,10 +19,10 @@ mod threads;
 
 use crate::methods::pow2::{self};
 use crate::ort::histogram::MAX_BINS;
+use classes::{Histograms, StreamHistograms};
+use functions::*;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use functions::*;
-use classes::{Histograms, StreamHistograms};
 
 use threads::*;
 
@@ -49,4 +48,3 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pow2_error, m)?)?;
     Ok(())
 }
-

@@ -4,8 +4,8 @@
 
 use pyo3::basic::CompareOp;
 use pyo3::prelude::*;
-use pyo3::IntoPyObjectExt;
 use pyo3::types::{PyIterator, PyTuple};
+use pyo3::IntoPyObjectExt;
 
 /// A frozen record class with named fields and the tuple protocol over them, in order.
 macro_rules! record {

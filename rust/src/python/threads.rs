@@ -1,5 +1,7 @@
 //! histocal's thread pool and the GIL-free, signal-checking runs on it.
 
+use super::errors::*;
+use crate::methods::range_method::*;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
@@ -7,8 +9,6 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
-use super::errors::*;
-use crate::methods::range_method::*;
 
 pub(crate) static POOL: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
 /// `HISTOCAL_NUM_THREADS` as read when the module was imported (None: unset, empty or 0).
@@ -25,23 +25,26 @@ pub(crate) fn threads_from_env() -> Result<Option<usize>, String> {
         "" => Ok(None),
         t => t.parse::<usize>().map(|n| (n > 0).then_some(n)).map_err(|_| format!("{raw:?}")),
     }
-    .map_err(|got| format!("HISTOCAL_NUM_THREADS must be a whole number of threads >= 0 (0 or unset: one per core), got {got}"))
+    .map_err(|got| {
+        format!("HISTOCAL_NUM_THREADS must be a whole number of threads >= 0 (0 or unset: one per core), got {got}")
+    })
 }
 
 pub(crate) fn default_threads() -> usize {
-    ENV_THREADS.get().copied().flatten().unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    })
+    ENV_THREADS
+        .get()
+        .copied()
+        .flatten()
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
 pub(crate) fn pool() -> Arc<ThreadPool> {
     let mut g = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    g.get_or_insert_with(|| Arc::new(ThreadPoolBuilder::new().num_threads(default_threads()).build().expect("thread pool")))
-        .clone()
+    g.get_or_insert_with(|| {
+        Arc::new(ThreadPoolBuilder::new().num_threads(default_threads()).build().expect("thread pool"))
+    })
+    .clone()
 }
-
 
 /// Run `f` on histocal's pool with the GIL released.
 pub(crate) fn run<T: Send, F: FnOnce() -> T + Send>(py: Python<'_>, f: F) -> T {
@@ -130,7 +133,6 @@ pub(crate) fn check_search_work(what: &str, work: u64, limit: u64) -> PyResult<(
     )))
 }
 
-
 /// Set the number of worker threads (0: the default, `HISTOCAL_NUM_THREADS` or all cores).
 #[pyfunction]
 pub(crate) fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -143,15 +145,12 @@ pub(crate) fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
     if !whole {
         return Err(PyTypeError::new_err(expected));
     }
-    let n = count
-        .ok()
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| PyValueError::new_err(expected))?;
+    let n = count.ok().and_then(|v| usize::try_from(v).ok()).ok_or_else(|| PyValueError::new_err(expected))?;
     guard(|| {
-    let n = if n == 0 { default_threads() } else { n };
-    let p = ThreadPoolBuilder::new().num_threads(n).build().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    *POOL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(p));
-    Ok(())
+        let n = if n == 0 { default_threads() } else { n };
+        let p = ThreadPoolBuilder::new().num_threads(n).build().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        *POOL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(p));
+        Ok(())
     })
 }
 

@@ -24,8 +24,8 @@ use crate::numeric::fallible;
 use crate::numeric::float::Float;
 use crate::numeric::lanes::{widen_f16, Lane};
 use crate::numeric::scan::{retype, scan_lanes_block, Scan, PAR_CHUNK};
-use crate::stream::levels::{level_for, raise_bins};
 use crate::numeric::view::View;
+use crate::stream::levels::{level_for, raise_bins};
 use half::f16;
 use rayon::prelude::*;
 use std::any::TypeId;
@@ -96,7 +96,11 @@ fn bins_impl<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) {
 fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
     let i = (p.bin(x) - p.first) as u32;
     let i = if x == T::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
-    if x.abs() < T::INFINITY { i } else { p.len }
+    if x.abs() < T::INFINITY {
+        i
+    } else {
+        p.len
+    }
 }
 
 crate::numeric::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
@@ -161,7 +165,8 @@ crate::numeric::simd::dispatch_avx512!(fn bins_scan<T: LaneFloat>(p: &Pow2Bins<T
 /// `block` as a slice of `T` when `D` is `T`.
 fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
     // SAFETY: D and T are the same type.
-    (TypeId::of::<D>() == TypeId::of::<T>()).then(|| unsafe { std::slice::from_raw_parts(block.as_ptr() as *const T, block.len()) })
+    (TypeId::of::<D>() == TypeId::of::<T>())
+        .then(|| unsafe { std::slice::from_raw_parts(block.as_ptr() as *const T, block.len()) })
 }
 
 /// A block (at most `BLOCK` values) as lanes `T`: the data itself, or f16 data widened into `wide`.
@@ -413,7 +418,13 @@ pub fn add_direct<D: Float>(view: &View<'_, D>, log_half: u32, level: &mut Optio
     })
 }
 
-fn add_direct_lanes<D: Float, T: Lane + Float>(view: &View<'_, D>, log_half: u32, level: &mut Option<i32>, bins: &mut [u64], s: &mut Scratch) -> Scan<D> {
+fn add_direct_lanes<D: Float, T: Lane + Float>(
+    view: &View<'_, D>,
+    log_half: u32,
+    level: &mut Option<i32>,
+    bins: &mut [u64],
+    s: &mut Scratch,
+) -> Scan<D> {
     let mut total = Scan::<D>::empty();
     let mut counter: Option<DirectCounter<T>> = level.map(|l| DirectCounter::new(log_half, l));
     let mut wide = std::mem::take(&mut s.wide);
@@ -479,7 +490,15 @@ pub fn count_direct<D: Float>(view: &View<'_, D>, log_half: u32, level: i32, min
     })
 }
 
-fn count_direct_lanes<D: Float, T: Lane + Float>(view: &View<'_, D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64], s: &mut Scratch) {
+fn count_direct_lanes<D: Float, T: Lane + Float>(
+    view: &View<'_, D>,
+    log_half: u32,
+    level: i32,
+    min: D,
+    max: D,
+    bins: &mut [u64],
+    s: &mut Scratch,
+) {
     // min and max are values of the data: exact in its lanes
     let (min, max) = (T::from_f64(min.to_f64()), T::from_f64(max.to_f64()));
     let mut counter = DirectCounter::<T>::new(log_half, level);

@@ -8,17 +8,17 @@
 //! directly at the final level, which only depends on the largest |x|. Non-finite values are
 //! counted, never binned. ORT-shaped histograms for ORT's methods are derived from it at the end.
 
-use crate::numeric::fallible;
-use crate::numeric::float::{py_max, Float};
-use crate::ort::histogram::{HistError, UniformBins};
-use crate::numeric::scan::{scan, Scan, PAR_CHUNK};
 use crate::methods::pow2;
 use crate::methods::qerror::UniformHistogram;
+use crate::numeric::fallible;
+use crate::numeric::float::{py_max, Float};
+use crate::numeric::scan::{scan, Scan, PAR_CHUNK};
+use crate::numeric::view::View;
+use crate::ort::histogram::{HistError, UniformBins};
+use crate::ort::value_histogram::Held;
 pub use crate::stream::levels::{level_for, raise_bins, MIN_LEVEL};
 use crate::stream::stream_bins::{add_direct, batch_bins, count_direct, prepare_direct};
 use std::collections::BTreeMap;
-use crate::ort::value_histogram::Held;
-use crate::numeric::view::View;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamHistogram {
@@ -179,7 +179,11 @@ impl StreamHistogram {
     /// histogram over both data sets.
     pub fn merge(&mut self, o: &StreamHistogram) -> Result<(), String> {
         if o.log_half != self.log_half {
-            return Err(format!("streaming histograms differ in size ({} vs {} bins)", 2usize << self.log_half, 2usize << o.log_half));
+            return Err(format!(
+                "streaming histograms differ in size ({} vs {} bins)",
+                2usize << self.log_half,
+                2usize << o.log_half
+            ));
         }
         let mut o = o.copied();
         if let Some(l) = o.level {
@@ -257,7 +261,12 @@ fn rebin<E: Float>(bins: &UniformBins<E>, items: impl Iterator<Item = (f64, u64)
 /// per target bin instead of one per non-empty source bin, which pays when runs are long (16+
 /// source bins per target). f16's estimate can be off by more than one bin: there every
 /// non-empty bin is looked up.
-fn rebin_increasing<E: Float>(bins: &UniformBins<E>, n: usize, centre: impl Fn(usize) -> f64, count: impl Fn(usize) -> u64) -> Vec<i64> {
+fn rebin_increasing<E: Float>(
+    bins: &UniformBins<E>,
+    n: usize,
+    centre: impl Fn(usize) -> f64,
+    count: impl Fn(usize) -> u64,
+) -> Vec<i64> {
     if E::NAME == "float16" || n < 16 * bins.n_bins() {
         return rebin(bins, (0..n).map(|i| (centre(i), count(i))));
     }
@@ -311,7 +320,10 @@ impl StreamHistogram {
     /// ORT's value histogram (`collect_value`) as one collect of all the data would build it:
     /// `n_bins` over `(-t, t)`, `t = max(|min|, |max|)`, counts re-binned from the streaming
     /// bins by their centres; where min equals max, all in that value's bin (ORT's histogram).
-    pub fn to_value<E: Float>(&self, n_bins: usize) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
+    pub fn to_value<E: Float>(
+        &self,
+        n_bins: usize,
+    ) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
         let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
         let t = py_max(mn.value.abs(), mx.value.abs());
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
@@ -319,7 +331,13 @@ impl StreamHistogram {
             (Some(a), Some(b)) if a == b => single_value(&bins, a, self.n_finite),
             _ => rebin_increasing(&bins, self.bins.len(), self.signed_centre(), |i| self.bins[i]),
         };
-        Ok(crate::ort::value_histogram::ValueHistogram { hist, edges: bins.edges, min: mn, max: mx, threshold: Held::array(t) })
+        Ok(crate::ort::value_histogram::ValueHistogram {
+            hist,
+            edges: bins.edges,
+            min: mn,
+            max: mx,
+            threshold: Held::array(t),
+        })
     }
 
     /// ORT's |x| histogram (`collect_absolute_value`, symmetric percentile) as one collect of
@@ -374,8 +392,14 @@ impl StreamHistogram {
             (None, None, None, None) if n_finite == 0 => {}
             (Some(l), Some(mn), Some(mx), Some(amn)) if n_finite > 0 => {
                 let m = mn.abs().max(mx.abs());
-                let ok = mn.is_finite() && mx.is_finite() && amn.is_finite() && mn <= mx && 0.0 <= amn && amn <= m
-                    && (MIN_LEVEL..=1100).contains(&l) && level_for(m) <= l;
+                let ok = mn.is_finite()
+                    && mx.is_finite()
+                    && amn.is_finite()
+                    && mn <= mx
+                    && 0.0 <= amn
+                    && amn <= m
+                    && (MIN_LEVEL..=1100).contains(&l)
+                    && level_for(m) <= l;
                 if !ok {
                     return Err("inconsistent level or extremes".to_string());
                 }

@@ -154,7 +154,15 @@ fn fast_error_matches_the_direct_sum_on_random_histograms() {
         let sparse = rng.below(3) == 0;
         let big = rng.below(4) == 0;
         let counts: Vec<u64> = (0..nb)
-            .map(|_| if sparse && rng.below(10) != 0 { 0 } else if big { rng.below(1 << 50) } else { rng.below(1000) })
+            .map(|_| {
+                if sparse && rng.below(10) != 0 {
+                    0
+                } else if big {
+                    rng.below(1 << 50)
+                } else {
+                    rng.below(1000)
+                }
+            })
             .collect();
         let width = 10f64.powf(rng.uniform() * 8.0 - 4.0);
         let left = -(rng.uniform() * 1.2) * nb as f64 * width;
@@ -217,7 +225,13 @@ fn clipping_error_is_the_clipped_values_error() {
             let mut want = 0.0;
             for (i, &c) in h.counts.iter().enumerate() {
                 let x = h.value(i);
-                let d = if x <= low { low - x } else if x >= high { x - high } else { 0.0 };
+                let d = if x <= low {
+                    low - x
+                } else if x >= high {
+                    x - high
+                } else {
+                    0.0
+                };
                 want += c as f64 * (d / h.width).powi(2);
             }
             assert_close(t.clipping_error_sum(low, high), want, 1e-10, name);

@@ -9,7 +9,13 @@ fn counting_without_memory_for_the_chunk_counters_reports_it_and_adds_nothing() 
     assert!(!add_counted(counted, &mut counts));
     assert_eq!(counts, vec![1, 2]);
     assert!(add_counted(count_chunks(0, 2, |_, _| Some(())), &mut counts));
-    assert!(add_counted(count_chunks(5, 2, |_, c| { c[1] += 5; Some(()) }), &mut counts));
+    assert!(add_counted(
+        count_chunks(5, 2, |_, c| {
+            c[1] += 5;
+            Some(())
+        }),
+        &mut counts
+    ));
     assert_eq!(counts, vec![1, 7]);
     // a chunk whose own scratch fails fails the whole count
     assert!(matches!(count_chunks(3 * PAR_CHUNK, 2, |r, _| (r.start != PAR_CHUNK).then_some(())), Some(None)));
@@ -37,7 +43,11 @@ fn fast_f32_path_equals_the_literal_algorithm() {
     x.extend([f32::NAN, f32::INFINITY, -f32::INFINITY, 5.0, -5.0, 0.0, -0.0]);
     for &(t, n) in &[(3.0f32, 2048usize), (2.9f32, 1000), (0.3, 7), (3.0, 1)] {
         let b = UniformBins::new(-t, t, n).unwrap();
-        x.extend(b.edges.iter().flat_map(|&e| [e, f32::from_bits(e.to_bits() + 1), f32::from_bits(e.to_bits().wrapping_sub(1))]));
+        x.extend(
+            b.edges
+                .iter()
+                .flat_map(|&e| [e, f32::from_bits(e.to_bits() + 1), f32::from_bits(e.to_bits().wrapping_sub(1))]),
+        );
         for abs in [false, true] {
             let mut fast = vec![0; n];
             b.count(&View::from_slice(&x), abs, &mut fast);
@@ -74,7 +84,11 @@ fn fast_f32_path_random_ranges() {
         let n = 1 + (rnd() * 4000.0) as usize;
         let Ok(b) = UniformBins::new(a, a + w, n) else { continue };
         let mut x: Vec<f32> = (0..20_000).map(|_| (a as f64 + (rnd() * 1.2 - 0.1) * w as f64) as f32).collect();
-        x.extend(b.edges.iter().flat_map(|&e| [e, f32::from_bits(e.to_bits() + 1), f32::from_bits(e.to_bits().wrapping_sub(1)), -e]));
+        x.extend(
+            b.edges
+                .iter()
+                .flat_map(|&e| [e, f32::from_bits(e.to_bits() + 1), f32::from_bits(e.to_bits().wrapping_sub(1)), -e]),
+        );
         for abs in [false, true] {
             let mut fast = vec![0; n];
             b.count(&View::from_slice(&x), abs, &mut fast);
@@ -112,7 +126,12 @@ fn a_single_float64_value_past_numpys_half_widens_relatively() {
     // nor anywhere once it vanishes (1e20, float32's largest): then +-|c| 2^-24.
     let ok = UniformBins::<f64>::new(2f64.powi(40), 2f64.powi(40), 2048).unwrap();
     assert_eq!((ok.first, ok.last), (2f64.powi(40) - 0.5, 2f64.powi(40) + 0.5));
-    for (c, ns) in [(2f64.powi(42), &[2048, MAX_BINS][..]), (-1e20, &[1, 7, 2048, MAX_BINS]), (f32::MAX as f64, &[1, 2048]), (f32::MIN as f64, &[7, 2048])] {
+    for (c, ns) in [
+        (2f64.powi(42), &[2048, MAX_BINS][..]),
+        (-1e20, &[1, 7, 2048, MAX_BINS]),
+        (f32::MAX as f64, &[1, 2048]),
+        (f32::MIN as f64, &[7, 2048]),
+    ] {
         for &n in ns {
             let b = UniformBins::<f64>::new(c, c, n).unwrap();
             let h = c.abs() * 2f64.powi(-24);

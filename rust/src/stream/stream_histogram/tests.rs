@@ -45,7 +45,17 @@ fn edge_values(log_half: u32, level: i32, rng: &mut Rng) -> Vec<f64> {
     for e in -1080..1030 {
         v.push(pow2(e));
     }
-    v.extend([0.0, f64::MIN_POSITIVE, 5e-324, f64::MAX, f32::MAX as f64, f32::MIN_POSITIVE as f64, 1e-45, 65504.0, 6e-8]);
+    v.extend([
+        0.0,
+        f64::MIN_POSITIVE,
+        5e-324,
+        f64::MAX,
+        f32::MAX as f64,
+        f32::MIN_POSITIVE as f64,
+        1e-45,
+        65504.0,
+        6e-8,
+    ]);
     let pos: Vec<f64> = v.clone();
     for x in pos {
         v.extend([-x, f64::from_bits(x.to_bits() + 1), f64::from_bits(x.to_bits().saturating_sub(1))]);
@@ -107,7 +117,10 @@ fn f32_bins_match_the_reference() {
 fn f64_bins_match_the_reference() {
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     for log_half in [2, 3, 8, 13] {
-        let levels: Vec<i32> = (MIN_LEVEL..=140).step_by(7).chain([-1, 0, 1, 960, 1021, 1022, 1023, 1024, 1025, 1074, 1076, 1100]).collect();
+        let levels: Vec<i32> = (MIN_LEVEL..=140)
+            .step_by(7)
+            .chain([-1, 0, 1, 960, 1021, 1022, 1023, 1024, 1025, 1074, 1076, 1100])
+            .collect();
         for level in levels {
             let mut data: Vec<f64> = (0..3000).map(|_| f64::from_bits(rng.next())).collect();
             data.extend(edge_values(log_half, level, &mut rng));
@@ -122,7 +135,8 @@ fn large_batches_and_streams_match_the_reference() {
     // than a u16 counter holds, and whole streams of batches through `add` (levels raised
     // by the data as it comes).
     let mut rng = Rng(7);
-    let mut data: Vec<f32> = (0..(3 << 20) + 5).map(|i| if i % 2 == 0 { 0.0 } else { (rng.below(1 << 20) as f32 - 4e5) * 1e-3 }).collect();
+    let mut data: Vec<f32> =
+        (0..(3 << 20) + 5).map(|i| if i % 2 == 0 { 0.0 } else { (rng.below(1 << 20) as f32 - 4e5) * 1e-3 }).collect();
     data[..200_000].fill(0.25);
     data[200_000..800_000].fill(0.0);
     check(&data, 13, 10);
@@ -249,7 +263,12 @@ fn check_rebin<E: Float>(h: &StreamHistogram, nb: usize) {
     if let (true, false, Ok(a)) = (h.n_finite > 0, single_abs, h.to_abs::<E>(nb)) {
         let bins = UniformBins::new(a.edges[0], a.edges[nb], nb).unwrap();
         let w = h.width().unwrap();
-        assert_eq!(a.hist, rebin(&bins, (0..h.half()).map(|j| ((j as f64 + 0.5) * w, h.abs_count(j)))), "{} abs, {nb} bins", E::NAME);
+        assert_eq!(
+            a.hist,
+            rebin(&bins, (0..h.half()).map(|j| ((j as f64 + 0.5) * w, h.abs_count(j)))),
+            "{} abs, {nb} bins",
+            E::NAME
+        );
     }
 }
 
@@ -264,11 +283,17 @@ fn galloping_rebin_equals_one_lookup_per_bin() {
             .map(|i| {
                 let u = (rng.below(1 << 24) as f64 / (1 << 23) as f64 - 1.0) * scale;
                 match case % 5 {
-                    0 => u as f32,                                                  // uniform, both signs
-                    1 => u.max(0.0) as f32,                                         // ReLU
-                    2 => if i % 997 == 0 { (u * 300.0) as f32 } else { u as f32 },  // outliers
-                    3 => (scale * 0.75) as f32,                                     // constant
-                    _ => (u * u / scale + scale) as f32,                            // skewed, positive
+                    0 => u as f32,          // uniform, both signs
+                    1 => u.max(0.0) as f32, // ReLU
+                    2 => {
+                        if i % 997 == 0 {
+                            (u * 300.0) as f32
+                        } else {
+                            u as f32
+                        }
+                    } // outliers
+                    3 => (scale * 0.75) as f32, // constant
+                    _ => (u * u / scale + scale) as f32, // skewed, positive
                 }
             })
             .collect();
@@ -302,7 +327,8 @@ fn raise_in_place_equals_merging_bins() {
 
 #[test]
 fn result_does_not_depend_on_split_or_order() {
-    let data: Vec<f32> = (0..20_000).map(|i| ((i * 7919 % 10007) as f32 - 5000.0) * 1e-3 * (1 + i % 7) as f32).collect();
+    let data: Vec<f32> =
+        (0..20_000).map(|i| ((i * 7919 % 10007) as f32 - 5000.0) * 1e-3 * (1 + i % 7) as f32).collect();
     let whole = hist_of(std::slice::from_ref(&data), 8);
     let mut parts: Vec<Vec<f32>> = data.chunks(777).map(|c| c.to_vec()).collect();
     parts.reverse();
@@ -396,14 +422,22 @@ fn constant_tensors_get_orts_histograms() {
                 }
                 Err(_) => {
                     let v = h.to_value::<f64>(n).unwrap();
-                    assert_eq!((v.hist, v.edges), numpy_hist(&data, -(t as f64), t as f64, n, false), "value f64 c={c} n={n}");
+                    assert_eq!(
+                        (v.hist, v.edges),
+                        numpy_hist(&data, -(t as f64), t as f64, n, false),
+                        "value f64 c={c} n={n}"
+                    );
                 }
             }
             match h.to_abs::<f32>(n) {
                 Ok(a) => assert_eq!((a.hist, a.edges), numpy_hist(&data, t, t, n, true), "abs c={c} n={n}"),
                 Err(_) => {
                     let a = h.to_abs::<f64>(n).unwrap();
-                    assert_eq!((a.hist, a.edges), numpy_hist(&data, t as f64, t as f64, n, true), "abs f64 c={c} n={n}");
+                    assert_eq!(
+                        (a.hist, a.edges),
+                        numpy_hist(&data, t as f64, t as f64, n, true),
+                        "abs f64 c={c} n={n}"
+                    );
                 }
             }
         }
