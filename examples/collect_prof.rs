@@ -1,6 +1,6 @@
-use histocal::histogram::UniformBins;
-use histocal::scan::scan;
-use histocal::view::View;
+use histocal::numeric::scan::scan;
+use histocal::numeric::view::View;
+use histocal::ort::histogram::UniformBins;
 use std::time::Instant;
 fn main() {
     let n: usize = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(64usize << 20);
@@ -24,7 +24,14 @@ fn main() {
             let t = Instant::now();
             b.count(&v, false, &mut c);
             let tc = t.elapsed().as_secs_f64();
-            println!("{threads} threads: scan {:.1} ms ({:.1} GB/s), count {:.1} ms ({:.1} GB/s), n_finite {}", ts * 1e3, 0.268 / ts, tc * 1e3, 0.268 / tc, s.n_finite);
+            println!(
+                "{threads} threads: scan {:.1} ms ({:.1} GB/s), count {:.1} ms ({:.1} GB/s), n_finite {}",
+                ts * 1e3,
+                0.268 / ts,
+                tc * 1e3,
+                0.268 / tc,
+                s.n_finite
+            );
         });
     }
 }

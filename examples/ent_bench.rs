@@ -2,7 +2,7 @@
 //! (so a change can be checked for bit-identical results).
 //! HISTS=file of (i64 len, len x i64 counts) records, e.g. dumped from the benchmark's CNN;
 //! without it, synthetic 2048- and 2900-bin histograms are used.
-use histocal::entropy::kl_values;
+use histocal::ort::entropy::kl_values;
 use std::time::Instant;
 
 fn synthetic() -> Vec<Vec<i64>> {

@@ -1,4 +1,4 @@
-use histocal::entropy::kl_values;
+use histocal::ort::entropy::kl_values;
 use std::time::Instant;
 fn main() {
     // ReLU-normal-ish histogram over (-t, t), 2048 bins: left half empty.
@@ -25,12 +25,12 @@ fn main() {
     let inp: Vec<f32> = (0..(1 << 20)).map(|i| 0.5 + i as f32 * 1e-6).collect();
     let t = Instant::now();
     for _ in 0..20 {
-        histocal::numpy_log::log_f32_slice(&inp, &mut r);
+        histocal::numeric::numpy_log::log_f32_slice(&inp, &mut r);
     }
     println!("log 1M: {:.3} ms", t.elapsed().as_secs_f64() * 1000.0 / 20.0);
     let t = Instant::now();
     for _ in 0..20 {
-        std::hint::black_box(histocal::pairwise::sum_f32(&inp));
+        std::hint::black_box(histocal::numeric::pairwise::sum_f32(&inp));
     }
     println!("sum 1M: {:.3} ms", t.elapsed().as_secs_f64() * 1000.0 / 20.0);
 }

@@ -1,8 +1,9 @@
 //! Histogram counting throughput on bench-like data (N(0,1), 0.1% 3x outliers):
 //! `UniformBins::count` (value and |x|) and `count_abs_explicit`, at 1 and 2 threads.
 //! `cargo run --release --example hist_bench` (N=values, default 64Mi).
-use histocal::histogram::{count_abs_explicit, UniformBins};
-use histocal::view::View;
+use histocal::numeric::view::View;
+use histocal::ort::explicit_edges::count_abs_explicit;
+use histocal::ort::histogram::UniformBins;
 use std::time::Instant;
 
 fn normal_data(n: usize, seed: u64) -> Vec<f32> {

@@ -2,10 +2,10 @@
 //! its parts, on 64Mi-value batches (N(0,1); ReLU of it; f16 and f64 copies), 16384 bins, at 1
 //! and 2 threads. `cargo run --release --example stream_bench` (N=values, REPS=repeats).
 use half::f16;
-use histocal::scan::scan;
-use histocal::stream_bins::batch_bins;
-use histocal::stream_histogram::StreamHistogram;
-use histocal::view::View;
+use histocal::numeric::scan::scan;
+use histocal::numeric::view::View;
+use histocal::stream::stream_bins::batch_bins;
+use histocal::stream::stream_histogram::StreamHistogram;
 use std::time::Instant;
 
 fn normal_data(n: usize, seed: u64) -> Vec<f32> {
@@ -28,7 +28,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn run<D: histocal::float::Float>(name: &str, data: &[D], reps: usize) {
+fn run<D: histocal::numeric::float::Float>(name: &str, data: &[D], reps: usize) {
     let v = View::from_slice(data);
     let gb = std::mem::size_of_val(data) as f64 / 1e9;
     let ns = 1e9 / data.len() as f64;
@@ -43,7 +43,7 @@ fn run<D: histocal::float::Float>(name: &str, data: &[D], reps: usize) {
     let mut h = StreamHistogram::new(13);
     h.add(&v);
     let level = h.level.unwrap();
-        let sc = histocal::scan::scan(&v);
+    let sc = histocal::numeric::scan::scan(&v);
     let t_bins = best(reps, || {
         std::hint::black_box(batch_bins(&v, &sc, 13, level));
     });

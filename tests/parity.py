@@ -64,7 +64,7 @@ def argmin_spy(records: list):
 # Bounded memory: ORT's histogram growth, predicted before ORT runs
 # ----------------------------------------------------------------------------------------------
 
-# histocal's cap on a histogram's bins (rust/src/histogram.rs). A later |x| far above a narrow
+# histocal's cap on a histogram's bins (rust/src/ort/histogram.rs). A later |x| far above a narrow
 # first histogram makes ORT's rules build a histogram of any size: ORT then allocates without
 # bound (an empty or all-NaN first collect, whose edges are [0, 1], followed by |x| = 63439
 # needs ~130M bins and several GB; a random run used up 24 GB). histocal raises its "Too many

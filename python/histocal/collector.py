@@ -161,10 +161,10 @@ class HistogramCollector(CalibrationDataCollector):
             return {n: ValueCounts(*hists.counts(n)) for n in hists.names()}
 
     def _entry(self, name: str) -> tuple:
-        hist, edges, mn, mx, threshold, _ = self._hists.state(name)
-        dtype = edges.dtype
-        entry = (hist, edges, _held(*mn, dtype), _held(*mx, dtype))
-        return entry if threshold is None else (*entry, _held(*threshold, dtype))
+        st = self._hists.state(name)
+        dtype = st.edges.dtype
+        entry = (st.hist, st.edges, _held(*st.min, dtype), _held(*st.max, dtype))
+        return entry if st.threshold is None else (*entry, _held(*st.threshold, dtype))
 
     def _refresh(self, names: Iterable[str] | None = None) -> None:
         """Write the Rust state of ``names`` (all tensors if None) into the exposed dict, in

@@ -1,33 +1,20 @@
 //! histocal's Rust core: ORT-identical calibration statistics over numpy buffers.
 //!
-//! Kernels are plain Rust over slices and strided views; `bindings` (feature `python`) is the
-//! only PyO3 code.
+//! Layers, each importing only those above it in this list:
+//! - [`numeric`]: float types, numpy-identical arithmetic, SIMD, views, scans, allocation;
+//! - [`ort`]: ORT's histograms and its entropy / percentile / distribution / minmax methods;
+//! - [`methods`]: quantization error, mse, TensorRT KL, power-of-two scales, method choice;
+//! - [`stream`]: the bounded-memory streaming histogram;
+//! - [`state`]: one tensor's collected state, whichever collector built it;
+//! - `python` (feature `python`): the PyO3 bindings, which only convert.
+//!
+//! Kernels are plain Rust over slices and strided views; `python` is the only PyO3 code.
 
-pub mod abs_histogram;
-pub mod binning;
-pub mod cancel;
-pub mod distribution;
-pub mod entropy;
-pub mod fallible;
-pub mod float;
-pub mod histogram;
-pub mod kl_tensorrt;
-mod lanes;
-mod libm;
-pub mod minmax;
-pub mod mse;
-pub mod numpy_log;
-pub mod pairwise;
-pub mod percentile;
-pub mod pow2;
-pub mod qerror;
-pub mod scan;
-mod simd;
-pub mod stream_bins;
+pub mod methods;
+pub mod numeric;
+pub mod ort;
 pub mod state;
-pub mod stream_histogram;
-pub mod value_histogram;
-pub mod view;
+pub mod stream;
 
 #[cfg(feature = "python")]
-mod bindings;
+mod python;

@@ -5,14 +5,14 @@
 //! raise instead (f16 "Too many bins", non-finite growth ranges, f32 subnormal ranges), the
 //! state is widened exactly (f16 -> f32 -> f64) and that step is redone in the wider type.
 
-use crate::abs_histogram::AbsHistogram;
-use crate::binning::Binning;
-use crate::float::{Float, Widen};
-use crate::histogram::HistError;
-use crate::scan::{scan, scan_all, Scan};
-use crate::stream_histogram::StreamHistogram;
-use crate::value_histogram::ValueHistogram;
-use crate::view::View;
+use crate::numeric::float::{Float, Widen};
+use crate::numeric::scan::{scan, scan_all, Scan};
+use crate::numeric::view::View;
+use crate::ort::abs_histogram::AbsHistogram;
+use crate::ort::binning::Binning;
+use crate::ort::histogram::HistError;
+use crate::ort::value_histogram::ValueHistogram;
+use crate::stream::stream_histogram::StreamHistogram;
 use half::f16;
 
 /// The batches of one collect, all of one dtype.
@@ -47,7 +47,10 @@ impl Batches<'_> {
 /// A histogram family (ORT's value or |x| histogram), generic over its arithmetic type.
 pub trait Family {
     type H<E: Float>: Clone + std::fmt::Debug + PartialEq;
-    fn first<E: Float, D: Float + Widen<E>>(scan: &Scan<D>, n_bins: usize) -> Result<(Self::H<E>, Binning<E>), HistError>;
+    fn first<E: Float, D: Float + Widen<E>>(
+        scan: &Scan<D>,
+        n_bins: usize,
+    ) -> Result<(Self::H<E>, Binning<E>), HistError>;
     /// Must leave `h` unchanged on error.
     fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, scan: &Scan<D>) -> Result<Binning<E>, HistError>;
     fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F>;
@@ -116,12 +119,16 @@ pub enum TypedBinning {
 pub trait Chain: Float {
     fn first<Fm: Family>(scan: &Scan<Self>, n_bins: usize) -> Result<(Typed<Fm>, TypedBinning), HistError>;
     fn merge<Fm: Family>(h: &mut Typed<Fm>, scan: &Scan<Self>) -> Result<TypedBinning, HistError>;
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, view: &View<Self>);
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, view: &View<'_, Self>);
 }
 
 /// The last resort of a merge refused in a narrower type: `wide`, the histogram in float64,
 /// replaces `h` only if the merge succeeds there, so a refused merge leaves `h` as it was.
-fn merge_in_f64<Fm: Family, D: Float + Widen<f64>>(h: &mut Typed<Fm>, mut wide: Fm::H<f64>, s: &Scan<D>) -> Result<TypedBinning, HistError> {
+fn merge_in_f64<Fm: Family, D: Float + Widen<f64>>(
+    h: &mut Typed<Fm>,
+    mut wide: Fm::H<f64>,
+    s: &Scan<D>,
+) -> Result<TypedBinning, HistError> {
     let b = Fm::merge(&mut wide, s)?;
     *h = Typed::F64(wide);
     Ok(TypedBinning::F64(b))
@@ -163,7 +170,7 @@ impl Chain for f16 {
             Typed::F64(x) => Fm::merge(x, s).map(TypedBinning::F64),
         }
     }
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f16>) {
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<'_, f16>) {
         match (h, b) {
             (_, TypedBinning::Nothing) => {}
             (Typed::F16(x), TypedBinning::F16(b)) => b.count(v, Fm::hist_mut(x)),
@@ -193,7 +200,7 @@ impl Chain for f32 {
             Typed::F16(_) => unreachable!("float32 data never has a float16 histogram"),
         }
     }
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f32>) {
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<'_, f32>) {
         match (h, b) {
             (_, TypedBinning::Nothing) => {}
             (Typed::F32(x), TypedBinning::F32(b)) => b.count(v, Fm::hist_mut(x)),
@@ -213,7 +220,7 @@ impl Chain for f64 {
             _ => unreachable!("float64 data only ever has a float64 histogram"),
         }
     }
-    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<f64>) {
+    fn count<Fm: Family>(h: &mut Typed<Fm>, b: &TypedBinning, v: &View<'_, f64>) {
         match (h, b) {
             (_, TypedBinning::Nothing) => {}
             (Typed::F64(x), TypedBinning::F64(b)) => b.count(v, Fm::hist_mut(x)),
@@ -287,7 +294,7 @@ pub enum Scans {
 }
 
 impl Scans {
-    pub fn of(batches: &Batches) -> Self {
+    pub fn of(batches: &Batches<'_>) -> Self {
         match batches {
             Batches::F16(v) => Scans::F16(scan_all(v)),
             Batches::F32(v) => Scans::F32(scan_all(v)),
@@ -297,8 +304,8 @@ impl Scans {
 
     /// `Scans::of(batches)`, adding each batch to `stream` with its scan on the way (one scan
     /// serves both).
-    pub fn of_streamed(batches: &Batches, stream: &mut StreamHistogram) -> Self {
-        fn each<D: Float>(views: &[View<D>], h: &mut StreamHistogram) -> Scan<D> {
+    pub fn of_streamed(batches: &Batches<'_>, stream: &mut StreamHistogram) -> Self {
+        fn each<D: Float>(views: &[View<'_, D>], h: &mut StreamHistogram) -> Scan<D> {
             views
                 .iter()
                 .map(|v| {
@@ -334,7 +341,13 @@ impl Scans {
     }
 }
 
-fn plan_typed<D: Chain>(state: &mut Option<TensorState>, kind: Kind, scan: &Scan<D>, n_batches: u64, n_bins: usize) -> Result<(), CollectError> {
+fn plan_typed<D: Chain>(
+    state: &mut Option<TensorState>,
+    kind: Kind,
+    scan: &Scan<D>,
+    n_batches: u64,
+    n_bins: usize,
+) -> Result<(), CollectError> {
     let add_counts = |c: &mut Counts| {
         c.finite += scan.n_finite;
         c.nan += scan.n_nan;
@@ -368,7 +381,13 @@ fn plan_typed<D: Chain>(state: &mut Option<TensorState>, kind: Kind, scan: &Scan
 
 /// Start one collect (ORT's `collect` call) from the combined scan of all its batches: create
 /// or grow the histogram and fix how the batches are counted. On error the state is unchanged.
-pub fn plan(state: &mut Option<TensorState>, kind: Kind, scans: &Scans, n_batches: u64, n_bins: usize) -> Result<(), CollectError> {
+pub fn plan(
+    state: &mut Option<TensorState>,
+    kind: Kind,
+    scans: &Scans,
+    n_batches: u64,
+    n_bins: usize,
+) -> Result<(), CollectError> {
     match scans {
         Scans::F16(s) => plan_typed(state, kind, s, n_batches, n_bins),
         Scans::F32(s) => plan_typed(state, kind, s, n_batches, n_bins),
@@ -376,7 +395,7 @@ pub fn plan(state: &mut Option<TensorState>, kind: Kind, scans: &Scans, n_batche
     }
 }
 
-fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<D>]) -> Result<(), CollectError> {
+fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<'_, D>]) -> Result<(), CollectError> {
     if st.dtype != D::NAME {
         return Err(CollectError::DtypeChanged { before: st.dtype, now: D::NAME });
     }
@@ -391,7 +410,7 @@ fn count_typed<D: Chain>(st: &mut TensorState, views: &[View<D>]) -> Result<(), 
 
 /// Count batches of the collect `plan` started. Every batch that was scanned for the plan
 /// must be counted exactly once (in any order and grouping) to get ORT's histogram.
-pub fn count(st: &mut TensorState, batches: &Batches) -> Result<(), CollectError> {
+pub fn count(st: &mut TensorState, batches: &Batches<'_>) -> Result<(), CollectError> {
     match batches {
         Batches::F16(v) => count_typed(st, v),
         Batches::F32(v) => count_typed(st, v),
@@ -401,7 +420,12 @@ pub fn count(st: &mut TensorState, batches: &Batches) -> Result<(), CollectError
 
 /// Collect one tensor's batches into `state` (created on the first call): `plan` and `count`
 /// in one step. On error the state is unchanged.
-pub fn collect(state: &mut Option<TensorState>, kind: Kind, batches: &Batches, n_bins: usize) -> Result<(), CollectError> {
+pub fn collect(
+    state: &mut Option<TensorState>,
+    kind: Kind,
+    batches: &Batches<'_>,
+    n_bins: usize,
+) -> Result<(), CollectError> {
     plan(state, kind, &Scans::of(batches), batches.len() as u64, n_bins)?;
     count(state.as_mut().expect("planned above"), batches)
 }
@@ -423,6 +447,94 @@ macro_rules! typed_from {
 typed_from!(f16, F16);
 typed_from!(f32, F32);
 typed_from!(f64, F64);
+
+/// An ORT-shaped histogram of `kind` from its exported parts (untrusted: a state file), in the
+/// edges' type `E`, with that type's name; or why the parts are inconsistent: edges one more
+/// than the bins (finite and increasing for value histograms, as `abs_histogram` checks them
+/// for |x| ones), and extremes and threshold that are values of `E`.
+pub fn histogram_from_parts<E: Float>(
+    kind: Kind,
+    hist: Vec<i64>,
+    edges: &[E],
+    min: (f64, bool),
+    max: (f64, bool),
+    threshold: Option<(f64, bool)>,
+) -> Result<(Histogram, &'static str), String>
+where
+    Typed<ValueFamily>: From<crate::ort::value_histogram::ValueHistogram<E>>,
+    Typed<AbsFamily>: From<crate::ort::abs_histogram::AbsHistogram<E>>,
+{
+    if edges.len() != hist.len() + 1 {
+        return Err(format!("{} edges for {} bins", edges.len(), hist.len()));
+    }
+    match kind {
+        Kind::Value => {
+            if edges.iter().any(|e| !e.is_finite()) || edges.windows(2).any(|w| !(w[0] < w[1])) {
+                return Err("edges must be finite and increasing".into());
+            }
+        }
+        Kind::Abs => crate::ort::abs_histogram::check_edges(edges, &hist)?,
+    }
+    let held = |(v, a): (f64, bool)| {
+        let x = E::from_f64(v);
+        if v.is_nan() || x.to_f64() != v {
+            Err(format!("{v} is not a {} value", E::NAME))
+        } else {
+            Ok(crate::ort::value_histogram::Held { value: x, is_array: a })
+        }
+    };
+    let (mn, mx) = (held(min)?, held(max)?);
+    let edges = crate::numeric::fallible::copy(edges);
+    Ok(match kind {
+        Kind::Value => {
+            let t = held(threshold.expect("checked above"))?;
+            (
+                Histogram::Value(
+                    crate::ort::value_histogram::ValueHistogram { hist, edges, min: mn, max: mx, threshold: t }.into(),
+                ),
+                E::NAME,
+            )
+        }
+        Kind::Abs => {
+            (Histogram::Abs(crate::ort::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx }.into()), E::NAME)
+        }
+    })
+}
+
+/// ORT-shaped histogram of a streaming one, in the data's type or, where numpy would fail
+/// ("Too many bins"), the next wider one.
+pub fn ort_shaped(dtype: &str, h: &StreamHistogram, kind: Kind, n: usize) -> Result<Histogram, HistError> {
+    fn value<E: Float>(
+        h: &StreamHistogram,
+        n: usize,
+    ) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
+        h.to_value::<E>(n)
+    }
+    fn abs<E: Float>(h: &StreamHistogram, n: usize) -> Result<crate::ort::abs_histogram::AbsHistogram<E>, HistError> {
+        h.to_abs::<E>(n)
+    }
+    let start = match dtype {
+        "float16" => 0,
+        "float32" => 1,
+        _ => 2,
+    };
+    let mut last = HistError::NonFiniteRange;
+    for level in start..3 {
+        let r = match (kind, level) {
+            (Kind::Value, 0) => value::<f16>(h, n).map(|x| Histogram::Value(Typed::F16(x))),
+            (Kind::Value, 1) => value::<f32>(h, n).map(|x| Histogram::Value(Typed::F32(x))),
+            (Kind::Value, _) => value::<f64>(h, n).map(|x| Histogram::Value(Typed::F64(x))),
+            (Kind::Abs, 0) => abs::<f16>(h, n).map(|x| Histogram::Abs(Typed::F16(x))),
+            (Kind::Abs, 1) => abs::<f32>(h, n).map(|x| Histogram::Abs(Typed::F32(x))),
+            (Kind::Abs, _) => abs::<f64>(h, n).map(|x| Histogram::Abs(Typed::F64(x))),
+        };
+        match r {
+            Ok(x) => return Ok(x),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,9 @@
+//! Range methods beyond ORT's: quantization error over a histogram (`qerror`), the mse and
+//! TensorRT-KL searches, power-of-two scales, and the method choice by name (`range_method`).
+//! Depends on `numeric` and `ort`.
+
+pub mod kl_tensorrt;
+pub mod mse;
+pub mod pow2;
+pub mod qerror;
+pub mod range_method;

@@ -1,0 +1,88 @@
+//! numpy arrays in and out: borrowed read-only views of float arrays and copies handed back.
+
+use crate::numeric::fallible::{self};
+use crate::numeric::view::View;
+use crate::state::Batches;
+use half::f16;
+use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+/// A numpy array holding a copy of `values`.
+pub(crate) fn array<'py, T: Element + Clone>(py: Python<'py>, values: &[T]) -> Bound<'py, PyArray1<T>> {
+    PyArray1::from_vec(py, fallible::copy(values))
+}
+
+pub(crate) fn view_of<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>) -> View<'a, T> {
+    let v = a.as_array();
+    // SAFETY: the readonly borrow keeps the buffer alive and unmodified for 'a; ndarray's
+    // shape/strides (in elements) describe it.
+    unsafe { View::from_raw(v.as_ptr(), v.shape(), v.strides()) }
+}
+
+/// Borrowed arrays of one dtype.
+pub(crate) enum Borrowed<'py> {
+    F16(Vec<PyReadonlyArrayDyn<'py, f16>>),
+    F32(Vec<PyReadonlyArrayDyn<'py, f32>>),
+    F64(Vec<PyReadonlyArrayDyn<'py, f64>>),
+}
+
+pub(crate) fn borrow_all<'py>(name: &str, arrays: &[Bound<'py, PyAny>]) -> PyResult<Borrowed<'py>> {
+    fn all<'py, T: Element>(arrays: &[Bound<'py, PyAny>]) -> Option<Vec<PyReadonlyArrayDyn<'py, T>>> {
+        arrays.iter().map(|a| a.cast::<PyArrayDyn<T>>().ok().map(|x| x.readonly())).collect()
+    }
+    let first = arrays.first();
+    let is = |f: fn(&Bound<'py, PyAny>) -> bool| first.map(f).unwrap_or(false);
+    let out = if is(|a| a.cast::<PyArrayDyn<f32>>().is_ok()) {
+        all::<f32>(arrays).map(Borrowed::F32)
+    } else if is(|a| a.cast::<PyArrayDyn<f16>>().is_ok()) {
+        all::<f16>(arrays).map(Borrowed::F16)
+    } else if is(|a| a.cast::<PyArrayDyn<f64>>().is_ok()) {
+        all::<f64>(arrays).map(Borrowed::F64)
+    } else {
+        None
+    };
+    out.ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "tensor {name:?}: expected native-endian float16/float32/float64 arrays of one dtype"
+        ))
+    })
+}
+
+pub(crate) fn batches_of<'a>(b: &'a Borrowed<'_>) -> Batches<'a> {
+    match b {
+        Borrowed::F16(v) => Batches::F16(v.iter().map(view_of).collect()),
+        Borrowed::F32(v) => Batches::F32(v.iter().map(view_of).collect()),
+        Borrowed::F64(v) => Batches::F64(v.iter().map(view_of).collect()),
+    }
+}
+
+pub(crate) fn borrow_items<'py>(items: &[(String, Vec<Bound<'py, PyAny>>)]) -> PyResult<Vec<(String, Borrowed<'py>)>> {
+    items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect()
+}
+
+pub(crate) fn counts_array<'py>(counts: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, u64>> {
+    Ok(counts
+        .cast::<PyArray1<u64>>()
+        .map_err(|_| PyTypeError::new_err("counts must be a 1-D numpy array of uint64"))?
+        .readonly())
+}
+
+/// The counts as a slice, copied only when the array is not contiguous.
+pub(crate) fn counts_of<'a>(counts: &'a numpy::PyReadonlyArray1<'_, u64>) -> std::borrow::Cow<'a, [u64]> {
+    match counts.as_slice() {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(fallible::collect(counts.as_array().iter().copied())),
+    }
+}
+
+pub(crate) fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_, T>, axis: usize) -> Vec<View<'a, T>> {
+    let v = a.as_array();
+    let (shape, strides) = (v.shape(), v.strides());
+    let rest_shape: Vec<usize> = shape.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
+    let rest_strides: Vec<isize> = strides.iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, &s)| s).collect();
+    fallible::collect((0..shape[axis]).map(|c| {
+        // SAFETY: channel c's elements lie inside the borrowed array.
+        unsafe { View::from_raw(v.as_ptr().offset(c as isize * strides[axis]), &rest_shape, &rest_strides) }
+    }))
+}

@@ -1,0 +1,44 @@
+//! Errors as Python exceptions: panics and memory exhaustion caught ([`guard`]), errors named
+//! by tensor.
+
+use crate::numeric::fallible::{self, OutOfMemory};
+use crate::state::CollectError;
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// `f`, with an unwind out of it turned into an ordinary exception (see the module docs).
+pub(crate) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(match payload.downcast::<OutOfMemory>() {
+            Ok(oom) => PyMemoryError::new_err(oom.to_string()),
+            Err(other) => {
+                let what = other
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| other.downcast_ref::<String>().cloned());
+                PyRuntimeError::new_err(format!(
+                    "histocal internal error: {}",
+                    what.as_deref().unwrap_or("a panic in the Rust core")
+                ))
+            }
+        })
+    })
+}
+
+/// `f`'s work on tensor `name`: its error as a `ValueError`, running out of memory as a
+/// `MemoryError`, both naming the tensor.
+pub(crate) fn for_tensor<T, E: std::fmt::Display>(name: &str, f: impl FnOnce() -> Result<T, E>) -> PyResult<T> {
+    match fallible::catch(f) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(PyValueError::new_err(format!("tensor {name:?}: {e}"))),
+        Err(oom) => Err(out_of_memory(name, oom)),
+    }
+}
+
+pub(crate) fn out_of_memory(name: &str, oom: OutOfMemory) -> PyErr {
+    PyMemoryError::new_err(format!("tensor {name:?}: {oom}"))
+}
+
+pub(crate) fn named(name: &str, e: CollectError) -> PyErr {
+    PyValueError::new_err(format!("tensor {name:?}: {e}"))
+}

@@ -1,0 +1,263 @@
+//! Module-level functions: one histogram's range, error or scale, and tensor statistics.
+
+use super::arrays::Borrowed;
+use super::arrays::*;
+use super::errors::*;
+use super::records::{ScaleZeroPoint, TensorStats};
+use super::threads::*;
+use crate::methods::pow2::{self};
+use crate::methods::qerror::{ErrorTable, Quantizer, UniformHistogram};
+use crate::methods::range_method::*;
+use crate::numeric::fallible::{self};
+use crate::numeric::float::Float;
+use crate::numeric::scan::{scan, Scan};
+use crate::ort::minmax;
+use crate::state::Batches;
+use half::f16;
+use numpy::{Element, PyArray1, PyReadonlyArrayDyn};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use rayon::prelude::*;
+
+pub(crate) fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResult<UniformHistogram<'_>> {
+    UniformHistogram::new(counts, left, width, min, max).map_err(PyValueError::new_err)
+}
+
+/// `(low, high)` of `method` ("mse", "kl" or "pow2") on one uniform signed histogram: `counts`
+/// (uint64) over bins of `width` from `left`, of data with finite extremes `min <= max`.
+/// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE with `minmse_mode="MostCommon"`
+/// decides from. The range is for a tensor of `dtype` ("float16" or "float32") under ORT's
+/// scale rule `scale_rule` ("1.31" or "1.32"): mse's errors and pow2's exponents follow it.
+#[allow(clippy::too_many_arguments)]
+#[pyfunction]
+#[pyo3(signature = (method, counts, left, width, min, max, *, scale_rule, dtype="float32", qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
+pub(crate) fn histogram_range(
+    py: Python<'_>,
+    method: &str,
+    counts: Bound<'_, PyAny>,
+    left: f64,
+    width: f64,
+    min: f64,
+    max: f64,
+    scale_rule: &str,
+    dtype: &str,
+    qtype: &str,
+    symmetric: bool,
+    num_bins: i64,
+    num_quantized_bins: i64,
+    pow2_method: &str,
+    minmse_mode: &str,
+    votes: Option<Vec<(i32, u64)>>,
+) -> PyResult<(f64, f64)> {
+    guard(|| {
+        let method =
+            RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)
+                .map_err(PyValueError::new_err)?;
+        let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
+        if method.needs_votes() && votes.is_none() {
+            return Err(PyValueError::new_err("minmse_mode='MostCommon' needs votes: a list of (exponent, count)"));
+        }
+        let counts = counts_array(&counts)?;
+        let counts = counts_of(&counts);
+        let hist = uniform(&counts, left, width, min, max)?;
+        let votes = votes.unwrap_or_default();
+        check_method_work(&method)?;
+        run_stoppable(py, |stop| method.range(hist, &votes, f64::MAX, rule, stop))?.map_err(PyValueError::new_err)
+    })
+}
+
+/// The mean squared error of quantizing the histogram's values with the range `(low, high)`
+/// (ORT's scale and zero point for `qtype`, `symmetric`, the range being of `dtype` under
+/// ORT's scale rule `scale_rule`, as for `histogram_range`).
+#[allow(clippy::too_many_arguments)]
+#[pyfunction]
+#[pyo3(signature = (counts, left, width, min, max, low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
+pub(crate) fn histogram_qerror(
+    py: Python<'_>,
+    counts: Bound<'_, PyAny>,
+    left: f64,
+    width: f64,
+    min: f64,
+    max: f64,
+    low: f64,
+    high: f64,
+    scale_rule: &str,
+    dtype: &str,
+    qtype: &str,
+    symmetric: bool,
+) -> PyResult<f64> {
+    guard(|| {
+        let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
+        let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
+        if !(low.is_finite() && high.is_finite()) {
+            return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
+        }
+        let counts = counts_array(&counts)?;
+        let counts = counts_of(&counts);
+        let hist = uniform(&counts, left, width, min, max)?;
+        Ok(run(py, || {
+            ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric, rule))
+        }))
+    })
+}
+
+/// ORT's `(scale, zero_point)` for the range `(low, high)`: `compute_scale_zp` on the range in
+/// `dtype` under `scale_rule` (as for `histogram_qerror`), the scale as a float64 (infinite for
+/// a range beyond `dtype`).
+#[pyfunction]
+#[pyo3(signature = (low, high, *, scale_rule, dtype="float32", qtype="int8", symmetric=false))]
+pub(crate) fn scale_zero_point(
+    low: f64,
+    high: f64,
+    scale_rule: &str,
+    dtype: &str,
+    qtype: &str,
+    symmetric: bool,
+) -> PyResult<ScaleZeroPoint> {
+    guard(|| {
+        let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
+        let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
+        if !(low.is_finite() && high.is_finite()) {
+            return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
+        }
+        let q = Quantizer::for_range(low, high, qtype, symmetric, rule);
+        Ok(ScaleZeroPoint { scale: q.scale, zero_point: q.zero_point as i64 })
+    })
+}
+
+/// pow2's `E(k)`: the mean squared error of scale `2^exponent`, zero point 0, in `qtype`.
+#[allow(clippy::too_many_arguments)]
+#[pyfunction]
+pub(crate) fn pow2_error(
+    py: Python<'_>,
+    counts: Bound<'_, PyAny>,
+    left: f64,
+    width: f64,
+    min: f64,
+    max: f64,
+    exponent: i64,
+    qtype: &str,
+) -> PyResult<f64> {
+    guard(|| {
+        let qtype = parse_pow2_type(qtype).map_err(PyValueError::new_err)?;
+        let k = i32::try_from(exponent)
+            .ok()
+            .filter(|k| (pow2::MIN_EXPONENT..=pow2::MAX_EXPONENT).contains(k))
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "exponent must be in [{}, {}], got {exponent}",
+                    pow2::MIN_EXPONENT,
+                    pow2::MAX_EXPONENT
+                ))
+            })?;
+        let counts = counts_array(&counts)?;
+        let counts = counts_of(&counts);
+        let hist = uniform(&counts, left, width, min, max)?;
+        Ok(run(py, || pow2::error(&ErrorTable::new(hist), k, qtype)))
+    })
+}
+
+pub(crate) fn stats_of<T: Float>(s: &Scan<T>) -> TensorStats {
+    let f = |v: Option<T>| v.map(|x| x.to_f64());
+    TensorStats {
+        nanmin: f(s.nan_min()),
+        nanmax: f(s.nan_max()),
+        finite_min: f(s.finite_min),
+        finite_max: f(s.finite_max),
+        n_finite: s.n_finite,
+        n_nan: s.n_nan,
+        n_posinf: s.n_posinf,
+        n_neginf: s.n_neginf,
+    }
+}
+
+/// `(nanmin, nanmax, finite_min, finite_max, n_finite, n_nan, n_posinf, n_neginf)` of a tensor.
+#[pyfunction]
+pub(crate) fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<TensorStats> {
+    guard(|| {
+        let b = borrow_all("array", std::slice::from_ref(&arr))?;
+        let batches = batches_of(&b);
+        Ok(run(py, || match &batches {
+            Batches::F16(v) => stats_of(&scan(&v[0])),
+            Batches::F32(v) => stats_of(&scan(&v[0])),
+            Batches::F64(v) => stats_of(&scan(&v[0])),
+        }))
+    })
+}
+/// Per-channel `(nanmin, nanmax)` along `axis` (NaN for an all-NaN channel), as arrays of the
+/// input dtype: what ORT's ReduceMin/ReduceMax over the other axes give, NaN-ignoring.
+#[pyfunction]
+pub(crate) fn channel_min_max<'py>(
+    py: Python<'py>,
+    arr: Bound<'py, PyAny>,
+    axis: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    guard(|| {
+        fn go<'py, T: Float + Element>(
+            py: Python<'py>,
+            a: &PyReadonlyArrayDyn<'_, T>,
+            axis: usize,
+        ) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
+            let views = channel_views(a, axis);
+            let mut scans: Vec<Scan<T>> = fallible::with_capacity(views.len());
+            run(py, || views.par_iter().map(scan).collect_into_vec(&mut scans));
+            let nan = T::from_f64(f64::NAN);
+            let mins: Vec<T> = fallible::collect(scans.iter().map(|s| s.nan_min().unwrap_or(nan)));
+            let maxs: Vec<T> = fallible::collect(scans.iter().map(|s| s.nan_max().unwrap_or(nan)));
+            (PyArray1::from_vec(py, mins).into_any(), PyArray1::from_vec(py, maxs).into_any())
+        }
+        let ndim = arr.getattr("ndim")?.extract::<usize>()?;
+        if axis >= ndim.max(1) || ndim == 0 {
+            return Err(PyValueError::new_err(format!(
+                "axis {axis} is out of range for an array of {ndim} dimensions"
+            )));
+        }
+        Ok(match borrow_all("array", std::slice::from_ref(&arr))? {
+            Borrowed::F16(v) => go(py, &v[0], axis),
+            Borrowed::F32(v) => go(py, &v[0], axis),
+            Borrowed::F64(v) => go(py, &v[0], axis),
+        })
+    })
+}
+
+/// Apply a per-dtype function to a 1-D contiguous float array, returning a scalar as f64.
+pub(crate) fn reduce_1d(
+    arr: &Bound<'_, PyAny>,
+    f16f: fn(&[f16]) -> f64,
+    f32f: fn(&[f32]) -> f64,
+    f64f: fn(&[f64]) -> f64,
+) -> PyResult<f64> {
+    let b = borrow_all("values", std::slice::from_ref(arr))?;
+    let err = || PyValueError::new_err("values must be a contiguous 1-D array");
+    Ok(match &b {
+        Borrowed::F16(v) => f16f(v[0].as_slice().map_err(|_| err())?),
+        Borrowed::F32(v) => f32f(v[0].as_slice().map_err(|_| err())?),
+        Borrowed::F64(v) => f64f(v[0].as_slice().map_err(|_| err())?),
+    })
+}
+
+/// ORT's per-tensor `np.nanmean` of per-batch values (pairwise order), as f64 of the dtype.
+#[pyfunction]
+pub(crate) fn nanmean_pairwise(values: Bound<'_, PyAny>) -> PyResult<f64> {
+    guard(|| {
+        reduce_1d(
+            &values,
+            |v| minmax::nanmean_pairwise(v).to_f64(),
+            |v| minmax::nanmean_pairwise(v).to_f64(),
+            |v| minmax::nanmean_pairwise(v).to_f64(),
+        )
+    })
+}
+
+/// ORT's per-channel `np.nanmean(axis=0)` of one column (sequential order).
+#[pyfunction]
+pub(crate) fn nanmean_sequential(values: Bound<'_, PyAny>) -> PyResult<f64> {
+    guard(|| {
+        reduce_1d(
+            &values,
+            |v| minmax::nanmean_sequential(v).to_f64(),
+            |v| minmax::nanmean_sequential(v).to_f64(),
+            |v| minmax::nanmean_sequential(v).to_f64(),
+        )
+    })
+}

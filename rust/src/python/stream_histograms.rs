@@ -1,0 +1,386 @@
+//! `StreamHistograms`: per-tensor streaming histograms and the range methods over them.
+
+use super::arrays::*;
+use super::classes::{Histograms, StreamHistograms};
+use super::errors::*;
+use super::records::{StreamExport, StreamSummary, TensorCounts};
+use super::threads::*;
+use crate::methods::pow2::{self, Pow2Type};
+use crate::methods::qerror::{ErrorTable, Quantizer};
+use crate::methods::range_method::*;
+use crate::numeric::fallible::{self};
+use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
+use crate::stream::stream_histogram::as_uniform;
+use crate::stream::stream_histogram::StreamHistogram;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use rayon::prelude::*;
+use std::collections::HashMap;
+
+#[pymethods]
+impl StreamHistograms {
+    /// `pow2_votes`: also collect pow2 MinMSE MostCommon's per-batch votes (costs one pow2
+    /// search per batch and tensor).
+    #[new]
+    #[pyo3(signature = (num_bins, pow2_votes=false))]
+    fn new(num_bins: usize, pow2_votes: bool) -> PyResult<Self> {
+        guard(|| {
+            if !num_bins.is_power_of_two() || !(8..=(1 << 25)).contains(&num_bins) {
+                return Err(PyValueError::new_err(format!(
+                    "streaming num_bins must be a power of two in [8, 2^25], got {num_bins}"
+                )));
+            }
+            Ok(StreamHistograms {
+                log_half: num_bins.trailing_zeros() - 1,
+                pow2_votes,
+                order: Vec::new(),
+                states: HashMap::new(),
+            })
+        })
+    }
+
+    #[getter]
+    fn pow2_votes(&self) -> bool {
+        self.pow2_votes
+    }
+
+    /// A tensor's pow2 MostCommon votes, `[(type index (int8, uint8, int16), exponent,
+    /// batches)]`, or None when they were not collected.
+    fn votes(&self, name: &str) -> PyResult<Option<Vec<(u8, i32, u64)>>> {
+        guard(|| {
+            let (_, h) = self
+                .states
+                .get(name)
+                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            Ok(h.pow2_votes.as_ref().map(|v| v.iter().map(|(&(t, k), &n)| (t, k, n)).collect()))
+        })
+    }
+
+    /// Put back what `votes` gave (None: not collected).
+    fn restore_votes(&mut self, name: &str, votes: Option<Vec<(u8, i32, u64)>>) -> PyResult<()> {
+        guard(|| {
+            let (_, h) = self
+                .states
+                .get_mut(name)
+                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            h.pow2_votes = match votes {
+                None => None,
+                Some(v) => {
+                    let mut map = std::collections::BTreeMap::new();
+                    let mut per_type = [0u128; 3];
+                    for (t, k, n) in v {
+                        if t > 2
+                            || !(pow2::MIN_EXPONENT..=pow2::MAX_EXPONENT).contains(&k)
+                            || map.insert((t, k), n).is_some()
+                        {
+                            return Err(PyValueError::new_err(format!(
+                                "tensor {name:?}: bad or repeated pow2 vote ({t}, {k}, {n})"
+                            )));
+                        }
+                        per_type[t as usize] += n as u128;
+                    }
+                    if per_type.iter().any(|&n| n > h.batches as u128) {
+                        return Err(PyValueError::new_err(format!("tensor {name:?}: more pow2 votes than batches")));
+                    }
+                    Some(map)
+                }
+            };
+            Ok(())
+        })
+    }
+
+    #[getter]
+    fn num_bins(&self) -> usize {
+        2 << self.log_half
+    }
+
+    /// Add `[(name, [batch arrays...]), ...]`; how data is split into calls and batches, and
+    /// their order, never changes the result.
+    fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        guard(|| {
+            let borrowed = borrow_items(&items)?;
+            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+            let mut states = self.take(&batches)?;
+            // Out of memory: the batches added before it stay added (each batch is added whole
+            // or not at all), and the error names the tensor.
+            let results: Vec<PyResult<()>> = run(py, || {
+                batches
+                    .par_iter()
+                    .zip(states.par_iter_mut())
+                    .map(|((name, batches), (_, h))| {
+                        for_tensor(name, || {
+                            match batches {
+                                Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
+                                Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
+                                Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
+                            }
+                            Ok::<_, CollectError>(())
+                        })
+                    })
+                    .collect()
+            });
+            self.put(&batches, states);
+            results.into_iter().collect()
+        })
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.order.clone()
+    }
+
+    /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods.
+    fn to_histograms(&self, py: Python<'_>, kind: &str, num_bins: usize) -> PyResult<Histograms> {
+        guard(|| {
+            let mut out = Histograms::new(kind, num_bins)?;
+            let kind = out.kind;
+            let states: Vec<(&String, &(&'static str, StreamHistogram))> =
+                self.order.iter().map(|n| (n, &self.states[n])).collect();
+            let built: Vec<PyResult<TensorState>> = run(py, || {
+                states
+                    .par_iter()
+                    .map(|(name, (dtype, h))| {
+                        let histogram = for_tensor(name, || ort_shaped(dtype, h, kind, num_bins))?;
+                        let counts = Counts {
+                            finite: h.n_finite,
+                            nan: h.n_nan,
+                            posinf: h.n_posinf,
+                            neginf: h.n_neginf,
+                            batches: h.batches,
+                        };
+                        Ok(TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts })
+                    })
+                    .collect()
+            });
+            for (name, st) in self.order.iter().zip(built) {
+                out.insert(name, st?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// `(dtype, level or None, bins (uint64), finite_min, finite_max, abs_min, counts)`.
+    fn export(&self, py: Python<'_>, name: &str) -> PyResult<StreamExport> {
+        guard(|| {
+            let (d, h) = self
+                .states
+                .get(name)
+                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            Ok(StreamExport {
+                dtype: d.to_string(),
+                level: h.level,
+                bins: array(py, &h.bins).into_any().unbind(),
+                finite_min: h.finite_min,
+                finite_max: h.finite_max,
+                abs_min: h.abs_min,
+                counts: (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches),
+            })
+        })
+    }
+
+    /// `export` without the bins: `(dtype, level or None, finite_min, finite_max, abs_min, counts)`.
+    fn summary(&self, name: &str) -> PyResult<StreamSummary> {
+        guard(|| {
+            let (d, h) = self
+                .states
+                .get(name)
+                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            Ok(StreamSummary {
+                dtype: d.to_string(),
+                level: h.level,
+                finite_min: h.finite_min,
+                finite_max: h.finite_max,
+                abs_min: h.abs_min,
+                counts: (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches),
+            })
+        })
+    }
+
+    /// Put back what `export` gave, after checking it is consistent.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, dtype, level, bins, finite_min, finite_max, abs_min, counts))]
+    fn restore(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        level: Option<i32>,
+        bins: numpy::PyReadonlyArray1<'_, u64>,
+        finite_min: Option<f64>,
+        finite_max: Option<f64>,
+        abs_min: Option<f64>,
+        counts: (u64, u64, u64, u64, u64),
+    ) -> PyResult<()> {
+        guard(|| {
+            let bad = |why: &str| PyValueError::new_err(format!("tensor {name:?}: {why}"));
+            let dtype: &'static str = match dtype {
+                "float16" => "float16",
+                "float32" => "float32",
+                "float64" => "float64",
+                _ => return Err(bad("unsupported dtype")),
+            };
+            let bins = bins.as_slice().map_err(|_| bad("bins must be contiguous"))?;
+            let h = StreamHistogram::from_parts(self.log_half, level, bins, finite_min, finite_max, abs_min, counts)
+                .map_err(|why| bad(&why))?;
+            if !self.order.iter().any(|o| o == name) {
+                self.order.push(name.to_string());
+            }
+            self.states.insert(name.to_string(), (dtype, h));
+            Ok(())
+        })
+    }
+
+    /// Add another run's histograms (same num_bins): the result equals one run over both
+    /// data sets, whatever the order of merging.
+    fn merge(&mut self, other: &StreamHistograms) -> PyResult<()> {
+        guard(|| {
+            if other.log_half != self.log_half {
+                return Err(PyValueError::new_err(format!(
+                    "cannot merge streaming histograms of {} and {} bins",
+                    2usize << self.log_half,
+                    2usize << other.log_half
+                )));
+            }
+            for name in &other.order {
+                let (d, _) = &other.states[name];
+                if let Some((d0, _)) = self.states.get(name) {
+                    if d0 != d {
+                        return Err(named(name, CollectError::DtypeChanged { before: d0, now: d }));
+                    }
+                }
+            }
+            for name in &other.order {
+                let (d, h) = &other.states[name];
+                match self.states.get_mut(name) {
+                    Some((_, mine)) => mine.merge(h).map_err(PyValueError::new_err)?,
+                    None => {
+                        self.order.push(name.clone());
+                        self.states.insert(name.clone(), (d, h.copied()));
+                    }
+                }
+            }
+            // pow2 votes stay only when both sides collected them (else some batches never voted)
+            self.pow2_votes &= other.pow2_votes;
+            if !self.pow2_votes {
+                self.states.values_mut().for_each(|(_, h)| h.pow2_votes = None);
+            }
+            Ok(())
+        })
+    }
+
+    /// `(low, high)` of `method` ("mse", "kl" or "pow2", options as for `histogram_range`)
+    /// for each tensor of `names` (default: all, in `names()` order), computed in parallel;
+    /// (0, 0) for a tensor without finite values. `scale_rule`: as for `histogram_range`, the
+    /// range type being each tensor's.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (method, names=None, *, scale_rule, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
+    fn ranges(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        names: Option<Vec<String>>,
+        scale_rule: &str,
+        qtype: &str,
+        symmetric: bool,
+        num_bins: i64,
+        num_quantized_bins: i64,
+        pow2_method: &str,
+        minmse_mode: &str,
+    ) -> PyResult<Vec<(f64, f64)>> {
+        guard(|| {
+            let method =
+                RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)
+                    .map_err(PyValueError::new_err)?;
+            let ort = parse_ort_rule(scale_rule).map_err(PyValueError::new_err)?;
+            let selected = self.selected(names)?;
+            check_method_work(&method)?;
+            let out: Vec<PyResult<(f64, f64)>> = run_stoppable(py, |stop| {
+                selected
+                .par_iter()
+                .map(|(name, (dtype, h))| {
+                        // the errors name the tensor already
+                        let range = || -> Result<(f64, f64), String> {
+                    let Some(hist) = as_uniform(h).map_err(|e| format!("tensor {name:?}: {e}"))? else { return Ok((0.0, 0.0)) };
+                    let votes = match (&method, &h.pow2_votes) {
+                        (RangeMethod::Pow2 { qtype, .. }, Some(v)) if method.needs_votes() => {
+                            let t = Pow2Type::ALL.iter().position(|x| x == qtype).expect("a pow2 type") as u8;
+                            v.iter().filter(|((vt, _), _)| *vt == t).map(|(&(_, k), &n)| (k, n)).collect()
+                        }
+                        (_, None) if method.needs_votes() => {
+                            return Err(format!(
+                                "tensor {name:?}: pow2 MinMSE MostCommon needs per-batch votes, which this collection did not \
+                                 record (collect with the pow2 method and minmse_mode='MostCommon', or \
+                                 StreamHistograms(..., pow2_votes=True))"
+                            ))
+                        }
+                        _ => Vec::new(),
+                    };
+                    method.range(hist, &votes, largest_finite(dtype), range_rule(ort, dtype), stop).map_err(|e| format!("tensor {name:?}: {e}"))
+                        };
+                        fallible::catch(range).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
+                    })
+                    .collect()
+            })?;
+            out.into_iter().collect()
+        })
+    }
+
+    /// The mean squared quantization error of `ranges[k]` on tensor `names[k]`, in parallel
+    /// (0.0 for a tensor without finite values). `scale_rule`: as for `histogram_qerror`, the
+    /// range type being each tensor's.
+    #[pyo3(signature = (names, ranges, *, scale_rule, qtype="int8", symmetric=false))]
+    fn qerrors(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        ranges: Vec<(f64, f64)>,
+        scale_rule: &str,
+        qtype: &str,
+        symmetric: bool,
+    ) -> PyResult<Vec<f64>> {
+        guard(|| {
+            if names.len() != ranges.len() {
+                return Err(PyValueError::new_err(format!("{} names but {} ranges", names.len(), ranges.len())));
+            }
+            let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
+            let ort = parse_ort_rule(scale_rule).map_err(PyValueError::new_err)?;
+            for (name, &(low, high)) in names.iter().zip(&ranges) {
+                if !(low.is_finite() && high.is_finite()) {
+                    return Err(PyValueError::new_err(format!("tensor {name:?}: range ({low}, {high}) is not finite")));
+                }
+            }
+            let selected = self.selected(Some(names))?;
+            let out: Vec<PyResult<f64>> = run(py, || {
+                selected
+                    .par_iter()
+                    .zip(&ranges)
+                    .map(|((name, (dtype, h)), &(low, high))| {
+                        let error = || -> Result<f64, String> {
+                            let q = Quantizer::for_range(low, high, qtype, symmetric, range_rule(ort, dtype));
+                            Ok(as_uniform(h)
+                                .map_err(|e| format!("tensor {name:?}: {e}"))?
+                                .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&q)))
+                        };
+                        fallible::catch(error).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
+                    })
+                    .collect()
+            });
+            out.into_iter().collect()
+        })
+    }
+
+    /// `(finite, nan, posinf, neginf, batches)`.
+    fn counts(&self, name: &str) -> PyResult<TensorCounts> {
+        guard(|| {
+            let (_, h) = self
+                .states
+                .get(name)
+                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            Ok(TensorCounts {
+                n_finite: h.n_finite,
+                n_nan: h.n_nan,
+                n_posinf: h.n_posinf,
+                n_neginf: h.n_neginf,
+                batches: h.batches,
+            })
+        })
+    }
+}

@@ -1,0 +1,32 @@
+//! The streaming histogram's levels: the range `[-2^level, 2^level)` a level covers, the level
+//! that holds a value, and the exact merge of bins when the level rises. Shared by the
+//! histogram (`stream_histogram`) and its batch binning (`stream_bins`).
+
+/// The lowest level: every |x| below `2^MIN_LEVEL` shares the two centre bins.
+pub const MIN_LEVEL: i32 = -140;
+
+/// The smallest level whose range holds `m` (`m < 2^level`), at least `MIN_LEVEL`.
+pub fn level_for(m: f64) -> i32 {
+    if !(m > 0.0) {
+        return MIN_LEVEL;
+    }
+    let bits = m.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    // m = 1.f * 2^(exp - 1023) for normal m, so 2^(exp - 1022) is the first power above it.
+    let level = if exp == 0 { -1022 } else { exp - 1022 };
+    level.max(MIN_LEVEL)
+}
+
+/// Merge `2H` bins (bin `s` at index `s + H`) up by `shift` levels in place: bin `s` goes to
+/// `s >> shift`. Bins `s >= 0` move down (to `s >> shift <= s`) and negative ones up, so
+/// walking each side away from zero only writes to bins already visited.
+pub fn raise_bins(bins: &mut [u64], shift: u32) {
+    let h = bins.len() / 2;
+    let k = shift.min(62);
+    for i in (h..bins.len()).chain((0..h).rev()) {
+        let c = std::mem::take(&mut bins[i]);
+        if c != 0 {
+            bins[(((i as i64 - h as i64) >> k) + h as i64) as usize] += c;
+        }
+    }
+}

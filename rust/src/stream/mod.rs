@@ -1,0 +1,6 @@
+//! The bounded-memory streaming histogram: power-of-two bins that coarsen as the range grows,
+//! convertible to ORT-shaped histograms. Depends on `numeric`, `ort` and `methods`.
+
+pub mod levels;
+pub mod stream_bins;
+pub mod stream_histogram;

@@ -1,0 +1,429 @@
+//! The streaming histogram: one pass, bounded memory, and a final content that does not depend
+//! on how the data was split into batches or in which order they came.
+//!
+//! `2H` bins (H a power of two) cover `[-2^level, 2^level)`; bin `s` (from `-H` to `H - 1`) holds
+//! `[s w, (s + 1) w)` with `w = 2^level / H`. Both the bin of a value (`floor(v * 2^-k)`, a
+//! power-of-two scaling) and a level increase (bins `2j` and `2j + 1` become bin `j`) are exact,
+//! so the histogram after any sequence of batches equals the histogram of all values binned
+//! directly at the final level, which only depends on the largest |x|. Non-finite values are
+//! counted, never binned. ORT-shaped histograms for ORT's methods are derived from it at the end.
+
+use crate::methods::pow2;
+use crate::methods::qerror::UniformHistogram;
+use crate::numeric::fallible;
+use crate::numeric::float::{py_max, Float};
+use crate::numeric::scan::{scan, Scan, PAR_CHUNK};
+use crate::numeric::view::View;
+use crate::ort::histogram::{HistError, UniformBins};
+use crate::ort::value_histogram::Held;
+pub use crate::stream::levels::{level_for, raise_bins, MIN_LEVEL};
+use crate::stream::stream_bins::{add_direct, batch_bins, count_direct, prepare_direct};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamHistogram {
+    /// log2 of H, the number of bins on each side of zero.
+    pub log_half: u32,
+    /// None until a finite value arrives.
+    pub level: Option<i32>,
+    /// `2H` counts, bin `s` at index `s + H`.
+    pub bins: Vec<u64>,
+    /// Extremes over finite values, exact (the data's own values).
+    pub finite_min: Option<f64>,
+    pub finite_max: Option<f64>,
+    pub abs_min: Option<f64>,
+    pub n_finite: u64,
+    pub n_nan: u64,
+    pub n_posinf: u64,
+    pub n_neginf: u64,
+    pub batches: u64,
+    /// pow2 MinMSE MostCommon's per-batch votes, when collected: `(type index in
+    /// Pow2Type::ALL, exponent) -> batches` (each batch votes for its own MinMSE exponent).
+    pub pow2_votes: Option<BTreeMap<(u8, i32), u64>>,
+}
+
+fn pow2(k: i32) -> f64 {
+    // exact for the exponent range used here (|k| < 1100), built in two steps to stay normal
+    let half = k / 2;
+    f64::powi(2.0, half) * f64::powi(2.0, k - half)
+}
+
+impl StreamHistogram {
+    pub fn new(log_half: u32) -> Self {
+        assert!((2..=24).contains(&log_half), "log_half must be in 2..=24");
+        StreamHistogram {
+            log_half,
+            level: None,
+            bins: fallible::zeroed(2 << log_half),
+            finite_min: None,
+            finite_max: None,
+            abs_min: None,
+            n_finite: 0,
+            n_nan: 0,
+            n_posinf: 0,
+            n_neginf: 0,
+            batches: 0,
+            pow2_votes: None,
+        }
+    }
+
+    /// A copy (`clone`, with the bins allocated by `fallible`).
+    pub fn copied(&self) -> Self {
+        StreamHistogram { bins: fallible::copy(&self.bins), pow2_votes: self.pow2_votes.clone(), ..*self }
+    }
+
+    /// A histogram that also collects pow2 MostCommon's per-batch votes (one pow2 MinMSE
+    /// search per batch and type: opt-in).
+    pub fn with_pow2_votes(log_half: u32) -> Self {
+        StreamHistogram { pow2_votes: Some(BTreeMap::new()), ..StreamHistogram::new(log_half) }
+    }
+
+    pub fn half(&self) -> usize {
+        1 << self.log_half
+    }
+
+    /// Bin width at the current level (None before any finite value).
+    pub fn width(&self) -> Option<f64> {
+        self.level.map(|l| pow2(l - self.log_half as i32))
+    }
+
+    /// Raise the level to `level` (if higher), merging bins exactly.
+    pub fn raise(&mut self, level: i32) {
+        match self.level {
+            Some(cur) if level > cur => raise_bins(&mut self.bins, (level - cur) as u32),
+            Some(_) => return,
+            None => {}
+        }
+        self.level = Some(level);
+    }
+
+    /// Add one batch.
+    pub fn add<D: Float>(&mut self, view: &View<'_, D>) {
+        if self.pow2_votes.is_some() || view.len() > PAR_CHUNK {
+            let sc = scan(view);
+            self.add_scanned(view, &sc);
+            return;
+        }
+        // one read of the data, straight into the bins
+        let sc = add_direct(view, self.log_half, &mut self.level, &mut self.bins);
+        self.record(&sc);
+    }
+
+    /// Count a batch's scan in the totals and extremes; its finite `(min, max)` if any.
+    fn record<D: Float>(&mut self, sc: &Scan<D>) -> Option<(f64, f64)> {
+        self.batches += 1;
+        self.n_nan += sc.n_nan;
+        self.n_posinf += sc.n_posinf;
+        self.n_neginf += sc.n_neginf;
+        let (Some(mn), Some(mx), Some(amn)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
+            return None;
+        };
+        // + 0.0 turns -0 into +0: which zero a scan returns depends on how the data was split
+        let (mn, mx, amn) = (mn.to_f64() + 0.0, mx.to_f64() + 0.0, amn.to_f64());
+        self.n_finite += sc.n_finite;
+        self.finite_min = Some(self.finite_min.map_or(mn, |m| m.min(mn)));
+        self.finite_max = Some(self.finite_max.map_or(mx, |m| m.max(mx)));
+        self.abs_min = Some(self.abs_min.map_or(amn, |m| m.min(amn)));
+        Some((mn, mx))
+    }
+
+    /// Add one batch whose scan is already known. Everything that allocates (the batch's own
+    /// histogram, the pow2 votes) happens before the histogram changes.
+    pub fn add_scanned<D: Float>(&mut self, view: &View<'_, D>, sc: &Scan<D>) {
+        let (Some(lo), Some(hi), Some(_)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
+            self.record(sc);
+            return;
+        };
+        let (mn, mx) = (lo.to_f64() + 0.0, hi.to_f64() + 0.0); // as `record` sees them
+        let own = level_for(mn.abs().max(mx.abs()));
+        let level = self.level.map_or(own, |l| l.max(own));
+        if self.pow2_votes.is_none() {
+            if view.len() <= PAR_CHUNK {
+                prepare_direct(self.log_half);
+                self.record(sc);
+                self.raise(level);
+                count_direct(view, self.log_half, level, lo, hi, &mut self.bins);
+            } else {
+                // big batches: the batch's own histogram, counted in parallel chunks, then added
+                let batch = batch_bins(view, sc, self.log_half, level);
+                self.record(sc);
+                self.raise(level);
+                batch.add_to(&mut self.bins);
+            }
+            return;
+        }
+        // The vote comes from the batch's histogram at its own level (not the running level,
+        // which depends on the batches before it); folding it up to the running level is exact.
+        let batch = batch_bins(view, sc, self.log_half, own);
+        let w = pow2(own - self.log_half as i32);
+        let left = -pow2(own) + batch.first as f64 * w;
+        // the batch's values are finite and inside its level's range: a valid histogram
+        let hist = UniformHistogram::new(&batch.counts, left, w, mn, mx).expect("a batch histogram is valid");
+        let batch_votes = pow2::batch_votes(hist, D::MAX);
+        self.record(sc);
+        self.raise(level);
+        let votes = self.pow2_votes.as_mut().expect("checked above");
+        for (t, k) in batch_votes.into_iter().enumerate() {
+            if let Some(k) = k {
+                *votes.entry((t as u8, k)).or_insert(0) += 1;
+            }
+        }
+        let (h, shift) = (self.half() as i64, (level - own).min(62) as u32);
+        for (i, &c) in batch.counts.iter().enumerate() {
+            let s = (batch.first + i) as i64 - h;
+            self.bins[((s >> shift) + h) as usize] += c;
+        }
+    }
+
+    /// Add another streaming histogram's data (same `log_half`): the result equals one
+    /// histogram over both data sets.
+    pub fn merge(&mut self, o: &StreamHistogram) -> Result<(), String> {
+        if o.log_half != self.log_half {
+            return Err(format!(
+                "streaming histograms differ in size ({} vs {} bins)",
+                2usize << self.log_half,
+                2usize << o.log_half
+            ));
+        }
+        let mut o = o.copied();
+        if let Some(l) = o.level {
+            self.raise(l);
+        }
+        if let Some(l) = self.level {
+            o.raise(l);
+        }
+        self.bins.iter_mut().zip(&o.bins).for_each(|(a, b)| *a += b);
+        let pick = |a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64| match (a, b) {
+            (Some(x), Some(y)) => Some(f(x, y)),
+            (x, None) => x,
+            (None, y) => y,
+        };
+        self.finite_min = pick(self.finite_min, o.finite_min, f64::min);
+        self.finite_max = pick(self.finite_max, o.finite_max, f64::max);
+        self.abs_min = pick(self.abs_min, o.abs_min, f64::min);
+        self.n_finite += o.n_finite;
+        self.n_nan += o.n_nan;
+        self.n_posinf += o.n_posinf;
+        self.n_neginf += o.n_neginf;
+        self.batches += o.batches;
+        // votes survive only when both sides have them (otherwise some batches never voted)
+        self.pow2_votes = match (self.pow2_votes.take(), &o.pow2_votes) {
+            (Some(mut a), Some(b)) => {
+                for (key, n) in b {
+                    *a.entry(*key).or_insert(0) += n;
+                }
+                Some(a)
+            }
+            _ => None,
+        };
+        Ok(())
+    }
+
+    /// The centre of signed bin index `i` (`0..2H`), as a function.
+    fn signed_centre(&self) -> impl Fn(usize) -> f64 {
+        let (w, h) = (self.width().unwrap_or(0.0), self.half() as i64);
+        move |i| ((i as i64 - h) as f64 + 0.5) * w
+    }
+
+    /// The count of |x| bin `j` (`0..H`): bins `s` and `-s - 1` hold the same |x|.
+    fn abs_count(&self, j: usize) -> u64 {
+        let h = self.half();
+        self.bins[h + j] + self.bins[h - 1 - j]
+    }
+}
+
+/// The bin of `x` in `bins` as ORT's histogram would count it, values outside its range clamped
+/// to the end bins.
+fn target_bin<E: Float>(bins: &UniformBins<E>, x: f64) -> usize {
+    let n = bins.n_bins();
+    if x <= bins.first.to_f64() {
+        0
+    } else if x >= bins.last.to_f64() {
+        n - 1
+    } else {
+        bins.bin_of(E::from_f64(x)).unwrap_or(if x < 0.0 { 0 } else { n - 1 })
+    }
+}
+
+/// Put `(value, count)` pairs into `bins`, one value at a time.
+fn rebin<E: Float>(bins: &UniformBins<E>, items: impl Iterator<Item = (f64, u64)>) -> Vec<i64> {
+    let mut hist = fallible::zeroed(bins.n_bins());
+    for (x, c) in items.filter(|&(_, c)| c != 0) {
+        hist[target_bin(bins, x)] += c as i64;
+    }
+    hist
+}
+
+/// `rebin` of the `n` source bins with centres `centre(i)`, increasing with `i`, and counts
+/// `count(i)`. In f32 and f64 numpy's bin of a value is exact (its estimate is within one bin of
+/// the truth and corrected against the edges), so the target bin never decreases with `i`: each
+/// run of source bins with one target is found by galloping and summed whole, a few bin lookups
+/// per target bin instead of one per non-empty source bin, which pays when runs are long (16+
+/// source bins per target). f16's estimate can be off by more than one bin: there every
+/// non-empty bin is looked up.
+fn rebin_increasing<E: Float>(
+    bins: &UniformBins<E>,
+    n: usize,
+    centre: impl Fn(usize) -> f64,
+    count: impl Fn(usize) -> u64,
+) -> Vec<i64> {
+    if E::NAME == "float16" || n < 16 * bins.n_bins() {
+        return rebin(bins, (0..n).map(|i| (centre(i), count(i))));
+    }
+    let target = |i: usize| target_bin(bins, centre(i));
+    let mut hist = fallible::zeroed(bins.n_bins());
+    let mut start = 0;
+    while start < n {
+        let t = target(start);
+        // the last index of the run: gallop to a bound, then bisect
+        let (mut last, mut step, mut bound) = (start, 1, n);
+        while last + step < n {
+            if target(last + step) == t {
+                last += step;
+                step *= 2;
+            } else {
+                bound = last + step;
+                break;
+            }
+        }
+        while bound - last > 1 {
+            let mid = last + (bound - last) / 2;
+            if target(mid) == t {
+                last = mid;
+            } else {
+                bound = mid;
+            }
+        }
+        hist[t] += (start..=last).map(&count).sum::<u64>() as i64;
+        start = last + 1;
+    }
+    hist
+}
+
+/// Every one of `count` values is `x` (the min equals the max): all go to the bin ORT's
+/// histogram puts `x` in, exactly as ORT counts them (bin centres would be up to half a
+/// streaming bin off).
+fn single_value<E: Float>(bins: &UniformBins<E>, x: f64, count: u64) -> Vec<i64> {
+    let mut hist = vec![0i64; bins.n_bins()];
+    hist[target_bin(bins, x)] = count as i64;
+    hist
+}
+
+fn held<E: Float>(v: Option<f64>) -> Held<E> {
+    match v {
+        Some(x) => Held::scalar(E::from_f64(x)),
+        None => Held::array(E::ZERO),
+    }
+}
+
+impl StreamHistogram {
+    /// ORT's value histogram (`collect_value`) as one collect of all the data would build it:
+    /// `n_bins` over `(-t, t)`, `t = max(|min|, |max|)`, counts re-binned from the streaming
+    /// bins by their centres; where min equals max, all in that value's bin (ORT's histogram).
+    pub fn to_value<E: Float>(
+        &self,
+        n_bins: usize,
+    ) -> Result<crate::ort::value_histogram::ValueHistogram<E>, HistError> {
+        let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
+        let t = py_max(mn.value.abs(), mx.value.abs());
+        let bins = UniformBins::new(t.neg(), t, n_bins)?;
+        let hist = match (self.finite_min, self.finite_max) {
+            (Some(a), Some(b)) if a == b => single_value(&bins, a, self.n_finite),
+            _ => rebin_increasing(&bins, self.bins.len(), self.signed_centre(), |i| self.bins[i]),
+        };
+        Ok(crate::ort::value_histogram::ValueHistogram {
+            hist,
+            edges: bins.edges,
+            min: mn,
+            max: mx,
+            threshold: Held::array(t),
+        })
+    }
+
+    /// ORT's |x| histogram (`collect_absolute_value`, symmetric percentile) as one collect of
+    /// all the data would build it: `n_bins` over `[min|x|, max|x|]`; where those are equal,
+    /// every count in that value's bin (ORT's histogram).
+    pub fn to_abs<E: Float>(&self, n_bins: usize) -> Result<crate::ort::abs_histogram::AbsHistogram<E>, HistError> {
+        let (mn, mx) = (held::<E>(self.finite_min), held::<E>(self.finite_max));
+        let (hist, edges) = match (self.abs_min, self.finite_min, self.finite_max) {
+            (Some(lo), Some(a), Some(b)) => {
+                let hi = a.abs().max(b.abs());
+                let bins = UniformBins::new(E::from_f64(lo), E::from_f64(hi), n_bins)?;
+                let hist = if lo == hi {
+                    single_value(&bins, lo, self.n_finite)
+                } else {
+                    let w = self.width().unwrap_or(0.0);
+                    rebin_increasing(&bins, self.half(), |j| (j as f64 + 0.5) * w, |j| self.abs_count(j))
+                };
+                (hist, bins.edges)
+            }
+            _ => (fallible::zeroed(n_bins), UniformBins::<E>::empty_auto(n_bins)?.edges),
+        };
+        Ok(crate::ort::abs_histogram::AbsHistogram { hist, edges, min: mn, max: mx })
+    }
+}
+
+/// A streaming histogram's counts: `(n_finite, n_nan, n_posinf, n_neginf, batches)`.
+pub type StreamCounts = (u64, u64, u64, u64, u64);
+
+impl StreamHistogram {
+    /// A histogram from its exported parts (untrusted: a state file), or why they are
+    /// inconsistent: `2H` bins adding up to the finite count, and a level and extremes given
+    /// exactly when there are finite values, the level holding them.
+    pub fn from_parts(
+        log_half: u32,
+        level: Option<i32>,
+        bins: &[u64],
+        finite_min: Option<f64>,
+        finite_max: Option<f64>,
+        abs_min: Option<f64>,
+        counts: StreamCounts,
+    ) -> Result<Self, String> {
+        if bins.len() != 2usize << log_half {
+            return Err(format!("{} bins, expected {}", bins.len(), 2usize << log_half));
+        }
+        let mut h = StreamHistogram::new(log_half);
+        let (n_finite, n_nan, n_posinf, n_neginf, batches) = counts;
+        let total: u128 = bins.iter().map(|&c| c as u128).sum();
+        if total != n_finite as u128 {
+            return Err("bin counts do not add up to the finite count".to_string());
+        }
+        match (level, finite_min, finite_max, abs_min) {
+            (None, None, None, None) if n_finite == 0 => {}
+            (Some(l), Some(mn), Some(mx), Some(amn)) if n_finite > 0 => {
+                let m = mn.abs().max(mx.abs());
+                let ok = mn.is_finite()
+                    && mx.is_finite()
+                    && amn.is_finite()
+                    && mn <= mx
+                    && 0.0 <= amn
+                    && amn <= m
+                    && (MIN_LEVEL..=1100).contains(&l)
+                    && level_for(m) <= l;
+                if !ok {
+                    return Err("inconsistent level or extremes".to_string());
+                }
+            }
+            _ => return Err("level and extremes must be given exactly when there are finite values".to_string()),
+        }
+        h.level = level;
+        h.bins.copy_from_slice(bins);
+        (h.finite_min, h.finite_max, h.abs_min) = (finite_min, finite_max, abs_min);
+        (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches) = (n_finite, n_nan, n_posinf, n_neginf, batches);
+        Ok(h)
+    }
+}
+
+/// A streaming histogram as a uniform signed histogram: `2H` bins of width `2^(level - log2 H)`
+/// from `-2^level`; None without finite values. Levels from 1023 on (float64 data of
+/// magnitude 2^1022 or more) have no finite right edge and are an error.
+pub fn as_uniform(h: &StreamHistogram) -> Result<Option<UniformHistogram<'_>>, String> {
+    let (Some(level), Some(min), Some(max)) = (h.level, h.finite_min, h.finite_max) else { return Ok(None) };
+    if level >= 1023 {
+        return Err("values of magnitude 2^1022 or more cannot be calibrated".to_string());
+    }
+    UniformHistogram::new(&h.bins, -pow2::pow2(level), pow2::pow2(level - h.log_half as i32), min, max).map(Some)
+}
+
+#[cfg(test)]
+mod tests;
