@@ -186,7 +186,7 @@ def histocal_bins_needed(cfg: dict, collects: list[dict], name: str) -> int:
 
     ORT's rules (ort_bins_needed), except on the |x| path: there histocal also adds the bins
     that keep the values ORT drops (below the first collect's min|x|, above an extension that
-    rounded short; README, *Deviations*), caps every merge at MAX_BINS bins, and redoes a
+    rounded short; docs/deviations.md), caps every merge at MAX_BINS bins, and redoes a
     refused merge in the next wider type (rust/src/abs_histogram.rs, whose arithmetic this
     follows step by step). Near the cap histocal can therefore refuse where ORT, dropping those
     values, still computes.
@@ -374,7 +374,7 @@ def run_ort(cfg: dict, collects: list[dict], compute: bool = True) -> OrtRun:
 def ort_has_open_top(hc: OrtCollector, name: str) -> bool:
     """Whether ORT's |x| histogram for ``name`` has stored edges ending in +inf (an f16 extension
     past 65504): ORT then never extends it again and bins |x| == inf in its last bin instead of
-    raising, so later infinities are part of its result (README, *Deviations*)."""
+    raising, so later infinities are part of its result (docs/deviations.md)."""
     t = hc.histogram_dict.get(name)
     return t is not None and len(t) == 4 and bool(np.isposinf(t[1][-1]))
 
@@ -481,7 +481,7 @@ def run_histocal_or_too_many_bins(cfg: dict, collects: list[dict]):
             refused[name] = msg
 
 
-# ORT failures that are documented deviations (README and docs/ort_parity.md, *Deviations*).
+# ORT failures that are documented deviations (docs/deviations.md).
 # histocal returns a result in all of these cases.
 KNOWN_ORT_ERRORS = {
     "non-finite data": (
@@ -791,7 +791,7 @@ def _compare_tensor(cfg, name, ref, reason, hc, ours, e: Expected, report: Parit
     where = f"{method}[{name!r}]"
     ours_t = hc.histogram_dict[name]
     # Values ORT's histogram must hold: every finite one, plus the infinities ORT binned once its
-    # |x| edges ended in +inf (it accepts them there instead of raising: README, *Deviations*).
+    # |x| edges ended in +inf (it accepts them there instead of raising: docs/deviations.md).
     binned = e.finite + (ref.infs_binned.get(name, 0) if ref is not None else 0)
     strict_hist = ref is not None
     if strict_hist and is_abs:

@@ -3,7 +3,7 @@
 Wherever ORT produces a result, histocal must produce the identical one: histogram counts,
 edges (dtype and bits), min/max/threshold (value and Python object kind), and the per-method
 results. The only accepted differences are the documented deviations (docs/ort_parity.md and the
-README, *Deviations*):
+docs/deviations.md):
 
 1. ORT raises (non-finite data, empty + non-empty or differently shaped batches in one list,
    "Too many bins", entropy smoothing assertion, an empty later batch on the |x| path, and
@@ -833,7 +833,7 @@ def test_ort_bins_needed_matches_ort(method, dtype, sym):
     assert compared >= 5  # histograms that really grew
 
 
-# histocal keeps every finite value ORT's |x| merge drops (README, *Deviations*), so near
+# histocal keeps every finite value ORT's |x| merge drops (docs/deviations.md), so near
 # MAX_BINS its histogram needs more bins than ORT's. [1, 1] in 512 bins: edges [0.5, 1.5], width
 # 1/512. A later [32768, 0]: ORT extends to 32767.998 in 16776959 bins and drops both values;
 # histocal adds 1 bin above and 256 below, MAX_BINS bins in all.

@@ -433,3 +433,9 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
                 _fail(f"stream_counts: expected {len(header.tensors)} rows")
             arrays["stream_votes"] = _read_member(zf, reads, infos["stream_votes"], _votes_limit(counts))
     return header, arrays
+
+
+def five_counts(row: Any) -> tuple[int, int, int, int, int]:
+    """A tensor's ``(finite, nan, posinf, neginf, batches)`` counts as Python ints."""
+    finite, nan, posinf, neginf, batches = (int(c) for c in row)
+    return finite, nan, posinf, neginf, batches

@@ -72,6 +72,7 @@ from .file_format import (
     _Header,
     _nan,
     _plain,
+    five_counts,
     read_members,
 )
 from .merge import _merge_exact
@@ -571,7 +572,7 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                     (float(sc[0]), bool(fl[0])),
                     (float(sc[1]), bool(fl[1])),
                     threshold,
-                    _five_counts(e_counts[j]),
+                    five_counts(e_counts[j]),
                 )
             except ValueError as exc:
                 _fail(str(exc))
@@ -597,9 +598,3 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
         settings=header.settings,
         histocal_version=header.histocal_version,
     )
-
-
-def _five_counts(row: Any) -> tuple[int, int, int, int, int]:
-    """A tensor's ``(finite, nan, posinf, neginf, batches)`` counts as Python ints."""
-    finite, nan, posinf, neginf, batches = (int(c) for c in row)
-    return finite, nan, posinf, neginf, batches

@@ -33,7 +33,7 @@ impl Histograms {
 #[pyclass(module = "histocal._core")]
 pub struct StreamHistograms {
     pub(crate) log_half: u32,
-    /// Whether new tensors collect pow2 MostCommon's per-batch votes.
+    /// Whether new tensors collect the per-batch votes of pow2's most-common choice.
     pub(crate) pow2_votes: bool,
     pub(crate) order: Vec<String>,
     pub(crate) states: HashMap<String, StreamState>,

@@ -25,7 +25,7 @@ pub(crate) fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64)
 
 /// `(low, high)` of `method` ("mse", "kl" or "pow2") on one uniform signed histogram: `counts`
 /// (uint64) over bins of `width` from `left`, of data with finite extremes `min <= max`.
-/// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE with `minmse_mode="MostCommon"`
+/// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE's most-common choice
 /// decides from. The range is for a tensor of `dtype` ("float16" or "float32") under ORT's
 /// scale rule `scale_rule` ("1.31" or "1.32"): mse's errors and pow2's exponents follow it.
 #[allow(clippy::too_many_arguments)]
@@ -55,7 +55,7 @@ pub(crate) fn histogram_range(
                 .map_err(PyValueError::new_err)?;
         let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
         if method.needs_votes() && votes.is_none() {
-            return Err(PyValueError::new_err("minmse_mode='MostCommon' needs votes: a list of (exponent, count)"));
+            return Err(PyValueError::new_err("pow2's most-common choice needs votes: a list of (exponent, count)"));
         }
         let counts = counts_array(&counts)?;
         let counts = counts_of(&counts);

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 #[pymethods]
 impl StreamHistograms {
-    /// `pow2_votes`: also collect pow2 MinMSE MostCommon's per-batch votes (costs one pow2
+    /// `pow2_votes`: also collect the per-batch votes of pow2 MinMSE's most-common choice (costs one pow2
     /// search per batch and tensor).
     #[new]
     #[pyo3(signature = (num_bins, pow2_votes=false))]
@@ -44,7 +44,7 @@ impl StreamHistograms {
         self.pow2_votes
     }
 
-    /// A tensor's pow2 MostCommon votes, `[(type index (int8, uint8, int16), exponent,
+    /// A tensor's pow2 votes (for the most-common choice), `[(type index (int8, uint8, int16), exponent,
     /// batches)]`, or None when they were not collected.
     fn votes(&self, name: &str) -> PyResult<Option<Vec<(u8, i32, u64)>>> {
         guard(|| {
@@ -306,8 +306,8 @@ impl StreamHistograms {
                         }
                         (_, None) if method.needs_votes() => {
                             return Err(format!(
-                                "tensor {name:?}: pow2 MinMSE MostCommon needs per-batch votes, which this collection did not \
-                                 record (collect with the pow2 method and minmse_mode='MostCommon', or \
+                                "tensor {name:?}: pow2 MinMSE's most-common choice needs per-batch votes, which this collection did not \
+                                 record (collect with the pow2 method and its most-common minmse_mode, or \
                                  StreamHistograms(..., pow2_votes=True))"
                             ))
                         }

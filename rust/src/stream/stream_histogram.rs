@@ -37,7 +37,7 @@ pub struct StreamHistogram {
     pub n_posinf: u64,
     pub n_neginf: u64,
     pub batches: u64,
-    /// pow2 MinMSE MostCommon's per-batch votes, when collected: `(type index in
+    /// the per-batch votes of pow2 MinMSE's most-common choice, when collected: `(type index in
     /// Pow2Type::ALL, exponent) -> batches` (each batch votes for its own MinMSE exponent).
     pub pow2_votes: Option<BTreeMap<(u8, i32), u64>>,
 }
@@ -72,7 +72,7 @@ impl StreamHistogram {
         StreamHistogram { bins: fallible::copy(&self.bins), pow2_votes: self.pow2_votes.clone(), ..*self }
     }
 
-    /// A histogram that also collects pow2 MostCommon's per-batch votes (one pow2 MinMSE
+    /// A histogram that also collects the per-batch votes of pow2's most-common choice (one pow2 MinMSE
     /// search per batch and type: opt-in).
     pub fn with_pow2_votes(log_half: u32) -> Self {
         StreamHistogram { pow2_votes: Some(BTreeMap::new()), ..StreamHistogram::new(log_half) }
