@@ -87,17 +87,11 @@ pub(crate) fn histogram_qerror(
     symmetric: bool,
 ) -> PyResult<f64> {
     guard(|| {
-        let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
-        let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
-        if !(low.is_finite() && high.is_finite()) {
-            return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
-        }
+        let q = quantizer_for(low, high, scale_rule, dtype, qtype, symmetric)?;
         let counts = counts_array(&counts)?;
         let counts = counts_of(&counts);
         let hist = uniform(&counts, left, width, min, max)?;
-        Ok(run(py, || {
-            ErrorTable::new(hist).mean_squared_error(&Quantizer::for_range(low, high, qtype, symmetric, rule))
-        }))
+        Ok(run(py, || ErrorTable::new(hist).mean_squared_error(&q)))
     })
 }
 
@@ -115,14 +109,26 @@ pub(crate) fn scale_zero_point(
     symmetric: bool,
 ) -> PyResult<ScaleZeroPoint> {
     guard(|| {
-        let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
-        let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
-        if !(low.is_finite() && high.is_finite()) {
-            return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
-        }
-        let q = Quantizer::for_range(low, high, qtype, symmetric, rule);
+        let q = quantizer_for(low, high, scale_rule, dtype, qtype, symmetric)?;
         Ok(ScaleZeroPoint { scale: q.scale, zero_point: q.zero_point as i64 })
     })
+}
+
+/// ORT's quantizer for the finite range `(low, high)`, the settings given by name.
+fn quantizer_for(
+    low: f64,
+    high: f64,
+    scale_rule: &str,
+    dtype: &str,
+    qtype: &str,
+    symmetric: bool,
+) -> PyResult<Quantizer> {
+    let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
+    let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
+    if !(low.is_finite() && high.is_finite()) {
+        return Err(PyValueError::new_err(format!("range ({low}, {high}) is not finite")));
+    }
+    Ok(Quantizer::for_range(low, high, qtype, symmetric, rule))
 }
 
 /// pow2's `E(k)`: the mean squared error of scale `2^exponent`, zero point 0, in `qtype`.
