@@ -108,15 +108,19 @@ def assert_range(ours, ref, where):
         assert np.array_equal(np.asarray(o), np.asarray(r)), f"{where}: {ours} != {ref[:2]}"
 
 
-# Values spread over many magnitudes, with zeros, repeats and signs of all kinds.
+# Values spread over many magnitudes, with zeros, repeats, and all of one sign or both.
 magnitude = st.sampled_from([1e-3, 0.1, 1.0, 3.7, 100.0, 4096.0])
 values = st.lists(
     st.one_of(st.floats(-1, 1, width=32), st.sampled_from([0.0, 0.5, -0.5, 1.0, -1.0])), min_size=0, max_size=40
 )
-batches_st = st.tuples(magnitude, st.lists(values, min_size=1, max_size=5), st.booleans()).map(
-    lambda t: [np.asarray(np.array(v, np.float64) * t[0] * (1 if t[2] else np.abs(np.sign(v)))).astype(np.float32)
-               for v in t[1]]
-)
+
+
+def _scaled(t):
+    scale, lists, both_signs = t
+    return [(np.array(v, np.float64) * scale if both_signs else np.abs(v) * scale).astype(np.float32) for v in lists]
+
+
+batches_st = st.tuples(magnitude, st.lists(values, min_size=1, max_size=5), st.booleans()).map(_scaled)
 QTYPES = ("int8", "uint8", "int16", "uint16")
 
 

@@ -165,7 +165,7 @@ def _check_method(method: str, expected: str) -> None:
         raise ValueError(f"method must be {expected!r} for this calibrator, got {method!r}")
 
 
-class PowOfTwoCalibrater(ort_calibrate.CalibraterBase):  # type: ignore[misc]
+class PowOfTwoCalibrater(ort_calibrate.CalibraterBase):
     """Quark's ``PowOfTwoCalibrater``: power-of-two MinMSE ranges (``method=MinMSE``; Quark's
     NonOverflow is ``MinMaxCalibrater(symmetric=True)``, see ``create_calibrator_power_of_two``).
     Every calibrated tensor becomes a graph output; each batch's outputs go to the collector as
@@ -342,15 +342,16 @@ def create_calibrator_float_scale(
     ``max_intermediate_outputs`` or ``per_channel``), plus histocal's ``CollectionMode`` and
     ``StreamingBins``. Quark's ``LayerWiseMethod.LayerWisePercentile`` is not supported."""
     opts = dict(extra_options or {})
-    hist: dict[str, Any] = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
-    common: dict[str, Any] = {"use_external_data_format": use_external_data_format}
+    mode, streaming_bins = opts.get(MODE_OPTION), opts.get(STREAMING_BINS_OPTION)
     method = types.calibration_method(calibrate_method)
-    args = (model_input, op_types_to_calibrate, augmented_model_path)
+    args = (model_input, op_types_to_calibrate, augmented_model_path, use_external_data_format)
     calibrator: Any
     if method == CalibrationMethod.MinMax:
         calibrator = MinMaxCalibrater(
-            *args,
-            **common,
+            model_input,
+            op_types_to_calibrate,
+            augmented_model_path,
+            use_external_data_format=use_external_data_format,
             symmetric=opts.get("symmetric", False),
             moving_average=opts.get("moving_average", False),
             averaging_constant=opts.get("averaging_constant", 0.01),
@@ -358,27 +359,27 @@ def create_calibrator_float_scale(
     elif method == CalibrationMethod.Entropy:
         calibrator = EntropyCalibrater(
             *args,
-            **common,
             symmetric=opts.get("symmetric", False),
             num_bins=opts.get("num_bins", 128),
             num_quantized_bins=opts.get("num_quantized_bins", 128),
-            **hist,
+            mode=mode,
+            streaming_bins=streaming_bins,
         )
     elif method == CalibrationMethod.Percentile:
         calibrator = PercentileCalibrater(
             *args,
-            **common,
             symmetric=opts.get("symmetric", True),
             num_bins=opts.get("num_bins", 2048),
             percentile=opts.get("percentile", 99.999),
-            **hist,
+            mode=mode,
+            streaming_bins=streaming_bins,
         )
     else:
         calibrator = DistributionCalibrater(
             *args,
-            **common,
             num_bins=opts.get("num_bins", 2048),
             scenario=opts.get("scenario", "same"),
-            **hist,
+            mode=mode,
+            streaming_bins=streaming_bins,
         )
     return _prepare(calibrator, execution_providers)

@@ -84,7 +84,7 @@ class _AllSymmetric:
         return pof2.value_range(pos, zero_point, self.errors.qtype, True, self.errors.dtype)
 
 
-class PowOfTwoCollector(CalibrationDataCollector):  # type: ignore[misc]
+class PowOfTwoCollector(CalibrationDataCollector):
     """Quark's ``PowOfTwoCollector`` (same arguments and defaults; ``quantized_tensor_type=None``
     means Quark's ``{}``): ``collect({tensor: [batch, ...]})`` then
     ``compute_collection_result()`` -> ``{tensor: (low, high)}`` (0-d float32 arrays).

@@ -35,7 +35,7 @@ def _name(value: Any) -> str | None:
 def pow2_method(value: Any) -> PowerOfTwoMethod:
     """``value`` (Quark's enum, this one, or the name) as :class:`PowerOfTwoMethod`."""
     name = _name(value)
-    if name not in PowerOfTwoMethod.__members__:
+    if name is None or name not in PowerOfTwoMethod.__members__:
         raise ValueError(f"method must be PowerOfTwoMethod.NonOverflow or .MinMSE (or the name), got {value!r}")
     return PowerOfTwoMethod[name]
 
