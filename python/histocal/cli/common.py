@@ -463,16 +463,25 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
     (for ``save_state``) only when ``want_state``."""
     from .. import calibrators
 
-    options = _calibrator_options(args)
+    quark = getattr(args, "quark", False)
+    if quark and want_state:
+        raise CliError("--state: --quark calibration keeps no histocal state; write --cache")
+    options = _calibrator_options(args) if not (quark and args.method == "pow2") else {}
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
-        calibrator = calibrators.create_calibrator(
-            model,
-            args.op_types,
-            augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
-            calibrate_method=args.method,
-            providers=args.providers,
-            extra_options=options,
-        )
+        augmented = Path(tmp, "augmented_model.onnx").as_posix()
+        if quark:
+            from .quark import quark_calibrator
+
+            calibrator = quark_calibrator(args, model, augmented, options)
+        else:
+            calibrator = calibrators.create_calibrator(
+                model,
+                args.op_types,
+                augmented_model_path=augmented,
+                calibrate_method=args.method,
+                providers=args.providers,
+                extra_options=options,
+            )
         if args.no_progress:
             calibrator.show_progress = False
         if want_state and not callable(getattr(calibrator, "save_state", None)):

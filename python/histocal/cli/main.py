@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--per-channel", dest="calib_per_channel", action="store_true", default=None, help="minmax: per-channel ranges"
     )
+    p.add_argument(
+        "--quark",
+        action="store_true",
+        help="AMD Quark's calibrators (histocal.quark): minmax, entropy, percentile, distribution with "
+        "Quark's defaults, or pow2 with Quark's power-of-two (--pow2-method NonOverflow (default) or "
+        "MinMSE, --minmse-mode, --symmetric, --qtype); writes --cache only",
+    )
     g = p.add_argument_group("outputs (at least one)")
     g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
     g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
