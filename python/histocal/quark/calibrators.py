@@ -12,8 +12,9 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import onnx
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
@@ -25,7 +26,7 @@ from ..calibrators.common import MODE_OPTION, STREAMING_BINS_OPTION, _augmented_
 from ..io.readers import DataSource
 from . import types
 from .collector import PowOfTwoCollector
-from .types import PowerOfTwoMethod
+from .types import CalibrationMethodLike, Pow2MethodLike, PowerOfTwoMethod, QuantTypeLike
 
 logger = logging.getLogger(__name__)
 
@@ -178,12 +179,12 @@ class PowOfTwoCalibrater(ort_calibrate.CalibraterBase):
         op_types_to_calibrate: Sequence[str] | None = None,
         augmented_model_path: str | Path | None = None,
         use_external_data_format: bool = False,
-        activation_type: Any = QuantType.QInt8,
-        method: Any = PowerOfTwoMethod.MinMSE,
+        activation_type: QuantTypeLike = QuantType.QInt8,
+        method: Pow2MethodLike = PowerOfTwoMethod.MinMSE,
         symmetric: bool = True,
         minmse_mode: str = "All",
         percentile: float = 99.999,
-        quantized_tensor_type: Mapping[str, Any] | None = None,
+        quantized_tensor_type: Mapping[str, QuantTypeLike] | None = None,
         *,
         show_progress: bool | None = None,
     ) -> None:
@@ -262,7 +263,7 @@ class PowOfTwoCalibrater(ort_calibrate.CalibraterBase):
                 collector.restore(saved)
                 raise
 
-    def compute_range(self) -> dict[str, tuple[Any, Any]]:
+    def compute_range(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{tensor: (low, high)}`` (0-d float32 arrays), as Quark's ``compute_range``."""
         with self._lock:
             if not self.collector:
@@ -273,7 +274,10 @@ class PowOfTwoCalibrater(ort_calibrate.CalibraterBase):
         return TensorsData(CalibrationMethod.MinMax, self.compute_range())
 
 
-def _prepare(calibrator: Any, execution_providers: Sequence[str] | None) -> Any:
+_Calibrator = TypeVar("_Calibrator", bound=ort_calibrate.CalibraterBase)
+
+
+def _prepare(calibrator: _Calibrator, execution_providers: Sequence[str] | None) -> _Calibrator:
     calibrator.augment_graph()
     calibrator.execution_providers = list(execution_providers) if execution_providers else None
     calibrator.create_inference_session()
@@ -284,13 +288,13 @@ def create_calibrator_power_of_two(
     model_input: str | Path,
     op_types_to_calibrate: Sequence[str] | None = None,
     augmented_model_path: str | Path | None = None,
-    activation_type: Any = QuantType.QInt8,
-    method: Any = PowerOfTwoMethod.NonOverflow,
+    activation_type: QuantTypeLike = QuantType.QInt8,
+    method: Pow2MethodLike = PowerOfTwoMethod.NonOverflow,
     use_external_data_format: bool = False,
     execution_providers: Sequence[str] | None = DEFAULT_PROVIDERS,
-    quantized_tensor_type: Mapping[str, Any] | None = None,
+    quantized_tensor_type: Mapping[str, QuantTypeLike] | None = None,
     extra_options: Mapping[str, Any] | None = None,
-) -> Any:
+) -> MinMaxCalibrater | PowOfTwoCalibrater:
     """Quark's factory for power-of-two calibration. ``NonOverflow``: ``MinMaxCalibrater`` with
     ``symmetric`` (default True), ``moving_average``, ``averaging_constant`` from
     ``extra_options`` (Quark's quantizer then takes the power of two nearest to the range's
@@ -300,7 +304,7 @@ def create_calibrator_power_of_two(
     pow2 = types.pow2_method(method)
     symmetric = opts.get("symmetric", True)
     if pow2 == PowerOfTwoMethod.NonOverflow:
-        calibrator: Any = MinMaxCalibrater(
+        calibrator: MinMaxCalibrater | PowOfTwoCalibrater = MinMaxCalibrater(
             model_input,
             op_types_to_calibrate,
             augmented_model_path,
@@ -332,11 +336,11 @@ def create_calibrator_float_scale(
     model_input: str | Path,
     op_types_to_calibrate: Sequence[str] | None = None,
     augmented_model_path: str | Path | None = None,
-    calibrate_method: Any = CalibrationMethod.MinMax,
+    calibrate_method: CalibrationMethodLike = CalibrationMethod.MinMax,
     use_external_data_format: bool = False,
     execution_providers: Sequence[str] | None = DEFAULT_PROVIDERS,
     extra_options: Mapping[str, Any] | None = None,
-) -> Any:
+) -> MinMaxCalibrater | EntropyCalibrater | PercentileCalibrater | DistributionCalibrater:
     """Quark's factory for float scales: onnxruntime's four calibrators with Quark's
     ``extra_options`` keys and defaults (those of onnxruntime's ``create_calibrator``, but no
     ``max_intermediate_outputs`` or ``per_channel``), plus histocal's ``CollectionMode`` and
@@ -345,7 +349,7 @@ def create_calibrator_float_scale(
     mode, streaming_bins = opts.get(MODE_OPTION), opts.get(STREAMING_BINS_OPTION)
     method = types.calibration_method(calibrate_method)
     args = (model_input, op_types_to_calibrate, augmented_model_path, use_external_data_format)
-    calibrator: Any
+    calibrator: MinMaxCalibrater | EntropyCalibrater | PercentileCalibrater | DistributionCalibrater
     if method == CalibrationMethod.MinMax:
         calibrator = MinMaxCalibrater(
             model_input,

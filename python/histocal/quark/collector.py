@@ -20,7 +20,7 @@ from onnxruntime.quantization.calibrate import CalibrationDataCollector
 from onnxruntime.quantization.quant_utils import QuantType
 
 from . import pof2, types
-from .types import PowerOfTwoMethod
+from .types import Pow2MethodLike, PowerOfTwoMethod, QuantTypeLike
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +96,12 @@ class PowOfTwoCollector(CalibrationDataCollector):
 
     def __init__(
         self,
-        activation_type: Any = QuantType.QInt8,
-        method: Any = PowerOfTwoMethod.MinMSE,
+        activation_type: QuantTypeLike = QuantType.QInt8,
+        method: Pow2MethodLike = PowerOfTwoMethod.MinMSE,
         symmetric: bool = True,
         minmse_mode: str = "All",
         percentile: float = 99.999,
-        quantized_tensor_type: Mapping[str, Any] | None = None,
+        quantized_tensor_type: Mapping[str, QuantTypeLike] | None = None,
     ) -> None:
         self.method = types.pow2_method(method)
         self.activation_qtype = types.qtype(activation_type)
@@ -156,7 +156,7 @@ class PowOfTwoCollector(CalibrationDataCollector):
     def restore(self, snapshot: dict[str, Any]) -> None:
         self._tensors = snapshot
 
-    def compute_collection_result(self) -> dict[str, tuple[Any, Any]]:
+    def compute_collection_result(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if not self._tensors:
             raise ValueError("PowerOfTwoMethod has not been collected. Please run collect() first.")
         if self.method != PowerOfTwoMethod.MinMSE:

@@ -7,6 +7,7 @@ import enum
 from typing import Any
 
 from onnxruntime.quantization.calibrate import CalibrationMethod
+from onnxruntime.quantization.quant_utils import QuantType
 
 
 class PowerOfTwoMethod(enum.Enum):
@@ -15,6 +16,12 @@ class PowerOfTwoMethod(enum.Enum):
     NonOverflow = 0
     MinMSE = 1
 
+
+# What the API takes for Quark's and onnxruntime's enums: the enum, any enum with the same member
+# names (Quark's own), or the member name.
+Pow2MethodLike = PowerOfTwoMethod | enum.Enum | str
+CalibrationMethodLike = CalibrationMethod | enum.Enum | str
+QuantTypeLike = QuantType | enum.Enum | str
 
 # Quark's activation types for power-of-two calibration, by member name (QuantType and Quark's
 # ExtendedQuantType share these names), and the integer type each one means here.
