@@ -403,3 +403,22 @@ def test_class_defaults_are_quarks(cnn_path):
     assert (e.num_bins, e.num_quantized_bins, e.symmetric) == (128, 128, False)
     with pytest.raises(ValueError, match="averaging constant"):
         quark.MinMaxCalibrater(cnn_path, moving_average=True, averaging_constant=2)
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        [np.zeros(5, np.float32), np.zeros(3, np.float32)],  # scale falls back to 1
+        [np.array([1e-38, -3e-39], np.float32), np.array([2e-45], np.float32)],  # tiny and subnormal
+        [np.array([1e-38], np.float32), np.array([0.5, -0.25], np.float32)],  # a tiny batch, then a normal one
+        [np.array([3e38, -1.0], np.float32), np.array([1e37], np.float32)],  # beyond half of float32's largest
+        [np.array([], np.float32), np.array([2.0, -3.0], np.float32)],  # an empty batch
+    ],
+    ids=["zeros", "tiny", "tiny-then-normal", "huge", "empty"],
+)
+@pytest.mark.parametrize("qtype", ["int8", "uint8", "int16"])
+def test_min_mse_extreme_ranges(batches, qtype):
+    ours = collector_result(batches, qtype, True, "All")
+    with np.errstate(all="ignore"):
+        ref = reference_min_mse(np.concatenate(batches), qtype, True)
+    assert_range(ours, ref, qtype)

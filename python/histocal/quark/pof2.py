@@ -58,7 +58,9 @@ def scale_to_position(scale: float) -> int:
 
 
 def position_to_scale(pos: int, dtype: Any) -> np.ndarray:
-    return np.array(float(np.power(2.0, -pos)), dtype=dtype)
+    """``2^-pos`` in ``dtype`` (0 or inf where the type cannot hold it, as in Quark)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.array(float(np.power(2.0, -pos)), dtype=dtype)
 
 
 def float_scale(
@@ -193,7 +195,8 @@ class SymmetricErrors:
         top = scale_to_position(scale.item()) + CANDIDATES[-1]
         self.highest = top if self.highest is None else min(self.highest, top)
         absmax = max(abs(float(rmin)), abs(float(rmax)))
-        squares = float(np.sum(np.square(x.astype(np.float32)), dtype=np.float64))
+        with np.errstate(over="ignore"):
+            squares = float(np.sum(np.square(x.astype(np.float32)), dtype=np.float64))
         # below bottom (absmax 2^pos < 0.5) every value rounds to 0; 0 or inf: nothing to sum
         bottom = -math.frexp(absmax)[1] if 0.0 < absmax < math.inf else top + 1
         self.zeros_below[bottom] = self.zeros_below.get(bottom, 0.0) + squares
