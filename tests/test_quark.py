@@ -422,3 +422,13 @@ def test_min_mse_extreme_ranges(batches, qtype):
     with np.errstate(all="ignore"):
         ref = reference_min_mse(np.concatenate(batches), qtype, True)
     assert_range(ours, ref, qtype)
+
+
+def test_a_model_proto_is_refused_with_a_clear_error():
+    for make in (
+        lambda m: quark.create_calibrator_power_of_two(m, method="MinMSE"),
+        lambda m: quark.create_calibrator_power_of_two(m),
+        lambda m: quark.create_calibrator_float_scale(m, calibrate_method="Entropy"),
+    ):
+        with pytest.raises(ValueError, match="as a path, not a ModelProto"):
+            make(models.cnn())

@@ -33,6 +33,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 
 
+def _model_path(model_input: str | Path) -> str | Path:
+    if not isinstance(model_input, (str, Path)):
+        raise ValueError(
+            f"histocal.quark takes the model as a path, not a {type(model_input).__name__} "
+            "(Quark also takes an onnx.ModelProto: save it with onnx.save first)"
+        )
+    return model_input
+
+
 class MinMaxCalibrater(hc.MinMaxCalibrater):
     """Quark's ``MinMaxCalibrater`` (onnxruntime's MinMax): histocal's, with Quark's arguments."""
 
@@ -51,7 +60,7 @@ class MinMaxCalibrater(hc.MinMaxCalibrater):
         if moving_average and not 0 <= averaging_constant <= 1:
             raise ValueError("Invalid averaging constant, which should not be < 0 or > 1.")
         super().__init__(
-            model_input,
+            _model_path(model_input),
             op_types_to_calibrate,
             augmented_model_path,
             symmetric=symmetric,
@@ -82,7 +91,7 @@ class EntropyCalibrater(hc.EntropyCalibrater):
     ) -> None:
         _check_method(method, "entropy")
         super().__init__(
-            model_input,
+            _model_path(model_input),
             op_types_to_calibrate,
             augmented_model_path,
             use_external_data_format,
@@ -116,7 +125,7 @@ class PercentileCalibrater(hc.PercentileCalibrater):
     ) -> None:
         _check_method(method, "percentile")
         super().__init__(
-            model_input,
+            _model_path(model_input),
             op_types_to_calibrate,
             augmented_model_path,
             use_external_data_format,
@@ -149,7 +158,7 @@ class DistributionCalibrater(hc.DistributionCalibrater):
     ) -> None:
         _check_method(method, "distribution")
         super().__init__(
-            model_input,
+            _model_path(model_input),
             op_types_to_calibrate,
             augmented_model_path,
             use_external_data_format,
@@ -189,7 +198,7 @@ class PowOfTwoCalibrater(ort_calibrate.CalibraterBase):
         show_progress: bool | None = None,
     ) -> None:
         super().__init__(
-            model_input,
+            _model_path(model_input),
             op_types_to_calibrate,
             _augmented_model_path(self, augmented_model_path),
             symmetric,
