@@ -146,6 +146,28 @@ def test_min_mse_float16_values(batches, qtype):
     assert_range(ours, reference_min_mse(np.concatenate(batches), qtype, True), qtype)
 
 
+def reference_percentile_mode(x, qtype, symmetric, percentile):
+    """Quark's Percentile mode: MinMSE on the values within the percentile."""
+    if symmetric:
+        hi = np.percentile(np.abs(x), percentile)
+        lo = -hi
+    else:
+        lo, hi = np.percentile(x, (100 - percentile) / 2), np.percentile(x, 100 - (100 - percentile) / 2)
+    return reference_min_mse(x[(x >= lo) & (x <= hi)], qtype, symmetric)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches_st, st.sampled_from(QTYPES), st.booleans(), st.sampled_from([50.0, 99.0, 99.999, 100.0]))
+def test_min_mse_percentile_mode_matches_reference(batches, qtype, symmetric, percentile):
+    c = quark.PowOfTwoCollector(qtype_enum(qtype), symmetric=symmetric, minmse_mode="Percentile", percentile=percentile)
+    c.collect({"t": batches})
+    x = np.concatenate(batches)
+    ref = (
+        reference_percentile_mode(x, qtype, symmetric, percentile) if x.size else reference_min_mse(x, qtype, symmetric)
+    )
+    assert_range(c.compute_collection_result()["t"], ref, f"{qtype} {percentile}")
+
+
 def test_min_mse_asymmetric_most_common_is_all():
     rng = np.random.default_rng(3)
     batches = [rng.normal(1, 2, 50).astype(np.float32) for _ in range(4)]
@@ -224,7 +246,7 @@ def test_quantized_tensor_type_per_tensor():
         ({"method": "Ceil"}, "method must be"),
         ({"activation_type": FakeExtendedQuantType.QInt32}, "not supported"),
         ({"activation_type": "QFloat8"}, "activation type must be"),
-        ({"minmse_mode": "Percentile"}, "minmse_mode must be"),
+        ({"minmse_mode": "Median"}, "minmse_mode must be"),
     ],
 )
 def test_bad_options_are_errors(kwargs, message):

@@ -5,7 +5,8 @@
 - mode ``MostCommon``, symmetric: each batch votes for its own MinMSE scale as it comes; the
   scale with the most votes wins, the smallest on ties (Quark's ``np.unique`` + ``argmax``).
 - asymmetric (Quark then ignores ``MostCommon``, with a warning) or uint16: the zero point depends
-  on the range of all the data, so the values are kept until the result, as Quark keeps them.
+  on the range of all the data, so the values are kept until the result, as Quark keeps them;
+  so does mode ``Percentile`` (MinMSE on the values within a percentile of all the data).
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ class _MostCommon:
 
 
 class _Values:
-    """One tensor's values, kept (asymmetric or uint16 MinMSE)."""
+    """One tensor's values, kept (asymmetric or uint16 MinMSE, mode Percentile)."""
 
-    def __init__(self, qtype: str, symmetric: bool) -> None:
-        self.qtype, self.symmetric = qtype, symmetric
+    def __init__(self, qtype: str, symmetric: bool, percentile: float | None = None) -> None:
+        self.qtype, self.symmetric, self.percentile = qtype, symmetric, percentile
         self.parts: list[np.ndarray] = []
 
     def copy(self) -> _Values:
-        new = _Values(self.qtype, self.symmetric)
+        new = _Values(self.qtype, self.symmetric, self.percentile)
         new.parts = list(self.parts)  # the arrays themselves never change
         return new
 
@@ -68,8 +69,24 @@ class _Values:
         if not self.parts:
             raise ValueError("no values collected")
         x = np.concatenate(self.parts)
+        if self.percentile is not None:
+            x = _within_percentile(x, self.percentile, self.symmetric)
         pos, zero_point = pof2.min_mse(x, self.qtype, self.symmetric)
         return pof2.value_range(pos, zero_point, self.qtype, self.symmetric, x.dtype)
+
+
+def _within_percentile(x: np.ndarray, percentile: float, symmetric: bool) -> np.ndarray:
+    """Quark's Percentile mode: the values within the percentile (of |x| when symmetric, else
+    the central ``percentile`` percent)."""
+    if x.size == 0:
+        return x
+    if symmetric:
+        high = np.percentile(np.abs(x), percentile)
+        low = -high
+    else:
+        low = np.percentile(x, (100 - percentile) / 2)
+        high = np.percentile(x, 100 - (100 - percentile) / 2)
+    return x[(x >= low) & (x <= high)]
 
 
 class _AllSymmetric:
@@ -90,9 +107,10 @@ class PowOfTwoCollector(CalibrationDataCollector):
     ``compute_collection_result()`` -> ``{tensor: (low, high)}`` (0-d float32 arrays).
 
     Only ``method=MinMSE`` computes ranges (as in Quark; NonOverflow is Quark's symmetric MinMax).
-    ``minmse_mode`` is ``All`` or ``MostCommon``; anything else is an error (Quark warns and uses
-    All, or for ``Percentile`` clips at a percentile first, which histocal does not do). Unlike
-    Quark 0.9, whose ``collect`` replaces what earlier calls collected, every call adds to it."""
+    ``minmse_mode`` is ``All``, ``MostCommon`` or ``Percentile`` (MinMSE on the values within
+    ``percentile``, kept until the result as in Quark); anything else is an error (Quark warns
+    and uses All). Unlike Quark 0.9, whose ``collect`` replaces what earlier calls collected,
+    every call adds to it."""
 
     def __init__(
         self,
@@ -122,6 +140,8 @@ class PowOfTwoCollector(CalibrationDataCollector):
     def _new(self, qtype: str) -> Any:
         if self.minmse_mode == "MostCommon" and self.symmetric:
             return _MostCommon()
+        if self.minmse_mode == "Percentile":
+            return _Values(qtype, self.symmetric, self.percentile)
         if self.symmetric and qtype in _BOUNDED_QTYPES:
             return _AllSymmetric(qtype)
         return _Values(qtype, self.symmetric)

@@ -28,7 +28,7 @@ QuantTypeLike = QuantType | enum.Enum | str
 QTYPE_NAMES = {"QInt8": "int8", "QUInt8": "uint8", "QInt16": "int16", "QUInt16": "uint16"}
 # Quark lists these too, but its int32 arithmetic casts 2^31 back to int32: not reproduced.
 UNSUPPORTED_QTYPE_NAMES = ("QInt32", "QUInt32")
-MINMSE_MODES = ("All", "MostCommon")
+MINMSE_MODES = ("All", "MostCommon", "Percentile")
 
 
 def _name(value: Any) -> str | None:
