@@ -470,8 +470,10 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         augmented = Path(tmp, "augmented_model.onnx").as_posix()
         if quark:
-            from .quark import quark_calibrator
+            from .quark import QUARK_METHODS, quark_calibrator
 
+            if args.method not in QUARK_METHODS:
+                raise _UsageError(f"--quark takes --method {', '.join(QUARK_METHODS)}; got {args.method}")
             calibrator = quark_calibrator(args, model, augmented, options)
         else:
             calibrator = calibrators.create_calibrator(

@@ -7,8 +7,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .common import _UsageError
-
 logger = logging.getLogger("histocal.cli")
 
 QUARK_METHODS = ("minmax", "entropy", "percentile", "distribution", "pow2")
@@ -21,11 +19,10 @@ def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, opti
     """Quark's factory for ``args.method``: ``pow2`` -> ``create_calibrator_power_of_two``
     (``--pow2-method``, default Quark's NonOverflow; ``--minmse-mode``; ``--symmetric``; ``--qtype``
     as the activation type), the others -> ``create_calibrator_float_scale`` with ``options``
-    (the ``extra_options`` histocal's own calibrator would get)."""
+    (the ``extra_options`` histocal's own calibrator would get). ``args.method`` is one of
+    ``QUARK_METHODS`` (the caller checks)."""
     from .. import quark
 
-    if args.method not in QUARK_METHODS:
-        raise _UsageError(f"--quark takes --method {', '.join(QUARK_METHODS)}; got {args.method}")
     if args.method == "pow2":
         extra: dict[str, Any] = {}
         if args.symmetric is not None:
