@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..methods.table import NON_OVERFLOW
+
 logger = logging.getLogger("histocal.cli")
 
 QUARK_METHODS = ("minmax", "entropy", "percentile", "distribution", "pow2")
@@ -17,7 +19,7 @@ _NOT_IN_QUARK = ("max_intermediate_outputs", "per_channel")
 
 def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, options: dict[str, Any]) -> Any:
     """Quark's factory for ``args.method``: ``pow2`` -> ``create_calibrator_power_of_two``
-    (``--pow2-method``, default Quark's NonOverflow; ``--minmse-mode``; ``--symmetric``; ``--qtype``
+    (``--pow2-method``, default Quark's, the non-overflow one; ``--minmse-mode``; ``--symmetric``; ``--qtype``
     as the activation type), the others -> ``create_calibrator_float_scale`` with ``options``
     (the ``extra_options`` histocal's own calibrator would get). ``args.method`` is one of
     ``QUARK_METHODS`` (the caller checks)."""
@@ -34,7 +36,7 @@ def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, opti
             args.op_types,
             augmented,
             activation_type=_QUANT_TYPES[args.qtype or "int8"],
-            method=args.pow2_method or "NonOverflow",
+            method=args.pow2_method or NON_OVERFLOW,
             execution_providers=args.providers,
             extra_options=extra,
         )
