@@ -26,6 +26,9 @@ DEFAULT_BUDGET_CAP = 8 << 30
 DEFAULT_BUDGET_FRACTION = 0.25
 # When the available memory cannot be read at all (no /proc, no sysconf, no Windows API).
 UNKNOWN_MEMORY_BUDGET = 1 << 30
+# What a kept array costs beyond its data (the array object, its tuple and list): counted so
+# that many tiny batches stay within the budget too.
+KEPT_ARRAY_OVERHEAD = 256
 
 _UNITS = {
     "": 1,
@@ -198,7 +201,7 @@ class KeptOutputs:
         """Keep batch ``i`` if it fits; once one did not, no later batch is kept."""
         if self.full_at is not None and not self.unbounded:
             return False
-        size = sum(a.nbytes for _, arrays in items for a in arrays)
+        size = sum(a.nbytes + KEPT_ARRAY_OVERHEAD for _, arrays in items for a in arrays)
         if not self.unbounded and self.nbytes + size > self.budget:
             self.full_at = i
             return False
