@@ -30,6 +30,7 @@ from calibrator_runs import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parity import quiet
+from test_calibrators_exact import _symmetric_merge_drops
 
 import histocal
 from histocal.calibrators import budget as hb
@@ -116,7 +117,11 @@ def test_any_budget_gives_orts_result(paths, tmp_path_factory, cfg, plan, form, 
         ours = cal.compute_data()
     assert session.runs == expected_runs
     assert cal._mode_used == "exact"
-    assert_tensors_same(ref.td, ours, f"{method.name} {opts} {calls} kept={kept} {form}", ref, 128)
+    deviating = frozenset()
+    if method == PCT and opts.get("symmetric", True) and len(chunks) > 1:
+        deviating = _symmetric_merge_drops(ref, cal)  # ORT's merge drops values: docs/deviations.md
+    where = f"{method.name} {opts} {calls} kept={kept} {form}"
+    assert_tensors_same(ref.td, ours, where, ref, opts.get("num_quantized_bins", 128), deviating)
 
 
 @pytest.mark.parametrize("method,opts", [(ENT, {}), (PCT, {}), (DIST, {})], ids=["entropy", "percentile", "dist"])
