@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_calibrate as bc  # noqa: E402  (the model, the synthetic reader, RSS helpers)
+import bench_calibrate as bc
 
 IMPLS = ("ort", "histocal", "histocal-over")
 
@@ -122,7 +122,10 @@ def identical(ref: dict, got: dict) -> tuple[int, int]:
     """(tensors whose ranges equal ORT's bit for bit, tensors compared); the key sets must match."""
     assert set(ref) == set(got), "other tensors than ORT's"
     same = sum(
-        all(np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b, equal_nan=True) for a, b in zip(ref[k], got[k]))
+        all(
+            np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b, equal_nan=True)
+            for a, b in zip(ref[k], got[k])
+        )
         for k in ref
     )
     return same, len(ref)
@@ -136,6 +139,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--model", help="an ONNX model instead of the built-in CNN")
     ap.add_argument("--dim", type=int, default=1, help="value of symbolic input dims (--model)")
     ap.add_argument("--size", type=int, default=224, help="built-in CNN input size")
+    ap.add_argument("--width", type=int, default=32, help="built-in CNN base width (as bench_calibrate.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="smoke test: small CNN, 2 samples")
     ap.add_argument("--out", help="also write the results (markdown) here")
@@ -153,7 +157,7 @@ def main(argv: list[str]) -> None:
     else:
         import onnx
 
-        depth, width, size = ((1, 1, 1, 1), 8, 32) if args.quick else ((5, 8, 14, 6), 16, args.size)
+        depth, width, size = ((1, 1, 1, 1), 8, 32) if args.quick else ((5, 8, 14, 6), args.width, args.size)
         model = str(work / "cnn.onnx")
         onnx.save(bc.build_cnn(size, depth, width, args.seed), model)
         desc = f"built-in CNN (input 1x3x{size}x{size}): " + bc.describe_model(model)

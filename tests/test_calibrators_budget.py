@@ -318,11 +318,17 @@ def test_patched_quantize_static_with_a_read_once_reader_is_orts(paths, tmp_path
     ort_ranges: list = []
     ours: list = []
     with quiet(), recording_ranges(ort_ranges):
-        ORT_QUANTIZE.quantize_static(paths[model], (tmp_path / "o.onnx").as_posix(), OnceReader(feeds), calibrate_method=method)
+        ORT_QUANTIZE.quantize_static(
+            paths[model], (tmp_path / "o.onnx").as_posix(), OnceReader(feeds), calibrate_method=method
+        )
     with quiet(), histocal.patch_onnxruntime(), recording_ranges(ours):
-        ORT_QUANTIZE.quantize_static(paths[model], (tmp_path / "h.onnx").as_posix(), OnceReader(feeds), calibrate_method=method)
+        ORT_QUANTIZE.quantize_static(
+            paths[model], (tmp_path / "h.onnx").as_posix(), OnceReader(feeds), calibrate_method=method
+        )
         monkeypatch.setenv(hb.MEMORY_BUDGET_ENV, "0")
-        ORT_QUANTIZE.quantize_static(paths[model], (tmp_path / "s.onnx").as_posix(), OnceReader(feeds), calibrate_method=method)
+        ORT_QUANTIZE.quantize_static(
+            paths[model], (tmp_path / "s.onnx").as_posix(), OnceReader(feeds), calibrate_method=method
+        )
     assert ORT_QUANTIZE.create_calibrator is not histocal.create_calibrator
     assert_tensors_same(ort_ranges[0], ours[0], f"{model} {method.name} quantize_static, read once")
     assert (tmp_path / "o.onnx").read_bytes() == (tmp_path / "h.onnx").read_bytes()

@@ -127,6 +127,7 @@ def test_quantize_static_patched_and_unpatched(paths, tmp_path, model, method, e
     onnx.checker.check_model(streamed)
     ort.InferenceSession(streamed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
 
+
 def test_patch_without_context_manager_and_nesting(paths, tmp_path):
     feeds = flat(chunks_for("cnn", 1))
     p = histocal.patch_onnxruntime()

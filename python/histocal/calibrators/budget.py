@@ -151,7 +151,10 @@ def _windows_available() -> int | None:  # pragma: no cover - exercised on Windo
 
 def _cgroup_available(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """What is left under this process's cgroup memory limit (v2, else v1); None without one."""
-    for limit_file, usage_file in (("memory.max", "memory.current"), ("memory.limit_in_bytes", "memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+    ):
         folder = _own_cgroup(root, limit_file)
         if folder is None:
             continue

@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorsData
@@ -51,13 +50,13 @@ from ..state import CalibrationState, model_fingerprint
 from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
 from .common import (
     _METHODS,
+    MEMORY_BUDGET_OPTION,
     _augmented_model_path,
     _binned_and_binnable,
     _check_mode,
     _check_streaming_bins,
     _is_checkpoint,
     _one_call_at_a_time,
-    MEMORY_BUDGET_OPTION,
     _ReadDigest,
     _run_batches,
     _second_read_differs,
