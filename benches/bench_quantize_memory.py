@@ -12,6 +12,8 @@ subprocess (so ``ru_maxrss`` is the run's own):
 * ``histocal``: the same call under ``histocal.patch_onnxruntime()``, default memory budget
 * ``histocal-over``: the same with ``HISTOCAL_MEMORY_BUDGET`` set below the outputs' size
   (``--small-budget``): streaming, bounded memory, ranges close to ORT's but not identical
+* ``histocal-rewind-over``: the same budget with a reader that has ``rewind()``: exact mode
+  runs again the batches that did not fit, in bounded memory, with ORT's ranges
 
 and reports per run the wall time of ``quantize_static``, the peak RSS and the RSS before the
 call (imports and model loaded), and whether the ranges (captured from the calibrator's
@@ -44,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_calibrate as bc
 
-IMPLS = ("ort", "histocal", "histocal-over")
+IMPLS = ("ort", "histocal", "histocal-over", "histocal-rewind-over")
 
 
 class ReadOnceReader:
@@ -84,7 +86,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     quantize_module.create_calibrator = recording
     specs = bc.input_specs(spec["model"], spec["dim"])
-    reader = ReadOnceReader(specs, spec["samples"], spec["seed"])
+    reader: Any = ReadOnceReader(specs, spec["samples"], spec["seed"])
+    if spec["impl"] == "histocal-rewind-over":
+        reader = bc.SyntheticReader(specs, spec["samples"], spec["seed"])
     rss_before = bc.current_rss_mb()
     t0 = time.perf_counter()
     oq.quantize_static(
@@ -135,6 +139,7 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--methods", nargs="+", default=["Percentile", "Entropy"])
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, help="runs (ort always runs first)")
     ap.add_argument("--small-budget", default="64M", help="HISTOCAL_MEMORY_BUDGET of the histocal-over runs")
     ap.add_argument("--model", help="an ONNX model instead of the built-in CNN")
     ap.add_argument("--dim", type=int, default=1, help="value of symbolic input dims (--model)")
@@ -169,7 +174,7 @@ def main(argv: list[str]) -> None:
     for method in args.methods:
         for n in samples:
             ref = None
-            for impl in IMPLS:
+            for impl in ["ort", *[i for i in args.impls if i != "ort"]]:
                 spec = {
                     "impl": impl,
                     "model": model,
@@ -180,7 +185,7 @@ def main(argv: list[str]) -> None:
                     "output": str(work / f"{impl}.onnx"),
                     "ranges": str(work / f"{impl}.pkl"),
                 }
-                env = {"HISTOCAL_MEMORY_BUDGET": args.small_budget} if impl == "histocal-over" else {}
+                env = {"HISTOCAL_MEMORY_BUDGET": args.small_budget} if impl.endswith("-over") else {}
                 r = run_child(spec, env)
                 with open(spec["ranges"], "rb") as f:
                     got = pickle.load(f)
@@ -203,7 +208,7 @@ def main(argv: list[str]) -> None:
         f"Model: {desc}",
         "",
         *[f"Machine: {m}" for m in bc.machine_info()],
-        f"Load average: {load_start} at start, {bc.loadavg()} at end; histocal-over: "
+        f"Load average: {load_start} at start, {bc.loadavg()} at end; histocal-over and histocal-rewind-over: "
         f"HISTOCAL_MEMORY_BUDGET={args.small_budget}.",
         "",
         *rows,
