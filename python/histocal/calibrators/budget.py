@@ -178,7 +178,10 @@ def _own_cgroup(root: Path, limit_file: str) -> Path | None:
         if len(parts) != 3:
             continue
         controllers, path = parts[1], parts[2].lstrip("/")
-        if controllers in ("", "memory") or "memory" in controllers.split(","):
+        # cgroup v2's line has no controllers; v1 names the memory controller
+        if (controllers == "") == (limit_file == "memory.max") and (
+            controllers == "" or "memory" in controllers.split(",")
+        ):
             for base in (root / path, root / "memory" / path, root, root / "memory"):
                 if (base / limit_file).is_file():
                     return base
