@@ -310,8 +310,15 @@ def _add_method_options(
         g.add_argument(
             "--mode",
             choices=("auto", "exact", "streaming"),
-            help="histogram collection: exact (ORT-identical, reads the data twice), streaming "
-            "(one pass), auto (default: exact when the data can be read twice)",
+            help="histogram collection: exact (ORT-identical; one inference pass while the outputs fit "
+            "the memory budget, the rest run again), streaming (one pass, bounded memory), auto (default: "
+            "exact, but streaming for data read once whose outputs outgrow the budget)",
+        )
+        g.add_argument(
+            "--memory-budget",
+            metavar="SIZE",
+            help="exact mode: outputs kept to save a second inference pass, in bytes or e.g. 512M, 2GiB "
+            "(default: HISTOCAL_MEMORY_BUDGET, else the lesser of 25%% of available memory and 8 GiB)",
         )
         g.add_argument(
             "--streaming-bins",
@@ -372,13 +379,14 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         "per_channel": getattr(args, "calib_per_channel", None),
         "CollectionMode": getattr(args, "mode", None),
         "StreamingBins": getattr(args, "streaming_bins", None),
+        "MemoryBudget": getattr(args, "memory_budget", None),
         **{k: getattr(args, k, None) for k in _METHOD_OPTION_KEYS},
     }
     applies = {
         "minmax": {"symmetric", "moving_average", "averaging_constant", "max_intermediate_outputs", "per_channel"},
-        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins"},
-        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins"},
-        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins"},
+        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins", "MemoryBudget"},
+        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins", "MemoryBudget"},
+        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins", "MemoryBudget"},
     }.get(method) or {"StreamingBins", *_histocal_option_names(method)}
     options: dict[str, Any] = {}
     for key, value in given.items():
@@ -434,9 +442,13 @@ def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _flag(key: str) -> str:
-    return {"CollectionMode": "--mode", "StreamingBins": "--streaming-bins", "per_channel": "--per-channel"}.get(
-        key, "--" + key.replace("_", "-")
-    )
+    flags = {
+        "CollectionMode": "--mode",
+        "StreamingBins": "--streaming-bins",
+        "MemoryBudget": "--memory-budget",
+        "per_channel": "--per-channel",
+    }
+    return flags.get(key, "--" + key.replace("_", "-"))
 
 
 # ---------------------------------------------------------------------------------------------
