@@ -22,6 +22,7 @@ LAYERS = (
     ("histocal.calibrators",),
     ("histocal.report",),
     ("histocal.quantize",),
+    ("histocal.diagnose",),
     ("histocal.cli",),
     ("histocal.__main__",),
 )

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .calibrate import _load_state, _ranges_from_state
+from .diagnose import auto_exclude
 from .common import (
     METHODS,
     CliError,
@@ -125,14 +126,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise _UsageError("give either --data or --state, not both")
     if not sources and args.cache is None:
         raise _UsageError("give --data, --cache or --state")
-    model = _check_model(args.model)
+    model = shown = _check_model(args.model)
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
     write_cache = False
     _default_error_model(args)
     quantization = _quantization_arguments(args)
 
-    if args.state is not None:
+    staging = tempfile.TemporaryDirectory(prefix="histocal.")
+    if args.auto_exclude:
+        args.method = args.method or "minmax"
+        ranges, model = auto_exclude(args, model, quantization, Path(staging.name))
+    elif args.state is not None:
         ranges = _ranges_from_state(args, _load_state(args.state))
     elif args.data is None:  # --cache alone: reuse it
         if cache is None:
@@ -157,7 +162,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         else:
             ranges, _ = _calibrate(args, model, data, want_state=False)
             write_cache = cache is not None
-    if args.method != "auto" or args.data is None or args.per_tensor_estimate:
+    if not args.auto_exclude:
+        for flag, value in (
+            ("--target-sqnr", args.target_sqnr),
+            ("--max-excluded-fraction", args.max_excluded_fraction),
+        ):
+            if value is not None:
+                logger.warning("option %s applies only to --auto-exclude; ignored", flag)
+    if (args.method != "auto" or args.data is None or args.per_tensor_estimate) and not args.auto_exclude:
         for flag, value in (
             ("--eval-samples", args.eval_samples),
             ("--folds", args.folds),
@@ -186,10 +198,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         # without its data.
         for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
             os.replace(f, output.parent / f.name)
+    staging.cleanup()
     logger.info("wrote %s", output)
     how = _display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
     sys.stdout.write(
-        f"quantized {model} -> {output} ({how} ranges, {args.format}, "
+        f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"
     )
     return 0

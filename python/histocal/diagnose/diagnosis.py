@@ -1,0 +1,485 @@
+"""``diagnose``: what breaks a quantized model, and which nodes to leave in float.
+
+Steps (costs in brackets):
+
+1. Calibrate once: one streaming pass over the calibration data (every histogram method can be
+   computed from its state), holding back the first ``eval_samples`` feeds when no separate
+   evaluation data is given; the ranges are ``method``'s. [one calibration]
+2. Quantize with ORT's ``quantize_static`` and measure the output SQNR against the float model
+   on the held-back feeds. [one quantization, one run of each model over the held-back feeds]
+3. Screen: on the switched model (``switches``) the best-first group screen of ``screen``
+   estimates, per quantized tensor, how much of the output noise leaving it in float removes, on
+   the first ``screen_samples`` held-back feeds. [at most ``max_screen_runs`` runs over them]
+4. Exact checks: the screen's candidates best first, then the quantized sentinel tensors (see
+   ``findings``), each added to the exclusion list only if ORT's real quantized model, with that
+   list as ``nodes_to_exclude``, gains at least ``min_gain_db`` on the held-back feeds; until the
+   target SQNR is reached, ``max_exact_checks`` checks are made, or the next candidate would take
+   the excluded nodes past ``max_excluded_fraction`` of the quantized nodes. [per check one
+   quantization and one run over the held-back feeds]
+
+The suggestion (``Diagnosis.nodes_to_exclude``) is the accepted exclusion list; its SQNR is
+measured, not estimated. Leaving a tensor in float means excluding every quantized node next to
+it (ORT quantizes a tensor when any neighbour is quantized), so a candidate adds one to three
+node names. Unnamed nodes cannot be named in ``nodes_to_exclude``: the model is first given names
+(``switches.name_nodes``, the same names every time), which ``histocal quantize --auto-exclude``
+applies too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+from .. import calibrators, methods
+from ..io.readers import DataSource
+from ..quantize.integration import _collect_unless_empty, _default_method_options, _withholding_first
+from ..quantize.ort import QUANTIZE_ARGUMENTS, quantize_with_ranges
+from ..state import CalibrationState
+from . import screen as _screen
+from .findings import RangeFinding, range_findings
+from .report_text import summary_text
+from .switches import SWITCH_INPUT, QuantizedTensor, name_nodes, quantized_nodes, switched_model
+
+logger = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "method": "minmax",
+    "eval_samples": 8,
+    "screen_samples": 4,
+    "max_excluded_fraction": 0.1,
+    "max_screen_runs": 64,
+    "max_exact_checks": 8,
+    "min_gain_db": 0.1,
+}
+_SCREEN_MIN_SHARE = 0.002  # groups removing less than 0.2% of the noise (< 0.01 dB) are not split
+
+
+@dataclass(frozen=True)
+class TensorImpact:
+    """One candidate tensor: its name, kind ("activation" or "weight"), the quantized nodes to
+    exclude to leave it in float, the screen's estimate of the SQNR gain of leaving it alone in
+    float, and, when checked, the exact gain it added to the suggestion (``accepted``) or would have
+    added (not accepted); ``note`` says why it was not checked, if so."""
+
+    tensor: str
+    kind: str
+    nodes: tuple[str, ...]
+    screen_gain_db: float | None
+    exact_gain_db: float | None = None
+    accepted: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The outcome of ``diagnose``. SQNRs are of the graph outputs against the float model on the
+    held-back feeds, in dB. ``impacts``: candidate tensors, the screen's order; ``findings``: the
+    quantized tensors whose ranges sentinels or outliers decide; ``nodes_to_exclude``: the
+    suggestion and ``sqnr_excluded_db`` its measured SQNR; ``unresolved``: groups the screen left
+    unsplit (their first and last tensor, size and estimated gain); ``seconds``: calibration,
+    quantization, screen, checks and total."""
+
+    method: str
+    sqnr_db: float
+    quantized_nodes: int
+    quantized_tensors: int
+    impacts: tuple[TensorImpact, ...]
+    findings: tuple[RangeFinding, ...]
+    nodes_to_exclude: tuple[str, ...]
+    sqnr_excluded_db: float
+    target_sqnr_db: float | None
+    max_excluded_fraction: float
+    eval_samples: int
+    screen_samples: int
+    screen_runs: int
+    exact_checks: int
+    unresolved: tuple[tuple[str, str, int, float], ...]
+    seconds: Mapping[str, float]
+    named_nodes: int = 0
+    ranges: TensorsData | None = field(default=None, repr=False, compare=False)
+    state: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def excluded_fraction(self) -> float:
+        return len(self.nodes_to_exclude) / self.quantized_nodes if self.quantized_nodes else 0.0
+
+    @property
+    def gain_db(self) -> float:
+        return self.sqnr_excluded_db - self.sqnr_db
+
+    @property
+    def target_reached(self) -> bool | None:
+        return None if self.target_sqnr_db is None else self.sqnr_excluded_db >= self.target_sqnr_db
+
+    def summary(self) -> str:
+        """A plain-text account: SQNR before and after, the candidates, the findings."""
+        return summary_text(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field but the ranges and the state (non-finite numbers as strings)."""
+
+        def num(x: float | None) -> float | str | None:
+            return x if x is None or math.isfinite(x) else str(x)
+
+        return {
+            "method": self.method,
+            "sqnr_db": num(self.sqnr_db),
+            "sqnr_excluded_db": num(self.sqnr_excluded_db),
+            "gain_db": num(self.gain_db),
+            "target_sqnr_db": self.target_sqnr_db,
+            "target_reached": self.target_reached,
+            "nodes_to_exclude": list(self.nodes_to_exclude),
+            "excluded_fraction": self.excluded_fraction,
+            "max_excluded_fraction": self.max_excluded_fraction,
+            "quantized_nodes": self.quantized_nodes,
+            "quantized_tensors": self.quantized_tensors,
+            "named_nodes": self.named_nodes,
+            "impacts": [
+                {
+                    "tensor": i.tensor,
+                    "kind": i.kind,
+                    "nodes": list(i.nodes),
+                    "screen_gain_db": num(i.screen_gain_db),
+                    "exact_gain_db": num(i.exact_gain_db),
+                    "accepted": i.accepted,
+                    "note": i.note,
+                }
+                for i in self.impacts
+            ],
+            "findings": [
+                {
+                    "tensor": f.tensor,
+                    "kind": f.kind,
+                    "min": num(f.min),
+                    "max": num(f.max),
+                    "ratio": num(f.ratio),
+                    "share": f.share,
+                    "detail": f.detail,
+                }
+                for f in self.findings
+            ],
+            "unresolved": [
+                {"first": a, "last": b, "tensors": n, "screen_gain_db": num(g)} for a, b, n, g in self.unresolved
+            ],
+            "eval_samples": self.eval_samples,
+            "screen_samples": self.screen_samples,
+            "screen_runs": self.screen_runs,
+            "exact_checks": self.exact_checks,
+            "seconds": dict(self.seconds),
+        }
+
+
+def _as_minmax(ranges: TensorsData) -> TensorsData:
+    return TensorsData(
+        CalibrationMethod.MinMax,
+        {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in ranges.data.items()},
+    )
+
+
+def _calibrate(
+    model_path: Path,
+    data: Any,
+    hold_back: int,
+    streaming_bins: int | None,
+    show_progress: bool | None,
+    quantize_kwargs: Mapping[str, Any],
+) -> tuple[CalibrationState, list[dict[str, np.ndarray]]]:
+    """One streaming collection over ``data`` (every method can be computed from its state),
+    keeping its first ``hold_back`` feeds out of it; (state, the kept feeds)."""
+    kept: list[dict[str, np.ndarray]] = []
+    with tempfile.TemporaryDirectory(prefix="histocal.diagnose.") as tmp:
+        calibrator = calibrators.create_calibrator(
+            model_path,
+            quantize_kwargs.get("op_types_to_quantize"),
+            augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
+            calibrate_method="auto",
+            use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
+            providers=quantize_kwargs.get("calibration_providers"),
+            extra_options={calibrators.STREAMING_BINS_OPTION: streaming_bins},
+        )
+        if show_progress is not None:
+            calibrator.show_progress = show_progress
+        if not _collect_unless_empty(calibrator, _withholding_first(data, kept, hold_back)):
+            raise ValueError(
+                f"diagnose: no calibration data left after holding back {len(kept)} feeds for evaluation; "
+                "give more data, separate evaluation data, or fewer held-back feeds"
+            )
+        return calibrator.state, kept
+
+
+def _ranges(state: CalibrationState, method: str, method_options: dict[str, Any] | None, kwargs: Mapping) -> Any:
+    name = methods.canonical_name(method)
+    options = dict(method_options or {})
+    if name not in methods.ORT_METHODS:
+        extra = dict(kwargs.get("extra_options") or {})
+        options = _default_method_options(name, options, kwargs.get("activation_type", QuantType.QInt8), extra)
+    return _as_minmax(state.compute(name, **options))
+
+
+def _check_fraction(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"max_excluded_fraction must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def diagnose(
+    model_input: str | Path | onnx.ModelProto,
+    calibration_data: Any = None,
+    eval_data: Any = None,
+    *,
+    method: str = DEFAULTS["method"],
+    method_options: dict[str, Any] | None = None,
+    state: CalibrationState | None = None,
+    eval_samples: int = DEFAULTS["eval_samples"],
+    target_sqnr_db: float | None = None,
+    max_excluded_fraction: float = DEFAULTS["max_excluded_fraction"],
+    screen_samples: int = DEFAULTS["screen_samples"],
+    max_screen_runs: int = DEFAULTS["max_screen_runs"],
+    max_exact_checks: int = DEFAULTS["max_exact_checks"],
+    min_gain_db: float = DEFAULTS["min_gain_db"],
+    streaming_bins: int | None = None,
+    show_progress: bool | None = None,
+    providers: Sequence[Any] | None = None,
+    **quantize_kwargs: Any,
+) -> Diagnosis:
+    """Diagnose the int8 (or other ``activation_type``) quantization of ``model_input``: see the
+    module docstring. ``calibration_data``: any data source histocal calibrates on (its first
+    ``eval_samples`` feeds are held back for evaluation unless ``eval_data`` is given);
+    ``state``: a ``CalibrationState`` to take the ranges from instead (then ``eval_data`` is
+    needed). ``method``/``method_options``: the range method (any histogram method or registered
+    one). ``quantize_kwargs``: ``quantize_static``'s quantization arguments (the screen always
+    uses the QDQ format; the exact checks use ``quant_format``). ``providers`` run the models."""
+    start = time.perf_counter()
+    unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"diagnose: unknown quantize_static arguments {unknown}")
+    max_excluded_fraction = _check_fraction(max_excluded_fraction)
+    for label, value in (
+        ("eval_samples", eval_samples),
+        ("screen_samples", screen_samples),
+        ("max_screen_runs", max_screen_runs),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive integer, got {value!r}")
+    if isinstance(max_exact_checks, bool) or not isinstance(max_exact_checks, int) or max_exact_checks < 0:
+        raise ValueError(f"max_exact_checks must be a non-negative integer, got {max_exact_checks!r}")
+    if state is None and calibration_data is None:
+        raise ValueError("diagnose needs calibration_data or a state")
+    if state is not None and eval_data is None:
+        raise ValueError("diagnose with a state needs eval_data (held-back feeds the state was not collected on)")
+    providers = list(providers) if providers else ["CPUExecutionProvider"]
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="histocal.diagnose.") as tmp_name:
+        tmp = Path(tmp_name)
+        float_model = model_input if isinstance(model_input, onnx.ModelProto) else onnx.load(str(model_input))
+        float_model, named = name_nodes(float_model)
+        if named:
+            logger.warning(
+                "diagnose: %d nodes have no name; they are named <op_type>_<position> (histocal quantize "
+                "--auto-exclude applies the same names)",
+                named,
+            )
+        model_path = tmp / "model.onnx"
+        onnx.save_model(float_model, model_path.as_posix(), save_as_external_data=True)
+        t = time.perf_counter()
+        feeds: list[dict[str, np.ndarray]]
+        if state is None:
+            state, feeds = _calibrate(
+                model_path, calibration_data, 0 if eval_data is not None else eval_samples,
+                streaming_bins, show_progress, quantize_kwargs,
+            )  # fmt: skip
+        else:
+            feeds = []
+        if eval_data is not None:
+            feeds = [dict(f) for f in DataSource(eval_data).read()]
+        if not feeds:
+            raise ValueError("diagnose: no evaluation feeds")
+        seconds["calibration"] = time.perf_counter() - t
+        ranges = _ranges(state, method, method_options, quantize_kwargs)
+        result = _Run(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
+            state,
+            screen_samples,
+            max_screen_runs,
+            max_exact_checks,
+            min_gain_db,
+            target_sqnr_db,
+            max_excluded_fraction,
+            seconds,
+        )
+    seconds["total"] = time.perf_counter() - start
+    impacts, excluded, sqnr, sqnr_excluded, counts, screen_runs, checks, unresolved, findings = result
+    diagnosis = Diagnosis(
+        method=methods.canonical_name(method),
+        sqnr_db=sqnr,
+        quantized_nodes=counts["nodes"],
+        quantized_tensors=len(counts["tensors"]),
+        impacts=tuple(impacts),
+        findings=tuple(findings),
+        nodes_to_exclude=tuple(excluded),
+        sqnr_excluded_db=sqnr_excluded,
+        target_sqnr_db=target_sqnr_db,
+        max_excluded_fraction=max_excluded_fraction,
+        eval_samples=len(feeds),
+        screen_samples=min(screen_samples, len(feeds)),
+        screen_runs=screen_runs,
+        exact_checks=checks,
+        unresolved=tuple(unresolved),
+        seconds=seconds,
+        named_nodes=named,
+        ranges=ranges,
+        state=state,
+    )
+    logger.info("diagnose: %s", diagnosis.summary().splitlines()[0])
+    return diagnosis
+
+
+class _Run:
+    """One diagnosis over a saved model (steps 2-4 of the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        float_model: onnx.ModelProto,
+        ranges: TensorsData,
+        feeds: list[dict[str, np.ndarray]],
+        providers: list[Any],
+        quantize_kwargs: Mapping[str, Any],
+        tmp: Path,
+    ) -> None:
+        self.model_path = model_path
+        self.float_model = float_model
+        self.ranges = ranges
+        self.providers = providers
+        self.kwargs = dict(quantize_kwargs)
+        self.user_excluded = list(self.kwargs.pop("nodes_to_exclude", None) or [])
+        self.tmp = tmp
+        self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
+        self.checks = 0
+
+    def _quantize(self, path: Path, exclude: Sequence[str], **override: Any) -> None:
+        kwargs = {**self.kwargs, **override}
+        kwargs.pop("calibration_providers", None)
+        quantize_with_ranges(
+            self.model_path, path, self.ranges, nodes_to_exclude=[*self.user_excluded, *exclude] or None, **kwargs
+        )
+
+    def exact_sqnr(self, exclude: Sequence[str]) -> float:
+        path = self.tmp / f"check{self.checks}.onnx"
+        self._quantize(path, exclude)
+        noise = self.reference.noise(_screen.session(path, self.providers))
+        for f in self.tmp.glob(f"check{self.checks}.onnx*"):
+            f.unlink()
+        return _screen.sqnr_db(self.reference.signal, noise)
+
+    def diagnose(
+        self,
+        state: CalibrationState,
+        screen_samples: int,
+        max_screen_runs: int,
+        max_exact_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+        seconds: dict[str, float],
+    ) -> tuple[Any, ...]:
+        t = time.perf_counter()
+        qdq_path = self.tmp / "qdq.onnx"
+        self._quantize(qdq_path, (), quant_format=QuantFormat.QDQ, use_external_data_format=True)
+        qdq = onnx.load(qdq_path.as_posix())
+        nodes = quantized_nodes(qdq)
+        switched, tensors = switched_model(qdq, self.float_model)
+        del qdq
+        if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:
+            sqnr = _screen.sqnr_db(self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers)))
+        else:
+            sqnr = self.exact_sqnr(())
+        switched_path = self.tmp / "switched.onnx"
+        onnx.save_model(switched, switched_path.as_posix(), save_as_external_data=True, location="switched.data")
+        del switched
+        seconds["quantization"] = time.perf_counter() - t
+        logger.info("diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr)
+
+        t = time.perf_counter()
+        result = _screen.screen_tensors(
+            _screen.session(switched_path, self.providers),
+            SWITCH_INPUT,
+            self.reference,
+            len(tensors),
+            limit=screen_samples,
+            max_candidates=max(2 * max_exact_checks, 8),
+            max_runs=max_screen_runs,
+            min_share=_SCREEN_MIN_SHARE,
+        )
+        seconds["screen"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        candidates: list[tuple[QuantizedTensor, float | None]] = [
+            (tensors[i], result.gain_db(r)) for i, r in result.candidates
+        ]
+        findings = range_findings(state, [x.name for x in tensors])
+        # sentinel tensors the screen did not rank come after its candidates (their exact check decides)
+        screened = {c.name for c, _ in candidates}
+        by_name = {x.name: x for x in tensors}
+        candidates += [(by_name[f.tensor], None) for f in findings if f.kind == "sentinel" and f.tensor not in screened]
+        impacts, excluded, sqnr_excluded = self._exact(
+            candidates, len(nodes), sqnr, max_exact_checks, min_gain_db, target, max_fraction
+        )
+        seconds["checks"] = time.perf_counter() - t
+        unresolved = [
+            (tensors[a].name, tensors[b - 1].name, b - a, result.gain_db(r))
+            for a, b, r in result.unresolved
+            if b - a > 1 and r > 0
+        ][:5]
+        counts = {"nodes": len(nodes), "tensors": [x.name for x in tensors]}
+        return impacts, excluded, sqnr, sqnr_excluded, counts, result.runs, self.checks, unresolved, findings
+
+    def _exact(
+        self,
+        candidates: list[tuple[QuantizedTensor, float | None]],
+        node_count: int,
+        sqnr: float,
+        max_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+    ) -> tuple[list[TensorImpact], list[str], float]:
+        excluded: list[str] = []
+        current = sqnr
+        impacts = []
+        limit = math.floor(max_fraction * node_count + 1e-9)
+        for tensor, gain in candidates:
+            new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
+            note = ""
+            if target is not None and current >= target:
+                note = "target reached"
+            elif not tensor.nodes:
+                note = "no named node next to it"
+            elif not new:
+                note = "already left in float"
+            elif len(excluded) + len(new) > limit:
+                note = f"would exceed {max_fraction:.0%} of the quantized nodes"
+            elif self.checks >= max_checks:
+                note = "check budget spent"
+            if note:
+                impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, note=note))
+                continue
+            got = self.exact_sqnr([*excluded, *new])
+            self.checks += 1
+            accepted = got - current >= min_gain_db
+            logger.debug("diagnose: leaving %s in float: %.2f dB (%s)", tensor.name, got, accepted)
+            impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, got - current, accepted))
+            if accepted:
+                excluded += new
+                current = got
+        return impacts, excluded, current
