@@ -44,7 +44,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from .. import calibrators, methods
 from ..io.readers import DataSource
 from ..quantize.integration import _collect_unless_empty, _default_method_options, _withholding_first
-from ..quantize.ort import QUANTIZE_ARGUMENTS, quantize_with_ranges
+from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from ..state import CalibrationState
 from . import screen as _screen
 from .findings import RangeFinding, range_findings
@@ -290,8 +290,7 @@ def diagnose(
                 "--auto-exclude applies the same names)",
                 named,
             )
-        model_path = tmp / "model.onnx"
-        onnx.save_model(float_model, model_path.as_posix(), save_as_external_data=True)
+        model_path = model_file(float_model, tmp)
         t = time.perf_counter()
         feeds: list[dict[str, np.ndarray]]
         if state is None:

@@ -1,6 +1,6 @@
 """Output error of a model against the float model, and the group screen over quantized tensors.
 
-The error of a run is its noise energy: the sum over every numeric graph output of every feed of
+The error of a run is its noise energy: the sum over every float graph output of every feed of
 (y - y_q)^2, y the float model's output (the SQNR is 10 log10(sum y^2 / noise)). Outputs that
 cannot be compared (another shape, a non-finite value where the float one is finite) make the
 noise infinite.
@@ -62,9 +62,11 @@ class Reference:
         for i, feed in enumerate(feeds):
             arrays = dict(zip(names, run_session(float_session, names, feed, i)))
             if numeric is None:
-                numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind in "biuf"]
+                # Float outputs only: integer outputs (ids echoed back, argmax) are not quantized,
+                # and their energy would inflate the SQNR.
+                numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind == "f"]
                 if not numeric:
-                    raise ValueError(f"diagnose: the model has no numeric tensor output to compare (outputs {names})")
+                    raise ValueError(f"diagnose: the model has no float tensor output to compare (outputs {names})")
             self.outputs.append([np.asarray(arrays[n], np.float64) for n in numeric])
         self.names = numeric or []
         self.signal = float(sum(np.sum(np.square(y[np.isfinite(y)])) for ys in self.outputs for y in ys))
