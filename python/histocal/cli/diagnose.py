@@ -17,6 +17,7 @@ from .common import (
     _float,
     _open_data,
     _positive_int,
+    _quantization_arguments,
     _UsageError,
 )
 
@@ -70,7 +71,9 @@ def diagnose_parser(sub: Any, add_quantization_options: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
     _add_data_options(p, required=True)
-    p.add_argument("--eval-data", nargs="+", metavar="PATH", help="held-back data files or folders (default: see --eval-samples)")
+    p.add_argument(
+        "--eval-data", nargs="+", metavar="PATH", help="held-back data files or folders (default: see --eval-samples)"
+    )
     _add_method_options(p, default_method=DEFAULTS["method"], minmax=False, collection=False)
     add_quantization_options(p)
     g = p.add_argument_group("diagnosis")
@@ -145,8 +148,6 @@ def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str,
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from .quantize import _quantization_arguments
-
     model = _check_model(args.model)
     if args.report is not None:
         from ..report import require_matplotlib
@@ -197,4 +198,3 @@ def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, 
     if diagnosis.nodes_to_exclude:
         sys.stdout.write("auto-exclude: nodes_to_exclude " + " ".join(diagnosis.nodes_to_exclude) + "\n")
     return diagnosis.ranges, model
-

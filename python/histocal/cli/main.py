@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from .calibrate import cmd_calibrate, cmd_recompute
 from .common import (
     AUTO_EVAL_SAMPLES,
@@ -33,7 +34,6 @@ from .common import (
     _positive_int,
     _UsageError,
 )
-from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from .demo import cmd_demo
 from .diagnose import add_exclusion_options, diagnose_parser
 from .inspect import cmd_inspect

@@ -400,14 +400,18 @@ class _Run:
         switched, tensors = switched_model(qdq, self.float_model)
         del qdq
         if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:
-            sqnr = _screen.sqnr_db(self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers)))
+            sqnr = _screen.sqnr_db(
+                self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
+            )
         else:
             sqnr = self.exact_sqnr(())
         switched_path = self.tmp / "switched.onnx"
         onnx.save_model(switched, switched_path.as_posix(), save_as_external_data=True, location="switched.data")
         del switched
         seconds["quantization"] = time.perf_counter() - t
-        logger.info("diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr)
+        logger.info(
+            "diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr
+        )
 
         t = time.perf_counter()
         result = _screen.screen_tensors(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,8 @@ class Reference:
     """The float model's numeric outputs on some feeds (kept in memory), and the noise energy of
     another model's outputs on the same feeds."""
 
-    def __init__(self, float_session: Any, feeds: list[Feed]) -> None:
-        self.feeds = feeds
+    def __init__(self, float_session: Any, feeds: Sequence[Feed]) -> None:
+        self.feeds = list(feeds)
         names = [o.name for o in float_session.get_outputs()]
         self.outputs: list[list[np.ndarray]] = []
         numeric: list[str] | None = None
@@ -171,10 +172,8 @@ def screen_tensors(
         middle = (first + end) // 2
         for a, b in ((first, middle), (middle, end)):
             rest = noise_without(a, b)
-            if math.isinf(full):
-                part = math.inf if not math.isinf(rest) else 0.0
-            else:
-                part = max(full - rest, 0.0)
+            # a non-finite output: a group whose float version makes the rest finite holds the culprit
+            part = (0.0 if math.isinf(rest) else math.inf) if math.isinf(full) else max(full - rest, 0.0)
             heapq.heappush(queue, (-part, a, b))
         logger.debug("diagnose: screen split [%d, %d) at %d (%d runs)", first, end, middle, runs)
     unresolved = sorted(((a, b, -r) for r, a, b in queue), key=lambda g: -g[2])

@@ -49,7 +49,7 @@ def diagnosis_html(d: Any, anchors: dict[str, str]) -> str:
     out.append(f'<p class="meta" data-sqnr="{d.sqnr_db!r}" data-sqnr-excluded="{d.sqnr_excluded_db!r}">{facts}</p>')
     if d.nodes_to_exclude:
         out.append(
-            '<p>Suggested <code>nodes_to_exclude</code>: '
+            "<p>Suggested <code>nodes_to_exclude</code>: "
             + ", ".join(f'<code class="exclude">{_e(n)}</code>' for n in d.nodes_to_exclude)
             + "</p>"
         )
@@ -69,7 +69,7 @@ def diagnosis_html(d: Any, anchors: dict[str, str]) -> str:
             out.append(
                 f'<tr><td class="name" data-name="{_e(i.tensor)}">{tensor(i.tensor)}</td><td>{_e(i.kind)}</td>'
                 f"<td>{_db(i.screen_gain_db)} dB</td><td>{_db(i.exact_gain_db)} dB</td>"
-                f"<td>{'yes' if i.accepted else 'no'}</td><td class=\"name\">{note}</td></tr>"
+                f'<td>{"yes" if i.accepted else "no"}</td><td class="name">{note}</td></tr>'
             )
         out.append("</tbody></table></div>")
     if d.findings:
@@ -79,9 +79,7 @@ def diagnosis_html(d: Any, anchors: dict[str, str]) -> str:
         out.append("</ul>")
     if d.unresolved:
         out.append('<p class="small">Groups the screen left unsplit (their noise is spread over many tensors): ')
-        out.append(
-            "; ".join(f"{n} tensors {_e(a)} … {_e(b)} ({_db(g)} dB)" for a, b, n, g in d.unresolved) + ".</p>"
-        )
+        out.append("; ".join(f"{n} tensors {_e(a)} … {_e(b)} ({_db(g)} dB)" for a, b, n, g in d.unresolved) + ".</p>")
     cost = ", ".join(f"{_e(k)} {v:.2f} s" for k, v in d.seconds.items())
     out.append(f'<p class="small">{d.screen_runs} screen runs, {d.exact_checks} exact checks; {cost}.</p>')
     return "\n".join(out)
