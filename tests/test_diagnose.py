@@ -17,7 +17,7 @@ from onnxruntime.quantization import QuantFormat
 
 import histocal
 from histocal.cli.main import main
-from histocal.diagnose import diagnose, name_nodes, range_findings
+from histocal.diagnose import DEFAULTS, diagnose, name_nodes, range_findings
 from histocal.diagnose.switches import SWITCH_INPUT, quantized_nodes, switched_model
 
 
@@ -136,11 +136,21 @@ def test_diagnose_finds_the_broken_tensor_and_its_exclusion_recovers_the_output(
         np.testing.assert_allclose(np.ravel(d.ranges.data[name].range_value), np.ravel(data.range_value))
 
 
+def test_the_screen_ranks_the_masked_scores_of_a_padding_mask_transformer_first():
+    model, _ = name_nodes(transformer(padding_mask=True))
+    d = diagnose(model, padding_feeds([6, 7, 8, 5] * 6, seed=3), eval_samples=8)
+    first = d.impacts[0]
+    assert first.tensor == "masked" and first.screen_gain_db > 6 and first.accepted
+    assert set(first.nodes) <= set(d.nodes_to_exclude)
+    assert d.sqnr_excluded_db >= d.sqnr_db + 10 and d.excluded_fraction <= 0.1
+    assert d.screen_runs <= DEFAULTS["max_screen_runs"]
+
+
 def test_target_stops_the_checks_and_the_fraction_bounds_them():
     model = padded_mlp()
     feeds = mlp_feeds(16)
     reached = diagnose(model, feeds, max_excluded_fraction=0.5, target_sqnr_db=-100.0)
-    assert reached.target_reached and reached.nodes_to_exclude == () and reached.exact_checks == 0
+    assert reached.target_reached and reached.nodes_to_exclude == () and reached.checks == 0
     assert all(i.note == "target reached" for i in reached.impacts)
     none = diagnose(model, feeds, max_excluded_fraction=0.0, target_sqnr_db=100.0)
     assert none.nodes_to_exclude == () and none.target_reached is False

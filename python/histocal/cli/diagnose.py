@@ -66,7 +66,7 @@ def diagnose_parser(sub: Any, add_quantization_options: Any) -> None:
         description="Calibrate MODEL on --data (holding back its first --eval-samples batches, unless "
         "--eval-data is given), quantize it, and report: the output SQNR against the float model on the "
         "held-back batches; per quantized tensor, how much leaving it in float recovers (a group screen, "
-        "then exact checks of the best candidates); tensors whose ranges sentinels (attention-mask "
+        "then checks of the best candidates); tensors whose ranges sentinels (attention-mask "
         "values, the dtype's extremes) or outliers decide; and a suggested nodes_to_exclude.",
     )
     p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
@@ -100,7 +100,7 @@ def diagnose_parser(sub: Any, add_quantization_options: Any) -> None:
         "--max-checks",
         type=_positive_int,
         metavar="N",
-        help=f"exact checks (quantize and evaluate) of candidates (default {DEFAULTS['max_exact_checks']})",
+        help=f"candidate checks, one screen-sized run each (default {DEFAULTS['max_checks']})",
     )
     g.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     g.add_argument(
@@ -131,7 +131,7 @@ def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str,
         "eval_samples": args.eval_samples,
         "screen_samples": getattr(args, "screen_samples", None),
         "max_screen_runs": getattr(args, "max_screen_runs", None),
-        "max_exact_checks": getattr(args, "max_checks", None),
+        "max_checks": getattr(args, "max_checks", None),
         "max_excluded_fraction": args.max_excluded_fraction,
     }
     return diagnose(

@@ -7,15 +7,23 @@ Steps (costs in brackets):
    evaluation data is given; the ranges are ``method``'s. [one calibration]
 2. Quantize with ORT's ``quantize_static`` and measure the output SQNR against the float model
    on the held-back feeds. [one quantization, one run of each model over the held-back feeds]
-3. Screen: on the switched model (``switches``) the best-first group screen of ``screen``
-   estimates, per quantized tensor, how much of the output noise leaving it in float removes, on
-   the first ``screen_samples`` held-back feeds. [at most ``max_screen_runs`` runs over them]
-4. Exact checks: the screen's candidates best first, then the quantized sentinel tensors (see
-   ``findings``), each added to the exclusion list only if ORT's real quantized model, with that
-   list as ``nodes_to_exclude``, gains at least ``min_gain_db`` on the held-back feeds; until the
-   target SQNR is reached, ``max_exact_checks`` checks are made, or the next candidate would take
-   the excluded nodes past ``max_excluded_fraction`` of the quantized nodes. [per check one
-   quantization and one run over the held-back feeds]
+3. Screen: on the switched model (``switches``: the float model with each quantized tensor's
+   quantization switchable at run time) the best-first group screen of ``screen`` estimates, per
+   quantized tensor, how much of the output noise leaving it alone in float removes, on the first
+   ``screen_samples`` held-back feeds. [at most ``max_screen_runs`` runs over them]
+4. Checks: the screen's candidates best first, then the quantized sentinel tensors (see
+   ``findings``), each kept only if leaving its nodes in float, together with those kept before,
+   gains at least ``min_gain_db`` on the switched model under ORT's exclusion rule (a tensor is
+   in float when every quantized node next to it is excluded); until the predicted SQNR reaches
+   the target, ``max_checks`` checks are made, or the next candidate would take the excluded nodes
+   past ``max_excluded_fraction`` of the quantized nodes. [one run over the screen feeds each]
+5. Measure: ORT's quantized model with the kept nodes excluded, on every held-back feed; if it
+   does not gain ``min_gain_db``, none of them is kept. [one quantization, one run]
+6. Exact checks, for what the switched model cannot judge: a sentinel tensor, or a tensor
+   quantized with another tensor's scale (Slice, Transpose, Reshape... share their input's scale
+   in ORT; excluding them gives the tensor its own range, which the switched model does not
+   hold), whose check did not keep it is checked on ORT's quantized model, kept if it gains
+   ``min_gain_db`` over the SQNR measured so far. [at most ``max_exact_checks`` quantizations]
 
 The suggestion (``Diagnosis.nodes_to_exclude``) is the accepted exclusion list; its SQNR is
 measured, not estimated. Leaving a tensor in float means excluding every quantized node next to
@@ -27,6 +35,7 @@ applies too.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import tempfile
@@ -58,8 +67,9 @@ DEFAULTS: dict[str, Any] = {
     "eval_samples": 8,
     "screen_samples": 4,
     "max_excluded_fraction": 0.1,
-    "max_screen_runs": 64,
-    "max_exact_checks": 8,
+    "max_screen_runs": 40,
+    "max_checks": 8,
+    "max_exact_checks": 2,
     "min_gain_db": 0.1,
 }
 _SCREEN_MIN_SHARE = 0.002  # groups removing less than 0.2% of the noise (< 0.01 dB) are not split
@@ -69,14 +79,14 @@ _SCREEN_MIN_SHARE = 0.002  # groups removing less than 0.2% of the noise (< 0.01
 class TensorImpact:
     """One candidate tensor: its name, kind ("activation" or "weight"), the quantized nodes to
     exclude to leave it in float, the screen's estimate of the SQNR gain of leaving it alone in
-    float, and, when checked, the exact gain it added to the suggestion (``accepted``) or would have
-    added (not accepted); ``note`` says why it was not checked, if so."""
+    float, and, when checked, the gain its nodes added to the suggestion (``accepted``) or would
+    have added (not accepted) on the switched model; ``note`` says why it was not checked, if so."""
 
     tensor: str
     kind: str
     nodes: tuple[str, ...]
     screen_gain_db: float | None
-    exact_gain_db: float | None = None
+    check_gain_db: float | None = None
     accepted: bool = False
     note: str = ""
 
@@ -86,7 +96,9 @@ class Diagnosis:
     """The outcome of ``diagnose``. SQNRs are of the graph outputs against the float model on the
     held-back feeds, in dB. ``impacts``: candidate tensors, the screen's order; ``findings``: the
     quantized tensors whose ranges sentinels or outliers decide; ``nodes_to_exclude``: the
-    suggestion and ``sqnr_excluded_db`` its measured SQNR; ``unresolved``: groups the screen left
+    suggestion and ``sqnr_excluded_db`` its SQNR measured on onnxruntime's quantized model;
+    ``checks``: candidate checks on the switched model; ``quantizations``: onnxruntime
+    quantizations after the first; ``unresolved``: groups the screen left
     unsplit (their first and last tensor, size and estimated gain); ``seconds``: calibration,
     quantization, screen, checks and total."""
 
@@ -103,7 +115,8 @@ class Diagnosis:
     eval_samples: int
     screen_samples: int
     screen_runs: int
-    exact_checks: int
+    checks: int
+    quantizations: int
     unresolved: tuple[tuple[str, str, int, float], ...]
     seconds: Mapping[str, float]
     named_nodes: int = 0
@@ -151,7 +164,7 @@ class Diagnosis:
                     "kind": i.kind,
                     "nodes": list(i.nodes),
                     "screen_gain_db": num(i.screen_gain_db),
-                    "exact_gain_db": num(i.exact_gain_db),
+                    "check_gain_db": num(i.check_gain_db),
                     "accepted": i.accepted,
                     "note": i.note,
                 }
@@ -175,7 +188,8 @@ class Diagnosis:
             "eval_samples": self.eval_samples,
             "screen_samples": self.screen_samples,
             "screen_runs": self.screen_runs,
-            "exact_checks": self.exact_checks,
+            "checks": self.checks,
+            "quantizations": self.quantizations,
             "seconds": dict(self.seconds),
         }
 
@@ -246,6 +260,7 @@ def diagnose(
     max_excluded_fraction: float = DEFAULTS["max_excluded_fraction"],
     screen_samples: int = DEFAULTS["screen_samples"],
     max_screen_runs: int = DEFAULTS["max_screen_runs"],
+    max_checks: int = DEFAULTS["max_checks"],
     max_exact_checks: int = DEFAULTS["max_exact_checks"],
     min_gain_db: float = DEFAULTS["min_gain_db"],
     streaming_bins: int | None = None,
@@ -272,8 +287,9 @@ def diagnose(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
-    if isinstance(max_exact_checks, bool) or not isinstance(max_exact_checks, int) or max_exact_checks < 0:
-        raise ValueError(f"max_exact_checks must be a non-negative integer, got {max_exact_checks!r}")
+    for label, value in (("max_checks", max_checks), ("max_exact_checks", max_exact_checks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{label} must be a non-negative integer, got {value!r}")
     if state is None and calibration_data is None:
         raise ValueError("diagnose needs calibration_data or a state")
     if state is not None and eval_data is None:
@@ -310,6 +326,7 @@ def diagnose(
             state,
             screen_samples,
             max_screen_runs,
+            max_checks,
             max_exact_checks,
             min_gain_db,
             target_sqnr_db,
@@ -317,7 +334,7 @@ def diagnose(
             seconds,
         )
     seconds["total"] = time.perf_counter() - start
-    impacts, excluded, sqnr, sqnr_excluded, counts, screen_runs, checks, unresolved, findings = result
+    impacts, excluded, sqnr, sqnr_excluded, counts, screen_runs, quantizations, unresolved, findings = result
     diagnosis = Diagnosis(
         method=methods.canonical_name(method),
         sqnr_db=sqnr,
@@ -332,7 +349,8 @@ def diagnose(
         eval_samples=len(feeds),
         screen_samples=min(screen_samples, len(feeds)),
         screen_runs=screen_runs,
-        exact_checks=checks,
+        checks=counts["checks"],
+        quantizations=quantizations,
         unresolved=tuple(unresolved),
         seconds=seconds,
         named_nodes=named,
@@ -364,7 +382,8 @@ class _Run:
         self.user_excluded = list(self.kwargs.pop("nodes_to_exclude", None) or [])
         self.tmp = tmp
         self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
-        self.checks = 0
+        self.checks = 0  # candidate checks on the switched model
+        self.quantizations = 0  # onnxruntime quantizations beyond the first
 
     def _quantize(self, path: Path, exclude: Sequence[str], **override: Any) -> None:
         kwargs = {**self.kwargs, **override}
@@ -374,10 +393,12 @@ class _Run:
         )
 
     def exact_sqnr(self, exclude: Sequence[str]) -> float:
-        path = self.tmp / f"check{self.checks}.onnx"
+        """The output SQNR of onnxruntime's quantized model with ``exclude`` left in float."""
+        self.quantizations += 1
+        path = self.tmp / f"check{self.quantizations}.onnx"
         self._quantize(path, exclude)
         noise = self.reference.noise(_screen.session(path, self.providers))
-        for f in self.tmp.glob(f"check{self.checks}.onnx*"):
+        for f in self.tmp.glob(f"check{self.quantizations}.onnx*"):
             f.unlink()
         return _screen.sqnr_db(self.reference.signal, noise)
 
@@ -386,6 +407,7 @@ class _Run:
         state: CalibrationState,
         screen_samples: int,
         max_screen_runs: int,
+        max_checks: int,
         max_exact_checks: int,
         min_gain_db: float,
         target: float | None,
@@ -414,13 +436,14 @@ class _Run:
         )
 
         t = time.perf_counter()
+        switched_session = _screen.session(switched_path, self.providers)
         result = _screen.screen_tensors(
-            _screen.session(switched_path, self.providers),
+            switched_session,
             SWITCH_INPUT,
             self.reference,
             len(tensors),
             limit=screen_samples,
-            max_candidates=max(2 * max_exact_checks, 8),
+            max_candidates=max(2 * max_checks, 8),
             max_runs=max_screen_runs,
             min_share=_SCREEN_MIN_SHARE,
         )
@@ -431,40 +454,114 @@ class _Run:
             (tensors[i], result.gain_db(r)) for i, r in result.candidates
         ]
         findings = range_findings(state, [x.name for x in tensors])
-        # sentinel tensors the screen did not rank come after its candidates (their exact check decides)
+        # sentinel tensors the screen did not rank come after its candidates (their check decides)
         screened = {c.name for c, _ in candidates}
         by_name = {x.name: x for x in tensors}
         candidates += [(by_name[f.tensor], None) for f in findings if f.kind == "sentinel" and f.tensor not in screened]
+        impacts, excluded = self._greedy(
+            switched_session, tensors, candidates, result, len(nodes), sqnr, screen_samples, max_checks, min_gain_db,
+            target, max_fraction,
+        )  # fmt: skip
+        sqnr_excluded = sqnr
+        if excluded:
+            sqnr_excluded = self.exact_sqnr(excluded)
+            if sqnr_excluded < sqnr + min_gain_db:
+                logger.warning(
+                    "diagnose: onnxruntime's model with the candidates in float measures %.2f dB (%.2f dB without): "
+                    "no suggestion",
+                    sqnr_excluded,
+                    sqnr,
+                )
+                impacts = [dataclasses.replace(i, accepted=False) for i in impacts]
+                excluded, sqnr_excluded = [], sqnr
+        sentinels = {f.tensor for f in findings if f.kind == "sentinel"}
         impacts, excluded, sqnr_excluded = self._exact(
-            candidates, len(nodes), sqnr, max_exact_checks, min_gain_db, target, max_fraction
-        )
+            impacts, by_name, sentinels, excluded, sqnr_excluded, len(nodes), max_exact_checks, min_gain_db,
+            target, max_fraction,
+        )  # fmt: skip
         seconds["checks"] = time.perf_counter() - t
         unresolved = [
             (tensors[a].name, tensors[b - 1].name, b - a, result.gain_db(r))
             for a, b, r in result.unresolved
             if b - a > 1 and r > 0
         ][:5]
-        counts = {"nodes": len(nodes), "tensors": [x.name for x in tensors]}
-        return impacts, excluded, sqnr, sqnr_excluded, counts, result.runs, self.checks, unresolved, findings
+        counts = {"nodes": len(nodes), "tensors": [x.name for x in tensors], "checks": self.checks}
+        return impacts, excluded, sqnr, sqnr_excluded, counts, result.runs, self.quantizations, unresolved, findings
 
     def _exact(
         self,
-        candidates: list[tuple[QuantizedTensor, float | None]],
+        impacts: list[TensorImpact],
+        by_name: dict[str, QuantizedTensor],
+        sentinels: set[str],
+        excluded: list[str],
+        current: float,
         node_count: int,
-        sqnr: float,
-        max_checks: int,
+        max_exact_checks: int,
         min_gain_db: float,
         target: float | None,
         max_fraction: float,
     ) -> tuple[list[TensorImpact], list[str], float]:
+        """Checks on onnxruntime's own quantized model for the candidates the switched model
+        cannot judge: sentinel tensors and tensors quantized with another tensor's scale (an op
+        such as Slice or Transpose shares its input's scale; excluding it gives the tensor its own
+        range, which the switched model does not hold), when their switched check did not keep
+        them; each kept if it gains at least ``min_gain_db`` over the measured SQNR so far."""
+        limit = math.floor(max_fraction * node_count + 1e-9)
+        spent = 0
+        out = []
+        for impact in impacts:
+            tensor = by_name[impact.tensor]
+            new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
+            if (
+                impact.accepted
+                or not (tensor.shared_scale or tensor.name in sentinels)
+                or not new
+                or len(excluded) + len(new) > limit
+                or spent >= max_exact_checks
+                or (target is not None and current >= target)
+            ):
+                out.append(impact)
+                continue
+            spent += 1
+            got = self.exact_sqnr([*excluded, *new])
+            accepted = got - current >= min_gain_db
+            out.append(
+                dataclasses.replace(
+                    impact, check_gain_db=got - current, accepted=accepted, note="checked on onnxruntime's model"
+                )
+            )
+            if accepted:
+                excluded = [*excluded, *new]
+                current = got
+        return out, excluded, current
+
+    def _greedy(
+        self,
+        switched_session: Any,
+        tensors: list[QuantizedTensor],
+        candidates: list[tuple[QuantizedTensor, float | None]],
+        screen: _screen.ScreenResult,
+        node_count: int,
+        sqnr: float,
+        screen_samples: int,
+        max_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+    ) -> tuple[list[TensorImpact], list[str]]:
+        """Candidates best first, each kept if leaving its nodes in float (with those kept before)
+        gains at least ``min_gain_db`` on the switched model. A tensor is in float when every
+        quantized node next to it is excluded: ORT's rule, so the check sees what ORT will do."""
         excluded: list[str] = []
-        current = sqnr
         impacts = []
         limit = math.floor(max_fraction * node_count + 1e-9)
+        base = _screen.sqnr_db(screen.signal, screen.noise)  # every tensor quantized, screen feeds
+        current = base
         for tensor, gain in candidates:
             new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
             note = ""
-            if target is not None and current >= target:
+            # predicted SQNR of ORT's model: its measured one plus the gain seen on the switched model
+            if target is not None and sqnr + (current - base) >= target:
                 note = "target reached"
             elif not tensor.nodes:
                 note = "no named node next to it"
@@ -477,7 +574,10 @@ class _Run:
             if note:
                 impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, note=note))
                 continue
-            got = self.exact_sqnr([*excluded, *new])
+            left = {*excluded, *new}
+            mask = np.array([not (t.nodes and all(n in left for n in t.nodes)) for t in tensors], np.bool_)
+            noise = self.reference.noise(switched_session, {SWITCH_INPUT: mask}, screen_samples)
+            got = _screen.sqnr_db(screen.signal, noise)
             self.checks += 1
             accepted = got - current >= min_gain_db
             logger.debug("diagnose: leaving %s in float: %.2f dB (%s)", tensor.name, got, accepted)
@@ -485,4 +585,4 @@ class _Run:
             if accepted:
                 excluded += new
                 current = got
-        return impacts, excluded, current
+        return impacts, excluded

@@ -42,11 +42,11 @@ def summary_text(d: Any, max_rows: int = 20) -> str:
     if d.impacts:
         width = min(48, max(len(i.tensor) for i in d.impacts[:max_rows]))
         lines.append("")
-        lines.append(f"{'tensor':<{width}}  {'screen dB':>9}  {'exact dB':>9}  kept  nodes / note")
+        lines.append(f"{'tensor':<{width}}  {'alone dB':>9}  {'added dB':>9}  kept  nodes / note")
         for i in d.impacts[:max_rows]:
             tail = " ".join(i.nodes) if not i.note else i.note
             lines.append(
-                f"{i.tensor[:width]:<{width}}  {_db(i.screen_gain_db):>9}  {_db(i.exact_gain_db):>9}  "
+                f"{i.tensor[:width]:<{width}}  {_db(i.screen_gain_db):>9}  {_db(i.check_gain_db):>9}  "
                 f"{'yes' if i.accepted else 'no':>4}  {tail}"
             )
     if d.findings:
@@ -62,7 +62,7 @@ def summary_text(d: Any, max_rows: int = 20) -> str:
     s = d.seconds
     lines.append("")
     lines.append(
-        f"{d.screen_runs} screen runs on {d.screen_samples} batches, {d.exact_checks} exact checks; "
+        f"{d.screen_runs} screen runs on {d.screen_samples} batches, checks {d.checks}, quantizations {d.quantizations + 1}; "
         + ", ".join(f"{k} {v:.2f} s" for k, v in s.items())
     )
     return "\n".join(lines)

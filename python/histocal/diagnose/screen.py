@@ -9,13 +9,16 @@ The screen (``screen_tensors``) estimates, for each quantized tensor t, how much
 model's output noise goes away when t alone is left in float: ``reduction(G) = noise(all) -
 noise(all but G)`` for a group G of tensors, on the switched model (``switches``). It starts from
 the group of all tensors and refines best first: the group with the largest reduction is split in
-two halves (contiguous in graph order, so neighbouring tensors share a group), each half is
-measured with one run over the screen feeds, and both go back into the queue; a group of one
-tensor leaving the queue is the next candidate. It stops when it has ``max_candidates``
-candidates, when ``max_runs`` runs are spent, or when the best group left reduces the noise by
-less than ``min_share`` of it. When a few tensors carry most of the noise, each is found in about
-2 log2(n) runs; when the noise is spread evenly over many tensors, no small group recovers much,
-which the screen reports as such (the best groups it reached and their reductions).
+two halves (contiguous in graph order, so neighbouring tensors share a group); the first half is
+measured with one run over the screen feeds, the second is given the parent's reduction minus
+the first's (reductions add up when the tensors' noises are independent), and both go back into
+the queue; a group of one tensor leaving the queue is the next candidate once its own reduction
+is measured (a second half's is only inferred). It stops when it has
+``max_candidates`` candidates, when ``max_runs`` runs are spent, or when the best group left
+reduces the noise by less than ``min_share`` of it. When a few tensors carry most of the noise,
+each is found in about log2(n) runs; when the noise is spread evenly over many tensors, no small
+group recovers much, which the screen reports as such (the best groups it reached and their
+reductions).
 """
 
 from __future__ import annotations
@@ -155,26 +158,38 @@ def screen_tensors(
         # An output the float model has finite became non-finite: every split reduces by inf, so
         # rank by whether the rest still fails, the same bisection.
         logger.warning("diagnose: the quantized model's output is not finite where the float model's is")
-    queue: list[tuple[float, int, int]] = [(-full, 0, count)]
+    queue: list[tuple[float, int, int, bool]] = [(-full, 0, count, True)]  # (-reduction, first, end, measured)
     candidates: list[tuple[int, float]] = []
     while queue and len(candidates) < max_candidates:
-        negative, first, end = queue[0]
+        negative, first, end, measured = queue[0]
         reduction = -negative
         if not math.isinf(full) and reduction < min_share * full:
             break
-        if end - first == 1:
+        if end - first == 1 and measured:
             heapq.heappop(queue)
             candidates.append((first, reduction))
             continue
-        if runs + 2 > max_runs:
+        if runs + 1 > max_runs:
             break
         heapq.heappop(queue)
+        if end - first == 1:  # an inferred reduction: a candidate only once measured
+            rest = noise_without(first, end)
+            found = (0.0 if math.isinf(rest) else math.inf) if math.isinf(full) else max(full - rest, 0.0)
+            heapq.heappush(queue, (-found, first, end, True))
+            continue
         middle = (first + end) // 2
-        for a, b in ((first, middle), (middle, end)):
-            rest = noise_without(a, b)
+        rest = noise_without(first, middle)
+        if math.isinf(full):
             # a non-finite output: a group whose float version makes the rest finite holds the culprit
-            part = (0.0 if math.isinf(rest) else math.inf) if math.isinf(full) else max(full - rest, 0.0)
-            heapq.heappush(queue, (-part, a, b))
+            left = 0.0 if math.isinf(rest) else math.inf
+            right = math.inf if math.isinf(rest) else 0.0
+        else:
+            # one run per split: the other half's reduction is the parent's minus this one's
+            # (exact when reductions add up; the checks measure what the screen only ranks)
+            left = max(full - rest, 0.0)
+            right = max(reduction - left, 0.0)
+        heapq.heappush(queue, (-left, first, middle, True))
+        heapq.heappush(queue, (-right, middle, end, False))
         logger.debug("diagnose: screen split [%d, %d) at %d (%d runs)", first, end, middle, runs)
-    unresolved = sorted(((a, b, -r) for r, a, b in queue), key=lambda g: -g[2])
+    unresolved = sorted(((a, b, -r) for r, a, b, _ in queue), key=lambda g: -g[2])
     return ScreenResult(signal, full, candidates, unresolved, runs)

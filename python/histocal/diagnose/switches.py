@@ -1,18 +1,21 @@
-"""A quantized model whose quantization can be switched off per tensor at run time.
+"""The float model with switchable quantization per tensor, at run time.
 
 ORT's QDQ model computes every quantized node on dequantized values: a quantized activation x
 reaches its readers as DequantizeLinear(QuantizeLinear(x)), a quantized weight W as
-DequantizeLinear(W_quantized). ``switched_model`` rewrites each such DequantizeLinear output d into
+DequantizeLinear(W_quantized). ``switched_model`` puts exactly those QuantizeLinear /
+DequantizeLinear nodes (same scales, zero points and attributes, taken from the QDQ model) into
+the *float* model, behind a switch per tensor:
 
-    d' = Where(quantized[i], d, x)
+    x' = Where(quantized[i], DequantizeLinear(QuantizeLinear(x)), x)
 
-where ``quantized`` is one extra boolean graph input (one entry per quantized float tensor) and x
-is the float tensor (the QuantizeLinear's input, or the float model's initializer of the weight).
-With every entry true the model computes what the QDQ model computes (on float kernels: ORT does
-not fuse a DequantizeLinear that feeds a Where); with every entry false it is the float model.
+where ``quantized`` is one extra boolean graph input (one entry per quantized tensor). Every
+reader of x reads x' instead. With every entry false the model is the float model; with every
+entry true it computes what ORT's QDQ model computes, on float kernels (the QDQ model may also
+fold a Relu into the quantization's clamp at 0; the float model keeps the Relu, same values).
 Any subset of tensors is left in float by feeding a different mask to the same session: no
 quantization and no new session per configuration, which is what makes a screen over hundreds of
-tensors affordable.
+tensors affordable. Quantized biases (int32, which QuantizeLinear cannot produce) are switched
+by their DequantizeLinear from the QDQ model.
 
 Leaving tensor x in float in the real quantizer means excluding every quantized node next to it
 (ORT quantizes a tensor when any node that produces or reads it is quantized), so each tensor
@@ -35,17 +38,21 @@ logger = logging.getLogger(__name__)
 SWITCH_INPUT = "histocal_diagnose_quantized"
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _QUANTIZED_SUFFIX = "_quantized"  # ORT's name for a quantized initializer W: W_quantized
+_OUTPUT_SUFFIX = "_QuantizeLinear_Input"  # ORT's name for the producer output of a quantized graph output
 
 
 @dataclass(frozen=True)
 class QuantizedTensor:
     """One float tensor the QDQ model quantizes: its name in the float model, whether it is an
     activation or a weight (an initializer), and the quantized nodes next to it (its producer and
-    its readers), which ``nodes_to_exclude`` must name to leave it in float."""
+    its readers), which ``nodes_to_exclude`` must name to leave it in float; ``shared_scale``: its
+    quantization uses a scale other tensors' quantization uses too (ORT gives the output of ops
+    such as Slice or Transpose their input's scale)."""
 
     name: str
     kind: str
     nodes: tuple[str, ...]
+    shared_scale: bool = False
 
 
 def quantized_nodes(qdq: onnx.ModelProto) -> list[str]:
@@ -62,82 +69,134 @@ def quantized_nodes(qdq: onnx.ModelProto) -> list[str]:
     ]
 
 
+def _float_name(name: str) -> str:
+    return name[: -len(_OUTPUT_SUFFIX)] if name.endswith(_OUTPUT_SUFFIX) else name
+
+
 def switched_model(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[QuantizedTensor]]:
-    """The QDQ model with one run-time switch per quantized float tensor (module docstring), and
-    those tensors in switch order (entry i of the ``SWITCH_INPUT`` mask switches tensor i).
-    Dequantized values with no float counterpart (a quantized initializer the float model does
-    not hold under ORT's name) stay quantized."""
+    """The float model with one run-time switch per tensor the QDQ model quantizes (module
+    docstring), and those tensors in switch order (entry i of the ``SWITCH_INPUT`` mask switches
+    tensor i). A quantized value with no float counterpart under ORT's names is not switched."""
+    qgraph = qdq.graph
+    qproducer = {o: n for n in qgraph.node for o in n.output}
+    qreaders: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in qgraph.node:
+        for i in n.input:
+            qreaders[i].append(n)
+    qinit = {t.name: t for t in qgraph.initializer}
+
     model = onnx.ModelProto()
-    model.CopyFrom(qdq)
+    model.CopyFrom(float_model)
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for n in graph.node:
-        for i in n.input:
-            readers[i].append(n)
+    graph_inputs = {i.name for i in graph.input}
     initializers = {t.name for t in graph.initializer}
-    float_weights = {t.name: t for t in float_model.graph.initializer}
 
-    index: dict[str, int] = {}  # float tensor -> switch entry
+    order: dict[str, int] = {}  # float tensor -> switch entry
     kinds: dict[str, str] = {}
     nodes: dict[str, dict[str, None]] = {}
-    rewired: list[tuple[str, str, str, str]] = []  # (DequantizeLinear output, its new name, float value, tensor)
-    for n in list(graph.node):
-        if n.op_type != "DequantizeLinear":
+    pairs: dict[str, tuple[onnx.NodeProto | None, onnx.NodeProto]] = {}  # tensor -> (Q or None, DQ)
+    for dq in qgraph.node:
+        if dq.op_type != "DequantizeLinear":
             continue
-        source = n.input[0]
-        q = producer.get(source)
+        q = qproducer.get(dq.input[0])
         if q is not None and q.op_type == "QuantizeLinear":
-            float_name, kind = q.input[0], "activation"
-        elif source in initializers and source.endswith(_QUANTIZED_SUFFIX):
-            float_name, kind = source[: -len(_QUANTIZED_SUFFIX)], "weight"
-            if float_name not in float_weights:
-                logger.debug("diagnose: %s has no float initializer %r; it stays quantized", source, float_name)
+            source, name, kind = q.input[0], _float_name(q.input[0]), "activation"
+            if name not in producer and name not in graph_inputs:
+                continue
+        elif dq.input[0] in qinit and dq.input[0].endswith(_QUANTIZED_SUFFIX):
+            source, name, kind = None, dq.input[0][: -len(_QUANTIZED_SUFFIX)], "weight"
+            if name not in initializers:
+                logger.debug("diagnose: %s has no float initializer %r; it is not switched", dq.input[0], name)
                 continue
         else:
             continue
-        adjacent = nodes.setdefault(float_name, {})
-        made_by = producer.get(float_name)
+        adjacent = nodes.setdefault(name, {})
+        made_by = qproducer.get(source) if source is not None else None
         if made_by is not None and made_by.op_type not in _QDQ and made_by.name:
             adjacent[made_by.name] = None
-        for r in readers.get(n.output[0], ()):
+        for r in qreaders.get(dq.output[0], ()):
             if r.op_type not in _QDQ and r.name:
                 adjacent[r.name] = None
-        kinds.setdefault(float_name, kind)
-        index.setdefault(float_name, len(index))
-        value = float_name
-        if kind == "weight":
-            # ORT may give the dequantized weight the float weight's own name: a copy of it, renamed.
-            value = f"{float_name}__histocal_float"
-            if value not in initializers:
-                copy = onnx.TensorProto()
-                copy.CopyFrom(float_weights[float_name])
-                copy.name = value
-                graph.initializer.append(copy)
-                initializers.add(value)
-        rewired.append((n.output[0], f"{n.output[0]}__histocal_dq", value, float_name))
-
-    if not index:
+        if name not in order:
+            order[name] = len(order)
+            kinds[name] = kind
+            pairs[name] = (q if kind == "activation" else None, dq)
+    if not order:
         raise ValueError("the quantized model has no QuantizeLinear/DequantizeLinear pairs to switch (QDQ format only)")
-    renamed = {old: new for old, new, _, _ in rewired}
-    for n in graph.node:
-        if n.op_type == "DequantizeLinear" and n.output[0] in renamed:
-            n.output[0] = renamed[n.output[0]]
-    flags: dict[str, str] = {}
-    for name, i in index.items():
+
+    copied: set[str] = set()
+
+    def copy_initializer(name: str) -> None:
+        if name and name in qinit and name not in copied:
+            copied.add(name)
+            t = onnx.TensorProto()
+            t.CopyFrom(qinit[name])
+            t.name = f"histocal_q_{name}"
+            graph.initializer.append(t)
+
+    renamed_outputs: dict[str, str] = {}  # activation produced by a node -> its float value's new name
+    rewired_reads: dict[str, str] = {}  # graph input or weight -> its switched value's name
+    new_nodes = []
+    for name, i in order.items():
+        q, dq = pairs[name]
         position = f"histocal_switch_index_{i}"
         graph.initializer.append(numpy_helper.from_array(np.array(i, np.int64), position))
-        flags[name] = f"histocal_switch_{i}"
-        graph.node.append(helper.make_node("Gather", [SWITCH_INPUT, position], [flags[name]], axis=0))
-    for old, new, value, float_name in rewired:
-        graph.node.append(helper.make_node("Where", [flags[float_name], new, value], [old]))
-    graph.input.append(helper.make_tensor_value_info(SWITCH_INPUT, TensorProto.BOOL, [len(index)]))
-    # Value infos of the renamed outputs would now describe the wrong tensors: shapes are re-inferred.
-    kept = [v for v in graph.value_info if v.name not in renamed]
+        flag = f"histocal_switch_{i}"
+        new_nodes.append(helper.make_node("Gather", [SWITCH_INPUT, position], [flag], axis=0))
+        if name in producer:  # the producer writes the float value; the Where writes the name
+            value, switched = f"{name}__histocal_float", name
+            renamed_outputs[name] = value
+        else:  # a graph input or a weight: its readers are rewired to the Where
+            value, switched = name, f"{name}__histocal_switched"
+            rewired_reads[name] = switched
+        for t in [*(q.input[1:] if q is not None else [dq.input[0]]), *dq.input[1:]]:
+            copy_initializer(t)
+        quantized = f"{name}__histocal_q"
+        if q is not None:
+            new_nodes.append(
+                helper.make_node(
+                    "QuantizeLinear", [value, *(f"histocal_q_{t}" if t else "" for t in q.input[1:])], [quantized]
+                )
+            )
+            new_nodes[-1].attribute.extend(q.attribute)
+            dq_source = quantized
+        else:
+            dq_source = f"histocal_q_{dq.input[0]}"
+        dequantized = f"{name}__histocal_dq"
+        new_nodes.append(
+            helper.make_node(
+                "DequantizeLinear", [dq_source, *(f"histocal_q_{t}" if t else "" for t in dq.input[1:])], [dequantized]
+            )
+        )
+        new_nodes[-1].attribute.extend(dq.attribute)
+        new_nodes.append(helper.make_node("Where", [flag, dequantized, value], [switched]))
+    for n in graph.node:
+        for k, o in enumerate(n.output):
+            if o in renamed_outputs:
+                n.output[k] = renamed_outputs[o]
+        for k, i in enumerate(n.input):
+            if i in rewired_reads:
+                n.input[k] = rewired_reads[i]
+    graph.node.extend(new_nodes)
+    graph.input.append(helper.make_tensor_value_info(SWITCH_INPUT, TensorProto.BOOL, [len(order)]))
+    kept = [v for v in graph.value_info if v.name not in renamed_outputs]
     del graph.value_info[:]
     graph.value_info.extend(kept)
     _sort_topologically(graph)
-    tensors = [QuantizedTensor(_display_name(name), kinds[name], tuple(nodes[name])) for name in index]
+    scale_users: dict[str, int] = defaultdict(int)
+    for n in qgraph.node:
+        if n.op_type == "QuantizeLinear" and len(n.input) > 1:
+            scale_users[n.input[1]] += 1
+    tensors = [
+        QuantizedTensor(
+            name,
+            kinds[name],
+            tuple(nodes[name]),
+            pairs[name][0] is not None and scale_users[pairs[name][0].input[1]] > 1,  # type: ignore[union-attr]
+        )
+        for name in order
+    ]
     return model, tensors
 
 
@@ -171,13 +230,6 @@ def _sort_topologically(graph: onnx.GraphProto) -> None:
         raise ValueError("diagnose: the switched model's graph has a cycle or an unproduced input")
     del graph.node[:]
     graph.node.extend(ordered)
-
-
-def _display_name(name: str) -> str:
-    """The float model's name of a tensor (ORT renames a quantized graph output Y's producer
-    output to Y_QuantizeLinear_Input)."""
-    suffix = "_QuantizeLinear_Input"
-    return name[: -len(suffix)] if name.endswith(suffix) else name
 
 
 def name_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

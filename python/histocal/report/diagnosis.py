@@ -2,7 +2,7 @@
 
 The diagnosis is ``histocal.diagnose.Diagnosis`` (a layer above this one), read by its
 attributes: the output SQNR before and after the suggested exclusions, the suggestion, the
-candidate tensors with the screen's and the exact checks' gains, and the sentinel and outlier
+candidate tensors with the screen's and the checks' gains, and the sentinel and outlier
 findings (each linked to the tensor's row when the page lists it).
 """
 
@@ -56,19 +56,20 @@ def diagnosis_html(d: Any, anchors: dict[str, str]) -> str:
     if d.impacts:
         out.append(
             '<p class="small">Candidates, best first: the screen\'s estimate of the gain of leaving each tensor alone '
-            "in float (quantization switched off per tensor on the screen batches), and the gain the exact check "
-            "measured when it was added to the suggestion (onnxruntime's quantized model, all held-back batches).</p>"
+            "in float (quantization switched off per tensor on the screen batches), and the gain its nodes added "
+            "when checked with the candidates kept before it (onnxruntime's rule: a tensor is in float when every "
+            "quantized node next to it is excluded). The SQNR after exclusion above is onnxruntime's own.</p>"
         )
         out.append(
             '<div class="wrap"><table class="diagnosis"><thead><tr><th class="name">tensor</th><th>kind</th>'
-            '<th>screen gain</th><th>exact gain</th><th>suggested</th><th class="name">nodes / note</th></tr>'
+            '<th>gain alone (screen)</th><th>gain added (check)</th><th>suggested</th><th class="name">nodes / note</th></tr>'
             "</thead><tbody>"
         )
         for i in d.impacts:
             note = _e(i.note) if i.note else _e(" ".join(i.nodes))
             out.append(
                 f'<tr><td class="name" data-name="{_e(i.tensor)}">{tensor(i.tensor)}</td><td>{_e(i.kind)}</td>'
-                f"<td>{_db(i.screen_gain_db)} dB</td><td>{_db(i.exact_gain_db)} dB</td>"
+                f"<td>{_db(i.screen_gain_db)} dB</td><td>{_db(i.check_gain_db)} dB</td>"
                 f'<td>{"yes" if i.accepted else "no"}</td><td class="name">{note}</td></tr>'
             )
         out.append("</tbody></table></div>")
@@ -81,5 +82,7 @@ def diagnosis_html(d: Any, anchors: dict[str, str]) -> str:
         out.append('<p class="small">Groups the screen left unsplit (their noise is spread over many tensors): ')
         out.append("; ".join(f"{n} tensors {_e(a)} … {_e(b)} ({_db(g)} dB)" for a, b, n, g in d.unresolved) + ".</p>")
     cost = ", ".join(f"{_e(k)} {v:.2f} s" for k, v in d.seconds.items())
-    out.append(f'<p class="small">{d.screen_runs} screen runs, {d.exact_checks} exact checks; {cost}.</p>')
+    out.append(
+        f'<p class="small">{d.screen_runs} screen runs, {d.checks} checks, {d.quantizations + 1} quantizations; {cost}.</p>'
+    )
     return "\n".join(out)
