@@ -120,7 +120,7 @@ def real() -> dict[str, tuple[Callable[[Path], Path], Callable[[np.random.Genera
     import bench_auto_real as r  # benches/bench_auto_real.py: the real models and their inputs
 
     out = {}
-    for name, spec in r.SPECS.items():
+    for name, spec in r.MODELS.items():
 
         def make(tmp: Path, spec: Any = spec, name: str = name) -> Path:
             return r.with_outputs(r.dist_file(spec.dist, spec.file), spec.outputs, tmp / f"{name}.onnx")
