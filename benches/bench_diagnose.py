@@ -149,6 +149,11 @@ def measure(name: str, make: Callable, feeds_of: Callable, what: str, args: argp
         held_back = feeds_of(rng, args.held_back)
         calibration = feeds_of(np.random.default_rng(1), args.calibration)
         minmax_s, histogram_s = calibration_seconds(model, calibration, tmp)
+        limits = {
+            "screen_samples": args.screen_samples,
+            "max_screen_runs": args.max_screen_runs,
+            "max_checks": args.max_checks,
+        }
         d = diagnose(
             model,
             calibration,
@@ -156,6 +161,7 @@ def measure(name: str, make: Callable, feeds_of: Callable, what: str, args: argp
             target_sqnr_db=args.target,
             max_excluded_fraction=args.max_fraction,
             show_progress=False,
+            **{k: v for k, v in limits.items() if v is not None},
         )
         tensors = len(d.state.names)
         total = d.seconds["total"]
@@ -196,6 +202,9 @@ def main() -> None:
     p.add_argument("--held-back", type=int, default=8, help="held-back batches (default 8)")
     p.add_argument("--target", type=float, default=None, help="--target-sqnr (default: none)")
     p.add_argument("--max-fraction", type=float, default=0.1, help="--max-excluded-fraction (default 0.1)")
+    p.add_argument("--screen-samples", type=int, help="diagnose's screen_samples (default: its own)")
+    p.add_argument("--max-screen-runs", type=int, help="diagnose's max_screen_runs (default: its own)")
+    p.add_argument("--max-checks", type=int, help="diagnose's max_checks (default: its own)")
     p.add_argument("-v", "--verbose", action="store_true", help="print each diagnosis")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -65,10 +65,10 @@ logger = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "method": "minmax",
     "eval_samples": 8,
-    "screen_samples": 4,
+    "screen_samples": 2,
     "max_excluded_fraction": 0.1,
-    "max_screen_runs": 40,
-    "max_checks": 8,
+    "max_screen_runs": 64,
+    "max_checks": 16,
     "max_exact_checks": 2,
     "min_gain_db": 0.1,
 }
