@@ -282,3 +282,23 @@ def test_a_model_proto_is_left_as_it_was():
     histocal.calibrate(model, mlp_feeds(2), "minmax")
     diagnose(model, mlp_feeds(6), eval_samples=2)
     assert model.SerializeToString() == before
+
+
+def test_a_reader_that_reuses_its_buffer_for_eval_data():
+    class Reusing:
+        def __init__(self, feeds):
+            self.feeds, self.i, self.buffer = feeds, 0, np.zeros_like(feeds[0]["X"])
+
+        def get_next(self):
+            if self.i == len(self.feeds):
+                return None
+            self.buffer[...] = self.feeds[self.i]["X"]
+            self.i += 1
+            return {"X": self.buffer}
+
+    model = padded_mlp()
+    calibration, held_back = mlp_feeds(8, seed=1), mlp_feeds(4, seed=2)
+    plain = diagnose(model, calibration, held_back, max_excluded_fraction=0.5)
+    reused = diagnose(model, calibration, Reusing(held_back), max_excluded_fraction=0.5)
+    assert reused.sqnr_db == pytest.approx(plain.sqnr_db)
+    assert reused.sqnr_excluded_db == pytest.approx(plain.sqnr_excluded_db)

@@ -317,7 +317,8 @@ def diagnose(
         else:
             feeds = []
         if eval_data is not None:
-            feeds = [dict(f) for f in DataSource(eval_data).read()]
+            # copies: a reader may reuse its buffers for its next feed
+            feeds = [{k: np.array(v, copy=True) for k, v in f.items()} for f in DataSource(eval_data).read()]
         if not feeds:
             raise ValueError("diagnose: no evaluation feeds")
         seconds["calibration"] = time.perf_counter() - t
