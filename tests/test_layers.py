@@ -23,6 +23,7 @@ LAYERS = (
     ("histocal.quark",),
     ("histocal.report",),
     ("histocal.quantize",),
+    ("histocal.diagnose",),
     ("histocal.cli",),
     ("histocal.__main__",),
 )
