@@ -45,6 +45,15 @@ def _check_streaming_bins(n: int | None) -> int:
     return int(n)
 
 
+def _check_channel_options(per_channel: Any, axis: Any) -> tuple[bool, int]:
+    """``per_channel`` and ``axis`` checked (the axis against each tensor's rank when it is collected)."""
+    if not isinstance(per_channel, (bool, np.bool_)):
+        raise ValueError(f"per_channel must be a boolean, got {per_channel!r}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ValueError(f"axis must be an integer, got {axis!r}")
+    return bool(per_channel), int(axis)
+
+
 def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
     """``path``, or where none is given a file in a temporary folder of ``owner``'s own (removed
     with it): calibrators created at once with ORT's shared default path would write and load

@@ -43,9 +43,11 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
+from ..state.channels import ChannelHistograms
 from .common import (
     _METHODS,
     _augmented_model_path,
+    _check_channel_options,
     _binned_and_binnable,
     _check_mode,
     _check_streaming_bins,
@@ -78,12 +80,15 @@ class _HistogramCalibration:
     execution_providers: list[str] | None
     infer_session: Any
 
-    def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
+    def _init_histocal(
+        self, mode: str | None, streaming_bins: int | None, show_progress: bool | None, per_channel: bool, axis: int
+    ) -> None:
         self._lock = threading.RLock()
         self.mode = _check_mode(mode)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
         self._stream: Any = None
+        self._init_channels(per_channel, axis)
         self._mode_used: str | None = None
         self._model_fingerprint: str | None = None
         self._new_collector()  # validates the settings now (ORT only does at collect time)
@@ -99,6 +104,15 @@ class _HistogramCalibration:
         )
         collector._lock = self._lock  # one lock: the calibrator's calls reach into the collector
         return collector
+
+    def _init_channels(self, per_channel: bool, axis: int) -> None:
+        """Per-channel collection (``histocal.state.channels``): streaming only, along ``axis``."""
+        self.per_channel, self.axis = _check_channel_options(per_channel, axis)
+        if self.per_channel:
+            if self.mode == "exact":
+                raise ValueError("per-channel histograms are collected in streaming mode only (mode='exact' given)")
+            self.mode = "streaming"
+        self._channels: ChannelHistograms | None = None
 
     @_one_call_at_a_time
     def augment_graph(self) -> None:
@@ -139,18 +153,19 @@ class _HistogramCalibration:
             self._restore(*saved)
             raise
 
-    def _snapshot(self) -> tuple[Any, Any, Any, Any]:
+    def _snapshot(self) -> tuple[Any, Any, Any, Any, Any]:
         histograms = None
         if self.collector is not None:
             histograms = _core.Histograms(self._kind, self.collector.num_bins)
             copy_histograms(self.collector._histograms, histograms)
         stream = None if self._stream is None else copy_stream(self._stream)
-        return self._mode_used, self.collector, histograms, stream
+        channels = None if self._channels is None else self._channels.copy()
+        return self._mode_used, self.collector, histograms, stream, channels
 
-    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any) -> None:
+    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any, channels: Any) -> None:
         # The same collector object, with its histograms as they were: a caller holding
         # ``calibrator.collector`` sees no trace of the failed call either.
-        self._mode_used, self.collector, self._stream = mode_used, collector, stream
+        self._mode_used, self.collector, self._stream, self._channels = mode_used, collector, stream, channels
         if collector is not None:
             collector._roll_back_to(histograms)
 
@@ -173,7 +188,16 @@ class _HistogramCalibration:
         if self._stream is None:
             self._stream = self._new_stream()
         stream = self._stream
-        return _run_batches(self, source, fetch, lambda _, items: stream.collect(items), "histocal collect")
+        if self.per_channel and self._channels is None:
+            self._channels = ChannelHistograms(self.streaming_bins, self.axis)
+        channels = self._channels
+
+        def consume(_: int, items: list) -> None:
+            if channels is not None:  # first: its shape and memory checks refuse a batch before any of it is added
+                channels.collect(items)
+            stream.collect(items)
+
+        return _run_batches(self, source, fetch, consume, "histocal collect")
 
     def _collect_two_pass(self, source: DataSource, fetch: list[str]) -> int:
         if self.collector is None:
@@ -269,6 +293,7 @@ class _HistogramCalibration:
         ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
         self.collector = None
         self._stream = None
+        self._channels = None
 
     # -- what has been collected: the calibration state's interface ------------------------------
 
@@ -289,13 +314,15 @@ class _HistogramCalibration:
                 copy_histograms(self.collector._histograms, exact)
             if stream is None and exact is None:
                 raise ValueError(_NOTHING_COLLECTED)
-            return CollectedData(self._mode_used, stream, exact, kind, num_bins)
+            channels = self._channels.copy() if copy and self._channels is not None else self._channels
+            return CollectedData(self._mode_used, stream, exact, kind, num_bins, channels)
 
     def restore_collected(self, data: CollectedData) -> None:
         """Replace what has been collected by (a copy of) ``data``."""
         with self._lock:
             self._mode_used = data.mode
             self._stream = None if data.stream is None else copy_stream(data.stream)
+            self._channels = None if data.channels is None else data.channels.copy()
             if data.mode == "exact":
                 self.collector = self._new_collector()
                 if data.exact is not None:
@@ -352,6 +379,10 @@ class _HistogramCalibration:
             if wanted != set(state.names):
                 diff = sorted(wanted ^ set(state.names))[:5]
                 raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
+        if self.per_channel != (state.channels is not None) or (state.channels and state.channels.axis != self.axis):
+            held = f"per-channel histograms along axis {state.channels.axis}" if state.channels else "no per-channel histograms"
+            wanted = f"per_channel=True, axis={self.axis}" if self.per_channel else "per_channel=False"
+            raise ValueError(f"incompatible options: the state holds {held}, the calibrator uses {wanted}")
         if self.mode != "auto" and self.mode != state.mode:
             raise ValueError(
                 f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}"
@@ -399,6 +430,8 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         super().__init__(
             model_path,
@@ -410,7 +443,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, per_channel, axis)
 
 
 class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
@@ -428,6 +461,8 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         super().__init__(
             model_path,
@@ -439,7 +474,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, per_channel, axis)
 
 
 class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
@@ -456,6 +491,8 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         super().__init__(
             model_path,
@@ -466,7 +503,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, per_channel, axis)
 
 
 class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
@@ -486,6 +523,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         *,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         name = methods.canonical_name(method)
         if name in methods.ORT_METHODS:
@@ -503,6 +542,7 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
         self._stream = None
+        self._init_channels(per_channel, axis)
         self._mode_used = None
         self._model_fingerprint = None
 

@@ -370,16 +370,18 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         "averaging_constant": getattr(args, "averaging_constant", None),
         "max_intermediate_outputs": getattr(args, "max_intermediate_outputs", None),
         "per_channel": getattr(args, "calib_per_channel", None),
+        "channel_axis": getattr(args, "calib_axis", None),
         "CollectionMode": getattr(args, "mode", None),
         "StreamingBins": getattr(args, "streaming_bins", None),
         **{k: getattr(args, k, None) for k in _METHOD_OPTION_KEYS},
     }
+    channels = {"per_channel", "channel_axis"}  # per-channel histograms: every histogram method
     applies = {
         "minmax": {"symmetric", "moving_average", "averaging_constant", "max_intermediate_outputs", "per_channel"},
-        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins"},
-        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins"},
-        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins"},
-    }.get(method) or {"StreamingBins", *_histocal_option_names(method)}
+        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins", *channels},
+        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins", *channels},
+        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins", *channels},
+    }.get(method) or {"StreamingBins", *channels, *_histocal_option_names(method)}
     options: dict[str, Any] = {}
     for key, value in given.items():
         if value is None:
@@ -389,7 +391,8 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         else:
             logger.warning("option %s does not apply to --method %s; ignored", _flag(key), method)
     if method not in _METHOD_NAMES:
-        options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k != "StreamingBins"}
+        kept = {"StreamingBins", *channels}
+        options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k not in kept}
     return options
 
 
@@ -434,7 +437,12 @@ def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _flag(key: str) -> str:
-    return {"CollectionMode": "--mode", "StreamingBins": "--streaming-bins", "per_channel": "--per-channel"}.get(
+    return {
+        "CollectionMode": "--mode",
+        "StreamingBins": "--streaming-bins",
+        "per_channel": "--per-channel",
+        "channel_axis": "--axis",
+    }.get(
         key, "--" + key.replace("_", "-")
     )
 
