@@ -142,7 +142,7 @@ def test_ort_methods_per_channel_equal_onnxruntimes_code_on_each_channel(method,
 def _histograms(state: CalibrationState) -> list:
     """Every channel's streaming histogram (bins, extremes, value counts; not the batch count)."""
     out = []
-    for key in state.channels.keys():
+    for key in state.channels.channel_keys():
         dtype, level, bins, fmin, fmax, amin, counts = state.channels.stream.export(key)
         out.append((key, dtype, level, bins.tolist(), fmin, fmax, amin, counts[:4]))
     return out
@@ -263,7 +263,9 @@ def test_calibrators_collect_per_channel_and_match_the_model_outputs(cnn_path, t
     assert set(got.data) == set(expected.data)
     for n in names:
         assert got.data[n].lowest.shape == (outputs[0][names.index(n)].shape[1],)
-        assert _same(got.data[n].lowest, expected.data[n].lowest) and _same(got.data[n].highest, expected.data[n].highest)
+        assert _same(got.data[n].lowest, expected.data[n].lowest) and _same(
+            got.data[n].highest, expected.data[n].highest
+        )
     # the state carries the channels through save/load and loads into a per-channel calibrator only
     cal.save_state(tmp_path / "s.npz")
     state = CalibrationState.load(tmp_path / "s.npz")
@@ -325,14 +327,16 @@ def test_cli_calibrate_per_channel_and_recompute(cnn_path, tmp_path):
         assert len(entry["lowest"]["data"]) == loaded.channels.channels[name] > 1
     again = tmp_path / "again.json"
     assert main(["recompute", str(state), "--method", "percentile", "--cache", str(again)]) == 0
-    assert {n: len(e["highest"]["data"]) for n, e in json.loads(again.read_text())["data"].items()} == loaded.channels.channels
+    assert {
+        n: len(e["highest"]["data"]) for n, e in json.loads(again.read_text())["data"].items()
+    } == loaded.channels.channels
 
 
 def test_onnxruntime_quantizer_takes_one_range_per_activation():
     """What docs/methods.md says: ORT's compute_scale_zp (quantize_static's) accepts a per-channel range of
     one channel and refuses more (its scale check needs a single truth value)."""
     qmin, qmax = np.array(-128, np.int8), np.array(127, np.int8)
-    zero, scale = compute_scale_zp(np.array([-1.0], np.float32), np.array([2.0], np.float32), qmin, qmax)
+    _, scale = compute_scale_zp(np.array([-1.0], np.float32), np.array([2.0], np.float32), qmin, qmax)
     assert scale.shape == (1,)
     with pytest.raises(ValueError, match="truth value"):
         compute_scale_zp(np.array([-1.0, -2.0], np.float32), np.array([2.0, 1.0], np.float32), qmin, qmax)

@@ -47,8 +47,8 @@ from ..state.channels import ChannelHistograms
 from .common import (
     _METHODS,
     _augmented_model_path,
-    _check_channel_options,
     _binned_and_binnable,
+    _check_channel_options,
     _check_mode,
     _check_streaming_bins,
     _is_checkpoint,
@@ -380,9 +380,9 @@ class _HistogramCalibration:
                 diff = sorted(wanted ^ set(state.names))[:5]
                 raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
         if self.per_channel != (state.channels is not None) or (state.channels and state.channels.axis != self.axis):
-            held = f"per-channel histograms along axis {state.channels.axis}" if state.channels else "no per-channel histograms"
-            wanted = f"per_channel=True, axis={self.axis}" if self.per_channel else "per_channel=False"
-            raise ValueError(f"incompatible options: the state holds {held}, the calibrator uses {wanted}")
+            held = f"per-channel histograms along axis {state.channels.axis}" if state.channels else "none per channel"
+            uses = f"per_channel=True, axis={self.axis}" if self.per_channel else "per_channel=False"
+            raise ValueError(f"incompatible options: the state holds {held}, the calibrator uses {uses}")
         if self.mode != "auto" and self.mode != state.mode:
             raise ValueError(
                 f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}"

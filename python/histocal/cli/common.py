@@ -442,9 +442,7 @@ def _flag(key: str) -> str:
         "StreamingBins": "--streaming-bins",
         "per_channel": "--per-channel",
         "channel_axis": "--axis",
-    }.get(
-        key, "--" + key.replace("_", "-")
-    )
+    }.get(key, "--" + key.replace("_", "-"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ class ChannelHistograms:
     def held_bytes(self) -> int:
         return 8 * self.num_bins * sum(self.channels.values())
 
-    def keys(self, tensor: str | None = None) -> list[str]:
+    def channel_keys(self, tensor: str | None = None) -> list[str]:
         """Every channel key, tensor by tensor (or only ``tensor``'s)."""
         names = self.channels if tensor is None else {tensor: self.channels[tensor]}
         return [channel_key(t, c) for t, n in names.items() for c in range(n)]
@@ -169,7 +169,7 @@ class ChannelHistograms:
     def from_stream(cls, axis: int, channels: Mapping[str, int], stream: Any) -> ChannelHistograms:
         """The collection of a loaded stream, checked: its names must be exactly ``channels``' keys."""
         out = cls(int(stream.num_bins), axis, None, dict(channels), stream)
-        if list(stream.names()) != out.keys():
+        if list(stream.names()) != out.channel_keys():
             raise ValueError("the per-channel histograms do not match the tensors' channel counts")
         return out
 
@@ -178,7 +178,7 @@ class ChannelHistograms:
         value per channel for ``lowest``/``highest`` (and ``avg``/``std`` where the method gives them)."""
         out = {}
         for tensor in self.channels:
-            parts = [keyed[k] for k in self.keys(tensor)]
+            parts = [keyed[k] for k in self.channel_keys(tensor)]
             values: dict[str, np.ndarray] = {}
             for attr in ("lowest", "highest", "avg", "std"):
                 if all(hasattr(p, attr) for p in parts):

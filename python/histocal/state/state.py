@@ -59,6 +59,7 @@ from ..collector import CollectedData, HistogramCollector, export_exact, restore
 from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE
+from .channels import ChannelHistograms
 from .file_format import (
     _DTYPES,
     _MEMBERS,
@@ -75,7 +76,6 @@ from .file_format import (
     five_counts,
     read_members,
 )
-from .channels import ChannelHistograms
 from .fingerprint import model_fingerprint
 from .merge import _merge_exact
 
@@ -203,7 +203,9 @@ class CalibrationState:
             if self.channels is None:
                 raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
             ch = self.channels
-            keyed = CalibrationState(ch.keys(), "streaming", ch.stream, method=self.method, settings=self.settings)
+            keyed = CalibrationState(
+                ch.channel_keys(), "streaming", ch.stream, method=self.method, settings=self.settings
+            )
             return ch.assemble(keyed.compute(name, per_channel=False, **settings))
         if name in methods.ORT_METHODS:
             return self._compute_ort(name, settings)
@@ -373,7 +375,7 @@ class CalibrationState:
             ch = self.channels
             header["version"] = CHANNELS_VERSION
             header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
-            nested = CalibrationState(ch.keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
+            nested = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
         for key, parts in arrays.items():
             dtype, ndim, cols = _MEMBERS[key]
