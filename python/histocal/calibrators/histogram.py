@@ -543,6 +543,10 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self.show_progress = show_progress
         self._stream = None
         self._init_channels(per_channel, axis)
+        if self.per_channel and collects_votes(self.method, self.method_options):
+            raise ValueError(
+                "pow2's MostCommon choice is per tensor only (its per-batch votes are not kept per channel)"
+            )
         self._mode_used = None
         self._model_fingerprint = None
 

@@ -58,7 +58,7 @@ from .._version import __version__
 from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
 from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
-from ..methods.table import ORT_TABLE
+from ..methods.table import ORT_TABLE, collects_votes
 from .channels import ChannelHistograms
 from .file_format import (
     _DTYPES,
@@ -202,6 +202,10 @@ class CalibrationState:
         if per_channel or (per_channel is None and self.channels is not None):
             if self.channels is None:
                 raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
+            if collects_votes(name, {**(self.settings if name == self.method else {}), **settings}):
+                raise ValueError(
+                    "pow2's MostCommon choice is per tensor only (its per-batch votes are not kept per channel)"
+                )
             ch = self.channels
             keyed = CalibrationState(
                 ch.channel_keys(), "streaming", ch.stream, method=self.method, settings=self.settings

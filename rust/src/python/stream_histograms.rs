@@ -152,7 +152,7 @@ impl StreamHistograms {
                     .collect()
             });
             for (name, st) in self.order.iter().zip(built) {
-                out.insert(name, st?);
+                out.insert_new(name, st?); // `order` has no repeats
             }
             Ok(out)
         })
@@ -220,10 +220,10 @@ impl StreamHistograms {
             let bins = bins.as_slice().map_err(|_| bad("bins must be contiguous"))?;
             let h = StreamHistogram::from_parts(self.log_half, level, bins, finite_min, finite_max, abs_min, counts)
                 .map_err(|why| bad(&why))?;
-            if !self.order.iter().any(|o| o == name) {
+            // `order` holds exactly the tensors of `states` (between calls)
+            if self.states.insert(name.to_string(), (dtype, h)).is_none() {
                 self.order.push(name.to_string());
             }
-            self.states.insert(name.to_string(), (dtype, h));
             Ok(())
         })
     }
