@@ -354,3 +354,22 @@ def test_onnxruntime_quantizer_takes_one_range_per_activation():
     assert scale.shape == (1,)
     with pytest.raises(ValueError, match="truth value"):
         compute_scale_zp(np.array([-1.0, -2.0], np.float32), np.array([2.0, 1.0], np.float32), qmin, qmax)
+
+
+def test_stream_histograms_keep_first_collected_order_without_repeats():
+    """The order bookkeeping per-channel collections rely on (new tensors are added to the order where they
+    are known to be new, not by searching it): first-collected order, each name once."""
+    x = np.arange(6, dtype=np.float32)
+    s = _core.StreamHistograms(64)
+    s.collect([("a", [x]), ("b", [x])])
+    s.collect([("c", [x]), ("a", [x])])
+    s.collect([("d", [x]), ("d", [x])])
+    assert s.names() == ["a", "b", "c", "d"]
+    _, level, bins, fmin, fmax, amin, counts = s.export("b")
+    s.restore("b", "float32", level, bins, fmin, fmax, amin, counts)
+    s.restore("e", "float32", level, bins, fmin, fmax, amin, counts)
+    assert s.names() == ["a", "b", "c", "d", "e"]
+    with pytest.raises(ValueError, match="dtype must not change"):
+        s.collect([("f", [x]), ("a", [x.astype(np.float64)])])  # a changed dtype: nothing changes
+    assert s.names() == ["a", "b", "c", "d", "e"]
+    assert s.to_histograms("value", 16).names() == s.names()
