@@ -293,14 +293,14 @@ def test_create_calibrator_routes_per_channel_and_axis(cnn_path, tmp_path):
         data = cal.compute_data().data
         assert data["X"].lowest.shape == (8,)  # X[N,3,8,8]: the last axis
         assert cal.state.channels.axis == -1
-    with pytest.raises(ValueError, match="MostCommon choice is per tensor only"):
+    with pytest.raises(ValueError, match="most-common choice is per tensor only"):
         create_calibrator(
             cnn_path,
             augmented_model_path=(tmp_path / "v.onnx").as_posix(),
             calibrate_method="pow2",
             extra_options={"per_channel": True, "MethodOptions": {"minmse_mode": "MostCommon"}},
         )
-    with pytest.raises(ValueError, match="MostCommon choice is per tensor only"):
+    with pytest.raises(ValueError, match="most-common choice is per tensor only"):
         cal.state.compute("pow2", minmse_mode="MostCommon")
     with pytest.raises(ValueError, match="streaming mode only"):
         PercentileCalibrater(cnn_path, augmented_model_path=tmp_path / "x.onnx", per_channel=True, mode="exact")

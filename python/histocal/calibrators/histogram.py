@@ -43,7 +43,7 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
-from ..state.channels import ChannelHistograms
+from ..state.channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .common import (
     _METHODS,
     _augmented_model_path,
@@ -544,9 +544,7 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self._stream = None
         self._init_channels(per_channel, axis)
         if self.per_channel and collects_votes(self.method, self.method_options):
-            raise ValueError(
-                "pow2's MostCommon choice is per tensor only (its per-batch votes are not kept per channel)"
-            )
+            raise ValueError(NO_CHANNEL_VOTES)
         self._mode_used = None
         self._model_fingerprint = None
 

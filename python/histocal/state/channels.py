@@ -32,6 +32,7 @@ from .. import _core
 # every collection within the default limit can be saved and loaded.
 DEFAULT_MAX_CHANNEL_BYTES = 2 << 30
 MAX_CHANNEL_BYTES_ENV = "HISTOCAL_MAX_CHANNEL_BYTES"
+NO_CHANNEL_VOTES = "pow2's most-common choice is per tensor only (its per-batch votes are not kept per channel)"
 
 
 def channel_key(tensor: str, channel: int) -> str:

@@ -59,7 +59,7 @@ from ..collector import CollectedData, HistogramCollector, export_exact, restore
 from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE, collects_votes
-from .channels import ChannelHistograms
+from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .file_format import (
     _DTYPES,
     _MEMBERS,
@@ -200,13 +200,11 @@ class CalibrationState:
         results (arrays, from the per-channel histograms); default: per channel when they were collected."""
         name = methods.canonical_name(method)
         if per_channel or (per_channel is None and self.channels is not None):
-            if self.channels is None:
+            ch = self.channels
+            if ch is None:
                 raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
             if collects_votes(name, {**(self.settings if name == self.method else {}), **settings}):
-                raise ValueError(
-                    "pow2's MostCommon choice is per tensor only (its per-batch votes are not kept per channel)"
-                )
-            ch = self.channels
+                raise ValueError(NO_CHANNEL_VOTES)
             keyed = CalibrationState(
                 ch.channel_keys(), "streaming", ch.stream, method=self.method, settings=self.settings
             )
