@@ -55,7 +55,7 @@ def main() -> None:
         f"streaming_bins={args.streaming_bins}, {args.batches} batches, median of {args.runs} runs, {_core.get_num_threads()} threads"
     )
     print(
-        "| tensor | channels | per-tensor collect | per-channel collect | per channel | histograms | RSS growth | methods (per channel) |"
+        "| tensor | channels | per-tensor collect | per-channel collect | per channel and batch | histograms | RSS growth | methods (per channel) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for label, shape, axis in SHAPES:
@@ -86,7 +86,31 @@ def main() -> None:
         methods = ", ".join(f"{m} {1e6 * t / channels:.0f} µs" for m, t in t_methods.items())
         print(
             f"| {label} | {channels} | {1e3 * t_tensor:.1f} ms | {1e3 * t_channel:.1f} ms | "
-            f"{1e6 * t_channel / channels:.1f} µs | {ch.held_bytes / 2**20:.1f} MiB | {grown / 2**20:.1f} MiB | {methods} |"
+            f"{1e6 * t_channel / channels / args.batches:.1f} µs | {ch.held_bytes / 2**20:.1f} MiB | {grown / 2**20:.1f} MiB | {methods} |"
+        )
+
+    # Many channels in one collection: the per-channel cost must not grow with the channels already held.
+    print()
+    print(
+        "| tensors x channels (1x16x768 each, axis -1) | held | collect per batch | per channel-batch | percentile per channel | save | load |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for n in (10, 50):
+        xs = [rng.standard_normal((1, 16, 768)).astype(np.float32) for _ in range(n)]
+        ch = ChannelHistograms(256, -1)
+        ch.collect([(f"t{i}", [x]) for i, x in enumerate(xs)])
+        t_batch = median_time(lambda: ch.collect([(f"t{i}", [x]) for i, x in enumerate(xs)]), args.runs)
+        names = [f"t{i}" for i in range(n)]
+        state = CalibrationState(names, "streaming", _core.StreamHistograms(256), channels=ch)
+        state.stream.collect([(name, [x]) for name, x in zip(names, xs)])
+        t_pct = median_time(lambda: state.compute("percentile"), 1)
+        raw = state.to_bytes()
+        t_save = median_time(state.to_bytes, 1)
+        t_load = median_time(lambda: CalibrationState.from_bytes(raw), 1)
+        k = n * 768
+        print(
+            f"| {n} x 768 = {k} | {ch.held_bytes / 2**20:.0f} MiB | {1e3 * t_batch:.0f} ms | {1e6 * t_batch / k:.1f} µs | "
+            f"{1e6 * t_pct / k:.0f} µs | {t_save:.2f} s | {t_load:.2f} s |"
         )
 
 

@@ -373,3 +373,34 @@ def test_stream_histograms_keep_first_collected_order_without_repeats():
         s.collect([("f", [x]), ("a", [x.astype(np.float64)])])  # a changed dtype: nothing changes
     assert s.names() == ["a", "b", "c", "d", "e"]
     assert s.to_histograms("value", 16).names() == s.names()
+
+
+def test_quantize_static_refuses_per_channel_ranges_naming_the_tensor(cnn_path, tmp_path):
+    cal = create_calibrator(
+        cnn_path,
+        augmented_model_path=(tmp_path / "q.onnx").as_posix(),
+        calibrate_method="mse",
+        extra_options={"per_channel": True, "StreamingBins": 256},
+    )
+    cal.collect_data(_feeds(2))
+    state = cal.state
+    with pytest.raises(ValueError, match=r"tensor '.*': per-channel ranges \(\d+ values\).*one range per activation"):
+        histocal.quantize_static(cnn_path, tmp_path / "m.onnx", tensors_range=state.compute("mse"))
+    histocal.quantize_static(cnn_path, tmp_path / "m.onnx", tensors_range=state.compute("mse", per_channel=False))
+    assert (tmp_path / "m.onnx").is_file()
+    state.save(tmp_path / "s.npz")
+    out = tmp_path / "cli.onnx"
+    assert main(["quantize", cnn_path, str(out), "--state", str(tmp_path / "s.npz"), "--method", "mse"]) == 1
+    assert not out.exists()
+
+
+def test_collect_channels_checks_the_channel_count_naming_the_tensor():
+    s = _core.StreamHistograms(64)
+    x = np.ones((2, 3, 4), np.float32)
+    s.collect_channels([(["t[0]", "t[1]", "t[2]"], [x, x[:1]])], 1)
+    assert s.names() == ["t[0]", "t[1]", "t[2]"] and s.counts("t[1]").n_finite == 12
+    with pytest.raises(ValueError, match=r'tensor "u\[0\]": expected 2 channels along axis 1, got shape \[2, 3, 4\]'):
+        s.collect_channels([(["u[0]", "u[1]"], [x])], 1)
+    with pytest.raises(ValueError, match="expected 3 channels along axis 5"):
+        s.collect_channels([(["t[0]", "t[1]", "t[2]"], [x])], 5)
+    assert s.names() == ["t[0]", "t[1]", "t[2]"]

@@ -4,7 +4,7 @@ A tensor's channels are the slices along its channel axis (ORT's per-channel Min
 negative axes count from the end, as numpy's do). Channel ``c`` of tensor ``T`` is collected as if it
 were a tensor of its own, named ``T[c]`` (the last ``[`` of a key starts its channel index, so keys
 never collide), into one ``_core.StreamHistograms``: each batch feeds every channel its strided slice
-(a numpy view, read in place by the Rust core), so a per-channel histogram is exactly the per-tensor
+(a strided view of the batch, read in place by the Rust core, which borrows each batch once), so a per-channel histogram is exactly the per-tensor
 streaming histogram of that channel's values. It is therefore batch-invariant and merges exactly,
 in any order, and every method computed per channel equals the per-tensor method applied to that
 channel's values (``CalibrationState.compute`` assembles the per-channel results into arrays).
@@ -156,8 +156,7 @@ class ChannelHistograms:
             self.channels[tensor] = count
         for tensor, arrays in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
             views = [_channels_first(a, resolve_axis(self.axis, a.ndim, tensor)) for a in arrays]
-            count = self.channels[tensor]
-            self.stream.collect([(channel_key(tensor, c), [v[c, ...] for v in views]) for c in range(count)])
+            self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
 
     def copy(self) -> ChannelHistograms:
         stream = _core.StreamHistograms(self.num_bins)
