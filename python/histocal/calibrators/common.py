@@ -27,6 +27,7 @@ DEFAULT_STREAMING_BINS = 16384
 MODE_OPTION = "CollectionMode"
 STREAMING_BINS_OPTION = "StreamingBins"
 METHOD_OPTIONS_OPTION = "MethodOptions"
+MEMORY_BUDGET_OPTION = "MemoryBudget"
 
 _METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
 
@@ -45,13 +46,24 @@ def _check_streaming_bins(n: int | None) -> int:
     return int(n)
 
 
-def _check_channel_options(per_channel: Any, axis: Any) -> tuple[bool, int]:
-    """``per_channel`` and ``axis`` checked (the axis against each tensor's rank when it is collected)."""
+def _check_channel_options(per_channel: Any, axis: Any, mode: str) -> tuple[bool, int, str]:
+    """``per_channel``, ``axis`` (checked against each tensor's rank when it is collected) and the
+    collection mode: per-channel histograms are collected in streaming mode only."""
     if not isinstance(per_channel, (bool, np.bool_)):
         raise ValueError(f"per_channel must be a boolean, got {per_channel!r}")
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise ValueError(f"axis must be an integer, got {axis!r}")
-    return bool(per_channel), int(axis)
+    if per_channel and mode == "exact":
+        raise ValueError("per-channel histograms are collected in streaming mode only (mode='exact' given)")
+    return bool(per_channel), int(axis), "streaming" if per_channel else mode
+
+
+def _check_channels_loadable(channels: Any, per_channel: bool, axis: int) -> None:
+    """ValueError unless a state's per-channel histograms (or None) are what the calibrator collects."""
+    if per_channel != (channels is not None) or (channels is not None and channels.axis != axis):
+        held = f"per-channel histograms along axis {channels.axis}" if channels else "none per channel"
+        uses = f"per_channel=True, axis={axis}" if per_channel else "per_channel=False"
+        raise ValueError(f"incompatible options: the state holds {held}, the calibrator uses {uses}")
 
 
 def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
@@ -101,8 +113,8 @@ def _second_read_differs(first: int, last: int) -> ValueError:
     where = f"batch {last}" if first == last else f"batches {first} to {last}"
     return ValueError(
         f"{where}: the data reader returned different data on its second read "
-        "(exact mode reads the data twice; it must yield the same batches each time, "
-        "or use mode='streaming')"
+        "(exact mode reads again the batches over its memory budget; it must yield the same "
+        "batches each time, or use mode='streaming')"
     )
 
 
@@ -112,10 +124,12 @@ def _run_batches(
     fetch: list[str],
     consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
     desc: str,
+    skip: int = 0,
 ) -> int:
     """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
-    batches of outputs are alive. Returns the number of batches."""
+    batches of outputs are alive. The first ``skip`` feeds are read but not run (their outputs
+    are known already). Returns the number of batches, skipped ones included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
@@ -123,6 +137,9 @@ def _run_batches(
     n = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="histocal") as pool:
         for feed in progress(source.read(), desc, calibrator.show_progress):
+            if n < skip:
+                n += 1
+                continue
             outputs = run_session(session, fetch, checker.check(feed, n), n)
             # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
             # copy them, as ORT does, since the reader may reuse its buffers for the next batch.

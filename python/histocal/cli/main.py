@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..methods.table import NON_OVERFLOW
 from .calibrate import cmd_calibrate, cmd_recompute
 from .common import (
     AUTO_EVAL_SAMPLES,
@@ -97,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="with --per-channel, histogram methods: the channel axis (default 1; negative counts from the end)",
+    )
+    p.add_argument(
+        "--quark",
+        action="store_true",
+        help="AMD Quark's calibrators (histocal.quark): minmax, entropy, percentile, distribution with "
+        f"Quark's defaults, or pow2 with Quark's power-of-two (--pow2-method, default {NON_OVERFLOW}; "
+        "--minmse-mode, --symmetric, --qtype); writes --cache only",
     )
     g = p.add_argument_group("outputs (at least one)")
     g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
