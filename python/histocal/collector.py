@@ -471,6 +471,7 @@ class CollectedData:
     exact: Any = None  # _core.Histograms: ORT's exact histograms (exact mode only)
     exact_kind: str | None = None  # "value" or "abs"
     exact_num_bins: int | None = None
+    channels: Any = None  # state.channels.ChannelHistograms: per-channel streaming histograms, when collected
 
     @property
     def names(self) -> list[str]:

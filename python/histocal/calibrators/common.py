@@ -46,6 +46,26 @@ def _check_streaming_bins(n: int | None) -> int:
     return int(n)
 
 
+def _check_channel_options(per_channel: Any, axis: Any, mode: str) -> tuple[bool, int, str]:
+    """``per_channel``, ``axis`` (checked against each tensor's rank when it is collected) and the
+    collection mode: per-channel histograms are collected in streaming mode only."""
+    if not isinstance(per_channel, (bool, np.bool_)):
+        raise ValueError(f"per_channel must be a boolean, got {per_channel!r}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ValueError(f"axis must be an integer, got {axis!r}")
+    if per_channel and mode == "exact":
+        raise ValueError("per-channel histograms are collected in streaming mode only (mode='exact' given)")
+    return bool(per_channel), int(axis), "streaming" if per_channel else mode
+
+
+def _check_channels_loadable(channels: Any, per_channel: bool, axis: int) -> None:
+    """ValueError unless a state's per-channel histograms (or None) are what the calibrator collects."""
+    if per_channel != (channels is not None) or (channels is not None and channels.axis != axis):
+        held = f"per-channel histograms along axis {channels.axis}" if channels else "none per channel"
+        uses = f"per_channel=True, axis={axis}" if per_channel else "per_channel=False"
+        raise ValueError(f"incompatible options: the state holds {held}, the calibrator uses {uses}")
+
+
 def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
     """``path``, or where none is given a file in a temporary folder of ``owner``'s own (removed
     with it): calibrators created at once with ORT's shared default path would write and load

@@ -10,6 +10,7 @@ from typing import Any
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
+from ..methods.table import CHANNEL_EXTRA_OPTIONS, CHANNEL_OPTIONS
 from .common import MEMORY_BUDGET_OPTION, METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
 from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
 from .minmax import MinMaxCalibrater
@@ -28,15 +29,18 @@ def create_calibrator(
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
     ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming),
-    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods. ``calibrate_method`` may also name a histocal
+    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods, and
+    ``per_channel`` (ORT's MinMax key) and ``channel_axis`` for per-channel histograms. ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict)."""
     opts = dict(extra_options or {})
     # extra_options values are untyped (ORT's API); the calibrators check them
+    channel_opts = {o.name: opts.get(CHANNEL_EXTRA_OPTIONS[o.name], o.default) for o in CHANNEL_OPTIONS}
     hist_opts: dict[str, Any] = {
         "mode": opts.get(MODE_OPTION),
         "streaming_bins": opts.get(STREAMING_BINS_OPTION),
         "memory_budget": opts.get(MEMORY_BUDGET_OPTION),
+        **channel_opts,
     }
     common: dict[str, Any] = dict(use_external_data_format=use_external_data_format)
     if isinstance(calibrate_method, str):
@@ -50,6 +54,7 @@ def create_calibrator(
                 method=name,
                 method_options=opts.get(METHOD_OPTIONS_OPTION),
                 streaming_bins=opts.get(STREAMING_BINS_OPTION),
+                **channel_opts,
             )
             return _prepare(calibrator, providers)
         calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]

@@ -47,12 +47,15 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
+from ..state.channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
 from .common import (
     _METHODS,
     MEMORY_BUDGET_OPTION,
     _augmented_model_path,
     _binned_and_binnable,
+    _check_channel_options,
+    _check_channels_loadable,
     _check_mode,
     _check_streaming_bins,
     _is_checkpoint,
@@ -91,6 +94,8 @@ class _HistogramCalibration:
         streaming_bins: int | None,
         show_progress: bool | None,
         memory_budget: int | str | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         self._lock = threading.RLock()
         # bytes of outputs exact mode may keep to save a second inference pass (None: see .budget)
@@ -99,6 +104,8 @@ class _HistogramCalibration:
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
         self._stream: Any = None
+        self.per_channel, self.axis, self.mode = _check_channel_options(per_channel, axis, self.mode)
+        self._channels: ChannelHistograms | None = None
         self._mode_used: str | None = None
         self._model_fingerprint: str | None = None
         self._new_collector()  # validates the settings now (ORT only does at collect time)
@@ -154,18 +161,18 @@ class _HistogramCalibration:
             self._restore(*saved)
             raise
 
-    def _snapshot(self) -> tuple[Any, Any, Any, Any]:
+    def _snapshot(self) -> tuple[Any, Any, Any, Any, Any]:
         histograms = None
         if self.collector is not None:
             histograms = _core.Histograms(self._kind, self.collector.num_bins)
             copy_histograms(self.collector._histograms, histograms)
         stream = None if self._stream is None else copy_stream(self._stream)
-        return self._mode_used, self.collector, histograms, stream
+        return self._mode_used, self.collector, histograms, stream, self._channels and self._channels.copy()
 
-    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any) -> None:
+    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any, channels: Any) -> None:
         # The same collector object, with its histograms as they were: a caller holding
         # ``calibrator.collector`` sees no trace of the failed call either.
-        self._mode_used, self.collector, self._stream = mode_used, collector, stream
+        self._mode_used, self.collector, self._stream, self._channels = mode_used, collector, stream, channels
         if collector is not None:
             collector._roll_back_to(histograms)
 
@@ -187,7 +194,16 @@ class _HistogramCalibration:
         if self._stream is None:
             self._stream = self._new_stream()
         stream = self._stream
-        return _run_batches(self, source, fetch, lambda _, items: stream.collect(items), "histocal collect")
+        if self.per_channel and self._channels is None:
+            self._channels = ChannelHistograms(self.streaming_bins, self.axis)
+        channels = self._channels
+
+        def consume(_: int, items: list) -> None:
+            if channels is not None:  # first: its checks refuse a batch before any of it is added
+                channels.collect(items)
+            stream.collect(items)
+
+        return _run_batches(self, source, fetch, consume, "histocal collect")
 
     def _collect_exact(self, source: DataSource, fetch: list[str]) -> int:
         """ORT's histograms for this call, in one inference pass where the outputs fit the memory
@@ -322,6 +338,7 @@ class _HistogramCalibration:
         ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
         self.collector = None
         self._stream = None
+        self._channels = None
 
     # -- what has been collected: the calibration state's interface ------------------------------
 
@@ -342,13 +359,15 @@ class _HistogramCalibration:
                 copy_histograms(self.collector._histograms, exact)
             if stream is None and exact is None:
                 raise ValueError(_NOTHING_COLLECTED)
-            return CollectedData(self._mode_used, stream, exact, kind, num_bins)
+            channels = self._channels.copy() if copy and self._channels else self._channels
+            return CollectedData(self._mode_used, stream, exact, kind, num_bins, channels)
 
     def restore_collected(self, data: CollectedData) -> None:
         """Replace what has been collected by (a copy of) ``data``."""
         with self._lock:
             self._mode_used = data.mode
             self._stream = None if data.stream is None else copy_stream(data.stream)
+            self._channels = None if data.channels is None else data.channels.copy()
             if data.mode == "exact":
                 self.collector = self._new_collector()
                 if data.exact is not None:
@@ -405,6 +424,7 @@ class _HistogramCalibration:
             if wanted != set(state.names):
                 diff = sorted(wanted ^ set(state.names))[:5]
                 raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
+        _check_channels_loadable(state.channels, self.per_channel, self.axis)
         if self.mode != "auto" and self.mode != state.mode:
             raise ValueError(
                 f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}"
@@ -453,6 +473,8 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
         memory_budget: int | str | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         super().__init__(
             model_path,
@@ -464,7 +486,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(mode, streaming_bins, show_progress, memory_budget)
+        self._init_histocal(mode, streaming_bins, show_progress, memory_budget, per_channel, axis)
 
 
 class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
@@ -483,6 +505,8 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
         memory_budget: int | str | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         super().__init__(
             model_path,
@@ -494,7 +518,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(mode, streaming_bins, show_progress, memory_budget)
+        self._init_histocal(mode, streaming_bins, show_progress, memory_budget, per_channel, axis)
 
 
 class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
@@ -512,6 +536,8 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
         memory_budget: int | str | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         super().__init__(
             model_path,
@@ -522,7 +548,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(mode, streaming_bins, show_progress, memory_budget)
+        self._init_histocal(mode, streaming_bins, show_progress, memory_budget, per_channel, axis)
 
 
 class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
@@ -542,6 +568,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         *,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
     ) -> None:
         name = methods.canonical_name(method)
         if name in methods.ORT_METHODS:
@@ -559,6 +587,10 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
         self._stream = None
+        self.per_channel, self.axis, self.mode = _check_channel_options(per_channel, axis, self.mode)
+        self._channels = None
+        if self.per_channel and collects_votes(self.method, self.method_options):
+            raise ValueError(NO_CHANNEL_VOTES)
         self._mode_used = None
         self._model_fingerprint = None
 

@@ -377,17 +377,35 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         "averaging_constant": getattr(args, "averaging_constant", None),
         "max_intermediate_outputs": getattr(args, "max_intermediate_outputs", None),
         "per_channel": getattr(args, "calib_per_channel", None),
+        "channel_axis": getattr(args, "calib_axis", None),
         "CollectionMode": getattr(args, "mode", None),
         "StreamingBins": getattr(args, "streaming_bins", None),
         "MemoryBudget": getattr(args, "memory_budget", None),
         **{k: getattr(args, k, None) for k in _METHOD_OPTION_KEYS},
     }
+    channels = {"per_channel", "channel_axis"}  # per-channel histograms: every histogram method
     applies = {
         "minmax": {"symmetric", "moving_average", "averaging_constant", "max_intermediate_outputs", "per_channel"},
-        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins", "MemoryBudget"},
-        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins", "MemoryBudget"},
-        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins", "MemoryBudget"},
-    }.get(method) or {"StreamingBins", *_histocal_option_names(method)}
+        "entropy": {
+            "num_bins",
+            "num_quantized_bins",
+            "symmetric",
+            "CollectionMode",
+            "StreamingBins",
+            "MemoryBudget",
+            *channels,
+        },
+        "percentile": {
+            "num_bins",
+            "percentile",
+            "symmetric",
+            "CollectionMode",
+            "StreamingBins",
+            "MemoryBudget",
+            *channels,
+        },
+        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins", "MemoryBudget", *channels},
+    }.get(method) or {"StreamingBins", *channels, *_histocal_option_names(method)}
     options: dict[str, Any] = {}
     for key, value in given.items():
         if value is None:
@@ -397,7 +415,8 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         else:
             logger.warning("option %s does not apply to --method %s; ignored", _flag(key), method)
     if method not in _METHOD_NAMES:
-        options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k != "StreamingBins"}
+        kept = {"StreamingBins", *channels}
+        options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k not in kept}
     return options
 
 
@@ -447,6 +466,7 @@ def _flag(key: str) -> str:
         "StreamingBins": "--streaming-bins",
         "MemoryBudget": "--memory-budget",
         "per_channel": "--per-channel",
+        "channel_axis": "--axis",
     }
     return flags.get(key, "--" + key.replace("_", "-"))
 

@@ -121,7 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(p, required=True)
     _add_method_options(p, default_method="minmax", per_channel=False)
     p.add_argument(
-        "--per-channel", dest="calib_per_channel", action="store_true", default=None, help="minmax: per-channel ranges"
+        "--per-channel",
+        dest="calib_per_channel",
+        action="store_true",
+        default=None,
+        help="per-channel ranges (minmax: ORT's, along axis 1; histogram methods: per-channel histograms along --axis)",
+    )
+    p.add_argument(
+        "--axis",
+        dest="calib_axis",
+        type=int,
+        metavar="N",
+        help="with --per-channel, histogram methods: the channel axis (default 1; negative counts from the end)",
     )
     p.add_argument(
         "--quark",

@@ -129,6 +129,16 @@ HISTOCAL_METHODS = tuple(m.name for m in HISTOCAL_TABLE)
 ALL_OPTIONS: dict[str, Option] = {o.name: o for m in TABLE.values() for o in m.options}
 
 
+# Per-channel collection (the histogram methods): a calibrator keyword each, and the extra_options keys of
+# create_calibrator (``per_channel`` is ORT's own MinMax key) and quantize_static.
+CHANNEL_OPTIONS = (
+    Option("per_channel", bool, False, "per-channel ranges (streaming histograms per channel)"),
+    Option("axis", int, 1, "the channel axis (negative counts from the end)"),
+)
+CHANNEL_EXTRA_OPTIONS = {"per_channel": "per_channel", "axis": "channel_axis"}
+CHANNEL_QUANTIZE_OPTIONS = {"per_channel": "CalibPerChannel", "axis": "CalibChannelAxis"}
+
+
 def collects_votes(method: str, options: dict[str, Any]) -> bool:
     """Whether ``method`` with ``options`` needs per-batch votes collected with the histogram."""
     key, value = POW2_VOTING

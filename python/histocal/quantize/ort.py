@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
@@ -51,6 +52,19 @@ def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
     return Path(model_input)
 
 
+def _check_one_range_per_tensor(ranges: TensorsData) -> None:
+    """ORT's quantizer computes one scale per activation tensor: per-channel ranges of several values
+    fail deep inside it (``The truth value of an array ... is ambiguous``); name the tensor instead."""
+    for name, td in ranges.data.items():
+        values = getattr(td, "lowest", None)
+        if values is not None and np.size(values) > 1:
+            raise ValueError(
+                f"tensor {name!r}: per-channel ranges ({np.size(values)} values): onnxruntime's quantize_static "
+                "takes one range per activation tensor (compute per-tensor ranges, e.g. "
+                "state.compute(method, per_channel=False), or calibrate without per_channel)"
+            )
+
+
 def quantize_with_ranges(
     model_input: str | Path | onnx.ModelProto,
     model_output: str | Path,
@@ -73,6 +87,7 @@ def quantize_with_ranges(
     the ranges are (default: ``ranges.calibration_method``)."""
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
+    _check_one_range_per_tensor(ranges)
     if calibrate_method is None:
         if smooth_quant:
             raise ValueError(SMOOTH_QUANT_NEEDS_ORT)

@@ -17,6 +17,12 @@ plain little-endian numeric ``.npy`` members, never pickles:
   dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
   (uint8 (n, 3): whether ORT holds each as a 0-d array), ``exact_counts`` (uint64 (n, 5)).
 
+Version 2 adds per-channel histograms (:mod:`histocal.state.channels`); a state without them is written
+as version 1, byte for byte as before, and both versions are read. A version-2 header has one more
+key, ``channels``: ``{axis, tensors: [[name, channels], ...]}``, and the member ``channels`` (uint8)
+holds a complete version-1 state file of the channel histograms (streaming mode, one tensor per
+channel key ``name[c]``, in order), read with the same checks as the outer file.
+
 Loading treats the file as untrusted and checks every size before taking the memory for it: the file
 size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` bytes are read to find and
 parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
@@ -44,7 +50,8 @@ from ..io.files import READ_CHUNK, parse_bounded_json
 from ..methods.table import ALL_OPTIONS, QTYPES
 
 FORMAT_NAME = "histocal-calibration-state"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest version written and read; version 1 (no per-channel histograms) is read too
+CHANNELS_VERSION = 2
 MAX_STATE_BYTES = 4 << 30  # file size, and the members' total uncompressed size
 MAX_HEADER_BYTES = 64 << 20  # the JSON header
 # Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
@@ -74,6 +81,7 @@ _MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "exact_scalars": ("<f8", 2, 3),
     "exact_flags": ("u1", 2, 3),
     "exact_counts": ("<u8", 2, 5),
+    "channels": ("u1", 1, None),
 }
 
 
@@ -291,6 +299,7 @@ class _Header:
     settings: dict[str, Any]
     tensors: list[_Tensor]
     exact_order: list[int]
+    channels: tuple[int, dict[str, int]] | None = None  # axis, channels per tensor (version 2)
 
     def member_limits(self) -> dict[str, int]:
         """The most data bytes each member can hold for this content (0: the member is not used), and a
@@ -316,6 +325,8 @@ class _Header:
             limits["exact_scalars"] = 8 * 3 * n
             limits["exact_flags"] = 3 * n
             limits["exact_counts"] = 8 * 5 * n
+        if self.channels is not None:
+            limits["channels"] = MAX_STATE_BYTES  # a state file, read with its own checks
         return limits
 
 
@@ -326,24 +337,13 @@ def _votes_limit(counts: np.ndarray) -> int:
 
 def _parse_header(text_bytes: bytes) -> _Header:
     h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
-    h = _obj(
-        h,
-        "header",
-        (
-            "format",
-            "version",
-            "histocal_version",
-            "model_fingerprint",
-            "data_fingerprints",
-            "options",
-            "tensors",
-            "exact_order",
-        ),
-    )
+    keys = ["format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors"]
+    version = h.get("version") if type(h) is dict else None
+    h = _obj(h, "header", [*keys, "exact_order"] + (["channels"] if version == CHANNELS_VERSION else []))
     if h["format"] != FORMAT_NAME:
         _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
-    if h["version"] != FORMAT_VERSION or type(h["version"]) is not int:
-        _fail(f"unsupported format version {str(h['version'])[:20]} (this histocal reads version {FORMAT_VERSION})")
+    if version not in (1, CHANNELS_VERSION) or type(version) is not int:
+        _fail(f"unsupported format version {str(version)[:20]} (this histocal reads versions 1 to {FORMAT_VERSION})")
     hv = _str(h["histocal_version"], "histocal_version")
     fp = _str(h["model_fingerprint"], "model_fingerprint", none=True)
     dfp = h["data_fingerprints"]
@@ -400,7 +400,22 @@ def _parse_header(text_bytes: bytes) -> _Header:
         order = []
     elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(len(tensors))):
         _fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
-    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order)
+    channels = None
+    if version == CHANNELS_VERSION:
+        c = _obj(h["channels"], "channels", ("axis", "tensors"))
+        axis = _int(c["axis"], "channels.axis", -64, 63)
+        if type(c["tensors"]) is not list or not c["tensors"] or len(c["tensors"]) > len(tensors):
+            _fail("channels.tensors: expected a non-empty list of at most one entry per tensor")
+        counts: dict[str, int] = {}
+        for i, entry in enumerate(c["tensors"]):
+            if type(entry) is not list or len(entry) != 2:
+                _fail(f"channels.tensors[{i}]: expected [name, channels]")
+            name = _str(entry[0], f"channels.tensors[{i}][0]", seen, max_len=MAX_NAME_CHARS)
+            if name in counts:
+                _fail(f"channels.tensors[{i}]: duplicate tensor name {name[:100]!r}")
+            counts[name] = _int(entry[1], f"channels.tensors[{i}][1]", 1, MAX_STATE_BINS)
+        channels = (axis, counts)
+    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, channels)
 
 
 def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.ndarray]]:
@@ -423,6 +438,8 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
         limits = header.member_limits()
         arrays: dict[str, np.ndarray] = {}
         for key, info in infos.items():
+            if key == "channels" and header.channels is None:
+                _fail("channels: given in a state without per-channel histograms")
             if key not in ("header", "stream_votes"):
                 arrays[key] = _read_member(zf, reads, info, limits[key])
         if "stream_votes" in infos:

@@ -40,7 +40,6 @@ The file format and its checks: :mod:`histocal.state.file_format`.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import math
@@ -59,10 +58,12 @@ from .._version import __version__
 from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
 from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
-from ..methods.table import ORT_TABLE
+from ..methods.table import ORT_TABLE, collects_votes
+from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .file_format import (
     _DTYPES,
     _MEMBERS,
+    CHANNELS_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
@@ -75,6 +76,7 @@ from .file_format import (
     five_counts,
     read_members,
 )
+from .fingerprint import model_fingerprint
 from .merge import _merge_exact
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
@@ -85,44 +87,6 @@ _ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
 # create_calibrator's defaults (what quantize_static uses)
 _DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
 _FULL = {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128, "percentile": 99.999, "scenario": "same"}
-
-
-# ----------------------------------------------------------------------------------------------
-# Fingerprints
-# ----------------------------------------------------------------------------------------------
-
-
-def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
-    """sha256 (hex) over the model's opset imports and its graph's nodes, inputs, outputs (the first
-    ``num_outputs``: a calibrator appends its own) and (sparse) initializers, each serialized
-    deterministically. Names, doc strings, metadata and value_info (shape inference) are ignored.
-    ``model``: an onnx ModelProto or a path."""
-    if isinstance(model, (str, os.PathLike)):
-        import onnx
-
-        try:
-            model = onnx.load(os.fspath(model))
-        except OSError:
-            raise
-        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
-            raise ValueError(f"{os.fspath(model)}: not an ONNX model ({' '.join(str(e).split())})") from None
-    graph = model.graph
-    outputs = list(graph.output)[: num_outputs if num_outputs is not None else None]
-    h = hashlib.sha256(b"histocal-model-fingerprint-v1\0")
-    for tag, messages in (
-        (b"opset", list(model.opset_import)),
-        (b"node", list(graph.node)),
-        (b"input", list(graph.input)),
-        (b"output", outputs),
-        (b"initializer", list(graph.initializer)),
-        (b"sparse_initializer", list(graph.sparse_initializer)),
-    ):
-        h.update(tag + len(messages).to_bytes(8, "little"))
-        for m in messages:
-            raw = m.SerializeToString(deterministic=True)
-            h.update(len(raw).to_bytes(8, "little"))
-            h.update(raw)
-    return h.hexdigest()
 
 
 def _version() -> str:
@@ -152,6 +116,7 @@ class CalibrationState:
     method: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     histocal_version: str = field(default_factory=_version)
+    channels: ChannelHistograms | None = None  # per-channel streaming histograms, when collected
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -189,11 +154,12 @@ class CalibrationState:
             data_fingerprints=() if data_fingerprint is None else (_check_fingerprint(data_fingerprint),),
             method=method,
             settings={k: _plain(v) for k, v in settings.items()},
+            channels=data.channels,
         )
 
     def collected(self) -> CollectedData:
         """The state's histograms as a calibrator holds them (shared, not copied)."""
-        return CollectedData(self.mode, self.stream, self.exact, self.exact_kind, self.exact_num_bins)
+        return CollectedData(self.mode, self.stream, self.exact, self.exact_kind, self.exact_num_bins, self.channels)
 
     @property
     def streaming_bins(self) -> int | None:
@@ -227,11 +193,22 @@ class CalibrationState:
 
     # -- results --------------------------------------------------------------------------------
 
-    def compute(self, method: Any, **settings: Any) -> TensorsData:
+    def compute(self, method: Any, *, per_channel: bool | None = None, **settings: Any) -> TensorsData:
         """onnxruntime ``TensorsData`` for ``method`` and its settings: ORT's four methods (name or
         CalibrationMethod), histocal's mse/kl/pow2/auto and registered methods (see
-        ``histocal.methods``; their ranges travel as MinMax-style TensorsData)."""
+        ``histocal.methods``; their ranges travel as MinMax-style TensorsData). ``per_channel``: per-channel
+        results (arrays, from the per-channel histograms); default: per channel when they were collected."""
         name = methods.canonical_name(method)
+        if per_channel or (per_channel is None and self.channels is not None):
+            ch = self.channels
+            if ch is None:
+                raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
+            if collects_votes(name, {**(self.settings if name == self.method else {}), **settings}):
+                raise ValueError(NO_CHANNEL_VOTES)
+            keyed = CalibrationState(
+                ch.channel_keys(), "streaming", ch.stream, method=self.method, settings=self.settings
+            )
+            return ch.assemble(keyed.compute(name, per_channel=False, **settings))
         if name in methods.ORT_METHODS:
             return self._compute_ort(name, settings)
         pairs, _ = self.method_ranges(name, **settings)
@@ -313,6 +290,10 @@ class CalibrationState:
             a, b = getattr(self, key), getattr(other, key)
             if a != b:
                 raise ValueError(f"incompatible collection options: {key} is {a!r} in one state and {b!r} in the other")
+        if (self.channels is None) != (other.channels is None):
+            raise ValueError("incompatible collection options: one state holds per-channel histograms, the other not")
+        if self.channels is not None and other.channels is not None:
+            self.channels.check_compatible(other.channels)
 
     def merge(self, other: CalibrationState) -> CalibrationState:
         """A new state: ``self`` and ``other`` combined (see the module docstring)."""
@@ -345,6 +326,7 @@ class CalibrationState:
             data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
             method=self.method,
             settings=dict(self.settings),
+            channels=None if self.channels is None or other.channels is None else self.channels.merge(other.channels),
         )
 
     # -- files ----------------------------------------------------------------------------------
@@ -382,7 +364,7 @@ class CalibrationState:
                 entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
         header = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": 1,
             "histocal_version": self.histocal_version,
             "model_fingerprint": self.model_fingerprint,
             "data_fingerprints": sorted(self.data_fingerprints),
@@ -390,6 +372,12 @@ class CalibrationState:
             "tensors": tensors,
             "exact_order": exact_order,
         }
+        nested = None
+        if self.channels is not None:  # version 2: the channel histograms as a state file of their own
+            ch = self.channels
+            header["version"] = CHANNELS_VERSION
+            header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
+            nested = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
         for key, parts in arrays.items():
             dtype, ndim, cols = _MEMBERS[key]
@@ -410,6 +398,8 @@ class CalibrationState:
                     members[key] = np.zeros((0, cols), dtype)
             elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
                 members[key] = np.zeros((0, cols), dtype)
+        if nested is not None:
+            members["channels"] = np.frombuffer(nested.to_bytes(compress), np.uint8)
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
@@ -585,6 +575,15 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
         for name in names:
             if tuple(stream.counts(name)) != tuple(exact.counts(name)):
                 _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
+    channels = None
+    if header.channels is not None:
+        inner = CalibrationState._read(io.BytesIO(arr("channels").tobytes()), arr("channels").size, "channels member")
+        if inner.channels is not None or inner.mode != "streaming" or inner.streaming_bins != sbins:
+            _fail("channels: not a streaming state of the outer state's streaming_bins")
+        try:
+            channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
+        except ValueError as exc:
+            _fail(f"channels: {exc}")
     return CalibrationState(
         names=names,
         mode=header.mode,
@@ -597,4 +596,5 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
         method=header.method,
         settings=header.settings,
         histocal_version=header.histocal_version,
+        channels=channels,
     )

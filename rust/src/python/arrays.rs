@@ -5,7 +5,7 @@ use crate::numeric::view::View;
 use crate::state::Batches;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 /// A numpy array holding a copy of `values`.
@@ -85,4 +85,39 @@ pub(crate) fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_,
         // SAFETY: channel c's elements lie inside the borrowed array.
         unsafe { View::from_raw(v.as_ptr().offset(c as isize * strides[axis]), &rest_shape, &rest_strides) }
     }))
+}
+
+/// The batches of each of `channels` channels along `axis`: channel `c`'s strided view of every
+/// borrowed array. An error (naming `name`) unless every array has `channels` channels there.
+pub(crate) fn channel_batches<'a>(
+    name: &str,
+    b: &'a Borrowed<'_>,
+    axis: usize,
+    channels: usize,
+) -> PyResult<Vec<Batches<'a>>> {
+    fn split<'a, T: Element + Copy>(
+        name: &str,
+        arrays: &'a [PyReadonlyArrayDyn<'_, T>],
+        axis: usize,
+        channels: usize,
+    ) -> PyResult<Vec<Vec<View<'a, T>>>> {
+        let mut per_channel: Vec<Vec<View<'a, T>>> = (0..channels).map(|_| Vec::with_capacity(arrays.len())).collect();
+        for a in arrays {
+            let shape = a.as_array().shape().to_vec();
+            if shape.get(axis) != Some(&channels) {
+                return Err(PyValueError::new_err(format!(
+                    "tensor {name:?}: expected {channels} channels along axis {axis}, got shape {shape:?}"
+                )));
+            }
+            for (c, v) in channel_views(a, axis).into_iter().enumerate() {
+                per_channel[c].push(v);
+            }
+        }
+        Ok(per_channel)
+    }
+    Ok(match b {
+        Borrowed::F16(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F16).collect(),
+        Borrowed::F32(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F32).collect(),
+        Borrowed::F64(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F64).collect(),
+    })
 }

@@ -21,6 +21,12 @@ pub struct Histograms {
 }
 
 impl Histograms {
+    /// Add a tensor not held yet (the caller knows it is new: no search of `order`).
+    pub(crate) fn insert_new(&mut self, name: &str, state: TensorState) {
+        self.order.push(name.to_string());
+        self.states.insert(name.to_string(), state);
+    }
+
     pub(crate) fn insert(&mut self, name: &str, state: TensorState) {
         if !self.states.contains_key(name) && !self.order.iter().any(|o| o == name) {
             self.order.push(name.to_string());
@@ -56,6 +62,15 @@ impl StreamHistograms {
         // the new histograms first: running out of memory then changes nothing
         let fresh: Vec<Option<StreamHistogram>> =
             batches.iter().map(|(n, _)| (!self.states.contains_key(*n)).then(|| self.new_histogram())).collect();
+        // New tensors join `order` here, where they are known to be new (`put` then only puts the
+        // histograms back): checking `order` itself would cost O(tensors) per tensor, which
+        // per-channel collections (a histogram per channel) cannot afford.
+        let mut added = std::collections::HashSet::new();
+        for ((n, _), new) in batches.iter().zip(&fresh) {
+            if new.is_some() && added.insert(*n) {
+                self.order.push(n.to_string());
+            }
+        }
         Ok(batches
             .iter()
             .zip(fresh)
@@ -77,9 +92,6 @@ impl StreamHistograms {
     /// Put back what `take` gave.
     pub(crate) fn put(&mut self, batches: &[(&str, Batches<'_>)], states: Vec<StreamState>) {
         for ((n, _), st) in batches.iter().zip(states) {
-            if !self.order.iter().any(|o| o == n) {
-                self.order.push(n.to_string());
-            }
             self.states.insert(n.to_string(), st);
         }
     }

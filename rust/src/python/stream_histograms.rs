@@ -100,27 +100,32 @@ impl StreamHistograms {
         guard(|| {
             let borrowed = borrow_items(&items)?;
             let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            let mut states = self.take(&batches)?;
-            // Out of memory: the batches added before it stay added (each batch is added whole
-            // or not at all), and the error names the tensor.
-            let results: Vec<PyResult<()>> = run(py, || {
-                batches
-                    .par_iter()
-                    .zip(states.par_iter_mut())
-                    .map(|((name, batches), (_, h))| {
-                        for_tensor(name, || {
-                            match batches {
-                                Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
-                                Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
-                                Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
-                            }
-                            Ok::<_, CollectError>(())
-                        })
-                    })
-                    .collect()
-            });
-            self.put(&batches, states);
-            results.into_iter().collect()
+            self.add(py, batches)
+        })
+    }
+
+    /// Add batches channel by channel: `[(keys, [batch arrays...]), ...]`, where channel `c` along
+    /// `axis` of every array of an item (a strided view, read in place) is a batch of the histogram
+    /// named `keys[c]`, as `collect` would add it. Each array is borrowed once, however many
+    /// channels it has. Every array of an item must have `len(keys)` channels along `axis`.
+    fn collect_channels(
+        &mut self,
+        py: Python<'_>,
+        items: Vec<(Vec<String>, Vec<Bound<'_, PyAny>>)>,
+        axis: usize,
+    ) -> PyResult<()> {
+        guard(|| {
+            let mut borrowed = Vec::with_capacity(items.len());
+            for (keys, arrays) in &items {
+                let name = keys.first().map_or("", String::as_str);
+                borrowed.push((keys, name, borrow_all(name, arrays)?));
+            }
+            let mut batches: Vec<(&str, Batches<'_>)> = Vec::new();
+            for (keys, name, b) in &borrowed {
+                let per_channel = channel_batches(name, b, axis, keys.len())?;
+                batches.extend(keys.iter().map(String::as_str).zip(per_channel));
+            }
+            self.add(py, batches)
         })
     }
 
@@ -152,7 +157,7 @@ impl StreamHistograms {
                     .collect()
             });
             for (name, st) in self.order.iter().zip(built) {
-                out.insert(name, st?);
+                out.insert_new(name, st?); // `order` has no repeats
             }
             Ok(out)
         })
@@ -220,10 +225,10 @@ impl StreamHistograms {
             let bins = bins.as_slice().map_err(|_| bad("bins must be contiguous"))?;
             let h = StreamHistogram::from_parts(self.log_half, level, bins, finite_min, finite_max, abs_min, counts)
                 .map_err(|why| bad(&why))?;
-            if !self.order.iter().any(|o| o == name) {
+            // `order` holds exactly the tensors of `states` (between calls)
+            if self.states.insert(name.to_string(), (dtype, h)).is_none() {
                 self.order.push(name.to_string());
             }
-            self.states.insert(name.to_string(), (dtype, h));
             Ok(())
         })
     }
@@ -382,5 +387,32 @@ impl StreamHistograms {
                 batches: h.batches,
             })
         })
+    }
+}
+
+impl StreamHistograms {
+    /// Add each histogram's batches (see `collect`).
+    fn add(&mut self, py: Python<'_>, batches: Vec<(&str, Batches<'_>)>) -> PyResult<()> {
+        let mut states = self.take(&batches)?;
+        // Out of memory: the batches added before it stay added (each batch is added whole
+        // or not at all), and the error names the tensor.
+        let results: Vec<PyResult<()>> = run(py, || {
+            batches
+                .par_iter()
+                .zip(states.par_iter_mut())
+                .map(|((name, batches), (_, h))| {
+                    for_tensor(name, || {
+                        match batches {
+                            Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
+                            Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
+                            Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
+                        }
+                        Ok::<_, CollectError>(())
+                    })
+                })
+                .collect()
+        });
+        self.put(&batches, states);
+        results.into_iter().collect()
     }
 }

@@ -1,0 +1,206 @@
+"""Per-channel streaming histograms: one streaming histogram per channel of each calibrated tensor.
+
+A tensor's channels are the slices along its channel axis (ORT's per-channel MinMax keeps axis 1;
+negative axes count from the end, as numpy's do). Channel ``c`` of tensor ``T`` is collected as if it
+were a tensor of its own, named ``T[c]`` (the last ``[`` of a key starts its channel index, so keys
+never collide), into one ``_core.StreamHistograms``: each batch feeds every channel its strided slice
+(a strided view of the batch, read in place by the Rust core, which borrows each batch once), so a per-channel histogram is exactly the per-tensor
+streaming histogram of that channel's values. It is therefore batch-invariant and merges exactly,
+in any order, and every method computed per channel equals the per-tensor method applied to that
+channel's values (``CalibrationState.compute`` assembles the per-channel results into arrays).
+
+Memory is ``channels x streaming_bins x 8`` bytes per tensor; a collection whose per-channel
+histograms would exceed ``max_bytes`` (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment
+variable ``HISTOCAL_MAX_CHANNEL_BYTES``) is refused before the memory is taken, with an error naming
+the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+from .. import _core
+
+# 2^28 bins of uint64 counts: what a state file may hold (file_format.MAX_STATE_BINS), so that
+# every collection within the default limit can be saved and loaded.
+DEFAULT_MAX_CHANNEL_BYTES = 2 << 30
+MAX_CHANNEL_BYTES_ENV = "HISTOCAL_MAX_CHANNEL_BYTES"
+NO_CHANNEL_VOTES = "pow2's most-common choice is per tensor only (its per-batch votes are not kept per channel)"
+
+
+def channel_key(tensor: str, channel: int) -> str:
+    """The name channel ``channel`` of ``tensor`` is collected under."""
+    return f"{tensor}[{channel}]"
+
+
+def resolve_axis(axis: int, rank: int, tensor: str) -> int:
+    """``axis`` as a non-negative axis of a rank-``rank`` tensor; ValueError naming the tensor."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ValueError(f"the channel axis must be an integer, got {axis!r}")
+    if not -rank <= axis < rank:
+        raise ValueError(
+            f"tensor {tensor!r}: channel axis {axis} is out of range for its {rank} dimension(s) "
+            f"(allowed: {-rank} to {rank - 1})"
+        )
+    return int(axis) % rank
+
+
+def max_channel_bytes(value: int | None = None) -> int:
+    """The per-channel memory limit: ``value``, else ``HISTOCAL_MAX_CHANNEL_BYTES``, else the default."""
+    if value is None:
+        raw = os.environ.get(MAX_CHANNEL_BYTES_ENV)
+        if raw is None:
+            return DEFAULT_MAX_CHANNEL_BYTES
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{MAX_CHANNEL_BYTES_ENV} must be a number of bytes, got {raw!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"the per-channel memory limit must be a positive number of bytes, got {value!r}")
+    return int(value)
+
+
+# A channel whose values lie in runs shorter than this (e.g. the last axis of a (batch, tokens, hidden)
+# activation) is read from a channels-first copy of the batch: a strided read per channel would go over
+# the whole batch once per channel (bench_per_channel.py: 25x slower than one copy for 768 channels).
+MIN_CHANNEL_RUN = 256
+
+
+def _channels_first(a: np.ndarray, axis: int) -> np.ndarray:
+    """``a`` with its channel axis first: a view, or a contiguous copy where channels lie in short runs."""
+    moved = np.moveaxis(a, axis, 0)
+    if math.prod(a.shape[axis + 1 :]) < MIN_CHANNEL_RUN and a.size > a.shape[axis]:
+        return np.ascontiguousarray(moved)
+    return moved
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+@dataclass
+class ChannelHistograms:
+    """Per-channel streaming histograms of a collection (see the module docstring).
+
+    ``channels`` maps each tensor (in collection order) to its number of channels; ``axis`` is the
+    axis as given (each tensor resolves it against its own rank)."""
+
+    num_bins: int
+    axis: int = 1
+    max_bytes: int | None = None
+    channels: dict[str, int] = field(default_factory=dict)
+    stream: Any = None  # _core.StreamHistograms keyed by channel_key
+
+    def __post_init__(self) -> None:
+        if self.stream is None:
+            self.stream = _core.StreamHistograms(self.num_bins)
+        self.max_bytes = max_channel_bytes(self.max_bytes)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.channels)
+
+    @property
+    def held_bytes(self) -> int:
+        return 8 * self.num_bins * sum(self.channels.values())
+
+    def channel_keys(self, tensor: str | None = None) -> list[str]:
+        """Every channel key, tensor by tensor (or only ``tensor``'s)."""
+        names = self.channels if tensor is None else {tensor: self.channels[tensor]}
+        return [channel_key(t, c) for t, n in names.items() for c in range(n)]
+
+    def collect(self, items: Sequence[tuple[str, Sequence[np.ndarray]]]) -> None:
+        """Add ``[(tensor, [batch arrays...]), ...]``: every array's channels into their histograms.
+        Shapes and the memory limit are checked before anything is added; the tensors are then added one
+        at a time (an error there, such as a changed dtype, names the channel and leaves the tensors
+        before it added: the calibrators undo a failed call as a whole)."""
+        held = self.held_bytes
+        new: dict[str, int] = {}
+        feeds: list[tuple[str, list[np.ndarray]]] = []
+        for tensor, arrays in items:
+            moved = []
+            for a in arrays:
+                a = np.asarray(a)
+                axis = resolve_axis(self.axis, a.ndim, tensor)
+                count = self.channels.get(tensor, new.get(tensor))
+                if count is None:
+                    count = new[tensor] = int(a.shape[axis])
+                    if count == 0:
+                        raise ValueError(f"tensor {tensor!r}: its channel axis {self.axis} has no channels")
+                    need = 8 * self.num_bins * count
+                    assert self.max_bytes is not None
+                    if held + need > self.max_bytes:
+                        raise ValueError(
+                            f"tensor {tensor!r}: per-channel histograms of its {count} channels x {self.num_bins} "
+                            f"bins need {_size(need)}, which would bring this collection's per-channel histograms to "
+                            f"{_size(held + need)}, over the limit of {_size(self.max_bytes)}: lower streaming_bins, "
+                            f"calibrate fewer tensors per channel, or raise the limit (max_channel_bytes or "
+                            f"{MAX_CHANNEL_BYTES_ENV})"
+                        )
+                    held += need
+                elif a.shape[axis] != count:
+                    raise ValueError(
+                        f"tensor {tensor!r}: {a.shape[axis]} channels along axis {self.axis} in this batch, "
+                        f"{count} before (shape {a.shape})"
+                    )
+                moved.append(a)
+            feeds.append((tensor, moved))
+        for tensor, count in new.items():
+            self.channels[tensor] = count
+        for tensor, arrays in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
+            views = [_channels_first(a, resolve_axis(self.axis, a.ndim, tensor)) for a in arrays]
+            self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
+
+    def copy(self) -> ChannelHistograms:
+        stream = _core.StreamHistograms(self.num_bins)
+        stream.merge(self.stream)
+        return ChannelHistograms(self.num_bins, self.axis, self.max_bytes, dict(self.channels), stream)
+
+    def check_compatible(self, other: ChannelHistograms) -> None:
+        if self.axis != other.axis:
+            raise ValueError(f"the per-channel histograms were collected along axis {self.axis} and {other.axis}")
+        if self.num_bins != other.num_bins:
+            raise ValueError(f"the per-channel histograms have {self.num_bins} and {other.num_bins} bins")
+        for tensor in set(self.channels) & set(other.channels):
+            if self.channels[tensor] != other.channels[tensor]:
+                raise ValueError(
+                    f"tensor {tensor!r}: {self.channels[tensor]} channels in one collection and "
+                    f"{other.channels[tensor]} in the other"
+                )
+
+    def merge(self, other: ChannelHistograms) -> ChannelHistograms:
+        """A new collection: ``self`` and ``other`` combined (exact, in any order)."""
+        self.check_compatible(other)
+        out = self.copy()
+        out.stream.merge(other.stream)
+        for tensor, count in other.channels.items():
+            out.channels.setdefault(tensor, count)
+        return out
+
+    @classmethod
+    def from_stream(cls, axis: int, channels: Mapping[str, int], stream: Any) -> ChannelHistograms:
+        """The collection of a loaded stream, checked: its names must be exactly ``channels``' keys."""
+        out = cls(int(stream.num_bins), axis, None, dict(channels), stream)
+        if list(stream.names()) != out.channel_keys():
+            raise ValueError("the per-channel histograms do not match the tensors' channel counts")
+        return out
+
+    def assemble(self, keyed: TensorsData) -> TensorsData:
+        """Per-channel results (``keyed`` by channel key) as ORT's per-channel TensorData: arrays of one
+        value per channel for ``lowest``/``highest`` (and ``avg``/``std`` where the method gives them)."""
+        out = {}
+        for tensor in self.channels:
+            parts = [keyed[k] for k in self.channel_keys(tensor)]
+            values: dict[str, np.ndarray] = {}
+            for attr in ("lowest", "highest", "avg", "std"):
+                if all(hasattr(p, attr) for p in parts):
+                    values[attr] = np.concatenate([np.asarray(getattr(p, attr)).reshape(1) for p in parts])
+            out[tensor] = TensorData(**values)
+        return TensorsData(keyed.calibration_method, out)

@@ -1,0 +1,40 @@
+"""The model fingerprint a state records: which model its tensors come from."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+
+def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
+    """sha256 (hex) over the model's opset imports and its graph's nodes, inputs, outputs (the first
+    ``num_outputs``: a calibrator appends its own) and (sparse) initializers, each serialized
+    deterministically. Names, doc strings, metadata and value_info (shape inference) are ignored.
+    ``model``: an onnx ModelProto or a path."""
+    if isinstance(model, (str, os.PathLike)):
+        import onnx
+
+        try:
+            model = onnx.load(os.fspath(model))
+        except OSError:
+            raise
+        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
+            raise ValueError(f"{os.fspath(model)}: not an ONNX model ({' '.join(str(e).split())})") from None
+    graph = model.graph
+    outputs = list(graph.output)[: num_outputs if num_outputs is not None else None]
+    h = hashlib.sha256(b"histocal-model-fingerprint-v1\0")
+    for tag, messages in (
+        (b"opset", list(model.opset_import)),
+        (b"node", list(graph.node)),
+        (b"input", list(graph.input)),
+        (b"output", outputs),
+        (b"initializer", list(graph.initializer)),
+        (b"sparse_initializer", list(graph.sparse_initializer)),
+    ):
+        h.update(tag + len(messages).to_bytes(8, "little"))
+        for m in messages:
+            raw = m.SerializeToString(deterministic=True)
+            h.update(len(raw).to_bytes(8, "little"))
+            h.update(raw)
+    return h.hexdigest()
