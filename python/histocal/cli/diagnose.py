@@ -17,9 +17,9 @@ from .common import (
     _float,
     _open_data,
     _positive_int,
-    _quantization_arguments,
     _UsageError,
 )
+from .quantization import _quantization_arguments
 
 logger = logging.getLogger("histocal.cli")
 

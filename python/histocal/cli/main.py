@@ -16,15 +16,13 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..methods.table import NON_OVERFLOW
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
+from ..methods.table import NON_OVERFLOW
 from .calibrate import cmd_calibrate, cmd_recompute
 from .common import (
     AUTO_EVAL_SAMPLES,
     AUTO_FOLDS,
-    FORMATS,
     HISTOGRAM_METHODS,
-    QUANT_TYPES,
     _add_data_options,
     _add_method_options,
     _check_method,
@@ -38,6 +36,7 @@ from .common import (
 from .demo import cmd_demo
 from .diagnose import add_exclusion_options, diagnose_parser
 from .inspect import cmd_inspect
+from .quantization import FORMATS, QUANT_TYPES
 from .quantize import cmd_quantize
 from .report import _report_parser
 

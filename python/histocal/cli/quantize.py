@@ -23,12 +23,11 @@ from .common import (
     _method_enum,
     _method_key,
     _open_data,
-    _quant_type,
-    _quantization_arguments,
     _UsageError,
     _write_outputs,
 )
 from .diagnose import auto_exclude
+from .quantization import _quant_type, _quantization_arguments
 
 logger = logging.getLogger("histocal.cli")
 

@@ -1,0 +1,42 @@
+"""The quantization arguments of the commands that quantize (quantize, diagnose): the choices
+the parser offers and the onnxruntime ``quantize_static`` keywords they become."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+QUANT_TYPES = ("qint8", "quint8", "qint16", "quint16", "qint4", "quint4", "qfloat8e4m3fn")
+FORMATS = ("qdq", "qoperator")
+
+
+def _quant_type(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    members = {m.lower(): m for m in QuantType.__members__}
+    return QuantType[members[name]]
+
+
+def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """quantize_static's quantization arguments from the command line (also those auto's
+    model-level choice quantizes its candidates with)."""
+    from onnxruntime.quantization import QuantFormat
+
+    extra_options = {}
+    if args.symmetric_activations is not None:
+        extra_options["ActivationSymmetric"] = args.symmetric_activations
+    if args.symmetric_weights is not None:
+        extra_options["WeightSymmetric"] = args.symmetric_weights
+    return dict(
+        quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
+        op_types_to_quantize=args.op_types,
+        per_channel=args.per_channel,
+        reduce_range=args.reduce_range,
+        activation_type=_quant_type(args.activation_type),
+        weight_type=_quant_type(args.weight_type),
+        nodes_to_quantize=args.nodes_to_quantize,
+        nodes_to_exclude=args.nodes_to_exclude,
+        use_external_data_format=args.external_data,
+        calibration_providers=args.providers,
+        extra_options=extra_options,
+    )
