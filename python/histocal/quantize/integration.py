@@ -273,6 +273,12 @@ def calibrate_and_select(
             if cross_validate
             else []
         )
+        # Only candidates every fold (and all the data) could give are compared.
+        common = [label for label in candidates if all(label in fold for fold, _ in cv_folds)]
+        if not common:
+            raise ValueError("auto: no candidate range set could be computed from the calibration data")
+        candidates = {label: candidates[label] for label in common}
+        cv_folds = [({label: fold[label] for label in common}, feeds) for fold, feeds in cv_folds]
         logger.info(
             "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
             len(candidates),
