@@ -123,6 +123,10 @@ def _independent_cv(
         )
         for fold in fold_feeds
     ]
+    # minmax, the default, is scored with its ranges from all the data in every fold.
+    full = selection.state_candidates(cnn["state"], "int8", symmetric)
+    for candidates in fitted:
+        candidates["minmax"] = full["minmax"]
     kw = dict(kw, extra_options={"ActivationSymmetric": symmetric}) if symmetric else kw
     scores, per_feed = {}, {}
     for label in fitted[0]:
@@ -224,11 +228,12 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
     assert [[f["X"].tobytes() for f in feeds] for _, feeds in folds] == [
         [cnn["feeds"][j]["X"].tobytes() for j in fold] for fold in ([0, 3], [1, 4], [2])
     ]
+    full = selection.state_candidates(cnn["state"], "int8", False)
     for (fold_candidates, _), fold in zip(folds, ([0, 3], [1, 4], [2])):
         others = [f for j, f in enumerate(cnn["feeds"]) if j not in fold]
         want = selection.state_candidates(_streaming_state(cnn["path"], others, cnn["tmp"]), "int8", False)
+        want["minmax"] = full["minmax"]  # the default: its ranges from all the data, in every fold
         assert {k: _ranges(v) for k, v in fold_candidates.items()} == {k: _ranges(v) for k, v in want.items()}
-    full = selection.state_candidates(cnn["state"], "int8", False)
     assert {k: _ranges(v) for k, v in candidates.items()} == {k: _ranges(v) for k, v in full.items()}
 
 

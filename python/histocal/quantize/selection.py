@@ -178,7 +178,7 @@ def choose_pooled(sqnr_db: Mapping[str, float]) -> str:
 
 # The cross-validated choice's rule (see ``choose_robust``), chosen by benches/bench_auto_real.py.
 DEFAULT_CANDIDATE = "minmax"  # ORT's default method: the widest ranges, which clip nothing seen
-STANDARD_ERRORS = 2.0  # a candidate must beat the default by this many standard errors of its mean gain
+STANDARD_ERRORS = 1.0  # a candidate must beat the default by this many standard errors of its mean gain
 GAIN_CAP_DB = 100.0  # per-feed gains are clipped to +-this (an exact or failed output is +-inf)
 
 
