@@ -107,11 +107,11 @@ def _streaming_state(model: Path, feeds: list[dict], tmp: Path):
 
 def _independent_cv(
     cnn: dict, kept: int, folds: int = methods.AUTO_SELECTION_OPTIONS["folds"], symmetric: bool = False, **kw
-) -> tuple[dict[str, float], str]:
+) -> tuple[dict[str, float], dict[str, list[float]]]:
     """auto's K-fold cross-validated SQNR of each candidate, computed here: kept feed i (of the
     first ``kept``) is in fold i mod K; each fold is scored (onnxruntime's quantize_static, numpy)
     with the candidates of a state calibrated, in one pass, on every feed but that fold's;
-    energies pooled. (scores, first best)."""
+    energies pooled. (pooled scores, each candidate's per-feed scores in fold order)."""
     feeds = cnn["feeds"]
     k = min(folds, kept)
     fold_feeds = [list(range(kept))[i::k] for i in range(k)]
@@ -123,22 +123,31 @@ def _independent_cv(
         )
         for fold in fold_feeds
     ]
+    # minmax, the default, is scored with its ranges from all the data in every fold.
+    full = selection.state_candidates(cnn["state"], "int8", symmetric)
+    for candidates in fitted:
+        candidates["minmax"] = full["minmax"]
     kw = dict(kw, extra_options={"ActivationSymmetric": symmetric}) if symmetric else kw
-    scores = {}
+    scores, per_feed = {}, {}
     for label in fitted[0]:
         signal = noise = 0.0
         finite = True
+        per_feed[label] = []
         for candidates, fold in zip(fitted, fold_feeds):
             out = cnn["tmp"] / "cv.onnx"
             _ort_quantize(cnn["path"], out, candidates[label], **kw)
-            energy = _ort_energy(cnn["path"], out, [feeds[j] for j in fold])
-            if energy is None:
-                finite = False
-                break
-            signal, noise = signal + energy[0], noise + energy[1]
+            for j in fold:
+                energy = _ort_energy(cnn["path"], out, [feeds[j]])
+                if energy is None:
+                    finite = False
+                    per_feed[label].append(-math.inf)
+                    continue
+                signal, noise = signal + energy[0], noise + energy[1]
+                per_feed[label].append(_db(*energy))
         scores[label] = _db(signal, noise) if finite else -math.inf
-    best = max(scores.values())
-    return scores, next(label for label, v in scores.items() if v == best)
+        if not finite:
+            per_feed[label] = [-math.inf] * len(per_feed[label])
+    return scores, per_feed
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -176,12 +185,15 @@ def test_calibrate_and_select_cross_validates(cnn, symmetric, folds):
     kept = 4
     kw = {"extra_options": {"ActivationSymmetric": True}} if symmetric else {}
     chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=kept, folds=folds, **kw)
-    want, label = _independent_cv(cnn, kept, folds, symmetric)
+    want, per_feed = _independent_cv(cnn, kept, folds, symmetric)
     assert chosen.folds == min(folds, kept) and chosen.eval_samples == kept
     assert chosen.scoring == f"{min(folds, kept)}-fold cross-validated"
     assert list(chosen.sqnr_db) == list(want)
     for name in want:
         assert chosen.sqnr_db[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
+        assert chosen.feed_sqnr_db[name] == pytest.approx(per_feed[name], rel=1e-9, abs=1e-9), name
+    # The choice is the robust rule's on these per-feed scores (not the pooled best).
+    label = selection.choose_robust(per_feed)
     assert chosen.label == label
     full = selection.state_candidates(cnn["state"], "int8", symmetric)
     assert _ranges(chosen.ranges) == _ranges(full[label])
@@ -216,11 +228,12 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
     assert [[f["X"].tobytes() for f in feeds] for _, feeds in folds] == [
         [cnn["feeds"][j]["X"].tobytes() for j in fold] for fold in ([0, 3], [1, 4], [2])
     ]
+    full = selection.state_candidates(cnn["state"], "int8", False)
     for (fold_candidates, _), fold in zip(folds, ([0, 3], [1, 4], [2])):
         others = [f for j, f in enumerate(cnn["feeds"]) if j not in fold]
         want = selection.state_candidates(_streaming_state(cnn["path"], others, cnn["tmp"]), "int8", False)
+        want["minmax"] = full["minmax"]  # the default: its ranges from all the data, in every fold
         assert {k: _ranges(v) for k, v in fold_candidates.items()} == {k: _ranges(v) for k, v in want.items()}
-    full = selection.state_candidates(cnn["state"], "int8", False)
     assert {k: _ranges(v) for k, v in candidates.items()} == {k: _ranges(v) for k, v in full.items()}
 
 
@@ -282,7 +295,7 @@ def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
         in caplog.text
         and "per-tensor estimate" in caplog.text
     )
-    _, label = _independent_cv(cnn, EVAL)
+    label = selection.choose_robust(_independent_cv(cnn, EVAL)[1])
     chosen = selection.state_candidates(cnn["state"], "int8", False)[label]
     assert _ranges(load_tensors_data(cache)) == _ranges(chosen)
     again = tmp / "auto_again.onnx"
@@ -309,7 +322,7 @@ def test_quantize_static_auto_with_a_one_shot_generator(cnn):
         cnn["path"], out, one_shot(), calibrate_method="auto", method_options={"eval_samples": EVAL}
     )
     assert reads == [1]
-    _, label = _independent_cv(cnn, EVAL)
+    label = selection.choose_robust(_independent_cv(cnn, EVAL)[1])
     ref = tmp / "auto_gen_ref.onnx"
     histocal.quantize_static(
         cnn["path"], ref, tensors_range=selection.state_candidates(cnn["state"], "int8", False)[label]
@@ -361,8 +374,8 @@ def test_per_tensor_estimate_keeps_the_state_method(cnn):
 def test_ties_go_to_candidate_order_and_equal_ranges_are_evaluated_once(cnn, monkeypatch):
     mm = selection.state_candidates(cnn["state"], "int8", False)["minmax"]
     runs = []
-    original = selection._Reference.energy
-    monkeypatch.setattr(selection._Reference, "energy", lambda self, q: runs.append(q) or original(self, q))
+    original = selection._Reference.feed_energies
+    monkeypatch.setattr(selection._Reference, "feed_energies", lambda self, q: runs.append(q) or original(self, q))
     chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], {"b": mm, "a": mm})
     assert chosen.label == "b" and chosen.sqnr_db["a"] == chosen.sqnr_db["b"] and len(runs) == 1
     # Cross-validated: once per fold. Equal within a fold is what counts, not across folds.
@@ -567,3 +580,41 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
 def test_cli_defaults_are_the_library_defaults():
     assert methods.AUTO_SELECTION_OPTIONS["eval_samples"] == AUTO_EVAL_SAMPLES
     assert methods.AUTO_SELECTION_OPTIONS["folds"] == AUTO_FOLDS
+
+
+def _masked_softmax_model() -> onnx.ModelProto:
+    """Softmax(MatMul(X, W) + M) with an additive attention-style mask M of float32's lowest
+    value: the Add's range needs a scale no float32 int8 power of two holds (pow2 NonOverflow
+    cannot give it)."""
+    mask = np.zeros((1, 8), np.float32)
+    mask[0, 5:] = np.finfo(np.float32).min
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["m"]),
+        helper.make_node("Add", ["m", "M"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["Y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 8])],
+        initializer=[
+            numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32), "W"),
+            numpy_helper.from_array(mask, "M"),
+        ],
+    )
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_candidate_the_state_cannot_give_is_left_out(tmp_path, caplog):
+    """A -3.4e38 mask sentinel makes pow2 NonOverflow impossible: auto leaves that candidate out
+    (with a warning) and chooses among the others instead of failing."""
+    path = tmp_path / "masked.onnx"
+    onnx.save(_masked_softmax_model(), path.as_posix())
+    rng = np.random.default_rng(1)
+    feeds = [{"X": rng.normal(size=(4, 8)).astype(np.float32)} for _ in range(4)]
+    with caplog.at_level(logging.WARNING, logger="histocal.quantize.selection"):
+        chosen = histocal.calibrate_and_select(path, feeds, eval_samples=4)
+    assert "pow2 NonOverflow" in caplog.text and "left out" in caplog.text
+    assert "pow2 NonOverflow" not in chosen.sqnr_db and "minmax" in chosen.sqnr_db
+    assert chosen.label in chosen.sqnr_db and len(chosen.feed_sqnr_db[chosen.label]) == 4

@@ -277,6 +277,19 @@ def calibrate_and_select(
             if cross_validate
             else []
         )
+        # Only candidates every fold (and all the data) could give are compared.
+        common = [label for label in candidates if all(label in fold for fold, _ in cv_folds)]
+        if not common:
+            raise ValueError("auto: no candidate range set could be computed from the calibration data")
+        candidates = {label: candidates[label] for label in common}
+        # The default (minmax) is scored with its ranges from all the data in every fold: a range
+        # that only grows with the data, fitted on a fold's fewer feeds, clips what the final
+        # ranges would not, and cross-validation would underrate the default it is compared with.
+        default = selection.DEFAULT_CANDIDATE
+        cv_folds = [
+            ({label: candidates[label] if label == default else fold[label] for label in common}, feeds)
+            for fold, feeds in cv_folds
+        ]
         logger.info(
             "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
             len(candidates),

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,9 @@ class Selection:
     eval_samples: int
     seconds: float
     folds: int = 0  # cross-validation folds; 0: scored in sample
+    # Per candidate, the output SQNR (dB) on each evaluation feed, in fold order (-inf where the
+    # candidate failed); the cross-validated choice reads these (``choose_robust``).
+    feed_sqnr_db: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def cross_validated(self) -> bool:
@@ -104,10 +107,16 @@ def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, Tenso
     """auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``, with this qtype and
     symmetry) computed from one ``CalibrationState``, by label, in tie-breaking order. Each is a
     MinMax-style TensorsData (lowest/highest only), the way auto's ranges travel through ORT and
-    its cache whichever candidate wins."""
+    its cache whichever candidate wins. A candidate the state cannot give (pow2 NonOverflow on a
+    tensor whose range needs a scale its type cannot hold, such as a -3.4e38 attention-mask
+    sentinel) is left out with a warning: the others can still be chosen."""
     out = {}
     for label, method, options in methods.model_candidate_options(qtype, symmetric):
-        td = state.compute(method, **options)
+        try:
+            td = state.compute(method, **options)
+        except ValueError as exc:
+            logger.warning("auto: candidate %r left out: %s", label, exc)
+            continue
         out[label] = TensorsData(
             CalibrationMethod.MinMax,
             {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()},
@@ -158,6 +167,69 @@ def select_ranges_cross_validated(
     return _select(model_input, fold_feeds, candidates, providers, quantize_kwargs, cross_validated=True)
 
 
+def choose_pooled(sqnr_db: Mapping[str, float]) -> str:
+    """The first candidate of the highest pooled SQNR (the in-sample choice)."""
+    chosen = next(iter(sqnr_db))
+    for label, value in sqnr_db.items():
+        if value > sqnr_db[chosen]:
+            chosen = label
+    return chosen
+
+
+# The cross-validated choice's rule (see ``choose_robust``), chosen by benches/bench_auto_real.py.
+DEFAULT_CANDIDATE = "minmax"  # ORT's default method: the widest ranges, which clip nothing seen
+STANDARD_ERRORS = 1.0  # a candidate must beat the default by this many standard errors of its mean gain
+GAIN_CAP_DB = 100.0  # per-feed gains are clipped to +-this (an exact or failed output is +-inf)
+
+
+def feed_gains_db(feed_sqnr_db: Mapping[str, Sequence[float]], default: str) -> dict[str, np.ndarray]:
+    """Per candidate, its SQNR minus the default's on each evaluation feed (dB; the signal is the
+    same float output for both, so this is 10 log10 of the default's error energy over the
+    candidate's). Both exact (+inf): 0; other infinities clipped to +-``GAIN_CAP_DB``."""
+    base = np.asarray(feed_sqnr_db[default], np.float64)
+    out = {}
+    for label, values in feed_sqnr_db.items():
+        v = np.asarray(values, np.float64)
+        if v.shape != base.shape:
+            raise ValueError(f"candidate {label!r} has {v.size} feed scores, the default {base.size}")
+        with np.errstate(invalid="ignore"):
+            gain = np.where(v == base, 0.0, v - base)  # inf - inf: equal scores gain nothing
+        out[label] = np.clip(np.nan_to_num(gain, nan=0.0), -GAIN_CAP_DB, GAIN_CAP_DB)
+    return out
+
+
+def choose_robust(
+    feed_sqnr_db: Mapping[str, Sequence[float]],
+    *,
+    default: str | None = None,
+    standard_errors: float = STANDARD_ERRORS,
+) -> str:
+    """The cross-validated choice: stay with the default candidate (``DEFAULT_CANDIDATE`` if it
+    is one, else the first) unless another beats it consistently on the held-out feeds. Per
+    candidate, the per-feed gains g_i over the default (``feed_gains_db``) give a lower confidence
+    bound ``mean(g) - standard_errors * sd(g) / sqrt(n)``; a candidate qualifies when that bound is
+    above 0, and the qualifying candidate of the highest bound wins (ties: candidate order). A
+    candidate with a failed feed (-inf) never qualifies. Why: the pooled SQNR over 8-16 feeds
+    ranks a candidate first on a gain that a few feeds carry, or on differences smaller than the
+    feeds' spread, and new inputs then reverse the order; a bound on the paired gain keeps the
+    choice on the default's wide ranges unless the gain is steady across feeds, and between
+    candidates of similar gain prefers the steadier (measured: docs/methods.md, BENCHMARKS.md)."""
+    if not feed_sqnr_db:
+        raise ValueError("choose_robust needs at least one candidate")
+    if default is None:
+        default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in feed_sqnr_db else next(iter(feed_sqnr_db))
+    gains = feed_gains_db(feed_sqnr_db, default)
+    chosen, best = default, 0.0
+    for label, gain in gains.items():
+        if label == default or not len(gain) or any(v == -math.inf for v in feed_sqnr_db[label]):
+            continue
+        spread = float(gain.std(ddof=1)) / math.sqrt(len(gain)) if len(gain) > 1 else 0.0
+        bound = float(gain.mean()) - standard_errors * spread
+        if bound > best:
+            chosen, best = label, bound
+    return chosen
+
+
 def _select(
     model_input: str | Path | onnx.ModelProto,
     folds: list[tuple[Mapping[str, TensorsData], list[Feed]]],
@@ -171,8 +243,7 @@ def _select(
         raise ValueError("select_ranges needs at least one candidate range set")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
     start = time.perf_counter()
-    signal = dict.fromkeys(candidates, 0.0)
-    noise = dict.fromkeys(candidates, 0.0)
+    per_feed: dict[str, list[tuple[float, float]]] = {label: [] for label in candidates}  # (signal, noise)
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
     with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
         model_path = model_file(model_input, Path(tmp))
@@ -180,23 +251,34 @@ def _select(
             # One fold's float outputs at a time: memory is that of the largest fold.
             energies = _energies(model_path, feeds, fold_candidates, providers, quantize_kwargs, Path(tmp))
             for label, energy in energies.items():
-                if isinstance(energy, tuple):
-                    signal[label] += energy[0]
-                    noise[label] += energy[1]
+                if isinstance(energy, list):
+                    per_feed[label].extend(energy)
                 elif failures.get(label) is None:  # an exception, if any, is the one to report
                     failures[label] = energy
-    sqnr = {label: -math.inf if label in failures else _sqnr_db(signal[label], noise[label]) for label in candidates}
+    sqnr = {
+        label: -math.inf
+        if label in failures
+        else _sqnr_db(sum(s for s, _ in per_feed[label]), sum(e for _, e in per_feed[label]))
+        for label in candidates
+    }
+    n = sum(len(feeds) for _, feeds in folds)
+    feed_sqnr = {
+        label: (-math.inf,) * n if label in failures else tuple(_sqnr_db(s, e) for s, e in per_feed[label])
+        for label in candidates
+    }
     raised = {label: exc for label, exc in failures.items() if exc is not None}
     if len(raised) == len(sqnr):
         first, exc = next(iter(raised.items()))
         raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
-    chosen = next(iter(sqnr))
-    for label, value in sqnr.items():
-        if value > sqnr[chosen]:
-            chosen = label
-    n = sum(len(feeds) for _, feeds in folds)
+    chosen = choose_robust(feed_sqnr) if cross_validated else choose_pooled(sqnr)
     selection = Selection(
-        chosen, candidates[chosen], sqnr, n, time.perf_counter() - start, len(folds) if cross_validated else 0
+        chosen,
+        candidates[chosen],
+        sqnr,
+        n,
+        time.perf_counter() - start,
+        len(folds) if cross_validated else 0,
+        feed_sqnr,
     )
     logger.info(
         "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
@@ -216,12 +298,12 @@ def _energies(
     providers: list[Any],
     quantize_kwargs: Mapping[str, Any],
     tmp: Path,
-) -> dict[str, tuple[float, float] | BaseException | None]:
-    """Per candidate, (sum y^2, sum (y - y_q)^2) over ``feeds``; the exception if its model failed
+) -> dict[str, list[tuple[float, float]] | BaseException | None]:
+    """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed of ``feeds``; the exception if its model failed
     to build or run; None if its outputs cannot be compared (see ``_squared_sums``). Candidates
     whose ranges equal an earlier one's are not quantized again."""
     reference = _Reference(model_path, feeds, providers)
-    out: dict[str, tuple[float, float] | BaseException | None] = {}
+    out: dict[str, list[tuple[float, float]] | BaseException | None] = {}
     seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
     for i, (label, ranges) in enumerate(candidates.items()):
         key = _ranges_key(ranges)
@@ -236,7 +318,7 @@ def _energies(
         try:
             quantized = workdir / "model.onnx"
             quantize_with_ranges(model_path, quantized, ranges, **quantize_kwargs)
-            out[label] = reference.energy(quantized)
+            out[label] = reference.feed_energies(quantized)
         except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
             logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
             out[label] = exc
@@ -300,12 +382,14 @@ class _Reference:
             self.outputs.append([arrays[n] for n in numeric])
         self.names = numeric or []
 
-    def energy(self, quantized: Path) -> tuple[float, float] | None:
-        """(sum y^2, sum (y - y_q)^2) of a quantized model's outputs; None if they cannot be compared."""
+    def feed_energies(self, quantized: Path) -> list[tuple[float, float]] | None:
+        """Per feed, (sum y^2, sum (y - y_q)^2) over a quantized model's outputs; None if they
+        cannot be compared."""
         session = _session(quantized, self.providers)
-        signal = noise = 0.0
+        out = []
         for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
             got = run_session(session, self.names, feed, i)
+            signal = noise = 0.0
             for name, y, yq in zip(self.names, reference, got):
                 part = _squared_sums(y, yq)
                 if part is None:
@@ -313,7 +397,8 @@ class _Reference:
                     return None
                 signal += part[0]
                 noise += part[1]
-        return signal, noise
+            out.append((signal, noise))
+        return out
 
 
 def _squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
