@@ -10,7 +10,13 @@ from typing import Any
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
-from .common import METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
+from .common import (
+    METHOD_OPTIONS_OPTION,
+    MODE_OPTION,
+    NUM_THREADS_OPTION,
+    SESSION_OPTIONS_OPTION,
+    STREAMING_BINS_OPTION,
+)
 from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
 from .minmax import MinMaxCalibrater
 
@@ -28,13 +34,19 @@ def create_calibrator(
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
     ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming) and
-    ``StreamingBins`` for the histogram methods. ``calibrate_method`` may also name a histocal
+    ``StreamingBins`` for the histogram methods, ``NumThreads`` (the CPUs calibration may use;
+    default: ``HISTOCAL_NUM_THREADS``, else the usable CPUs) and ``SessionOptions`` (an
+    ``onnxruntime.SessionOptions`` for the calibration session, used as given). ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict)."""
     opts = dict(extra_options or {})
     # extra_options values are untyped (ORT's API); the calibrators check them
     hist_opts: dict[str, Any] = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
-    common: dict[str, Any] = dict(use_external_data_format=use_external_data_format)
+    common: dict[str, Any] = dict(
+        use_external_data_format=use_external_data_format,
+        num_threads=opts.get(NUM_THREADS_OPTION),
+        session_options=opts.get(SESSION_OPTIONS_OPTION),
+    )
     if isinstance(calibrate_method, str):
         name = methods.canonical_name(calibrate_method)
         if name not in methods.ORT_METHODS:

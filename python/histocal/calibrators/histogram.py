@@ -55,6 +55,7 @@ from .common import (
     _run_batches,
     _second_read_differs,
 )
+from .cores import calibration_threads, session_options_for
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +79,17 @@ class _HistogramCalibration:
     execution_providers: list[str] | None
     infer_session: Any
 
-    def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
+    def _init_histocal(
+        self,
+        mode: str | None,
+        streaming_bins: int | None,
+        show_progress: bool | None,
+        num_threads: int | None = None,
+        session_options: Any = None,
+    ) -> None:
         self._lock = threading.RLock()
+        self.threads = calibration_threads(num_threads)
+        self.session_options = session_options
         self.mode = _check_mode(mode)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
@@ -106,14 +116,11 @@ class _HistogramCalibration:
 
     @_one_call_at_a_time
     def create_inference_session(self) -> None:
-        """ORT's calibration session (graph optimizations off), except that its intra-op threads
-        sleep between operators instead of spinning: the Rust work on the previous batch runs
-        alongside inference and needs those cycles (benches/bench_overlap.py, 2 cores: streaming
-        collection 10% faster; ORT alone is slower this way on an idle machine, faster when
-        another process wants a core)."""
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        """ORT's calibration session (graph optimizations off), with the intra-op threads and
+        spinning of ``self.threads`` (see ``cores``: the Rust work on the previous batch runs
+        alongside inference and needs its share of the cycles); ``session_options``, when
+        given, is used as it is."""
+        options = self.session_options or session_options_for(self.threads)
         self.infer_session = onnxruntime.InferenceSession(
             self.augmented_model_path, sess_options=options, providers=self.execution_providers
         )
@@ -399,6 +406,8 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -410,7 +419,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, num_threads, session_options)
 
 
 class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
@@ -428,6 +437,8 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -439,7 +450,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, num_threads, session_options)
 
 
 class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
@@ -456,6 +467,8 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -466,7 +479,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, num_threads, session_options)
 
 
 class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
@@ -486,6 +499,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         *,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         name = methods.canonical_name(method)
         if name in methods.ORT_METHODS:
@@ -499,6 +514,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
             method=name,
         )
         self._lock = threading.RLock()
+        self.threads = calibration_threads(num_threads)
+        self.session_options = session_options
         self.mode = "streaming"
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
