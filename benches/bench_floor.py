@@ -6,7 +6,7 @@ the same process over the same feeds:
 
 * W: the warm inference pass of the augmented model (every calibrated output fetched, each
   sample's outputs dropped as soon as they are produced), wall seconds; the faster of a session
-  with ORT's intra-op threads sleeping and one with them spinning;
+  with ORT's intra-op threads sleeping and one with them spinning (compared once);
 * C: the CPU time of that pass with the threads sleeping (spinning CPU is not work);
 * R: the CPU time to read every fetched activation once (numpy ``max`` over each output, one
   thread);
@@ -19,7 +19,9 @@ a list: histocal streaming and exact (Entropy, 128 bins; a list is read twice by
 mode, so "exact" is what the default does with it), histocal MinMax, and onnxruntime's MinMax,
 Entropy and Percentile for comparison (onnxruntime's histogram calibrators keep every output of
 every sample, so they run only at ``--ort-samples`` samples or fewer and only at the default
-size). Modes alternate within each repetition; medians over ``--repeat`` repetitions.
+size). Each round runs every mode once; the floor is measured before the first round and after
+each, and a mode's ratios in a round are to the mean of the floors around it (the machine's
+speed drifts); the table gives medians over ``--repeat`` rounds.
 
 Usage:
     python3 benches/bench_floor.py                                  # CNN at 224 and 640, 8 and 64 samples
@@ -83,30 +85,37 @@ def read_pass(sess: Any, names: list[str], feeds: list[dict]) -> float:
     return total
 
 
-def measure_floor(aug: str, feeds: list[dict], repeat: int) -> dict[str, float]:
-    walls: dict[bool, list[float]] = {False: [], True: []}
-    cpus: list[float] = []
-    reads: list[float] = []
-    sessions = {s: floor_session(aug, s) for s in (False, True)}
-    names = [o.name for o in sessions[False].get_outputs()]
-    for s in sessions.values():
-        s.run(names, feeds[0])  # warm: the first runs fault in ORT's buffers
-    for _ in range(repeat):
-        for spinning, sess in sessions.items():
-            wall, cpu = inference_pass(sess, names, feeds)
-            walls[spinning].append(wall)
-            if not spinning:
-                cpus.append(cpu)
-        reads.append(read_pass(sessions[False], names, feeds))
-    values = sum(a.size for a in sessions[False].run(names, feeds[0]))
-    return {
-        "W_sleep": statistics.median(walls[False]),
-        "W_spin": statistics.median(walls[True]),
-        "C": statistics.median(cpus),
-        "R": statistics.median(reads),
-        "outputs": len(names),
-        "values": values,
-    }
+class Floor:
+    """The floor's sessions (intra-op threads sleeping, and spinning) on the augmented model."""
+
+    def __init__(self, aug: str, feeds: list[dict]) -> None:
+        self.feeds = feeds
+        self.sessions = {s: floor_session(aug, s) for s in (False, True)}
+        self.names = [o.name for o in self.sessions[False].get_outputs()]
+        for sess in self.sessions.values():
+            sess.run(self.names, feeds[0])  # warm: the first runs fault in ORT's buffers
+        first = self.sessions[False].run(self.names, feeds[0])
+        self.outputs, self.values = len(first), sum(a.size for a in first)
+
+    def measure(self, n: int) -> dict[str, float]:
+        """W, C (the sleeping session's CPU), R and B, one pass each. The spinning session is
+        timed on the first call only (on a loaded machine it can take several times as long);
+        later W are the sleeping session's, scaled by the first call's spinning / sleeping
+        ratio where spinning was the faster."""
+        w_sleep, c = inference_pass(self.sessions[False], self.names, self.feeds)
+        if not hasattr(self, "spin_ratio"):
+            w_spin, _ = inference_pass(self.sessions[True], self.names, self.feeds)
+            self.spin_ratio = w_spin / w_sleep
+        r = read_pass(self.sessions[False], self.names, self.feeds)
+        w = w_sleep * min(1.0, self.spin_ratio)
+        return {
+            "W": w,
+            "W_sleep": w_sleep,
+            "W_spin": w_sleep * self.spin_ratio,
+            "C": c,
+            "R": r,
+            "B": max(w, (c + r) / n),
+        }
 
 
 class ListReader:
@@ -226,37 +235,45 @@ def bench_splits(model: str, samples: int, args: argparse.Namespace, work: Path)
 
 
 def bench_one(label: str, model: str, samples: int, args: argparse.Namespace, work: Path) -> list[str]:
+    """The floor is measured before each round of the modes and after the last; each mode's
+    ratio in a round is to the mean of the floors around it (the machine's speed drifts), and
+    the table gives medians over rounds."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod
+
+    import histocal
     from histocal.calibrators.cores import usable_cpus
 
     feeds = make_feeds(model, samples, args)
     aug = str(work / "floor.onnx")
-    from onnxruntime.quantization.calibrate import CalibrationMethod
-
-    import histocal
-
     histocal.create_calibrator(model, augmented_model_path=aug, calibrate_method=CalibrationMethod.Entropy)
-    floor = measure_floor(aug, feeds, args.repeat)
+    floor = Floor(aug, feeds)
     n = usable_cpus()
-    W = min(floor["W_sleep"], floor["W_spin"])
-    B = max(W, (floor["C"] + floor["R"]) / n)
     with_ort = (samples <= args.ort_samples and label.endswith("(default size)")) or samples <= args.ort_samples_any
     runners = mode_runners(model, work, feeds, with_ort)
-    times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(args.warmup):
         for run in runners.values():
             run()  # first-time imports and allocations
+    floors = [floor.measure(n)]
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    ratios: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
     for _ in range(args.repeat):
         for name, run in runners.items():
             times[name].append(run())
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{label}, {samples} samples: W {W:.3f} C {floor['C']:.3f} R {floor['R']:.3f} B {B:.3f}", file=sys.stderr)
+        floors.append(floor.measure(n))
+        around = {k: (floors[-2][k] + floors[-1][k]) / 2 for k in ("B", "W")}
+        for name in runners:
+            ratios[name].append((times[name][-1] / around["B"], times[name][-1] / around["W"]))
+    f = {k: statistics.median(x[k] for x in floors) for k in floors[0]}
+    print(f"{label}, {samples} samples: W {f['W']:.3f} C {f['C']:.3f} R {f['R']:.3f} B {f['B']:.3f}", file=sys.stderr)
     rows = [
-        f"| {label} | {samples} | {floor['outputs']} / {floor['values'] * 4 / 1e6:.0f} MB | {W:.3f} s "
-        f"(sleep {floor['W_sleep']:.3f}, spin {floor['W_spin']:.3f}) | {floor['C']:.3f} s | {floor['R']:.3f} s | {n} "
-        f"| {B:.3f} s | | | |"
+        f"| {label} | {samples} | {floor.outputs} / {floor.values * 4 / 1e6:.0f} MB | {f['W']:.3f} s "
+        f"(spinning / sleeping {floor.spin_ratio:.2f}) | {f['C']:.3f} s | {f['R']:.3f} s | {n} "
+        f"| {f['B']:.3f} s | | | | |"
     ]
-    for name, t in med.items():
-        rows.append(f"| | | | | | | | | {name} | {t:.3f} s | **{t / B:.2f} B** / {t / W:.2f} W |")
+    for name, t in times.items():
+        rb = statistics.median(b for b, _ in ratios[name])
+        rw = statistics.median(w for _, w in ratios[name])
+        rows.append(f"| | | | | | | | | {name} | {statistics.median(t):.3f} s | **{rb:.2f}** | {rw:.2f} |")
     return rows
 
 
@@ -298,8 +315,8 @@ def main(argv: list[str]) -> None:
         f"- usable CPUs {usable_cpus()}; calibration threads {calibration_threads()}; load average at start "
         f"{bc.loadavg()}",
         "",
-        "| model | samples | outputs / per sample | W | C | R | n | B | mode | time | ratio |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| model | samples | outputs / size per sample | W | C | R | n | B | mode | time | x B | x W |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="bench_floor.") as tmp:
         work = Path(tmp)

@@ -141,7 +141,7 @@ def test_session_threads_follow_the_split(paths, tmp_path, method):
     opts = cal.infer_session.get_session_options()
     assert opts.intra_op_num_threads == 3
     assert opts.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    assert _spinning(cal.infer_session) == ("1" if method == MINMAX else "0")
+    assert _spinning(cal.infer_session) == "0"  # below 8 CPUs, threads sleep between operators
 
 
 @pytest.mark.parametrize("method", [ENT, MINMAX])

@@ -79,10 +79,12 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
             raise ValueError(f"max_intermediate_outputs must be a positive integer, got {max_intermediate_outputs!r}")
         self.show_progress = show_progress
         self._lock = threading.RLock()
-        # No Rust work runs alongside MinMax's inference: every usable CPU goes to onnxruntime,
-        # spinning as in ORT's own session (ORT's default thread count ignores cgroup quotas).
-        total = calibration_threads(num_threads).total
-        self.threads = CalibrationThreads(total, total, True, 0)
+        # No Rust work runs alongside MinMax's inference: every CPU of the calibration goes to
+        # onnxruntime (ORT's own default ignores cgroup quotas), spinning only where the split
+        # spins (on a shared machine, spinning threads made the inference pass 1.7-4x slower:
+        # BENCHMARKS.md, W sleeping vs spinning).
+        split = calibration_threads(num_threads)
+        self.threads = CalibrationThreads(split.total, split.total, split.ort_spinning, 0)
         self.session_options = session_options
 
     augment_graph = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
