@@ -128,14 +128,14 @@ class CalibrationThreads:
 
 
 def _split(total: int) -> CalibrationThreads:
-    """Measured (benches/bench_floor.py and BENCHMARKS.md, "Sharing the cores"): on 2 CPUs
-    both pools on every core with onnxruntime's threads sleeping between operators is fastest
-    (a spinning onnxruntime takes the cycles the binning needs; one thread each leaves
-    onnxruntime's operators unparallelised). On 16 CPUs, 12 spinning onnxruntime threads and a
-    pool of 4 beat both pools on every core (1.27 vs 1.61 times the inference pass, streaming):
-    with many cores, onnxruntime's threads sleep and wake too often when another pool shares
-    their cores, and a quarter of the cores is enough binning for the activations of a pass.
-    Between the two, the pool gets a quarter of the cores from 8 CPUs up."""
+    """Measured with ``benches/bench_floor.py --splits`` (BENCHMARKS.md, "Ratio to the
+    floor"): on 2 CPUs both pools on every core with onnxruntime's threads sleeping between
+    operators was the fastest streaming split and within 13% of the fastest exact one (a
+    spinning onnxruntime takes the cycles the binning needs: 2.3x slower streaming). On 16
+    CPUs (issue 15's measurement; no such machine was at hand to repeat it), 12 spinning
+    onnxruntime threads and a pool of 4 beat both pools on every core (1.27 vs 1.61 times the
+    inference pass, streaming). Below 8 CPUs the first rule, from 8 up the second: the pool
+    gets a quarter of the cores."""
     if total < 8:
         return CalibrationThreads(total, total, False, total)
     pool = max(2, total // 4)
