@@ -132,7 +132,7 @@ def _spinning(session) -> str | None:
     return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
 
 
-@pytest.mark.parametrize("method", [ENT, MINMAX])
+@pytest.mark.parametrize("method", [ENT, MINMAX, "mse"])
 def test_session_threads_follow_the_split(paths, tmp_path, method):
     with quiet():
         cal = histocal.create_calibrator(
@@ -144,7 +144,7 @@ def test_session_threads_follow_the_split(paths, tmp_path, method):
     assert _spinning(cal.infer_session) == "0"  # below 8 CPUs, threads sleep between operators
 
 
-@pytest.mark.parametrize("method", [ENT, MINMAX])
+@pytest.mark.parametrize("method", [ENT, MINMAX, "mse"])
 def test_session_options_are_used_as_given(paths, tmp_path, method):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
