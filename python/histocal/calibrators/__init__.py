@@ -11,7 +11,8 @@ from .common import (
     STREAMING_BINS_OPTION,
 )
 from .factory import create_calibrator
-from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
+from .histogram import DistributionCalibrater, EntropyCalibrater, PercentileCalibrater
+from .method import MethodCalibrater
 from .minmax import MinMaxCalibrater
 
 __all__ = [

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..io.readers import DataSource, FeedChecker, progress, run_session
 from ..methods.table import ORT_TABLE
+from .cores import pool_threads_for
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ MODE_OPTION = "CollectionMode"
 STREAMING_BINS_OPTION = "StreamingBins"
 METHOD_OPTIONS_OPTION = "MethodOptions"
 MEMORY_BUDGET_OPTION = "MemoryBudget"
+NUM_THREADS_OPTION = "NumThreads"
+SESSION_OPTIONS_OPTION = "SessionOptions"
 
 _METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
 
@@ -128,14 +132,18 @@ def _run_batches(
 ) -> int:
     """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
-    batches of outputs are alive. The first ``skip`` feeds are read but not run (their outputs
-    are known already). Returns the number of batches, skipped ones included."""
+    batches of outputs are alive; its Rust pool is the calibrator's share of the cores
+    (``calibrator.threads``). The first ``skip`` feeds are read but not run (their outputs are
+    known already). Returns the number of batches, skipped ones included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
     pending: Future | None = None
     n = 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="histocal") as pool:
+    pool_threads = pool_threads_for(getattr(calibrator, "threads", None))
+    with ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="histocal", initializer=_core.set_caller_threads, initargs=(pool_threads,)
+    ) as pool:
         for feed in progress(source.read(), desc, calibrator.show_progress):
             if n < skip:
                 n += 1

@@ -11,8 +11,16 @@ from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
 from ..methods.table import CHANNEL_EXTRA_OPTIONS, CHANNEL_OPTIONS
-from .common import MEMORY_BUDGET_OPTION, METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
-from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
+from .common import (
+    MEMORY_BUDGET_OPTION,
+    METHOD_OPTIONS_OPTION,
+    MODE_OPTION,
+    NUM_THREADS_OPTION,
+    SESSION_OPTIONS_OPTION,
+    STREAMING_BINS_OPTION,
+)
+from .histogram import DistributionCalibrater, EntropyCalibrater, PercentileCalibrater
+from .method import MethodCalibrater
 from .minmax import MinMaxCalibrater
 
 logger = logging.getLogger(__name__)
@@ -29,8 +37,11 @@ def create_calibrator(
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
     ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming),
-    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods, and
-    ``per_channel`` (ORT's MinMax key) and ``channel_axis`` for per-channel histograms. ``calibrate_method`` may also name a histocal
+    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods,
+    ``per_channel`` (ORT's MinMax key) and ``channel_axis`` for per-channel histograms,
+    ``NumThreads`` (the CPUs calibration may use; default: ``HISTOCAL_NUM_THREADS``, else the
+    usable CPUs) and ``SessionOptions`` (an ``onnxruntime.SessionOptions`` for the calibration
+    session, used as given). ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict)."""
     opts = dict(extra_options or {})
@@ -42,7 +53,11 @@ def create_calibrator(
         "memory_budget": opts.get(MEMORY_BUDGET_OPTION),
         **channel_opts,
     }
-    common: dict[str, Any] = dict(use_external_data_format=use_external_data_format)
+    common: dict[str, Any] = dict(
+        use_external_data_format=use_external_data_format,
+        num_threads=opts.get(NUM_THREADS_OPTION),
+        session_options=opts.get(SESSION_OPTIONS_OPTION),
+    )
     if isinstance(calibrate_method, str):
         name = methods.canonical_name(calibrate_method)
         if name not in methods.ORT_METHODS:

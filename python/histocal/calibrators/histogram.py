@@ -42,12 +42,11 @@ import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorsData
 
-from .. import _core, methods
+from .. import _core
 from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
-from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
-from ..state.channels import NO_CHANNEL_VOTES, ChannelHistograms
+from ..state.channels import ChannelHistograms
 from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
 from .common import (
     _METHODS,
@@ -64,6 +63,7 @@ from .common import (
     _run_batches,
     _second_read_differs,
 )
+from .cores import calibration_threads, session_options_for
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +96,14 @@ class _HistogramCalibration:
         memory_budget: int | str | None = None,
         per_channel: bool = False,
         axis: int = 1,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         self._lock = threading.RLock()
         # bytes of outputs exact mode may keep to save a second inference pass (None: see .budget)
         self.memory_budget = check_memory_budget(memory_budget)
+        self.threads = calibration_threads(num_threads)
+        self.session_options = session_options
         self.mode = _check_mode(mode)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
@@ -128,14 +132,11 @@ class _HistogramCalibration:
 
     @_one_call_at_a_time
     def create_inference_session(self) -> None:
-        """ORT's calibration session (graph optimizations off), except that its intra-op threads
-        sleep between operators instead of spinning: the Rust work on the previous batch runs
-        alongside inference and needs those cycles (benches/bench_overlap.py, 2 cores: streaming
-        collection 10% faster; ORT alone is slower this way on an idle machine, faster when
-        another process wants a core)."""
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        """ORT's calibration session (graph optimizations off), with the intra-op threads and
+        spinning of ``self.threads`` (see ``cores``: the Rust work on the previous batch runs
+        alongside inference and needs its share of the cycles); ``session_options``, when
+        given, is used as it is."""
+        options = self.session_options or session_options_for(self.threads)
         self.infer_session = onnxruntime.InferenceSession(
             self.augmented_model_path, sess_options=options, providers=self.execution_providers
         )
@@ -475,6 +476,8 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         memory_budget: int | str | None = None,
         per_channel: bool = False,
         axis: int = 1,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -486,7 +489,9 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(mode, streaming_bins, show_progress, memory_budget, per_channel, axis)
+        self._init_histocal(
+            mode, streaming_bins, show_progress, memory_budget, per_channel, axis, num_threads, session_options
+        )
 
 
 class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
@@ -507,6 +512,8 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         memory_budget: int | str | None = None,
         per_channel: bool = False,
         axis: int = 1,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -518,7 +525,9 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(mode, streaming_bins, show_progress, memory_budget, per_channel, axis)
+        self._init_histocal(
+            mode, streaming_bins, show_progress, memory_budget, per_channel, axis, num_threads, session_options
+        )
 
 
 class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
@@ -538,6 +547,8 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         memory_budget: int | str | None = None,
         per_channel: bool = False,
         axis: int = 1,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -548,53 +559,6 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(mode, streaming_bins, show_progress, memory_budget, per_channel, axis)
-
-
-class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
-    """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
-    pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
-    ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
-    histogram)."""
-
-    def __init__(
-        self,
-        model_path: str | Path,
-        op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str | Path | None = None,
-        use_external_data_format: bool = False,
-        method: str = "mse",
-        method_options: dict[str, Any] | None = None,
-        *,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
-        per_channel: bool = False,
-        axis: int = 1,
-    ) -> None:
-        name = methods.canonical_name(method)
-        if name in methods.ORT_METHODS:
-            raise ValueError(f"{name} is an onnxruntime method: use its own calibrator (or create_calibrator)")
-        self.method_options = methods.check_options(name, dict(method_options or {}))
-        super().__init__(
-            model_path,
-            op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
-            use_external_data_format,
-            method=name,
+        self._init_histocal(
+            mode, streaming_bins, show_progress, memory_budget, per_channel, axis, num_threads, session_options
         )
-        self._lock = threading.RLock()
-        self.mode = "streaming"
-        self.streaming_bins = _check_streaming_bins(streaming_bins)
-        self.show_progress = show_progress
-        self._stream = None
-        self.per_channel, self.axis, self.mode = _check_channel_options(per_channel, axis, self.mode)
-        self._channels = None
-        if self.per_channel and collects_votes(self.method, self.method_options):
-            raise ValueError(NO_CHANNEL_VOTES)
-        self._mode_used = None
-        self._model_fingerprint = None
-
-    def _new_stream(self) -> Any:
-        # a method choosing per batch needs every batch's vote, collected as the batches come
-        votes = collects_votes(self.method, self.method_options)
-        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)

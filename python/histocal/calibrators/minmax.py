@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorData
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
 from .common import _augmented_model_path, _one_call_at_a_time
+from .cores import CalibrationThreads, calibration_threads, session_options_for
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
         per_channel: bool = False,
         *,
         show_progress: bool | None = None,
+        num_threads: int | None = None,
+        session_options: Any = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -75,9 +79,25 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
             raise ValueError(f"max_intermediate_outputs must be a positive integer, got {max_intermediate_outputs!r}")
         self.show_progress = show_progress
         self._lock = threading.RLock()
+        # No Rust work runs alongside MinMax's inference: every CPU of the calibration goes to
+        # onnxruntime (ORT's own default ignores cgroup quotas), spinning only where the split
+        # spins (on a shared machine, spinning threads made the inference pass 1.7-4x slower:
+        # BENCHMARKS.md, W sleeping vs spinning).
+        split = calibration_threads(num_threads)
+        self.threads = CalibrationThreads(split.total, split.total, split.ort_spinning, 0)
+        self.session_options = session_options
 
     augment_graph = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
-    create_inference_session = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.create_inference_session)
+
+    @_one_call_at_a_time
+    def create_inference_session(self) -> None:
+        """ORT's session (graph optimizations off), with ``self.threads``' intra-op threads, or
+        ``session_options`` as given."""
+        options = self.session_options or session_options_for(self.threads)
+        self.infer_session = onnxruntime.InferenceSession(
+            self.augmented_model_path, sess_options=options, providers=self.execution_providers
+        )
+
     compute_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
     clear_collected_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
 

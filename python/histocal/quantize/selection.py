@@ -107,7 +107,7 @@ def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, Tenso
     """auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``, with this qtype and
     symmetry) computed from one ``CalibrationState``, by label, in tie-breaking order. Each is a
     MinMax-style TensorsData (lowest/highest only), the way auto's ranges travel through ORT and
-    its cache whichever candidate wins. A candidate the state cannot give (pow2 NonOverflow on a
+    its cache whichever candidate wins. A candidate the state cannot give (pow2 without clipping on a
     tensor whose range needs a scale its type cannot hold, such as a -3.4e38 attention-mask
     sentinel) is left out with a warning: the others can still be chosen."""
     out = {}

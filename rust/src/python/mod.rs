@@ -38,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::add_records(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(set_caller_threads, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_stats, m)?)?;
     m.add_function(wrap_pyfunction!(channel_min_max, m)?)?;
     m.add_function(wrap_pyfunction!(nanmean_pairwise, m)?)?;

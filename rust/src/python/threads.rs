@@ -6,6 +6,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 use rayon::{ThreadPool, ThreadPoolBuilder};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
@@ -38,7 +40,20 @@ pub(crate) fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
+/// Pools of a given size made for [`set_caller_threads`], kept so that each calibration does
+/// not start threads anew.
+static SIZED_POOLS: Mutex<Option<HashMap<usize, Arc<ThreadPool>>>> = Mutex::new(None);
+
+thread_local! {
+    /// The pool the calling thread's work runs on instead of [`POOL`] (a calibration's share of
+    /// the cores, set on its worker thread), if any.
+    static CALLER_POOL: RefCell<Option<Arc<ThreadPool>>> = const { RefCell::new(None) };
+}
+
 pub(crate) fn pool() -> Arc<ThreadPool> {
+    if let Some(p) = CALLER_POOL.with(|c| c.borrow().clone()) {
+        return p;
+    }
     let mut g = POOL.lock().unwrap_or_else(|e| e.into_inner());
     g.get_or_insert_with(|| {
         Arc::new(ThreadPoolBuilder::new().num_threads(default_threads()).build().expect("thread pool"))
@@ -150,6 +165,37 @@ pub(crate) fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = if n == 0 { default_threads() } else { n };
         let p = ThreadPoolBuilder::new().num_threads(n).build().map_err(|e| PyValueError::new_err(e.to_string()))?;
         *POOL.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(p));
+        Ok(())
+    })
+}
+
+/// Run the calling thread's later work on a pool of `n` threads (0: the shared pool again);
+/// other threads are unaffected.
+#[pyfunction]
+pub(crate) fn set_caller_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
+    let n = n.extract::<usize>().ok().filter(|_| !n.is_instance_of::<PyBool>()).ok_or_else(|| {
+        PyValueError::new_err(format!("set_caller_threads: n must be a whole number >= 0, got {}", n))
+    })?;
+    guard(|| {
+        let p = if n == 0 {
+            None
+        } else {
+            let mut g = SIZED_POOLS.lock().unwrap_or_else(|e| e.into_inner());
+            let pools = g.get_or_insert_with(HashMap::new);
+            let p = match pools.get(&n) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = ThreadPoolBuilder::new()
+                        .num_threads(n)
+                        .build()
+                        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                    pools.insert(n, Arc::new(p));
+                    pools[&n].clone()
+                }
+            };
+            Some(p)
+        };
+        CALLER_POOL.with(|c| *c.borrow_mut() = p);
         Ok(())
     })
 }

@@ -1,0 +1,71 @@
+"""``MethodCalibrater``: histocal's own methods and registered ones, on onnxruntime's
+calibrator interface."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from onnxruntime.quantization import calibrate as ort_calibrate
+
+from .. import _core, methods
+from ..methods.table import collects_votes
+from ..state.channels import NO_CHANNEL_VOTES
+from .common import _augmented_model_path, _check_channel_options, _check_streaming_bins
+from .cores import calibration_threads
+from .histogram import _HistogramCalibration
+
+
+class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
+    """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
+    pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
+    ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
+    histogram)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Sequence[str] | None = None,
+        augmented_model_path: str | Path | None = None,
+        use_external_data_format: bool = False,
+        method: str = "mse",
+        method_options: dict[str, Any] | None = None,
+        *,
+        streaming_bins: int | None = None,
+        show_progress: bool | None = None,
+        per_channel: bool = False,
+        axis: int = 1,
+        num_threads: int | None = None,
+        session_options: Any = None,
+    ) -> None:
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            raise ValueError(f"{name} is an onnxruntime method: use its own calibrator (or create_calibrator)")
+        self.method_options = methods.check_options(name, dict(method_options or {}))
+        super().__init__(
+            model_path,
+            op_types_to_calibrate,
+            _augmented_model_path(self, augmented_model_path),
+            use_external_data_format,
+            method=name,
+        )
+        self._lock = threading.RLock()
+        self.threads = calibration_threads(num_threads)
+        self.session_options = session_options
+        self.mode = "streaming"
+        self.streaming_bins = _check_streaming_bins(streaming_bins)
+        self.show_progress = show_progress
+        self._stream = None
+        self.per_channel, self.axis, self.mode = _check_channel_options(per_channel, axis, self.mode)
+        self._channels = None
+        if self.per_channel and collects_votes(self.method, self.method_options):
+            raise ValueError(NO_CHANNEL_VOTES)
+        self._mode_used = None
+        self._model_fingerprint = None
+
+    def _new_stream(self) -> Any:
+        # a method choosing per batch needs every batch's vote, collected as the batches come
+        votes = collects_votes(self.method, self.method_options)
+        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)
