@@ -41,7 +41,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import _core, methods
 from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
-from ..methods.table import collects_votes
+from ..methods.table import collects_isotone, collects_votes
 from ..state import CalibrationState, model_fingerprint
 from .common import (
     _METHODS,
@@ -509,4 +509,4 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
     def _new_stream(self) -> Any:
         # a method choosing per batch needs every batch's vote, collected as the batches come
         votes = collects_votes(self.method, self.method_options)
-        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes)
+        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=collects_isotone(self.method))

@@ -52,6 +52,7 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import _core
+from .isotone import isotone_ranges
 from .scale_rule import SCALE_RULE
 from .table import (
     ALL_DATA,
@@ -273,6 +274,8 @@ def ranges(
     method's TensorsData from the same state (auto's candidates)."""
     if method in _registry:
         return _custom_ranges(stream, names, method), None
+    if method == "isotone":
+        return isotone_ranges(stream, names, options), None
     if method != "auto":
         return list(stream.ranges(method, list(names), scale_rule=SCALE_RULE, **options)), None
     qtype, symmetric = options["qtype"], bool(options["symmetric"])

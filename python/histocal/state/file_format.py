@@ -44,7 +44,10 @@ from ..io.files import READ_CHUNK, parse_bounded_json
 from ..methods.table import ALL_OPTIONS, QTYPES
 
 FORMAT_NAME = "histocal-calibration-state"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 2 adds isotone's members (state/isotone_members.py); a state without them is written as
+# version 1, which earlier histocal versions read.
+FORMAT_VERSIONS = (1, 2)
 MAX_STATE_BYTES = 4 << 30  # file size, and the members' total uncompressed size
 MAX_HEADER_BYTES = 64 << 20  # the JSON header
 # Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
@@ -74,6 +77,9 @@ _MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "exact_scalars": ("<f8", 2, 3),
     "exact_flags": ("u1", 2, 3),
     "exact_counts": ("<u8", 2, 5),
+    "isotone_tensors": ("<u8", 2, 2),
+    "isotone_pairs": ("<f8", 2, 2),
+    "isotone_rows": ("<u8", 1, None),
 }
 
 
@@ -291,6 +297,7 @@ class _Header:
     settings: dict[str, Any]
     tensors: list[_Tensor]
     exact_order: list[int]
+    version: int = FORMAT_VERSION
 
     def member_limits(self) -> dict[str, int]:
         """The most data bytes each member can hold for this content (0: the member is not used), and a
@@ -307,6 +314,9 @@ class _Header:
             limits["stream_stats"] = 8 * 3 * n
             limits["stream_counts"] = 8 * 5 * n
             # stream_votes: limited by the batch counts once they are read (_votes_limit)
+            if self.version >= 2:
+                limits["isotone_tensors"] = 8 * 2 * n
+                # isotone_pairs and isotone_rows: limited by isotone_tensors once it is read
         if self.exact_kind is not None:
             limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
             for edt in _DTYPES:
@@ -342,8 +352,8 @@ def _parse_header(text_bytes: bytes) -> _Header:
     )
     if h["format"] != FORMAT_NAME:
         _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
-    if h["version"] != FORMAT_VERSION or type(h["version"]) is not int:
-        _fail(f"unsupported format version {str(h['version'])[:20]} (this histocal reads version {FORMAT_VERSION})")
+    if h["version"] not in FORMAT_VERSIONS or type(h["version"]) is not int:
+        _fail(f"unsupported format version {str(h['version'])[:20]} (this histocal reads versions 1 and 2)")
     hv = _str(h["histocal_version"], "histocal_version")
     fp = _str(h["model_fingerprint"], "model_fingerprint", none=True)
     dfp = h["data_fingerprints"]
@@ -400,7 +410,7 @@ def _parse_header(text_bytes: bytes) -> _Header:
         order = []
     elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(len(tensors))):
         _fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
-    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order)
+    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, h["version"])
 
 
 def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.ndarray]]:
@@ -422,9 +432,18 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
         header = _parse_header(text.tobytes())
         limits = header.member_limits()
         arrays: dict[str, np.ndarray] = {}
+        if any(k.startswith("isotone") for k in infos) and (header.version < 2 or header.streaming_bins is None):
+            _fail("isotone members in a version 1 state or without streaming histograms")
+        later = ("header", "stream_votes", "isotone_pairs", "isotone_rows")
         for key, info in infos.items():
-            if key not in ("header", "stream_votes"):
+            if key not in later:
                 arrays[key] = _read_member(zf, reads, info, limits[key])
+        for key in ("isotone_pairs", "isotone_rows"):
+            if key in infos:
+                if "isotone_tensors" not in arrays:
+                    _fail(f"{key}: given without isotone_tensors")
+                pairs_bytes = 16 * int(arrays["isotone_tensors"][:, 0].sum(dtype=np.uint64))
+                arrays[key] = _read_member(zf, reads, infos[key], pairs_bytes // (1 if key == "isotone_pairs" else 2))
         if "stream_votes" in infos:
             if header.streaming_bins is None:
                 _fail("stream_votes: given without streaming histograms")

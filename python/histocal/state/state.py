@@ -34,8 +34,7 @@ with the second histogram's counts placed at its bin centres: the approximation 
 inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
 histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
 and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
-
-The file format and its checks: :mod:`histocal.state.file_format`.
+The file format and its checks: :mod:`histocal.state.file_format` (isotone's members: ``isotone_members``).
 """
 
 from __future__ import annotations
@@ -75,6 +74,7 @@ from .file_format import (
     five_counts,
     read_members,
 )
+from .isotone_members import ISOTONE_MEMBERS, isotone_members, restore_isotone
 from .merge import _merge_exact
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
@@ -350,7 +350,7 @@ class CalibrationState:
     # -- files ----------------------------------------------------------------------------------
 
     def to_bytes(self, compress: bool = False) -> bytes:
-        arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header"}
+        arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
         tensors: list[dict[str, Any]] = []
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
@@ -382,7 +382,7 @@ class CalibrationState:
                 entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
         header = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if (isotone := isotone_members(self.stream, self.names)) else 1,
             "histocal_version": self.histocal_version,
             "model_fingerprint": self.model_fingerprint,
             "data_fingerprints": sorted(self.data_fingerprints),
@@ -410,6 +410,7 @@ class CalibrationState:
                     members[key] = np.zeros((0, cols), dtype)
             elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
                 members[key] = np.zeros((0, cols), dtype)
+        members.update(isotone)
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
@@ -488,7 +489,8 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
             _fail(f"missing member {key}")
         return arrays[key]
 
-    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
+    isotone = "isotone_tensors" in arrays
+    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays, isotone=isotone) if sbins else None
     exact = None
     if kind is not None:
         if header.exact_num_bins is None:
@@ -531,12 +533,10 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                     stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
                 except (ValueError, OverflowError) as exc:
                     _fail(f"stream_votes: {exc}")
+        restore_isotone(stream, names, arrays)
     if exact is not None:
         e_hist, e_scal, e_flags, e_counts = (
-            arr("exact_hist"),
-            arr("exact_scalars"),
-            arr("exact_flags"),
-            arr("exact_counts"),
+            arr(k) for k in ("exact_hist", "exact_scalars", "exact_flags", "exact_counts")
         )
         if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
             _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")

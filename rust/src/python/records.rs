@@ -142,6 +142,12 @@ record! {
     ScaleZeroPoint { scale: f64, zero_point: i64 }
 }
 
+record! {
+    /// A tensor's isotone summary: its distinct top-two pairs `(l1[k], l2[k])` (float64 arrays,
+    /// sorted), how many rows had each (`rows`, uint64) and the rows left out (`skipped`).
+    IsotonePairs { l1: Py<PyAny>, l2: Py<PyAny>, rows: Py<PyAny>, skipped: u64 }
+}
+
 /// Register the record classes on the module.
 pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TensorCounts>()?;
@@ -152,5 +158,6 @@ pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Moments>()?;
     m.add_class::<TensorStats>()?;
     m.add_class::<ScaleZeroPoint>()?;
+    m.add_class::<IsotonePairs>()?;
     Ok(())
 }
