@@ -9,7 +9,6 @@ then PPQ's sweep. The range is the one onnxruntime's rule maps to that scale.
 from __future__ import annotations
 
 import numpy as np
-
 from method_refs import qrange
 
 

@@ -51,7 +51,7 @@ def tensors(draw):
     out = []
     for _ in range(draw(st.integers(1, 4))):
         lead = tuple(int(x) for x in rng.integers(0, 4, max(rank - 1, 0)))
-        shape = () if rank == 0 else lead + (classes,)
+        shape = () if rank == 0 else (*lead, classes)
         levels = rng.integers(-6, 12, shape) if draw(st.booleans()) else rng.normal(2, 3, shape)
         x = np.asarray(levels * scale, dtype=dtype)
         if x.size and draw(st.integers(0, 4)) == 0:
@@ -67,7 +67,7 @@ def test_summary_and_range_match_the_reference(batches, qtype, symmetric):
     want_pairs, want_skipped = I.top_two(batches)
     got_pairs, got_skipped = pairs_of(s)
     assert sorted(got_pairs) == sorted(want_pairs) and got_skipped == want_skipped
-    low, high, satisfied, rows, skipped, fell_back = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
+    low, high, _satisfied, rows, skipped, fell_back = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
     assert (low, high) == I.isotone_range(batches, qtype, symmetric)
     assert rows == len(want_pairs) and skipped == want_skipped
     assert fell_back == (I.isotone_scale(want_pairs, qtype, symmetric) is None and bool(want_pairs))
@@ -134,14 +134,14 @@ def test_limits_and_missing_summaries():
 
 
 def _classifier() -> onnx.ModelProto:
-    """X[N,6] -MatMul-> logits[N,5] -Softmax-> probs."""
+    """X[N,6] -MatMul-> logits[N,5] -Softmax-> probs; both are outputs."""
     w = numpy_helper.from_array(np.random.default_rng(1).normal(0, 1, (6, 5)).astype(np.float32), "W")
     nodes = [helper.make_node("MatMul", ["X", "W"], ["logits"]), helper.make_node("Softmax", ["logits"], ["probs"])]
     graph = helper.make_graph(
         nodes,
         "classifier",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 6])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 5])],
+        [helper.make_tensor_value_info(t, TensorProto.FLOAT, ["N", 5]) for t in ("probs", "logits")],
         initializer=[w],
     )
     return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
@@ -160,7 +160,8 @@ def classifier(tmp_path_factory):
     path = tmp / "classifier.onnx"
     onnx.save(_classifier(), str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    outputs = {"probs": [session.run(None, f)[0] for f in _feeds()]}
+    runs = [session.run(None, f) for f in _feeds()]
+    outputs = {"probs": [r[0] for r in runs], "logits": [r[1] for r in runs]}
     return {"path": path, "tmp": tmp, "outputs": outputs}
 
 
@@ -213,8 +214,9 @@ def test_calibrator_state_and_file(classifier):
 
 
 def test_cli_calibrate_with_isotone(classifier, tmp_path):
-    from histocal.cli.main import main
     from onnxruntime.quantization import calibrate as ort_calibrate
+
+    from histocal.cli.main import main
 
     data = tmp_path / "data"
     data.mkdir()
@@ -226,3 +228,28 @@ def test_cli_calibrate_with_isotone(classifier, tmp_path):
     got = ort_calibrate.load_tensors_data(str(cache))
     want = I.isotone_range(classifier["outputs"]["probs"], "uint8")
     assert float(np.asarray(got["probs"].highest).reshape(-1)[0]) == float(np.float32(want[1]))
+
+
+def test_quantize_static_puts_the_isotone_scale_in_the_model(classifier, tmp_path):
+    """histocal.quantize_static with isotone: the QDQ scale of ``logits`` is isotone's scale
+    (uint8, asymmetric: zero point 0). (onnxruntime fixes a Softmax output's range to (0, 1).)"""
+    from onnxruntime.quantization import QuantType
+
+    import histocal
+
+    out = tmp_path / "q.onnx"
+    histocal.quantize_static(
+        str(classifier["path"]),
+        str(out),
+        _feeds(),
+        calibrate_method="isotone",
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+    pairs, _ = I.top_two(classifier["outputs"]["logits"])
+    scale = I.isotone_scale(pairs, "uint8", False)
+    model = onnx.load(str(out))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    # onnxruntime names a graph output's quantization parameters after it
+    got_scale, got_zp = inits["logits_scale"], inits["logits_zero_point"]
+    assert np.isclose(float(got_scale), scale, rtol=1e-6) and int(got_zp) == 0

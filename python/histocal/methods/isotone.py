@@ -22,15 +22,17 @@ def isotone_ranges(stream: Any, names: Sequence[str], options: Mapping[str, Any]
     to ``(0, max(largest top value, 0))``, with a warning naming it."""
     out = []
     results = stream.isotone_ranges(list(names), qtype=options["qtype"], symmetric=bool(options["symmetric"]))
-    for name, (low, high, satisfied, rows, skipped, fell_back) in zip(names, results):
-        if fell_back:
+    for name, r in zip(names, results):
+        if r.fell_back:
             logger.warning(
                 "isotone: no scale keeps the top two values of any row of tensor %r apart (%d rows); "
                 "using the range (0, largest top value)",
                 name,
-                rows,
+                r.rows,
             )
         else:
-            logger.debug("isotone: tensor %r: %d of %d rows kept in order (%d skipped)", name, satisfied, rows, skipped)
-        out.append((low, high))
+            logger.debug(
+                "isotone: tensor %r: %d of %d rows kept in order (%d skipped)", name, r.satisfied, r.rows, r.skipped
+            )
+        out.append((r.low, r.high))
     return out

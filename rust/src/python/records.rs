@@ -148,6 +148,12 @@ record! {
     IsotonePairs { l1: Py<PyAny>, l2: Py<PyAny>, rows: Py<PyAny>, skipped: u64 }
 }
 
+record! {
+    /// A tensor's isotone result: its range, the rows the scale keeps in order (`satisfied`, weighted
+    /// by their counts), the rows summarised and skipped, and whether it fell back to `(0, max)`.
+    IsotoneRange { low: f64, high: f64, satisfied: u128, rows: u128, skipped: u64, fell_back: bool }
+}
+
 /// Register the record classes on the module.
 pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TensorCounts>()?;
@@ -159,5 +165,6 @@ pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TensorStats>()?;
     m.add_class::<ScaleZeroPoint>()?;
     m.add_class::<IsotonePairs>()?;
+    m.add_class::<IsotoneRange>()?;
     Ok(())
 }

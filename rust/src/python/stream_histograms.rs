@@ -3,7 +3,7 @@
 use super::arrays::*;
 use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
-use super::records::{IsotonePairs, StreamExport, StreamSummary, TensorCounts};
+use super::records::{IsotonePairs, IsotoneRange, StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
 use crate::methods::isotone::{self, IsotoneChoice, TopPairs};
 use crate::methods::pow2::{self, Pow2Type};
@@ -109,7 +109,7 @@ impl StreamHistograms {
         names: Option<Vec<String>>,
         qtype: &str,
         symmetric: bool,
-    ) -> PyResult<Vec<(f64, f64, u128, u128, u64, bool)>> {
+    ) -> PyResult<Vec<IsotoneRange>> {
         guard(|| {
             let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
             let selected = self.selected(names)?;
@@ -122,7 +122,7 @@ impl StreamHistograms {
             };
             let empty = TopPairs::default();
             let q = isotone::positive_levels(qtype, symmetric);
-            let out: Vec<PyResult<(f64, f64, u128, u128, u64, bool)>> = run(py, || {
+            let out: Vec<PyResult<IsotoneRange>> = run(py, || {
                 selected
                     .par_iter()
                     .map(|(name, _)| {
@@ -130,11 +130,17 @@ impl StreamHistograms {
                         let choose = || match isotone::isotone_scale(t, q, symmetric) {
                             IsotoneChoice::Scale(s, n) => {
                                 let (low, high) = isotone::isotone_range(s, qtype, symmetric);
-                                (low, high, n, t.rows(), t.skipped, false)
+                                let (rows, skipped) = (t.rows(), t.skipped);
+                                IsotoneRange { low, high, satisfied: n, rows, skipped, fell_back: false }
                             }
-                            IsotoneChoice::None(m) => {
-                                (0.0, m.unwrap_or(0.0).max(0.0), 0, t.rows(), t.skipped, m.is_some())
-                            }
+                            IsotoneChoice::None(m) => IsotoneRange {
+                                low: 0.0,
+                                high: m.unwrap_or(0.0).max(0.0),
+                                satisfied: 0,
+                                rows: t.rows(),
+                                skipped: t.skipped,
+                                fell_back: m.is_some(),
+                            },
                         };
                         fallible::catch(choose).map_err(|oom| out_of_memory(name, oom))
                     })
