@@ -12,6 +12,8 @@ __all__ = [
     "BinRange",
     "HistogramState",
     "Histograms",
+    "IsotonePairs",
+    "IsotoneRange",
     "Moments",
     "ScaleZeroPoint",
     "StreamExport",
