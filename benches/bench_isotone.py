@@ -70,7 +70,7 @@ def main() -> None:
         f"- {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; Python "
         f"{platform.python_version()}, numpy {np.__version__}, histocal threads {_core.get_num_threads()}",
         "- collect: one `StreamHistograms(16384)` fed batch by batch, without and with `isotone=True` "
-        "(median wall time); choose: `isotone_ranges(qtype=\"int8\")` (median)",
+        '(median wall time); choose: `isotone_ranges(qtype="int8")` (median)',
         "",
         "| data | rows | distinct pairs | summary (MiB) | collect (s) | collect with isotone (s) | choose (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -5,6 +5,9 @@ as onnxruntime maps it; the calibrator, state and CLI paths on a small classifie
 
 from __future__ import annotations
 
+import io
+import zipfile
+
 import isotone_refs as I
 import numpy as np
 import onnx
@@ -194,23 +197,32 @@ def test_calibrator_state_and_file(classifier):
     assert b'"version": 1' in plain.state.to_bytes()
     with pytest.raises(ValueError, match="isotone needs per-row"):
         CalibrationState.from_bytes(plain.state.to_bytes()).compute("isotone")
-    # a corrupted summary is refused with the file's problem named
-    import io
-    import zipfile
 
-    buf = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(raw)) as zin, zipfile.ZipFile(buf, "w") as zout:
-        for info in zin.infolist():
-            data = zin.read(info)
-            if info.filename == "isotone_pairs.npy":
-                arr = np.load(io.BytesIO(data))
-                arr[0, 1] = arr[0, 0] + 1.0  # l2 above l1
-                out = io.BytesIO()
-                np.save(out, arr)
-                data = out.getvalue()
-            zout.writestr(info, data)
-    with pytest.raises(ValueError, match="Invalid calibration state.*isotone"):
-        CalibrationState.from_bytes(buf.getvalue())
+    # corrupted summaries are refused with the file's problem named
+    def edited(member: str, change) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(raw)) as zin, zipfile.ZipFile(buf, "w") as zout:
+            for info in zin.infolist():
+                data = zin.read(info)
+                if info.filename == member:
+                    arr = np.load(io.BytesIO(data)).copy()
+                    change(arr)
+                    out = io.BytesIO()
+                    np.save(out, arr)
+                    data = out.getvalue()
+                zout.writestr(info, data)
+        return buf.getvalue()
+
+    def l2_above_l1(a):
+        a[0, 1] = a[0, 0] + 1.0
+
+    def too_many_pairs(a):
+        a[0, 0] = (1 << 20) + 1
+
+    with pytest.raises(ValueError, match="Invalid calibration state.*isotone.*finite l1 >= l2"):
+        CalibrationState.from_bytes(edited("isotone_pairs.npy", l2_above_l1))
+    with pytest.raises(ValueError, match="Invalid calibration state.*isotone_tensors"):
+        CalibrationState.from_bytes(edited("isotone_tensors.npy", too_many_pairs))
 
 
 def test_cli_calibrate_with_isotone(classifier, tmp_path):

@@ -7,6 +7,7 @@ import numpy as np
 
 __version__: str
 __all__ = [
+    "ISOTONE_MAX_PAIRS",
     "MAX_BINS",
     "POW2_EXPONENTS",
     "BinRange",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 #: The most bins a histogram may have (ORT-shaped histograms: ``num_bins`` and growth).
+ISOTONE_MAX_PAIRS: int
 MAX_BINS: int
 #: How many exponents a pow2 vote can have.
 POW2_EXPONENTS: int
@@ -242,7 +244,12 @@ class StreamHistograms:
     def isotone(self) -> bool: ...
     def isotone_pairs(self, name: str) -> IsotonePairs | None: ...
     def restore_isotone(
-        self, name: str, l1: Sequence[float], l2: Sequence[float], rows: Sequence[int], skipped: int
+        self,
+        name: str,
+        l1: Sequence[float] | np.ndarray,
+        l2: Sequence[float] | np.ndarray,
+        rows: Sequence[int] | np.ndarray,
+        skipped: int,
     ) -> None: ...
     def isotone_ranges(
         self, names: Sequence[str] | None = None, *, qtype: str = "int8", symmetric: bool = False

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from .file_format import _fail
 
 ISOTONE_MEMBERS = ("isotone_tensors", "isotone_pairs", "isotone_rows")
@@ -50,6 +51,8 @@ def restore_isotone(stream: Any, names: list[str], arrays: dict[str, np.ndarray]
     tensors, pairs, rows = (arrays[k] for k in ISOTONE_MEMBERS)
     if len(tensors) != len(names):
         _fail(f"isotone_tensors: expected {len(names)} rows")
+    if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
+        _fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
     if len(pairs) != len(rows) or len(pairs) != int(tensors[:, 0].sum(dtype=np.uint64)):
         _fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
     offset = 0
@@ -57,8 +60,6 @@ def restore_isotone(stream: Any, names: list[str], arrays: dict[str, np.ndarray]
         part = slice(offset, offset + int(count))
         offset += int(count)
         try:
-            stream.restore_isotone(
-                name, pairs[part, 0].tolist(), pairs[part, 1].tolist(), rows[part].tolist(), int(skipped)
-            )
+            stream.restore_isotone(name, pairs[part, 0], pairs[part, 1], rows[part], int(skipped))
         except (ValueError, OverflowError) as exc:
             _fail(f"isotone: {exc}")
