@@ -37,7 +37,7 @@ def collected(batches: list[np.ndarray], name: str = "t"):
 
 def pairs_of(stream, name: str = "t") -> tuple[list[tuple[float, float]], int]:
     """The summary expanded back to one pair per row."""
-    l1, l2, rows, skipped = stream.isotone_pairs(name)
+    l1, l2, rows, skipped, _ = stream.isotone_pairs(name)
     return [(a, b) for a, b, n in zip(l1.tolist(), l2.tolist(), rows.tolist()) for _ in range(n)], skipped
 
 
@@ -124,12 +124,33 @@ def test_limits_and_missing_summaries():
     assert plain.isotone_pairs("t") is None
     s = collected([np.ones((2, 3), np.float32)])
     with pytest.raises(ValueError, match='"t".*not sorted'):
-        s.restore_isotone("t", [2.0, 1.0], [0.0, 0.0], [1, 1], 0)
+        s.restore_isotone("t", [2.0, 1.0], [0.0, 0.0], [1, 1], 0, False)
     with pytest.raises(ValueError, match='"t".*finite'):
-        s.restore_isotone("t", [1.0], [2.0], [1], 0)
+        s.restore_isotone("t", [1.0], [2.0], [1], 0, False)
     # a merge with a collection that has no summaries drops them (some rows were never summarised)
     s.merge(plain)
     assert not s.isotone
+
+
+def test_more_distinct_pairs_than_the_summary_holds():
+    """Past ISOTONE_MAX_PAIRS distinct pairs a tensor's summary is marked overflowed, whatever the
+    batching: collection goes on (other methods still work) and isotone names the tensor."""
+    n = _core().ISOTONE_MAX_PAIRS + 1
+    rows = np.stack([np.arange(n, dtype=np.float32), np.zeros(n, np.float32)], axis=1)
+    whole = collected([rows])
+    halves = collected([rows[: n // 2]])
+    halves.merge(collected([rows[n // 2 :]]))
+    for s in (whole, halves):
+        assert s.isotone_pairs("t").overflowed and not s.isotone_pairs("t").l1.size
+        with pytest.raises(ValueError, match='"t".*more than'):
+            s.isotone_ranges()
+    assert whole.isotone_ranges is not None and whole.counts("t").n_finite == 2 * n
+    assert not collected([rows[: n - 1]]).isotone_pairs("t").overflowed
+    # the mark survives the state file
+    from histocal.state import CalibrationState
+
+    loaded = CalibrationState.from_bytes(CalibrationState(names=["t"], mode="streaming", stream=whole).to_bytes())
+    assert loaded.stream.isotone_pairs("t").overflowed
 
 
 # ---------------------------------------------------------------------------------------------

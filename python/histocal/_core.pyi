@@ -103,6 +103,8 @@ class IsotonePairs(_Record):
     def rows(self) -> np.ndarray: ...
     @property
     def skipped(self) -> int: ...
+    @property
+    def overflowed(self) -> bool: ...
 
 @final
 class IsotoneRange(_Record):
@@ -250,6 +252,7 @@ class StreamHistograms:
         l2: Sequence[float] | np.ndarray,
         rows: Sequence[int] | np.ndarray,
         skipped: int,
+        overflowed: bool,
     ) -> None: ...
     def isotone_ranges(
         self, names: Sequence[str] | None = None, *, qtype: str = "int8", symmetric: bool = False

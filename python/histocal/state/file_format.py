@@ -77,7 +77,7 @@ _MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "exact_scalars": ("<f8", 2, 3),
     "exact_flags": ("u1", 2, 3),
     "exact_counts": ("<u8", 2, 5),
-    "isotone_tensors": ("<u8", 2, 2),
+    "isotone_tensors": ("<u8", 2, 3),
     "isotone_pairs": ("<f8", 2, 2),
     "isotone_rows": ("<u8", 1, None),
 }
@@ -315,7 +315,7 @@ class _Header:
             limits["stream_counts"] = 8 * 5 * n
             # stream_votes: limited by the batch counts once they are read (_votes_limit)
             if self.version >= 2:
-                limits["isotone_tensors"] = 8 * 2 * n
+                limits["isotone_tensors"] = 8 * 3 * n
                 # isotone_pairs and isotone_rows: limited by isotone_tensors once it is read
         if self.exact_kind is not None:
             limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)

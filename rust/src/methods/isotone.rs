@@ -12,7 +12,10 @@
 //! had it, sorted by `(l1, l2)`, plus `skipped`. It is the multiset of the rows' pairs, so it does
 //! not depend on how rows were split into batches or on their order, and merging two summaries
 //! (adding the counts of equal pairs) gives exactly the summary of all their rows. Its size is
-//! the number of distinct pairs, at most the number of rows; [`MAX_PAIRS`] bounds it per tensor.
+//! the number of distinct pairs, at most the number of rows. [`MAX_PAIRS`] bounds it: a summary
+//! whose rows have more distinct pairs drops them and is marked `overflowed` (it can give no
+//! scale). Whether that happens depends only on the rows, not on batches, order or merging (the
+//! union of pairs only grows), so the mark is as exact as the pairs.
 //! The values are the tensor's own (float16, float32 or float64), held exactly as f64.
 //!
 //! **Scale** ([`isotone_scale`]), for a quantization whose largest level above the zero point is
@@ -49,6 +52,8 @@ pub struct TopPairs {
     pub pairs: Vec<(f64, f64, u64)>,
     /// Rows left out: fewer than two values, or a NaN or infinite value.
     pub skipped: u64,
+    /// The rows had more than [`MAX_PAIRS`] distinct pairs; `pairs` is then empty.
+    pub overflowed: bool,
 }
 
 fn by_pair(x: &(f64, f64, u64), y: &(f64, f64, u64)) -> Ordering {
@@ -97,6 +102,10 @@ pub fn top_pairs<D: Float>(values: &[D], row_len: usize) -> TopPairs {
     }
     pairs.sort_unstable_by(by_pair);
     out.pairs = collapse(pairs);
+    if out.pairs.len() > MAX_PAIRS {
+        out.pairs = Vec::new();
+        out.overflowed = true;
+    }
     out
 }
 
@@ -115,6 +124,12 @@ fn collapse(sorted: Vec<(f64, f64, u64)>) -> Vec<(f64, f64, u64)> {
 impl TopPairs {
     /// Add `other`'s rows: the summary of both sets of rows.
     pub fn merge(&mut self, other: &TopPairs) {
+        self.skipped += other.skipped;
+        self.overflowed |= other.overflowed;
+        if self.overflowed {
+            self.pairs = Vec::new();
+            return;
+        }
         let mut all: Vec<(f64, f64, u64)> = fallible::with_capacity(self.pairs.len() + other.pairs.len());
         let (mut i, mut j) = (0, 0);
         let (a, b) = (&self.pairs, &other.pairs);
@@ -129,7 +144,10 @@ impl TopPairs {
             }
         }
         self.pairs = collapse(all);
-        self.skipped += other.skipped;
+        if self.pairs.len() > MAX_PAIRS {
+            self.pairs = Vec::new();
+            self.overflowed = true;
+        }
     }
 
     /// The number of rows summarised (not counting skipped ones).
@@ -138,7 +156,10 @@ impl TopPairs {
     }
 
     /// A summary from stored parts, checked: what [`TopPairs::pairs`] promises.
-    pub fn from_parts(pairs: Vec<(f64, f64, u64)>, skipped: u64) -> Result<TopPairs, String> {
+    pub fn from_parts(pairs: Vec<(f64, f64, u64)>, skipped: u64, overflowed: bool) -> Result<TopPairs, String> {
+        if overflowed && !pairs.is_empty() {
+            return Err("an overflowed isotone summary holds pairs".into());
+        }
         for (k, p) in pairs.iter().enumerate() {
             if !(p.0.is_finite() && p.1.is_finite()) || p.0 < p.1 || p.2 == 0 {
                 return Err(format!(
@@ -156,7 +177,7 @@ impl TopPairs {
         if pairs.len() > MAX_PAIRS {
             return Err(format!("{} isotone pairs, more than the limit of {MAX_PAIRS}", pairs.len()));
         }
-        Ok(TopPairs { pairs, skipped })
+        Ok(TopPairs { pairs, skipped, overflowed })
     }
 }
 
@@ -305,6 +326,21 @@ mod tests {
     }
 
     #[test]
+    fn overflow_depends_only_on_the_rows() {
+        let rows: Vec<f32> = (0..=MAX_PAIRS).flat_map(|i| [i as f32, 0.0]).collect();
+        let whole = top_pairs(&rows, 2);
+        assert!(whole.overflowed && whole.pairs.is_empty());
+        let mut halves = top_pairs(&rows[..MAX_PAIRS], 2);
+        assert!(!halves.overflowed);
+        halves.merge(&top_pairs(&rows[MAX_PAIRS..], 2));
+        assert_eq!(halves, whole);
+        // repeated rows add counts, not pairs (the slices are half the rows: two values a row)
+        let mut again = top_pairs(&rows[..MAX_PAIRS], 2);
+        again.merge(&top_pairs(&rows[..MAX_PAIRS], 2));
+        assert!(!again.overflowed && again.rows() == MAX_PAIRS as u128);
+    }
+
+    #[test]
     fn levels_and_ranges() {
         assert_eq!(positive_levels(QType::Int8, false), 127.0);
         assert_eq!(positive_levels(QType::UInt8, true), 127.0);
@@ -316,7 +352,7 @@ mod tests {
     #[test]
     fn a_row_whose_hi_equals_the_scale_does_not_count() {
         // row 1: [0, 2); row 2: [2, 4) after q - 0.51 = 1 (q = 1.51)
-        let tops = TopPairs { pairs: vec![(1.0, 0.0, 1), (4.0, 2.0, 1)], skipped: 0 };
+        let tops = TopPairs { pairs: vec![(1.0, 0.0, 1), (4.0, 2.0, 1)], skipped: 0, overflowed: false };
         assert_eq!(isotone_scale(&tops, 1.51, false), IsotoneChoice::Scale(0.0, 1));
     }
 }

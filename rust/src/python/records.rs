@@ -144,8 +144,9 @@ record! {
 
 record! {
     /// A tensor's isotone summary: its distinct top-two pairs `(l1[k], l2[k])` (float64 arrays,
-    /// sorted), how many rows had each (`rows`, uint64) and the rows left out (`skipped`).
-    IsotonePairs { l1: Py<PyAny>, l2: Py<PyAny>, rows: Py<PyAny>, skipped: u64 }
+    /// sorted), how many rows had each (`rows`, uint64), the rows left out (`skipped`), and whether
+    /// the rows had more distinct pairs than the summary holds (`overflowed`: then no pairs).
+    IsotonePairs { l1: Py<PyAny>, l2: Py<PyAny>, rows: Py<PyAny>, skipped: u64, overflowed: bool }
 }
 
 record! {

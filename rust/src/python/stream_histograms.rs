@@ -68,6 +68,7 @@ impl StreamHistograms {
                     l2: array(py, &l2).into_any().unbind(),
                     rows: array(py, &rows).into_any().unbind(),
                     skipped: t.skipped,
+                    overflowed: t.overflowed,
                 }
             }))
         })
@@ -81,6 +82,7 @@ impl StreamHistograms {
         l2: Vec<f64>,
         rows: Vec<u64>,
         skipped: u64,
+        overflowed: bool,
     ) -> PyResult<()> {
         guard(|| {
             let bad = |why: String| PyValueError::new_err(format!("tensor {name:?}: {why}"));
@@ -94,7 +96,7 @@ impl StreamHistograms {
                 return Err(bad("isotone l1, l2 and rows differ in length".into()));
             }
             let pairs = l1.into_iter().zip(l2).zip(rows).map(|((a, b), n)| (a, b, n)).collect();
-            held.insert(name.to_string(), TopPairs::from_parts(pairs, skipped).map_err(bad)?);
+            held.insert(name.to_string(), TopPairs::from_parts(pairs, skipped, overflowed).map_err(bad)?);
             Ok(())
         })
     }
@@ -127,6 +129,13 @@ impl StreamHistograms {
                     .par_iter()
                     .map(|(name, _)| {
                         let t = held.get(name).unwrap_or(&empty);
+                        if t.overflowed {
+                            return Err(PyValueError::new_err(format!(
+                                "tensor {name:?}: its rows had more than {} distinct top-two pairs, more than isotone's \
+                                 summary holds (isotone is meant for classification outputs: calibrate only those with it)",
+                                isotone::MAX_PAIRS
+                            )));
+                        }
                         let choose = || match isotone::isotone_scale(t, q, symmetric) {
                             IsotoneChoice::Scale(s, n) => {
                                 let (low, high) = isotone::isotone_range(s, qtype, symmetric);
@@ -518,7 +527,7 @@ enum TopsInput<'a> {
 }
 
 /// The summaries `held` with `borrowed`'s batches added, for the tensors in `borrowed` (copies:
-/// `held` is unchanged), computed in parallel; an error names a tensor past `isotone::MAX_PAIRS`.
+/// `held` is unchanged), computed in parallel.
 fn isotone_collect(
     py: Python<'_>,
     held: &HashMap<String, TopPairs>,
@@ -555,14 +564,6 @@ fn isotone_collect(
                     TopsInput::F64(v) => add(&mut t, v),
                 };
                 fallible::catch(work).map_err(|oom| out_of_memory(name, oom))?;
-                if t.pairs.len() > isotone::MAX_PAIRS {
-                    return Err(PyValueError::new_err(format!(
-                        "tensor {name:?}: isotone's summary would hold {} distinct top-two pairs, more than the limit of {} \
-                         (isotone is meant for classification outputs: a few rows of class scores per sample)",
-                        t.pairs.len(),
-                        isotone::MAX_PAIRS
-                    )));
-                }
                 Ok((name.to_string(), t))
             })
             .collect()
