@@ -20,8 +20,10 @@ LAYERS = (
     ("histocal.stats",),
     ("histocal.state",),
     ("histocal.calibrators",),
+    ("histocal.quark",),
     ("histocal.report",),
     ("histocal.quantize",),
+    ("histocal.diagnose",),
     ("histocal.cli",),
     ("histocal.__main__",),
 )
