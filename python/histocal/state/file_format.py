@@ -3,7 +3,7 @@
 File format (``.npz``-compatible zip, written atomically with ``cache.atomic_write_bytes``): only
 plain little-endian numeric ``.npy`` members, never pickles:
 
-* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1),
+* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1, or 2 with isotone's members),
   ``histocal_version``, ``model_fingerprint`` (sha256 hex of the graph, see
   :func:`model_fingerprint`), ``data_fingerprints`` (sorted list of the runs' data fingerprints),
   ``options`` (``mode``, ``streaming_bins``, ``exact_kind``, ``exact_num_bins``, ``method``,
