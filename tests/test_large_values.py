@@ -397,6 +397,10 @@ def test_lowest_mask_model_state_serves_every_method(mask_model, tmp_path):
         cal.save_state(tmp_path / f"{mode}.hcs")
         state = histocal.CalibrationState.load(tmp_path / f"{mode}.hcs")
         for method in histocal.methods.method_names():
+            if method == "isotone":  # its summaries are collected only by an isotone calibration
+                with pytest.raises(ValueError, match="isotone needs per-row top-two summaries"):
+                    state.compute(method)
+                continue
             with quiet():
                 td = state.compute(method)
             for name in td.data:

@@ -7,11 +7,14 @@ import numpy as np
 
 __version__: str
 __all__ = [
+    "ISOTONE_MAX_PAIRS",
     "MAX_BINS",
     "POW2_EXPONENTS",
     "BinRange",
     "HistogramState",
     "Histograms",
+    "IsotonePairs",
+    "IsotoneRange",
     "Moments",
     "ScaleZeroPoint",
     "StreamExport",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 #: The most bins a histogram may have (ORT-shaped histograms: ``num_bins`` and growth).
+ISOTONE_MAX_PAIRS: int
 MAX_BINS: int
 #: How many exponents a pow2 vote can have.
 POW2_EXPONENTS: int
@@ -89,6 +93,34 @@ class StreamSummary(_Record):
     def abs_min(self) -> float | None: ...
     @property
     def counts(self) -> tuple[int, int, int, int, int]: ...
+
+@final
+class IsotonePairs(_Record):
+    @property
+    def l1(self) -> np.ndarray: ...
+    @property
+    def l2(self) -> np.ndarray: ...
+    @property
+    def rows(self) -> np.ndarray: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def overflowed(self) -> bool: ...
+
+@final
+class IsotoneRange(_Record):
+    @property
+    def low(self) -> float: ...
+    @property
+    def high(self) -> float: ...
+    @property
+    def satisfied(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def fell_back(self) -> bool: ...
 
 @final
 class StreamExport(_Record):
@@ -190,7 +222,7 @@ class Histograms:
 
 @final
 class StreamHistograms:
-    def __new__(cls, num_bins: int, pow2_votes: bool = False) -> StreamHistograms: ...
+    def __new__(cls, num_bins: int, pow2_votes: bool = False, isotone: bool = False) -> StreamHistograms: ...
     @property
     def num_bins(self) -> int: ...
     @property
@@ -211,6 +243,21 @@ class StreamHistograms:
     def merge(self, other: StreamHistograms) -> None: ...
     def votes(self, name: str) -> list[tuple[int, int, int]] | None: ...
     def restore_votes(self, name: str, votes: Sequence[tuple[int, int, int]] | None) -> None: ...
+    @property
+    def isotone(self) -> bool: ...
+    def isotone_pairs(self, name: str) -> IsotonePairs | None: ...
+    def restore_isotone(
+        self,
+        name: str,
+        l1: Sequence[float] | np.ndarray,
+        l2: Sequence[float] | np.ndarray,
+        rows: Sequence[int] | np.ndarray,
+        skipped: int,
+        overflowed: bool,
+    ) -> None: ...
+    def isotone_ranges(
+        self, names: Sequence[str] | None = None, *, qtype: str = "int8", symmetric: bool = False
+    ) -> list[IsotoneRange]: ...
     def collect(self, items: Sequence[tuple[str, Sequence[np.ndarray]]]) -> None: ...
     def collect_channels(self, items: Sequence[tuple[Sequence[str], Sequence[np.ndarray]]], axis: int) -> None: ...
     def names(self) -> list[str]: ...

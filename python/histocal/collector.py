@@ -417,7 +417,7 @@ __all__ = ["HistogramCollector", "ValueCounts", "float_batches"]
 
 
 def copy_stream(stream: Any) -> Any:
-    out = _core.StreamHistograms(stream.num_bins, pow2_votes=stream.pow2_votes)
+    out = _core.StreamHistograms(stream.num_bins, pow2_votes=stream.pow2_votes, isotone=stream.isotone)
     out.merge(stream)
     return out
 

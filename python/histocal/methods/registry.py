@@ -13,6 +13,8 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
   range returned is ``(qmin * s, qmax * s)``, which onnxruntime's asymmetric rule turns back into
   scale ``s`` and zero point 0. Only scales whose range the tensor's type holds are candidates
   (float32: up to 2^120 for int8); data whose covering scale is larger is an error;
+* ``"isotone"``: PPQ's order-preserving scale for classification outputs, from the per-row top-two
+  summaries an isotone collection keeps beside the histogram (:mod:`histocal.methods.isotone`);
 * ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
   mse has the least estimated quantization error (the ``mse`` error model). This is what
   ``CalibrationState.compute("auto")`` (and ``calibrate``, ``create_calibrator``) return: a state
@@ -52,6 +54,7 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import _core
+from .isotone import isotone_ranges
 from .scale_rule import SCALE_RULE
 from .table import (
     ALL_DATA,
@@ -273,6 +276,8 @@ def ranges(
     method's TensorsData from the same state (auto's candidates)."""
     if method in _registry:
         return _custom_ranges(stream, names, method), None
+    if method == "isotone":
+        return isotone_ranges(stream, names, options), None
     if method != "auto":
         return list(stream.ranges(method, list(names), scale_rule=SCALE_RULE, **options)), None
     qtype, symmetric = options["qtype"], bool(options["symmetric"])

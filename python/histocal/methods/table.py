@@ -49,7 +49,9 @@ class Method:
     name: str
     help: str
     ort: CalibrationMethod | None = None  # onnxruntime's enum, for ORT's own methods
-    histogram: str = "stream"  # what it reads: "minmax" (ranges), "exact" (ORT's histogram or the stream), "stream"
+    # what it reads: "minmax" (ranges), "exact" (ORT's histogram or the stream), "stream", "isotone"
+    # (the per-row top-two summaries collected beside the stream)
+    histogram: str = "stream"
     options: tuple[Option, ...] = field(default_factory=tuple)
 
     @property
@@ -121,6 +123,12 @@ HISTOCAL_TABLE = (
     Method(
         "auto", "per tensor, the candidate with the least quantization error", options=(_qtype(), _symmetric(False))
     ),
+    Method(
+        "isotone",
+        "the scale that keeps each row's top value above its second (PPQ; last axis = classes)",
+        histogram="isotone",
+        options=(_qtype(), _symmetric(False)),
+    ),
 )
 TABLE: dict[str, Method] = {m.name: m for m in ORT_TABLE + HISTOCAL_TABLE}
 ORT_METHODS = tuple(m.name for m in ORT_TABLE)
@@ -143,3 +151,8 @@ def collects_votes(method: str, options: dict[str, Any]) -> bool:
     """Whether ``method`` with ``options`` needs per-batch votes collected with the histogram."""
     key, value = POW2_VOTING
     return method == "pow2" and options.get(key) == value
+
+
+def collects_isotone(method: str) -> bool:
+    """Whether ``method`` needs isotone's per-row top-two summaries collected with the histogram."""
+    return method in TABLE and TABLE[method].histogram == "isotone"

@@ -13,8 +13,8 @@
 
 Methods: ``minmax``, ``entropy`` and ``percentile`` (onnxruntime's, computed by
 ``CalibrationState.compute``: the state's own settings for the method it was collected with,
-onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (its default options) and ``auto``
-(``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
+onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (its default options), ``auto`` and,
+for a state collected for it, ``isotone`` (``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
 them and to the error estimate (``state.stream.qerrors``: the mean squared error of quantizing and
 dequantizing the histogram's values with the range, under the installed onnxruntime's
 scale/zero-point rule, see ``histocal.methods.scale_rule``). SQNR is
@@ -337,6 +337,7 @@ def write_report(
     require_matplotlib()
     if qtype not in _methods.QTYPES:
         raise ValueError(f"qtype must be one of {list(_methods.QTYPES)}, got {qtype!r}")
+    default_methods = methods is None
     methods = list(REPORT_METHODS if methods is None else dict.fromkeys(methods))
     unknown = [m for m in methods if m not in REPORT_METHODS]
     if unknown or not methods:
@@ -352,6 +353,8 @@ def write_report(
     source = "in-memory state" if source is None else str(source)
     if state.stream is None:
         raise ValueError("the report needs the streaming histogram, and this state holds only exact histograms")
+    if default_methods and not state.stream.isotone:
+        methods.remove("isotone")  # its summaries are collected only for isotone
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
 

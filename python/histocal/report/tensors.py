@@ -16,7 +16,8 @@ from ..methods.table import TABLE
 logger = logging.getLogger(__name__)
 
 
-REPORT_METHODS = ("minmax", "entropy", "percentile", "mse", "kl", "pow2", "auto")
+# isotone is shown only for states that hold its summaries (collected for isotone)
+REPORT_METHODS = ("minmax", "entropy", "percentile", "mse", "kl", "pow2", "auto", "isotone")
 _POW2 = TABLE["pow2"].defaults
 LABELS = {"pow2": f"pow2 ({_POW2['pow2_method']}, {_POW2['minmse_mode']})"}
 COLOURS = {
@@ -27,6 +28,7 @@ COLOURS = {
     "kl": "#9467bd",
     "pow2": "#ff7f0e",
     "auto": "#111111",
+    "isotone": "#17becf",
 }
 # auto's candidate labels -> the report method whose colour they take
 _CANDIDATE_METHOD = {

@@ -3,7 +3,7 @@
 File format (``.npz``-compatible zip, written atomically with ``cache.atomic_write_bytes``): only
 plain little-endian numeric ``.npy`` members, never pickles:
 
-* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1),
+* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1, or 2 with isotone's members),
   ``histocal_version``, ``model_fingerprint`` (sha256 hex of the graph, see
   :func:`model_fingerprint`), ``data_fingerprints`` (sorted list of the runs' data fingerprints),
   ``options`` (``mode``, ``streaming_bins``, ``exact_kind``, ``exact_num_bins``, ``method``,
@@ -50,8 +50,11 @@ from ..io.files import READ_CHUNK, parse_bounded_json
 from ..methods.table import ALL_OPTIONS, QTYPES
 
 FORMAT_NAME = "histocal-calibration-state"
-FORMAT_VERSION = 2  # the newest version written and read; version 1 (no per-channel histograms) is read too
-CHANNELS_VERSION = 2
+# Version 2 adds optional content: per-channel histograms (the header key and member ``channels``)
+# and isotone's summaries (state/isotone_members.py). A state with neither is written as version 1,
+# which earlier histocal versions read.
+FORMAT_VERSION = 2
+FORMAT_VERSIONS = (1, 2)
 MAX_STATE_BYTES = 4 << 30  # file size, and the members' total uncompressed size
 MAX_HEADER_BYTES = 64 << 20  # the JSON header
 # Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
@@ -82,6 +85,9 @@ _MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "exact_flags": ("u1", 2, 3),
     "exact_counts": ("<u8", 2, 5),
     "channels": ("u1", 1, None),
+    "isotone_tensors": ("<u8", 2, 3),
+    "isotone_pairs": ("<f8", 2, 2),
+    "isotone_rows": ("<u8", 1, None),
 }
 
 
@@ -300,6 +306,7 @@ class _Header:
     tensors: list[_Tensor]
     exact_order: list[int]
     channels: tuple[int, dict[str, int]] | None = None  # axis, channels per tensor (version 2)
+    version: int = FORMAT_VERSION
 
     def member_limits(self) -> dict[str, int]:
         """The most data bytes each member can hold for this content (0: the member is not used), and a
@@ -316,6 +323,9 @@ class _Header:
             limits["stream_stats"] = 8 * 3 * n
             limits["stream_counts"] = 8 * 5 * n
             # stream_votes: limited by the batch counts once they are read (_votes_limit)
+            if self.version >= 2:
+                limits["isotone_tensors"] = 8 * 3 * n
+                # isotone_pairs and isotone_rows: limited by isotone_tensors once it is read
         if self.exact_kind is not None:
             limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
             for edt in _DTYPES:
@@ -339,11 +349,12 @@ def _parse_header(text_bytes: bytes) -> _Header:
     h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
     keys = ["format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors"]
     version = h.get("version") if type(h) is dict else None
-    h = _obj(h, "header", [*keys, "exact_order"] + (["channels"] if version == CHANNELS_VERSION else []))
+    has_channels = version == 2 and type(h) is dict and "channels" in h
+    h = _obj(h, "header", [*keys, "exact_order"] + (["channels"] if has_channels else []))
     if h["format"] != FORMAT_NAME:
         _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
-    if version not in (1, CHANNELS_VERSION) or type(version) is not int:
-        _fail(f"unsupported format version {str(version)[:20]} (this histocal reads versions 1 to {FORMAT_VERSION})")
+    if version not in FORMAT_VERSIONS or type(version) is not int:
+        _fail(f"unsupported format version {str(version)[:20]} (this histocal reads versions 1 and 2)")
     hv = _str(h["histocal_version"], "histocal_version")
     fp = _str(h["model_fingerprint"], "model_fingerprint", none=True)
     dfp = h["data_fingerprints"]
@@ -401,7 +412,7 @@ def _parse_header(text_bytes: bytes) -> _Header:
     elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(len(tensors))):
         _fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
     channels = None
-    if version == CHANNELS_VERSION:
+    if has_channels:
         c = _obj(h["channels"], "channels", ("axis", "tensors"))
         axis = _int(c["axis"], "channels.axis", -64, 63)
         if type(c["tensors"]) is not list or not c["tensors"] or len(c["tensors"]) > len(tensors):
@@ -415,7 +426,7 @@ def _parse_header(text_bytes: bytes) -> _Header:
                 _fail(f"channels.tensors[{i}]: duplicate tensor name {name[:100]!r}")
             counts[name] = _int(entry[1], f"channels.tensors[{i}][1]", 1, MAX_STATE_BINS)
         channels = (axis, counts)
-    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, channels)
+    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, channels, version)
 
 
 def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.ndarray]]:
@@ -437,11 +448,20 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
         header = _parse_header(text.tobytes())
         limits = header.member_limits()
         arrays: dict[str, np.ndarray] = {}
+        if any(k.startswith("isotone") for k in infos) and (header.version < 2 or header.streaming_bins is None):
+            _fail("isotone members in a version 1 state or without streaming histograms")
+        later = ("header", "stream_votes", "isotone_pairs", "isotone_rows")
         for key, info in infos.items():
             if key == "channels" and header.channels is None:
                 _fail("channels: given in a state without per-channel histograms")
-            if key not in ("header", "stream_votes"):
+            if key not in later:
                 arrays[key] = _read_member(zf, reads, info, limits[key])
+        for key in ("isotone_pairs", "isotone_rows"):
+            if key in infos:
+                if "isotone_tensors" not in arrays:
+                    _fail(f"{key}: given without isotone_tensors")
+                pairs_bytes = 16 * int(arrays["isotone_tensors"][:, 0].sum(dtype=np.uint64))
+                arrays[key] = _read_member(zf, reads, infos[key], pairs_bytes // (1 if key == "isotone_pairs" else 2))
         if "stream_votes" in infos:
             if header.streaming_bins is None:
                 _fail("stream_votes: given without streaming histograms")

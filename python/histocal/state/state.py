@@ -5,7 +5,7 @@ A :class:`CalibrationState` holds, per calibrated tensor:
 * the **streaming histogram** (``_core.StreamHistograms``: a power-of-two-aligned histogram of
   ``streaming_bins`` bins, finite min/max, min |x|, counts of finite/NaN/+Inf/-Inf values and the
   number of batches). Streaming-mode calibrators build it; exact-mode calibrators build it too
-  (during their counting pass), so that every state can serve every method;
+  (during their counting pass), so that every state can serve every method (but isotone, pow2 MostCommon);
 * in exact mode also the **exact ORT histogram** (``_core.Histograms`` of kind ``value`` or ``abs``
   with the calibrator's ``num_bins``: the histogram onnxruntime itself would hold).
 
@@ -34,8 +34,7 @@ with the second histogram's counts placed at its bin centres: the approximation 
 inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
 histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
 and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
-
-The file format and its checks: :mod:`histocal.state.file_format`.
+The file format and its checks: :mod:`histocal.state.file_format` (isotone's members: ``isotone_members``).
 """
 
 from __future__ import annotations
@@ -63,7 +62,6 @@ from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .file_format import (
     _DTYPES,
     _MEMBERS,
-    CHANNELS_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
@@ -77,6 +75,7 @@ from .file_format import (
     read_members,
 )
 from .fingerprint import model_fingerprint
+from .isotone_members import ISOTONE_MEMBERS, isotone_members, restore_isotone
 from .merge import _merge_exact
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
@@ -332,7 +331,7 @@ class CalibrationState:
     # -- files ----------------------------------------------------------------------------------
 
     def to_bytes(self, compress: bool = False) -> bytes:
-        arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header"}
+        arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
         tensors: list[dict[str, Any]] = []
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
@@ -364,7 +363,7 @@ class CalibrationState:
                 entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
         header = {
             "format": FORMAT_NAME,
-            "version": 1,
+            "version": FORMAT_VERSION if (isotone := isotone_members(self.stream, self.names)) else 1,
             "histocal_version": self.histocal_version,
             "model_fingerprint": self.model_fingerprint,
             "data_fingerprints": sorted(self.data_fingerprints),
@@ -375,7 +374,7 @@ class CalibrationState:
         nested = None
         if self.channels is not None:  # version 2: the channel histograms as a state file of their own
             ch = self.channels
-            header["version"] = CHANNELS_VERSION
+            header["version"] = FORMAT_VERSION
             header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
             nested = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
@@ -400,6 +399,7 @@ class CalibrationState:
                 members[key] = np.zeros((0, cols), dtype)
         if nested is not None:
             members["channels"] = np.frombuffer(nested.to_bytes(compress), np.uint8)
+        members.update(isotone)
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
@@ -478,7 +478,8 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
             _fail(f"missing member {key}")
         return arrays[key]
 
-    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays) if sbins is not None else None
+    isotone = "isotone_tensors" in arrays
+    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays, isotone=isotone) if sbins else None
     exact = None
     if kind is not None:
         if header.exact_num_bins is None:
@@ -521,12 +522,10 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                     stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
                 except (ValueError, OverflowError) as exc:
                     _fail(f"stream_votes: {exc}")
+        restore_isotone(stream, names, arrays)
     if exact is not None:
         e_hist, e_scal, e_flags, e_counts = (
-            arr("exact_hist"),
-            arr("exact_scalars"),
-            arr("exact_flags"),
-            arr("exact_counts"),
+            arr(k) for k in ("exact_hist", "exact_scalars", "exact_flags", "exact_counts")
         )
         if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
             _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")

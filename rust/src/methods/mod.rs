@@ -2,6 +2,7 @@
 //! TensorRT-KL searches, power-of-two scales, and the method choice by name (`range_method`).
 //! Depends on `numeric` and `ort`.
 
+pub mod isotone;
 pub mod kl_tensorrt;
 pub mod mse;
 pub mod pow2;

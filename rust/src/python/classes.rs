@@ -3,6 +3,7 @@
 //! other).
 
 use super::errors::named;
+use crate::methods::isotone::TopPairs;
 use crate::state::{Batches, CollectError, Kind, Scans, TensorState};
 use crate::stream::stream_histogram::StreamHistogram;
 use pyo3::exceptions::PyValueError;
@@ -43,6 +44,8 @@ pub struct StreamHistograms {
     pub(crate) pow2_votes: bool,
     pub(crate) order: Vec<String>,
     pub(crate) states: HashMap<String, StreamState>,
+    /// isotone's per-row top-two summaries, per tensor, when collected (`None`: not collected).
+    pub(crate) isotone: Option<HashMap<String, TopPairs>>,
 }
 
 /// A tensor's streaming histogram and its data dtype.

@@ -32,6 +32,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let _ = ENV_THREADS.set(threads_from_env().map_err(PyValueError::new_err)?);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_BINS", MAX_BINS)?;
+    m.add("ISOTONE_MAX_PAIRS", crate::methods::isotone::MAX_PAIRS)?;
     m.add("POW2_EXPONENTS", (pow2::MAX_EXPONENT - pow2::MIN_EXPONENT + 1) as usize)?;
     m.add_class::<Histograms>()?;
     m.add_class::<StreamHistograms>()?;

@@ -3,8 +3,9 @@
 use super::arrays::*;
 use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
-use super::records::{StreamExport, StreamSummary, TensorCounts};
+use super::records::{IsotonePairs, IsotoneRange, StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
+use crate::methods::isotone::{self, IsotoneChoice, TopPairs};
 use crate::methods::pow2::{self, Pow2Type};
 use crate::methods::qerror::{ErrorTable, Quantizer};
 use crate::methods::range_method::*;
@@ -20,10 +21,10 @@ use std::collections::HashMap;
 #[pymethods]
 impl StreamHistograms {
     /// `pow2_votes`: also collect the per-batch votes of pow2 MinMSE's most-common choice (costs one pow2
-    /// search per batch and tensor).
+    /// search per batch and tensor). `isotone`: also collect isotone's per-row top-two summaries.
     #[new]
-    #[pyo3(signature = (num_bins, pow2_votes=false))]
-    fn new(num_bins: usize, pow2_votes: bool) -> PyResult<Self> {
+    #[pyo3(signature = (num_bins, pow2_votes=false, isotone=false))]
+    fn new(num_bins: usize, pow2_votes: bool, isotone: bool) -> PyResult<Self> {
         guard(|| {
             if !num_bins.is_power_of_two() || !(8..=(1 << 25)).contains(&num_bins) {
                 return Err(PyValueError::new_err(format!(
@@ -35,6 +36,7 @@ impl StreamHistograms {
                 pow2_votes,
                 order: Vec::new(),
                 states: HashMap::new(),
+                isotone: isotone.then(HashMap::new),
             })
         })
     }
@@ -42,6 +44,119 @@ impl StreamHistograms {
     #[getter]
     fn pow2_votes(&self) -> bool {
         self.pow2_votes
+    }
+
+    #[getter]
+    fn isotone(&self) -> bool {
+        self.isotone.is_some()
+    }
+
+    /// A tensor's isotone summary `(l1, l2, rows, skipped)` (float64, float64, uint64 arrays of its
+    /// distinct top-two pairs, sorted), or None when it was not collected.
+    fn isotone_pairs(&self, py: Python<'_>, name: &str) -> PyResult<Option<IsotonePairs>> {
+        guard(|| {
+            if !self.states.contains_key(name) {
+                return Err(PyValueError::new_err(format!("no histogram for tensor {name:?}")));
+            }
+            Ok(self.isotone.as_ref().map(|held| {
+                let t = held.get(name).cloned().unwrap_or_default();
+                let l1: Vec<f64> = t.pairs.iter().map(|p| p.0).collect();
+                let l2: Vec<f64> = t.pairs.iter().map(|p| p.1).collect();
+                let rows: Vec<u64> = t.pairs.iter().map(|p| p.2).collect();
+                IsotonePairs {
+                    l1: array(py, &l1).into_any().unbind(),
+                    l2: array(py, &l2).into_any().unbind(),
+                    rows: array(py, &rows).into_any().unbind(),
+                    skipped: t.skipped,
+                    overflowed: t.overflowed,
+                }
+            }))
+        })
+    }
+
+    /// Put back what `isotone_pairs` gave, after checking it (the collection must be an isotone one).
+    fn restore_isotone(
+        &mut self,
+        name: &str,
+        l1: Vec<f64>,
+        l2: Vec<f64>,
+        rows: Vec<u64>,
+        skipped: u64,
+        overflowed: bool,
+    ) -> PyResult<()> {
+        guard(|| {
+            let bad = |why: String| PyValueError::new_err(format!("tensor {name:?}: {why}"));
+            if !self.states.contains_key(name) {
+                return Err(PyValueError::new_err(format!("no histogram for tensor {name:?}")));
+            }
+            let Some(held) = self.isotone.as_mut() else {
+                return Err(bad("this collection holds no isotone summaries".into()));
+            };
+            if l1.len() != l2.len() || l1.len() != rows.len() {
+                return Err(bad("isotone l1, l2 and rows differ in length".into()));
+            }
+            let pairs = l1.into_iter().zip(l2).zip(rows).map(|((a, b), n)| (a, b, n)).collect();
+            held.insert(name.to_string(), TopPairs::from_parts(pairs, skipped, overflowed).map_err(bad)?);
+            Ok(())
+        })
+    }
+
+    /// isotone's ranges for `names` (default: all): `(low, high, satisfied rows, summarised rows,
+    /// skipped rows, fell_back)` per tensor; see `methods::isotone`. Without a separable row the
+    /// range is `(0, max(largest top value, 0))` (`fell_back`), and `(0, 0)` without any row.
+    #[pyo3(signature = (names=None, *, qtype="int8", symmetric=false))]
+    fn isotone_ranges(
+        &self,
+        py: Python<'_>,
+        names: Option<Vec<String>>,
+        qtype: &str,
+        symmetric: bool,
+    ) -> PyResult<Vec<IsotoneRange>> {
+        guard(|| {
+            let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
+            let selected = self.selected(names)?;
+            let Some(held) = self.isotone.as_ref() else {
+                let name = selected.first().map(|s| s.0.clone()).unwrap_or_default();
+                return Err(PyValueError::new_err(format!(
+                    "tensor {name:?}: isotone needs per-row top-two summaries, which this collection did not record \
+                     (collect with the isotone method, or StreamHistograms(..., isotone=True))"
+                )));
+            };
+            let empty = TopPairs::default();
+            let q = isotone::positive_levels(qtype, symmetric);
+            let out: Vec<PyResult<IsotoneRange>> = run(py, || {
+                selected
+                    .par_iter()
+                    .map(|(name, _)| {
+                        let t = held.get(name).unwrap_or(&empty);
+                        if t.overflowed {
+                            return Err(PyValueError::new_err(format!(
+                                "tensor {name:?}: its rows had more than {} distinct top-two pairs, more than isotone's \
+                                 summary holds (isotone is meant for classification outputs: calibrate only those with it)",
+                                isotone::MAX_PAIRS
+                            )));
+                        }
+                        let choose = || match isotone::isotone_scale(t, q, symmetric) {
+                            IsotoneChoice::Scale(s, n) => {
+                                let (low, high) = isotone::isotone_range(s, qtype, symmetric);
+                                let (rows, skipped) = (t.rows(), t.skipped);
+                                IsotoneRange { low, high, satisfied: n, rows, skipped, fell_back: false }
+                            }
+                            IsotoneChoice::None(m) => IsotoneRange {
+                                low: 0.0,
+                                high: m.unwrap_or(0.0).max(0.0),
+                                satisfied: 0,
+                                rows: t.rows(),
+                                skipped: t.skipped,
+                                fell_back: m.is_some(),
+                            },
+                        };
+                        fallible::catch(choose).map_err(|oom| out_of_memory(name, oom))
+                    })
+                    .collect()
+            });
+            out.into_iter().collect()
+        })
     }
 
     /// A tensor's pow2 votes (for the most-common choice), `[(type index (int8, uint8, int16), exponent,
@@ -99,8 +214,17 @@ impl StreamHistograms {
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
             let borrowed = borrow_items(&items)?;
+            // isotone's summaries first, into copies: an error (too many pairs) changes nothing
+            let tops = match &self.isotone {
+                Some(held) => Some(isotone_collect(py, held, &borrowed)?),
+                None => None,
+            };
             let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            self.add(py, batches)
+            self.add(py, batches)?;
+            if let (Some(held), Some(tops)) = (self.isotone.as_mut(), tops) {
+                held.extend(tops);
+            }
+            Ok(())
         })
     }
 
@@ -262,6 +386,16 @@ impl StreamHistograms {
                     }
                 }
             }
+            // isotone's summaries, like pow2 votes, stay only when both sides collected them
+            self.isotone = match (self.isotone.take(), &other.isotone) {
+                (Some(mut mine), Some(theirs)) => {
+                    for (name, t) in theirs {
+                        mine.entry(name.clone()).or_default().merge(t);
+                    }
+                    Some(mine)
+                }
+                _ => None,
+            };
             // pow2 votes stay only when both sides collected them (else some batches never voted)
             self.pow2_votes &= other.pow2_votes;
             if !self.pow2_votes {
@@ -415,4 +549,56 @@ impl StreamHistograms {
         self.put(&batches, states);
         results.into_iter().collect()
     }
+}
+
+/// One tensor's batches as ndarray views (shareable between threads, unlike the borrows).
+enum TopsInput<'a> {
+    F16(Vec<numpy::ndarray::ArrayViewD<'a, half::f16>>),
+    F32(Vec<numpy::ndarray::ArrayViewD<'a, f32>>),
+    F64(Vec<numpy::ndarray::ArrayViewD<'a, f64>>),
+}
+
+/// The summaries `held` with `borrowed`'s batches added, for the tensors in `borrowed` (copies:
+/// `held` is unchanged), computed in parallel.
+fn isotone_collect(
+    py: Python<'_>,
+    held: &HashMap<String, TopPairs>,
+    borrowed: &[(String, super::arrays::Borrowed<'_>)],
+) -> PyResult<Vec<(String, TopPairs)>> {
+    use super::arrays::Borrowed as B;
+    fn add<T: crate::numeric::float::Float>(t: &mut TopPairs, arrays: &[numpy::ndarray::ArrayViewD<'_, T>]) {
+        for v in arrays {
+            // rank 0: one value, no row of two
+            let row_len = v.shape().last().copied().unwrap_or(1);
+            let contiguous = v.as_standard_layout();
+            t.merge(&isotone::top_pairs(contiguous.as_slice().expect("standard layout"), row_len));
+        }
+    }
+    let inputs: Vec<(&str, TopsInput<'_>)> = borrowed
+        .iter()
+        .map(|(n, b)| {
+            let input = match b {
+                B::F16(v) => TopsInput::F16(v.iter().map(|a| a.as_array()).collect()),
+                B::F32(v) => TopsInput::F32(v.iter().map(|a| a.as_array()).collect()),
+                B::F64(v) => TopsInput::F64(v.iter().map(|a| a.as_array()).collect()),
+            };
+            (n.as_str(), input)
+        })
+        .collect();
+    let out: Vec<PyResult<(String, TopPairs)>> = run(py, || {
+        inputs
+            .par_iter()
+            .map(|(name, input)| {
+                let mut t = held.get(*name).cloned().unwrap_or_default();
+                let work = || match input {
+                    TopsInput::F16(v) => add(&mut t, v),
+                    TopsInput::F32(v) => add(&mut t, v),
+                    TopsInput::F64(v) => add(&mut t, v),
+                };
+                fallible::catch(work).map_err(|oom| out_of_memory(name, oom))?;
+                Ok((name.to_string(), t))
+            })
+            .collect()
+    });
+    out.into_iter().collect()
 }

@@ -1,0 +1,88 @@
+"""Cost of collecting isotone's per-row top-two summaries beside the streaming histogram, their
+size, and the time to choose the scale.
+
+    python3 benches/bench_isotone.py [--out benches/RESULTS_isotone.md]
+
+* classifier logits: 40 batches of float32 ``[256, 1000]`` (10,240 rows, 10.2M values), collected
+  with ``StreamHistograms(16384)`` and with ``isotone=True``; median of 5 runs;
+* a dense activation (what isotone sees when every tensor of a CNN is calibrated with it): 8 batches
+  of float32 ``[8, 64, 56, 56]`` (229,376 rows of 56), same comparison, median of 3 runs;
+* ``isotone_ranges`` (int8, asymmetric) on each summary; median of 5 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from histocal import _core
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def case(label: str, batches: list[np.ndarray], repeat: int) -> str:
+    def collect(isotone: bool):
+        s = _core.StreamHistograms(16384, isotone=isotone)
+        for b in batches:
+            s.collect([("t", [b])])
+        return s
+
+    plain = median_time(lambda: collect(False), repeat)
+    with_tops = median_time(lambda: collect(True), repeat)
+    s = collect(True)
+    pairs = s.isotone_pairs("t")
+    choose = median_time(lambda: s.isotone_ranges(qtype="int8"), 5)
+    rows = int(pairs.rows.sum())
+    return (
+        f"| {label} | {rows:,} | {len(pairs.l1):,} | {24 * len(pairs.l1) / 2**20:.2f} | {plain:.3f} | "
+        f"{with_tops:.3f} | {choose * 1e3:.1f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    logits = [rng.normal(0, 3, (256, 1000)).astype(np.float32) for _ in range(40)]
+    dense = [np.maximum(rng.normal(0, 1, (8, 64, 56, 56)), 0).astype(np.float32) for _ in range(8)]
+    lines = [
+        "## isotone: collection cost and summary size",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        "python3 benches/bench_isotone.py --out benches/RESULTS_isotone.md",
+        "```",
+        "",
+        f"- {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; Python "
+        f"{platform.python_version()}, numpy {np.__version__}, histocal threads {_core.get_num_threads()}",
+        "- collect: one `StreamHistograms(16384)` fed batch by batch, without and with `isotone=True` "
+        '(median wall time); choose: `isotone_ranges(qtype="int8")` (median)',
+        "",
+        "| data | rows | distinct pairs | summary (MiB) | collect (s) | collect with isotone (s) | choose (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        case("logits, 40 x [256, 1000] float32", logits, 5),
+        case("dense activation, 8 x [8, 64, 56, 56] float32 (Relu)", dense, 3),
+    ]
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
