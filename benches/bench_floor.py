@@ -15,8 +15,9 @@ the same process over the same feeds:
 
 Each mode is ``collect_data`` + ``compute_data`` on a calibrator made beforehand (setup, i.e.
 graph augmentation and session creation, is not counted, as it is not in W), with feeds given as
-a list: histocal streaming and exact (Entropy, 128 bins; a list is read twice by the default
-mode, so "exact" is what the default does with it), histocal MinMax, and onnxruntime's MinMax,
+a list: histocal streaming and exact (Entropy, 128 bins): the default (one inference pass while the
+outputs fit the memory budget), the same with a read-once reader, and the two-pass schedule
+(``MemoryBudget`` 0, what data beyond the budget costs), histocal MinMax, and onnxruntime's MinMax,
 Entropy and Percentile for comparison (onnxruntime's histogram calibrators keep every output of
 every sample, so they run only at ``--ort-samples`` samples or fewer and only at the default
 size). Each round runs every mode once; the floor is measured before the first round and after
@@ -135,7 +136,7 @@ def mode_runners(model: str, work: Path, feeds: list[dict], with_ort: bool) -> d
 
     import histocal
 
-    def runner(create: Any, method: Any, extra: dict[str, Any]) -> Callable[[], float]:
+    def runner(create: Any, method: Any, extra: dict[str, Any], read_once: bool = False) -> Callable[[], float]:
         ort = create is ort_calibrate.create_calibrator
 
         def run() -> float:
@@ -145,7 +146,7 @@ def mode_runners(model: str, work: Path, feeds: list[dict], with_ort: bool) -> d
                 )
                 gc.collect()
                 t0 = time.perf_counter()
-                cal.collect_data(ListReader(feeds) if ort else feeds)  # onnxruntime takes only readers
+                cal.collect_data(ListReader(feeds) if ort or read_once else feeds)  # onnxruntime takes only readers
                 cal.compute_data()
                 seconds = time.perf_counter() - t0
             del cal
@@ -158,6 +159,10 @@ def mode_runners(model: str, work: Path, feeds: list[dict], with_ort: bool) -> d
     runners = {
         "histocal streaming (Entropy)": runner(histocal.create_calibrator, E, {"CollectionMode": "streaming"}),
         "histocal default, list input (exact, Entropy)": runner(histocal.create_calibrator, E, {}),
+        "histocal default, read-once reader (exact, Entropy)": runner(histocal.create_calibrator, E, {}, True),
+        "histocal exact, two passes (MemoryBudget 0, Entropy)": runner(
+            histocal.create_calibrator, E, {"MemoryBudget": 0}
+        ),
         "histocal exact (Percentile)": runner(histocal.create_calibrator, P, {"CollectionMode": "exact"}),
         "histocal MinMax": runner(histocal.create_calibrator, M, {}),
         "onnxruntime MinMax": runner(ort_calibrate.create_calibrator, M, {}),

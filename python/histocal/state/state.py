@@ -5,7 +5,7 @@ A :class:`CalibrationState` holds, per calibrated tensor:
 * the **streaming histogram** (``_core.StreamHistograms``: a power-of-two-aligned histogram of
   ``streaming_bins`` bins, finite min/max, min |x|, counts of finite/NaN/+Inf/-Inf values and the
   number of batches). Streaming-mode calibrators build it; exact-mode calibrators build it too
-  (during their counting pass), so that every state can serve every method (but isotone, pow2 MostCommon);
+  (during their counting pass), so that every state can serve every method (but isotone and pow2's most-common choice);
 * in exact mode also the **exact ORT histogram** (``_core.Histograms`` of kind ``value`` or ``abs``
   with the calibrator's ``num_bins``: the histogram onnxruntime itself would hold).
 
