@@ -20,6 +20,7 @@ LAYERS = (
     ("histocal.stats",),
     ("histocal.state",),
     ("histocal.calibrators",),
+    ("histocal.distributed",),
     ("histocal.report",),
     ("histocal.quantize",),
     ("histocal.cli",),
