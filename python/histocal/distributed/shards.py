@@ -40,7 +40,8 @@ class Shard:
 
     def describe(self) -> str:
         if self.source is not None:
-            return f"shard {self.index} ({getattr(self.source, '__qualname__', type(self.source).__name__)})"
+            func = getattr(self.source, "func", self.source)  # functools.partial: its function
+            return f"shard {self.index} ({getattr(func, '__qualname__', type(func).__name__)})"
         return f"shard {self.index} ({', '.join(self.paths)})"
 
     def open(self, model: str) -> Any:
