@@ -240,6 +240,8 @@ class RayPool:
         self._model = ray.put(model)
         self._job = job
         self.actors = [self._actor_class.remote(self._model, job) for _ in range(min(num_workers, num_shards))]
+        self._ready = list(self.actors)  # started (replacements join once they answer)
+        self._starting: dict[Any, Any] = {}  # a replacement's pid() call -> the replacement
         try:
             self.pids = ray.get([a.pid.remote() for a in self.actors], timeout=WORKER_START_TIMEOUT_S)
         except ray.exceptions.RayError as exc:
@@ -257,7 +259,7 @@ class RayPool:
                 self.ray.kill(actor)
             except Exception:  # already gone
                 pass
-        self.actors = []
+        self.actors, self._ready = [], []
 
     def map(
         self, method: str, shards: list[Shard], args: Callable[[Shard], tuple[Any, ...]]
@@ -271,9 +273,9 @@ class RayPool:
         ray = self.ray
         queue = collections.deque(shards)
         attempts: collections.Counter[int] = collections.Counter()
-        idle = list(self.actors)
+        idle = list(self._ready)
         running: dict[Any, tuple[Any, Shard]] = {}
-        starting: dict[Any, Any] = {}  # a replacement's pid() call -> the replacement
+        starting = self._starting
         done = 0
         while queue or running:
             while queue and idle:
@@ -293,6 +295,7 @@ class RayPool:
                 try:
                     ray.get(ref)
                     idle.append(actor)
+                    self._ready.append(actor)
                 except ray.exceptions.RayError as exc:
                     self._drop(actor)
                     logger.warning("a replacement calibration worker failed to start: %s", exc)
@@ -325,8 +328,9 @@ class RayPool:
             yield shard.index, value
 
     def _drop(self, actor: Any) -> None:
-        if actor in self.actors:
-            self.actors.remove(actor)
+        for group in (self.actors, self._ready):
+            if actor in group:
+                group.remove(actor)
         try:
             self.ray.kill(actor)
         except Exception:  # already gone
