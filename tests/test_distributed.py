@@ -155,7 +155,7 @@ def test_shards_merge_to_the_single_run_state_for_any_split_and_order(in_process
 
 
 def test_a_partial_run_is_never_merged_and_a_shard_counts_once(in_process):
-    job, worker, reference = in_process["entropy", "streaming"]
+    _, worker, reference = in_process["entropy", "streaming"]
     shards = make_shards(feed_shards([4, 4]))
     results = [(s.index, worker.streaming(s)) for s in shards]
     with pytest.raises(RuntimeError, match=r"no result for shard\(s\) \[1\]: a partial run is never merged"):
@@ -249,7 +249,9 @@ def dies_once(marker, on_read, feeds):
         ({"CollectionMode": "streaming"}, 1, {"max_restarts": 1, "max_task_retries": 1}),  # Ray restarts it
     ],
 )
-def test_a_worker_killed_mid_shard_gives_the_identical_state(local_ray, model_path, tmp_path, options, on_read, ray_knobs):
+def test_a_worker_killed_mid_shard_gives_the_identical_state(
+    local_ray, model_path, tmp_path, options, on_read, ray_knobs
+):
     marker = (tmp_path / "killed").as_posix()
     shards = feed_shards([3, 5])
     shards[1] = functools.partial(dies_once, marker, on_read, FEEDS[3:])
@@ -287,6 +289,9 @@ def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_
     one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"
     base = ["calibrate", model_path, "--data", data, "--method", "percentile", "--no-progress"]
     assert cli_main([*base, "--state", one.as_posix()]) == 0
-    assert cli_main([*base, "--state", sharded.as_posix(), "--cache", (tmp_path / "c.json").as_posix(), "--workers", "2"]) == 0
+    assert (
+        cli_main([*base, "--state", sharded.as_posix(), "--cache", (tmp_path / "c.json").as_posix(), "--workers", "2"])
+        == 0
+    )
     assert "8 shards on Ray" in capsys.readouterr().out
     assert_same_state(CalibrationState.load(sharded), CalibrationState.load(one))

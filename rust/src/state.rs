@@ -612,7 +612,8 @@ mod tests {
 
     #[test]
     fn scans_round_trip_through_their_parts_and_bad_parts_are_refused() {
-        let a: Vec<f16> = [0.1f32, -3.5, 65504.0, f32::NAN, f32::INFINITY, -0.0].iter().map(|&x| f16::from_f32(x)).collect();
+        let a: Vec<f16> =
+            [0.1f32, -3.5, 65504.0, f32::NAN, f32::INFINITY, -0.0].iter().map(|&x| f16::from_f32(x)).collect();
         let scans = Scans::of(&Batches::F16(vec![View::from_slice(&a)]));
         let (dtype, extremes, counts) = scans.to_parts();
         match (Scans::from_parts(dtype, extremes, counts).unwrap(), scans) {

@@ -50,14 +50,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> int:
     """--workers / --address: shards of whole batches on Ray workers, merged exactly."""
     from ..distributed import calibrate_distributed
+
     batches = len(data)
     workers = args.workers
     count = min(batches, args.shards or 4 * (workers or 1))
     # contiguous runs of whole batches, as even as they come
     bounds = [batches * k // count for k in range(count + 1)]
-    shards = [
-        [str(f) for b in range(bounds[k], bounds[k + 1]) for f in data.batch_files(b)] for k in range(count)
-    ]
+    shards = [[str(f) for b in range(bounds[k], bounds[k + 1]) for f in data.batch_files(b)] for k in range(count)]
     data_options = {
         "batch_size": args.batch_size,
         "preprocess": args.preprocess,
@@ -78,7 +77,9 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
     )
     ranges = state.compute(state.method)
     fingerprint = _data_fingerprint(data.files) if args.state else None
-    _write_outputs(ranges, args.cache and Path(args.cache), _SavesState(state), args.state and Path(args.state), fingerprint)
+    _write_outputs(
+        ranges, args.cache and Path(args.cache), _SavesState(state), args.state and Path(args.state), fingerprint
+    )
     sys.stdout.write(
         f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples "
         f"in {len(data.files)} files, {count} shards on Ray)"

@@ -18,6 +18,7 @@ result.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -192,11 +193,10 @@ def reduce_states(results: Iterable[tuple[int, bytes]], expected: int) -> Calibr
     missing = sorted(set(range(expected)) - seen)
     if missing:
         raise RuntimeError(f"no result for shard(s) {missing[:10]}: a partial run is never merged")
-    merged: CalibrationState | None = None
-    for state in levels:
-        if state is not None:
-            merged = state if merged is None else state.merge(merged)
-    assert merged is not None
+    left = [s for s in levels if s is not None]
+    merged = left[0]
+    for other in left[1:]:
+        merged = other.merge(merged)
     return merged
 
 
@@ -255,10 +255,8 @@ class RayPool:
 
     def close(self) -> None:
         for actor in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 self.ray.kill(actor)
-            except Exception:  # already gone
-                pass
         self.actors, self._ready = [], []
 
     def map(
@@ -331,7 +329,5 @@ class RayPool:
         for group in (self.actors, self._ready):
             if actor in group:
                 group.remove(actor)
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self.ray.kill(actor)
-        except Exception:  # already gone
-            pass

@@ -80,4 +80,3 @@ def make_shards(shards: Sequence[Any], data_options: dict[str, Any] | None = Non
                 f"shard {i}: expected a data path, a list of paths or a zero-argument callable, got {type(s).__name__}"
             )
     return out
-

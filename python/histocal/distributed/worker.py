@@ -90,4 +90,6 @@ class ShardWorker:
 
     def count(self, shard: Shard, part: ExactScan, planned_from: list[Any]) -> bytes:
         """Exact mode, pass 2: the shard's state, counted on the bins every shard's scans plan."""
-        return shard.run(lambda: self._state(self.calibrator.count_exact(shard.open(self.model_path), part, planned_from)))
+        return shard.run(
+            lambda: self._state(self.calibrator.count_exact(shard.open(self.model_path), part, planned_from))
+        )

@@ -53,6 +53,8 @@ pub(crate) fn typed_dtype<Fm: Family>(t: &Typed<Fm>) -> &'static str {
 
 /// A scan's `(finite_min, finite_max, finite_abs_min, finite_abs_max)`.
 type Extremes = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+/// A pending scan as Python sees it: `(name, dtype, extremes, (finite, nan, posinf, neginf), batches)`.
+type ScanRecord<Dtype> = (String, Dtype, Extremes, (u64, u64, u64, u64), u64);
 
 pub(crate) fn held<E: Float>(h: crate::ort::value_histogram::Held<E>) -> (f64, bool) {
     (h.value.to_f64(), h.is_array)
@@ -156,7 +158,7 @@ impl Histograms {
     /// Two-pass collect split across processes: the pending scans of the collect in progress
     /// (what `scan` gathered), in name order, as
     /// `(name, dtype, (finite_min, finite_max, finite_abs_min, finite_abs_max), (finite, nan, posinf, neginf), batches)`.
-    fn pending_scans(&self) -> Vec<(String, &'static str, Extremes, (u64, u64, u64, u64), u64)> {
+    fn pending_scans(&self) -> Vec<ScanRecord<&'static str>> {
         let mut out: Vec<_> = self
             .pending
             .iter()
@@ -172,7 +174,7 @@ impl Histograms {
     /// Add scans `pending_scans` exported elsewhere (another process's pass 1) to the pending
     /// scans, as if their batches had been scanned here. Every record is checked (see
     /// `Scans::from_parts`) before anything changes.
-    fn add_scans(&mut self, scans: Vec<(String, String, Extremes, (u64, u64, u64, u64), u64)>) -> PyResult<()> {
+    fn add_scans(&mut self, scans: Vec<ScanRecord<String>>) -> PyResult<()> {
         guard(|| {
             let mut merged: HashMap<String, (Scans, u64)> = HashMap::new();
             for (name, dtype, (a, b, c, d), (e, f, g, h), n) in scans {
