@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("outputs (at least one)")
     g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
     g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
-    g = p.add_argument_group("distributed (histocal[ray]: shards of the data on Ray workers, merged exactly)")
+    g = p.add_argument_group("distributed (needs Ray: shards of the data on Ray workers, merged exactly)")
     g.add_argument(
         "--workers", type=_positive_int, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
     )

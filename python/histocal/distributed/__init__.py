@@ -1,4 +1,4 @@
-"""Calibration sharded across machines with Ray (the optional extra ``histocal[ray]``), merged
+"""Calibration sharded across machines with Ray (the optional extra ``ray``), merged
 exactly: the result is the state of one run over all the shards (see ``calibrate_distributed``).
 Ray is imported only when a calibration starts."""
 

@@ -35,7 +35,6 @@ from .worker import Job, ShardWorker
 
 logger = logging.getLogger(__name__)
 
-EXTRA = "histocal[ray]"
 WORKER_START_TIMEOUT_S = 300.0
 
 
@@ -45,7 +44,8 @@ def import_ray() -> Any:
         import ray
     except ImportError as exc:
         raise ImportError(
-            f"histocal.distributed needs Ray (ray>=2.40), which is not installed: pip install '{EXTRA}'"
+            "histocal.distributed needs Ray, which is not installed: pip install 'ray>=2.40' "
+            "(histocal's ray extra: pip install '.[ray]' in a histocal checkout)"
         ) from exc
     return ray
 
