@@ -30,6 +30,8 @@ logger = logging.getLogger("histocal.cli")
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.cache is None and args.state is None:
         raise _UsageError("give --cache and/or --state (where to write the result)")
+    if args.shards is not None and args.workers is None and args.address is None:
+        raise _UsageError("--shards applies with --workers or --address")
     model = _check_model(args.model)
     data = _open_data(args, model)
     if args.workers is not None or args.address is not None:

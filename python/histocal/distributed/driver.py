@@ -36,6 +36,7 @@ from .worker import Job, ShardWorker
 logger = logging.getLogger(__name__)
 
 WORKER_START_TIMEOUT_S = 300.0
+PIPELINE = 2
 
 
 def import_ray() -> Any:
@@ -118,7 +119,7 @@ def make_job(
     threads = 1 if cpus_per_worker is None else cpus_per_worker
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"cpus_per_worker must be an integer >= 1, got {cpus_per_worker!r}")
-    name = methods.canonical_name(getattr(calibrate_method, "name", calibrate_method))
+    name = methods.canonical_name(calibrate_method)
     options = dict(extra_options or {})
     common: dict[str, Any] = {
         "op_types": None if op_types is None else list(op_types),
@@ -271,14 +272,21 @@ class RayPool:
         ray = self.ray
         queue = collections.deque(shards)
         attempts: collections.Counter[int] = collections.Counter()
-        idle = list(self._ready)
+        # each worker holds up to PIPELINE shards: its next one is queued while the driver merges
+        idle = [a for a in self._ready for _ in range(PIPELINE)]
         running: dict[Any, tuple[Any, Shard]] = {}
         starting = self._starting
         done = 0
-        while queue or running:
+
+        def dispatch() -> None:
             while queue and idle:
-                actor, shard = idle.pop(), queue.popleft()
-                running[getattr(actor, method).remote(shard, *args(shard))] = (actor, shard)
+                actor = idle.pop()
+                if actor in self._ready:  # not a slot of a worker that died meanwhile
+                    shard = queue.popleft()
+                    running[getattr(actor, method).remote(shard, *args(shard))] = (actor, shard)
+
+        while queue or running:
+            dispatch()
             if not running:  # only replacements starting
                 if not starting:
                     raise RuntimeError("every calibration worker died and none could be started")
@@ -292,7 +300,7 @@ class RayPool:
                 actor = starting.pop(ref)
                 try:
                     ray.get(ref)
-                    idle.append(actor)
+                    idle.extend([actor] * PIPELINE)
                     self._ready.append(actor)
                 except ray.exceptions.RayError as exc:
                     self._drop(actor)
@@ -315,14 +323,16 @@ class RayPool:
                     ) from None
                 logger.warning("%s: its worker died (%s); redoing it on another worker", shard.describe(), exc)
                 queue.appendleft(shard)
-                self._drop(actor)
-                replacement = self._actor_class.remote(self._model, self._job)
-                self.actors.append(replacement)
-                starting[replacement.pid.remote()] = replacement
+                if actor in self.actors:  # its first failed shard: replace it
+                    self._drop(actor)
+                    replacement = self._actor_class.remote(self._model, self._job)
+                    self.actors.append(replacement)
+                    starting[replacement.pid.remote()] = replacement
                 continue
             idle.append(actor)
             done += 1
             logger.info("%s done (%d/%d, %s)", shard.describe(), done, len(shards), method)
+            dispatch()  # before the caller merges this result
             yield shard.index, value
 
     def _drop(self, actor: Any) -> None:
