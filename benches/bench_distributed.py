@@ -121,7 +121,9 @@ def main() -> int:
     print("| mode | run | wall |\n|---|---|---:|")
     for mode, run, wall in rows:
         print(f"| {mode} | {run} | {wall:.2f} s |")
-    print("\n| mode | shard state | per tensor | from_bytes + merge per state | per tensor |\n|---|---:|---:|---:|---:|")
+    print(
+        "\n| mode | shard state | per tensor | from_bytes + merge per state | per tensor |\n|---|---:|---:|---:|---:|"
+    )
     for mode, (shard_raw, merged_raw, tensors) in states.items():
         merged = CalibrationState.from_bytes(merged_raw)
 

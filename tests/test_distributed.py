@@ -166,7 +166,9 @@ def test_a_partial_run_is_never_merged_and_a_shard_counts_once(in_process):
 
 def test_without_ray_the_error_names_the_extra(monkeypatch, model_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    with pytest.raises(ImportError, match=r"needs Ray, which is not installed: pip install 'ray>=2.40' \(histocal's ray extra"):
+    with pytest.raises(
+        ImportError, match=r"needs Ray, which is not installed: pip install 'ray>=2.40' \(histocal's ray extra"
+    ):
         calibrate_distributed(model_path, feed_shards([8]), calibrate_method="entropy")
 
 
