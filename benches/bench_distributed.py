@@ -3,8 +3,9 @@
 
 * wall time: ``calibrate_distributed`` over ``--shards`` shards of ``--samples`` samples (one
   sample per batch) with 1..``--max-workers`` workers on a local Ray started once
-  (``ray.init(num_cpus=--max-workers)``, its start not timed; the workers' start is), and the
-  single-process calibrator on the same data for reference; streaming and exact mode (Entropy);
+  (``ray.init(num_cpus=--max-workers)``, its start not timed; the workers' start is, and shown
+  apart), and the single-process calibrator on the same data for reference, with histocal's
+  default threads and with a worker's one thread; streaming and exact mode (Entropy);
 * state size: one shard's state (``CalibrationState.to_bytes``, what a worker sends the driver),
   per calibrated tensor, streaming and exact;
 * merge cost: what the driver spends per shard state: reading its bytes (``from_bytes``, checked
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_calibrate import build_cnn  # noqa: E402
+from bench_calibrate import build_cnn
 
 
 def shard_feeds(seed: int, n: int, size: int, name: str) -> list[dict[str, np.ndarray]]:
@@ -85,20 +86,38 @@ def main() -> int:
     all_feeds = [f for s in shards for f in s()]
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; model {model_path}", file=sys.stderr)
 
+    default_threads = histocal.get_num_threads()
+    started: list[float] = []  # when the driver logs that its workers answered
+
+    class WorkersStarted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "calibration workers started" in record.getMessage():
+                started.append(time.perf_counter())
+
+    driver_log = logging.getLogger("histocal.distributed.driver")
+    driver_log.setLevel(logging.INFO)
+    driver_log.addHandler(WorkersStarted())
     rows = []
     states = {}
     for mode in ("streaming", "exact"):
         options = {"CollectionMode": mode}
-        cal = histocal.create_calibrator(model_path, calibrate_method="entropy", extra_options=options)
-        cal.show_progress = False
-        t = time.perf_counter()
-        cal.collect_data(all_feeds)
-        single = time.perf_counter() - t
-        tensors = len(cal.collected().names)
-        rows.append((mode, "single process", single))
+        for threads in (None, 1):
+            cal = histocal.create_calibrator(model_path, calibrate_method="entropy", extra_options=options)
+            cal.show_progress = False
+            if threads:  # a worker's share: one ORT intra-op thread, one histocal thread
+                cal.intra_op_num_threads = threads
+                cal.create_inference_session()
+                histocal.set_num_threads(threads)
+            t = time.perf_counter()
+            cal.collect_data(all_feeds)
+            single = time.perf_counter() - t
+            histocal.set_num_threads(default_threads)
+            tensors = len(cal.collected().names)
+            rows.append((mode, f"single process, {threads or default_threads} thread(s)", single, None))
         ray.init(num_cpus=args.max_workers, include_dashboard=False, logging_level=logging.WARNING)
         try:
             for workers in range(1, args.max_workers + 1):
+                started.clear()
                 t = time.perf_counter()
                 state = calibrate_distributed(
                     model_path,
@@ -108,7 +127,7 @@ def main() -> int:
                     num_workers=workers,
                     show_progress=False,
                 )
-                rows.append((mode, f"{workers} worker(s)", time.perf_counter() - t))
+                rows.append((mode, f"{workers} worker(s)", time.perf_counter() - t, started[0] - t))
         finally:
             ray.shutdown()
         # one shard's state, as a worker sends it
@@ -118,9 +137,9 @@ def main() -> int:
         states[mode] = (one.state.to_bytes(), state.to_bytes(), tensors)
 
     print(f"\n{samples} samples of 1x3x{size}x{size} in {args.shards} shards, Entropy, {tensors} tensors\n")
-    print("| mode | run | wall |\n|---|---|---:|")
-    for mode, run, wall in rows:
-        print(f"| {mode} | {run} | {wall:.2f} s |")
+    print("| mode | run | wall | of which workers' start |\n|---|---|---:|---:|")
+    for mode, run, wall, start in rows:
+        print(f"| {mode} | {run} | {wall:.2f} s | {'' if start is None else f'{start:.2f} s'} |")
     print(
         "\n| mode | shard state | per tensor | from_bytes + merge per state | per tensor |\n|---|---:|---:|---:|---:|"
     )
