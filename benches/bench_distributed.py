@@ -97,6 +97,7 @@ def main() -> int:
     driver_log = logging.getLogger("histocal.distributed.driver")
     driver_log.setLevel(logging.INFO)
     driver_log.addHandler(WorkersStarted())
+    driver_log.propagate = False
     rows = []
     states = {}
     for mode in ("streaming", "exact"):
