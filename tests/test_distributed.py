@@ -297,3 +297,10 @@ def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_
     )
     assert "8 shards on Ray" in capsys.readouterr().out
     assert_same_state(CalibrationState.load(sharded), CalibrationState.load(one))
+
+
+def test_cli_shards_need_workers_or_an_address(model_path, tmp_path, capsys):
+    data = save_npy_shards(tmp_path, [8])[0]
+    argv = ["calibrate", model_path, "--data", data, "--cache", (tmp_path / "c.json").as_posix(), "--shards", "2"]
+    assert cli_main(argv) == 2
+    assert "--shards applies with --workers or --address" in capsys.readouterr().err

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import methods
-from ..calibrators import MODE_OPTION, STREAMING_BINS_OPTION
+from ..calibrators import MODE_OPTION
 from ..calibrators.histogram import ExactScan
 from ..io.readers import progress
 from ..state import CalibrationState
@@ -87,6 +87,8 @@ def calibrate_distributed(
     and ``max_task_retries`` (Ray's actor options, default 0) let Ray restart a dead worker and
     rerun its task in place first."""
     ray = import_ray()
+    if isinstance(max_shard_attempts, bool) or not isinstance(max_shard_attempts, int) or max_shard_attempts < 1:
+        raise ValueError(f"max_shard_attempts must be an integer >= 1, got {max_shard_attempts!r}")
     job = make_job(calibrate_method, extra_options, op_types_to_calibrate, providers, cpus_per_worker)
     shard_list = make_shards(shards, data_options)
     model_bytes = Path(model).read_bytes()
@@ -98,8 +100,7 @@ def calibrate_distributed(
     pool = None
     try:
         pool = RayPool(ray, model_bytes, job, len(shard_list), num_workers, max_restarts, max_task_retries)
-        pool.max_shard_attempts = max_shard_attempts
-        pool.show_progress = show_progress
+        pool.max_shard_attempts, pool.show_progress = max_shard_attempts, show_progress
         return collect(pool, shard_list, job)
     finally:
         if pool is not None:
@@ -148,8 +149,6 @@ def make_job(
     mode = options.pop(MODE_OPTION, None) or "auto"
     if mode not in ("auto", "exact", "streaming"):
         raise ValueError(f"{MODE_OPTION} must be auto, exact or streaming, got {mode!r}")
-    if mode == "streaming" and STREAMING_BINS_OPTION not in options:
-        logger.info("streaming mode with the default StreamingBins")
     # shards are read twice where needed (files and callables can be), so auto means exact
     return Job(name, "exact" if mode == "auto" else mode, name, extra_options=options, **common)
 
