@@ -80,7 +80,6 @@ class _ReadDigest:
     def __init__(self) -> None:
         self.digest = b""
         self.kept: dict[int, bytes] = {}
-        self.batches = 0  # set by the read that built it
 
     def add(self, items: list[tuple[str, list[np.ndarray]]]) -> None:
         h = hashlib.blake2b(self.digest, digest_size=16)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,26 +59,6 @@ from .common import (
 logger = logging.getLogger(__name__)
 
 _NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
-
-
-@dataclass(frozen=True)
-class ExactScan:
-    """Exact mode's pass 1 over one part of the data (``scan_exact``): its per-tensor scans
-    (``_core.Histograms.pending_scans`` records) and the digest its second read is checked against."""
-
-    scans: list[Any]
-    digest: _ReadDigest
-
-
-def _check_all_binned(name: str, binned: int, binnable: int) -> None:
-    """Values outside the first read's ranges were not binned: the reader changed its data."""
-    if binned != binnable:
-        raise ValueError(
-            f"tensor {name!r}: the data reader returned different data on its second read "
-            f"({binnable - binned} values fell outside the ranges of the first read); "
-            "exact mode reads the data twice and needs the same batches each time, "
-            "or use mode='streaming'"
-        )
 
 
 class _HistogramCalibration:
@@ -203,41 +182,17 @@ class _HistogramCalibration:
         if self.collector is None:
             self.collector = self._new_collector()
         hist = self.collector._histograms
-        before = _binned_and_binnable(hist)
-        # The state's streaming histogram (see histocal.state) is fed in pass 1, from the same scans.
-        first = self._scan_pass(source, fetch, hist, self._exact_stream())
-        if first.batches == 0:
-            return 0
-        hist.plan()
-        self._count_pass(source, fetch, hist, first)
-        self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
-        for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
-            b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
-            # infinities are binned only where the edges ended in +inf before this collect
-            _check_all_binned(name, binned - b0, finite - f0 + (infs - i0 if open_top else 0))
-        return first.batches
-
-    def _scan_pass(self, source: DataSource, fetch: list[str], hist: Any, stream: Any) -> _ReadDigest:
-        """Exact mode's pass 1: every batch scanned into ``hist``'s pending scans (and added to
-        ``stream``, if given). Constant memory per batch (a long stream must not grow it): the
-        second read is checked against digests of the first, not a list of every batch's shapes."""
-        first = _ReadDigest()
+        stream = self._exact_stream()
+        # Constant memory per batch (a long stream must not grow it): the second read is checked
+        # against digests of the first, not against a list of every batch's shapes.
+        first, second = _ReadDigest(), _ReadDigest()
 
         def scan(i: int, items: list) -> None:
             first.add(items)
             if _is_checkpoint(i):
                 first.kept[i] = first.digest
+            # The state's streaming histogram (see histocal.state) is fed here, from the same scans.
             hist.scan(items, stream)
-
-        first.batches = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
-        return first
-
-    def _count_pass(
-        self, source: DataSource, fetch: list[str], hist: Any, first: _ReadDigest, stream: Any = None
-    ) -> None:
-        """Exact mode's pass 2: every batch counted into ``hist``'s planned binning (and added to
-        ``stream``, if given), checked to be the batches ``first`` read."""
-        n, second = first.batches, _ReadDigest()
 
         def count(i: int, items: list) -> None:
             if i >= n:
@@ -249,9 +204,12 @@ class _HistogramCalibration:
             if _is_checkpoint(i) and second.digest != first.kept[i]:
                 raise _second_read_differs((i + 1) // 2, i)
             hist.count(items)
-            if stream is not None:
-                stream.collect(items)
 
+        before = _binned_and_binnable(hist)
+        n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
+        if n == 0:
+            return 0
+        hist.plan()
         n2 = _run_batches(self, source, fetch, count, "histocal pass 2/2 (histograms)")
         if n2 != n:
             raise ValueError(
@@ -260,36 +218,20 @@ class _HistogramCalibration:
             )
         if second.digest != first.digest:
             raise _second_read_differs(max(first.kept) + 1, n - 1)
-
-    # -- exact mode split across processes (histocal.distributed) ---------------------------------
-
-    def scan_exact(self, data_reader: Any) -> ExactScan:
-        """Exact mode's pass 1 over one part of the data, collecting nothing: its per-tensor scans
-        (``_core.Histograms.pending_scans``) and the digest of its batches. The scans of all parts,
-        added together, plan the binning that ``count_exact`` counts each part into."""
-        with self._lock:
-            hist = _core.Histograms(self._kind, self.num_bins)
-            first = self._scan_pass(DataSource(data_reader), self._fetch_names(), hist, None)
-            if first.batches == 0:
-                raise ValueError("No data is collected.")
-            return ExactScan(hist.pending_scans(), first)
-
-    def count_exact(self, data_reader: Any, part: ExactScan, planned_from: Sequence[Any]) -> CollectedData:
-        """Exact mode's pass 2 over the part ``scan_exact`` scanned (``part``): its batches counted
-        into the binning planned from ``planned_from`` (every part's scans), plus its streaming
-        histogram. Collects nothing into the calibrator. The result holds this part's counts only,
-        on edges every part shares, so the parts' states add up exactly (``CalibrationState.merge``)
-        to the state of one exact collect over all of them."""
-        with self._lock:
-            hist, stream = _core.Histograms(self._kind, self.num_bins), self._new_stream()
-            hist.add_scans(planned_from)
-            hist.plan()
-            self._count_pass(DataSource(data_reader), self._fetch_names(), hist, part.digest, stream)
-            for name, _, _, (finite, nan, posinf, neginf), batches in part.scans:
-                h, edges, mn, mx, threshold, dtype = hist.state(name)
-                _check_all_binned(name, int(h.sum()), finite)
-                hist.restore(name, dtype, h, edges, mn, mx, threshold, (finite, nan, posinf, neginf, batches))
-            return CollectedData("exact", stream, hist, self._kind, int(self.num_bins))
+        self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
+        # Values outside the first read's ranges were not binned: the reader changed its data.
+        for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
+            b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
+            # infinities are binned only where the edges ended in +inf before this collect
+            binnable = finite - f0 + (infs - i0 if open_top else 0)
+            if binned - b0 != binnable:
+                raise ValueError(
+                    f"tensor {name!r}: the data reader returned different data on its second read "
+                    f"({binnable - (binned - b0)} values fell outside the ranges of the first read); "
+                    "exact mode reads the data twice and needs the same batches each time, "
+                    "or use mode='streaming'"
+                )
+        return n
 
     def _collect_buffered(self, source: DataSource, fetch: list[str]) -> int:
         logger.warning(

@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import methods
 from ..calibrators import MODE_OPTION
-from ..calibrators.histogram import ExactScan
+from ..calibrators.split_exact import ExactScan
 from ..io.readers import progress
 from ..state import CalibrationState
 from .shards import Shard, ShardError, make_shards

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import _core
 from ..calibrators import MODE_OPTION, create_calibrator
-from ..calibrators.histogram import ExactScan
+from ..calibrators.split_exact import ExactScan, count_exact, scan_exact
 from ..collector import CollectedData
 from ..state import CalibrationState
 from .shards import Shard
@@ -86,10 +86,10 @@ class ShardWorker:
 
     def scan(self, shard: Shard) -> ExactScan:
         """Exact mode, pass 1 over the shard: its scans (ranges and counts) and read digest."""
-        return shard.run(lambda: self.calibrator.scan_exact(shard.open(self.model_path)))
+        return shard.run(lambda: scan_exact(self.calibrator, shard.open(self.model_path)))
 
     def count(self, shard: Shard, part: ExactScan, planned_from: list[Any]) -> bytes:
         """Exact mode, pass 2: the shard's state, counted on the bins every shard's scans plan."""
         return shard.run(
-            lambda: self._state(self.calibrator.count_exact(shard.open(self.model_path), part, planned_from))
+            lambda: self._state(count_exact(self.calibrator, shard.open(self.model_path), part, planned_from))
         )
