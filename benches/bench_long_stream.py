@@ -1,8 +1,9 @@
 """Peak memory of one ``collect_data`` call over a long stream of tiny batches.
 
 A model of ``--tensors`` calibrated tensors (a chain of Relu/Neg on X[N, 4]) is calibrated with
-PercentileCalibrater on N batches of one 1x4 feed, in exact mode (a callable: read twice) and in
-streaming mode, each N in a fresh interpreter. The peak RSS (VmHWM) is what the process needed;
+PercentileCalibrater on N batches of one 1x4 feed, in exact mode with a memory budget of 0 (a
+callable: every batch runs twice, nothing is kept) and in streaming mode, each N in a fresh
+interpreter. The peak RSS (VmHWM) is what the process needed;
 with memory that is flat per batch it does not grow with N.
 
     python3 benches/bench_long_stream.py [--tensors 100] [--batches 1000,10000,100000] [--out FILE]
@@ -27,7 +28,7 @@ import histocal
 
 model, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 feed = {"X": np.ones((1, 4), np.float32)}
-cal = histocal.PercentileCalibrater(model, mode=mode, show_progress=False)
+cal = histocal.PercentileCalibrater(model, mode=mode, show_progress=False, memory_budget=0)
 cal.augment_graph()
 cal.create_inference_session()
 t = time.perf_counter()

@@ -179,6 +179,14 @@ def histocal_calibrator(path, method, opts, chunks, aug, form="list", op_types=N
     return cal
 
 
+def batch_bytes(cal, shape, itemsize=4) -> int:
+    """What one batch counts against the memory budget when each tensor the calibrator fetches
+    has ``shape`` (and ``itemsize``-byte values)."""
+    from histocal.calibrators.budget import KEPT_ARRAY_OVERHEAD
+
+    return len(cal._fetch_names()) * (int(np.prod(shape)) * itemsize + KEPT_ARRAY_OVERHEAD)
+
+
 def run_histocal(path, method, opts, chunks, aug, form="list", op_types=None, mode="exact") -> TensorsData:
     cal = histocal_calibrator(path, method, opts, chunks, aug, form, op_types, mode)
     with quiet():

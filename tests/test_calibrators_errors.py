@@ -22,6 +22,7 @@ from calibrator_runs import (
     RewindReader,
     as_form,
     assert_tensors_same,
+    batch_bytes,
     make_histocal,
     run_histocal,
     run_ort,
@@ -161,9 +162,11 @@ def test_compute_before_collect(paths, tmp_path):
         assert str(e_ours.value) == str(e_ort.value)
 
 
-def test_exact_mode_rejects_a_reader_whose_second_read_differs(paths, tmp_path):
+@pytest.mark.parametrize("kept", [0, 1])
+def test_exact_mode_rejects_a_reader_whose_second_read_differs(paths, tmp_path, kept):
     """A rewindable reader that draws new, wider data on its second read (e.g. random
-    augmentation) would silently lose values outside the first read's ranges: an error instead."""
+    augmentation) would silently lose values outside the first read's ranges: an error instead
+    (the batches over the memory budget are read again: here all of them, or all but the first)."""
 
     class Reader:
         def __init__(self):
@@ -185,6 +188,7 @@ def test_exact_mode_rejects_a_reader_whose_second_read_differs(paths, tmp_path):
         CalibrationMethod.Distribution,
         extra_options={"CollectionMode": "exact"},
     )
+    cal.memory_budget = kept * batch_bytes(cal, (4, 4))
     with pytest.raises(ValueError, match="different data on its second read"):
         cal.collect_data(Reader())
     # the failed second pass was rolled back: nothing is left of it
@@ -290,24 +294,27 @@ class ShapeChangingReader(RewindReader):
             self.feeds = (self.feeds * 2)[: self.second_n]
 
 
-@pytest.mark.parametrize("k", [0, 1, 2, 5, 13, 38])
-def test_second_read_with_other_shapes_names_the_batches(paths, tmp_path, k):
-    """Exact mode checks the second read against digests of the first (constant memory per
-    batch): the error names a span of batches that holds the first difference, found by batch
-    2k + 1 (or at the end)."""
-    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+@pytest.mark.parametrize("k,kept", [(0, 0), (1, 0), (2, 0), (5, 0), (13, 0), (38, 0), (5, 3), (13, 4), (38, 7)])
+def test_second_read_with_other_shapes_names_the_batches(paths, tmp_path, k, kept):
+    """Exact mode checks the second read of the batches over the memory budget (all but the
+    first ``kept``) against digests of the first (constant memory per batch): the error names a
+    span of batches that holds the first difference, found by batch kept + 2(k - kept) + 1 (or
+    at the end)."""
+    cal = make_histocal(paths["passthrough"], PCT, {"MemoryBudget": 0}, tmp_path / "a.onnx")
+    reader = ShapeChangingReader(40, k)
+    cal.memory_budget = sum(batch_bytes(cal, f["X"].shape) for f in reader.feeds[:kept])
     with quiet(), pytest.raises(ValueError, match="different data on its second read") as err:
-        cal.collect_data(ShapeChangingReader(40, k))
+        cal.collect_data(reader)
     text = str(err.value)
     span = re.match(r"batch(?:es)? (\d+)(?: to (\d+))?:", text)
     assert span, text
     first, last = int(span[1]), int(span[2] or span[1])
-    assert first <= k <= last and (last <= 2 * k + 1 or last == 39), text
+    assert kept <= first <= k <= last and (last <= kept + 2 * (k - kept) + 1 or last == 39), text
 
 
 @pytest.mark.parametrize("second_n", [7, 13])
 def test_second_read_with_another_batch_count(paths, tmp_path, second_n):
-    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    cal = make_histocal(paths["passthrough"], PCT, {"MemoryBudget": 0}, tmp_path / "a.onnx")
     want = "10 batches on its first read and " + ("7 on its second" if second_n < 10 else "more on its second")
     with quiet(), pytest.raises(ValueError, match=want):
         cal.collect_data(ShapeChangingReader(10, None, second_n))
@@ -315,9 +322,10 @@ def test_second_read_with_another_batch_count(paths, tmp_path, second_n):
 
 def test_exact_mode_memory_is_flat_over_many_batches(paths, tmp_path):
     """Exact mode keeps no per-batch record of the first read (it kept every batch's output
-    shapes: ~250 bytes a batch here, 1.4 MB over the extra batches below)."""
+    shapes: ~250 bytes a batch here, 1.4 MB over the extra batches below). With a memory
+    budget of 0 it keeps no outputs either: every batch runs twice."""
     feed = {"X": np.ones((1, 4), np.float32)}
-    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    cal = make_histocal(paths["passthrough"], PCT, {"MemoryBudget": 0}, tmp_path / "a.onnx")
 
     def peak_growth(n: int) -> int:
         tracemalloc.start()

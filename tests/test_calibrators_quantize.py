@@ -93,8 +93,8 @@ def test_quantize_static_patched_and_unpatched(paths, tmp_path, model, method, e
             paths[model], (tmp_path / "list.onnx").as_posix(), feeds, calibrate_method=method, extra_options=dict(extra)
         )
     assert_models_same(plain, (tmp_path / "list.onnx").read_bytes(), "histocal.quantize_static(list)")
-    # A reader without rewind: auto mode is streaming for the histogram methods (a valid model,
-    # not necessarily ORT's), mode="exact" buffers and matches; MinMax has one mode.
+    # A reader without rewind: auto mode keeps the outputs within the memory budget and gives
+    # ORT's model too, as does mode="exact".
     with quiet():
         histocal.quantize_static(
             paths[model],
@@ -112,11 +112,20 @@ def test_quantize_static_patched_and_unpatched(paths, tmp_path, model, method, e
             mode="exact",
         )
     assert_models_same(plain, (tmp_path / "once_exact.onnx").read_bytes(), "histocal.quantize_static(once, exact)")
-    once = onnx.load((tmp_path / "once.onnx").as_posix())
-    onnx.checker.check_model(once)
-    ort.InferenceSession(once.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
-    if method == MM:
-        assert_models_same(plain, (tmp_path / "once.onnx").read_bytes(), "histocal.quantize_static(once)")
+    assert_models_same(plain, (tmp_path / "once.onnx").read_bytes(), "histocal.quantize_static(once)")
+    # Over the budget (here 0), auto mode is streaming: a valid model, not necessarily ORT's.
+    with quiet():
+        histocal.quantize_static(
+            paths[model],
+            (tmp_path / "stream.onnx").as_posix(),
+            OnceReader(feeds),
+            calibrate_method=method,
+            extra_options=dict(extra),
+            memory_budget=0,
+        )
+    streamed = onnx.load((tmp_path / "stream.onnx").as_posix())
+    onnx.checker.check_model(streamed)
+    ort.InferenceSession(streamed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
 
 
 def test_patch_without_context_manager_and_nesting(paths, tmp_path):

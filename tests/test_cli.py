@@ -225,6 +225,23 @@ def test_calibrate_streaming_mode_and_op_types(work, tmp_path, capsys):
     assert rc == 0 and "--scenario does not apply to --method minmax" in capsys.readouterr().err
 
 
+def test_calibrate_memory_budget(work, tmp_path, capsys, monkeypatch):
+    """--memory-budget reaches the calibrator (exact mode: ORT's ranges whatever the budget; a bad
+    size is an error naming the option); another method ignores it with a warning."""
+    caches = []
+    for budget in ("0", "1M"):
+        cache = tmp_path / f"c{budget}.json"
+        args = ["calibrate", str(work["model"]), "--data", str(work["npy"]), "--method", "percentile"]
+        assert main([*args, "--mode", "exact", "--memory-budget", budget, "--cache", str(cache)]) == 0
+        caches.append(histocal.io.cache.load_tensors_data(cache))
+    assert_same_tensors_data(caches[0], caches[1])
+    rc = main([*args, "--memory-budget", "lots", "--cache", str(tmp_path / "bad.json")])
+    assert rc != 0 and "memory_budget must be a size" in capsys.readouterr().err
+    minmax = ["calibrate", str(work["model"]), "--data", str(work["npy"]), "--memory-budget", "1M"]
+    rc = main([*minmax, "--cache", str(tmp_path / "m.json")])
+    assert rc == 0 and "--memory-budget does not apply to --method minmax" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------
 # quantize
 
@@ -856,6 +873,7 @@ HELP = {
         "--max-intermediate-outputs",
         "--mode",
         "--streaming-bins",
+        "--memory-budget",
         "--cache",
         "--state",
         "--batch-size",

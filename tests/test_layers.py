@@ -20,9 +20,11 @@ LAYERS = (
     ("histocal.stats",),
     ("histocal.state",),
     ("histocal.calibrators",),
+    ("histocal.quark",),
     ("histocal.distributed",),
     ("histocal.report",),
     ("histocal.quantize",),
+    ("histocal.diagnose",),
     ("histocal.cli",),
     ("histocal.__main__",),
 )

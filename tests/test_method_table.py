@@ -51,7 +51,8 @@ def test_votes_are_collected_only_for_the_voting_setting():
 
 def test_each_option_value_is_spelled_in_one_source_file():
     # Adding a method or an option value is one table entry: nothing else spells the values.
-    sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+    # histocal.quark is exempt: it mirrors Quark's API, whose enum names Quark fixes.
+    sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py") if p.parent.name != "quark"}
     for value in table.POW2_METHODS + table.MINMSE_MODES[1:]:
         spelled = sorted(str(p.relative_to(PACKAGE)) for p, text in sources.items() if value in text)
         assert spelled == ["methods/table.py"], value

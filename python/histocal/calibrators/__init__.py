@@ -1,13 +1,23 @@
 """onnxruntime-compatible calibrators (MinMax, Entropy, Percentile, Distribution, histocal's methods)
 and ``create_calibrator``."""
 
-from .common import DEFAULT_STREAMING_BINS, METHOD_OPTIONS_OPTION, MODE_OPTION, MODES, STREAMING_BINS_OPTION
+from .budget import MEMORY_BUDGET_ENV
+from .common import (
+    DEFAULT_STREAMING_BINS,
+    MEMORY_BUDGET_OPTION,
+    METHOD_OPTIONS_OPTION,
+    MODE_OPTION,
+    MODES,
+    STREAMING_BINS_OPTION,
+)
 from .factory import create_calibrator
 from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
 from .minmax import MinMaxCalibrater
 
 __all__ = [
     "DEFAULT_STREAMING_BINS",
+    "MEMORY_BUDGET_ENV",
+    "MEMORY_BUDGET_OPTION",
     "METHOD_OPTIONS_OPTION",
     "MODES",
     "MODE_OPTION",

@@ -27,6 +27,7 @@ DEFAULT_STREAMING_BINS = 16384
 MODE_OPTION = "CollectionMode"
 STREAMING_BINS_OPTION = "StreamingBins"
 METHOD_OPTIONS_OPTION = "MethodOptions"
+MEMORY_BUDGET_OPTION = "MemoryBudget"
 
 _METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
 
@@ -94,8 +95,8 @@ def _second_read_differs(first: int, last: int) -> ValueError:
     where = f"batch {last}" if first == last else f"batches {first} to {last}"
     return ValueError(
         f"{where}: the data reader returned different data on its second read "
-        "(exact mode reads the data twice; it must yield the same batches each time, "
-        "or use mode='streaming')"
+        "(exact mode reads again the batches over its memory budget; it must yield the same "
+        "batches each time, or use mode='streaming')"
     )
 
 
@@ -105,10 +106,12 @@ def _run_batches(
     fetch: list[str],
     consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
     desc: str,
+    skip: int = 0,
 ) -> int:
     """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
-    batches of outputs are alive. Returns the number of batches."""
+    batches of outputs are alive. The first ``skip`` feeds are read but not run (their outputs
+    are known already). Returns the number of batches, skipped ones included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
@@ -116,6 +119,9 @@ def _run_batches(
     n = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="histocal") as pool:
         for feed in progress(source.read(), desc, calibrator.show_progress):
+            if n < skip:
+                n += 1
+                continue
             outputs = run_session(session, fetch, checker.check(feed, n), n)
             # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
             # copy them, as ORT does, since the reader may reuse its buffers for the next batch.

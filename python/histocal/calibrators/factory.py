@@ -10,7 +10,7 @@ from typing import Any
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
-from .common import METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
+from .common import MEMORY_BUDGET_OPTION, METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
 from .histogram import DistributionCalibrater, EntropyCalibrater, MethodCalibrater, PercentileCalibrater
 from .minmax import MinMaxCalibrater
 
@@ -27,13 +27,17 @@ def create_calibrator(
     extra_options: dict[str, Any] | None = None,
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
-    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming) and
-    ``StreamingBins`` for the histogram methods. ``calibrate_method`` may also name a histocal
+    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming),
+    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods. ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict)."""
     opts = dict(extra_options or {})
     # extra_options values are untyped (ORT's API); the calibrators check them
-    hist_opts: dict[str, Any] = {"mode": opts.get(MODE_OPTION), "streaming_bins": opts.get(STREAMING_BINS_OPTION)}
+    hist_opts: dict[str, Any] = {
+        "mode": opts.get(MODE_OPTION),
+        "streaming_bins": opts.get(STREAMING_BINS_OPTION),
+        "memory_budget": opts.get(MEMORY_BUDGET_OPTION),
+    }
     common: dict[str, Any] = dict(use_external_data_format=use_external_data_format)
     if isinstance(calibrate_method, str):
         name = methods.canonical_name(calibrate_method)

@@ -11,13 +11,18 @@ change:
 * ``EntropyCalibrater``, ``PercentileCalibrater``, ``DistributionCalibrater``: histograms in
   bounded memory, in one of two modes:
 
-  - ``exact``: the same TensorsData as ORT for the same ``collect_data`` calls. Data that can be
-    read twice is read twice (global ranges, then fixed-edge counting), one batch at a time;
-    data that can only be read once is buffered per call like ORT does, with a warning.
+  - ``exact``: the same TensorsData as ORT for the same ``collect_data`` calls. One inference
+    pass scans every batch (global ranges) and keeps the outputs of the first batches while
+    they fit the memory budget (``memory_budget``, see ``histocal.calibrators.budget``); the
+    kept batches are then counted from memory and only the others run again (data that can be
+    read twice). Data that can be read only once and outgrows the budget is kept whole, as ORT
+    does, with a warning.
   - ``streaming``: one pass, one batch in memory at a time, and a histogram that does not depend
     on how the data is batched or ordered (a power-of-two-aligned histogram of
     ``streaming_bins`` bins; ORT's methods then run on an ORT-shaped histogram derived from it).
-  - ``auto`` (default): ``exact`` when the data can be read twice, else ``streaming``.
+  - ``auto`` (default): ``exact``, except that data that can be read only once and outgrows the
+    budget turns to ``streaming`` (with a warning; nothing is lost, the streaming histogram is
+    fed from the start).
 
 Every calibrator serializes its calls with its own lock (shared with its collector), so one
 calibrator may be used from several threads: calls run one at a time, and a ``collect_data``
@@ -33,7 +38,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorsData
@@ -43,8 +47,10 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..methods.table import collects_votes
 from ..state import CalibrationState, model_fingerprint
+from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
 from .common import (
     _METHODS,
+    MEMORY_BUDGET_OPTION,
     _augmented_model_path,
     _binned_and_binnable,
     _check_mode,
@@ -72,6 +78,7 @@ class _HistogramCalibration:
     scenario: str
     tensors_to_calibrate: set[str] | None
     collector: HistogramCollector | None
+    memory_budget: int | None = None
     # set by onnxruntime's CalibraterBase
     model: Any
     augmented_model_path: str
@@ -79,8 +86,16 @@ class _HistogramCalibration:
     infer_session: Any
     intra_op_num_threads: int | None = None  # ORT's intra-op threads (None: ORT's default)
 
-    def _init_histocal(self, mode: str | None, streaming_bins: int | None, show_progress: bool | None) -> None:
+    def _init_histocal(
+        self,
+        mode: str | None,
+        streaming_bins: int | None,
+        show_progress: bool | None,
+        memory_budget: int | str | None = None,
+    ) -> None:
         self._lock = threading.RLock()
+        # bytes of outputs exact mode may keep to save a second inference pass (None: see .budget)
+        self.memory_budget = check_memory_budget(memory_budget)
         self.mode = _check_mode(mode)
         self.streaming_bins = _check_streaming_bins(streaming_bins)
         self.show_progress = show_progress
@@ -160,15 +175,14 @@ class _HistogramCalibration:
     def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
         if self._mode_used is None:
-            self._mode_used = self.mode if self.mode != "auto" else ("exact" if source.rereadable else "streaming")
+            # auto starts exact; a read-once source over the memory budget turns it to streaming
+            self._mode_used = "streaming" if self.mode == "streaming" else "exact"
             logger.info("collection mode: %s", self._mode_used)
         fetch = self._fetch_names()
         if self._mode_used == "streaming":
             n = self._collect_streaming(source, fetch)
-        elif source.rereadable:
-            n = self._collect_two_pass(source, fetch)
         else:
-            n = self._collect_buffered(source, fetch)
+            n = self._collect_exact(source, fetch)
         if n == 0:
             raise ValueError("No data is collected.")
 
@@ -178,46 +192,79 @@ class _HistogramCalibration:
         stream = self._stream
         return _run_batches(self, source, fetch, lambda _, items: stream.collect(items), "histocal collect")
 
-    def _collect_two_pass(self, source: DataSource, fetch: list[str]) -> int:
+    def _collect_exact(self, source: DataSource, fetch: list[str]) -> int:
+        """ORT's histograms for this call, in one inference pass where the outputs fit the memory
+        budget. Pass 1 scans every batch (ranges, and the streaming histogram from the same scan)
+        and keeps the outputs of the first batches while they fit; between the passes the binning
+        is planned and the kept batches are counted from memory, then dropped; only the batches
+        that did not fit are run again, on a second read that skips the kept batches' feeds.
+        A read-once source cannot be read again: over the budget, ``auto`` mode turns to
+        streaming (warning) and ``exact`` keeps every batch as ORT does (warning)."""
+        budget = resolve_memory_budget(self.memory_budget)
         if self.collector is None:
             self.collector = self._new_collector()
         hist = self.collector._histograms
         stream = self._exact_stream()
+        read_once = not source.rereadable
+        kept = KeptOutputs(budget)
+        streaming = False  # auto mode, read-once data over the budget: streaming from then on
         # Constant memory per batch (a long stream must not grow it): the second read is checked
         # against digests of the first, not against a list of every batch's shapes.
         first, second = _ReadDigest(), _ReadDigest()
 
         def scan(i: int, items: list) -> None:
-            first.add(items)
-            if _is_checkpoint(i):
-                first.kept[i] = first.digest
+            nonlocal streaming
+            if streaming:
+                stream.collect(items)
+                return
             # The state's streaming histogram (see histocal.state) is fed here, from the same scans.
             hist.scan(items, stream)
-
-        def count(i: int, items: list) -> None:
-            if i >= n:
-                raise ValueError(
-                    f"the data reader returned {n} batches on its first read and more on its second "
-                    "(exact mode reads the data twice; it must yield the same batches each time)"
-                )
-            second.add(items)
-            if _is_checkpoint(i) and second.digest != first.kept[i]:
-                raise _second_read_differs((i + 1) // 2, i)
-            hist.count(items)
+            if kept.offer(i, items):
+                return
+            if read_once:
+                streaming = self._over_budget(kept, i, items)
+                return
+            j = i - (kept.full_at or 0)
+            first.add(items)
+            if _is_checkpoint(j):
+                first.kept[j] = first.digest
 
         before = _binned_and_binnable(hist)
-        n = _run_batches(self, source, fetch, scan, "histocal pass 1/2 (ranges)")
-        if n == 0:
-            return 0
+        n = _run_batches(self, source, fetch, scan, "histocal exact (ranges)")
+        if n == 0 or streaming:
+            if streaming:
+                self._mode_used, self.collector = "streaming", None
+            return n
         hist.plan()
-        n2 = _run_batches(self, source, fetch, count, "histocal pass 2/2 (histograms)")
-        if n2 != n:
-            raise ValueError(
-                f"the data reader returned {n} batches on its first read and {n2} on its second "
-                "(exact mode reads the data twice; it must yield the same batches each time)"
-            )
-        if second.digest != first.digest:
-            raise _second_read_differs(max(first.kept) + 1, n - 1)
+        if kept.batches:
+            hist.count(kept.by_tensor())
+            kept.drop()
+        if kept.full_at is not None and not kept.unbounded:
+            k = kept.full_at
+
+            def count(i: int, items: list) -> None:
+                if i >= n:
+                    raise ValueError(
+                        f"the data reader returned {n} batches on its first read and more on its second "
+                        "(exact mode reads again the batches over the memory budget; it must yield the same "
+                        "batches each time)"
+                    )
+                j = i - k
+                second.add(items)
+                if _is_checkpoint(j) and second.digest != first.kept[j]:
+                    raise _second_read_differs(k + (j + 1) // 2, i)
+                hist.count(items)
+
+            desc = "histocal exact (batches over the memory budget)"
+            n2 = _run_batches(self, source, fetch, count, desc, skip=k)
+            if n2 != n:
+                raise ValueError(
+                    f"the data reader returned {n} batches on its first read and {n2} on its second "
+                    "(exact mode reads again the batches over the memory budget; it must yield the same "
+                    "batches each time)"
+                )
+            if second.digest != first.digest:
+                raise _second_read_differs(k + max(first.kept) + 1, n - 1)
         self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
         # Values outside the first read's ranges were not binned: the reader changed its data.
         for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
@@ -228,33 +275,39 @@ class _HistogramCalibration:
                 raise ValueError(
                     f"tensor {name!r}: the data reader returned different data on its second read "
                     f"({binnable - (binned - b0)} values fell outside the ranges of the first read); "
-                    "exact mode reads the data twice and needs the same batches each time, "
-                    "or use mode='streaming'"
+                    "exact mode reads again the batches over the memory budget and needs the same "
+                    "batches each time, or use mode='streaming'"
                 )
         return n
 
-    def _collect_buffered(self, source: DataSource, fetch: list[str]) -> int:
-        logger.warning(
-            "The calibration data can be read only once, so histocal's exact mode keeps every "
-            "batch's outputs in memory like onnxruntime does. To stay in bounded memory, pass a "
-            "list, a reader with rewind(), or a callable returning a fresh iterable, or use "
-            "mode='streaming'."
+    def _over_budget(self, kept: KeptOutputs, i: int, items: list) -> bool:
+        """Read-once data whose outputs outgrow the budget at batch ``i``: ``auto`` mode goes on
+        streaming (the streaming histogram already holds every batch so far; returns True),
+        ``exact`` keeps every batch as ORT does."""
+        how = (
+            f"histocal's memory budget ({format_size(kept.budget)}; memory_budget=, "
+            f"extra_options['{MEMORY_BUDGET_OPTION}'] or {MEMORY_BUDGET_ENV})"
         )
-        buffered: dict[str, list[np.ndarray]] = {name: [] for name in fetch}
-
-        stream = self._exact_stream()
-
-        def keep(_: int, items: list) -> None:
-            stream.collect(items)  # the state's streaming histogram (see histocal.state)
-            for name, arrays in items:
-                buffered[name].extend(arrays)
-
-        n = _run_batches(self, source, fetch, keep, "histocal collect")
-        if n:
-            if self.collector is None:
-                self.collector = self._new_collector()
-            self.collector.collect(buffered)
-        return n
+        if self.mode == "auto":
+            kept.drop()
+            logger.warning(
+                "The calibration data can be read only once and its outputs exceed %s, so histocal "
+                "collects it in streaming mode: its ranges are close to onnxruntime's but not identical. "
+                "For onnxruntime's exact result, pass data that can be read again (a list, a reader "
+                "with rewind(), or a callable returning a fresh iterable) or raise the budget.",
+                how,
+            )
+            return True
+        kept.unbounded = True
+        kept.offer(i, items)
+        logger.warning(
+            "The calibration data can be read only once and its outputs exceed %s; exact mode "
+            "keeps every batch's outputs in memory like onnxruntime does. To stay within the "
+            "budget, pass data that can be read again (a list, a reader with rewind(), or a "
+            "callable returning a fresh iterable), or use mode='streaming'.",
+            how,
+        )
+        return False
 
     def _new_stream(self) -> Any:
         return _core.StreamHistograms(self.streaming_bins)
@@ -402,6 +455,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        memory_budget: int | str | None = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -413,7 +467,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, memory_budget)
 
 
 class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
@@ -431,6 +485,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        memory_budget: int | str | None = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -442,7 +497,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, memory_budget)
 
 
 class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
@@ -459,6 +514,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         mode: str | None = None,
         streaming_bins: int | None = None,
         show_progress: bool | None = None,
+        memory_budget: int | str | None = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -469,7 +525,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(mode, streaming_bins, show_progress)
+        self._init_histocal(mode, streaming_bins, show_progress, memory_budget)
 
 
 class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):

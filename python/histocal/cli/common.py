@@ -310,8 +310,15 @@ def _add_method_options(
         g.add_argument(
             "--mode",
             choices=("auto", "exact", "streaming"),
-            help="histogram collection: exact (ORT-identical, reads the data twice), streaming "
-            "(one pass), auto (default: exact when the data can be read twice)",
+            help="histogram collection: exact (ORT-identical; one inference pass while the outputs fit "
+            "the memory budget, the rest run again), streaming (one pass, bounded memory), auto (default: "
+            "exact, but streaming for data read once whose outputs outgrow the budget)",
+        )
+        g.add_argument(
+            "--memory-budget",
+            metavar="SIZE",
+            help="exact mode: outputs kept to save a second inference pass, in bytes or e.g. 512M, 2GiB "
+            "(default: HISTOCAL_MEMORY_BUDGET, else the lesser of 25%% of available memory and 8 GiB)",
         )
         g.add_argument(
             "--streaming-bins",
@@ -372,13 +379,14 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         "per_channel": getattr(args, "calib_per_channel", None),
         "CollectionMode": getattr(args, "mode", None),
         "StreamingBins": getattr(args, "streaming_bins", None),
+        "MemoryBudget": getattr(args, "memory_budget", None),
         **{k: getattr(args, k, None) for k in _METHOD_OPTION_KEYS},
     }
     applies = {
         "minmax": {"symmetric", "moving_average", "averaging_constant", "max_intermediate_outputs", "per_channel"},
-        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins"},
-        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins"},
-        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins"},
+        "entropy": {"num_bins", "num_quantized_bins", "symmetric", "CollectionMode", "StreamingBins", "MemoryBudget"},
+        "percentile": {"num_bins", "percentile", "symmetric", "CollectionMode", "StreamingBins", "MemoryBudget"},
+        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins", "MemoryBudget"},
     }.get(method) or {"StreamingBins", *_histocal_option_names(method)}
     options: dict[str, Any] = {}
     for key, value in given.items():
@@ -434,9 +442,13 @@ def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _flag(key: str) -> str:
-    return {"CollectionMode": "--mode", "StreamingBins": "--streaming-bins", "per_channel": "--per-channel"}.get(
-        key, "--" + key.replace("_", "-")
-    )
+    flags = {
+        "CollectionMode": "--mode",
+        "StreamingBins": "--streaming-bins",
+        "MemoryBudget": "--memory-budget",
+        "per_channel": "--per-channel",
+    }
+    return flags.get(key, "--" + key.replace("_", "-"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,16 +475,27 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
     (for ``save_state``) only when ``want_state``."""
     from .. import calibrators
 
-    options = _calibrator_options(args)
+    quark = getattr(args, "quark", False)
+    if quark and want_state:
+        raise CliError("--state: --quark calibration keeps no histocal state; write --cache")
+    options = _calibrator_options(args) if not (quark and args.method == "pow2") else {}
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
-        calibrator = calibrators.create_calibrator(
-            model,
-            args.op_types,
-            augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
-            calibrate_method=args.method,
-            providers=args.providers,
-            extra_options=options,
-        )
+        augmented = Path(tmp, "augmented_model.onnx").as_posix()
+        if quark:
+            from .quark import QUARK_METHODS, quark_calibrator
+
+            if args.method not in QUARK_METHODS:
+                raise _UsageError(f"--quark takes --method {', '.join(QUARK_METHODS)}; got {args.method}")
+            calibrator = quark_calibrator(args, model, augmented, options)
+        else:
+            calibrator = calibrators.create_calibrator(
+                model,
+                args.op_types,
+                augmented_model_path=augmented,
+                calibrate_method=args.method,
+                providers=args.providers,
+                extra_options=options,
+            )
         if args.no_progress:
             calibrator.show_progress = False
         if want_state and not callable(getattr(calibrator, "save_state", None)):
@@ -525,3 +548,39 @@ def _write_outputs(
         for tmp, final in moves:
             os.replace(tmp, final)
             logger.info("wrote %s", final)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization arguments
+
+
+def _quant_type(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    members = {m.lower(): m for m in QuantType.__members__}
+    return QuantType[members[name]]
+
+
+def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """quantize_static's quantization arguments from the command line (also those auto's
+    model-level choice quantizes its candidates with)."""
+    from onnxruntime.quantization import QuantFormat
+
+    extra_options = {}
+    if args.symmetric_activations is not None:
+        extra_options["ActivationSymmetric"] = args.symmetric_activations
+    if args.symmetric_weights is not None:
+        extra_options["WeightSymmetric"] = args.symmetric_weights
+    return dict(
+        quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
+        op_types_to_quantize=args.op_types,
+        per_channel=args.per_channel,
+        reduce_range=args.reduce_range,
+        activation_type=_quant_type(args.activation_type),
+        weight_type=_quant_type(args.weight_type),
+        nodes_to_quantize=args.nodes_to_quantize,
+        nodes_to_exclude=args.nodes_to_exclude,
+        use_external_data_format=args.external_data,
+        calibration_providers=args.providers,
+        extra_options=extra_options,
+    )

@@ -1,4 +1,4 @@
-"""histocal's command line: ``histocal calibrate | quantize | inspect | recompute | report | demo``.
+"""histocal's command line: ``histocal calibrate | quantize | diagnose | inspect | recompute | report | demo``.
 
 Exit codes: 0 success, 1 failure (bad data, unreadable file, calibration or quantization error),
 2 usage error. Diagnostics go through :mod:`logging` to stderr (``histocal: error: ...``, one
@@ -16,6 +16,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..methods.table import NON_OVERFLOW
+from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from .calibrate import cmd_calibrate, cmd_recompute
 from .common import (
     AUTO_EVAL_SAMPLES,
@@ -34,6 +36,7 @@ from .common import (
     _UsageError,
 )
 from .demo import cmd_demo
+from .diagnose import add_exclusion_options, diagnose_parser
 from .inspect import cmd_inspect
 from .quantize import cmd_quantize
 from .report import _report_parser
@@ -52,6 +55,39 @@ def _add_verbosity(parser: argparse.ArgumentParser, *, default: bool) -> None:
         "-v", "--verbose", action="count", default=0 if default else unset, help="more logging (-vv: debug)"
     )
     parser.add_argument("-q", "--quiet", action="store_true", default=False if default else unset, help="errors only")
+
+
+def _add_quantization_options(p: argparse.ArgumentParser) -> None:
+    """quantize_static's quantization arguments (quantize, diagnose)."""
+    g = p.add_argument_group("quantization")
+    g.add_argument("--format", choices=FORMATS, default="qdq", help="QDQ or QOperator model (default qdq)")
+    g.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
+    g.add_argument(
+        "--activation-type",
+        choices=QUANT_TYPES,
+        type=str.lower,
+        default="qint8",
+        help="activation type (default qint8)",
+    )
+    g.add_argument(
+        "--weight-type", choices=QUANT_TYPES, type=str.lower, default="qint8", help="weight type (default qint8)"
+    )
+    g.add_argument("--reduce-range", action="store_true", help="7-bit weights (for older CPUs)")
+    g.add_argument(
+        "--symmetric-activations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ORT extra option ActivationSymmetric",
+    )
+    g.add_argument(
+        "--symmetric-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ORT extra option WeightSymmetric",
+    )
+    g.add_argument("--nodes-to-quantize", nargs="+", metavar="NODE", help="quantize only these nodes")
+    g.add_argument("--nodes-to-exclude", nargs="+", metavar="NODE", help="do not quantize these nodes")
+    g.add_argument("--external-data", action="store_true", help="write weights as external data")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(p, default_method="minmax", per_channel=False)
     p.add_argument(
         "--per-channel", dest="calib_per_channel", action="store_true", default=None, help="minmax: per-channel ranges"
+    )
+    p.add_argument(
+        "--quark",
+        action="store_true",
+        help="AMD Quark's calibrators (histocal.quark): minmax, entropy, percentile, distribution with "
+        f"Quark's defaults, or pow2 with Quark's power-of-two (--pow2-method, default {NON_OVERFLOW}; "
+        "--minmse-mode, --symmetric, --qtype); writes --cache only",
     )
     g = p.add_argument_group("outputs (at least one)")
     g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
@@ -122,35 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
     g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
     _add_method_options(p, default_method=None, per_channel=False)
-    g = p.add_argument_group("quantization")
-    g.add_argument("--format", choices=FORMATS, default="qdq", help="QDQ or QOperator model (default qdq)")
-    g.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
-    g.add_argument(
-        "--activation-type",
-        choices=QUANT_TYPES,
-        type=str.lower,
-        default="qint8",
-        help="activation type (default qint8)",
-    )
-    g.add_argument(
-        "--weight-type", choices=QUANT_TYPES, type=str.lower, default="qint8", help="weight type (default qint8)"
-    )
-    g.add_argument("--reduce-range", action="store_true", help="7-bit weights (for older CPUs)")
-    g.add_argument(
-        "--symmetric-activations",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="ORT extra option ActivationSymmetric",
-    )
-    g.add_argument(
-        "--symmetric-weights",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="ORT extra option WeightSymmetric",
-    )
-    g.add_argument("--nodes-to-quantize", nargs="+", metavar="NODE", help="quantize only these nodes")
-    g.add_argument("--nodes-to-exclude", nargs="+", metavar="NODE", help="do not quantize these nodes")
-    g.add_argument("--external-data", action="store_true", help="write weights as external data")
+    _add_quantization_options(p)
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument(
         "--eval-samples",
@@ -158,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
         "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
-        f"batches (of --batch-size items), kept in memory (default {AUTO_EVAL_SAMPLES})",
+        f"batches (of --batch-size items), kept in memory (default {AUTO_EVAL_SAMPLES}); --auto-exclude: "
+        f"the batches held back to measure the quantized model (default {DIAGNOSE_DEFAULTS['eval_samples']})",
     )
     g.add_argument(
         "--folds",
@@ -172,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="auto: per tensor, the candidate with the least estimated error; no model evaluation",
     )
+    add_exclusion_options(p.add_argument_group("auto-exclude (with --data)"), auto_exclude=True)
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser(
@@ -195,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", metavar="OUT", required=True, help="ORT calibration cache to write")
     p.set_defaults(func=cmd_recompute)
     _report_parser(sub)
+    diagnose_parser(sub, _add_quantization_options)
 
     p = sub.add_parser(
         "demo",

@@ -23,22 +23,18 @@ from .common import (
     _method_enum,
     _method_key,
     _open_data,
+    _quant_type,
+    _quantization_arguments,
     _UsageError,
     _write_outputs,
 )
+from .diagnose import auto_exclude
 
 logger = logging.getLogger("histocal.cli")
 
 
 # ---------------------------------------------------------------------------------------------
 # Quantization
-
-
-def _quant_type(name: str) -> Any:
-    from onnxruntime.quantization import QuantType
-
-    members = {m.lower(): m for m in QuantType.__members__}
-    return QuantType[members[name]]
 
 
 def _default_error_model(args: argparse.Namespace) -> None:
@@ -54,31 +50,6 @@ def _default_error_model(args: argparse.Namespace) -> None:
             raise CliError(f"--method {args.method}: {exc}") from None
     if "symmetric" in options and args.symmetric is None and args.symmetric_activations is not None:
         args.symmetric = args.symmetric_activations
-
-
-def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """quantize_static's quantization arguments from the command line (also those auto's
-    model-level choice quantizes its candidates with)."""
-    from onnxruntime.quantization import QuantFormat
-
-    extra_options = {}
-    if args.symmetric_activations is not None:
-        extra_options["ActivationSymmetric"] = args.symmetric_activations
-    if args.symmetric_weights is not None:
-        extra_options["WeightSymmetric"] = args.symmetric_weights
-    return dict(
-        quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
-        op_types_to_quantize=args.op_types,
-        per_channel=args.per_channel,
-        reduce_range=args.reduce_range,
-        activation_type=_quant_type(args.activation_type),
-        weight_type=_quant_type(args.weight_type),
-        nodes_to_quantize=args.nodes_to_quantize,
-        nodes_to_exclude=args.nodes_to_exclude,
-        use_external_data_format=args.external_data,
-        calibration_providers=args.providers,
-        extra_options=extra_options,
-    )
 
 
 def _model_level_auto(args: argparse.Namespace) -> bool:
@@ -125,14 +96,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise _UsageError("give either --data or --state, not both")
     if not sources and args.cache is None:
         raise _UsageError("give --data, --cache or --state")
-    model = _check_model(args.model)
+    model = shown = _check_model(args.model)
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
     write_cache = False
     _default_error_model(args)
     quantization = _quantization_arguments(args)
 
-    if args.state is not None:
+    staging = tempfile.TemporaryDirectory(prefix="histocal.")
+    if args.auto_exclude:
+        args.method = args.method or "minmax"
+        ranges, model = auto_exclude(args, model, quantization, Path(staging.name))
+    elif args.state is not None:
         ranges = _ranges_from_state(args, _load_state(args.state))
     elif args.data is None:  # --cache alone: reuse it
         if cache is None:
@@ -157,7 +132,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         else:
             ranges, _ = _calibrate(args, model, data, want_state=False)
             write_cache = cache is not None
-    if args.method != "auto" or args.data is None or args.per_tensor_estimate:
+    if not args.auto_exclude:
+        for flag, value in (
+            ("--target-sqnr", args.target_sqnr),
+            ("--max-excluded-fraction", args.max_excluded_fraction),
+        ):
+            if value is not None:
+                logger.warning("option %s applies only to --auto-exclude; ignored", flag)
+    if (args.method != "auto" or args.data is None or args.per_tensor_estimate) and not args.auto_exclude:
         for flag, value in (
             ("--eval-samples", args.eval_samples),
             ("--folds", args.folds),
@@ -186,10 +168,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         # without its data.
         for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
             os.replace(f, output.parent / f.name)
+    staging.cleanup()
     logger.info("wrote %s", output)
     how = _display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
     sys.stdout.write(
-        f"quantized {model} -> {output} ({how} ranges, {args.format}, "
+        f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"
     )
     return 0

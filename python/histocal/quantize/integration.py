@@ -123,10 +123,14 @@ def calibrate(
     registered method (see ``histocal.methods``; ``"auto"`` gives its per-tensor estimate: the
     model-level choice is ``quantize_static``'s). ``histogram_options``: num_bins,
     num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins,
-    method_options (a dict for the histocal methods)."""
+    MemoryBudget (or memory_budget), method_options (a dict for the histocal methods)."""
     extra = dict(extra_options or {})
     options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
-    for key, option in (("mode", calibrators.MODE_OPTION), ("method_options", calibrators.METHOD_OPTIONS_OPTION)):
+    for key, option in (
+        ("mode", calibrators.MODE_OPTION),
+        ("method_options", calibrators.METHOD_OPTIONS_OPTION),
+        ("memory_budget", calibrators.MEMORY_BUDGET_OPTION),
+    ):
         if key in histogram_options:
             histogram_options[option] = histogram_options.pop(key)
     options.update({k: v for k, v in histogram_options.items() if v is not None})
@@ -317,6 +321,7 @@ def quantize_static(
     streaming_bins: int | None = None,
     method_options: dict[str, Any] | None = None,
     tensors_range: TensorsData | None = None,
+    memory_budget: int | str | None = None,
 ) -> None:
     """ORT's ``quantize_static`` with histocal calibration, without patching anything.
     Arguments as ORT's; the keyword-only ones set what ORT's cannot (None keeps ORT's
@@ -340,7 +345,8 @@ def quantize_static(
     Histocal methods' ranges reach ORT (and the cache file) as MinMax
     results: ORT's cache format cannot record other method names, so a cache made with one
     histocal method is a hit for every other one. ``tensors_range`` skips calibration and
-    quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``)."""
+    quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``). ``memory_budget``:
+    the histogram calibrators' (bytes, or e.g. ``"2GiB"``; see ``histocal.calibrators``)."""
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
@@ -431,6 +437,7 @@ def quantize_static(
                     mode=mode,
                     StreamingBins=streaming_bins,
                     method_options=method_options,
+                    memory_budget=memory_budget,
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)

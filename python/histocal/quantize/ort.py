@@ -40,10 +40,13 @@ def ort_quantize_static(*args: Any) -> None:
 
 def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
     """The model's path: as given, or a ModelProto saved into ``tmp`` (its weights as external
-    data, so models over 2 GB work)."""
+    data, so models over 2 GB work). The caller's ModelProto is left as it is: onnx moves the
+    weights of the proto it saves as external data out of it, so a copy is saved."""
     if isinstance(model_input, onnx.ModelProto):
         path = tmp / "model_input.onnx"
-        onnx.save_model(model_input, path.as_posix(), save_as_external_data=True)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model_input)
+        onnx.save_model(copy, path.as_posix(), save_as_external_data=True)
         return path
     return Path(model_input)
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from .. import methods as _methods
 from ..state import CalibrationState
+from .diagnosis import diagnosis_html
 from .images import _fmt_num, _plot_job, _render_all
 from .tensors import (
     COLOURS,
@@ -177,7 +178,13 @@ def _ratio_cell(t: _Tensor) -> str:
     return f'<td{cls} data-ratio="{t.ratio!r}">{_ratio(t.ratio)}</td>'
 
 
-def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, str], info: dict[str, Any]) -> str:
+def _html(
+    tensors: list[_Tensor],
+    methods: Sequence[str],
+    problems: dict[str, str],
+    info: dict[str, Any],
+    diagnosis: Any = None,
+) -> str:
     out = [
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
         _GENERATOR,
@@ -214,6 +221,8 @@ def _html(tensors: list[_Tensor], methods: Sequence[str], problems: dict[str, st
             + "</ul></div>"
         )
 
+    if diagnosis is not None:
+        out.append(diagnosis_html(diagnosis, {t.name: t.file for t in tensors if t.file}))
     out.append(
         '<h2 id="summary">Tensors, by outlier ratio</h2><div class="wrap"><table><thead><tr>'
         '<th>#</th><th class="name">tensor</th><th>dtype</th><th>count</th><th>NaN / Inf</th>'
@@ -317,12 +326,14 @@ def write_report(
     max_tensors: int | None = None,
     workers: int | None = None,
     source: str | None = None,
+    diagnosis: Any = None,
 ) -> Path:
     """Write the report of ``state`` (a ``CalibrationState`` or a state file) into ``out_dir``;
     returns the path of ``index.html``. ``methods``: a subset of :data:`REPORT_METHODS` (default
     all); ``max_tensors``: plot only that many tensors, the largest outlier ratios first (the table
     lists every tensor); ``workers``: processes drawing the images (default: the usable CPUs);
-    ``source``: how the page names the state (default: its file, or "in-memory state")."""
+    ``source``: how the page names the state (default: its file, or "in-memory state");
+    ``diagnosis``: a ``histocal.diagnose.Diagnosis``, shown in a section above the table."""
     require_matplotlib()
     if qtype not in _methods.QTYPES:
         raise ValueError(f"qtype must be one of {list(_methods.QTYPES)}, got {qtype!r}")
@@ -374,7 +385,7 @@ def write_report(
             "symmetric": bool(symmetric),
             "version": state.histocal_version,
         }
-        (staging / "index.html").write_text(_html(tensors, methods, problems, info), encoding="utf-8")
+        (staging / "index.html").write_text(_html(tensors, methods, problems, info, diagnosis), encoding="utf-8")
         _install(staging, out_dir)
     finally:
         with contextlib.suppress(OSError):

@@ -1,0 +1,226 @@
+"""The memory budget of exact collection: how many bytes of fetched outputs one ``collect_data``
+call may keep so that it needs only one inference pass.
+
+The budget comes from the calibrator's ``memory_budget`` keyword (``extra_options
+["MemoryBudget"]``), else the ``HISTOCAL_MEMORY_BUDGET`` environment variable, else the lesser
+of a quarter of the memory available now and 8 GiB. Sizes are bytes, or a number with a unit:
+``k``/``M``/``G``/``T`` and ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024, ``kB``/``MB``/
+``GB``/``TB`` powers of 1000.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+MEMORY_BUDGET_ENV = "HISTOCAL_MEMORY_BUDGET"
+DEFAULT_BUDGET_CAP = 8 << 30
+DEFAULT_BUDGET_FRACTION = 0.25
+# When the available memory cannot be read at all (no /proc, no sysconf, no Windows API).
+UNKNOWN_MEMORY_BUDGET = 1 << 30
+# What a kept array costs beyond its data (the array object, its tuple and list): counted so
+# that many tiny batches stay within the budget too.
+KEPT_ARRAY_OVERHEAD = 256
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(value: Any, what: str) -> int:
+    """A size in bytes from an int or a string such as ``"512M"`` or ``"2 GB"``; ValueError
+    naming ``what`` for anything else (negative, bool, an unknown unit)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if value < 0:
+            raise ValueError(f"{what} must be a size in bytes >= 0, got {value}")
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        unit = _UNITS.get(match.group(2).lower()) if match else None
+        if match and unit is not None:
+            return int(float(match.group(1)) * unit)
+    raise ValueError(
+        f"{what} must be a size in bytes (an int >= 0, or a string like '512M', '2GiB', '4 GB'), got {value!r}"
+    )
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes for a message: "512 MiB", "8 GiB", "100 bytes"."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def check_memory_budget(value: Any) -> int | None:
+    """The keyword's value in bytes, or None (not set: the environment or the default decides)."""
+    return None if value is None else parse_size(value, "memory_budget")
+
+
+def resolve_memory_budget(keyword: int | None) -> int:
+    """The budget for one call: the keyword, else the environment variable, else the default."""
+    if keyword is not None:
+        return keyword
+    env = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
+    if env:
+        return parse_size(env, MEMORY_BUDGET_ENV)
+    available = available_memory()
+    if available is None:
+        logger.info("available memory unknown: memory budget %d bytes", UNKNOWN_MEMORY_BUDGET)
+        return UNKNOWN_MEMORY_BUDGET
+    return min(int(available * DEFAULT_BUDGET_FRACTION), DEFAULT_BUDGET_CAP)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take: the system's available memory, lowered to
+    what is left under a cgroup (container) limit; None where neither can be read."""
+    found = [m for m in (_system_available(), _cgroup_available()) if m is not None]
+    return min(found) if found else None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def _system_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if sys.platform == "win32":
+        return _windows_available()
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):  # macOS has only the total
+        try:
+            return int(os.sysconf(pages)) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            continue
+    return None
+
+
+def _windows_available() -> int | None:  # pragma: no cover - exercised on Windows only
+    import ctypes
+
+    class MemoryStatus(ctypes.Structure):
+        _fields_ = [
+            ("dwLength", ctypes.c_ulong),
+            ("dwMemoryLoad", ctypes.c_ulong),
+            ("ullTotalPhys", ctypes.c_ulonglong),
+            ("ullAvailPhys", ctypes.c_ulonglong),
+            ("ullTotalPageFile", ctypes.c_ulonglong),
+            ("ullAvailPageFile", ctypes.c_ulonglong),
+            ("ullTotalVirtual", ctypes.c_ulonglong),
+            ("ullAvailVirtual", ctypes.c_ulonglong),
+            ("ullAvailExtendedVirtual", ctypes.c_ulonglong),
+        ]
+
+    status = MemoryStatus()
+    status.dwLength = ctypes.sizeof(MemoryStatus)
+    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):  # type: ignore[attr-defined]
+        return None
+    return int(status.ullAvailPhys)
+
+
+def _cgroup_available(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What is left under this process's cgroup memory limit (v2, else v1); None without one."""
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+    ):
+        folder = _own_cgroup(root, limit_file)
+        if folder is None:
+            continue
+        limit = _read_int(folder / limit_file)
+        if limit is None or limit >= 1 << 60:  # v1 writes a huge number for no limit
+            return None
+        usage = _read_int(folder / usage_file) or 0
+        return max(limit - usage, 0)
+    return None
+
+
+def _own_cgroup(root: Path, limit_file: str) -> Path | None:
+    """The folder of this process's cgroup holding ``limit_file`` (inside a container the
+    cgroup root is the process's own cgroup)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1], parts[2].lstrip("/")
+        # cgroup v2's line has no controllers; v1 names the memory controller
+        if (controllers == "") == (limit_file == "memory.max") and (
+            controllers == "" or "memory" in controllers.split(",")
+        ):
+            for base in (root / path, root / "memory" / path, root, root / "memory"):
+                if (base / limit_file).is_file():
+                    return base
+    for base in (root, root / "memory"):
+        if (base / limit_file).is_file():
+            return base
+    return None
+
+
+class KeptOutputs:
+    """The outputs of a call's first batches, kept (as ORT returned them, no copy) while their
+    total stays within ``budget`` bytes: exact mode counts them from memory instead of running
+    them again."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.batches: list[list[tuple[str, list[np.ndarray]]]] = []
+        self.nbytes = 0
+        self.full_at: int | None = None  # the first batch that did not fit; it and later ones are not kept
+        self.unbounded = False  # keep every batch whatever the budget (exact mode, read-once data)
+
+    def offer(self, i: int, items: list[tuple[str, list[np.ndarray]]]) -> bool:
+        """Keep batch ``i`` if it fits; once one did not, no later batch is kept."""
+        if self.full_at is not None and not self.unbounded:
+            return False
+        size = sum(a.nbytes + KEPT_ARRAY_OVERHEAD for _, arrays in items for a in arrays)
+        if not self.unbounded and self.nbytes + size > self.budget:
+            self.full_at = i
+            return False
+        self.batches.append(items)
+        self.nbytes += size
+        return True
+
+    def by_tensor(self) -> list[tuple[str, list[np.ndarray]]]:
+        """Every kept batch's arrays per tensor (one call counts them all, tensors in parallel)."""
+        if not self.batches:
+            return []
+        return [(name, [a for b in self.batches for a in b[t][1]]) for t, (name, _) in enumerate(self.batches[0])]
+
+    def drop(self) -> None:
+        self.batches.clear()
+        self.nbytes = 0

@@ -1,0 +1,53 @@
+"""``histocal calibrate --quark``: AMD Quark's calibrators (``histocal.quark``) on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..methods.table import NON_OVERFLOW
+
+logger = logging.getLogger("histocal.cli")
+
+QUARK_METHODS = ("minmax", "entropy", "percentile", "distribution", "pow2")
+_QUANT_TYPES = {"int8": "QInt8", "uint8": "QUInt8", "int16": "QInt16", "uint16": "QUInt16"}
+# options Quark's calibrators do not have
+_NOT_IN_QUARK = ("max_intermediate_outputs", "per_channel")
+
+
+def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, options: dict[str, Any]) -> Any:
+    """Quark's factory for ``args.method``: ``pow2`` -> ``create_calibrator_power_of_two``
+    (``--pow2-method``, default Quark's, the non-overflow one; ``--minmse-mode``; ``--symmetric``; ``--qtype``
+    as the activation type), the others -> ``create_calibrator_float_scale`` with ``options``
+    (the ``extra_options`` histocal's own calibrator would get). ``args.method`` is one of
+    ``QUARK_METHODS`` (the caller checks)."""
+    from .. import quark
+
+    if args.method == "pow2":
+        extra: dict[str, Any] = {}
+        if args.symmetric is not None:
+            extra["symmetric"] = args.symmetric
+        if args.minmse_mode is not None:
+            extra["minmse_mode"] = args.minmse_mode
+        return quark.create_calibrator_power_of_two(
+            model,
+            args.op_types,
+            augmented,
+            activation_type=_QUANT_TYPES[args.qtype or "int8"],
+            method=args.pow2_method or NON_OVERFLOW,
+            execution_providers=args.providers,
+            extra_options=extra,
+        )
+    for key in _NOT_IN_QUARK:
+        if options.pop(key, None) is not None:
+            logger.warning("option --%s does not apply to --quark; ignored", key.replace("_", "-"))
+    return quark.create_calibrator_float_scale(
+        model,
+        args.op_types,
+        augmented,
+        calibrate_method=args.method,
+        execution_providers=args.providers,
+        extra_options=options,
+    )

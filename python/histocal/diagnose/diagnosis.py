@@ -1,0 +1,589 @@
+"""``diagnose``: what breaks a quantized model, and which nodes to leave in float.
+
+Steps (costs in brackets):
+
+1. Calibrate once: one streaming pass over the calibration data (every histogram method can be
+   computed from its state), holding back the first ``eval_samples`` feeds when no separate
+   evaluation data is given; the ranges are ``method``'s. [one calibration]
+2. Quantize with ORT's ``quantize_static`` and measure the output SQNR against the float model
+   on the held-back feeds. [one quantization, one run of each model over the held-back feeds]
+3. Screen: on the switched model (``switches``: the float model with each quantized tensor's
+   quantization switchable at run time) the best-first group screen of ``screen`` estimates, per
+   quantized tensor, how much of the output noise leaving it alone in float removes, on the first
+   ``screen_samples`` held-back feeds. [at most ``max_screen_runs`` runs over them]
+4. Checks: the screen's candidates best first, then the quantized sentinel tensors (see
+   ``findings``), each kept only if leaving its nodes in float, together with those kept before,
+   gains at least ``min_gain_db`` on the switched model under ORT's exclusion rule (a tensor is
+   in float when every quantized node next to it is excluded); until the predicted SQNR reaches
+   the target, ``max_checks`` checks are made, or the next candidate would take the excluded nodes
+   past ``max_excluded_fraction`` of the quantized nodes. [one run over the screen feeds each]
+5. Measure: ORT's quantized model with the kept nodes excluded, on every held-back feed; if it
+   does not gain ``min_gain_db``, none of them is kept. [one quantization, one run]
+6. Exact checks, for what the switched model cannot judge: a sentinel tensor, or a tensor
+   quantized with another tensor's scale (Slice, Transpose, Reshape... share their input's scale
+   in ORT; excluding them gives the tensor its own range, which the switched model does not
+   hold), whose check did not keep it is checked on ORT's quantized model, kept if it gains
+   ``min_gain_db`` over the SQNR measured so far. [at most ``max_exact_checks`` quantizations]
+
+The suggestion (``Diagnosis.nodes_to_exclude``) is the accepted exclusion list; its SQNR is
+measured, not estimated. Leaving a tensor in float means excluding every quantized node next to
+it (ORT quantizes a tensor when any neighbour is quantized), so a candidate adds one to three
+node names. Unnamed nodes cannot be named in ``nodes_to_exclude``: the model is first given names
+(``switches.name_nodes``, the same names every time), which ``histocal quantize --auto-exclude``
+applies too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+from .. import calibrators, methods
+from ..io.readers import DataSource
+from ..quantize.integration import _collect_unless_empty, _default_method_options, _withholding_first
+from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
+from ..state import CalibrationState
+from . import screen as _screen
+from .findings import RangeFinding, range_findings
+from .report_text import summary_text
+from .switches import SWITCH_INPUT, QuantizedTensor, name_nodes, quantized_nodes, switched_model
+
+logger = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "method": "minmax",
+    "eval_samples": 8,
+    "screen_samples": 2,
+    "max_excluded_fraction": 0.1,
+    "max_screen_runs": 64,
+    "max_checks": 16,
+    "max_exact_checks": 2,
+    "min_gain_db": 0.1,
+}
+_SCREEN_MIN_SHARE = 0.002  # groups removing less than 0.2% of the noise (< 0.01 dB) are not split
+
+
+@dataclass(frozen=True)
+class TensorImpact:
+    """One candidate tensor: its name, kind ("activation" or "weight"), the quantized nodes to
+    exclude to leave it in float, the screen's estimate of the SQNR gain of leaving it alone in
+    float, and, when checked, the gain its nodes added to the suggestion (``accepted``) or would
+    have added (not accepted) on the switched model; ``note`` says why it was not checked, if so."""
+
+    tensor: str
+    kind: str
+    nodes: tuple[str, ...]
+    screen_gain_db: float | None
+    check_gain_db: float | None = None
+    accepted: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The outcome of ``diagnose``. SQNRs are of the graph outputs against the float model on the
+    held-back feeds, in dB. ``impacts``: candidate tensors, the screen's order; ``findings``: the
+    quantized tensors whose ranges sentinels or outliers decide; ``nodes_to_exclude``: the
+    suggestion and ``sqnr_excluded_db`` its SQNR measured on onnxruntime's quantized model;
+    ``checks``: candidate checks on the switched model; ``quantizations``: onnxruntime
+    quantizations after the first; ``unresolved``: groups the screen left
+    unsplit (their first and last tensor, size and estimated gain); ``seconds``: calibration,
+    quantization, screen, checks and total."""
+
+    method: str
+    sqnr_db: float
+    quantized_nodes: int
+    quantized_tensors: int
+    impacts: tuple[TensorImpact, ...]
+    findings: tuple[RangeFinding, ...]
+    nodes_to_exclude: tuple[str, ...]
+    sqnr_excluded_db: float
+    target_sqnr_db: float | None
+    max_excluded_fraction: float
+    eval_samples: int
+    screen_samples: int
+    screen_runs: int
+    checks: int
+    quantizations: int
+    unresolved: tuple[tuple[str, str, int, float], ...]
+    seconds: Mapping[str, float]
+    named_nodes: int = 0
+    ranges: TensorsData | None = field(default=None, repr=False, compare=False)
+    state: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def excluded_fraction(self) -> float:
+        return len(self.nodes_to_exclude) / self.quantized_nodes if self.quantized_nodes else 0.0
+
+    @property
+    def gain_db(self) -> float:
+        return self.sqnr_excluded_db - self.sqnr_db
+
+    @property
+    def target_reached(self) -> bool | None:
+        return None if self.target_sqnr_db is None else self.sqnr_excluded_db >= self.target_sqnr_db
+
+    def summary(self) -> str:
+        """A plain-text account: SQNR before and after, the candidates, the findings."""
+        return summary_text(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field but the ranges and the state (non-finite numbers as strings)."""
+
+        def num(x: float | None) -> float | str | None:
+            return x if x is None or math.isfinite(x) else str(x)
+
+        return {
+            "method": self.method,
+            "sqnr_db": num(self.sqnr_db),
+            "sqnr_excluded_db": num(self.sqnr_excluded_db),
+            "gain_db": num(self.gain_db),
+            "target_sqnr_db": self.target_sqnr_db,
+            "target_reached": self.target_reached,
+            "nodes_to_exclude": list(self.nodes_to_exclude),
+            "excluded_fraction": self.excluded_fraction,
+            "max_excluded_fraction": self.max_excluded_fraction,
+            "quantized_nodes": self.quantized_nodes,
+            "quantized_tensors": self.quantized_tensors,
+            "named_nodes": self.named_nodes,
+            "impacts": [
+                {
+                    "tensor": i.tensor,
+                    "kind": i.kind,
+                    "nodes": list(i.nodes),
+                    "screen_gain_db": num(i.screen_gain_db),
+                    "check_gain_db": num(i.check_gain_db),
+                    "accepted": i.accepted,
+                    "note": i.note,
+                }
+                for i in self.impacts
+            ],
+            "findings": [
+                {
+                    "tensor": f.tensor,
+                    "kind": f.kind,
+                    "min": num(f.min),
+                    "max": num(f.max),
+                    "ratio": num(f.ratio),
+                    "share": f.share,
+                    "detail": f.detail,
+                }
+                for f in self.findings
+            ],
+            "unresolved": [
+                {"first": a, "last": b, "tensors": n, "screen_gain_db": num(g)} for a, b, n, g in self.unresolved
+            ],
+            "eval_samples": self.eval_samples,
+            "screen_samples": self.screen_samples,
+            "screen_runs": self.screen_runs,
+            "checks": self.checks,
+            "quantizations": self.quantizations,
+            "seconds": dict(self.seconds),
+        }
+
+
+def _as_minmax(ranges: TensorsData) -> TensorsData:
+    return TensorsData(
+        CalibrationMethod.MinMax,
+        {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in ranges.data.items()},
+    )
+
+
+def _calibrate(
+    model_path: Path,
+    data: Any,
+    hold_back: int,
+    streaming_bins: int | None,
+    show_progress: bool | None,
+    quantize_kwargs: Mapping[str, Any],
+) -> tuple[CalibrationState, list[dict[str, np.ndarray]]]:
+    """One streaming collection over ``data`` (every method can be computed from its state),
+    keeping its first ``hold_back`` feeds out of it; (state, the kept feeds)."""
+    kept: list[dict[str, np.ndarray]] = []
+    with tempfile.TemporaryDirectory(prefix="histocal.diagnose.") as tmp:
+        calibrator = calibrators.create_calibrator(
+            model_path,
+            quantize_kwargs.get("op_types_to_quantize"),
+            augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
+            calibrate_method="auto",
+            use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
+            providers=quantize_kwargs.get("calibration_providers"),
+            extra_options={calibrators.STREAMING_BINS_OPTION: streaming_bins},
+        )
+        if show_progress is not None:
+            calibrator.show_progress = show_progress
+        if not _collect_unless_empty(calibrator, _withholding_first(data, kept, hold_back)):
+            raise ValueError(
+                f"diagnose: no calibration data left after holding back {len(kept)} feeds for evaluation; "
+                "give more data, separate evaluation data, or fewer held-back feeds"
+            )
+        return calibrator.state, kept
+
+
+def _ranges(state: CalibrationState, method: str, method_options: dict[str, Any] | None, kwargs: Mapping) -> Any:
+    name = methods.canonical_name(method)
+    options = dict(method_options or {})
+    if name not in methods.ORT_METHODS:
+        extra = dict(kwargs.get("extra_options") or {})
+        options = _default_method_options(name, options, kwargs.get("activation_type", QuantType.QInt8), extra)
+    return _as_minmax(state.compute(name, **options))
+
+
+def _check_fraction(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"max_excluded_fraction must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def diagnose(
+    model_input: str | Path | onnx.ModelProto,
+    calibration_data: Any = None,
+    eval_data: Any = None,
+    *,
+    method: str = DEFAULTS["method"],
+    method_options: dict[str, Any] | None = None,
+    state: CalibrationState | None = None,
+    eval_samples: int = DEFAULTS["eval_samples"],
+    target_sqnr_db: float | None = None,
+    max_excluded_fraction: float = DEFAULTS["max_excluded_fraction"],
+    screen_samples: int = DEFAULTS["screen_samples"],
+    max_screen_runs: int = DEFAULTS["max_screen_runs"],
+    max_checks: int = DEFAULTS["max_checks"],
+    max_exact_checks: int = DEFAULTS["max_exact_checks"],
+    min_gain_db: float = DEFAULTS["min_gain_db"],
+    streaming_bins: int | None = None,
+    show_progress: bool | None = None,
+    providers: Sequence[Any] | None = None,
+    **quantize_kwargs: Any,
+) -> Diagnosis:
+    """Diagnose the int8 (or other ``activation_type``) quantization of ``model_input``: see the
+    module docstring. ``calibration_data``: any data source histocal calibrates on (its first
+    ``eval_samples`` feeds are held back for evaluation unless ``eval_data`` is given);
+    ``state``: a ``CalibrationState`` to take the ranges from instead (then ``eval_data`` is
+    needed). ``method``/``method_options``: the range method (any histogram method or registered
+    one). ``quantize_kwargs``: ``quantize_static``'s quantization arguments (the screen always
+    uses the QDQ format; the exact checks use ``quant_format``). ``providers`` run the models."""
+    start = time.perf_counter()
+    unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"diagnose: unknown quantize_static arguments {unknown}")
+    max_excluded_fraction = _check_fraction(max_excluded_fraction)
+    for label, value in (
+        ("eval_samples", eval_samples),
+        ("screen_samples", screen_samples),
+        ("max_screen_runs", max_screen_runs),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive integer, got {value!r}")
+    for label, value in (("max_checks", max_checks), ("max_exact_checks", max_exact_checks)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{label} must be a non-negative integer, got {value!r}")
+    if state is None and calibration_data is None:
+        raise ValueError("diagnose needs calibration_data or a state")
+    if state is not None and eval_data is None:
+        raise ValueError("diagnose with a state needs eval_data (held-back feeds the state was not collected on)")
+    providers = list(providers) if providers else ["CPUExecutionProvider"]
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="histocal.diagnose.") as tmp_name:
+        tmp = Path(tmp_name)
+        float_model = model_input if isinstance(model_input, onnx.ModelProto) else onnx.load(str(model_input))
+        float_model, named = name_nodes(float_model)
+        if named:
+            logger.warning(
+                "diagnose: %d nodes have no name; they are named <op_type>_<position> (histocal quantize "
+                "--auto-exclude applies the same names)",
+                named,
+            )
+        model_path = model_file(float_model, tmp)
+        t = time.perf_counter()
+        feeds: list[dict[str, np.ndarray]]
+        if state is None:
+            state, feeds = _calibrate(
+                model_path, calibration_data, 0 if eval_data is not None else eval_samples,
+                streaming_bins, show_progress, quantize_kwargs,
+            )  # fmt: skip
+        else:
+            feeds = []
+        if eval_data is not None:
+            # copies: a reader may reuse its buffers for its next feed
+            feeds = [{k: np.array(v, copy=True) for k, v in f.items()} for f in DataSource(eval_data).read()]
+        if not feeds:
+            raise ValueError("diagnose: no evaluation feeds")
+        seconds["calibration"] = time.perf_counter() - t
+        ranges = _ranges(state, method, method_options, quantize_kwargs)
+        result = _Run(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
+            state,
+            screen_samples,
+            max_screen_runs,
+            max_checks,
+            max_exact_checks,
+            min_gain_db,
+            target_sqnr_db,
+            max_excluded_fraction,
+            seconds,
+        )
+    seconds["total"] = time.perf_counter() - start
+    impacts, excluded, sqnr, sqnr_excluded, counts, screen_runs, quantizations, unresolved, findings = result
+    diagnosis = Diagnosis(
+        method=methods.canonical_name(method),
+        sqnr_db=sqnr,
+        quantized_nodes=counts["nodes"],
+        quantized_tensors=len(counts["tensors"]),
+        impacts=tuple(impacts),
+        findings=tuple(findings),
+        nodes_to_exclude=tuple(excluded),
+        sqnr_excluded_db=sqnr_excluded,
+        target_sqnr_db=target_sqnr_db,
+        max_excluded_fraction=max_excluded_fraction,
+        eval_samples=len(feeds),
+        screen_samples=min(screen_samples, len(feeds)),
+        screen_runs=screen_runs,
+        checks=counts["checks"],
+        quantizations=quantizations,
+        unresolved=tuple(unresolved),
+        seconds=seconds,
+        named_nodes=named,
+        ranges=ranges,
+        state=state,
+    )
+    logger.info("diagnose: %s", diagnosis.summary().splitlines()[0])
+    return diagnosis
+
+
+class _Run:
+    """One diagnosis over a saved model (steps 2-4 of the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        float_model: onnx.ModelProto,
+        ranges: TensorsData,
+        feeds: list[dict[str, np.ndarray]],
+        providers: list[Any],
+        quantize_kwargs: Mapping[str, Any],
+        tmp: Path,
+    ) -> None:
+        self.model_path = model_path
+        self.float_model = float_model
+        self.ranges = ranges
+        self.providers = providers
+        self.kwargs = dict(quantize_kwargs)
+        self.user_excluded = list(self.kwargs.pop("nodes_to_exclude", None) or [])
+        self.tmp = tmp
+        self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
+        self.checks = 0  # candidate checks on the switched model
+        self.quantizations = 0  # onnxruntime quantizations beyond the first
+
+    def _quantize(self, path: Path, exclude: Sequence[str], **override: Any) -> None:
+        kwargs = {**self.kwargs, **override}
+        kwargs.pop("calibration_providers", None)
+        quantize_with_ranges(
+            self.model_path, path, self.ranges, nodes_to_exclude=[*self.user_excluded, *exclude] or None, **kwargs
+        )
+
+    def exact_sqnr(self, exclude: Sequence[str]) -> float:
+        """The output SQNR of onnxruntime's quantized model with ``exclude`` left in float."""
+        self.quantizations += 1
+        path = self.tmp / f"check{self.quantizations}.onnx"
+        self._quantize(path, exclude)
+        noise = self.reference.noise(_screen.session(path, self.providers))
+        for f in self.tmp.glob(f"check{self.quantizations}.onnx*"):
+            f.unlink()
+        return _screen.sqnr_db(self.reference.signal, noise)
+
+    def diagnose(
+        self,
+        state: CalibrationState,
+        screen_samples: int,
+        max_screen_runs: int,
+        max_checks: int,
+        max_exact_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+        seconds: dict[str, float],
+    ) -> tuple[Any, ...]:
+        t = time.perf_counter()
+        qdq_path = self.tmp / "qdq.onnx"
+        self._quantize(qdq_path, (), quant_format=QuantFormat.QDQ, use_external_data_format=True)
+        qdq = onnx.load(qdq_path.as_posix())
+        nodes = quantized_nodes(qdq)
+        switched, tensors = switched_model(qdq, self.float_model)
+        del qdq
+        if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:
+            sqnr = _screen.sqnr_db(
+                self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
+            )
+        else:
+            sqnr = self.exact_sqnr(())
+        switched_path = self.tmp / "switched.onnx"
+        onnx.save_model(switched, switched_path.as_posix(), save_as_external_data=True, location="switched.data")
+        del switched
+        seconds["quantization"] = time.perf_counter() - t
+        logger.info(
+            "diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr
+        )
+
+        t = time.perf_counter()
+        switched_session = _screen.session(switched_path, self.providers)
+        result = _screen.screen_tensors(
+            switched_session,
+            SWITCH_INPUT,
+            self.reference,
+            len(tensors),
+            limit=screen_samples,
+            max_candidates=max(2 * max_checks, 8),
+            max_runs=max_screen_runs,
+            min_share=_SCREEN_MIN_SHARE,
+        )
+        seconds["screen"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        candidates: list[tuple[QuantizedTensor, float | None]] = [
+            (tensors[i], result.gain_db(r)) for i, r in result.candidates
+        ]
+        findings = range_findings(state, [x.name for x in tensors])
+        # sentinel tensors the screen did not rank come after its candidates (their check decides)
+        screened = {c.name for c, _ in candidates}
+        by_name = {x.name: x for x in tensors}
+        candidates += [(by_name[f.tensor], None) for f in findings if f.kind == "sentinel" and f.tensor not in screened]
+        impacts, excluded = self._greedy(
+            switched_session, tensors, candidates, result, len(nodes), sqnr, screen_samples, max_checks, min_gain_db,
+            target, max_fraction,
+        )  # fmt: skip
+        sqnr_excluded = sqnr
+        if excluded:
+            sqnr_excluded = self.exact_sqnr(excluded)
+            if sqnr_excluded < sqnr + min_gain_db:
+                logger.warning(
+                    "diagnose: onnxruntime's model with the candidates in float measures %.2f dB (%.2f dB without): "
+                    "no suggestion",
+                    sqnr_excluded,
+                    sqnr,
+                )
+                impacts = [dataclasses.replace(i, accepted=False) for i in impacts]
+                excluded, sqnr_excluded = [], sqnr
+        sentinels = {f.tensor for f in findings if f.kind == "sentinel"}
+        impacts, excluded, sqnr_excluded = self._exact(
+            impacts, by_name, sentinels, excluded, sqnr_excluded, len(nodes), max_exact_checks, min_gain_db,
+            target, max_fraction,
+        )  # fmt: skip
+        seconds["checks"] = time.perf_counter() - t
+        unresolved = [
+            (tensors[a].name, tensors[b - 1].name, b - a, result.gain_db(r))
+            for a, b, r in result.unresolved
+            if b - a > 1 and r > 0
+        ][:5]
+        counts = {"nodes": len(nodes), "tensors": [x.name for x in tensors], "checks": self.checks}
+        return impacts, excluded, sqnr, sqnr_excluded, counts, result.runs, self.quantizations, unresolved, findings
+
+    def _exact(
+        self,
+        impacts: list[TensorImpact],
+        by_name: dict[str, QuantizedTensor],
+        sentinels: set[str],
+        excluded: list[str],
+        current: float,
+        node_count: int,
+        max_exact_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+    ) -> tuple[list[TensorImpact], list[str], float]:
+        """Checks on onnxruntime's own quantized model for the candidates the switched model
+        cannot judge: sentinel tensors and tensors quantized with another tensor's scale (an op
+        such as Slice or Transpose shares its input's scale; excluding it gives the tensor its own
+        range, which the switched model does not hold), when their switched check did not keep
+        them; each kept if it gains at least ``min_gain_db`` over the measured SQNR so far."""
+        limit = math.floor(max_fraction * node_count + 1e-9)
+        spent = 0
+        out = []
+        for impact in impacts:
+            tensor = by_name[impact.tensor]
+            new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
+            if (
+                impact.accepted
+                or not (tensor.shared_scale or tensor.name in sentinels)
+                or not new
+                or len(excluded) + len(new) > limit
+                or spent >= max_exact_checks
+                or (target is not None and current >= target)
+            ):
+                out.append(impact)
+                continue
+            spent += 1
+            got = self.exact_sqnr([*excluded, *new])
+            accepted = got - current >= min_gain_db
+            out.append(
+                dataclasses.replace(
+                    impact, check_gain_db=got - current, accepted=accepted, note="checked on onnxruntime's model"
+                )
+            )
+            if accepted:
+                excluded = [*excluded, *new]
+                current = got
+        return out, excluded, current
+
+    def _greedy(
+        self,
+        switched_session: Any,
+        tensors: list[QuantizedTensor],
+        candidates: list[tuple[QuantizedTensor, float | None]],
+        screen: _screen.ScreenResult,
+        node_count: int,
+        sqnr: float,
+        screen_samples: int,
+        max_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+    ) -> tuple[list[TensorImpact], list[str]]:
+        """Candidates best first, each kept if leaving its nodes in float (with those kept before)
+        gains at least ``min_gain_db`` on the switched model. A tensor is in float when every
+        quantized node next to it is excluded: ORT's rule, so the check sees what ORT will do."""
+        excluded: list[str] = []
+        impacts = []
+        limit = math.floor(max_fraction * node_count + 1e-9)
+        base = _screen.sqnr_db(screen.signal, screen.noise)  # every tensor quantized, screen feeds
+        current = base
+        for tensor, gain in candidates:
+            new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
+            note = ""
+            # predicted SQNR of ORT's model: its measured one plus the gain seen on the switched model
+            if target is not None and sqnr + (current - base) >= target:
+                note = "target reached"
+            elif not tensor.nodes:
+                note = "no named node next to it"
+            elif not new:
+                note = "already left in float"
+            elif len(excluded) + len(new) > limit:
+                note = f"would exceed {max_fraction:.0%} of the quantized nodes"
+            elif self.checks >= max_checks:
+                note = "check budget spent"
+            if note:
+                impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, note=note))
+                continue
+            left = {*excluded, *new}
+            mask = np.array([not (t.nodes and all(n in left for n in t.nodes)) for t in tensors], np.bool_)
+            noise = self.reference.noise(switched_session, {SWITCH_INPUT: mask}, screen_samples)
+            got = _screen.sqnr_db(screen.signal, noise)
+            self.checks += 1
+            accepted = got - current >= min_gain_db
+            logger.debug("diagnose: leaving %s in float: %.2f dB (%s)", tensor.name, got, accepted)
+            impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, got - current, accepted))
+            if accepted:
+                excluded += new
+                current = got
+        return impacts, excluded
