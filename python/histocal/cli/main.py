@@ -16,8 +16,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..methods.table import NON_OVERFLOW
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
+from ..methods.table import NON_OVERFLOW
 from .calibrate import cmd_calibrate, cmd_recompute
 from .common import (
     AUTO_EVAL_SAMPLES,
