@@ -21,6 +21,7 @@ LAYERS = (
     ("histocal.state",),
     ("histocal.calibrators",),
     ("histocal.quark",),
+    ("histocal.distributed",),
     ("histocal.report",),
     ("histocal.quantize",),
     ("histocal.diagnose",),

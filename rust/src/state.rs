@@ -330,6 +330,59 @@ impl Scans {
         }
     }
 
+    /// The scan as plain values: `(dtype, [finite_min, finite_max, finite_abs_min,
+    /// finite_abs_max], [finite, nan, posinf, neginf])`, each extreme exactly its f64 value.
+    pub fn to_parts(&self) -> (&'static str, [Option<f64>; 4], [u64; 4]) {
+        fn parts<T: Float>(s: &Scan<T>) -> ([Option<f64>; 4], [u64; 4]) {
+            let f = |x: Option<T>| x.map(|v| v.to_f64());
+            (
+                [f(s.finite_min), f(s.finite_max), f(s.finite_abs_min), f(s.finite_abs_max)],
+                [s.n_finite, s.n_nan, s.n_posinf, s.n_neginf],
+            )
+        }
+        let (extremes, counts) = match self {
+            Scans::F16(s) => parts(s),
+            Scans::F32(s) => parts(s),
+            Scans::F64(s) => parts(s),
+        };
+        (self.dtype(), extremes, counts)
+    }
+
+    /// The scan `to_parts` gave (untrusted: from another process), or why the parts are not one:
+    /// extremes finite, values of `dtype`, present exactly when there are finite values, ordered
+    /// (min <= max, 0 <= |x| min <= |x| max, |x| max = max(|min|, |max|)).
+    pub fn from_parts(dtype: &str, extremes: [Option<f64>; 4], counts: [u64; 4]) -> Result<Scans, String> {
+        fn build<T: Float>(extremes: [Option<f64>; 4], counts: [u64; 4]) -> Result<Scan<T>, String> {
+            let mut typed = [None; 4];
+            for (slot, x) in typed.iter_mut().zip(extremes) {
+                if let Some(x) = x {
+                    let v = T::from_f64(x);
+                    if !x.is_finite() || v.to_f64().to_bits() != x.to_bits() {
+                        return Err(format!("scan extreme {x} is not a finite {} value", T::NAME));
+                    }
+                    *slot = Some(v);
+                }
+            }
+            let [n_finite, n_nan, n_posinf, n_neginf] = counts;
+            if typed.iter().any(|x| x.is_some() != (n_finite > 0)) {
+                return Err("scan extremes must be given exactly when there are finite values".into());
+            }
+            if let [Some(lo), Some(hi), Some(alo), Some(ahi)] = extremes {
+                if !(lo <= hi && 0.0 <= alo && alo <= ahi && ahi == lo.abs().max(hi.abs())) {
+                    return Err("scan extremes are inconsistent".into());
+                }
+            }
+            let [finite_min, finite_max, finite_abs_min, finite_abs_max] = typed;
+            Ok(Scan { finite_min, finite_max, finite_abs_min, finite_abs_max, n_finite, n_nan, n_posinf, n_neginf })
+        }
+        match dtype {
+            "float16" => build(extremes, counts).map(Scans::F16),
+            "float32" => build(extremes, counts).map(Scans::F32),
+            "float64" => build(extremes, counts).map(Scans::F64),
+            _ => Err(format!("unsupported dtype {dtype:?}")),
+        }
+    }
+
     /// Both scans' data together; an error if their dtypes differ.
     pub fn merge(self, o: Scans) -> Result<Scans, CollectError> {
         match (self, o) {
@@ -555,6 +608,25 @@ mod tests {
             (Scans::F32(x), Scans::F32(y)) => assert_eq!(x, y),
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn scans_round_trip_through_their_parts_and_bad_parts_are_refused() {
+        let a: Vec<f16> =
+            [0.1f32, -3.5, 65504.0, f32::NAN, f32::INFINITY, -0.0].iter().map(|&x| f16::from_f32(x)).collect();
+        let scans = Scans::of(&Batches::F16(vec![View::from_slice(&a)]));
+        let (dtype, extremes, counts) = scans.to_parts();
+        match (Scans::from_parts(dtype, extremes, counts).unwrap(), scans) {
+            (Scans::F16(x), Scans::F16(y)) => assert_eq!(x, y),
+            _ => unreachable!(),
+        }
+        let empty = Scans::F32(Scan::empty()).to_parts();
+        assert!(Scans::from_parts(empty.0, empty.1, empty.2).is_ok());
+        // 0.1 is not a float16 value; extremes without finite values; min above max
+        assert!(Scans::from_parts("float16", [Some(0.1), Some(1.0), Some(0.1), Some(1.0)], [2, 0, 0, 0]).is_err());
+        assert!(Scans::from_parts("float32", [Some(1.0), Some(1.0), Some(1.0), Some(1.0)], [0, 1, 0, 0]).is_err());
+        assert!(Scans::from_parts("float32", [Some(2.0), Some(1.0), Some(1.0), Some(2.0)], [2, 0, 0, 0]).is_err());
+        assert!(Scans::from_parts("int8", [None; 4], [0; 4]).is_err());
     }
 
     #[test]

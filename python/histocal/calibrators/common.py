@@ -108,8 +108,10 @@ class _ReadDigest:
 
     def add(self, items: list[tuple[str, list[np.ndarray]]]) -> None:
         h = hashlib.blake2b(self.digest, digest_size=16)
-        for _, arrays in items:
-            h.update(f"{arrays[0].dtype.str}{arrays[0].shape};".encode())
+        # by tensor name: the outputs' order is a set's order, which another process (a
+        # distributed worker reading the second time) may not share
+        for name, arrays in sorted(items, key=lambda item: item[0]):
+            h.update(f"{name}\0{arrays[0].dtype.str}{arrays[0].shape};".encode())
         self.digest = h.digest()
 
 

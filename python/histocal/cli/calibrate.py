@@ -12,6 +12,7 @@ from .common import (
     METHODS,
     CliError,
     _calibrate,
+    _calibrator_options,
     _check_method,
     _check_model,
     _compute_settings,
@@ -29,8 +30,12 @@ logger = logging.getLogger("histocal.cli")
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.cache is None and args.state is None:
         raise _UsageError("give --cache and/or --state (where to write the result)")
+    if args.shards is not None and args.workers is None and args.address is None:
+        raise _UsageError("--shards applies with --workers or --address")
     model = _check_model(args.model)
     data = _open_data(args, model)
+    if args.workers is not None or args.address is not None:
+        return _calibrate_distributed(args, model, data)
     ranges, calibrator = _calibrate(args, model, data, want_state=args.state is not None)
     fingerprint = _data_fingerprint(data.files) if args.state else None
     _write_outputs(ranges, args.cache and Path(args.cache), calibrator, args.state and Path(args.state), fingerprint)
@@ -42,6 +47,62 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> int:
+    """--workers / --address: shards of whole batches on Ray workers, merged exactly."""
+    from ..distributed import calibrate_distributed
+
+    batches = len(data)
+    workers = args.workers
+    count = min(batches, args.shards or 4 * (workers or 1))
+    # contiguous runs of whole batches, as even as they come
+    bounds = [batches * k // count for k in range(count + 1)]
+    shards = [[str(f) for b in range(bounds[k], bounds[k + 1]) for f in data.batch_files(b)] for k in range(count)]
+    data_options = {
+        "batch_size": args.batch_size,
+        "preprocess": args.preprocess,
+        "input_shape": args.input_shape,
+        "layout": args.layout,
+    }
+    state = calibrate_distributed(
+        model,
+        shards,
+        calibrate_method=args.method,
+        extra_options=_calibrator_options(args),
+        num_workers=workers,
+        address=args.address,
+        op_types_to_calibrate=args.op_types,
+        providers=args.providers,
+        data_options=data_options,
+        show_progress=False if args.no_progress else None,
+    )
+    ranges = state.compute(state.method)
+    fingerprint = _data_fingerprint(data.files) if args.state else None
+    _write_outputs(
+        ranges, args.cache and Path(args.cache), _SavesState(state), args.state and Path(args.state), fingerprint
+    )
+    sys.stdout.write(
+        f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples "
+        f"in {len(data.files)} files, {count} shards on Ray)"
+        + (f"; cache: {args.cache}" if args.cache else "")
+        + (f"; state: {args.state}" if args.state else "")
+        + "\n"
+    )
+    return 0
+
+
+class _SavesState:
+    """A merged state where ``_write_outputs`` expects a calibrator."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def save_state(self, path: Path, data_fingerprint: str | None = None) -> None:
+        import dataclasses
+
+        fingerprints = () if data_fingerprint is None else (data_fingerprint,)
+        dataclasses.replace(self.state, data_fingerprints=fingerprints).save(path)
 
 
 # ---------------------------------------------------------------------------------------------

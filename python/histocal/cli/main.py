@@ -143,6 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("outputs (at least one)")
     g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
     g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
+    g = p.add_argument_group("distributed (needs Ray: shards of the data on Ray workers, merged exactly)")
+    g.add_argument(
+        "--workers", type=_positive_int, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
+    )
+    g.add_argument(
+        "--address",
+        metavar="ADDRESS",
+        help="an existing Ray cluster (ray://HOST:10001, or auto); its workers must see the --data paths",
+    )
+    g.add_argument(
+        "--shards",
+        type=_positive_int,
+        metavar="K",
+        help="split the data into K shards of whole batches (default: 4 per worker, at most one per batch)",
+    )
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser(

@@ -153,6 +153,10 @@ class CalibrationData(CalibrationDataReader):
             feed[inp.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         return feed
 
+    def batch_files(self, index: int) -> list[Path]:
+        """The data files of batch ``index``, in feed order."""
+        return [f for s in self._chunk(index) for f in s.files]
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return (self.batch(i) for i in range(len(self)))
 

@@ -51,6 +51,11 @@ pub(crate) fn typed_dtype<Fm: Family>(t: &Typed<Fm>) -> &'static str {
     }
 }
 
+/// A scan's `(finite_min, finite_max, finite_abs_min, finite_abs_max)`.
+type Extremes = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+/// A pending scan as Python sees it: `(name, dtype, extremes, (finite, nan, posinf, neginf), batches)`.
+type ScanRecord<Dtype> = (String, Dtype, Extremes, (u64, u64, u64, u64), u64);
+
 pub(crate) fn held<E: Float>(h: crate::ort::value_histogram::Held<E>) -> (f64, bool) {
     (h.value.to_f64(), h.is_array)
 }
@@ -146,6 +151,43 @@ impl Histograms {
                 };
                 self.pending.insert(name.to_string(), merged);
             }
+            Ok(())
+        })
+    }
+
+    /// Two-pass collect split across processes: the pending scans of the collect in progress
+    /// (what `scan` gathered), in name order, as
+    /// `(name, dtype, (finite_min, finite_max, finite_abs_min, finite_abs_max), (finite, nan, posinf, neginf), batches)`.
+    fn pending_scans(&self) -> Vec<ScanRecord<&'static str>> {
+        let mut out: Vec<_> = self
+            .pending
+            .iter()
+            .map(|(name, (scan, n))| {
+                let (dtype, [a, b, c, d], [e, f, g, h]) = scan.to_parts();
+                (name.clone(), dtype, (a, b, c, d), (e, f, g, h), *n)
+            })
+            .collect();
+        out.sort_by(|x, y| x.0.cmp(&y.0));
+        out
+    }
+
+    /// Add scans `pending_scans` exported elsewhere (another process's pass 1) to the pending
+    /// scans, as if their batches had been scanned here. Every record is checked (see
+    /// `Scans::from_parts`) before anything changes.
+    fn add_scans(&mut self, scans: Vec<ScanRecord<String>>) -> PyResult<()> {
+        guard(|| {
+            let mut merged: HashMap<String, (Scans, u64)> = HashMap::new();
+            for (name, dtype, (a, b, c, d), (e, f, g, h), n) in scans {
+                let scan = Scans::from_parts(&dtype, [a, b, c, d], [e, f, g, h])
+                    .map_err(|why| PyValueError::new_err(format!("tensor {name:?}: {why}")))?;
+                let before = merged.remove(&name).or_else(|| self.pending.get(&name).copied());
+                let next = match before {
+                    None => (scan, n),
+                    Some((old, m)) => (old.merge(scan).map_err(|e| named(&name, e))?, m + n),
+                };
+                merged.insert(name, next);
+            }
+            self.pending.extend(merged);
             Ok(())
         })
     }

@@ -1,0 +1,306 @@
+"""histocal.distributed: shards collected on Ray workers merge into the state of one run.
+
+In-process (no Ray): the workers' shard results, reduced in any order and over any split
+(hypothesis), give the single-process state byte for byte. On a local Ray (``ray.init(num_cpus=2)``,
+one per module): every ORT method and a histocal method, streaming and exact mode, against the
+single-process state and onnxruntime on the concatenated data; a worker killed mid-shard; a corrupt
+shard; the CLI. Node loss: test_distributed_cluster.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+
+import models
+import numpy as np
+import onnx
+import pytest
+import ray
+from calibrator_runs import DIST, ENT, MM, PCT, assert_tensors_same, run_ort
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import histocal
+from histocal import CalibrationState
+from histocal.cli import main as cli_main
+from histocal.distributed import ShardError, calibrate_distributed, driver
+from histocal.distributed.shards import make_shards
+from histocal.distributed.worker import ShardWorker
+
+FEEDS = models.cnn_feeds(8)
+ORT_ENUM = {"entropy": ENT, "percentile": PCT, "distribution": DIST, "minmax": MM}
+
+# The shard callables below run on Ray's workers, which cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "cnn.onnx"
+    onnx.save(models.cnn(), path)
+    return path.as_posix()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield
+    ray.shutdown()
+
+
+def feed_shards(sizes):
+    """Zero-argument callables over consecutive runs of FEEDS of these sizes."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(functools.partial(list, FEEDS[start : start + n]))
+        start += n
+    assert start == len(FEEDS)
+    return out
+
+
+def single_run(model_path, method, options=None):
+    """The state of one single-process run over FEEDS, recorded as the distributed job records it."""
+    job = driver.make_job(method, options, None, None, 1)
+    cal = histocal.create_calibrator(
+        model_path, calibrate_method=job.collect_method, extra_options={**job.extra_options, "CollectionMode": job.mode}
+    )
+    cal.collect_data(FEEDS)
+    settings_ = cal.collection_settings if job.state_settings is None else job.state_settings
+    return CalibrationState.from_collected(
+        cal.collected(), model_fingerprint=cal.model_fingerprint, method=job.state_method, settings=settings_
+    )
+
+
+def _plain(value):
+    if isinstance(value, np.ndarray):
+        return (value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (tuple, list)) or hasattr(value, "_fields"):  # records read as tuples
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def state_parts(state: CalibrationState):
+    """Everything a state holds, per tensor: tensor order is Python set order (ORT's), which
+    differs between processes, so states are compared as maps."""
+    tensors = {}
+    for name in state.names:
+        stream = None if state.stream is None else (state.stream.export(name), state.stream.votes(name))
+        exact = None
+        if state.exact is not None:
+            exact = (state.exact.state(name), state.exact.counts(name), state.exact.edge_dtype(name))
+        tensors[name] = _plain((stream, exact))
+    return tensors, state.options, state.model_fingerprint, state.data_fingerprints
+
+
+def assert_same_state(merged: CalibrationState, reference: CalibrationState) -> None:
+    assert merged.mode == reference.mode
+    assert state_parts(merged) == state_parts(reference)
+
+
+# ----------------------------------------------------------------------------------------------
+# In process: any split, any order (the same worker code, no Ray)
+# ----------------------------------------------------------------------------------------------
+
+
+class InProcessPool:
+    """``driver.collect``'s pool, running one ShardWorker in this process in a given order."""
+
+    def __init__(self, worker, order):
+        self.worker, self.order = worker, order
+
+    def share(self, value):
+        return value
+
+    def map(self, method, shards, args):
+        for i in self.order:
+            yield shards[i].index, getattr(self.worker, method)(shards[i], *args(shards[i]))
+
+
+@pytest.fixture(scope="module")
+def in_process(model_path):
+    """Per (method, mode): the worker and the single-process reference state."""
+    out = {}
+    for method, options in (
+        ("entropy", {"CollectionMode": "streaming"}),
+        ("entropy", {"CollectionMode": "exact"}),
+        ("percentile", {"CollectionMode": "exact"}),  # |x| histograms (symmetric by default)
+    ):
+        job = driver.make_job(method, options, None, None, 1)
+        with open(model_path, "rb") as f:
+            worker = ShardWorker(f.read(), job)
+        out[method, job.mode] = (job, worker, single_run(model_path, method, options))
+    return out
+
+
+@st.composite
+def splits_and_orders(draw):
+    cuts = sorted(draw(st.sets(st.integers(1, len(FEEDS) - 1), max_size=len(FEEDS) - 1)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, len(FEEDS)])]
+    order = draw(st.permutations(range(len(sizes))))
+    return sizes, order
+
+
+@pytest.mark.parametrize("key", [("entropy", "streaming"), ("entropy", "exact"), ("percentile", "exact")])
+@settings(max_examples=12, deadline=None)
+@given(split=splits_and_orders())
+def test_shards_merge_to_the_single_run_state_for_any_split_and_order(in_process, key, split):
+    job, worker, reference = in_process[key]
+    sizes, order = split
+    merged = driver.collect(InProcessPool(worker, order), make_shards(feed_shards(sizes)), job)
+    assert_same_state(merged, reference)
+
+
+def test_a_partial_run_is_never_merged_and_a_shard_counts_once(in_process):
+    _, worker, reference = in_process["entropy", "streaming"]
+    shards = make_shards(feed_shards([4, 4]))
+    results = [(s.index, worker.streaming(s)) for s in shards]
+    with pytest.raises(RuntimeError, match=r"no result for shard\(s\) \[1\]: a partial run is never merged"):
+        driver.reduce_states(results[:1], 2)
+    # a shard's second result (a redone shard) replaces, never adds
+    assert_same_state(driver.reduce_states([results[0], results[1], results[0]], 2), reference)
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch, model_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(
+        ImportError, match=r"needs Ray, which is not installed: pip install 'ray>=2.40' \(histocal's ray extra"
+    ):
+        calibrate_distributed(model_path, feed_shards([8]), calibrate_method="entropy")
+
+
+def test_moving_average_and_per_channel_minmax_are_refused():
+    for option in ("moving_average", "per_channel"):
+        with pytest.raises(ValueError, match=f"distributed MinMax supports neither {option}"):
+            driver.make_job("minmax", {option: True}, None, None, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# On a local Ray
+# ----------------------------------------------------------------------------------------------
+
+
+def test_streaming_mode_equals_one_streaming_run(local_ray, model_path):
+    options = {"CollectionMode": "streaming"}
+    reference = single_run(model_path, "entropy", options)
+    for sizes in ([3, 5], [1, 1, 2, 4]):
+        merged = calibrate_distributed(
+            model_path, feed_shards(sizes), calibrate_method="entropy", extra_options=options, num_workers=2
+        )
+        assert_same_state(merged, reference)
+
+
+@pytest.mark.parametrize(
+    "method, options, sizes",
+    [
+        ("entropy", {}, [2, 6]),
+        ("percentile", {}, [1, 3, 4]),  # symmetric: |x| histograms
+        ("distribution", {}, [5, 1, 1, 1]),
+    ],
+)
+def test_exact_mode_equals_onnxruntime_on_all_the_data(local_ray, model_path, tmp_path, method, options, sizes):
+    merged = calibrate_distributed(
+        model_path, feed_shards(sizes), calibrate_method=method, extra_options=options, num_workers=2
+    )
+    assert merged.mode == "exact"
+    assert_same_state(merged, single_run(model_path, method, options))
+    ort = run_ort(model_path, ORT_ENUM[method], options, [FEEDS], tmp_path / "aug.onnx")
+    assert_tensors_same(ort.td, merged.compute(method, **options), f"{method} {sizes}")
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_minmax_reduces_min_and_max_as_onnxruntime(local_ray, model_path, tmp_path, symmetric):
+    options = {"symmetric": symmetric}
+    merged = calibrate_distributed(
+        model_path, feed_shards([4, 1, 3]), calibrate_method="minmax", extra_options=options, num_workers=2
+    )
+    assert merged.method == "minmax"
+    ort = run_ort(model_path, MM, options, [FEEDS], tmp_path / "aug.onnx")
+    assert_tensors_same(ort.td, merged.compute("minmax"), "minmax")
+
+
+def test_histocal_methods_collect_streaming_states(local_ray, model_path):
+    options = {"MethodOptions": {"qtype": "int8"}}
+    merged = calibrate_distributed(model_path, feed_shards([6, 2]), calibrate_method="mse", extra_options=options)
+    reference = single_run(model_path, "mse", options)
+    assert_same_state(merged, reference)
+    assert merged.compute("mse").data.keys() == reference.compute("mse").data.keys()
+
+
+def dies_once(marker, on_read, feeds):
+    """Feeds; the ``on_read``-th call (exact mode reads twice) kills its process after one batch,
+    the first time only."""
+    reads = marker + ".reads"
+    with open(reads, "a") as f:
+        f.write("x")
+    first = not os.path.exists(marker) and os.path.getsize(reads) == on_read
+    for i, feed in enumerate(feeds):
+        if i == 1 and first:
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield feed
+
+
+@pytest.mark.parametrize(
+    "options, on_read, ray_knobs",
+    [
+        ({}, 2, {}),  # exact mode, killed in pass 2: the driver redoes the shard on another worker
+        ({"CollectionMode": "streaming"}, 1, {"max_restarts": 1, "max_task_retries": 1}),  # Ray restarts it
+    ],
+)
+def test_a_worker_killed_mid_shard_gives_the_identical_state(
+    local_ray, model_path, tmp_path, options, on_read, ray_knobs
+):
+    marker = (tmp_path / "killed").as_posix()
+    shards = feed_shards([3, 5])
+    shards[1] = functools.partial(dies_once, marker, on_read, FEEDS[3:])
+    merged = calibrate_distributed(
+        model_path, shards, calibrate_method="entropy", extra_options=options, num_workers=2, **ray_knobs
+    )
+    assert os.path.exists(marker), "the worker was not killed"
+    assert_same_state(merged, single_run(model_path, "entropy", options))
+
+
+def save_npy_shards(folder, sizes):
+    """FEEDS as .npy files (one batch each), in one subfolder per shard."""
+    out, start = [], 0
+    for k, n in enumerate(sizes):
+        d = folder / f"shard{k}"
+        d.mkdir()
+        for i in range(start, start + n):
+            np.save(d / f"x{i}.npy", FEEDS[i]["X"])
+        out.append(d.as_posix())
+        start += n
+    return out
+
+
+def test_a_corrupt_shard_fails_the_run_naming_shard_and_file(local_ray, model_path, tmp_path):
+    shards = save_npy_shards(tmp_path, [4, 4])
+    bad = tmp_path / "shard1" / "x5.npy"
+    bad.write_bytes(b"\x93NUMPY garbage")
+    with pytest.raises(ShardError, match=r"shard 1 \(.*shard1\).*x5\.npy") as info:
+        calibrate_distributed(model_path, shards, calibrate_method="entropy", num_workers=2)
+    assert info.value.shard == 1
+
+
+def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys):
+    data = save_npy_shards(tmp_path, [8])[0]
+    one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"
+    base = ["calibrate", model_path, "--data", data, "--method", "percentile", "--no-progress"]
+    assert cli_main([*base, "--state", one.as_posix()]) == 0
+    assert (
+        cli_main([*base, "--state", sharded.as_posix(), "--cache", (tmp_path / "c.json").as_posix(), "--workers", "2"])
+        == 0
+    )
+    assert "8 shards on Ray" in capsys.readouterr().out
+    assert_same_state(CalibrationState.load(sharded), CalibrationState.load(one))
+
+
+def test_cli_shards_need_workers_or_an_address(model_path, tmp_path, capsys):
+    data = save_npy_shards(tmp_path, [8])[0]
+    argv = ["calibrate", model_path, "--data", data, "--cache", (tmp_path / "c.json").as_posix(), "--shards", "2"]
+    assert cli_main(argv) == 2
+    assert "--shards applies with --workers or --address" in capsys.readouterr().err
