@@ -1,7 +1,9 @@
 """Quark's calibrator classes and factories (``quark.onnx.calibrate``), backed by histocal.
 
 The float-scale calibrators are onnxruntime's in Quark, so these are histocal's ORT-identical
-ones under Quark's names, arguments and defaults. ``PowOfTwoCalibrater`` runs Quark's
+ones under Quark's names, arguments and defaults; histocal's own keywords (``mode``,
+``streaming_bins``, ``memory_budget``, ``num_threads``, ``show_progress``, ...) pass through to
+them. ``PowOfTwoCalibrater`` runs Quark's
 power-of-two MinMSE (:mod:`histocal.quark.pof2`) batch by batch through
 :class:`~histocal.quark.collector.PowOfTwoCollector`.
 """
@@ -54,8 +56,7 @@ class MinMaxCalibrater(hc.MinMaxCalibrater):
         use_external_data_format: bool = False,
         moving_average: bool = False,
         averaging_constant: float = 0.01,
-        *,
-        show_progress: bool | None = None,
+        **histocal_options: Any,
     ) -> None:
         if moving_average and not 0 <= averaging_constant <= 1:
             raise ValueError("Invalid averaging constant, which should not be < 0 or > 1.")
@@ -67,7 +68,7 @@ class MinMaxCalibrater(hc.MinMaxCalibrater):
             use_external_data_format=use_external_data_format,
             moving_average=moving_average,
             averaging_constant=averaging_constant,
-            show_progress=show_progress,
+            **histocal_options,
         )
 
 
@@ -84,10 +85,7 @@ class EntropyCalibrater(hc.EntropyCalibrater):
         symmetric: bool = False,
         num_bins: int = 128,
         num_quantized_bins: int = 128,
-        *,
-        mode: str | None = None,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
+        **histocal_options: Any,
     ) -> None:
         _check_method(method, "entropy")
         super().__init__(
@@ -98,9 +96,7 @@ class EntropyCalibrater(hc.EntropyCalibrater):
             symmetric=symmetric,
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
-            mode=mode,
-            streaming_bins=streaming_bins,
-            show_progress=show_progress,
+            **histocal_options,
         )
 
 
@@ -118,10 +114,7 @@ class PercentileCalibrater(hc.PercentileCalibrater):
         symmetric: bool = False,
         num_bins: int = 2048,
         percentile: float = 99.999,
-        *,
-        mode: str | None = None,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
+        **histocal_options: Any,
     ) -> None:
         _check_method(method, "percentile")
         super().__init__(
@@ -132,9 +125,7 @@ class PercentileCalibrater(hc.PercentileCalibrater):
             symmetric=symmetric,
             num_bins=num_bins,
             percentile=percentile,
-            mode=mode,
-            streaming_bins=streaming_bins,
-            show_progress=show_progress,
+            **histocal_options,
         )
 
 
@@ -151,10 +142,7 @@ class DistributionCalibrater(hc.DistributionCalibrater):
         method: str = "distribution",
         num_bins: int = 128,
         scenario: str = "same",
-        *,
-        mode: str | None = None,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
+        **histocal_options: Any,
     ) -> None:
         _check_method(method, "distribution")
         super().__init__(
@@ -164,9 +152,7 @@ class DistributionCalibrater(hc.DistributionCalibrater):
             use_external_data_format,
             num_bins=num_bins,
             scenario=scenario,
-            mode=mode,
-            streaming_bins=streaming_bins,
-            show_progress=show_progress,
+            **histocal_options,
         )
 
 
