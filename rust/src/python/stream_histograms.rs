@@ -13,10 +13,10 @@ use crate::numeric::fallible::{self};
 use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
 use crate::stream::stream_histogram::as_uniform;
 use crate::stream::stream_histogram::StreamHistogram;
+use numpy::ndarray::{ArrayViewD, Axis};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
-use numpy::ndarray::{ArrayViewD, Axis};
 use std::collections::HashMap;
 
 #[pymethods]
