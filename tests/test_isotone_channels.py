@@ -243,3 +243,9 @@ def test_cli_calibrate_isotone_per_channel(model, tmp_path):
     assert np.array_equal(np.array(written["lowest"]["data"], np.float32), want[:, 0])
     assert np.array_equal(np.array(written["highest"]["data"], np.float32), want[:, 1])
     assert CalibrationState.load(state).channels.isotone
+    # recomputed from the saved state for uint8 (symmetric: the state's setting)
+    again = tmp_path / "again.json"
+    assert main(["recompute", str(state), "--method", "isotone", "--qtype", "uint8", "--cache", str(again)]) == 0
+    written = json.loads(again.read_text())["data"]["logits"]
+    want = _want(model["logits"], "uint8", True)
+    assert np.array_equal(np.array(written["highest"]["data"], np.float32), want[:, 1])
