@@ -146,7 +146,7 @@ def test_save_load_keeps_the_per_channel_summaries(tmp_path):
 
 def test_a_channel_axis_that_is_the_class_axis_is_refused_naming_the_tensor():
     ch = ChannelHistograms(BINS, -1, isotone=True)
-    with pytest.raises(ValueError, match=r"tensor 'probs'.*last axis of shape \(2, 5\).*single class column"):
+    with pytest.raises(ValueError, match=r"tensor 'probs'.*single class column.*last axis of its shape \(2, 5\)"):
         ch.collect([("probs", [np.zeros((2, 5), np.float32)])])
     with pytest.raises(ValueError, match="tensor 'v'.*single class column"):
         ChannelHistograms(BINS, 0, isotone=True).collect([("v", [np.zeros(4, np.float32)])])
@@ -223,6 +223,23 @@ def test_method_calibrater_per_channel(model):
     got = cal.compute_data().data["logits"]
     want = _want(model["logits"], "uint8")
     assert np.array_equal(got.lowest, want[:, 0]) and np.array_equal(got.highest, want[:, 1])
+    # axis -1 is always the class axis: refused at once; another axis that is the last for some tensor
+    # is refused when that tensor is collected, naming it, and the failed collection leaves nothing
+    with pytest.raises(ValueError, match="channel axis other than the last"):
+        MethodCalibrater(str(model["path"]), method="isotone", per_channel=True, axis=-1)
+    late = MethodCalibrater(
+        str(model["path"]),
+        augmented_model_path=str(model["tmp"] / "aug2.onnx"),
+        method="isotone",
+        per_channel=True,
+        axis=2,
+    )
+    late.augment_graph()
+    late.create_inference_session()
+    with pytest.raises(ValueError, match="tensor '(X|logits)'.*single class column"):
+        late.collect_data(iter(_feeds()))
+    with pytest.raises(ValueError, match="collected"):
+        late.collected()
     # the per-tensor result is still there
     per_tensor = cal.state.compute("isotone", per_channel=False, qtype="uint8").data["logits"]
     assert float(per_tensor.highest[0]) == np.float32(I.isotone_range(model["logits"], "uint8")[1])

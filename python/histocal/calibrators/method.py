@@ -12,7 +12,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 
 from .. import _core, methods
 from ..methods.table import collects_isotone, collects_votes
-from ..state.channels import NO_CHANNEL_VOTES, ChannelHistograms
+from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
 from .common import _augmented_model_path, _check_channel_options, _check_streaming_bins
 from .cores import calibration_threads
 from .histogram import _HistogramCalibration
@@ -62,6 +62,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self._channels = None
         if self.per_channel and collects_votes(self.method, self.method_options):
             raise ValueError(NO_CHANNEL_VOTES)
+        if self.per_channel and collects_isotone(self.method) and self.axis == -1:
+            raise ValueError(ISOTONE_CLASS_AXIS)
         self._mode_used = None
         self._model_fingerprint = None
 

@@ -40,6 +40,10 @@ from .. import _core
 DEFAULT_MAX_CHANNEL_BYTES = 2 << 30
 MAX_CHANNEL_BYTES_ENV = "HISTOCAL_MAX_CHANNEL_BYTES"
 NO_CHANNEL_VOTES = "pow2's most-common choice is per tensor only (its per-batch votes are not kept per channel)"
+ISOTONE_CLASS_AXIS = (
+    "isotone per channel needs a channel axis other than the last, the class axis (each channel would be a "
+    "single class column, with no row of two values)"
+)
 
 
 def channel_key(tensor: str, channel: int) -> str:
@@ -141,9 +145,8 @@ class ChannelHistograms:
                 axis = resolve_axis(self.axis, a.ndim, tensor)
                 if self.isotone and axis == a.ndim - 1:
                     raise ValueError(
-                        f"tensor {tensor!r}: isotone per channel needs the channel axis to be another axis than the "
-                        f"last (the class axis): channel axis {self.axis} is the last axis of shape {a.shape}, so each "
-                        "channel would be a single class column with no row of two values"
+                        f"tensor {tensor!r}: {ISOTONE_CLASS_AXIS}; channel axis {self.axis} is the last axis of "
+                        f"its shape {a.shape}"
                     )
                 count = self.channels.get(tensor, new.get(tensor))
                 if count is None:
