@@ -5,7 +5,9 @@ is the class axis is refused naming the tensor; the calibrator and CLI paths on 
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 import isotone_refs as I
 import numpy as np
@@ -142,6 +144,38 @@ def test_save_load_keeps_the_per_channel_summaries(tmp_path):
     assert inner.stream.isotone and inner.names == state.channels.channel_keys()
     # the copy a calibrator takes keeps the summaries
     assert state.channels.copy().isotone
+
+
+def _edited(raw: bytes, member: str, change) -> bytes:
+    """``raw`` (a state file) with ``change`` applied to the bytes of ``member``."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(raw)) as zin, zipfile.ZipFile(buf, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == member + ".npy":
+                out = io.BytesIO()
+                np.save(out, change(np.load(io.BytesIO(data))))
+                data = out.getvalue()
+            zout.writestr(info, data)
+    return buf.getvalue()
+
+
+def test_corrupted_per_channel_summaries_are_refused():
+    x = np.random.default_rng(8).normal(0, 2, (4, 2, 6)).astype(np.float32)
+    raw = _state([("a", [x])]).to_bytes()
+
+    def l2_above_l1(pairs: np.ndarray) -> np.ndarray:
+        pairs = pairs.copy()
+        pairs[0, 1] = pairs[0, 0] + 1.0
+        return pairs
+
+    def nested(change):
+        return lambda member: np.frombuffer(_edited(member.tobytes(), "isotone_pairs", change), np.uint8)
+
+    with pytest.raises(ValueError, match="Invalid calibration state.*channels.*finite l1 >= l2"):
+        CalibrationState.from_bytes(_edited(raw, "channels", nested(l2_above_l1)))
+    with pytest.raises(ValueError, match="Invalid calibration state.*isotone_pairs"):
+        CalibrationState.from_bytes(_edited(raw, "channels", nested(lambda p: p[:-1])))
 
 
 def test_a_channel_axis_that_is_the_class_axis_is_refused_naming_the_tensor():
