@@ -3,7 +3,8 @@
 For each shape (a CNN activation, channels on axis 1; a transformer activation, channels on the last,
 strided, axis) synthetic float32 batches are collected into ``ChannelHistograms`` (one streaming
 histogram per channel) and, for comparison, into one per-tensor ``_core.StreamHistograms``; then
-every per-channel method is computed. Memory: the histograms' bytes (channels x bins x 8) and the
+every per-channel method is computed; then isotone per channel on classifier-like outputs (its row
+summaries collected beside the per-channel histograms). Memory: the histograms' bytes (channels x bins x 8) and the
 process's resident-set growth while collecting.
 
     python3 benches/bench_per_channel.py [--streaming-bins 2048] [--batches 8] [--runs 3]
@@ -28,6 +29,11 @@ SHAPES = (
     ("transformer 8x128x768, axis -1", (8, 128, 768), -1),
 )
 METHODS = ("minmax", "percentile", "entropy", "mse", "kl")
+# isotone per channel: (label, batch shape, channel axis); the last axis holds the classes
+ISOTONE_SHAPES = (
+    ("heads 32x16x1000, axis 1", (32, 16, 1000), 1),
+    ("heads 8x12x64x100, axis 1", (8, 12, 64, 100), 1),
+)
 
 
 def rss() -> int:
@@ -111,6 +117,36 @@ def main() -> None:
         print(
             f"| {n} x 768 = {k} | {ch.held_bytes / 2**20:.0f} MiB | {1e3 * t_batch:.0f} ms | {1e6 * t_batch / k:.1f} µs | "
             f"{1e6 * t_pct / k:.0f} µs | {t_save:.2f} s | {t_load:.2f} s |"
+        )
+
+    # isotone per channel: its row summaries collected beside the per-channel histograms.
+    print()
+    print(
+        "| isotone tensor | channels | rows per channel | per-channel collect | with isotone | summaries | isotone (per channel) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, shape, axis in ISOTONE_SHAPES:
+        batches = [rng.standard_normal(shape).astype(np.float32) for _ in range(args.batches)]
+        channels = shape[axis]
+        held: list[ChannelHistograms] = []
+
+        def collect(isotone: bool) -> None:
+            ch = ChannelHistograms(args.streaming_bins, axis, isotone=isotone)
+            for b in batches:
+                ch.collect([("t", [b])])
+            held[:] = [ch]
+
+        t_plain = median_time(lambda: collect(False), args.runs)
+        t_isotone = median_time(lambda: collect(True), args.runs)
+        ch = held[0]
+        pairs = sum(len(ch.stream.isotone_pairs(k).l1) for k in ch.channel_keys())
+        state = CalibrationState(["t"], "streaming", _core.StreamHistograms(args.streaming_bins), channels=ch)
+        state.stream.collect([("t", batches[:1])])
+        t_choose = median_time(lambda: state.compute("isotone"), args.runs)
+        rows = args.batches * int(np.prod(shape)) // channels // shape[-1]
+        print(
+            f"| {label} | {channels} | {rows} | {1e3 * t_plain:.1f} ms | {1e3 * t_isotone:.1f} ms | "
+            f"{pairs} pairs, {24 * pairs / 2**20:.2f} MiB | {1e6 * t_choose / channels:.0f} µs |"
         )
 
 

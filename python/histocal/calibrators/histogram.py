@@ -196,7 +196,7 @@ class _HistogramCalibration:
             self._stream = self._new_stream()
         stream = self._stream
         if self.per_channel and self._channels is None:
-            self._channels = ChannelHistograms(self.streaming_bins, self.axis)
+            self._channels = self._new_channels()
         channels = self._channels
 
         def consume(_: int, items: list) -> None:
@@ -325,6 +325,9 @@ class _HistogramCalibration:
 
     def _new_stream(self) -> Any:
         return _core.StreamHistograms(self.streaming_bins)
+
+    def _new_channels(self) -> ChannelHistograms:
+        return ChannelHistograms(self.streaming_bins, self.axis)
 
     def _exact_stream(self) -> Any:
         """Exact mode also feeds a streaming histogram, so that its state serves every method."""

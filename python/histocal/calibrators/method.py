@@ -12,7 +12,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 
 from .. import _core, methods
 from ..methods.table import collects_isotone, collects_votes
-from ..state.channels import NO_CHANNEL_VOTES
+from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
 from .common import _augmented_model_path, _check_channel_options, _check_streaming_bins
 from .cores import calibration_threads
 from .histogram import _HistogramCalibration
@@ -62,8 +62,8 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         self._channels = None
         if self.per_channel and collects_votes(self.method, self.method_options):
             raise ValueError(NO_CHANNEL_VOTES)
-        if self.per_channel and collects_isotone(self.method):
-            raise ValueError("isotone ranges are per tensor only: its row summaries are not collected per channel")
+        if self.per_channel and collects_isotone(self.method) and self.axis == -1:
+            raise ValueError(ISOTONE_CLASS_AXIS)
         self._mode_used = None
         self._model_fingerprint = None
 
@@ -71,3 +71,6 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
         # a method choosing per batch needs every batch's vote, collected as the batches come
         votes = collects_votes(self.method, self.method_options)
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=collects_isotone(self.method))
+
+    def _new_channels(self) -> ChannelHistograms:
+        return ChannelHistograms(self.streaming_bins, self.axis, isotone=collects_isotone(self.method))

@@ -9,7 +9,14 @@ streaming histogram of that channel's values. It is therefore batch-invariant an
 in any order, and every method computed per channel equals the per-tensor method applied to that
 channel's values (``CalibrationState.compute`` assembles the per-channel results into arrays).
 
-Memory is ``channels x streaming_bins x 8`` bytes per tensor; a collection whose per-channel
+With ``isotone=True`` every channel also gets isotone's per-row top-two summary (``methods::isotone``),
+from the rows of its slice: the slice keeps the tensor's other axes in order, so its last axis is still
+the class axis, and isotone per channel equals per-tensor isotone on each channel's slice. A channel axis
+that is the tensor's last axis is refused for isotone (each channel would be one class column, with no
+row of two values).
+
+Memory is ``channels x streaming_bins x 8`` bytes per tensor (plus, for isotone, 24 bytes per distinct
+top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel); a collection whose per-channel
 histograms would exceed ``max_bytes`` (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment
 variable ``HISTOCAL_MAX_CHANNEL_BYTES``) is refused before the memory is taken, with an error naming
 the tensor.
@@ -33,6 +40,10 @@ from .. import _core
 DEFAULT_MAX_CHANNEL_BYTES = 2 << 30
 MAX_CHANNEL_BYTES_ENV = "HISTOCAL_MAX_CHANNEL_BYTES"
 NO_CHANNEL_VOTES = "pow2's most-common choice is per tensor only (its per-batch votes are not kept per channel)"
+ISOTONE_CLASS_AXIS = (
+    "isotone per channel needs a channel axis other than the last, the class axis (each channel would be a "
+    "single class column, with no row of two values)"
+)
 
 
 def channel_key(tensor: str, channel: int) -> str:
@@ -90,17 +101,20 @@ class ChannelHistograms:
     """Per-channel streaming histograms of a collection (see the module docstring).
 
     ``channels`` maps each tensor (in collection order) to its number of channels; ``axis`` is the
-    axis as given (each tensor resolves it against its own rank)."""
+    axis as given (each tensor resolves it against its own rank). ``isotone``: also collect isotone's
+    summaries per channel (a given ``stream`` decides it: its own ``isotone``)."""
 
     num_bins: int
     axis: int = 1
     max_bytes: int | None = None
     channels: dict[str, int] = field(default_factory=dict)
     stream: Any = None  # _core.StreamHistograms keyed by channel_key
+    isotone: bool = False
 
     def __post_init__(self) -> None:
         if self.stream is None:
-            self.stream = _core.StreamHistograms(self.num_bins)
+            self.stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)
+        self.isotone = bool(self.stream.isotone)
         self.max_bytes = max_channel_bytes(self.max_bytes)
 
     @property
@@ -129,6 +143,11 @@ class ChannelHistograms:
             for a in arrays:
                 a = np.asarray(a)
                 axis = resolve_axis(self.axis, a.ndim, tensor)
+                if self.isotone and axis == a.ndim - 1:
+                    raise ValueError(
+                        f"tensor {tensor!r}: {ISOTONE_CLASS_AXIS}; channel axis {self.axis} is the last axis of "
+                        f"its shape {a.shape}"
+                    )
                 count = self.channels.get(tensor, new.get(tensor))
                 if count is None:
                     count = new[tensor] = int(a.shape[axis])
@@ -159,7 +178,7 @@ class ChannelHistograms:
             self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
 
     def copy(self) -> ChannelHistograms:
-        stream = _core.StreamHistograms(self.num_bins)
+        stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)
         stream.merge(self.stream)
         return ChannelHistograms(self.num_bins, self.axis, self.max_bytes, dict(self.channels), stream)
 
@@ -180,6 +199,7 @@ class ChannelHistograms:
         self.check_compatible(other)
         out = self.copy()
         out.stream.merge(other.stream)
+        out.isotone = bool(out.stream.isotone)  # kept only when both collected it, as per tensor
         for tensor, count in other.channels.items():
             out.channels.setdefault(tensor, count)
         return out

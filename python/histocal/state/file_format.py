@@ -20,8 +20,9 @@ plain little-endian numeric ``.npy`` members, never pickles:
 Version 2 adds per-channel histograms (:mod:`histocal.state.channels`); a state without them is written
 as version 1, byte for byte as before, and both versions are read. A version-2 header has one more
 key, ``channels``: ``{axis, tensors: [[name, channels], ...]}``, and the member ``channels`` (uint8)
-holds a complete version-1 state file of the channel histograms (streaming mode, one tensor per
-channel key ``name[c]``, in order), read with the same checks as the outer file.
+holds a complete state file of the channel histograms (streaming mode, one tensor per channel key
+``name[c]``, in order; version 1, or 2 with isotone's members when they were collected per channel, but
+never with channels of its own), read with the same checks as the outer file.
 
 Loading treats the file as untrusted and checks every size before taking the memory for it: the file
 size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` bytes are read to find and

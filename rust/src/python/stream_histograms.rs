@@ -13,6 +13,7 @@ use crate::numeric::fallible::{self};
 use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
 use crate::stream::stream_histogram::as_uniform;
 use crate::stream::stream_histogram::StreamHistogram;
+use numpy::ndarray::{ArrayViewD, Axis};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
@@ -214,9 +215,12 @@ impl StreamHistograms {
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
             let borrowed = borrow_items(&items)?;
-            // isotone's summaries first, into copies: an error (too many pairs) changes nothing
+            // isotone's summaries first, into copies: an error (out of memory) changes nothing
             let tops = match &self.isotone {
-                Some(held) => Some(isotone_collect(py, held, &borrowed)?),
+                Some(held) => {
+                    let inputs = borrowed.iter().map(|(n, b)| (n.as_str(), tops_input(b, None))).collect();
+                    Some(isotone_collect(py, held, inputs)?)
+                }
                 None => None,
             };
             let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
@@ -232,6 +236,8 @@ impl StreamHistograms {
     /// `axis` of every array of an item (a strided view, read in place) is a batch of the histogram
     /// named `keys[c]`, as `collect` would add it. Each array is borrowed once, however many
     /// channels it has. Every array of an item must have `len(keys)` channels along `axis`.
+    /// With isotone on, channel `c`'s slice (the array without `axis`, its last axis the class
+    /// axis) adds its rows to the isotone summary of `keys[c]`, as `collect` would add the slice.
     fn collect_channels(
         &mut self,
         py: Python<'_>,
@@ -249,7 +255,24 @@ impl StreamHistograms {
                 let per_channel = channel_batches(name, b, axis, keys.len())?;
                 batches.extend(keys.iter().map(String::as_str).zip(per_channel));
             }
-            self.add(py, batches)
+            // the shapes are checked (channel_batches): isotone's summaries, into copies, then the histograms
+            let tops = match &self.isotone {
+                Some(held) => {
+                    let mut inputs = Vec::new();
+                    for (keys, _, b) in &borrowed {
+                        for (c, key) in keys.iter().enumerate() {
+                            inputs.push((key.as_str(), tops_input(b, Some((axis, c)))));
+                        }
+                    }
+                    Some(isotone_collect(py, held, inputs)?)
+                }
+                None => None,
+            };
+            self.add(py, batches)?;
+            if let (Some(held), Some(tops)) = (self.isotone.as_mut(), tops) {
+                held.extend(tops);
+            }
+            Ok(())
         })
     }
 
@@ -553,19 +576,39 @@ impl StreamHistograms {
 
 /// One tensor's batches as ndarray views (shareable between threads, unlike the borrows).
 enum TopsInput<'a> {
-    F16(Vec<numpy::ndarray::ArrayViewD<'a, half::f16>>),
-    F32(Vec<numpy::ndarray::ArrayViewD<'a, f32>>),
-    F64(Vec<numpy::ndarray::ArrayViewD<'a, f64>>),
+    F16(Vec<ArrayViewD<'a, half::f16>>),
+    F32(Vec<ArrayViewD<'a, f32>>),
+    F64(Vec<ArrayViewD<'a, f64>>),
 }
 
-/// The summaries `held` with `borrowed`'s batches added, for the tensors in `borrowed` (copies:
-/// `held` is unchanged), computed in parallel.
+/// One tensor's batches for isotone: each borrowed array's view, or with `channel = Some((axis, c))`
+/// channel `c`'s slice along `axis` (the view without that axis).
+fn tops_input<'a>(b: &'a super::arrays::Borrowed<'_>, channel: Option<(usize, usize)>) -> TopsInput<'a> {
+    use super::arrays::Borrowed as B;
+    fn part<'a, T: numpy::Element>(
+        arrays: &'a [numpy::PyReadonlyArrayDyn<'_, T>],
+        channel: Option<(usize, usize)>,
+    ) -> Vec<ArrayViewD<'a, T>> {
+        let view = |a: &'a numpy::PyReadonlyArrayDyn<'_, T>| match channel {
+            None => a.as_array(),
+            Some((axis, c)) => a.as_array().index_axis_move(Axis(axis), c),
+        };
+        arrays.iter().map(view).collect()
+    }
+    match b {
+        B::F16(v) => TopsInput::F16(part(v, channel)),
+        B::F32(v) => TopsInput::F32(part(v, channel)),
+        B::F64(v) => TopsInput::F64(part(v, channel)),
+    }
+}
+
+/// The summaries `held` with `inputs`' batches added, for the keys in `inputs` (copies: `held` is
+/// unchanged), computed in parallel.
 fn isotone_collect(
     py: Python<'_>,
     held: &HashMap<String, TopPairs>,
-    borrowed: &[(String, super::arrays::Borrowed<'_>)],
+    inputs: Vec<(&str, TopsInput<'_>)>,
 ) -> PyResult<Vec<(String, TopPairs)>> {
-    use super::arrays::Borrowed as B;
     fn add<T: crate::numeric::float::Float>(t: &mut TopPairs, arrays: &[numpy::ndarray::ArrayViewD<'_, T>]) {
         for v in arrays {
             // rank 0: one value, no row of two
@@ -574,17 +617,6 @@ fn isotone_collect(
             t.merge(&isotone::top_pairs(contiguous.as_slice().expect("standard layout"), row_len));
         }
     }
-    let inputs: Vec<(&str, TopsInput<'_>)> = borrowed
-        .iter()
-        .map(|(n, b)| {
-            let input = match b {
-                B::F16(v) => TopsInput::F16(v.iter().map(|a| a.as_array()).collect()),
-                B::F32(v) => TopsInput::F32(v.iter().map(|a| a.as_array()).collect()),
-                B::F64(v) => TopsInput::F64(v.iter().map(|a| a.as_array()).collect()),
-            };
-            (n.as_str(), input)
-        })
-        .collect();
     let out: Vec<PyResult<(String, TopPairs)>> = run(py, || {
         inputs
             .par_iter()
