@@ -223,9 +223,10 @@ impl<E: Float> UniformBins<E> {
     }
 }
 
-/// numpy's f32 estimate-and-correct binning, in two passes per block: a vectorised pass that
-/// computes each value's bin (or, when the edges cannot be recomputed arithmetically, only the
-/// estimate, corrected in the second pass against the edge table), then the increments, spread
+/// numpy's f32 (or f16, in f32 lanes) estimate-and-correct binning, in two passes per block: a
+/// vectorised pass that computes each value's bin (or, when the edges cannot be recomputed
+/// arithmetically, and always for f16, only the estimate, corrected in the second pass against
+/// the edge table), then the increments, spread
 /// over interleaved u32 sub-histograms so runs of equal bins (e.g. ReLU zeros) don't serialise
 /// on one counter.
 struct FastF32 {
