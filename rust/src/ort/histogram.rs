@@ -14,8 +14,10 @@
 
 use crate::numeric::fallible;
 use crate::numeric::float::{Float, Widen};
+use crate::numeric::lanes::widen_f16;
 use crate::numeric::scan::PAR_CHUNK;
 use crate::numeric::view::View;
+use half::f16;
 use rayon::prelude::*;
 use std::hint::assert_unchecked;
 
@@ -151,9 +153,23 @@ impl<E: Float> UniformBins<E> {
         let fast = self.fast_f32::<D>();
         let counted = count_chunks(len, n, |range, local| {
             match &fast {
+                Some(f) if f.half => {
+                    let mut sub = SubHist::new(n)?;
+                    let mut wide = [0f32; FAST_BLOCK];
+                    view.for_each_block(range, |b| {
+                        // SAFETY: `fast_f32` sets `half` only when D is f16.
+                        let halves = unsafe { std::mem::transmute::<&[D], &[f16]>(b) };
+                        for piece in halves.chunks(FAST_BLOCK) {
+                            let w = &mut wide[..piece.len()];
+                            widen_f16(piece, w);
+                            f.count(w, abs, &mut sub);
+                        }
+                    });
+                    sub.add_to(local);
+                }
                 Some(f) => {
                     let mut sub = SubHist::new(n)?;
-                    // SAFETY: `fast_f32` is Some only when D is f32.
+                    // SAFETY: `fast_f32` is Some without `half` only when D is f32.
                     view.for_each_block(range, |b| {
                         f.count(unsafe { std::mem::transmute::<&[D], &[f32]>(b) }, abs, &mut sub)
                     });
@@ -177,13 +193,13 @@ impl<E: Float> UniformBins<E> {
         }
     }
 
-    /// The vectorised f32 kernel's tables, when both data and bins are f32.
+    /// The vectorised kernel's tables, when data and bins are both f32, or both f16 (computed
+    /// in f32 lanes, each operation rounded to f16 as `E`'s arithmetic does).
     fn fast_f32<D: 'static>(&self) -> Option<FastF32> {
         use std::any::TypeId;
-        if TypeId::of::<D>() != TypeId::of::<f32>()
-            || TypeId::of::<E>() != TypeId::of::<f32>()
-            || self.n_bins() > 1 << 24
-        {
+        let both = |t: TypeId| TypeId::of::<D>() == t && TypeId::of::<E>() == t;
+        let half = both(TypeId::of::<f16>());
+        if !(half || both(TypeId::of::<f32>())) || self.n_bins() > 1 << 24 {
             return None;
         }
         let f = |x: E| x.to_f32();
@@ -192,7 +208,9 @@ impl<E: Float> UniformBins<E> {
         // The edges below `last` are `f32(i) * step + first` (linspace, `step != 0`): then the
         // kernel recomputes them instead of loading them. Checked bit for bit, else tables.
         let step = norm / n_f;
-        let arith = step != 0.0 && (0..n).all(|i| ((i as f32) * step + first).to_bits() == f(self.edges[i]).to_bits());
+        // (f16 edges come from f16 arithmetic: always the table)
+        let arith =
+            !half && step != 0.0 && (0..n).all(|i| ((i as f32) * step + first).to_bits() == f(self.edges[i]).to_bits());
         // Padded edges: index n is a dummy bin for out-of-range values; its neighbours make
         // both corrections no-ops (-inf below, NaN above).
         // no room for the table: the scalar path needs none
@@ -201,13 +219,14 @@ impl<E: Float> UniformBins<E> {
         edges.truncate(n + 1);
         edges[n] = f32::NEG_INFINITY;
         edges.push(f32::NAN);
-        Some(FastF32 { first, last: f(self.last), norm, n_f, step, arith, n, edges })
+        Some(FastF32 { first, last: f(self.last), norm, n_f, step, arith, half, n, edges })
     }
 }
 
-/// numpy's f32 estimate-and-correct binning, in two passes per block: a vectorised pass that
-/// computes each value's bin (or, when the edges cannot be recomputed arithmetically, only the
-/// estimate, corrected in the second pass against the edge table), then the increments, spread
+/// numpy's f32 (or f16, in f32 lanes) estimate-and-correct binning, in two passes per block: a
+/// vectorised pass that computes each value's bin (or, when the edges cannot be recomputed
+/// arithmetically, and always for f16, only the estimate, corrected in the second pass against
+/// the edge table), then the increments, spread
 /// over interleaved u32 sub-histograms so runs of equal bins (e.g. ReLU zeros) don't serialise
 /// on one counter.
 struct FastF32 {
@@ -219,6 +238,8 @@ struct FastF32 {
     step: f32,
     /// True when edge i (< n) is exactly `f32(i) * step + first`.
     arith: bool,
+    /// f16 data and bins: the estimate's operations are rounded to f16.
+    half: bool,
     n: usize,
     edges: Vec<f32>,
 }
@@ -275,6 +296,17 @@ impl FastF32 {
         let mut idx = [0u32; FAST_BLOCK];
         for block in data.chunks(FAST_BLOCK) {
             let idx = &mut idx[..block.len()];
+            if self.half {
+                if abs {
+                    estimate_half_abs(self, block, idx);
+                    correct::<true>(self, block, idx);
+                } else {
+                    estimate_half(self, block, idx);
+                    correct::<false>(self, block, idx);
+                }
+                sub.add(idx);
+                continue;
+            }
             match (self.arith, abs) {
                 (true, false) => bins_arith(self, block, idx),
                 (true, true) => bins_arith_abs(self, block, idx),
@@ -362,6 +394,57 @@ fn estimate_abs_impl(t: &FastF32, block: &[f32], idx: &mut [u32]) {
 
 crate::numeric::simd::dispatch_avx2!(fn estimate(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => estimate_plain);
 crate::numeric::simd::dispatch_avx2!(fn estimate_abs(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => estimate_abs_impl);
+
+/// `f16::from_f32(x)` as an f32 (round to nearest even, beyond 65504 to infinity), branch-free
+/// so it vectorises: f16's normal numbers keep 10 of f32's 23 fraction bits (rounding may carry
+/// into the exponent, which is right), its subnormals are multiples of 2^-24, to which
+/// `(a + 0.5) - 0.5` rounds (0.5's ulp in f32 is 2^-24). NaN stays NaN.
+#[inline(always)]
+pub(crate) fn round_to_f16(x: f32) -> f32 {
+    let a = x.abs();
+    let b = a.to_bits();
+    let normal = f32::from_bits(b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff);
+    let r = if a < F16_MIN_NORMAL { (a + 0.5) - 0.5 } else { normal };
+    let r = if r > 65504.0 { f32::INFINITY } else { r };
+    let r = if a.is_nan() { a } else { r };
+    f32::from_bits(r.to_bits() | (x.to_bits() & 0x8000_0000))
+}
+
+const F16_MIN_NORMAL: f32 = 6.103_515_6e-5; // 2^-14
+
+/// numpy's f16 estimate `trunc(f16(f16(f16(v - first) / norm) * n))` in f32 lanes (f16 values
+/// are exact in f32, and an f32 result rounded to f16 is the f16 operation's result, f32
+/// having more than twice f16's precision), with the `== n` rule; out-of-range values get the
+/// dummy bin n.
+#[inline(always)]
+fn estimate_half_impl<const ABS: bool>(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    let (first, last, norm, n_f) = (t.first, t.last, t.norm, t.n_f);
+    let top = (t.n - 1) as f32;
+    let dummy = t.n as u32;
+    for (o, &x) in idx.iter_mut().zip(block) {
+        let v = if ABS { x.abs() } else { x };
+        let f = round_to_f16(round_to_f16(round_to_f16(v - first) / norm) * n_f);
+        // as `estimate_one`: NaN and negatives to 0, at most n - 1
+        let f = if f > 0.0 { f } else { 0.0 };
+        let f = if f < top { f } else { top };
+        // SAFETY: f is finite and in [0, n-1].
+        let i = unsafe { f.to_int_unchecked::<i32>() } as u32;
+        *o = if v >= first && v <= last { i } else { dummy };
+    }
+}
+
+#[inline(always)]
+fn estimate_half_plain(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    estimate_half_impl::<false>(t, block, idx)
+}
+
+#[inline(always)]
+fn estimate_half_abs_impl(t: &FastF32, block: &[f32], idx: &mut [u32]) {
+    estimate_half_impl::<true>(t, block, idx)
+}
+
+crate::numeric::simd::dispatch_avx512!(fn estimate_half(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => estimate_half_plain);
+crate::numeric::simd::dispatch_avx512!(fn estimate_half_abs(t: &FastF32, block: &[f32], idx: &mut [u32]) -> () => estimate_half_abs_impl);
 
 /// numpy's two corrections against the padded edge table, in place.
 #[inline(always)]

@@ -108,6 +108,7 @@ fn every_dispatch_tier_gives_the_same_counts() {
         fast_f32_path_equals_the_literal_algorithm();
         fast_f32_path_random_ranges();
         crate::ort::explicit_edges::tests::explicit_f32_path_matches_f64_comparisons();
+        f16_path_equals_the_literal_algorithm_on_every_f16();
     }
     crate::numeric::simd::set_max_tier(2);
 }
@@ -171,4 +172,67 @@ fn arange_matches_numpy_example() {
     let inf = half::f16::INFINITY;
     assert!(arange_f64(inf, inf, half::f16::from_f32(8.0)).is_err());
     assert!(arange_f64(0.0f32, 1e9, 1e-3).is_err());
+}
+
+#[test]
+fn rounding_to_f16_in_f32_lanes_is_the_half_crates() {
+    // every 4099th f32 bit pattern (both signs, every exponent), and every f32 within a few
+    // ulps of an f16 value or of a midpoint between two (where rounding decides)
+    let mut xs: Vec<f32> = (0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099)).collect();
+    for h in 0..=u16::MAX {
+        let v = f16::from_bits(h).to_f32();
+        let next = f16::from_bits(h.wrapping_add(1)).to_f32();
+        for base in [v, (v + next) / 2.0] {
+            for d in 0..4u32 {
+                xs.extend([
+                    f32::from_bits(base.to_bits().wrapping_add(d)),
+                    f32::from_bits(base.to_bits().wrapping_sub(d)),
+                ]);
+            }
+        }
+    }
+    xs.extend([65519.99, 65520.0, 65536.0, -65520.0, f32::MAX, f32::MIN_POSITIVE, 1e-45, -1e-45, 2.980_232_2e-8]);
+    for x in xs {
+        let want = f16::from_f32(x).to_f32();
+        let got = round_to_f16(x);
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{x:e} ({:#x})", x.to_bits());
+    }
+}
+
+/// Every f16 value (NaN, infinities, signed zeros, subnormals), on and around edges, counted by
+/// the f16 kernel and by the literal algorithm, value and |x| histograms, over ranges where the
+/// estimate's f16 roundings decide bins and where they do not.
+#[test]
+fn f16_path_equals_the_literal_algorithm_on_every_f16() {
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    let h = f16::from_f32;
+    let ranges = [
+        (h(-1.0), h(1.0), 2048),
+        (h(-4.0), h(4.0), 128),
+        (h(-3.3), h(3.3), 129),
+        (h(-0.001), h(0.002), 100),
+        (h(0.0), h(65504.0), 128),
+        (h(-30000.0), h(30000.0), 7),
+        (h(6e-8), h(1e-4), 3),
+        (h(2.5), h(2.5), 1),
+        (h(-5.0), h(3.0), 1000),
+        // where an f32 estimate (one rounding instead of three) would differ after correction
+        (h(-0.000_783_920_3), h(0.000_783_920_3), 485),
+        (h(-0.027_114_868), h(0.033_050_537), 952),
+        (h(1.195_312_5), h(1.195_312_5), 548),
+        (h(-13.054_687_5), h(13.054_687_5), 1395),
+        (h(-4.218_75), h(-4.218_75), 132),
+    ];
+    for (lo, hi, n) in ranges {
+        let b = UniformBins::new(lo, hi, n).unwrap();
+        assert!(b.fast_f32::<f16>().is_some_and(|f| f.half));
+        for abs in [false, true] {
+            let mut fast = vec![0; n];
+            b.count(&View::from_slice(&all), abs, &mut fast);
+            let mut slow = vec![0; n];
+            b.count_block(&all, abs, &mut slow);
+            assert_eq!(fast, slow, "[{lo}, {hi}] n={n} abs={abs}");
+            assert!(abs || slow.iter().sum::<i64>() > 0, "the range holds values");
+        }
+    }
 }
