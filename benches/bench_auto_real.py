@@ -514,6 +514,8 @@ def measure(
             "s": time.perf_counter() - t,
             "cv_sqnr": chosen.sqnr_db,
             "feed_sqnr": {k: list(v) for k, v in chosen.feed_sqnr_db.items()},
+            "widths": chosen.range_widths,
+            "folds": chosen.folds,
         }
         result["sizes"][n] = row
         save(result)
@@ -528,7 +530,7 @@ def rescore(results: list[dict[str, Any]]) -> None:
     for r in results:
         for row in r["sizes"].values():
             feed = {k: v for k, v in row["auto"]["feed_sqnr"].items() if v}
-            label = selection.choose_robust(feed)
+            label = selection.choose_robust(feed, widths=row["auto"].get("widths"))
             row["auto"] = dict(row["auto"], label=label, sqnr=row["histocal"][label]["sqnr"])
 
 

@@ -192,10 +192,12 @@ def test_calibrate_and_select_cross_validates(cnn, symmetric, folds):
     for name in want:
         assert chosen.sqnr_db[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
         assert chosen.feed_sqnr_db[name] == pytest.approx(per_feed[name], rel=1e-9, abs=1e-9), name
-    # The choice is the robust rule's on these per-feed scores (not the pooled best).
-    label = selection.choose_robust(per_feed)
-    assert chosen.label == label
+    # The choice is the robust rule's on these per-feed scores and the full ranges' widths (not
+    # the pooled best).
     full = selection.state_candidates(cnn["state"], "int8", symmetric)
+    assert chosen.range_widths == selection.range_widths(full)
+    label = selection.choose_robust(per_feed, widths=selection.range_widths(full))
+    assert chosen.label == label
     assert _ranges(chosen.ranges) == _ranges(full[label])
     if folds != 2:
         return
@@ -295,8 +297,9 @@ def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
         in caplog.text
         and "per-tensor estimate" in caplog.text
     )
-    label = selection.choose_robust(_independent_cv(cnn, EVAL)[1])
-    chosen = selection.state_candidates(cnn["state"], "int8", False)[label]
+    full = selection.state_candidates(cnn["state"], "int8", False)
+    label = selection.choose_robust(_independent_cv(cnn, EVAL)[1], widths=selection.range_widths(full))
+    chosen = full[label]
     assert _ranges(load_tensors_data(cache)) == _ranges(chosen)
     again = tmp / "auto_again.onnx"
     histocal.quantize_static(cnn["path"], again, tensors_range=chosen)
@@ -322,11 +325,10 @@ def test_quantize_static_auto_with_a_one_shot_generator(cnn):
         cnn["path"], out, one_shot(), calibrate_method="auto", method_options={"eval_samples": EVAL}
     )
     assert reads == [1]
-    label = selection.choose_robust(_independent_cv(cnn, EVAL)[1])
+    full = selection.state_candidates(cnn["state"], "int8", False)
+    label = selection.choose_robust(_independent_cv(cnn, EVAL)[1], widths=selection.range_widths(full))
     ref = tmp / "auto_gen_ref.onnx"
-    histocal.quantize_static(
-        cnn["path"], ref, tensors_range=selection.state_candidates(cnn["state"], "int8", False)[label]
-    )
+    histocal.quantize_static(cnn["path"], ref, tensors_range=full[label])
     assert _model_bytes(out) == _model_bytes(ref)
 
 

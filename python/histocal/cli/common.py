@@ -30,7 +30,7 @@ _METHOD_OPTION_KEYS = tuple(
 )
 # histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] and ["folds"] (not imported: fast --help)
 AUTO_EVAL_SAMPLES = 16
-AUTO_FOLDS = 2
+AUTO_FOLDS = 4
 
 
 class CliError(Exception):

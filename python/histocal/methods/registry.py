@@ -98,7 +98,7 @@ MODEL_AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (f"pow2 {MIN_MSE}", "pow2", {"pow2_method": MIN_MSE, "minmse_mode": ALL_DATA}),
 )
 # Options of auto's model-level choice (not of the per-tensor method: a state cannot use them).
-AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "folds": 2, "per_tensor_estimate": False}
+AUTO_SELECTION_OPTIONS: dict[str, Any] = {"eval_samples": 16, "folds": 4, "per_tensor_estimate": False}
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
 

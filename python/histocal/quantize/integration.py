@@ -350,7 +350,7 @@ def quantize_static(
     that keeps the first ``method_options["eval_samples"]`` feeds (default 16; they stay in
     memory), then every candidate method of ``methods.MODEL_AUTO_CANDIDATES`` is scored by its
     quantized model's output SQNR against the float model (with these quantization arguments),
-    out of sample: K-fold cross-validation on those feeds (``method_options["folds"]``, default 2). The best method's ranges from the full
+    out of sample: K-fold cross-validation on those feeds (``method_options["folds"]``, default 4). The best method's ranges from the full
     calibration are used (and written to ``calibration_cache_path``). ``method_options=
     {"per_tensor_estimate": True}`` skips that and uses the per-tensor estimate (what
     ``CalibrationState.compute("auto")`` returns). A cache hit is reused either way.

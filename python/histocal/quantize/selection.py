@@ -85,6 +85,8 @@ class Selection:
     # Per candidate, the output SQNR (dB) on each evaluation feed, in fold order (-inf where the
     # candidate failed); the cross-validated choice reads these (``choose_robust``).
     feed_sqnr_db: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # Per candidate, ``range_widths``: how wide its ranges (from all the data) are.
+    range_widths: dict[str, float] = field(default_factory=dict)
 
     @property
     def cross_validated(self) -> bool:
@@ -203,31 +205,59 @@ def choose_robust(
     *,
     default: str | None = None,
     standard_errors: float = STANDARD_ERRORS,
+    widths: Mapping[str, float] | None = None,
 ) -> str:
     """The cross-validated choice: stay with the default candidate (``DEFAULT_CANDIDATE`` if it
     is one, else the first) unless another beats it consistently on the held-out feeds. Per
     candidate, the per-feed gains g_i over the default (``feed_gains_db``) give a lower confidence
-    bound ``mean(g) - standard_errors * sd(g) / sqrt(n)``; a candidate qualifies when that bound is
-    above 0, and the qualifying candidate of the highest bound wins (ties: candidate order). A
-    candidate with a failed feed (-inf) never qualifies. Why: the pooled SQNR over 8-16 feeds
-    ranks a candidate first on a gain that a few feeds carry, or on differences smaller than the
-    feeds' spread, and new inputs then reverse the order; a bound on the paired gain keeps the
-    choice on the default's wide ranges unless the gain is steady across feeds, and between
-    candidates of similar gain prefers the steadier (measured: docs/methods.md, BENCHMARKS.md)."""
+    bound ``mean(g) - standard_errors * se`` (``se = sd(g) / sqrt(n)``); a candidate qualifies when
+    that bound is above 0. A candidate with a failed feed (-inf) never qualifies. Of the qualifying
+    candidates, the one of the highest bound is the best (ties: candidate order); with ``widths``
+    (``range_widths`` of the candidates), the widest of the qualifying candidates whose mean gain
+    is within one standard error of the best's mean is chosen instead (the one-standard-error
+    rule toward the most conservative ranges; ties: candidate order). Why: the pooled SQNR over
+    8-16 feeds ranks a candidate first on a gain that a few feeds carry, or on differences smaller
+    than the feeds' spread, and new inputs then reverse the order; a bound on the paired gain keeps
+    the choice on the default's wide ranges unless the gain is steady across feeds, and between
+    candidates whose gains cross-validation cannot tell apart, the wider ranges clip less of what
+    new inputs bring (measured: docs/methods.md, BENCHMARKS.md)."""
     if not feed_sqnr_db:
         raise ValueError("choose_robust needs at least one candidate")
     if default is None:
         default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in feed_sqnr_db else next(iter(feed_sqnr_db))
     gains = feed_gains_db(feed_sqnr_db, default)
-    chosen, best = default, 0.0
+    qualifying: dict[str, tuple[float, float, float]] = {}  # label -> (bound, mean, standard error)
     for label, gain in gains.items():
         if label == default or not len(gain) or any(v == -math.inf for v in feed_sqnr_db[label]):
             continue
-        spread = float(gain.std(ddof=1)) / math.sqrt(len(gain)) if len(gain) > 1 else 0.0
-        bound = float(gain.mean()) - standard_errors * spread
-        if bound > best:
-            chosen, best = label, bound
-    return chosen
+        se = float(gain.std(ddof=1)) / math.sqrt(len(gain)) if len(gain) > 1 else 0.0
+        mean = float(gain.mean())
+        if mean - standard_errors * se > 0.0:
+            qualifying[label] = (mean - standard_errors * se, mean, se)
+    if not qualifying:
+        return default
+    best = max(qualifying, key=lambda label: qualifying[label][0])  # the first of equal bounds
+    if widths is None:
+        return best
+    _, best_mean, best_se = qualifying[best]
+    near = [label for label, (_, mean, _) in qualifying.items() if mean >= best_mean - best_se]
+    return max(near, key=lambda label: widths.get(label, -math.inf))
+
+
+def range_widths(candidates: Mapping[str, TensorsData]) -> dict[str, float]:
+    """Per candidate, how wide its ranges are: the mean over tensors of ``log2(max(high, 0) -
+    min(low, 0))`` (the span a quantizer's range must cover, zero included), over the tensors
+    whose span is finite and positive. Comparable between candidates of the same tensors."""
+    out = {}
+    for label, ranges in candidates.items():
+        logs = []
+        for d in ranges.data.values():
+            low, high = float(np.min(d.lowest)), float(np.max(d.highest))
+            span = max(high, 0.0) - min(low, 0.0)
+            if 0.0 < span < math.inf:
+                logs.append(math.log2(span))
+        out[label] = float(np.mean(logs)) if logs else -math.inf
+    return out
 
 
 def _select(
@@ -270,7 +300,8 @@ def _select(
     if len(raised) == len(sqnr):
         first, exc = next(iter(raised.items()))
         raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
-    chosen = choose_robust(feed_sqnr) if cross_validated else choose_pooled(sqnr)
+    widths = range_widths(candidates)
+    chosen = choose_robust(feed_sqnr, widths=widths) if cross_validated else choose_pooled(sqnr)
     selection = Selection(
         chosen,
         candidates[chosen],
@@ -279,6 +310,7 @@ def _select(
         time.perf_counter() - start,
         len(folds) if cross_validated else 0,
         feed_sqnr,
+        widths,
     )
     logger.info(
         "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
