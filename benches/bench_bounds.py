@@ -25,6 +25,10 @@ overlap perfect:
 * the same without the streaming histogram: P replaced by the scan alone;
 * exact in two passes: max(W, (C + P) / n) + max(W, (C + X) / n).
 
+and, for MinMax (ORT's in-graph ReduceMin/ReduceMax, which histocal keeps), the inference pass
+of MinMax's own augmented model (the reductions fetched, outputs dropped), W_minmax, next to
+histocal's and onnxruntime's MinMax ``collect_data`` + ``compute_data`` on the same feeds.
+
 Usage:
     python3 benches/bench_bounds.py                       # CNN 224x224, 64 samples
     python3 benches/bench_bounds.py --size 640 --samples 32 --repeat 1
@@ -33,7 +37,9 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import os
 import shlex
 import statistics
 import sys
@@ -92,6 +98,34 @@ def measure_parts(aug: str, feeds: list[dict], floor: bf.Floor, bins: int, w_sle
     return parts
 
 
+def minmax_parts(model: str, work: Path, feeds: list[dict]) -> dict[str, float]:
+    """W_minmax, and histocal's and ORT's MinMax calibration (calibrator made beforehand)."""
+    from onnxruntime.quantization import calibrate as ort_calibrate
+    from onnxruntime.quantization.calibrate import CalibrationMethod
+
+    import histocal
+
+    aug = str(work / "minmax.onnx")
+    histocal.create_calibrator(model, augmented_model_path=aug, calibrate_method=CalibrationMethod.MinMax)
+    sess = bf.floor_session(aug, False)
+    names = [o.name for o in sess.get_outputs()]
+    sess.run(names, feeds[0])
+    out = {"W_minmax": bf.inference_pass(sess, names, feeds)[0]}
+    for key, create in (
+        ("histocal MinMax", histocal.create_calibrator),
+        ("ORT MinMax", ort_calibrate.create_calibrator),
+    ):
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # ORT print()s
+            cal = create(model, augmented_model_path=str(work / "mm.onnx"), calibrate_method=CalibrationMethod.MinMax)
+            gc.collect()
+            t0 = time.perf_counter()
+            cal.collect_data(bf.ListReader(feeds))
+            cal.compute_data()
+            out[key] = time.perf_counter() - t0
+        del cal
+    return out
+
+
 def bounds(f: dict[str, float], n: int) -> dict[str, float]:
     w, c = f["W"], f["C"]
     return {
@@ -138,6 +172,7 @@ def main(argv: list[str]) -> None:
         for _ in range(args.repeat):
             f = floor.measure(n)
             f.update(measure_parts(aug, feeds, floor, bins, f["W_sleep"]))
+            f.update(minmax_parts(model, Path(tmp), feeds))
             rounds.append(f)
         f = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     lb = bounds(f, n)
@@ -174,6 +209,13 @@ def main(argv: list[str]) -> None:
         lines.append(
             f"| {name} | {seconds:.3f} s | **{seconds / f['B']:.2f}** | {'' if target is None else f'{target:.1f}'} |"
         )
+    lines += [
+        "",
+        f"MinMax: W_minmax (its augmented model's pass) {f['W_minmax']:.3f} s = {f['W_minmax'] / f['W']:.2f} W; "
+        f"histocal MinMax {f['histocal MinMax']:.3f} s = {f['histocal MinMax'] / f['W']:.2f} W "
+        f"({f['histocal MinMax'] / f['W_minmax']:.2f} W_minmax); onnxruntime MinMax {f['ORT MinMax']:.3f} s = "
+        f"{f['ORT MinMax'] / f['W']:.2f} W ({f['ORT MinMax'] / f['W_minmax']:.2f} W_minmax); target 1.1 W",
+    ]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out:

@@ -300,3 +300,19 @@ def test_cli_calibrate_isotone_per_channel(model, tmp_path):
     written = json.loads(again.read_text())["data"]["logits"]
     want = _want(model["logits"], "uint8", True)
     assert np.array_equal(np.array(written["highest"]["data"], np.float32), want[:, 1])
+
+
+def test_isotone_summaries_count_against_the_per_channel_limit():
+    """Isotone's per-channel summaries grow with the data: once they and the histograms pass the
+    limit, the collection is refused naming the tensor; within it, nothing is refused."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (2, 50, 6)).astype(np.float32)  # 2 channels (axis 0) x 50 rows of 6 classes
+    hist_bytes = 2 * BINS * 8
+    roomy = ChannelHistograms(BINS, 0, max_bytes=hist_bytes + 24 * 100, isotone=True)
+    roomy.collect([("logits", [x])])
+    assert roomy.stream.isotone_pair_count() == 100  # distinct normal draws: one pair per row
+    tight = ChannelHistograms(BINS, 0, max_bytes=hist_bytes + 24 * 99, isotone=True)
+    with pytest.raises(ValueError, match=r"tensor 'logits'.*isotone summaries now hold 100 distinct.*over the limit"):
+        tight.collect([("logits", [x])])
+    # the histograms alone never trigger it
+    assert ChannelHistograms(BINS, 0, max_bytes=hist_bytes).stream.isotone_pair_count() == 0

@@ -19,7 +19,10 @@ Memory is ``channels x streaming_bins x 8`` bytes per tensor (plus, for isotone,
 top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel); a collection whose per-channel
 histograms would exceed ``max_bytes`` (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment
 variable ``HISTOCAL_MAX_CHANNEL_BYTES``) is refused before the memory is taken, with an error naming
-the tensor.
+the tensor. Isotone's summaries grow with the data (distinct pairs, at most one per row), so they are
+counted after each tensor's batch is added: a collection whose histograms and summaries together pass
+``max_bytes`` is refused then, naming the tensor (the memory over the limit is at most that batch's
+rows x 24 bytes; the calibrators undo the failed call).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .. import _core
 # 2^28 bins of uint64 counts: what a state file may hold (file_format.MAX_STATE_BINS), so that
 # every collection within the default limit can be saved and loaded.
 DEFAULT_MAX_CHANNEL_BYTES = 2 << 30
+ISOTONE_PAIR_BYTES = 24  # one distinct (top, second, rows) pair of an isotone summary
 MAX_CHANNEL_BYTES_ENV = "HISTOCAL_MAX_CHANNEL_BYTES"
 NO_CHANNEL_VOTES = "pow2's most-common choice is per tensor only (its per-batch votes are not kept per channel)"
 ISOTONE_CLASS_AXIS = (
@@ -176,6 +180,20 @@ class ChannelHistograms:
         for tensor, arrays in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
             views = [_channels_first(a, resolve_axis(self.axis, a.ndim, tensor)) for a in arrays]
             self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
+            if self.isotone:
+                self._check_isotone_bytes(tensor, held)
+
+    def _check_isotone_bytes(self, tensor: str, histogram_bytes: int) -> None:
+        pairs = self.stream.isotone_pair_count()
+        total = histogram_bytes + ISOTONE_PAIR_BYTES * pairs
+        assert self.max_bytes is not None
+        if total > self.max_bytes:
+            raise ValueError(
+                f"tensor {tensor!r}: per-channel isotone summaries now hold {pairs} distinct top-two pairs "
+                f"({_size(ISOTONE_PAIR_BYTES * pairs)}), which with the histograms ({_size(histogram_bytes)}) is over "
+                f"the limit of {_size(self.max_bytes)}: calibrate fewer tensors per channel with isotone, or raise "
+                f"the limit (max_channel_bytes or {MAX_CHANNEL_BYTES_ENV})"
+            )
 
     def copy(self) -> ChannelHistograms:
         stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)

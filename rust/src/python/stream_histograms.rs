@@ -52,6 +52,12 @@ impl StreamHistograms {
         self.isotone.is_some()
     }
 
+    /// The distinct top-two pairs all isotone summaries hold together (0 without isotone): what
+    /// their memory grows with (24 bytes a pair).
+    fn isotone_pair_count(&self) -> usize {
+        self.isotone.as_ref().map_or(0, |held| held.values().map(|t| t.pairs.len()).sum())
+    }
+
     /// A tensor's isotone summary `(l1, l2, rows, skipped)` (float64, float64, uint64 arrays of its
     /// distinct top-two pairs, sorted), or None when it was not collected.
     fn isotone_pairs(&self, py: Python<'_>, name: &str) -> PyResult<Option<IsotonePairs>> {
