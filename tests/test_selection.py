@@ -434,7 +434,7 @@ def test_a_candidate_with_nan_output_loses(tmp_path):
 
 
 def test_squared_sums_rules():
-    f = selection._squared_sums
+    f = selection.squared_sums
     y = np.array([1.0, -2.0, 3.0], np.float32)
     assert f(y, y) == (14.0, 0.0)
     assert f(y, np.array([1.0, -2.0, 2.0], np.float32)) == (14.0, 1.0)

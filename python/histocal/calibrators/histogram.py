@@ -112,7 +112,12 @@ class _HistogramCalibration:
         self._channels: ChannelHistograms | None = None
         self._mode_used: str | None = None
         self._model_fingerprint: str | None = None
-        self._new_collector()  # validates the settings now (ORT only does at collect time)
+        self._check_settings()
+
+    def _check_settings(self) -> None:
+        """Refuse bad settings now (ORT only does at collect time): ORT's methods by building
+        their collector."""
+        self._new_collector()
 
     def _new_collector(self) -> HistogramCollector:
         collector = HistogramCollector(

@@ -3,7 +3,6 @@ calibrator interface."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from .. import _core, methods
 from ..methods.table import collects_isotone, collects_votes
 from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
-from .common import _augmented_model_path, _check_channel_options, _check_streaming_bins
-from .cores import calibration_threads
+from .common import _augmented_model_path
 from .histogram import _HistogramCalibration
 
 
@@ -51,21 +49,15 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
             use_external_data_format,
             method=name,
         )
-        self._lock = threading.RLock()
-        self.threads = calibration_threads(num_threads)
-        self.session_options = session_options
-        self.mode = "streaming"
-        self.streaming_bins = _check_streaming_bins(streaming_bins)
-        self.show_progress = show_progress
-        self._stream = None
-        self.per_channel, self.axis, self.mode = _check_channel_options(per_channel, axis, self.mode)
-        self._channels = None
+        self._init_histocal(
+            "streaming", streaming_bins, show_progress, None, per_channel, axis, num_threads, session_options
+        )
+
+    def _check_settings(self) -> None:
         if self.per_channel and collects_votes(self.method, self.method_options):
             raise ValueError(NO_CHANNEL_VOTES)
         if self.per_channel and collects_isotone(self.method) and self.axis == -1:
             raise ValueError(ISOTONE_CLASS_AXIS)
-        self._mode_used = None
-        self._model_fingerprint = None
 
     def _new_stream(self) -> Any:
         # a method choosing per batch needs every batch's vote, collected as the batches come

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
+from ..quantize.selection import squared_sums
 
 logger = logging.getLogger(__name__)
 
@@ -82,30 +83,14 @@ class Reference:
         for i, (feed, reference) in enumerate(zip(self.feeds[:limit], self.outputs[:limit])):
             got = run_session(model_session, self.names, {**feed, **extra} if extra else feed, i)
             for y, yq in zip(reference, got):
-                part = _squared_error(y, yq)
+                part = squared_sums(y, yq)
                 if part is None:
                     return math.inf
-                total += part
+                total += part[1]
         return total
 
     def signal_of(self, limit: int | None) -> float:
         return float(sum(np.sum(np.square(y[np.isfinite(y)])) for ys in self.outputs[:limit] for y in ys))
-
-
-def _squared_error(y: np.ndarray, quantized: Any) -> float | None:
-    yq = np.asarray(quantized)
-    if yq.shape != y.shape or yq.dtype.kind not in "biuf":
-        return None
-    yq = yq.astype(np.float64)
-    finite = np.isfinite(y)
-    if not finite.all():
-        if not np.array_equal(y[~finite], yq[~finite], equal_nan=True):
-            return None
-        y, yq = y[finite], yq[finite]
-    if not np.isfinite(yq).all():
-        return None
-    diff = (y - yq).ravel()
-    return float(np.dot(diff, diff))
 
 
 @dataclass(frozen=True)

@@ -332,7 +332,7 @@ def _energies(
     tmp: Path,
 ) -> dict[str, list[tuple[float, float]] | BaseException | None]:
     """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed of ``feeds``; the exception if its model failed
-    to build or run; None if its outputs cannot be compared (see ``_squared_sums``). Candidates
+    to build or run; None if its outputs cannot be compared (see ``squared_sums``). Candidates
     whose ranges equal an earlier one's are not quantized again."""
     reference = _Reference(model_path, feeds, providers)
     out: dict[str, list[tuple[float, float]] | BaseException | None] = {}
@@ -423,7 +423,7 @@ class _Reference:
             got = run_session(session, self.names, feed, i)
             signal = noise = 0.0
             for name, y, yq in zip(self.names, reference, got):
-                part = _squared_sums(y, yq)
+                part = squared_sums(y, yq)
                 if part is None:
                     logger.debug("auto: %s output %r of sample %d differs where it must not", quantized, name, i)
                     return None
@@ -433,7 +433,7 @@ class _Reference:
         return out
 
 
-def _squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
+def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
     """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
     cannot be compared: another shape, a non-finite quantized value where the reference is finite,
     or a different value where the reference is not finite."""
