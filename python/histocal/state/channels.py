@@ -226,7 +226,9 @@ class ChannelHistograms:
     def from_stream(cls, axis: int, channels: Mapping[str, int], stream: Any) -> ChannelHistograms:
         """The collection of a loaded stream, checked: its names must be exactly ``channels``' keys."""
         out = cls(int(stream.num_bins), axis, None, dict(channels), stream)
-        if list(stream.names()) != out.channel_keys():
+        names = stream.names()
+        keys = (channel_key(t, c) for t, n in out.channels.items() for c in range(n))
+        if len(names) != out.count or any(a != b for a, b in zip(names, keys)):
             raise ValueError("the per-channel histograms do not match the tensors' channel counts")
         return out
 

@@ -66,12 +66,14 @@ from .file_format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
+    MemoryFile,
     StateError,
     _check_fingerprint,
     _fail,
     _Header,
     _nan,
     _plain,
+    check_readable,
     five_counts,
     read_members,
 )
@@ -365,7 +367,11 @@ class CalibrationState:
             ch = self.channels
             header["version"] = FORMAT_VERSION
             header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
-            nested = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
+            inner = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
+            try:
+                nested = np.frombuffer(inner.to_bytes(compress), np.uint8)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
         for key, parts in arrays.items():
             dtype, ndim, cols = _MEMBERS[key]
@@ -387,8 +393,9 @@ class CalibrationState:
             elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
                 members[key] = np.zeros((0, cols), dtype)
         if nested is not None:
-            members["channels"] = np.frombuffer(nested.to_bytes(compress), np.uint8)
+            members["channels"] = nested
         members.update(isotone)
+        check_readable(members)  # every state histocal writes it can read back
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
@@ -565,9 +572,14 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                 _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
     channels = None
     if header.channels is not None:
-        inner = CalibrationState._read(io.BytesIO(arr("channels").tobytes()), arr("channels").size, "channels member")
-        if inner.channels is not None or inner.mode != "streaming" or inner.streaming_bins != sbins:
-            _fail("channels: not a streaming state of the outer state's streaming_bins")
+        raw = arrays.pop("channels", None)
+        if raw is None:
+            _fail("missing member channels")
+        try:  # read in place (no copy); its count, bins and no nesting are checked from its header first
+            inner = _build(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
+        except StateError as exc:
+            _fail(f"channels member: {exc}")
+        del raw
         try:
             channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
         except ValueError as exc:
