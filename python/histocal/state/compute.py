@@ -76,6 +76,18 @@ def check_compute_memory(
     )
 
 
+def check_calibration_memory(method: str, num_bins: int, count: int, exact: bool) -> None:
+    """Before a calibrator collects: MemoryError unless ``method``'s histograms of ``num_bins`` bins for
+    ``count`` tensors fit, with their computation. Exact mode holds every tensor's ORT histogram while it
+    collects and numpy copies of them in its results; streaming mode builds them when it computes (the
+    results hold them, a chunk at a time in Rust)."""
+    if exact:
+        check_compute_memory(method, num_bins, count, 2 * count, 0, count)
+    else:
+        size = chunk_size(num_bins, count)
+        check_compute_memory(method, num_bins, count, count, size, size)
+
+
 def ort_result(
     collector: HistogramCollector,
     names: Sequence[str],
