@@ -22,15 +22,18 @@ as version 1, byte for byte as before, and both versions are read. A version-2 h
 key, ``channels``: ``{axis, tensors: [[name, channels], ...]}``, and the member ``channels`` (uint8)
 holds a complete state file of the channel histograms (streaming mode, one tensor per channel key
 ``name[c]``, in order; version 1, or 2 with isotone's members when they were collected per channel, but
-never with channels of its own), read with the same checks as the outer file.
+never with channels of its own), read with the same checks as the outer file, in place: its directory and
+header are checked first (no channels member or key, exactly the declared channel count of the outer
+``streaming_bins``), and its declared size is bounded by the header (and, deflated, by ``MAX_NESTED_RATIO``).
 
 Loading treats the file as untrusted and checks every size before taking the memory for it: the file
 size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` bytes are read to find and
 parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
 ``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
-(tensors x ``streaming_bins`` + exact bins at most ``MAX_STATE_BINS``, bins and ``num_bins`` settings at
-most ``_core.MAX_BINS``), then each other member's declared size against that content before it is
-decompressed, read in chunks. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+(tensors x ``streaming_bins`` + exact bins + channels x ``streaming_bins`` at most ``MAX_STATE_BINS``, bins
+and ``num_bins`` settings at most ``_core.MAX_BINS``), then each other member's declared size against that
+content before it is decompressed, read in chunks (isotone's pairs against ``isotone_tensors``' counts,
+checked first). ``check_readable`` runs these checks on a state about to be written. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
 and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
 and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
 """
@@ -118,7 +121,7 @@ class _BoundedReads:
     """A seekable file that hands out at most ``budget`` more bytes (reads past it return nothing), so that
     zipfile reads (and allocates for) no more than the caller allows: its central directory, one member."""
 
-    def __init__(self, file: BinaryIO, size: int) -> None:
+    def __init__(self, file: BinaryIO | MemoryFile, size: int) -> None:
         self._file, self._size, self.budget = file, size, 0
 
     def seekable(self) -> bool:
@@ -141,7 +144,7 @@ class MemoryFile:
     """A read-only seekable file over an array's bytes, without copying them (a channels member)."""
 
     def __init__(self, data: np.ndarray) -> None:
-        self._view, self._at = memoryview(data).cast("B"), 0
+        self._view, self._at = data.data.cast("B"), 0
 
     def seekable(self) -> bool:
         return True
@@ -483,7 +486,7 @@ def _parse_header(text_bytes: bytes) -> _Header:
 
 
 def read_members(
-    source: BinaryIO, size: int, nested: tuple[int, int] | None = None
+    source: BinaryIO | MemoryFile, size: int, nested: tuple[int, int] | None = None
 ) -> tuple[_Header, dict[str, np.ndarray]]:
     """The validated header and members of a state file: an untrusted seekable file of ``size`` bytes. Every size is checked before the memory
     for it is taken: the zip directory (bounded reads), the header member (``MAX_HEADER_BYTES``), the content

@@ -573,7 +573,7 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
     channels = None
     if header.channels is not None:
         raw = arrays.pop("channels", None)
-        if raw is None:
+        if raw is None or sbins is None:  # (a header with channels has streaming histograms)
             _fail("missing member channels")
         try:  # read in place (no copy); its count, bins and no nesting are checked from its header first
             inner = _build(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
