@@ -23,6 +23,10 @@ the tensor. Isotone's summaries grow with the data (distinct pairs, at most one 
 counted after each tensor's batch is added: a collection whose histograms and summaries together pass
 ``max_bytes`` is refused then, naming the tensor (the memory over the limit is at most that batch's
 rows x 24 bytes; the calibrators undo the failed call).
+
+Computing ORT's methods per channel (``compute``) goes through the channels a chunk at a time
+(``state.compute``): only a chunk's ORT histograms of ``num_bins`` bins and per-key results are alive at
+once, and the results keep one value per channel; the whole computation's memory is checked first.
 """
 
 from __future__ import annotations
