@@ -121,9 +121,9 @@ def members(raw: bytes) -> dict[str, bytes]:
         return {n: zf.read(n) for n in zf.namelist()}
 
 
-def rezip(parts: dict[str, bytes]) -> bytes:
+def rezip(parts: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> bytes:
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
+    with zipfile.ZipFile(buf, "w", compression) as zf:
         for name, data in parts.items():
             zf.writestr(name, data)
     return buf.getvalue()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -139,22 +140,27 @@ cal.create_inference_session()
 # ----------------------------------------------------------------------------------------------
 
 
-def nested_channels(levels: int) -> bytes:
-    """A per-channel state whose channels member is a per-channel state whose channels member is ..."""
-    base = channel_state(1).to_bytes()
-    raw = base
+def nested_channels(levels: int, padding: int) -> bytes:
+    """A per-channel state whose channels member is ``padding`` zero bytes (which zip readers skip, as the
+    prefix of a self-extracting archive) and a per-channel state whose channels member is ... ; deflated,
+    every level inflates by ``padding`` while the file grows by a few hundred bytes."""
+    base = members(channel_state(1).to_bytes())
+    raw = channel_state(1).to_bytes()
     for _ in range(levels):
-        raw = rezip({**members(base), "channels.npy": npy(np.frombuffer(raw, np.uint8))})
+        inner = np.frombuffer(bytes(padding) + raw, np.uint8)
+        raw = rezip({**base, "channels.npy": npy(inner)}, zipfile.ZIP_DEFLATED)
     return raw
 
 
 def test_nested_channels_members_are_refused_before_recursing(tmp_path):
-    """A 26 KB file of nested channels members: 4.5 GB RSS in 8-13 s (two copies per level, a recursion each),
-    then a 27,000-character error. Refused from the first inner directory, with a short error."""
+    """Nested channels members: the loader read each level and recursed into it before checking that inner
+    states have no channels, keeping two copies per level (a 26 KB file: 4.5 GB RSS in 8-13 s, then a
+    27,000-character error). Here 200 levels of 512 KiB each (200 MiB inflated, two copies each): refused
+    from the first inner state's zip directory, with a short error."""
     path = tmp_path / "nested.npz"
-    path.write_bytes(nested_channels(12))
-    assert path.stat().st_size < 100_000
-    r = run_capped(outcome(f"CalibrationState.load({str(path)!r})", "load"), 256 * MiB, timeout=60)
+    path.write_bytes(nested_channels(200, 512 << 10))
+    assert path.stat().st_size < 1 * MiB
+    r = run_capped(outcome(f"CalibrationState.load({str(path)!r})", "load"), 128 * MiB, timeout=120)
     assert "per-channel states do not nest" in r["load"] and len(r["load"]) < 400, r
     assert r["load_seconds"] < 2, r
 
