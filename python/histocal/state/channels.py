@@ -15,6 +15,12 @@ the class axis, and isotone per channel equals per-tensor isotone on each channe
 that is the tensor's last axis is refused for isotone (each channel would be one class column, with no
 row of two values).
 
+A tensor with too few dimensions for the channel axis (a scalar, or a 1-D tensor such as a batch norm
+parameter held by a Constant node, with axis 1) has no channels: it is collected whole, as one channel
+``T[0]``, and its result is the per-tensor one in per-channel form (arrays of one value). This is what
+onnxruntime's ``MinMaxCalibrater(per_channel=True)`` gives a 1-D tensor (its ReduceMin/ReduceMax over axis
+0 leave one value; onnxruntime refuses a scalar when it loads the augmented model).
+
 Memory is ``channels x streaming_bins x 8`` bytes per tensor (plus, for isotone, 24 bytes per distinct
 top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel); a collection whose per-channel
 histograms would exceed ``max_bytes`` (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment
@@ -55,16 +61,13 @@ def channel_key(tensor: str, channel: int) -> str:
     return f"{tensor}[{channel}]"
 
 
-def resolve_axis(axis: int, rank: int, tensor: str) -> int:
-    """``axis`` as a non-negative axis of a rank-``rank`` tensor; ValueError naming the tensor."""
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise ValueError(f"the channel axis must be an integer, got {axis!r}")
-    if not -rank <= axis < rank:
-        raise ValueError(
-            f"tensor {tensor!r}: channel axis {axis} is out of range for its {rank} dimension(s) "
-            f"(allowed: {-rank} to {rank - 1})"
-        )
-    return int(axis) % rank
+def whole_or_channels(a: np.ndarray, axis: int) -> tuple[np.ndarray, int]:
+    """``a`` and its channel axis (non-negative; negative axes count from the end); a tensor without
+    axis ``axis`` (too few dimensions) as one channel holding the whole tensor: ``a[None]``, axis 0
+    (a scalar as ``(1, 1)``, one row of one value, as the per-tensor collection reads it)."""
+    if -a.ndim <= axis < a.ndim:
+        return a, int(axis) % a.ndim
+    return (a.reshape(1, *a.shape) if a.ndim else a.reshape(1, 1)), 0
 
 
 def max_channel_bytes(value: int | None = None) -> int:
@@ -116,6 +119,8 @@ class ChannelHistograms:
     isotone: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):
+            raise ValueError(f"the channel axis must be an integer, got {self.axis!r}")
         if self.stream is None:
             self.stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)
         self.isotone = bool(self.stream.isotone)
@@ -141,12 +146,11 @@ class ChannelHistograms:
         before it added: the calibrators undo a failed call as a whole)."""
         held = self.held_bytes
         new: dict[str, int] = {}
-        feeds: list[tuple[str, list[np.ndarray]]] = []
+        feeds: list[tuple[str, list[tuple[np.ndarray, int]]]] = []
         for tensor, arrays in items:
             moved = []
             for a in arrays:
-                a = np.asarray(a)
-                axis = resolve_axis(self.axis, a.ndim, tensor)
+                a, axis = whole_or_channels(np.asarray(a), self.axis)
                 if self.isotone and axis == a.ndim - 1:
                     raise ValueError(
                         f"tensor {tensor!r}: {ISOTONE_CLASS_AXIS}; channel axis {self.axis} is the last axis of "
@@ -173,12 +177,12 @@ class ChannelHistograms:
                         f"tensor {tensor!r}: {a.shape[axis]} channels along axis {self.axis} in this batch, "
                         f"{count} before (shape {a.shape})"
                     )
-                moved.append(a)
+                moved.append((a, axis))
             feeds.append((tensor, moved))
         for tensor, count in new.items():
             self.channels[tensor] = count
         for tensor, arrays in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
-            views = [_channels_first(a, resolve_axis(self.axis, a.ndim, tensor)) for a in arrays]
+            views = [_channels_first(a, axis) for a, axis in arrays]
             self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
             if self.isotone:
                 self._check_isotone_bytes(tensor, held)
