@@ -181,8 +181,8 @@ class ChannelHistograms:
             feeds.append((tensor, moved))
         for tensor, count in new.items():
             self.channels[tensor] = count
-        for tensor, arrays in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
-            views = [_channels_first(a, axis) for a, axis in arrays]
+        for tensor, located in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
+            views = [_channels_first(a, axis) for a, axis in located]
             self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
             if self.isotone:
                 self._check_isotone_bytes(tensor, held)
