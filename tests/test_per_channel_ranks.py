@@ -6,6 +6,7 @@ histogram method, through the calibrators, state files and the CLI."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ from histocal import _core
 from histocal.calibrators import PercentileCalibrater, create_calibrator
 from histocal.cli import main
 from histocal.state import CalibrationState
-from histocal.state.channels import ChannelHistograms
+from histocal.state.channels import MAX_CHANNEL_BYTES_ENV, ChannelHistograms
 
 
 def _bn_model(gamma: np.ndarray, beta: np.ndarray) -> onnx.ModelProto:
@@ -187,3 +188,65 @@ def test_ort_refuses_a_scalar_per_channel(tmp_path):
     cal.collect_data([{"X": np.ones((2, 2), np.float32)}])
     got = cal.state.compute("minmax").data["k"]
     assert got.lowest.tolist() == got.highest.tolist() == [2.5]
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: a transformer's per-channel histograms are fitted to the limit with defaults
+
+
+def test_a_transformer_sized_collection_fits_its_bins_to_the_limit(monkeypatch, caplog, tmp_path):
+    """A 6-layer BERT has ~300 calibrated [batch, seq, hidden] tensors: ~26000 channels along axis 1 at
+    seq 128, 3.3 GiB at 16384 bins, over the 2 GiB default limit (scaled down here: 2400 channels,
+    32 MiB). The first collection fits the bins per channel to the limit, with a warning."""
+    monkeypatch.setenv(MAX_CHANNEL_BYTES_ENV, str(32 << 20))
+    rng = np.random.default_rng(4)
+    items = [(f"t{i}", [rng.standard_normal((2, 16, 8)).astype(np.float32)]) for i in range(150)]
+    ch = ChannelHistograms(16384, axis=1)
+    with caplog.at_level(logging.WARNING, logger="histocal"):
+        ch.collect(items)
+    assert ch.num_bins == 1024 and ch.held_bytes <= 32 << 20 and ch.stream.num_bins == 1024
+    assert "2400 channels in 150 tensors" in caplog.text and "using 1024 bins per channel" in caplog.text
+    ch.collect(items)  # later calls keep the fitted bins
+    stream = _core.StreamHistograms(16384)
+    stream.collect(items)
+    state = CalibrationState([n for n, _ in items], "streaming", stream, channels=ch)
+    got = state.compute("percentile").data["t3"]
+    x = np.concatenate([items[3][1][0]] * 2)
+    for c in range(16):
+        ref = _per_tensor(np.take(x, c, 1), "percentile", {}, bins=1024).range_value
+        assert _same(got.highest[c], np.asarray(ref[1]).reshape(()).astype(got.highest.dtype)), c
+    state.save(tmp_path / "s.npz")  # the nested per-channel state keeps its fitted bins
+    loaded = CalibrationState.load(tmp_path / "s.npz")
+    assert loaded.channels.num_bins == 1024 and loaded.to_bytes() == state.to_bytes()
+    # not even the fewest bins fit: refused before any memory is taken, naming the tensor
+    monkeypatch.setenv(MAX_CHANNEL_BYTES_ENV, str(1 << 20))
+    with pytest.raises(ValueError, match=r"tensor 't\d+': per-channel histograms of its 16 channels x 1024 bins"):
+        ChannelHistograms(16384, axis=1).collect(items)
+
+
+def test_a_transformer_per_channel_along_the_hidden_axis_with_default_bins(monkeypatch, tmp_path):
+    """models.transformer (dynamic batch and sequence) per channel along -1 (hidden) with the default
+    streaming_bins: fitted to the limit, computed, saved and loaded; along axis 1 (the sequence) batches
+    of other lengths are an error naming the tensor."""
+    import models
+
+    monkeypatch.setenv(MAX_CHANNEL_BYTES_ENV, str(2 << 20))
+    path = (tmp_path / "t.onnx").as_posix()
+    onnx.save(models.transformer(), path)
+    feeds = models.transformer_feeds([6, 6, 6])  # padded to one length: the scores' last axis is the sequence
+    cal = create_calibrator(
+        path, augmented_model_path=(tmp_path / "a.onnx").as_posix(), calibrate_method="percentile",
+        extra_options={"per_channel": True, "channel_axis": -1},
+    )  # fmt: skip
+    cal.collect_data(feeds)
+    data = cal.compute_data().data
+    assert data["ffn"].highest.shape == (8,) and data["h"].highest.shape == (16,)
+    assert cal.state.channels.num_bins < cal.streaming_bins and cal.state.channels.held_bytes <= 2 << 20
+    cal.save_state(tmp_path / "s.npz")
+    assert CalibrationState.load(tmp_path / "s.npz").channels.num_bins == cal.state.channels.num_bins
+    seq = create_calibrator(
+        path, augmented_model_path=(tmp_path / "b.onnx").as_posix(), calibrate_method="percentile",
+        extra_options={"per_channel": True, "channel_axis": 1},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"tensor '\w+': 7 channels along axis 1 in this batch, 5 before"):
+        seq.collect_data(models.transformer_feeds([5, 7, 3]))
