@@ -21,8 +21,7 @@ logger = logging.getLogger(__name__)
 
 # Why isotone has no order-preserving scale for a tensor, and what its range is then.
 NO_ROWS = (
-    "no row of two finite values (every row NaN or infinite somewhere, or a single class, or no data): "
-    "range (0, 0)"
+    "no row of two finite values (every row NaN or infinite somewhere, or a single class, or no data): range (0, 0)"
 )
 NOT_SEPARABLE = (
     "no row whose top value any scale keeps apart from its second (ties, or a top value <= 0): "
@@ -60,7 +59,5 @@ def isotone_ranges(stream: Any, names: Sequence[str], options: Mapping[str, Any]
         out.append((r.low, r.high))
     for why, tensors in undefined.items():
         if tensors:
-            logger.warning(
-                "isotone: %d tensor(s) with %s: %s. %s", len(tensors), why, ", ".join(tensors), ADVICE
-            )
+            logger.warning("isotone: %d tensor(s) with %s: %s. %s", len(tensors), why, ", ".join(tensors), ADVICE)
     return out
