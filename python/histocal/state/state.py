@@ -577,8 +577,9 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
     channels = None
     if header.channels is not None:
         inner = CalibrationState._read(io.BytesIO(arr("channels").tobytes()), arr("channels").size, "channels member")
-        if inner.channels is not None or inner.mode != "streaming" or inner.streaming_bins != sbins:
-            _fail("channels: not a streaming state of the outer state's streaming_bins")
+        fits = 0 < (inner.streaming_bins or 0) <= (sbins or 0)  # fewer bins where fitted to the memory limit
+        if inner.channels is not None or inner.mode != "streaming" or not fits:
+            _fail("channels: not a streaming state of at most the outer state's streaming_bins")
         try:
             channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
         except ValueError as exc:
