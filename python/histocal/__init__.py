@@ -30,7 +30,7 @@ from .quantize.integration import (
     unpatch_onnxruntime,
 )
 from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
-from .state import CalibrationState, merge_states, model_fingerprint
+from .state import CalibrationState, compute_with_overrides, merge_states, model_fingerprint
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -60,6 +60,7 @@ __all__ = [
     "calibrate",
     "calibrate_and_select",
     "channel_min_max",
+    "compute_with_overrides",
     "create_calibrator",
     "get_num_threads",
     "is_patched",

@@ -77,7 +77,9 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         data_options=data_options,
         show_progress=False if args.no_progress else None,
     )
-    ranges = state.compute(state.method)
+    from ..state.overrides import compute_with_overrides
+
+    ranges = compute_with_overrides(state, state.method, getattr(args, "method_for", None), model=model)
     fingerprint = _data_fingerprint(data.files) if args.state else None
     _write_outputs(
         ranges, args.cache and Path(args.cache), _SavesState(state), args.state and Path(args.state), fingerprint
@@ -131,7 +133,10 @@ def _ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
             raise _UsageError("--method is required with --state")
         args.method = _method_key(stored) if stored in METHODS else stored
         _check_method(args)
-    return state.compute(args.method, **_compute_settings(args))
+    from ..state.overrides import compute_with_overrides
+
+    rules, model = getattr(args, "method_for", None), getattr(args, "model", None)
+    return compute_with_overrides(state, args.method, rules, model=model, **_compute_settings(args))
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:

@@ -260,6 +260,13 @@ def _add_method_options(
         "as method FUNC; repeatable",
     )
     g.add_argument(
+        "--method-for",
+        action="append",
+        metavar="KEY=METHOD",
+        help="another method for chosen tensors; KEY: name:TENSOR, op:OPTYPE (the op type of the node producing "
+        "them; needs the model) or either; repeatable (e.g. --method-for name:logits=isotone)",
+    )
+    g.add_argument(
         "--num-bins",
         type=_positive_int,
         metavar="N",
@@ -415,6 +422,8 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
     if method not in _METHOD_NAMES:
         kept = {"StreamingBins", *channels}
         options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k not in kept}
+    if getattr(args, "method_for", None):
+        options["MethodOverrides"] = args.method_for
     return options
 
 

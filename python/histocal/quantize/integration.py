@@ -105,6 +105,7 @@ _CALIB_KEYS = (
     ("CalibMovingAverageConstant", "averaging_constant"),
     ("CalibMaxIntermediateOutputs", "max_intermediate_outputs"),
     ("CalibPercentile", "percentile"),
+    ("CalibMethodOverrides", "MethodOverrides"),  # histocal: other methods for chosen tensors
 )
 
 

@@ -510,8 +510,9 @@ def read_members(
         if nested is not None:
             if header.channels is not None:
                 _fail("a channels member's state has channels of its own (per-channel states do not nest)")
-            if header.mode != "streaming" or header.streaming_bins != nested[1]:
-                _fail("not a streaming state of the outer state's streaming_bins")
+            # (fewer bins where the channels' bins were fitted to the memory limit)
+            if header.mode != "streaming" or not 0 < (header.streaming_bins or 0) <= nested[1]:
+                _fail("not a streaming state of at most the outer state's streaming_bins")
             if len(header.tensors) != nested[0]:
                 _fail(f"{len(header.tensors)} channel histograms, the outer header declares {nested[0]}")
         limits = header.member_limits()
