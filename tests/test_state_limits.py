@@ -245,5 +245,7 @@ def test_save_refuses_what_the_loader_refuses_at_any_limit(tmp_path, monkeypatch
     channel_state(200).save(tmp_path / "y.npz")
     assert CalibrationState.load(tmp_path / "y.npz").channels.count == 200
     monkeypatch.setattr(file_format, "MAX_STATE_BINS", 1000)
-    with pytest.raises(ValueError, match="too large to be read back: the state would hold 1600 bins"):
+    with pytest.raises(
+        ValueError, match="too large to be read back, so it is not written: the state would hold 1600 bins"
+    ):
         channel_state(200).to_bytes()
