@@ -33,7 +33,14 @@ from ..io.cache import check_cache, save_tensors_data
 from ..io.readers import DataSource
 from ..state import merge_states
 from . import selection
-from .ort import SMOOTH_QUANT_NEEDS_ORT, model_file, ort_quantize_static, quantize_with_ranges
+from .ort import (
+    SMOOTH_QUANT_NEEDS_ORT,
+    check_ranges_fit,
+    model_file,
+    model_ort_quantizes,
+    ort_quantize_static,
+    quantize_with_ranges,
+)
 from .selection import Selection
 
 logger = logging.getLogger(__name__)
@@ -226,10 +233,23 @@ def calibrate_and_select(
         _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
     )
     kept: list[dict[str, np.ndarray]] = []
+    upgraded = model_ort_quantizes(
+        model_input,
+        quantize_kwargs.get("weight_type", QuantType.QInt8),
+        quantize_kwargs.get("activation_type", QuantType.QInt8),
+        extra,
+    )
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         model_input = model_file(model_input, Path(tmp))
+        # The model ORT calibrates (an opset it converts the model to adds tensors); the candidates
+        # are scored by quantizing model_input, as ORT does.
+        if upgraded is None:
+            calibrated = model_input
+        else:
+            Path(tmp, "converted").mkdir()
+            calibrated = model_file(upgraded, Path(tmp, "converted"))
         calibrator = calibrators.create_calibrator(
-            Path(model_input),
+            Path(calibrated),
             quantize_kwargs.get("op_types_to_quantize"),
             augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
             calibrate_method="auto",
@@ -403,13 +423,24 @@ def quantize_static(
                 calibration_cache_path,
             )
         return
+    quantization = dict(
+        op_types_to_quantize=op_types_to_quantize,
+        nodes_to_quantize=nodes_to_quantize,
+        nodes_to_exclude=nodes_to_exclude,
+        activation_type=activation_type,
+        weight_type=weight_type,
+        extra_options=extra,
+    )
     if tensors_range is not None:
         ranges = tensors_range
         calibrate_method = ranges.calibration_method
+        check_ranges_fit(model_input, ranges, "tensors_range", **quantization)
     else:
         ranges = None
         if calibration_cache_path is not None:
             ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
+            if ranges is not None:
+                check_ranges_fit(model_input, ranges, str(calibration_cache_path), **quantization)
         if ranges is None:
             if calibration_data_reader is None:
                 raise ValueError(
@@ -436,8 +467,10 @@ def quantize_static(
                     extra_options=extra,
                 ).ranges
             else:
+                # ORT calibrates the model it quantizes: converted to another opset, if it converts it.
+                upgraded = model_ort_quantizes(model_input, weight_type, activation_type, extra)
                 ranges = calibrate(
-                    model_input,
+                    model_input if upgraded is None else upgraded,
                     calibration_data_reader,
                     method_arg,
                     op_types_to_quantize,
