@@ -1,7 +1,8 @@
 """Using histocal from onnxruntime's quantization entry points.
 
 * ``patch_onnxruntime()`` makes ``onnxruntime.quantization.quantize_static`` (and every other
-  caller of ORT's ``create_calibrator``) use histocal's calibrators. It is reversible
+  caller of ORT's ``create_calibrator``, also one that bound it before the patch) use histocal's
+  calibrators. It is reversible
   (``unpatch_onnxruntime()``) and also a context manager.
 * ``quantize_static(...)`` takes ORT's arguments and the histogram settings ORT's own
   ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
@@ -47,8 +48,12 @@ logger = logging.getLogger(__name__)
 
 # Every module that binds ORT's create_calibrator by name.
 _TARGETS = ("onnxruntime.quantization", "onnxruntime.quantization.calibrate", "onnxruntime.quantization.quantize")
+# The classes ORT's create_calibrator looks up in its module when it is called: replaced too, so
+# the patch holds for a caller that bound ORT's create_calibrator before patching (Optimum's
+# ORTQuantizer imports it at module level).
+_CLASSES = ("MinMaxCalibrater", "EntropyCalibrater", "PercentileCalibrater", "DistributionCalibrater")
 _lock = threading.Lock()
-_saved: list[tuple[Any, Any]] = []
+_saved: list[tuple[Any, str, Any]] = []
 _depth = 0
 
 
@@ -56,13 +61,26 @@ def _modules() -> list[Any]:
     return [importlib.import_module(m) for m in _TARGETS]
 
 
+def _patch_class(name: str) -> type:
+    """histocal's calibrator class ``name`` as a subclass of its own for this patch: a client that
+    patches ORT's class through the module while histocal is patched (Olive replaces
+    ``MinMaxCalibrater.augment_graph``) changes this subclass, which goes with the patch, and never
+    histocal's class."""
+    base = getattr(calibrators, name)
+    return type(name, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+
+
 def _patch() -> None:
     global _depth
     with _lock:
         if _depth == 0:
-            _saved[:] = [(m, m.create_calibrator) for m in _modules() if hasattr(m, "create_calibrator")]
-            for m, _ in _saved:
-                m.create_calibrator = calibrators.create_calibrator
+            calibrate_module = importlib.import_module("onnxruntime.quantization.calibrate")
+            factories = [(m, "create_calibrator", calibrators.create_calibrator) for m in _modules()]
+            classes = [(calibrate_module, name, _patch_class(name)) for name in _CLASSES]
+            replaced = [(m, name, new) for m, name, new in factories + classes if hasattr(m, name)]
+            _saved[:] = [(m, name, getattr(m, name)) for m, name, _ in replaced]
+            for m, name, new in replaced:
+                setattr(m, name, new)
         _depth += 1
 
 
@@ -75,8 +93,8 @@ def unpatch_onnxruntime() -> None:
             return
         _depth -= 1
         if _depth == 0:
-            for m, original in _saved:
-                m.create_calibrator = original
+            for m, name, original in _saved:
+                setattr(m, name, original)
             _saved.clear()
 
 
