@@ -17,14 +17,28 @@ import importlib
 
 import onnx
 import pytest
-from calibrator_runs import DIST, ENT, MM, ORT_CREATE, ORT_QUANTIZE, PCT, RewindReader, assert_tensors_same, chunks_for, flat
+from calibrator_runs import (
+    DIST,
+    ENT,
+    MM,
+    ORT_CREATE,
+    ORT_QUANTIZE,
+    PCT,
+    RewindReader,
+    assert_tensors_same,
+    chunks_for,
+    flat,
+)
 from onnxruntime.quantization import calibrate as oc
 from parity import quiet
 
 import histocal
 from histocal import calibrators
 
-ORT_CLASSES = {name: getattr(oc, name) for name in ("MinMaxCalibrater", "EntropyCalibrater", "PercentileCalibrater", "DistributionCalibrater")}
+ORT_CLASSES = {
+    name: getattr(oc, name)
+    for name in ("MinMaxCalibrater", "EntropyCalibrater", "PercentileCalibrater", "DistributionCalibrater")
+}
 
 
 def _ranges(create, path, tmp_path, method, feeds, extra=None):
@@ -118,7 +132,9 @@ def test_client_patch_of_orts_minmax_before_patching_is_not_used(paths, tmp_path
     feeds = flat(chunks_for("cnn", 1))
     with quiet():
         ORT_QUANTIZE.quantize_static(paths["cnn"], (tmp_path / "ort.onnx").as_posix(), RewindReader(feeds))
-        monkeypatch.setattr(oc.MinMaxCalibrater, "augment_graph", _drop_model_outputs(oc.MinMaxCalibrater.augment_graph))
+        monkeypatch.setattr(
+            oc.MinMaxCalibrater, "augment_graph", _drop_model_outputs(oc.MinMaxCalibrater.augment_graph)
+        )
         with histocal.patch_onnxruntime():
             ORT_QUANTIZE.quantize_static(paths["cnn"], (tmp_path / "hc.onnx").as_posix(), RewindReader(feeds))
     assert (tmp_path / "ort.onnx").read_bytes() == (tmp_path / "hc.onnx").read_bytes()

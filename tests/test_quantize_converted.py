@@ -57,7 +57,11 @@ def test_16bit_on_opset_11_is_orts_model(model_path, tmp_path, activation_type, 
     assert "Y_intermediate" in {n.output[0] for n in onnx.load_from_string(expected).graph.node}
     with quiet():
         histocal.quantize_static(
-            model_path, tmp_path / "hc.onnx", RewindReader(FEEDS), calibrate_method=method, activation_type=activation_type
+            model_path,
+            tmp_path / "hc.onnx",
+            RewindReader(FEEDS),
+            calibrate_method=method,
+            activation_type=activation_type,
         )
         # a ModelProto too (ORT converts it after a round trip through a file)
         histocal.quantize_static(
@@ -83,7 +87,9 @@ def test_16bit_on_opset_11_histocal_methods_and_auto(model_path, tmp_path):
                 calibrate_method=method,
                 activation_type=QuantType.QInt16,
             )
-        names = {n.input[0] for n in onnx.load(str(tmp_path / f"{method}.onnx")).graph.node if n.op_type == "QuantizeLinear"}
+        names = {
+            n.input[0] for n in onnx.load(str(tmp_path / f"{method}.onnx")).graph.node if n.op_type == "QuantizeLinear"
+        }
         assert "Y_intermediate" in names, method
 
 
@@ -118,7 +124,9 @@ def _cache_of(path, out, feeds, **kw):
 def test_ranges_of_the_unconverted_model_are_refused(model_path, tmp_path, capsys):
     # An int8 calibration's cache lacks the tensors opset 21 adds: refused, saying why.
     cache = _cache_of(model_path, tmp_path / "int8.json", FEEDS)
-    with pytest.raises(ValueError, match=r"int8\.json: no range for the Softmax output\(s\) 'Y_intermediate'.*opset 11 to 21"):
+    with pytest.raises(
+        ValueError, match=r"int8\.json: no range for the Softmax output\(s\) 'Y_intermediate'.*opset 11 to 21"
+    ):
         histocal.quantize_static(
             model_path, tmp_path / "q.onnx", None, calibration_cache_path=cache, activation_type=QuantType.QInt16
         )
@@ -141,7 +149,9 @@ def test_cache_and_state_of_another_model_are_refused(model_path, transformer_pa
     onnx.save(models.cnn(), cnn.as_posix())
     cache = _cache_of(cnn, tmp_path / "cnn.json", models.cnn_feeds(3))
     # Python: a cache hit and tensors_range
-    with pytest.raises(ValueError, match=r"cnn\.json: ranges of \d+ of its \d+ tensors name no tensor of .*another model"):
+    with pytest.raises(
+        ValueError, match=r"cnn\.json: ranges of \d+ of its \d+ tensors name no tensor of .*another model"
+    ):
         histocal.quantize_static(transformer_path, tmp_path / "q.onnx", None, calibration_cache_path=cache)
     ranges = histocal.io.cache.load_tensors_data(cache)
     with pytest.raises(ValueError, match="tensors_range: ranges of .* another model"):

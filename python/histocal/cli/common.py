@@ -280,9 +280,7 @@ def _add_method_options(
         metavar="N",
         help="histogram bins (ORT defaults: entropy 128, percentile/distribution 2048)",
     )
-    g.add_argument(
-        "--num-quantized-bins", type=_bins, metavar="N", help="entropy: quantized bins (default 128)"
-    )
+    g.add_argument("--num-quantized-bins", type=_bins, metavar="N", help="entropy: quantized bins (default 128)")
     g.add_argument("--percentile", type=_percentile, metavar="P", help="percentile: the percentile (default 99.999)")
     g.add_argument(
         "--symmetric",

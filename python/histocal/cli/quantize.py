@@ -112,8 +112,7 @@ def _state_of(model: Path, path: str) -> Any:
     expected = model_fingerprint(model)
     if state.model_fingerprint is not None and state.model_fingerprint != expected:
         raise CliError(
-            f"{path}: a state of another model (model fingerprint {state.model_fingerprint}, "
-            f"{model} has {expected})"
+            f"{path}: a state of another model (model fingerprint {state.model_fingerprint}, {model} has {expected})"
         )
     return state
 

@@ -67,7 +67,9 @@ def _patch_class(name: str) -> type:
     ``MinMaxCalibrater.augment_graph``) changes this subclass, which goes with the patch, and never
     histocal's class."""
     base = getattr(calibrators, name)
-    return type(name, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+    return type(
+        name, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+    )
 
 
 def _patch() -> None:
