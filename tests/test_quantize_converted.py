@@ -174,3 +174,26 @@ def test_cache_and_state_of_another_model_are_refused(model_path, transformer_pa
         assert not out.exists()
     # the state's own model still quantizes from it
     assert main(["quantize", str(cnn), str(tmp_path / "own.onnx"), "--state", str(state)]) == 0
+
+
+def test_state_of_the_converted_model_quantizes(model_path, tmp_path, capsys):
+    # A state collected (Python) on the model ORT converts to is the model's own for that
+    # quantization: accepted, and its minmax ranges give ORT's model.
+    from histocal.quantize.ort import model_ort_quantizes
+
+    converted = model_ort_quantizes(model_path, QuantType.QInt8, QuantType.QInt16)
+    assert converted is not None
+    path = tmp_path / "converted.onnx"
+    onnx.save(converted, path.as_posix())
+    calibrator = histocal.create_calibrator(path, calibrate_method=ENT, augmented_model_path=tmp_path / "aug.onnx")
+    calibrator.collect_data(FEEDS)
+    state = tmp_path / "converted.hcs"
+    calibrator.save_state(state)
+    expected = ort_model(model_path, tmp_path / "ort.onnx", QuantType.QInt16)
+    out = tmp_path / "cli.onnx"
+    argv = ["quantize", str(model_path), str(out), "--state", str(state), "--method", "minmax"]
+    assert main([*argv, "--activation-type", "qint16"]) == 0, capsys.readouterr().err
+    assert out.read_bytes() == expected
+    # for int8 ORT does not convert: the converted model's state is another model's
+    assert main(argv) == 1
+    assert "a state of another model" in capsys.readouterr().err

@@ -104,13 +104,20 @@ def _model_to_calibrate(model: Path, quantization: dict[str, Any], tmp: str) -> 
     return path
 
 
-def _state_of(model: Path, path: str) -> Any:
-    """The state in ``path``, refused when it was collected on another model than ``model``."""
+def _state_of(model: Path, path: str, quantization: dict[str, Any]) -> Any:
+    """The state in ``path``, refused when it was collected on another model than ``model`` (or
+    than the model onnxruntime converts it to for this quantization)."""
+    from ..quantize.ort import model_ort_quantizes
     from ..state import model_fingerprint
 
     state = _load_state(path)
     expected = model_fingerprint(model)
-    if state.model_fingerprint is not None and state.model_fingerprint != expected:
+    if state.model_fingerprint in (None, expected):
+        return state
+    converted = model_ort_quantizes(
+        model, quantization["weight_type"], quantization["activation_type"], quantization["extra_options"]
+    )
+    if converted is None or model_fingerprint(converted) != state.model_fingerprint:
         raise CliError(
             f"{path}: a state of another model (model fingerprint {state.model_fingerprint}, {model} has {expected})"
         )
@@ -140,7 +147,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         ranges, model = auto_exclude(args, model, quantization, Path(staging.name))
     elif args.state is not None:
         given = args.state
-        ranges = _ranges_from_state(args, _state_of(model, args.state))
+        ranges = _ranges_from_state(args, _state_of(model, args.state, quantization))
     elif args.data is None:  # --cache alone: reuse it
         if cache is None:
             raise _UsageError("give --data, --cache or --state")

@@ -399,7 +399,12 @@ def quantize_static(
     results: ORT's cache format cannot record other method names, so a cache made with one
     histocal method is a hit for every other one. ``tensors_range`` skips calibration and
     quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``). ``memory_budget``:
-    the histogram calibrators' (bytes, or e.g. ``"2GiB"``; see ``histocal.calibrators``)."""
+    the histogram calibrators' (bytes, or e.g. ``"2GiB"``; see ``histocal.calibrators``).
+
+    As ORT's, it calibrates the model ORT quantizes: converted first when its opset cannot express
+    the quantization (16-bit types: opset 21), a conversion that can add tensors. Ranges it is
+    given (a cache hit, ``tensors_range``) must fit that model: ranges of tensors it does not have,
+    or none for a Softmax output ORT quantizes, are a ``ValueError`` naming their source."""
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
