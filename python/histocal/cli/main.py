@@ -174,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("calibration source (one of --data, --cache, --state)")
     g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
     g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
-    _add_method_options(p, default_method=None, per_channel=False)
+    _add_method_options(
+        p,
+        default_method=None,
+        per_channel=False,
+        default_help="with --data minmax; with --cache or --state the method they were made with",
+    )
     _add_quantization_options(p)
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument(
@@ -249,12 +254,37 @@ class _Formatter(logging.Formatter):
         message = record.getMessage()
         if record.levelno >= logging.WARNING:
             message = _one_line(message)
-        return f"histocal: {record.levelname.lower()}: {message}"
+        text = f"histocal: {record.levelname.lower()}: {message}"
+        if record.exc_info:  # -vv's "traceback" record: the traceback itself
+            text += "\n" + self.formatException(record.exc_info)
+        return text
 
 
-def _ort_noise(record: logging.LogRecord) -> bool:
-    """onnxruntime's quantize_static advice to pre-process the model, on every run: debug only."""
-    return not (record.name == "root" and str(record.msg).startswith("Please consider"))
+PRE_PROCESS_HINT = (
+    "the model is not pre-processed; onnxruntime advises `python -m onnxruntime.quantization.preprocess "
+    "--input MODEL --output MODEL_PRE` first (shape inference, graph optimization; symbolic shape inference "
+    "needs sympy, else add --skip_symbolic_shape True). It matters for weights held in Constant nodes: "
+    "quantize_static does not quantize them as weights (the quantized model can come out larger than the "
+    "float one); pre-processing makes them initializers"
+)
+
+
+class _OncePreProcessHint(logging.Filter):
+    """onnxruntime's quantize_static advises pre-processing twice per call (and auto, diagnose and
+    --auto-exclude call it many times): say it once per command, in histocal's words."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (record.name == "root" and str(record.msg).startswith("Please consider")):
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args = PRE_PROCESS_HINT, ()
+        return True
 
 
 @contextlib.contextmanager
@@ -264,8 +294,7 @@ def _logging(level: int) -> Iterator[None]:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter())
     handler.setLevel(level)
-    if level > logging.DEBUG:
-        handler.addFilter(_ort_noise)
+    handler.addFilter(_OncePreProcessHint())
     saved = root.level
     root.addHandler(handler)
     root.setLevel(min(level, saved) if saved else level)
