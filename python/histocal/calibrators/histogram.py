@@ -59,6 +59,7 @@ from .common import (
     _check_streaming_bins,
     _is_checkpoint,
     _one_call_at_a_time,
+    _PrivateShapeInference,
     _ReadDigest,
     _run_batches,
     _second_read_differs,
@@ -466,7 +467,7 @@ class _HistogramCalibration:
         return state.compute(self.method, **getattr(self, "method_options", {}))
 
 
-class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
+class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -502,7 +503,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         )
 
 
-class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
+class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -538,7 +539,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         )
 
 
-class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
+class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
