@@ -28,6 +28,7 @@ from .common import (
 )
 from .diagnose import auto_exclude
 from .quantization import _quant_type, _quantization_arguments
+from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
 
@@ -98,6 +99,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     model = shown = _check_model(args.model)
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
+    # with --data, --cache is written (or reused); without, it is read
+    inputs = [("MODEL", model), ("--state", args.state), *(("--data", p) for p in args.data or ())]
+    outputs = [("OUTPUT", output)]
+    (outputs if args.data is not None else inputs).append(("--cache", cache))
+    refuse_overwriting(outputs, inputs)
     write_cache = False
     _default_error_model(args)
     quantization = _quantization_arguments(args)
@@ -164,8 +170,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         if write_cache:
             _write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
-        # without its data.
-        for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
+        # without its data. None of them may replace an input (e.g. the model's own data file).
+        written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
+        refuse_overwriting([("side file", output.parent / f.name) for f in written if f.name != output.name], inputs)
+        for f in written:
             os.replace(f, output.parent / f.name)
     staging.cleanup()
     logger.info("wrote %s", output)
