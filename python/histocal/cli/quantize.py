@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from .calibrate import _load_state, _ranges_from_state
 from .common import (
     METHODS,
@@ -153,20 +154,22 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             if value is not None:
                 logger.warning("option %s applies only to --method auto with --data; ignored", flag)
 
+    check_finite_ranges(ranges)  # onnxruntime's own error ("scale issue") names no tensor
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
         ranges_file = Path(tmp, "ranges.json")
         save_tensors_data(ranges, ranges_file)
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        quantize_static(
-            model,
-            staged,
-            None,
-            calibrate_method=ranges.calibration_method,
-            calibration_cache_path=ranges_file,
-            **quantization,
-        )
+        with scale_issue_named(model):
+            quantize_static(
+                model,
+                staged,
+                None,
+                calibrate_method=ranges.calibration_method,
+                calibration_cache_path=ranges_file,
+                **quantization,
+            )
         if write_cache:
             _write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
