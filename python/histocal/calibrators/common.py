@@ -103,7 +103,12 @@ class _PrivateShapeInference(ort_calibrate.CalibraterBase):
     nothing is written beside the user's model. Put after ORT's calibrator class in the bases,
     so that its ``super().__init__`` lands here (tests compare the attributes with ORT's)."""
 
-    def __init__(
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # ORT's signature, taken loosely: ORT's classes are untyped, so type checkers resolve
+        # the subclasses' own super().__init__ calls (ORT's keywords) to this one
+        self._init_base(*args, **kwargs)
+
+    def _init_base(
         self,
         model_path: str | Path,
         op_types_to_calibrate: Any = None,
@@ -120,9 +125,9 @@ class _PrivateShapeInference(ort_calibrate.CalibraterBase):
         self.symmetric = symmetric
         self.use_external_data_format = use_external_data_format
         self.per_channel = per_channel
-        self.augment_model = None
-        self.infer_session = None
-        self.execution_providers = ["CPUExecutionProvider"]
+        self.augment_model: Any = None
+        self.infer_session: Any = None
+        self.execution_providers: list[str] | None = ["CPUExecutionProvider"]
 
 
 def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:

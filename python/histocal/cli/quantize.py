@@ -101,8 +101,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
     # with --data, --cache is written (or reused); without, it is read
-    inputs = [("MODEL", model), ("--state", args.state), *(("--data", p) for p in args.data or ())]
-    outputs = [("OUTPUT", output)]
+    inputs: list[tuple[str, str | Path | None]] = [("MODEL", model), ("--state", args.state)]
+    inputs += [("--data", p) for p in args.data or ()]
+    outputs: list[tuple[str, str | Path | None]] = [("OUTPUT", output)]
     (outputs if args.data is not None else inputs).append(("--cache", cache))
     refuse_overwriting(outputs, inputs)
     write_cache = False
