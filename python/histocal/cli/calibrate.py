@@ -23,6 +23,7 @@ from .common import (
     _UsageError,
     _write_outputs,
 )
+from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
 
@@ -33,6 +34,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.shards is not None and args.workers is None and args.address is None:
         raise _UsageError("--shards applies with --workers or --address")
     model = _check_model(args.model)
+    refuse_overwriting(
+        [("--cache", args.cache), ("--state", args.state)], [("MODEL", model), *(("--data", p) for p in args.data)]
+    )
     data = _open_data(args, model)
     if args.workers is not None or args.address is not None:
         return _calibrate_distributed(args, model, data)
@@ -140,6 +144,7 @@ def _ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:
+    refuse_overwriting([("--cache", args.cache)], [("STATE", args.state)])
     state = _load_state(args.state)
     ranges = _ranges_from_state(args, state)
     _write_outputs(ranges, Path(args.cache), None, None)

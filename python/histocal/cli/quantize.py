@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from .calibrate import _load_state, _ranges_from_state
 from .common import (
     METHODS,
@@ -28,6 +29,7 @@ from .common import (
 )
 from .diagnose import auto_exclude
 from .quantization import _quant_type, _quantization_arguments
+from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
 
@@ -136,6 +138,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     model = shown = _check_model(args.model)
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
+    # with --data, --cache is written (or reused); without, it is read
+    inputs: list[tuple[str, str | Path | None]] = [("MODEL", model), ("--state", args.state)]
+    inputs += [("--data", p) for p in args.data or ()]
+    outputs: list[tuple[str, str | Path | None]] = [("OUTPUT", output)]
+    (outputs if args.data is not None else inputs).append(("--cache", cache))
+    refuse_overwriting(outputs, inputs)
     write_cache = False
     given = None  # the file the ranges come from, when not calibrated here
     _default_error_model(args)
@@ -194,16 +202,20 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             check_ranges_fit(model, ranges, given, **quantization)
         except ValueError as exc:
             raise CliError(str(exc)) from None
+    check_finite_ranges(ranges)  # onnxruntime's own error ("scale issue") names no tensor
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        quantize_with_ranges(model, staged, ranges, **quantization)
+        with scale_issue_named(model):
+            quantize_with_ranges(model, staged, ranges, **quantization)
         if write_cache:
             _write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
-        # without its data.
-        for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
+        # without its data. None of them may replace an input (e.g. the model's own data file).
+        written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
+        refuse_overwriting([("side file", output.parent / f.name) for f in written if f.name != output.name], inputs)
+        for f in written:
             os.replace(f, output.parent / f.name)
     staging.cleanup()
     logger.info("wrote %s", output)
