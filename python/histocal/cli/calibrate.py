@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,9 @@ logger = logging.getLogger("histocal.cli")
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.cache is None and args.state is None:
         raise _UsageError("give --cache and/or --state (where to write the result)")
-    if args.shards is not None and args.workers is None and args.address is None:
-        raise _UsageError("--shards applies with --workers or --address")
+    for flag, value in (("--shards", args.shards), ("--shard-timeout", args.shard_timeout)):
+        if value is not None and args.workers is None and args.address is None:
+            raise _UsageError(f"{flag} applies with --workers or --address")
     model = _check_model(args.model)
     data = _open_data(args, model)
     if args.workers is not None or args.address is not None:
@@ -47,6 +49,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def positive_seconds(text: str) -> float:
+    """--shard-timeout's value: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> int:
@@ -75,6 +88,7 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         op_types_to_calibrate=args.op_types,
         providers=args.providers,
         data_options=data_options,
+        shard_timeout=args.shard_timeout,
         show_progress=False if args.no_progress else None,
     )
     ranges = state.compute(state.method)
