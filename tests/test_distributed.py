@@ -485,6 +485,18 @@ def test_a_corrupt_shard_fails_the_run_naming_shard_and_file(local_ray, model_pa
     assert info.value.shard == 1
 
 
+def test_a_model_no_worker_can_load_stops_the_run_in_one_line_naming_the_file(local_ray, tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(RuntimeError) as info:
+        calibrate_distributed(bad.as_posix(), feed_shards([8]), calibrate_method="entropy", num_workers=1)
+    message = str(info.value)
+    assert message.startswith(
+        f"the calibration workers could not start: ValidationError: Unable to parse proto from file: {bad}."
+    )
+    assert "\n" not in message.strip() and "histocal_worker_" not in message
+
+
 def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys):
     data = save_npy_shards(tmp_path, [8])[0]
     one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"

@@ -17,6 +17,7 @@ the file); nothing is merged until every shard has its result.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -98,6 +99,7 @@ def calibrate_distributed(
         raise ValueError(f"shard_timeout must be a number of seconds > 0, got {shard_timeout!r}")
     job = make_job(calibrate_method, extra_options, op_types_to_calibrate, providers, cpus_per_worker, mode)
     check_job(job)
+    job = dataclasses.replace(job, model_name=os.fspath(model))
     shard_list = make_shards(shards, data_options)
     model_bytes = Path(model).read_bytes()
     started = not ray.is_initialized()

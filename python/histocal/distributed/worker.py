@@ -42,6 +42,7 @@ class Job:
     op_types: list[str] | None = None
     providers: list[Any] | None = None
     threads: int = 1
+    model_name: str = "model.onnx"  # the user's model file, named in errors instead of the worker's copy
 
 
 def build_calibrator(model_path: str, folder: str, job: Job, providers: Any = None) -> Any:
@@ -73,7 +74,7 @@ class ShardWorker:
                     f.write(model)
                 self.calibrator = build_calibrator(model_path, folder, job, job.providers)
         except Exception as exc:  # reported by ready(): raised here, Ray would print its traceback
-            self.error = f"{type(exc).__name__}: {exc}"
+            self.error = f"{type(exc).__name__}: {exc}".replace(model_path, job.model_name)
             return
         self.calibrator.show_progress = False
 
