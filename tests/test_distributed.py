@@ -393,15 +393,39 @@ def hangs(marker, feeds, *, always=False):
     return feeds
 
 
-def test_a_shard_past_its_timeout_is_redone_and_the_state_is_identical(local_ray, model_path, tmp_path):
+@pytest.mark.parametrize("workers", [2, 1])  # 1: the other shard is queued behind the hung one
+def test_a_shard_past_its_timeout_is_redone_and_the_state_is_identical(local_ray, model_path, tmp_path, workers):
     marker = (tmp_path / "hung").as_posix()
     shards = feed_shards([3, 5])
     shards[0] = functools.partial(hangs, marker, FEEDS[:3])
     started = time.monotonic()
-    merged = calibrate_distributed(model_path, shards, calibrate_method="entropy", num_workers=2, shard_timeout=10)
+    merged = calibrate_distributed(
+        model_path, shards, calibrate_method="entropy", num_workers=workers, shard_timeout=10
+    )
     assert os.path.exists(marker), "the shard did not hang"
     assert time.monotonic() - started < 300
     assert_same_state(merged, single_run(model_path, "entropy"))
+
+
+def slow(seconds, feeds):
+    time.sleep(seconds)
+    return feeds
+
+
+def test_a_shard_s_clock_starts_when_its_worker_starts_it(local_ray, model_path):
+    """One worker runs its shards one after the other: the second, queued behind the first, is
+    timed from its own start (from its dispatch it would be past the timeout)."""
+    shards = [functools.partial(slow, 3, FEEDS[:4]), functools.partial(slow, 3, FEEDS[4:])]
+    merged = calibrate_distributed(
+        model_path,
+        shards,
+        calibrate_method="entropy",
+        mode="streaming",
+        num_workers=1,
+        shard_timeout=5,
+        max_shard_attempts=1,
+    )
+    assert_same_state(merged, single_run(model_path, "entropy", {"CollectionMode": "streaming"}))
 
 
 def test_a_shard_that_always_hangs_fails_naming_the_shard_and_the_timeout(local_ray, model_path, tmp_path):
@@ -413,7 +437,7 @@ def test_a_shard_that_always_hangs_fails_naming_the_shard_and_the_timeout(local_
         )
     assert info.value.shard == 1
     assert str(info.value) == (
-        "shard 1 (hangs): no result within the shard timeout of 5 s, on each of its 2 attempts (max_shard_attempts)"
+        "shard 1 (hangs): no result within the shard timeout of 5 s, on each of its 2 attempts (max_shard_attempts=2)"
     )
 
 

@@ -105,7 +105,7 @@ class RayPool:
         queue = collections.deque(shards)
         attempts: collections.Counter[int] = collections.Counter()
         # each worker holds up to PIPELINE shards: its next one is queued while the driver merges
-        idle = [a for a in self._ready for _ in range(PIPELINE)]
+        idle = [a for _ in range(PIPELINE) for a in self._ready]  # every worker's first slot first
         running: dict[Any, tuple[Any, Shard]] = {}
         # per worker, its tasks in the order it runs them; the first one's start time
         lanes: dict[Any, collections.deque[Any]] = collections.defaultdict(collections.deque)
@@ -136,12 +136,10 @@ class RayPool:
         def fail(shard: Shard, reason: str) -> None:
             """Count a failed attempt at ``shard`` and queue it again (an error after the last)."""
             attempts[shard.index] += 1
-            if attempts[shard.index] >= self.max_shard_attempts:
-                raise ShardError(
-                    f"{shard.describe()}: {reason}, on each of its {attempts[shard.index]} attempts "
-                    "(max_shard_attempts)",
-                    shard.index,
-                )
+            n = attempts[shard.index]
+            if n >= self.max_shard_attempts:
+                tries = "its only attempt" if n == 1 else f"each of its {n} attempts"
+                raise ShardError(f"{shard.describe()}: {reason}, on {tries} (max_shard_attempts={n})", shard.index)
             logger.warning("%s: %s; redoing it on another worker", shard.describe(), reason)
             queue.appendleft(shard)
 
