@@ -542,6 +542,19 @@ def test_cli_shard_options_need_workers_or_an_address(model_path, tmp_path, caps
     assert f"{flag[0]} applies with --workers or --address" in capsys.readouterr().err
 
 
+def test_cli_workers_refuse_settings_as_one_process_before_ray_starts(monkeypatch, model_path, tmp_path, capsys):
+    monkeypatch.setattr(driver, "import_ray", _RayMustNotStart)
+    data = save_npy_shards(tmp_path, [8])[0]
+    base = ["calibrate", model_path, "--data", data, "--method", "entropy", "--per-channel", "--mode", "exact"]
+    base += ["--cache", (tmp_path / "c.json").as_posix()]
+    errors = []
+    for extra in ([], ["--workers", "2"]):
+        assert cli_main([*base, *extra]) == 1
+        errors.append(capsys.readouterr().err)
+    assert errors[0] == errors[1] != ""
+    assert "streaming mode only (mode='exact' given)" in errors[1]
+
+
 def test_cli_per_channel_on_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys):
     data = save_npy_shards(tmp_path, [8])[0]
     one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"

@@ -78,11 +78,13 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         "input_shape": args.input_shape,
         "layout": args.layout,
     }
+    options = _calibrator_options(args)
     state = calibrate_distributed(
         model,
         shards,
         calibrate_method=args.method,
-        extra_options=_calibrator_options(args),
+        extra_options=options,
+        mode=options.pop("CollectionMode", None),
         num_workers=workers,
         address=args.address,
         op_types_to_calibrate=args.op_types,
