@@ -75,6 +75,9 @@ class RayPool:
         except ray.exceptions.RayError as exc:
             self.close()
             raise RuntimeError(f"the calibration workers could not start: {exc}") from None
+        except BaseException:  # Ctrl-C while they start: they are not left running
+            self.close()
+            raise
         errors = [error for _, error in answers if error is not None]
         if errors:
             self.close()
