@@ -265,6 +265,7 @@ class _RayMustNotStart:
         ("mse", {"extra_options": {"MethodOptions": {"qtype": "int5"}}}, r"qtype"),
         ("entropy", {"mode": None, "shard_timeout": 0}, r"^shard_timeout must be a number of seconds > 0, got 0$"),
         ("entropy", {"shard_timeout": True}, r"^shard_timeout must be a number of seconds > 0, got True$"),
+        ("entropy", {"num_workers": 0}, r"^num_workers must be an integer >= 1, got 0$"),
     ],
 )
 def test_settings_are_refused_before_ray_starts(monkeypatch, model_path, method, kwargs, message):

@@ -97,6 +97,10 @@ def calibrate_distributed(
         isinstance(shard_timeout, bool) or not isinstance(shard_timeout, (int, float)) or not shard_timeout > 0
     ):
         raise ValueError(f"shard_timeout must be a number of seconds > 0, got {shard_timeout!r}")
+    if num_workers is not None and (
+        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
+    ):
+        raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     job = make_job(calibrate_method, extra_options, op_types_to_calibrate, providers, cpus_per_worker, mode)
     check_job(job)
     job = dataclasses.replace(job, model_name=os.fspath(model))
