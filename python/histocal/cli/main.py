@@ -18,7 +18,7 @@ from typing import Any
 
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..methods.table import NON_OVERFLOW
-from .calibrate import cmd_calibrate, cmd_recompute
+from .calibrate import cmd_calibrate, cmd_recompute, positive_seconds
 from .common import (
     AUTO_EVAL_SAMPLES,
     AUTO_FOLDS,
@@ -157,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="K",
         help="split the data into K shards of whole batches (default: 4 per worker, at most one per batch)",
+    )
+    g.add_argument(
+        "--shard-timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="a shard running longer is stopped (its worker killed) and redone elsewhere, at most 3 tries "
+        "in all (default: no limit)",
     )
     p.set_defaults(func=cmd_calibrate)
 
