@@ -3,7 +3,8 @@ call may keep so that it needs only one inference pass.
 
 The budget comes from the calibrator's ``memory_budget`` keyword (``extra_options
 ["MemoryBudget"]``), else the ``HISTOCAL_MEMORY_BUDGET`` environment variable, else the lesser
-of a quarter of the memory available now and 8 GiB. Sizes are bytes, or a number with a unit:
+of a quarter of the memory available now (lowered to what is left under a cgroup limit and under
+the address-space limit, ``ulimit -v``) and 8 GiB. Sizes are bytes, or a number with a unit:
 ``k``/``M``/``G``/``T`` and ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024, ``kB``/``MB``/
 ``GB``/``TB`` powers of 1000.
 """
@@ -78,7 +79,9 @@ def resolve_memory_budget(keyword: int | None) -> int:
     env = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
     if env:
         return parse_size(env, MEMORY_BUDGET_ENV)
-    available = available_memory()
+    # an address-space limit (ulimit -v) fails allocations past it whatever memory is free
+    found = [m for m in (available_memory(), address_space_left()) if m is not None]
+    available = min(found) if found else None
     if available is None:
         logger.info("available memory unknown: memory budget %d bytes", UNKNOWN_MEMORY_BUDGET)
         return UNKNOWN_MEMORY_BUDGET
@@ -118,3 +121,26 @@ class KeptOutputs:
     def drop(self) -> None:
         self.batches.clear()
         self.nbytes = 0
+
+
+def address_space_left() -> int | None:
+    """What is left under RLIMIT_AS (``ulimit -v``): the limit less this process's mapped size
+    (``VmSize``); None without a limit or where either cannot be read."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(soft - int(line.split()[1]) * 1024, 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -61,6 +61,7 @@ from .common import (
     _check_streaming_bins,
     _is_checkpoint,
     _one_call_at_a_time,
+    _PrivateShapeInference,
     _ReadDigest,
     _run_batches,
     _second_read_differs,
@@ -490,7 +491,7 @@ class _HistogramCalibration:
         return compute_with_overrides(state, self.method, self.method_overrides, model=self.model, base=result)
 
 
-class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
+class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -526,7 +527,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         )
 
 
-class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
+class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -562,7 +563,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         )
 
 
-class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
+class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,

@@ -13,11 +13,11 @@ from .. import _core, methods
 from ..methods.table import collects_isotone, collects_votes
 from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
 from ..state.overrides import collects_for
-from .common import _augmented_model_path
+from .common import _augmented_model_path, _PrivateShapeInference
 from .histogram import _HistogramCalibration
 
 
-class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
+class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater, _PrivateShapeInference):
     """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
     pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
     ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
