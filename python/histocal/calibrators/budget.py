@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io.memory import _cgroup_available, available_memory, format_size  # noqa: F401 (_cgroup_available: tests)
+from ..io.memory import _cgroup_available, available_memory, format_size, memory_left  # noqa: F401 (tests)
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,7 @@ def resolve_memory_budget(keyword: int | None) -> int:
     if env:
         return parse_size(env, MEMORY_BUDGET_ENV)
     # an address-space limit (ulimit -v) fails allocations past it whatever memory is free
-    found = [m for m in (available_memory(), address_space_left()) if m is not None]
-    available = min(found) if found else None
+    available = memory_left()
     if available is None:
         logger.info("available memory unknown: memory budget %d bytes", UNKNOWN_MEMORY_BUDGET)
         return UNKNOWN_MEMORY_BUDGET
@@ -121,26 +120,3 @@ class KeptOutputs:
     def drop(self) -> None:
         self.batches.clear()
         self.nbytes = 0
-
-
-def address_space_left() -> int | None:
-    """What is left under RLIMIT_AS (``ulimit -v``): the limit less this process's mapped size
-    (``VmSize``); None without a limit or where either cannot be read."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    except (OSError, ValueError):
-        return None
-    if soft == resource.RLIM_INFINITY or soft < 0:
-        return None
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return max(soft - int(line.split()[1]) * 1024, 0)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None

@@ -121,7 +121,7 @@ def _own_cgroup(root: Path, limit_file: str) -> Path | None:
     return None
 
 
-def _address_space_left() -> int | None:
+def address_space_left() -> int | None:
     """What is left under RLIMIT_AS (``ulimit -v``): the limit less this process's mapped size."""
     if resource is None:  # pragma: no cover - Windows
         return None
@@ -144,7 +144,7 @@ def _address_space_left() -> int | None:
 def memory_left() -> int | None:
     """What this process can still allocate: the least of ``available_memory`` and what is left under
     RLIMIT_AS; None where none of them can be read."""
-    found = [m for m in (available_memory(), _address_space_left()) if m is not None]
+    found = [m for m in (available_memory(), address_space_left()) if m is not None]
     return min(found) if found else None
 
 
