@@ -47,6 +47,7 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
+from ..state.compute import check_calibration_memory
 from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
 from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
 from .common import (
@@ -192,6 +193,8 @@ class _HistogramCalibration:
             self._mode_used = "streaming" if self.mode == "streaming" else "exact"
             logger.info("collection mode: %s", self._mode_used)
         fetch = self._fetch_names()
+        if self.method in _METHODS:  # the histograms of num_bins bins it will hold, refused up front
+            check_calibration_memory(self.method, self.num_bins, len(fetch), self._mode_used == "exact")
         if self._mode_used == "streaming":
             n = self._collect_streaming(source, fetch)
         else:

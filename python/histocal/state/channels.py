@@ -32,6 +32,10 @@ that does not fit, is refused before the memory is taken, with an error naming t
 counted after each tensor's batch is added: a collection whose histograms and summaries together pass
 ``max_bytes`` is refused then, naming the tensor (the memory over the limit is at most that batch's
 rows x 24 bytes; the calibrators undo the failed call).
+
+Computing ORT's methods per channel (``compute``) goes through the channels a chunk at a time
+(``state.compute``): only a chunk's ORT histograms of ``num_bins`` bins and per-key results are alive at
+once, and the results keep one value per channel; the whole computation's memory is checked first.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,19 +275,48 @@ class ChannelHistograms:
     def from_stream(cls, axis: int, channels: Mapping[str, int], stream: Any) -> ChannelHistograms:
         """The collection of a loaded stream, checked: its names must be exactly ``channels``' keys."""
         out = cls(int(stream.num_bins), axis, None, dict(channels), stream)
-        if list(stream.names()) != out.channel_keys():
+        names = stream.names()
+        keys = (channel_key(t, c) for t, n in out.channels.items() for c in range(n))
+        if len(names) != out.count or any(a != b for a, b in zip(names, keys)):
             raise ValueError("the per-channel histograms do not match the tensors' channel counts")
         return out
 
-    def assemble(self, keyed: TensorsData) -> TensorsData:
-        """Per-channel results (``keyed`` by channel key) as ORT's per-channel TensorData: arrays of one
-        value per channel for ``lowest``/``highest`` (and ``avg``/``std`` where the method gives them)."""
-        out = {}
-        for tensor in self.channels:
-            parts = [keyed[k] for k in self.channel_keys(tensor)]
-            values: dict[str, np.ndarray] = {}
-            for attr in ("lowest", "highest", "avg", "std"):
-                if all(hasattr(p, attr) for p in parts):
-                    values[attr] = np.concatenate([np.asarray(getattr(p, attr)).reshape(1) for p in parts])
-            out[tensor] = TensorData(**values)
-        return TensorsData(keyed.calibration_method, out)
+    @property
+    def count(self) -> int:
+        """The number of channels of every tensor together."""
+        return sum(self.channels.values())
+
+    def compute(self, keyed: Callable[[list[str]], TensorsData], chunk: int) -> TensorsData:
+        """Per-channel results as ORT's per-channel TensorData: arrays of one value per channel for
+        ``lowest``/``highest`` (and ``avg``/``std`` where the method gives them). ``keyed(keys)`` computes
+        the channels ``keys`` (at most ``chunk`` at a time, so that their histograms and per-key results
+        are alive only for that chunk) as per-tensor TensorsData keyed by channel key."""
+        values: dict[str, dict[str, list[np.ndarray]]] = {t: {} for t in self.channels}
+        method = None
+        keys: list[tuple[str, str]] = []
+
+        def flush() -> None:
+            nonlocal method
+            result = keyed([k for _, k in keys])
+            method = result.calibration_method
+            for tensor, key in keys:
+                part, held = result[key], values[tensor]
+                for attr in ("lowest", "highest", "avg", "std"):
+                    if hasattr(part, attr) and held.get(attr, ()) is not None:
+                        held.setdefault(attr, []).append(np.asarray(getattr(part, attr)).reshape(1))
+                    else:  # kept only where every channel has it
+                        held[attr] = None  # type: ignore[assignment]
+            keys.clear()
+
+        for tensor, n in self.channels.items():
+            for c in range(n):
+                keys.append((tensor, channel_key(tensor, c)))
+                if len(keys) == chunk:
+                    flush()
+        if keys:
+            flush()
+        out = {
+            tensor: TensorData(**{a: np.concatenate(v) for a, v in held.items() if v is not None})
+            for tensor, held in values.items()
+        }
+        return TensorsData(method, out)
