@@ -32,6 +32,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from .. import calibrators, methods
 from ..io.cache import check_cache, save_tensors_data
 from ..io.readers import DataSource
+from ..methods.table import TABLE
 from ..state import merge_states
 from . import selection
 from .ort import (
@@ -423,8 +424,10 @@ def quantize_static(
         method_arg = name
         method_options = _default_method_options(name, method_options, activation_type, extra)
         calibrate_method = CalibrationMethod.MinMax  # how the ranges travel through ORT
-    elif method_options:
-        raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
+    else:
+        if method_options:
+            raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
+        calibrate_method = TABLE[name].ort or calibrate_method  # a name ("percentile") as ORT's enum
     if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
         raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
     if smooth_quant:
