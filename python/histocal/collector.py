@@ -285,10 +285,11 @@ class HistogramCollector(CalibrationDataCollector):
             else:
                 lo, hi = np.array(edges[i_lo], edges.dtype), np.array(edges[i_hi], edges.dtype)
             lo, hi = _clip(lo, hi, mn, mx)
-            if hi < lo:
+            if hi < lo and not np.any(hist):
                 # Nothing binned (an empty tensor; NaN/Inf only, where ORT raises): ORT's cdf is
                 # NaN and its range comes out inverted, e.g. (0, -0.5). histocal's is [lo, lo]
-                # (docs/deviations.md), ``hi`` of ORT's kind.
+                # (docs/deviations.md), ``hi`` of ORT's kind. A constant tensor's range comes out
+                # inverted from ORT too, (c, c - w): that one is ORT's result and stays.
                 hi = np.array(lo, hi.dtype) if isinstance(hi, np.ndarray) else hi.dtype.type(lo)
             if self._narrowed(name):
                 lo, hi = _outward_f32(lo, hi)
