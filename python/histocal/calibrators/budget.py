@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from ..methods.settings import MEMORY_BUDGET
 
 logger = logging.getLogger(__name__)
 
-MEMORY_BUDGET_ENV: str = MEMORY_BUDGET.env  # type: ignore[assignment]
+MEMORY_BUDGET_ENV = MEMORY_BUDGET.env
 DEFAULT_BUDGET_CAP = 8 << 30
 DEFAULT_BUDGET_FRACTION = 0.25
 # When the available memory cannot be read at all (no /proc, no sysconf, no Windows API).

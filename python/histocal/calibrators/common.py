@@ -22,11 +22,9 @@ from onnxruntime.quantization.quant_utils import add_infer_metadata
 from .. import _core
 from ..io.readers import DataSource, FeedChecker, progress, run_session
 from ..methods.settings import (
-    DEFAULT_STREAMING_BINS,
     MEMORY_BUDGET,
     METHOD_OPTIONS_KEY,
     MODE,
-    MODES,
     NUM_THREADS,
     SESSION_OPTIONS,
     STREAMING_BINS,

@@ -40,12 +40,9 @@ def create_calibrator(
     extra_options: dict[str, Any] | None = None,
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
-    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming),
-    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods,
-    ``per_channel`` (ORT's MinMax key) and ``channel_axis`` for per-channel histograms,
-    ``NumThreads`` (the CPUs calibration may use; default: ``HISTOCAL_NUM_THREADS``, else the
-    usable CPUs) and ``SessionOptions`` (an ``onnxruntime.SessionOptions`` for the calibration
-    session, used as given). ``calibrate_method`` may also name a histocal
+    ``extra_options`` keys and defaults, plus the keys of histocal's collection settings
+    (``histocal.methods.settings``: the collection mode, streaming bins and exact mode's budget for
+    the histogram methods, per-channel histograms, threads, the session options). ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict). ``extra_options["MethodOverrides"]`` assigns other
     methods to chosen tensors, by name or by the op type of their producing node (``{"op:Softmax":

@@ -48,11 +48,11 @@ if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
 from .. import _core
 from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
+from ..methods.settings import CollectionKwargs, CollectionSettings
 from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
 from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
-from ..methods.settings import CollectionKwargs, CollectionSettings
 from .budget import HOW_TO_SET, KeptOutputs, _second_read_differs, format_size, resolve_memory_budget
 from .common import (
     _METHODS,

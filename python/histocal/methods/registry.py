@@ -53,7 +53,6 @@ from typing import Any
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from .. import _core
 from .isotone import isotone_ranges
 from .scale_rule import SCALE_RULE
 from .table import (

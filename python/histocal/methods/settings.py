@@ -40,11 +40,11 @@ class Setting:
     """One collection setting and every name it goes by."""
 
     name: str  # the calibrators' and quantize_static's keyword
-    extra_key: str | None  # create_calibrator's extra_options key (None: keyword only)
+    extra_key: str  # create_calibrator's extra_options key ("": keyword only)
     help: str
-    flag: str | None = None  # the command line's flag (None: not on the command line)
-    env: str | None = None  # the environment variable read where the setting is left unset
-    quantize_key: str | None = None  # quantize_static's extra_options key, where ORT's naming differs
+    flag: str = ""  # the command line's flag ("": not on the command line)
+    env: str = ""  # the environment variable read where the setting is left unset
+    quantize_key: str = ""  # quantize_static's extra_options key, where ORT's naming differs
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     cli_dest: str | None = None  # where argparse stores the flag, where not under ``name``
@@ -105,7 +105,7 @@ NUM_THREADS = Setting(
 SESSION_OPTIONS = Setting(
     "session_options", "SessionOptions", "an onnxruntime.SessionOptions for the calibration session, used as given"
 )
-SHOW_PROGRESS = Setting("show_progress", None, "a progress bar (default: when the output is a terminal)")
+SHOW_PROGRESS = Setting("show_progress", "", "a progress bar (default: when the output is a terminal)")
 
 SETTINGS: tuple[Setting, ...] = (
     MODE,
@@ -120,7 +120,7 @@ SETTINGS: tuple[Setting, ...] = (
 # The settings of histocal's own methods' calibrator: always streaming, so no mode nor budget.
 STREAMING_SETTINGS = tuple(s for s in SETTINGS if s not in (MODE, MEMORY_BUDGET))
 # The extra_options keys of the settings, and the command-line flag of each key.
-EXTRA_KEYS: dict[str, Setting] = {s.extra_key: s for s in SETTINGS if s.extra_key is not None}
+EXTRA_KEYS: dict[str, Setting] = {s.extra_key: s for s in SETTINGS if s.extra_key}
 
 
 class CollectionKwargs(TypedDict, total=False):
@@ -213,7 +213,7 @@ class CollectionSettings:
         return {
             s.extra_key: getattr(self, s.name)
             for s in SETTINGS
-            if s.extra_key is not None and getattr(self, s.name) != getattr(default, s.name)
+            if s.extra_key and getattr(self, s.name) != getattr(default, s.name)
         }
 
     def replace(self, **changes: Any) -> CollectionSettings:
@@ -227,13 +227,15 @@ class CollectionSettings:
     ) -> None:
         """One flag per setting of ``settings`` (with a flag), stored under the setting's name."""
         for s in settings:
-            if s.flag is None:
+            if not s.flag:
                 continue
             kwargs: dict[str, Any] = {"dest": s.dest, "help": s.help}
             if s in (PER_CHANNEL,):
                 kwargs.update(action="store_true", default=None)
             else:
-                kwargs.update(choices=s.choices, metavar=s.metavar, type=(types or {}).get(s.name, AXIS_TYPES.get(s.name)))
+                kwargs.update(
+                    choices=s.choices, metavar=s.metavar, type=(types or {}).get(s.name, AXIS_TYPES.get(s.name))
+                )
             group.add_argument(s.flag, **kwargs)
 
     @staticmethod
@@ -249,6 +251,6 @@ AXIS_TYPES: dict[str, Callable[[str], Any]] = {"axis": int}
 def flag_of(key: str) -> str:
     """The command-line flag of an ``extra_options`` key or an option name."""
     setting = EXTRA_KEYS.get(key)
-    if setting is not None and setting.flag is not None:
+    if setting is not None and setting.flag:
         return setting.flag
     return "--" + key.replace("_", "-")

@@ -22,7 +22,6 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .._core import MAX_BINS
-
 from .settings import AXIS, PER_CHANNEL
 
 QTYPES = ("int8", "uint8", "int16", "uint16")
@@ -59,10 +58,11 @@ class Option:
         if self.kind is bool:
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{method}: {self.name} must be a boolean, got {value!r}")
-        elif self.kind is int:
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not _within(value, self.bounds):
-                low, high = self.bounds or (-math.inf, math.inf)
-                raise ValueError(f"{method}: {self.name} must be an integer in [{low}, {high}], got {value!r}")
+        elif self.kind is int and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not _within(value, self.bounds)
+        ):
+            low, high = self.bounds or (-math.inf, math.inf)
+            raise ValueError(f"{method}: {self.name} must be an integer in [{low}, {high}], got {value!r}")
         if self.choices is not None and value not in self.choices:
             if self.name == "qtype":
                 raise ValueError(f"{method}: qtype must be one of {list(self.choices)}, got {value!r}")
@@ -104,7 +104,7 @@ def _num_bins(default: int) -> Option:
 
 
 def _qtype(choices: tuple[str, ...] = QTYPES) -> Option:
-    return Option("qtype", str, "int8", "target type of the error model", choices)
+    return Option("qtype", str, "int8", "target type of the error model; quantize: the activation type", choices)
 
 
 _NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins", bounds=(1, MAX_BINS))

@@ -30,6 +30,8 @@ from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from .. import calibrators, methods
+from ..io.cache import check_cache, save_tensors_data
+from ..io.readers import DataSource
 from ..methods.settings import (
     MEMORY_BUDGET,
     METHOD_OPTIONS_KEY,
@@ -38,8 +40,6 @@ from ..methods.settings import (
     QUANTIZE_METHOD_OVERRIDES_KEY,
     STREAMING_BINS,
 )
-from ..io.cache import check_cache, save_tensors_data
-from ..io.readers import DataSource
 from ..state import merge_states
 from . import selection
 from .ort import (
@@ -163,7 +163,10 @@ def calibrate(
     extra = dict(extra_options or {})
     options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
     # the keywords to create_calibrator's keys (methods.settings)
-    keys = {"method_options": METHOD_OPTIONS_KEY, **{s.name: s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)}}
+    keys = {
+        "method_options": METHOD_OPTIONS_KEY,
+        **{s.name: s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)},
+    }
     for key, option in keys.items():
         if key in histogram_options:
             histogram_options[option] = histogram_options.pop(key)
