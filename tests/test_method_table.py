@@ -56,3 +56,93 @@ def test_each_option_value_is_spelled_in_one_source_file():
     for value in table.POW2_METHODS + table.MINMSE_MODES[1:]:
         spelled = sorted(str(p.relative_to(PACKAGE)) for p, text in sources.items() if value in text)
         assert spelled == ["methods/table.py"], value
+
+
+def _string_literals() -> dict[str, set[str]]:
+    """Per source file (histocal.quark exempt, as above), its string constants outside docstrings."""
+    import ast
+
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "quark":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        out[str(path.relative_to(PACKAGE))] = {
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+        }
+    return out
+
+
+def test_each_collection_key_and_flag_is_spelled_in_one_source_file():
+    # A collection setting is one row of histocal.methods.settings: its extra_options keys, flag and
+    # environment variable are written nowhere else (every other module derives them from the row).
+    from histocal.methods import settings
+
+    literals = _string_literals()
+    keys = [
+        settings.METHOD_OPTIONS_KEY,
+        settings.METHOD_OVERRIDES_KEY,
+        settings.QUANTIZE_METHOD_OVERRIDES_KEY,
+        *(s.extra_key for s in settings.SETTINGS if s.extra_key and s.extra_key != s.name),
+        *(s.quantize_key for s in settings.SETTINGS if s.quantize_key),
+        # (`quantize --per-channel` is also ORT's own weight argument of that name)
+        *(s.flag for s in settings.SETTINGS if s.flag and s is not settings.PER_CHANNEL),
+        *(s.env for s in settings.SETTINGS if s.env),
+    ]
+    assert {"MemoryBudget", "StreamingBins", "CollectionMode", "NumThreads", "SessionOptions"} <= set(keys)
+    assert {"MethodOptions", "MethodOverrides", "channel_axis", "--memory-budget", "HISTOCAL_MEMORY_BUDGET"} <= set(
+        keys
+    )
+    for key in keys:
+        spelled = sorted(p for p, values in literals.items() if key in values)
+        assert spelled == ["methods/settings.py"], key
+
+
+def test_each_method_option_flag_is_derived_from_the_table():
+    # Every option of every method reaches the command line from its table row: no module spells its flag
+    # (but `histocal report`'s own --qtype and --symmetric: what the report's errors are computed for).
+    literals = _string_literals()
+    for option in table.ALL_OPTIONS.values():
+        spelled = [p for p, values in literals.items() if option.flag in values and p != "cli/report.py"]
+        assert spelled == [], option.flag
+
+
+@pytest.mark.parametrize("name", [n for n, o in table.ALL_OPTIONS.items() if o.kind is int])
+def test_command_line_parses_an_int_option_from_the_table(name):
+    option = table.ALL_OPTIONS[name]
+    low, high = option.bounds
+    parser = build_parser()
+    base = ["recompute", "state.hcs", "--method", "kl", "--cache", "c.json", option.flag]
+    assert getattr(parser.parse_args([*base, str(int(high))]), name) == int(high)  # an int, not a string
+    assert isinstance(getattr(parser.parse_args([*base, "64"]), name), int)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, str(int(low) - 1)])
+    with pytest.raises(ValueError, match=f"kl: {name} must be an integer in"):
+        methods.check_options("kl", {name: int(high) + 1})
+
+
+def test_collection_settings_round_trip_and_refuse_bad_values():
+    from histocal.methods.settings import CollectionSettings
+
+    given = {"CollectionMode": "exact", "StreamingBins": 1024, "MemoryBudget": "2KiB", "channel_axis": 2}
+    settings = CollectionSettings.from_extra_options({**given, "num_bins": 7})
+    assert (settings.mode, settings.streaming_bins, settings.memory_budget, settings.axis) == ("exact", 1024, 2048, 2)
+    assert CollectionSettings.from_extra_options(settings.to_extra_options()) == settings
+    # per-channel histograms are streaming ones: the drift the distributed driver once had is refused here
+    with pytest.raises(ValueError, match="streaming mode only"):
+        CollectionSettings.from_keywords(mode="exact", per_channel=True)
+    assert CollectionSettings.from_keywords(per_channel=True).mode == "streaming"
+    with pytest.raises(TypeError, match="memory_budgett"):
+        CollectionSettings.from_keywords(memory_budgett=1)
+    with pytest.raises(ValueError, match="streaming_bins must be a power of two"):
+        CollectionSettings.from_keywords(streaming_bins=1000)

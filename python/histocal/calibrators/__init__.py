@@ -1,15 +1,9 @@
 """onnxruntime-compatible calibrators (MinMax, Entropy, Percentile, Distribution, histocal's methods)
 and ``create_calibrator``."""
 
+from ..methods.settings import DEFAULT_STREAMING_BINS, MODES
 from .budget import MEMORY_BUDGET_ENV
-from .common import (
-    DEFAULT_STREAMING_BINS,
-    MEMORY_BUDGET_OPTION,
-    METHOD_OPTIONS_OPTION,
-    MODE_OPTION,
-    MODES,
-    STREAMING_BINS_OPTION,
-)
+from .common import MEMORY_BUDGET_OPTION, METHOD_OPTIONS_OPTION, MODE_OPTION, STREAMING_BINS_OPTION
 from .factory import create_calibrator
 from .histogram import DistributionCalibrater, EntropyCalibrater, PercentileCalibrater
 from .method import MethodCalibrater

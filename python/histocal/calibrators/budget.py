@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-from typing import Any
 
 import numpy as np
 
-from ..io.memory import _cgroup_available, available_memory, format_size, memory_left  # noqa: F401 (tests)
+from ..io.memory import _cgroup_available, available_memory, format_size, memory_left, parse_size  # noqa: F401 (tests)
+from ..methods.settings import MEMORY_BUDGET
 
 logger = logging.getLogger(__name__)
 
-MEMORY_BUDGET_ENV = "HISTOCAL_MEMORY_BUDGET"
+MEMORY_BUDGET_ENV = MEMORY_BUDGET.env
 DEFAULT_BUDGET_CAP = 8 << 30
 DEFAULT_BUDGET_FRACTION = 0.25
 # When the available memory cannot be read at all (no /proc, no sysconf, no Windows API).
@@ -31,45 +30,8 @@ UNKNOWN_MEMORY_BUDGET = 1 << 30
 # that many tiny batches stay within the budget too.
 KEPT_ARRAY_OVERHEAD = 256
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "m": 1 << 20,
-    "g": 1 << 30,
-    "t": 1 << 40,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
-
-
-def parse_size(value: Any, what: str) -> int:
-    """A size in bytes from an int or a string such as ``"512M"`` or ``"2 GB"``; ValueError
-    naming ``what`` for anything else (negative, bool, an unknown unit)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        if value < 0:
-            raise ValueError(f"{what} must be a size in bytes >= 0, got {value}")
-        return int(value)
-    if isinstance(value, str):
-        match = _SIZE.fullmatch(value)
-        unit = _UNITS.get(match.group(2).lower()) if match else None
-        if match and unit is not None:
-            return int(float(match.group(1)) * unit)
-    raise ValueError(
-        f"{what} must be a size in bytes (an int >= 0, or a string like '512M', '2GiB', '4 GB'), got {value!r}"
-    )
-
-
-def check_memory_budget(value: Any) -> int | None:
-    """The keyword's value in bytes, or None (not set: the environment or the default decides)."""
-    return None if value is None else parse_size(value, "memory_budget")
+# Where a message tells how to raise the budget.
+HOW_TO_SET = f"{MEMORY_BUDGET.name}=, extra_options['{MEMORY_BUDGET.extra_key}'] or {MEMORY_BUDGET_ENV}"
 
 
 def resolve_memory_budget(keyword: int | None) -> int:
@@ -120,3 +82,12 @@ class KeptOutputs:
     def drop(self) -> None:
         self.batches.clear()
         self.nbytes = 0
+
+
+def _second_read_differs(first: int, last: int) -> ValueError:
+    where = f"batch {last}" if first == last else f"batches {first} to {last}"
+    return ValueError(
+        f"{where}: the data reader returned different data on its second read "
+        "(exact mode reads again the batches over its memory budget; it must yield the same "
+        "batches each time, or use mode='streaming')"
+    )

@@ -22,48 +22,29 @@ from onnxruntime.quantization.quant_utils import add_infer_metadata
 
 from .. import _core
 from ..io.readers import DataSource, FeedChecker, progress, run_session
+from ..methods.settings import (
+    MEMORY_BUDGET,
+    METHOD_OPTIONS_KEY,
+    MODE,
+    NUM_THREADS,
+    SESSION_OPTIONS,
+    STREAMING_BINS,
+)
 from ..methods.table import ORT_TABLE
 from .cores import pool_threads_for
 
 logger = logging.getLogger(__name__)
 
 
-MODES = ("auto", "exact", "streaming")
-DEFAULT_STREAMING_BINS = 16384
-MODE_OPTION = "CollectionMode"
-STREAMING_BINS_OPTION = "StreamingBins"
-METHOD_OPTIONS_OPTION = "MethodOptions"
-MEMORY_BUDGET_OPTION = "MemoryBudget"
-NUM_THREADS_OPTION = "NumThreads"
-SESSION_OPTIONS_OPTION = "SessionOptions"
+# The extra_options keys, under the names this package has exported (the table is methods.settings).
+MODE_OPTION = MODE.extra_key
+STREAMING_BINS_OPTION = STREAMING_BINS.extra_key
+METHOD_OPTIONS_OPTION = METHOD_OPTIONS_KEY
+MEMORY_BUDGET_OPTION = MEMORY_BUDGET.extra_key
+NUM_THREADS_OPTION = NUM_THREADS.extra_key
+SESSION_OPTIONS_OPTION = SESSION_OPTIONS.extra_key
 
 _METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
-
-
-def _check_mode(mode: str | None) -> str:
-    mode = "auto" if mode is None else mode
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return mode
-
-
-def _check_streaming_bins(n: int | None) -> int:
-    n = DEFAULT_STREAMING_BINS if n is None else n
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 8 or n & (n - 1):
-        raise ValueError(f"streaming_bins must be a power of two >= 8, got {n!r}")
-    return int(n)
-
-
-def _check_channel_options(per_channel: Any, axis: Any, mode: str) -> tuple[bool, int, str]:
-    """``per_channel``, ``axis`` (checked against each tensor's rank when it is collected) and the
-    collection mode: per-channel histograms are collected in streaming mode only."""
-    if not isinstance(per_channel, (bool, np.bool_)):
-        raise ValueError(f"per_channel must be a boolean, got {per_channel!r}")
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise ValueError(f"axis must be an integer, got {axis!r}")
-    if per_channel and mode == "exact":
-        raise ValueError("per-channel histograms are collected in streaming mode only (mode='exact' given)")
-    return bool(per_channel), int(axis), "streaming" if per_channel else mode
 
 
 def _check_channels_loadable(channels: Any, per_channel: bool, axis: int) -> None:
@@ -169,15 +150,6 @@ class _ReadDigest:
         for name, arrays in sorted(items, key=lambda item: item[0]):
             h.update(f"{name}\0{arrays[0].dtype.str}{arrays[0].shape};".encode())
         self.digest = h.digest()
-
-
-def _second_read_differs(first: int, last: int) -> ValueError:
-    where = f"batch {last}" if first == last else f"batches {first} to {last}"
-    return ValueError(
-        f"{where}: the data reader returned different data on its second read "
-        "(exact mode reads again the batches over its memory budget; it must yield the same "
-        "batches each time, or use mode='streaming')"
-    )
 
 
 def _run_batches(

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NUM_THREADS_VAR = "HISTOCAL_NUM_THREADS"
+from ..methods.settings import NUM_THREADS
+
+NUM_THREADS_VAR = NUM_THREADS.env
 
 
 def _quota_v2(folder: Path) -> float | None:

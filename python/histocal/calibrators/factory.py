@@ -10,16 +10,19 @@ from typing import Any
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
-from ..methods.table import CHANNEL_EXTRA_OPTIONS, CHANNEL_OPTIONS
-from ..state.overrides import METHOD_OVERRIDES_OPTION
-from .common import (
-    MEMORY_BUDGET_OPTION,
-    METHOD_OPTIONS_OPTION,
-    MODE_OPTION,
-    NUM_THREADS_OPTION,
-    SESSION_OPTIONS_OPTION,
-    STREAMING_BINS_OPTION,
+from ..methods.settings import (
+    AXIS,
+    MEMORY_BUDGET,
+    METHOD_OPTIONS_KEY,
+    METHOD_OVERRIDES_KEY,
+    MODE,
+    NUM_THREADS,
+    PER_CHANNEL,
+    SESSION_OPTIONS,
+    STREAMING_BINS,
+    CollectionSettings,
 )
+from ..methods.table import ORT_TABLE
 from .histogram import DistributionCalibrater, EntropyCalibrater, PercentileCalibrater
 from .method import MethodCalibrater
 from .minmax import MinMaxCalibrater
@@ -37,31 +40,22 @@ def create_calibrator(
     extra_options: dict[str, Any] | None = None,
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
-    ``extra_options`` keys and defaults, plus ``CollectionMode`` (auto/exact/streaming),
-    ``StreamingBins`` and ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``) for the histogram methods,
-    ``per_channel`` (ORT's MinMax key) and ``channel_axis`` for per-channel histograms,
-    ``NumThreads`` (the CPUs calibration may use; default: ``HISTOCAL_NUM_THREADS``, else the
-    usable CPUs) and ``SessionOptions`` (an ``onnxruntime.SessionOptions`` for the calibration
-    session, used as given). ``calibrate_method`` may also name a histocal
+    ``extra_options`` keys and defaults, plus the keys of histocal's collection settings
+    (``histocal.methods.settings``: the collection mode, streaming bins and exact mode's budget for
+    the histogram methods, per-channel histograms, threads, the session options). ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
     ``extra_options["MethodOptions"]`` (a dict). ``extra_options["MethodOverrides"]`` assigns other
     methods to chosen tensors, by name or by the op type of their producing node (``{"op:Softmax":
     "isotone", "name:logits": "isotone"}``; see ``histocal.state.overrides``), for every method but
     MinMax's in-graph calibrator."""
     opts = dict(extra_options or {})
+    overrides = opts.get(METHOD_OVERRIDES_KEY)
     # extra_options values are untyped (ORT's API); the calibrators check them
-    channel_opts = {o.name: opts.get(CHANNEL_EXTRA_OPTIONS[o.name], o.default) for o in CHANNEL_OPTIONS}
-    hist_opts: dict[str, Any] = {
-        "mode": opts.get(MODE_OPTION),
-        "streaming_bins": opts.get(STREAMING_BINS_OPTION),
-        "memory_budget": opts.get(MEMORY_BUDGET_OPTION),
-        **channel_opts,
-    }
     common: dict[str, Any] = dict(
         use_external_data_format=use_external_data_format,
-        num_threads=opts.get(NUM_THREADS_OPTION),
-        session_options=opts.get(SESSION_OPTIONS_OPTION),
+        **CollectionSettings.keywords_from_extra_options(opts, (NUM_THREADS, SESSION_OPTIONS)),
     )
+    channels = CollectionSettings.keywords_from_extra_options(opts, (PER_CHANNEL, AXIS))
     if isinstance(calibrate_method, str):
         name = methods.canonical_name(calibrate_method)
         if name not in methods.ORT_METHODS:
@@ -71,66 +65,53 @@ def create_calibrator(
                 augmented_model_path,
                 **common,
                 method=name,
-                method_options=opts.get(METHOD_OPTIONS_OPTION),
-                streaming_bins=opts.get(STREAMING_BINS_OPTION),
-                **channel_opts,
+                method_options=opts.get(METHOD_OPTIONS_KEY),
+                **CollectionSettings.keywords_from_extra_options(opts, (STREAMING_BINS, PER_CHANNEL, AXIS)),
             )
-            return _prepare(calibrator, providers, opts.get(METHOD_OVERRIDES_OPTION))
+            return _prepare(calibrator, providers, overrides)
         calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
-    if calibrate_method == CalibrationMethod.MinMax:
+    method = next((m for m in ORT_TABLE if m.ort == calibrate_method), None)
+    if method is None:
+        raise ValueError(f"Unsupported calibration method {calibrate_method}")
+    # ORT's options and defaults, as onnxruntime's create_calibrator reads them
+    method_options = {o.name: opts.get(o.name, o.default) for o in method.options}
+    if method.name == "minmax":
         calibrator = MinMaxCalibrater(
             model,
             op_types_to_calibrate,
             augmented_model_path,
             **common,
-            symmetric=opts.get("symmetric", False),
+            **method_options,
             moving_average=opts.get("moving_average", False),
             averaging_constant=opts.get("averaging_constant", 0.01),
             max_intermediate_outputs=opts.get("max_intermediate_outputs"),
-            per_channel=opts.get("per_channel", False),
-        )
-    elif calibrate_method == CalibrationMethod.Entropy:
-        calibrator = EntropyCalibrater(
-            model,
-            op_types_to_calibrate,
-            augmented_model_path,
-            **common,
-            symmetric=opts.get("symmetric", False),
-            num_bins=opts.get("num_bins", 128),
-            num_quantized_bins=opts.get("num_quantized_bins", 128),
-            **hist_opts,
-        )
-    elif calibrate_method == CalibrationMethod.Percentile:
-        calibrator = PercentileCalibrater(
-            model,
-            op_types_to_calibrate,
-            augmented_model_path,
-            **common,
-            symmetric=opts.get("symmetric", True),
-            num_bins=opts.get("num_bins", 2048),
-            percentile=opts.get("percentile", 99.999),
-            **hist_opts,
-        )
-    elif calibrate_method == CalibrationMethod.Distribution:
-        calibrator = DistributionCalibrater(
-            model,
-            op_types_to_calibrate,
-            augmented_model_path,
-            **common,
-            num_bins=opts.get("num_bins", 2048),
-            scenario=opts.get("scenario", "same"),
-            **hist_opts,
+            per_channel=opts.get(PER_CHANNEL.extra_key, False),
         )
     else:
-        raise ValueError(f"Unsupported calibration method {calibrate_method}")
-    return _prepare(calibrator, providers, opts.get(METHOD_OVERRIDES_OPTION))
+        calibrator = _HISTOGRAM_CALIBRATORS[method.name](
+            model,
+            op_types_to_calibrate,
+            augmented_model_path,
+            **common,
+            **method_options,
+            **CollectionSettings.keywords_from_extra_options(opts, (MODE, STREAMING_BINS, MEMORY_BUDGET)),
+            **channels,
+        )
+    return _prepare(calibrator, providers, overrides)
+
+
+_HISTOGRAM_CALIBRATORS: dict[str, Any] = {
+    "entropy": EntropyCalibrater,
+    "percentile": PercentileCalibrater,
+    "distribution": DistributionCalibrater,
+}
 
 
 def _prepare(calibrator: Any, providers: Sequence[Any] | None, overrides: Any = None) -> Any:
     if overrides:
         if isinstance(calibrator, MinMaxCalibrater):
             raise ValueError(
-                f"extra_options[{METHOD_OVERRIDES_OPTION!r}] needs a histogram method as the main method "
+                f"extra_options[{METHOD_OVERRIDES_KEY!r}] needs a histogram method as the main method "
                 "(MinMax's calibrator collects no histograms): e.g. calibrate_method='percentile'"
             )
         calibrator.method_overrides = overrides

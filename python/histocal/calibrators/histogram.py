@@ -36,35 +36,34 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorsData
 
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
+    from typing_extensions import Unpack
+
 from .. import _core
 from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
+from ..methods.settings import CollectionKwargs, CollectionSettings
 from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
 from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
-from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
+from .budget import HOW_TO_SET, KeptOutputs, _second_read_differs, format_size, resolve_memory_budget
 from .common import (
     _METHODS,
-    MEMORY_BUDGET_OPTION,
     _augmented_model_path,
     _binned_and_binnable,
-    _check_channel_options,
     _check_channels_loadable,
-    _check_mode,
-    _check_streaming_bins,
     _is_checkpoint,
     _one_call_at_a_time,
     _PrivateShapeInference,
     _ReadDigest,
     _run_batches,
-    _second_read_differs,
 )
 from .cores import calibration_threads, session_options_for
 
@@ -92,27 +91,17 @@ class _HistogramCalibration:
     execution_providers: list[str] | None
     infer_session: Any
 
-    def _init_histocal(
-        self,
-        mode: str | None,
-        streaming_bins: int | None,
-        show_progress: bool | None,
-        memory_budget: int | str | None = None,
-        per_channel: bool = False,
-        axis: int = 1,
-        num_threads: int | None = None,
-        session_options: Any = None,
-    ) -> None:
+    def _init_histocal(self, settings: CollectionSettings) -> None:
         self._lock = threading.RLock()
+        self.settings = settings
         # bytes of outputs exact mode may keep to save a second inference pass (None: see .budget)
-        self.memory_budget = check_memory_budget(memory_budget)
-        self.threads = calibration_threads(num_threads)
-        self.session_options = session_options
-        self.mode = _check_mode(mode)
-        self.streaming_bins = _check_streaming_bins(streaming_bins)
-        self.show_progress = show_progress
+        self.memory_budget = settings.memory_budget
+        self.threads = calibration_threads(settings.num_threads)
+        self.session_options = settings.session_options
+        self.streaming_bins = settings.streaming_bins
+        self.show_progress = settings.show_progress
         self._stream: Any = None
-        self.per_channel, self.axis, self.mode = _check_channel_options(per_channel, axis, self.mode)
+        self.per_channel, self.axis, self.mode = settings.per_channel, settings.axis, settings.mode
         self._channels: ChannelHistograms | None = None
         self._mode_used: str | None = None
         self._model_fingerprint: str | None = None
@@ -309,10 +298,7 @@ class _HistogramCalibration:
         """Read-once data whose outputs outgrow the budget at batch ``i``: ``auto`` mode goes on
         streaming (the streaming histogram already holds every batch so far; returns True),
         ``exact`` keeps every batch as ORT does."""
-        how = (
-            f"histocal's memory budget ({format_size(kept.budget)}; memory_budget=, "
-            f"extra_options['{MEMORY_BUDGET_OPTION}'] or {MEMORY_BUDGET_ENV})"
-        )
+        how = f"histocal's memory budget ({format_size(kept.budget)}; {HOW_TO_SET})"
         if self.mode == "auto":
             kept.drop()
             logger.warning(
@@ -502,15 +488,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, 
         symmetric: bool = False,
         num_bins: int = 128,
         num_quantized_bins: int = 128,
-        *,
-        mode: str | None = None,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
-        memory_budget: int | str | None = None,
-        per_channel: bool = False,
-        axis: int = 1,
-        num_threads: int | None = None,
-        session_options: Any = None,
+        **collection: Unpack[CollectionKwargs],
     ) -> None:
         super().__init__(
             model_path,
@@ -522,9 +500,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, 
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(
-            mode, streaming_bins, show_progress, memory_budget, per_channel, axis, num_threads, session_options
-        )
+        self._init_histocal(CollectionSettings.from_keywords(**collection))
 
 
 class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater, _PrivateShapeInference):
@@ -538,15 +514,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         symmetric: bool = False,
         num_bins: int = 2048,
         percentile: float = 99.999,
-        *,
-        mode: str | None = None,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
-        memory_budget: int | str | None = None,
-        per_channel: bool = False,
-        axis: int = 1,
-        num_threads: int | None = None,
-        session_options: Any = None,
+        **collection: Unpack[CollectionKwargs],
     ) -> None:
         super().__init__(
             model_path,
@@ -558,9 +526,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(
-            mode, streaming_bins, show_progress, memory_budget, per_channel, axis, num_threads, session_options
-        )
+        self._init_histocal(CollectionSettings.from_keywords(**collection))
 
 
 class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater, _PrivateShapeInference):
@@ -573,15 +539,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         method: str = "distribution",
         num_bins: int = 128,
         scenario: str = "same",
-        *,
-        mode: str | None = None,
-        streaming_bins: int | None = None,
-        show_progress: bool | None = None,
-        memory_budget: int | str | None = None,
-        per_channel: bool = False,
-        axis: int = 1,
-        num_threads: int | None = None,
-        session_options: Any = None,
+        **collection: Unpack[CollectionKwargs],
     ) -> None:
         super().__init__(
             model_path,
@@ -592,6 +550,4 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(
-            mode, streaming_bins, show_progress, memory_budget, per_channel, axis, num_threads, session_options
-        )
+        self._init_histocal(CollectionSettings.from_keywords(**collection))

@@ -10,6 +10,7 @@ from typing import Any
 from onnxruntime.quantization import calibrate as ort_calibrate
 
 from .. import _core, methods
+from ..methods.settings import CollectionSettings
 from ..methods.table import collects_isotone, collects_votes
 from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
 from ..state.overrides import collects_for
@@ -51,7 +52,15 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater,
             method=name,
         )
         self._init_histocal(
-            "streaming", streaming_bins, show_progress, None, per_channel, axis, num_threads, session_options
+            CollectionSettings.from_keywords(
+                mode="streaming",
+                streaming_bins=streaming_bins,
+                show_progress=show_progress,
+                per_channel=per_channel,
+                axis=axis,
+                num_threads=num_threads,
+                session_options=session_options,
+            )
         )
 
     def _check_settings(self) -> None:

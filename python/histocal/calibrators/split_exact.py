@@ -18,7 +18,8 @@ from typing import Any
 from .. import _core
 from ..collector import CollectedData
 from ..io.readers import DataSource
-from .common import _is_checkpoint, _ReadDigest, _run_batches, _second_read_differs
+from .budget import _second_read_differs
+from .common import _is_checkpoint, _ReadDigest, _run_batches
 
 
 @dataclass(frozen=True)

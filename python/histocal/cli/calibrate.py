@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..methods.settings import MODE
 from .common import (
     METHODS,
     CliError,
@@ -88,7 +89,7 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         shards,
         calibrate_method=args.method,
         extra_options=options,
-        mode=options.pop("CollectionMode", None),
+        mode=options.pop(MODE.extra_key, None),
         num_workers=workers,
         address=args.address,
         op_types_to_calibrate=args.op_types,

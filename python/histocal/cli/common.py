@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -14,9 +15,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..methods.table import HISTOCAL_METHODS, HISTOCAL_TABLE, ORT_METHODS, ORT_TABLE, QTYPES, TABLE
-
-ALL_ORT_OPTIONS = {o.name for m in ORT_TABLE for o in m.options}
+from ..methods.settings import (
+    AXIS,
+    MEMORY_BUDGET,
+    METHOD_OPTIONS_KEY,
+    METHOD_OVERRIDES_KEY,
+    MODE,
+    PER_CHANNEL,
+    STREAMING_BINS,
+    CollectionSettings,
+    flag_of,
+)
+from ..methods.table import ALL_OPTIONS, HISTOCAL_METHODS, ORT_METHODS, ORT_TABLE, TABLE, Option
 
 logger = logging.getLogger("histocal.cli")
 
@@ -24,10 +34,9 @@ logger = logging.getLogger("histocal.cli")
 METHODS = ORT_METHODS
 HISTOGRAM_METHODS = tuple(m.name for m in ORT_TABLE if m.histogram == "exact")
 _METHOD_NAMES = {m.name: m.ort.name for m in ORT_TABLE if m.ort is not None}
-# Options of histocal's own methods only (mse, kl, pow2, auto), passed as MethodOptions.
-_METHOD_OPTION_KEYS = tuple(
-    dict.fromkeys(o.name for m in HISTOCAL_TABLE for o in m.options if o.name not in ALL_ORT_OPTIONS)
-)
+# Every method option's flag comes from the table; MinMax's other ORT options (not in a state) are the CLI's own.
+_TABLE_OPTIONS: dict[str, Option] = ALL_OPTIONS
+_MINMAX_OPTIONS = ("moving_average", "averaging_constant", "max_intermediate_outputs")
 # histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] and ["folds"] (not imported: fast --help)
 AUTO_EVAL_SAMPLES = 16
 AUTO_FOLDS = 4
@@ -201,10 +210,10 @@ def _float(text: str) -> float:
     return value
 
 
-def _percentile(text: str) -> float:
+def _number_in(bounds: tuple[float, float] | None, what: str, text: str) -> float:
     value = _float(text)
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"expected a percentile in [0, 100], got {value}")
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected a {what} in [{bounds[0]}, {bounds[1]}], got {value}")
     return value
 
 
@@ -281,39 +290,8 @@ def _add_method_options(
         help="another method for chosen tensors; KEY: name:TENSOR, op:OPTYPE (the op type of the node producing "
         "them; needs the model) or either; repeatable (e.g. --method-for name:logits=isotone)",
     )
-    g.add_argument(
-        "--num-bins",
-        type=_bins,
-        metavar="N",
-        help="histogram bins (ORT defaults: entropy 128, percentile/distribution 2048)",
-    )
-    g.add_argument("--num-quantized-bins", type=_bins, metavar="N", help="entropy: quantized bins (default 128)")
-    g.add_argument("--percentile", type=_percentile, metavar="P", help="percentile: the percentile (default 99.999)")
-    g.add_argument(
-        "--symmetric",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="symmetric ranges (ORT defaults: percentile yes, others no)",
-    )
-    scenario = TABLE["distribution"].option("scenario")
-    g.add_argument(
-        "--scenario", choices=scenario.choices, help=f"distribution: {scenario.help} (default {scenario.default})"
-    )
-    g.add_argument(
-        "--qtype",
-        choices=QTYPES,
-        help="mse/pow2/auto: target type of the error model (default int8; quantize: the activation type)",
-    )
-    for name in _METHOD_OPTION_KEYS:
-        if name == "qtype":
-            continue
-        users = [m for m in HISTOCAL_TABLE if any(o.name == name for o in m.options)]
-        option = users[0].option(name)
-        g.add_argument(
-            f"--{name.replace('_', '-')}",
-            choices=option.choices,
-            help=f"{'/'.join(m.name for m in users)}: {option.help} (default {option.default})",
-        )
+    for option in _TABLE_OPTIONS.values():
+        _add_option(g, option)
     if minmax:
         g.add_argument("--moving-average", action="store_true", default=None, help="minmax: moving average of ranges")
         g.add_argument(
@@ -323,27 +301,45 @@ def _add_method_options(
             "--max-intermediate-outputs", type=_positive_int, metavar="K", help="minmax: fold ranges every K batches"
         )
         if per_channel:
-            g.add_argument("--per-channel", action="store_true", default=None, help="minmax: per-channel ranges")
+            g.add_argument(PER_CHANNEL.flag, action="store_true", default=None, help="minmax: per-channel ranges")
     if collection:
+        CollectionSettings.add_cli_arguments(g, (MODE, MEMORY_BUDGET, STREAMING_BINS), {STREAMING_BINS.name: _bins})
+
+
+def _option_type(option: Option) -> Any:
+    """The argparse type of a table option: its kind within its bounds."""
+    if option.kind is int:
+        low, high = option.bounds or (1, _MAX_INT)
+        return functools.partial(_int_at_least, int(low), maximum=int(high))
+    if option.kind is float:
+        return functools.partial(_number_in, option.bounds, option.name)
+    return None
+
+
+def _add_option(g: Any, option: Option) -> None:
+    """One table option's flag: its users and defaults in the help, its kind and bounds or choices as the type."""
+    users = [m for m in TABLE.values() if any(o.name == option.name for o in m.options)]
+    defaults = {m.name: m.option(option.name).default for m in users}
+    if len(set(map(str, defaults.values()))) == 1:
+        default = f"default {_shown(option.default)}"
+    else:
+        default = "defaults: " + ", ".join(f"{m} {_shown(d)}" for m, d in defaults.items())
+    help = f"{'/'.join(defaults)}: {option.help} ({default})"
+    if option.kind is bool:
+        g.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=None, help=help)
+    else:
+        metavar = None if option.choices else "N" if option.kind is int else option.name[0].upper()
         g.add_argument(
-            "--mode",
-            choices=("auto", "exact", "streaming"),
-            help="histogram collection: exact (ORT-identical; one inference pass while the outputs fit "
-            "the memory budget, the rest run again), streaming (one pass, bounded memory), auto (default: "
-            "exact, but streaming for data read once whose outputs outgrow the budget)",
+            option.flag,
+            type=_option_type(option),
+            choices=option.choices,
+            metavar=metavar,
+            help=help.replace("%", "%%"),
         )
-        g.add_argument(
-            "--memory-budget",
-            metavar="SIZE",
-            help="exact mode: outputs kept to save a second inference pass, in bytes or e.g. 512M, 2GiB "
-            "(default: HISTOCAL_MEMORY_BUDGET, else the lesser of 25%% of available memory and 8 GiB)",
-        )
-        g.add_argument(
-            "--streaming-bins",
-            type=_bins,
-            metavar="N",
-            help="streaming mode: bins of the batch-invariant histogram (power of two, default 16384)",
-        )
+
+
+def _shown(value: Any) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
 
 
 def _add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
@@ -386,44 +382,16 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
     ignored with a warning)."""
     method = args.method
     given = {
-        "num_bins": getattr(args, "num_bins", None),
-        "num_quantized_bins": getattr(args, "num_quantized_bins", None),
-        "percentile": getattr(args, "percentile", None),
-        "symmetric": getattr(args, "symmetric", None),
-        "scenario": getattr(args, "scenario", None),
-        "moving_average": getattr(args, "moving_average", None),
-        "averaging_constant": getattr(args, "averaging_constant", None),
-        "max_intermediate_outputs": getattr(args, "max_intermediate_outputs", None),
-        "per_channel": getattr(args, "calib_per_channel", None),
-        "channel_axis": getattr(args, "calib_axis", None),
-        "CollectionMode": getattr(args, "mode", None),
-        "StreamingBins": getattr(args, "streaming_bins", None),
-        "MemoryBudget": getattr(args, "memory_budget", None),
-        **{k: getattr(args, k, None) for k in _METHOD_OPTION_KEYS},
+        **{name: getattr(args, name, None) for name in (*_TABLE_OPTIONS, *_MINMAX_OPTIONS)},
+        **CollectionSettings.extra_options_from_cli(args),
     }
-    channels = {"per_channel", "channel_axis"}  # per-channel histograms: every histogram method
-    applies = {
-        "minmax": {"symmetric", "moving_average", "averaging_constant", "max_intermediate_outputs", "per_channel"},
-        "entropy": {
-            "num_bins",
-            "num_quantized_bins",
-            "symmetric",
-            "CollectionMode",
-            "StreamingBins",
-            "MemoryBudget",
-            *channels,
-        },
-        "percentile": {
-            "num_bins",
-            "percentile",
-            "symmetric",
-            "CollectionMode",
-            "StreamingBins",
-            "MemoryBudget",
-            *channels,
-        },
-        "distribution": {"num_bins", "scenario", "CollectionMode", "StreamingBins", "MemoryBudget", *channels},
-    }.get(method) or {"StreamingBins", *channels, *_histocal_option_names(method)}
+    channels = {s.extra_key for s in (PER_CHANNEL, AXIS)}  # per-channel histograms: every histogram method
+    if method == "minmax":
+        applies = {*TABLE[method].defaults, *_MINMAX_OPTIONS, PER_CHANNEL.extra_key}
+    elif method in HISTOGRAM_METHODS:
+        applies = {*TABLE[method].defaults, *(s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)), *channels}
+    else:
+        applies = {STREAMING_BINS.extra_key, *channels, *_histocal_option_names(method)}
     options: dict[str, Any] = {}
     for key, value in given.items():
         if value is None:
@@ -433,10 +401,10 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
         else:
             logger.warning("option %s does not apply to --method %s; ignored", _flag(key), method)
     if method not in _METHOD_NAMES:
-        kept = {"StreamingBins", *channels}
-        options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k not in kept}
+        kept = {STREAMING_BINS.extra_key, *channels}
+        options[METHOD_OPTIONS_KEY] = {k: options.pop(k) for k in list(options) if k not in kept}
     if getattr(args, "method_for", None):
-        options["MethodOverrides"] = args.method_for
+        options[METHOD_OVERRIDES_KEY] = args.method_for
     return options
 
 
@@ -448,26 +416,9 @@ def _histocal_option_names(method: str) -> tuple[str, ...]:
 
 def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
     """CalibrationState.compute keyword settings for the chosen histogram method."""
-    applies = {
-        "minmax": ("symmetric",),
-        "entropy": ("num_bins", "num_quantized_bins", "symmetric"),
-        "percentile": ("num_bins", "percentile", "symmetric"),
-        "distribution": ("num_bins", "scenario"),
-    }.get(args.method) or _histocal_option_names(args.method)
+    applies = tuple(TABLE[args.method].defaults) if args.method in ORT_METHODS else _histocal_option_names(args.method)
     settings = {}
-    for key in (
-        "num_bins",
-        "num_quantized_bins",
-        "percentile",
-        "symmetric",
-        "scenario",
-        "moving_average",
-        "averaging_constant",
-        "max_intermediate_outputs",
-        "mode",
-        "streaming_bins",
-        *_METHOD_OPTION_KEYS,
-    ):
+    for key in (*_TABLE_OPTIONS, *_MINMAX_OPTIONS, MODE.name, STREAMING_BINS.name):
         value = getattr(args, key, None)
         if value is None:
             continue
@@ -481,14 +432,7 @@ def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _flag(key: str) -> str:
-    flags = {
-        "CollectionMode": "--mode",
-        "StreamingBins": "--streaming-bins",
-        "MemoryBudget": "--memory-budget",
-        "per_channel": "--per-channel",
-        "channel_axis": "--axis",
-    }
-    return flags.get(key, "--" + key.replace("_", "-"))
+    return flag_of(key)
 
 
 # ---------------------------------------------------------------------------------------------

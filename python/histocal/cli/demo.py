@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..methods.settings import MODE
 from .inspect import _table
 
 logger = logging.getLogger("histocal.cli")
@@ -200,7 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         all_same = True
         for label, method, options in runs:
             ours, t_ours, m_ours = _run_calibrator(
-                calibrators.create_calibrator, model, tmp, method, {**options, "CollectionMode": "exact"}, data
+                calibrators.create_calibrator, model, tmp, method, {**options, MODE.extra_key: "exact"}, data
             )
             ort, t_ort, m_ort = _run_calibrator(ort_calibrate.create_calibrator, model, tmp, method, options, data)
             same = _same_ranges(ort, ours)

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
+from ..methods.settings import AXIS, PER_CHANNEL, CollectionSettings
 from ..methods.table import NON_OVERFLOW
 from .calibrate import cmd_calibrate, cmd_recompute, positive_seconds
 from .common import (
@@ -119,20 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL", help="ONNX model")
     _add_data_options(p, required=True)
     _add_method_options(p, default_method="minmax", per_channel=False)
-    p.add_argument(
-        "--per-channel",
-        dest="calib_per_channel",
-        action="store_true",
-        default=None,
-        help="per-channel ranges (minmax: ORT's, along axis 1; histogram methods: per-channel histograms along --axis)",
-    )
-    p.add_argument(
-        "--axis",
-        dest="calib_axis",
-        type=int,
-        metavar="N",
-        help="with --per-channel, histogram methods: the channel axis (default 1; negative counts from the end)",
-    )
+    CollectionSettings.add_cli_arguments(p, (PER_CHANNEL, AXIS))
     p.add_argument(
         "--quark",
         action="store_true",

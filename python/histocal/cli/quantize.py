@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
+from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
 from .calibrate import _load_state, _ranges_from_state
 from .common import (
     METHODS,
@@ -71,8 +72,8 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
         data,
         eval_samples=eval_samples,
         folds=folds,
-        method_options=options.get("MethodOptions"),
-        streaming_bins=options.get("StreamingBins"),
+        method_options=options.get(METHOD_OPTIONS_KEY),
+        streaming_bins=options.get(STREAMING_BINS.extra_key),
         show_progress=False if args.no_progress else None,
         **quantization,
     )

@@ -11,8 +11,12 @@ front by ``check_memory``, with an error naming the option and the estimate.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 try:
     import resource
@@ -165,3 +169,39 @@ def check_memory(need: int, what: str, advice: str) -> None:
             f"{what} needs about {format_size(need)} of memory, more than the {format_size(left)} this process "
             f"can still take (available memory, cgroup limit and address-space limit): {advice}"
         )
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(value: Any, what: str) -> int:
+    """A size in bytes from an int or a string such as ``"512M"`` or ``"2 GB"``; ValueError
+    naming ``what`` for anything else (negative, bool, an unknown unit)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        if value < 0:
+            raise ValueError(f"{what} must be a size in bytes >= 0, got {value}")
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        unit = _UNITS.get(match.group(2).lower()) if match else None
+        if match and unit is not None:
+            return int(float(match.group(1)) * unit)
+    raise ValueError(
+        f"{what} must be a size in bytes (an int >= 0, or a string like '512M', '2GiB', '4 GB'), got {value!r}"
+    )

@@ -53,7 +53,6 @@ from typing import Any
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-from .. import _core
 from .isotone import isotone_ranges
 from .scale_rule import SCALE_RULE
 from .table import (
@@ -189,24 +188,12 @@ def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown options for {method}: {sorted(unknown)} (allowed: {sorted(allowed)})")
     out = {**allowed, **options}
-    if "qtype" in out:
-        choices = POW2_QTYPES if method == "pow2" else QTYPES
-        if out["qtype"] not in choices:
-            raise ValueError(f"{method}: qtype must be one of {list(choices)}, got {out['qtype']!r}")
-    if "symmetric" in out and not isinstance(out["symmetric"], (bool, np.bool_)):
-        raise ValueError(f"{method}: symmetric must be a boolean, got {out['symmetric']!r}")
-    for key in ("num_bins", "num_quantized_bins"):
-        value = out.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= _core.MAX_BINS:
-            raise ValueError(f"{method}: {key} must be an integer in [1, {_core.MAX_BINS}], got {value!r}")
+    for option in TABLE[method].options:
+        option.check(method, out[option.name])
     if method == "kl" and out["num_bins"] < out["num_quantized_bins"]:
         raise ValueError(
             f"kl: num_bins ({out['num_bins']}) must be at least num_quantized_bins ({out['num_quantized_bins']})"
         )
-    for option in TABLE[method].options:
-        if option.kind is str and option.name != "qtype" and out[option.name] not in (option.choices or ()):
-            expected = " or ".join(map(repr, option.choices or ()))
-            raise ValueError(f"{method}: {option.name} must be {expected}, got {out[option.name]!r}")
     return out
 
 

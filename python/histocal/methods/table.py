@@ -14,10 +14,15 @@ common choice (``MostCommon``, which needs every batch's vote collected as the b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod
+
+from .._core import MAX_BINS
+from .settings import AXIS, PER_CHANNEL
 
 QTYPES = ("int8", "uint8", "int16", "uint16")
 POW2_QTYPES = ("int8", "uint8", "int16")
@@ -33,13 +38,41 @@ POW2_VOTING = ("minmse_mode", MOST_COMMON)
 
 @dataclass(frozen=True)
 class Option:
-    """One option of a method: its type, default, allowed values and help."""
+    """One option of a method: its type, default, allowed values (``choices``, or ``bounds``: the
+    inclusive range of a number) and help. Its ``extra_options`` key is its name (ORT's methods;
+    histocal's go in ``MethodOptions``), its command-line flag ``flag``."""
 
     name: str
     kind: type  # bool, int, float or str
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    bounds: tuple[float, float] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, method: str, value: Any) -> Any:
+        """``value`` if it is a valid value of this option; ValueError naming the method and option."""
+        if self.kind is bool:
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"{method}: {self.name} must be a boolean, got {value!r}")
+        elif self.kind is int and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not _within(value, self.bounds)
+        ):
+            low, high = self.bounds or (-math.inf, math.inf)
+            raise ValueError(f"{method}: {self.name} must be an integer in [{low}, {high}], got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            if self.name == "qtype":
+                raise ValueError(f"{method}: qtype must be one of {list(self.choices)}, got {value!r}")
+            expected = " or ".join(map(repr, self.choices))
+            raise ValueError(f"{method}: {self.name} must be {expected}, got {value!r}")
+        return value
+
+
+def _within(value: Any, bounds: tuple[float, float] | None) -> bool:
+    return bounds is None or bounds[0] <= value <= bounds[1]
 
 
 @dataclass(frozen=True)
@@ -67,14 +100,14 @@ def _symmetric(default: bool) -> Option:
 
 
 def _num_bins(default: int) -> Option:
-    return Option("num_bins", int, default, "histogram bins")
+    return Option("num_bins", int, default, "histogram bins", bounds=(1, MAX_BINS))
 
 
 def _qtype(choices: tuple[str, ...] = QTYPES) -> Option:
-    return Option("qtype", str, "int8", "target type of the error model", choices)
+    return Option("qtype", str, "int8", "target type of the error model; quantize: the activation type", choices)
 
 
-_NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins")
+_NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins", bounds=(1, MAX_BINS))
 
 # ORT's methods: options and defaults as onnxruntime's create_calibrator (what quantize_static uses).
 ORT_TABLE = (
@@ -91,7 +124,7 @@ ORT_TABLE = (
         "a percentile of the values (|x| when symmetric)",
         CalibrationMethod.Percentile,
         "exact",
-        (_symmetric(True), _num_bins(2048), Option("percentile", float, 99.999, "the percentile")),
+        (_symmetric(True), _num_bins(2048), Option("percentile", float, 99.999, "the percentile", bounds=(0, 100))),
     ),
     Method(
         "distribution",
@@ -140,11 +173,11 @@ ALL_OPTIONS: dict[str, Option] = {o.name: o for m in TABLE.values() for o in m.o
 # Per-channel collection (the histogram methods): a calibrator keyword each, and the extra_options keys of
 # create_calibrator (``per_channel`` is ORT's own MinMax key) and quantize_static.
 CHANNEL_OPTIONS = (
-    Option("per_channel", bool, False, "per-channel ranges (streaming histograms per channel)"),
-    Option("axis", int, 1, "the channel axis (negative counts from the end)"),
+    Option(PER_CHANNEL.name, bool, False, "per-channel ranges (streaming histograms per channel)"),
+    Option(AXIS.name, int, 1, "the channel axis (negative counts from the end)"),
 )
-CHANNEL_EXTRA_OPTIONS = {"per_channel": "per_channel", "axis": "channel_axis"}
-CHANNEL_QUANTIZE_OPTIONS = {"per_channel": "CalibPerChannel", "axis": "CalibChannelAxis"}
+CHANNEL_EXTRA_OPTIONS: dict[str, str] = {s.name: s.extra_key for s in (PER_CHANNEL, AXIS) if s.extra_key}
+CHANNEL_QUANTIZE_OPTIONS: dict[str, str] = {s.name: s.quantize_key for s in (PER_CHANNEL, AXIS) if s.quantize_key}
 
 
 def collects_votes(method: str, options: dict[str, Any]) -> bool:

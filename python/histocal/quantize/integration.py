@@ -32,6 +32,14 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from .. import calibrators, methods
 from ..io.cache import check_cache, save_tensors_data
 from ..io.readers import DataSource
+from ..methods.settings import (
+    MEMORY_BUDGET,
+    METHOD_OPTIONS_KEY,
+    METHOD_OVERRIDES_KEY,
+    MODE,
+    QUANTIZE_METHOD_OVERRIDES_KEY,
+    STREAMING_BINS,
+)
 from ..methods.table import TABLE
 from ..state import merge_states
 from . import selection
@@ -133,7 +141,7 @@ _CALIB_KEYS = (
     ("CalibMovingAverageConstant", "averaging_constant"),
     ("CalibMaxIntermediateOutputs", "max_intermediate_outputs"),
     ("CalibPercentile", "percentile"),
-    ("CalibMethodOverrides", "MethodOverrides"),  # histocal: other methods for chosen tensors
+    (QUANTIZE_METHOD_OVERRIDES_KEY, METHOD_OVERRIDES_KEY),  # histocal: other methods for chosen tensors
 )
 
 
@@ -155,11 +163,12 @@ def calibrate(
     MemoryBudget (or memory_budget), method_options (a dict for the histocal methods)."""
     extra = dict(extra_options or {})
     options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
-    for key, option in (
-        ("mode", calibrators.MODE_OPTION),
-        ("method_options", calibrators.METHOD_OPTIONS_OPTION),
-        ("memory_budget", calibrators.MEMORY_BUDGET_OPTION),
-    ):
+    # the keywords to create_calibrator's keys (methods.settings)
+    keys = {
+        "method_options": METHOD_OPTIONS_KEY,
+        **{s.name: s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)},
+    }
+    for key, option in keys.items():
         if key in histogram_options:
             histogram_options[option] = histogram_options.pop(key)
     options.update({k: v for k, v in histogram_options.items() if v is not None})
@@ -278,8 +287,8 @@ def calibrate_and_select(
             use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
             providers=quantize_kwargs.get("calibration_providers"),
             extra_options={
-                calibrators.METHOD_OPTIONS_OPTION: options,
-                calibrators.STREAMING_BINS_OPTION: streaming_bins,
+                METHOD_OPTIONS_KEY: options,
+                STREAMING_BINS.extra_key: streaming_bins,
             },
         )
         if show_progress is not None:
@@ -510,7 +519,7 @@ def quantize_static(
                     num_quantized_bins=num_quantized_bins,
                     scenario=scenario,
                     mode=mode,
-                    StreamingBins=streaming_bins,
+                    streaming_bins=streaming_bins,
                     method_options=method_options,
                     memory_budget=memory_budget,
                 )

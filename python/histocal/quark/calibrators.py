@@ -1,9 +1,8 @@
 """Quark's calibrator classes and factories (``quark.onnx.calibrate``), backed by histocal.
 
 The float-scale calibrators are onnxruntime's in Quark, so these are histocal's ORT-identical
-ones under Quark's names, arguments and defaults; histocal's own keywords (``mode``,
-``streaming_bins``, ``memory_budget``, ``num_threads``, ``show_progress``, ...) pass through to
-them. ``PowOfTwoCalibrater`` runs Quark's
+ones under Quark's names, arguments and defaults; histocal's own collection keywords
+(``histocal.methods.settings``) pass through to them. ``PowOfTwoCalibrater`` runs Quark's
 power-of-two MinMSE (:mod:`histocal.quark.pof2`) batch by batch through
 :class:`~histocal.quark.collector.PowOfTwoCollector`.
 """

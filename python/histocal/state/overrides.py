@@ -26,14 +26,13 @@ import onnx
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import methods
+from ..methods.settings import METHOD_OVERRIDES_KEY
 from ..methods.table import collects_isotone, collects_votes
 from .channels import ChannelHistograms
 
 logger = logging.getLogger(__name__)
 
-METHOD_OVERRIDES_OPTION = (
-    "MethodOverrides"  # create_calibrator's extra_options key (quantize_static: CalibMethodOverrides)
-)
+METHOD_OVERRIDES_OPTION = METHOD_OVERRIDES_KEY  # create_calibrator's extra_options key
 
 
 @dataclasses.dataclass(frozen=True)
