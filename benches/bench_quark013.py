@@ -18,8 +18,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -78,13 +80,47 @@ def same(a: tuple, b: tuple) -> bool:
     return all(np.array_equal(np.ravel(x).astype(np.float64), np.ravel(y).astype(np.float64)) for x, y in zip(a, b))
 
 
+def model_quantizer_scales(path: str, feeds: list, patched: bool) -> dict[str, float]:
+    """Every QuantizeLinear scale of Quark's XINT8 (power-of-two) model, stock or under
+    histocal.patch_quark()."""
+    from contextlib import nullcontext
+
+    import onnx
+    from onnx import numpy_helper
+    from quark.onnx import XINT8_QCONFIG, ModelQuantizer
+
+    import histocal
+
+    with tempfile.TemporaryDirectory() as d, histocal.patch_quark() if patched else nullcontext():
+        out = str(Path(d) / "q.onnx")
+        calibrate = sys.modules["quark.onnx.calibration.calibrate"]
+        assert calibrate.create_calibrator_power_of_two.__module__.startswith("histocal") == patched
+        # a copy: Quark 0.13's quantize_model changes the config it is given (a second use fails)
+        ModelQuantizer(copy.deepcopy(XINT8_QCONFIG)).quantize_model(path, out, Reader(feeds))
+        model = onnx.load(out)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    scales = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[1] in inits:
+            scales[node.input[0]] = float(np.ravel(inits[node.input[1]])[0])
+    return scales
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", required=True)
     ap.add_argument("--feeds", type=int, default=8)
     ap.add_argument("--only", help="run only configurations whose name contains this")
+    ap.add_argument("--model-quantizer", action="store_true", help="compare Quark's XINT8 ModelQuantizer, patched")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
+    if args.model_quantizer:
+        for path in args.model:
+            feeds = feeds_for(path, args.feeds, 0)
+            stock, patched = (model_quantizer_scales(path, feeds, p) for p in (False, True))
+            n = sum(stock[k] == patched.get(k) for k in stock)
+            print(f"{Path(path).name}: XINT8 ModelQuantizer, histocal.patch_quark(): {n}/{len(stock)} scales identical")
+        return
 
     import quark.onnx.calibration as qc
     from onnxruntime.quantization.calibrate import CalibrationMethod as CM

@@ -10,7 +10,6 @@ additions (signatures, histogram MinMSE, per-batch merging, patch_quark): tests/
 from __future__ import annotations
 
 import enum
-import inspect
 import math
 
 import models
@@ -234,9 +233,7 @@ def test_enums_by_value_or_name(method, qtype):
 
 def test_quantized_tensor_type_per_tensor():
     x = np.linspace(-3, 3, 100, dtype=np.float32)
-    c = quark.PowOfTwoCollector(
-        num_bins=0, quantized_tensor_type={"b": FakeExtendedQuantType.QInt16, "c": "QFloat16"}
-    )
+    c = quark.PowOfTwoCollector(num_bins=0, quantized_tensor_type={"b": FakeExtendedQuantType.QInt16, "c": "QFloat16"})
     c.collect({"a": [x], "b": [x], "c": [x]})
     out = c.compute_collection_result()
     assert_range(out["a"], reference_min_mse(x, "int8", True), "a")

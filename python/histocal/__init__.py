@@ -29,8 +29,8 @@ from .quantize.integration import (
     quantize_static,
     unpatch_onnxruntime,
 )
-from .quark import is_quark_patched, patch_quark, unpatch_quark
 from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
+from .quark import is_quark_patched, patch_quark, unpatch_quark
 from .state import CalibrationState, merge_states, model_fingerprint
 from .stats import (
     TensorStats,

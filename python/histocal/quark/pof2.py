@@ -138,7 +138,11 @@ def error_sums(x: np.ndarray, positions: range, zero_point: np.ndarray, qtype: s
         return {pos: error_sum(x, s, zero_point, qtype) for pos, s in zip(positions, scales)}
     qmin, qmax = qrange(qtype, True)
     sums = quark_pow2_error_sums(
-        np.ascontiguousarray(x, dtype=np.float32), [float(s) for s in scales], float(zero_point), float(qmin), float(qmax)
+        np.ascontiguousarray(x, dtype=np.float32),
+        [float(s) for s in scales],
+        float(zero_point),
+        float(qmin),
+        float(qmax),
     )
     return dict(zip(positions, sums))
 
