@@ -71,9 +71,12 @@ def run(factory: Any, path: str, feeds: list, kind: str, method: Any, qtype: Any
         else:
             cal = factory(path, None, aug, qtype, method, extra_options=extra)
         cal.collect_data(Reader(feeds))
-        td = cal.compute_data()
+        try:
+            ranges = {k: v.range_value for k, v in cal.compute_data().data.items()}
+        except NotImplementedError:  # Quark 0.9's PowOfTwoCalibrater: compute_range only
+            ranges = cal.compute_range()
         took = time.perf_counter() - start
-    return {k: (np.asarray(v.range_value[0]), np.asarray(v.range_value[1])) for k, v in td.data.items()}, took
+    return {k: (np.asarray(v[0]), np.asarray(v[1])) for k, v in ranges.items()}, took
 
 
 def same(a: tuple, b: tuple) -> bool:
@@ -111,6 +114,11 @@ def main() -> None:
     ap.add_argument("--model", action="append", required=True)
     ap.add_argument("--feeds", type=int, default=8)
     ap.add_argument("--only", help="run only configurations whose name contains this")
+    ap.add_argument(
+        "--quark09",
+        action="store_true",
+        help="Quark 0.9 (quark.onnx.calibrate) instead: power-of-two MinMSE against histocal's num_bins=0",
+    )
     ap.add_argument("--model-quantizer", action="store_true", help="compare Quark's XINT8 ModelQuantizer, patched")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
@@ -122,13 +130,17 @@ def main() -> None:
             print(f"{Path(path).name}: XINT8 ModelQuantizer, histocal.patch_quark(): {n}/{len(stock)} scales identical")
         return
 
-    import quark.onnx.calibration as qc
     from onnxruntime.quantization.calibrate import CalibrationMethod as CM
     from onnxruntime.quantization.quant_utils import QuantType
-    from quark.onnx.calibration import PowerOfTwoMethod as P
 
     import histocal
     from histocal import quark as hq
+
+    if args.quark09:
+        quark09(args, hq)
+        return
+    import quark.onnx.calibration as qc
+    from quark.onnx.calibration import PowerOfTwoMethod as P
 
     i8, i16 = QuantType.QInt8, QuantType.QInt16
     configs = [
@@ -166,6 +178,35 @@ def main() -> None:
                 n = sum(same(theirs[k], ours[k]) for k in theirs if k in ours)
                 verdict = f"{n}/{len(theirs)}" + ("" if set(theirs) == set(ours) else " (tensor sets differ)")
             print(f"| {Path(path).name} | {name} | {verdict} | {t_q:.2f} | {t_h:.2f} | {t_q / t_h:.2f}x |", flush=True)
+
+
+def quark09(args: argparse.Namespace, hq: Any) -> None:
+    """Quark 0.9's MinMSE (on all the values) against histocal.quark's with ``num_bins=0``."""
+    import quark.onnx.calibrate as q09
+    from quark.onnx.quant_utils import ExtendedQuantType as X
+    from quark.onnx.quant_utils import PowerOfTwoMethod as P
+
+    configs = [
+        ("NonOverflow", P.NonOverflow, X.QInt8, {}),
+        ("MinMSE All int8", P.MinMSE, X.QInt8, {}),
+        ("MinMSE All int16", P.MinMSE, X.QInt16, {}),
+        ("MinMSE MostCommon int8", P.MinMSE, X.QInt8, {"minmse_mode": "MostCommon"}),
+    ]
+    print(f"histocal.quark (num_bins=0) against amd-quark 0.9, {args.feeds} feeds\n")
+    print("| model | configuration | identical | Quark 0.9 s | histocal s | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for path in args.model:
+        feeds = feeds_for(path, args.feeds, 0)
+        for name, method, qtype, extra in configs:
+            theirs, t_q = run(q09.create_calibrator_power_of_two, path, feeds, "pof2", method, qtype, extra)
+            ours, t_h = run(
+                hq.create_calibrator_power_of_two, path, feeds, "pof2", method, qtype, {**extra, "num_bins": 0}
+            )
+            n = sum(same(theirs[k], ours[k]) for k in theirs if k in ours)
+            print(
+                f"| {Path(path).name} | {name} | {n}/{len(theirs)} | {t_q:.2f} | {t_h:.2f} | {t_q / t_h:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
