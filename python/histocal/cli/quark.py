@@ -34,8 +34,8 @@ def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, opti
         if getattr(args, "num_bins", None) is not None:
             extra["num_bins"] = args.num_bins
         elif args.symmetric is False:
-            # Quark 0.13's histogram MinMSE (its default) is symmetric only: asymmetric All is
-            # the MinMSE on the values, as in Quark 0.9
+            # Quark 0.13's histogram mode (its default) is symmetric only: asymmetric All is
+            # the search on the values, as in Quark 0.9
             extra["num_bins"] = 0
         return quark.create_calibrator_power_of_two(
             model,
