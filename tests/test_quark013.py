@@ -120,8 +120,13 @@ batch = st.lists(finite, min_size=1, max_size=40).map(lambda v: np.array(v, np.f
 
 
 @settings(max_examples=150, deadline=None)
-@given(batches=st.lists(batch, min_size=1, max_size=5), qtype=st.sampled_from(["int8", "int16"]))
-def test_histogram_min_mse_is_quark_013s(batches, qtype):
+@given(
+    batches=st.lists(batch, min_size=1, max_size=5),
+    qtype=st.sampled_from(["int8", "int16"]),
+    dtype=st.sampled_from([np.float32, np.float16]),
+)
+def test_histogram_min_mse_is_quark_013s(batches, qtype, dtype):
+    batches = [b.astype(dtype) for b in batches]
     num_bins = 64
     c = quark.PowOfTwoCollector(activation_type=qtype.replace("int", "QInt"), num_bins=num_bins)
     try:
@@ -217,6 +222,17 @@ def test_percentile_merges_batch_by_batch(cnn_path):
     for f in FEEDS:
         own.collect_data([f])
     assert_tensors_same(own.compute_data(), cal.compute_data(), "percentile")
+
+
+def test_a_failed_per_batch_call_leaves_the_earlier_calls(cnn_path):
+    cal = quark.create_calibrator_float_scale(cnn_path, calibrate_method=ENT)
+    cal.collect_data(FEEDS[:2])
+    before = cal.compute_range()
+    bad = {"X": FEEDS[3]["X"][:, :2]}
+    with pytest.raises(ValueError):
+        cal.collect_data([FEEDS[3], bad])
+    after = cal.compute_range()
+    assert all(np.array_equal(before[k][1], after[k][1]) for k in before)
 
 
 def test_merge_per_batch_false_is_one_collect(cnn_path, tmp_path):
@@ -391,3 +407,25 @@ def test_error_sums_kernel_is_numpys_terms(values, qtype, dtype):
             continue
         terms = pof2.squared_errors(x, scale, zero_point, qtype).astype(np.float64)
         assert ours[p] == pytest.approx(math.fsum(terms), rel=1e-12, abs=0), p
+
+
+def test_nan_counts_as_zero_in_the_histogram_min_mse():
+    x = np.array([np.nan, 3.0, -1.0, np.nan], np.float32)
+    c = quark.PowOfTwoCollector(num_bins=32)
+    c.collect({"t": [x]})
+    hist, edges, rmin, rmax = reference_histogram([x], 32)
+    assert [float(v) for v in c.compute_collection_result()["t"]] == [
+        float(v) for v in reference_result(hist, edges, rmin, rmax, "int8")
+    ]
+
+
+def test_outputs_are_sanitized_as_quark_013s_calibrator_does():
+    from histocal.quark.calibrators import sanitized
+
+    x = np.array([np.nan, 1.0, np.inf, -np.inf, -2.0], np.float32)
+    (got,) = sanitized("t", [x])
+    assert np.array_equal(got, np.array([0.0, 1.0, np.inf, -np.inf, -2.0], np.float32))  # nanmax is inf
+    (got,) = sanitized("t", np.array([np.nan, np.inf], np.float32))
+    assert np.array_equal(got, np.zeros(2, np.float32))
+    y = np.array([1.0, 2.0], np.float16)
+    assert sanitized("t", [y])[0] is y

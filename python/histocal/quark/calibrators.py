@@ -334,7 +334,7 @@ class PowOfTwoCalibrater(_QuarkCalibrator, ort_calibrate.CalibraterBase):
                     self,
                     DataSource(data_reader),
                     fetch,
-                    lambda _, items: collector.collect(dict(items)),
+                    lambda _, items: collector.collect({name: sanitized(name, v) for name, v in items}),
                     "histocal pow2",
                 )
                 if n == 0:
@@ -365,6 +365,23 @@ class PowOfTwoCalibrater(_QuarkCalibrator, ort_calibrate.CalibraterBase):
 
     def compute_data(self) -> TensorsData:
         return TensorsData(CalibrationMethod.MinMax, self.compute_range())
+
+
+def sanitized(name: str, batches: Any) -> Any:
+    """Quark 0.13's ``sanitize_model_outputs`` on a tensor's outputs: with non-finite values, NaN
+    becomes 0 and +-inf the largest / smallest value (NaN aside, so infinities stay: Quark's
+    arithmetic); with no finite value at all, every value 0."""
+    out = []
+    for x in batches if isinstance(batches, (list, tuple)) else [batches]:
+        x = np.asarray(x)
+        if x.dtype.kind == "f" and x.size and not np.isfinite(x).all():
+            logger.warning("tensor %r: non-finite values replaced as Quark 0.13 does (NaN by 0)", name)
+            if np.isfinite(x).any():
+                x = np.nan_to_num(x, nan=0.0, posinf=np.nanmax(x), neginf=np.nanmin(x))
+            else:
+                x = np.zeros_like(x)
+        out.append(x)
+    return out
 
 
 _Calibrator = TypeVar("_Calibrator", bound=ort_calibrate.CalibraterBase)

@@ -190,8 +190,10 @@ class PowOfTwoCollector(CalibrationDataCollector):
         return _Values(qtype, self.symmetric)
 
     def collect(self, name_to_arr: Mapping[str, Any]) -> None:
-        """Add one or more batches per tensor (``{name: array or [array, ...]}``). A tensor with a NaN
-        is an error naming it, and nothing of this call is kept."""
+        """Add one or more batches per tensor (``{name: array or [array, ...]}``). A NaN counts as 0
+        in the histogram MinMSE (as in Quark 0.13) and is an error naming the tensor elsewhere
+        (Quark: 'NaN detected'); after an error nothing of this call is kept.
+        ``PowOfTwoCalibrater`` first replaces non-finite outputs as Quark 0.13's calibrator does."""
         saved = self.snapshot()
         try:
             for name, batches in name_to_arr.items():
@@ -199,11 +201,12 @@ class PowOfTwoCollector(CalibrationDataCollector):
                     x = np.asarray(batch)
                     if x.dtype not in (np.float32, np.float16):
                         raise ValueError(f"tensor {name!r}: values of type {x.dtype} (float32 or float16 expected)")
-                    if np.isnan(x).any():
-                        raise ValueError(f"tensor {name!r}: NaN in the values (Quark: 'NaN detected')")
                     qtype = self.tensor_qtype(name)
                     if name not in self._tensors:
                         self._tensors[name] = self._new(qtype)
+                    # the histogram counts NaN as 0, as Quark 0.13's; elsewhere Quark fails on it
+                    if not isinstance(self._tensors[name], _Histogram) and np.isnan(x).any():
+                        raise ValueError(f"tensor {name!r}: NaN in the values (Quark: 'NaN detected')")
                     try:
                         self._tensors[name].add(x, qtype)
                     except ValueError as e:
