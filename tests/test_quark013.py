@@ -429,3 +429,28 @@ def test_outputs_are_sanitized_as_quark_013s_calibrator_does():
     assert np.array_equal(got, np.zeros(2, np.float32))
     y = np.array([1.0, 2.0], np.float16)
     assert sanitized("t", [y])[0] is y
+
+
+def test_patch_quark_model_quantizer_xint8_scales(cnn_path, tmp_path):
+    """Quark's ModelQuantizer with its power-of-two XINT8 config: the same scales patched."""
+    pytest.importorskip("quark.onnx.calibration", reason="amd-quark 0.13 (and torch) not installed")
+    import copy
+
+    from onnx import numpy_helper
+    from quark.onnx import XINT8_QCONFIG, ModelQuantizer
+
+    class SizedReader(RewindReader):
+        def __len__(self):
+            return len(self.feeds)
+
+    def scales(out):
+        # a copy: Quark 0.13's quantize_model changes the config it is given
+        ModelQuantizer(copy.deepcopy(XINT8_QCONFIG)).quantize_model(cnn_path, str(out), SizedReader(FEEDS))
+        model = onnx.load(str(out))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        return {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"}
+
+    stock = scales(tmp_path / "stock.onnx")
+    with histocal.patch_quark():
+        patched = scales(tmp_path / "patched.onnx")
+    assert patched == stock and len(stock) > 3
