@@ -144,6 +144,16 @@ def test_histogram_min_mse_is_quark_013s(batches, qtype, dtype):
     assert low.dtype == ref[0].dtype
 
 
+def test_one_collect_calls_arrays_are_one_histogram_update():
+    parts = [np.array([0.5, -0.25], np.float32), np.array([[40.0, -3.0]], np.float32)]
+    c = quark.PowOfTwoCollector(num_bins=16)
+    c.collect({"t": parts})
+    h = reference_histogram([np.concatenate([p.ravel() for p in parts])], 16)[0]
+    assert np.array_equal(c._tensors["t"].histogram.hist, h)
+    with pytest.raises(ValueError, match="'t'.*types"):
+        c.collect({"t": [parts[0], parts[0].astype(np.float16)]})
+
+
 def test_histogram_min_mse_keeps_float32_ranges():
     """Quark 0.13's default (optimize_mem) caches outputs as float16, which turns a batch-norm
     tensor of ±1.3e8 into ±inf; histocal keeps the values' type."""

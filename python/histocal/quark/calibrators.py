@@ -1,11 +1,12 @@
-"""Quark's calibrator classes and factories (``quark.onnx.calibrate``), backed by histocal.
+"""Quark 0.13's calibrator classes and factories (``quark.onnx.calibration``), backed by histocal.
 
 The float-scale calibrators are onnxruntime's in Quark, so these are histocal's ORT-identical
-ones under Quark's names, arguments and defaults; histocal's own keywords (``mode``,
-``streaming_bins``, ``memory_budget``, ``num_threads``, ``show_progress``, ...) pass through to
-them. ``PowOfTwoCalibrater`` runs Quark's
-power-of-two MinMSE (:mod:`histocal.quark.pof2`) batch by batch through
-:class:`~histocal.quark.collector.PowOfTwoCollector`.
+ones under Quark's names, arguments and defaults, fed one batch at a time as Quark 0.13 feeds
+them; histocal's own keywords (``mode``, ``streaming_bins``, ``memory_budget``,
+``num_threads``, ``show_progress``, ...) pass through to them. ``PowOfTwoCalibrater`` runs
+Quark's power-of-two MinMSE (:mod:`histocal.quark.pof2`, :mod:`histocal.quark.pof2_histogram`)
+batch by batch through :class:`~histocal.quark.collector.PowOfTwoCollector`. Every calibrator
+takes a path or an ``onnx.ModelProto`` and has ``compute_range()``.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ class PowOfTwoCollector(CalibrationDataCollector):
     ``compute_collection_result()`` -> ``{tensor: (low, high)}`` (0-d arrays of the values' type).
 
     ``num_bins`` (mode All): above 0, Quark 0.13's histogram MinMSE, each ``collect`` call's
-    batches merged into the tensor's histogram (symmetric only: Quark 0.13 fails on asymmetric
+    arrays merged into the tensor's histogram at once (symmetric only: Quark 0.13 fails on asymmetric
     ranges at the result, histocal at construction); 0 or less, the MinMSE on all the values
     (Quark 0.9's, and 0.13's with ``num_bins=0``). ``optimize_mem`` and ``worker_num`` are
     accepted and have no effect on the result: histocal never caches outputs on disk (Quark 0.13
@@ -197,15 +197,22 @@ class PowOfTwoCollector(CalibrationDataCollector):
         saved = self.snapshot()
         try:
             for name, batches in name_to_arr.items():
-                for batch in batches if isinstance(batches, (list, tuple)) else [batches]:
-                    x = np.asarray(batch)
+                arrays = [np.asarray(b) for b in (batches if isinstance(batches, (list, tuple)) else [batches])]
+                for x in arrays:
                     if x.dtype not in (np.float32, np.float16):
                         raise ValueError(f"tensor {name!r}: values of type {x.dtype} (float32 or float16 expected)")
-                    qtype = self.tensor_qtype(name)
-                    if name not in self._tensors:
-                        self._tensors[name] = self._new(qtype)
+                qtype = self.tensor_qtype(name)
+                if name not in self._tensors:
+                    self._tensors[name] = self._new(qtype)
+                histogram = isinstance(self._tensors[name], _Histogram)
+                if histogram and len(arrays) > 1:
+                    # Quark 0.13 merges one call's arrays into the histogram at once
+                    if len({x.dtype for x in arrays}) > 1:
+                        raise ValueError(f"tensor {name!r}: values of types {sorted({str(x.dtype) for x in arrays})}")
+                    arrays = [np.concatenate([x.ravel() for x in arrays])]
+                for x in arrays:
                     # the histogram counts NaN as 0, as Quark 0.13's; elsewhere Quark fails on it
-                    if not isinstance(self._tensors[name], _Histogram) and np.isnan(x).any():
+                    if not histogram and np.isnan(x).any():
                         raise ValueError(f"tensor {name!r}: NaN in the values (Quark: 'NaN detected')")
                     try:
                         self._tensors[name].add(x, qtype)
