@@ -372,8 +372,9 @@ def test_patch_quark_without_quark_says_what_is_missing(monkeypatch):
     assert not histocal.is_quark_patched()
 
 
-def test_patch_quark_on_quark_013(cnn_path, tmp_path):
+def test_patch_quark_on_quark_013(cnn_path, tmp_path, monkeypatch):
     """Quark's own calibrate_model (what ModelQuantizer calls) gives the same ranges patched."""
+    monkeypatch.chdir(tmp_path)  # Quark writes quantized_info.csv into the current folder
     calibration = pytest.importorskip("quark.onnx.calibration", reason="amd-quark 0.13 (and torch) not installed")
     from quark.onnx.calibration import PowerOfTwoMethod
 
@@ -441,8 +442,9 @@ def test_outputs_are_sanitized_as_quark_013s_calibrator_does():
     assert sanitized("t", [y])[0] is y
 
 
-def test_patch_quark_model_quantizer_xint8_scales(cnn_path, tmp_path):
+def test_patch_quark_model_quantizer_xint8_scales(cnn_path, tmp_path, monkeypatch):
     """Quark's ModelQuantizer with its power-of-two XINT8 config: the same scales patched."""
+    monkeypatch.chdir(tmp_path)  # Quark writes quantized_info.csv into the current folder
     pytest.importorskip("quark.onnx.calibration", reason="amd-quark 0.13 (and torch) not installed")
     import copy
 
