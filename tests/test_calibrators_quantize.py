@@ -236,3 +236,15 @@ def test_quantize_static_histogram_options(paths, tmp_path):
     with quiet():
         p3 = histocal.calibrate(paths["cnn"], RewindReader(feeds), DIST, scenario="p3")
     assert_tensors_same(run_ort(paths["cnn"], DIST, {"scenario": "p3"}, [feeds], tmp_path / "p3.onnx").td, p3, "p3")
+
+
+@pytest.mark.parametrize("name", ["minmax", "entropy", "Percentile", "distribution"])
+def test_quantize_static_takes_ort_methods_by_name(paths, tmp_path, name):
+    """A method named by string is ORT's method: the same model as ORT's with its enum (ORT's cache
+    check compares the enum, so the name must not reach it)."""
+    method = {"minmax": MM, "entropy": ENT, "percentile": PCT, "distribution": DIST}[name.lower()]
+    feeds = flat(chunks_for("cnn", 1))
+    plain = _quantize_ort(paths["cnn"], tmp_path / "ort.onnx", feeds, method)
+    with quiet():
+        histocal.quantize_static(paths["cnn"], (tmp_path / "hc.onnx").as_posix(), feeds, calibrate_method=name)
+    assert_models_same(plain, (tmp_path / "hc.onnx").read_bytes(), f"calibrate_method={name!r}")

@@ -234,8 +234,8 @@ def test_memory_limit_and_shapes_are_errors_naming_the_tensor(monkeypatch):
         ch.collect([("one", [x[:, :1]])])
     with pytest.raises(ValueError, match=r"tensor 'ten': 9 channels along axis 1 in this batch, 10 before"):
         ch.collect([("ten", [x[:, :9]])])
-    with pytest.raises(ValueError, match=r"tensor 's': channel axis 1 is out of range"):
-        ch.collect([("s", [np.zeros(3, np.float32)])])
+    with pytest.raises(ValueError, match=r"tensor 's': per-channel histograms of its 1 channels"):
+        ch.collect([("s", [np.zeros(3, np.float32)])])  # a 1-D tensor: one channel, the whole tensor
     with pytest.raises(ValueError, match=r"tensor 'e': its channel axis 1 has no channels"):
         ChannelHistograms(64).collect([("e", [np.zeros((2, 0), np.float32)])])
     monkeypatch.setenv(MAX_CHANNEL_BYTES_ENV, "lots")

@@ -32,20 +32,35 @@ def _bound(gain: np.ndarray) -> float:
     return float(gain.mean() - selection.STANDARD_ERRORS * gain.std(ddof=1) / math.sqrt(len(gain)))
 
 
+def _sign_p(gain: np.ndarray) -> float:
+    """The one-sided sign test, spelled out: wins among the feeds beyond MIN_GAIN_DB."""
+    informative = gain[np.abs(gain) > selection.MIN_GAIN_DB]
+    wins, n = int(np.sum(informative > 0)), len(informative)
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+
+
+def _qualifies(scores: dict, label: str) -> bool:
+    gain = selection.feed_gains_db(scores, "minmax")[label]
+    return (
+        _bound(gain) > 0 and _sign_p(gain) <= selection.SIGN_TEST_ALPHA and all(v != -math.inf for v in scores[label])
+    )
+
+
 @settings(max_examples=examples(100))
 @given(feed_scores())
 def test_the_choice_qualifies_and_has_the_best_bound(scores):
-    """The chosen candidate is the default or one whose gain over it has a positive lower bound
-    (mean minus STANDARD_ERRORS standard errors); no candidate has a higher positive bound."""
+    """The chosen candidate is the default or one that passes the sign test on its informative
+    feeds and whose gain over the default has a positive lower bound (mean minus
+    STANDARD_ERRORS standard errors); no qualifying candidate has a higher bound."""
     chosen = choose_robust(scores)
     gains = selection.feed_gains_db(scores, "minmax")
     assert chosen in scores
-    bounds = {label: _bound(gains[label]) for label in scores if label != "minmax"}
+    qualifying = {label: _bound(gains[label]) for label in scores if label != "minmax" and _qualifies(scores, label)}
     if chosen != "minmax":
-        assert bounds[chosen] > 0 and gains[chosen].mean() > 0
-        assert bounds[chosen] == pytest.approx(max(bounds.values()))
+        assert chosen in qualifying and gains[chosen].mean() > 0
+        assert qualifying[chosen] == pytest.approx(max(qualifying.values()))
     else:
-        assert all(b <= 0 for b in bounds.values())
+        assert not qualifying
 
 
 @settings(max_examples=examples(50))
@@ -63,10 +78,10 @@ def test_only_the_gain_over_the_default_on_each_feed_counts(scores, shifts):
 
 
 @settings(max_examples=examples(50))
-@given(feed_scores(n_min=2), st.floats(0.5, 20.0))
+@given(feed_scores(n_min=selection.min_informative()), st.floats(0.5, 20.0))
 def test_a_candidate_better_on_every_feed_by_a_margin_beats_the_default(scores, margin):
-    """A candidate that beats the default by at least ``margin`` on every feed qualifies, so the
-    default is never kept against it."""
+    """A candidate that beats the default by at least ``margin`` on every one of at least
+    ``min_informative()`` feeds qualifies, so the default is never kept against it."""
     scores = dict(scores)
     scores["better"] = [v + margin for v in scores["minmax"]]
     assert choose_robust(scores) != "minmax"
@@ -98,12 +113,54 @@ def test_the_default_is_kept_without_a_consistent_gain():
     assert choose_robust(scores) == "entropy 128"
 
 
+@settings(max_examples=examples(100))
+@given(
+    st.integers(1, 16),
+    st.integers(0, selection.min_informative() - 1),
+    st.floats(0.2, 60.0),
+    st.floats(-20.0, 60.0),
+)
+def test_too_few_informative_feeds_keep_the_default(n, informative, gain, level):
+    """Feeds on which every candidate scores alike (saturated outputs) carry no evidence: with
+    fewer than ``min_informative()`` feeds that tell a candidate from the default, however large
+    its gain there, the default stays, and the reason says so."""
+    informative = min(informative, n)
+    scores = {
+        "minmax": [level] * n,
+        "percentile 99.999": [level + (gain if i < informative else 0.0) for i in range(n)],
+    }
+    decision = selection.decide(scores)
+    assert decision.label == "minmax"
+    assert decision.evidence["percentile 99.999"].informative == informative
+    assert f"only {informative} of {n} held-out feeds" in decision.reason
+
+
+def test_the_issue_27_case():
+    """A 2-class classifier, 8 feeds: 6 saturated (every candidate 48.13 dB), 2 informative, one
+    favouring percentile 99.999 by 12.7 dB. The 4-fold pooled score chose percentile; the rule
+    keeps minmax and says that 2 feeds are too few."""
+    sat = [48.13] * 6
+    scores = {
+        "minmax": [*sat, 14.0, 20.0],
+        "percentile 99.99": [*sat, 20.0, 19.0],
+        "percentile 99.999": [*sat, 26.7, 19.5],
+        "mse": [*sat, 25.0, 18.0],
+    }
+    assert (
+        selection.choose_pooled({k: -10 * math.log10(np.mean(10 ** (-np.array(v) / 10))) for k, v in scores.items()})
+        != "minmax"
+    )
+    decision = selection.decide(scores)
+    assert decision.label == "minmax"
+    assert "only 2 of 8 held-out feeds" in decision.reason
+
+
 def test_exact_outputs_and_default_choice():
     # Both exact on a feed: that feed gains nothing; the first candidate is the default when
     # there is no minmax.
     assert choose_robust({"minmax": [math.inf, 10.0], "a": [math.inf, 10.0]}) == "minmax"
-    assert choose_robust({"a": [10.0, 10.0], "b": [12.0, 12.0]}) == "b"
-    assert choose_robust({"a": [10.0, 10.0], "b": [12.0, 12.0]}, default="b") == "b"
+    assert choose_robust({"a": [10.0] * 4, "b": [12.0, 12.5, 12.0, 12.5]}) == "b"
+    assert choose_robust({"a": [10.0] * 4, "b": [12.0, 12.5, 12.0, 12.5]}, default="b") == "b"
     with pytest.raises(ValueError):
         choose_robust({})
     with pytest.raises(ValueError, match="feed scores"):
@@ -131,6 +188,7 @@ def test_with_widths_the_widest_of_the_near_best_is_chosen(scores, data):
         and _bound(gains[label]) > 0
         and gains[label].mean() >= gains[best].mean() - se[best] - 1e-12
     ]
+    near = [label for label in near if _qualifies(scores, label)]
     assert chosen in near and best in near
     assert widths[chosen] == max(widths[label] for label in near)
 

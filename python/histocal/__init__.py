@@ -31,7 +31,7 @@ from .quantize.integration import (
 )
 from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
 from .quark import is_quark_patched, patch_quark, unpatch_quark
-from .state import CalibrationState, merge_states, model_fingerprint
+from .state import CalibrationState, compute_with_overrides, merge_states, model_fingerprint
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -61,6 +61,7 @@ __all__ = [
     "calibrate",
     "calibrate_and_select",
     "channel_min_max",
+    "compute_with_overrides",
     "create_calibrator",
     "get_num_threads",
     "is_patched",

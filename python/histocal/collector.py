@@ -227,10 +227,35 @@ class HistogramCollector(CalibrationDataCollector):
                 raise ValueError("Histogram has not been collected. Please run collect() first.")
             logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
             if self.method == "entropy":
-                return self._entropy()
-            if self.method == "percentile":
-                return self._percentile()
-            return self._distribution()
+                result: dict[str, Any] = self._entropy()
+            elif self.method == "percentile":
+                result = self._percentile()
+            else:
+                result = self._distribution()
+            self._warn_nothing_binned(result)
+            return result
+
+    def _warn_nothing_binned(self, result: Mapping[str, Any]) -> None:
+        """Name the tensors whose histogram holds no value (empty, or every value NaN or
+        infinite): their range is a placeholder, not a measurement. onnxruntime raises on
+        NaN/Inf-only data, and on empty data gives an inverted asymmetric-Percentile range."""
+        empty = []
+        for name in self._hists.names():
+            counts = self._hists.counts(name)
+            if counts.n_finite == 0 and not self._hists.state(name).hist.any():
+                lo, hi = result[name].range_value if isinstance(result[name], TensorData) else result[name][:2]
+                kinds = zip((counts.n_nan, counts.n_posinf, counts.n_neginf), ("NaN", "+inf", "-inf"))
+                held = ", ".join(f"{n} {kind}" for n, kind in kinds if n) or "no values"
+                empty.append(f"{name!r} ({held}: range [{float(lo):g}, {float(hi):g}])")
+        if empty:
+            shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+            logger.warning(
+                "%s: %d tensor(s) without a finite value to calibrate on (empty, or all NaN/Inf): %s. "
+                "Their ranges are placeholders; check the model and the calibration data.",
+                self.method,
+                len(empty),
+                shown,
+            )
 
     def _narrowed(self, name: str) -> bool:
         """Whether this tensor's histogram was widened to float64 from float16/float32 data
@@ -260,6 +285,11 @@ class HistogramCollector(CalibrationDataCollector):
             else:
                 lo, hi = np.array(edges[i_lo], edges.dtype), np.array(edges[i_hi], edges.dtype)
             lo, hi = _clip(lo, hi, mn, mx)
+            if hi < lo:
+                # Nothing binned (an empty tensor; NaN/Inf only, where ORT raises): ORT's cdf is
+                # NaN and its range comes out inverted, e.g. (0, -0.5). histocal's is [lo, lo]
+                # (docs/deviations.md), ``hi`` of ORT's kind.
+                hi = np.array(lo, hi.dtype) if isinstance(hi, np.ndarray) else hi.dtype.type(lo)
             if self._narrowed(name):
                 lo, hi = _outward_f32(lo, hi)
             out[name] = (lo, hi, *hist[:2])

@@ -3,7 +3,8 @@ call may keep so that it needs only one inference pass.
 
 The budget comes from the calibrator's ``memory_budget`` keyword (``extra_options
 ["MemoryBudget"]``), else the ``HISTOCAL_MEMORY_BUDGET`` environment variable, else the lesser
-of a quarter of the memory available now and 8 GiB. Sizes are bytes, or a number with a unit:
+of a quarter of the memory available now (lowered to what is left under a cgroup limit and under
+the address-space limit, ``ulimit -v``) and 8 GiB. Sizes are bytes, or a number with a unit:
 ``k``/``M``/``G``/``T`` and ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024, ``kB``/``MB``/
 ``GB``/``TB`` powers of 1000.
 """
@@ -13,11 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..io.memory import _cgroup_available, available_memory, format_size, memory_left  # noqa: F401 (tests)
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +67,6 @@ def parse_size(value: Any, what: str) -> int:
     )
 
 
-def format_size(n: int) -> str:
-    """``n`` bytes for a message: "512 MiB", "8 GiB", "100 bytes"."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n} bytes"
-
-
 def check_memory_budget(value: Any) -> int | None:
     """The keyword's value in bytes, or None (not set: the environment or the default decides)."""
     return None if value is None else parse_size(value, "memory_budget")
@@ -86,109 +79,12 @@ def resolve_memory_budget(keyword: int | None) -> int:
     env = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
     if env:
         return parse_size(env, MEMORY_BUDGET_ENV)
-    available = available_memory()
+    # an address-space limit (ulimit -v) fails allocations past it whatever memory is free
+    available = memory_left()
     if available is None:
         logger.info("available memory unknown: memory budget %d bytes", UNKNOWN_MEMORY_BUDGET)
         return UNKNOWN_MEMORY_BUDGET
     return min(int(available * DEFAULT_BUDGET_FRACTION), DEFAULT_BUDGET_CAP)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still take: the system's available memory, lowered to
-    what is left under a cgroup (container) limit; None where neither can be read."""
-    found = [m for m in (_system_available(), _cgroup_available()) if m is not None]
-    return min(found) if found else None
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except (OSError, ValueError):
-        return None
-    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
-
-
-def _system_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if sys.platform == "win32":
-        return _windows_available()
-    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):  # macOS has only the total
-        try:
-            return int(os.sysconf(pages)) * int(os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            continue
-    return None
-
-
-def _windows_available() -> int | None:  # pragma: no cover - exercised on Windows only
-    import ctypes
-
-    class MemoryStatus(ctypes.Structure):
-        _fields_ = [
-            ("dwLength", ctypes.c_ulong),
-            ("dwMemoryLoad", ctypes.c_ulong),
-            ("ullTotalPhys", ctypes.c_ulonglong),
-            ("ullAvailPhys", ctypes.c_ulonglong),
-            ("ullTotalPageFile", ctypes.c_ulonglong),
-            ("ullAvailPageFile", ctypes.c_ulonglong),
-            ("ullTotalVirtual", ctypes.c_ulonglong),
-            ("ullAvailVirtual", ctypes.c_ulonglong),
-            ("ullAvailExtendedVirtual", ctypes.c_ulonglong),
-        ]
-
-    status = MemoryStatus()
-    status.dwLength = ctypes.sizeof(MemoryStatus)
-    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):  # type: ignore[attr-defined]
-        return None
-    return int(status.ullAvailPhys)
-
-
-def _cgroup_available(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """What is left under this process's cgroup memory limit (v2, else v1); None without one."""
-    for limit_file, usage_file in (
-        ("memory.max", "memory.current"),
-        ("memory.limit_in_bytes", "memory.usage_in_bytes"),
-    ):
-        folder = _own_cgroup(root, limit_file)
-        if folder is None:
-            continue
-        limit = _read_int(folder / limit_file)
-        if limit is None or limit >= 1 << 60:  # v1 writes a huge number for no limit
-            return None
-        usage = _read_int(folder / usage_file) or 0
-        return max(limit - usage, 0)
-    return None
-
-
-def _own_cgroup(root: Path, limit_file: str) -> Path | None:
-    """The folder of this process's cgroup holding ``limit_file`` (inside a container the
-    cgroup root is the process's own cgroup)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        controllers, path = parts[1], parts[2].lstrip("/")
-        # cgroup v2's line has no controllers; v1 names the memory controller
-        if (controllers == "") == (limit_file == "memory.max") and (
-            controllers == "" or "memory" in controllers.split(",")
-        ):
-            for base in (root / path, root / "memory" / path, root, root / "memory"):
-                if (base / limit_file).is_file():
-                    return base
-    for base in (root, root / "memory"):
-        if (base / limit_file).is_file():
-            return base
-    return None
 
 
 class KeptOutputs:

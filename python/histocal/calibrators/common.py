@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnxruntime.quantization import calibrate as ort_calibrate
+from onnxruntime.quantization.quant_utils import add_infer_metadata
 
 from .. import _core
 from ..io.readers import DataSource, FeedChecker, progress, run_session
@@ -79,6 +83,58 @@ def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
     folder = tempfile.mkdtemp(prefix="histocal_augmented_")
     weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
     return os.path.join(folder, "augmented_model.onnx")
+
+
+def load_model_with_shape_infer(model_path: Path) -> onnx.ModelProto:
+    """onnxruntime's ``load_model_with_shape_infer`` (the same ModelProto) without its file:
+    ORT writes ``<model>-inferred.onnx`` beside the model and deletes it, so two calibrators of
+    one model created at once delete each other's file, and a model in a read-only folder
+    cannot be calibrated. Inferred in memory instead: the graph without its external data (so
+    models over 2 GB fit protobuf's limit, as ORT's file-to-file inference does), whose
+    external data is then loaded from the model's folder, as ``onnx.load`` of ORT's file does."""
+    try:
+        model = onnx.load(model_path, load_external_data=False)
+    except DecodeError:
+        # ORT's file-to-file inference names the file; protobuf's own error does not
+        raise onnx.checker.ValidationError(
+            f"Unable to parse proto from file: {model_path}. Please check if it is a valid protobuf file of proto. "
+        ) from None
+    inferred = onnx.shape_inference.infer_shapes(model)
+    onnx.load_external_data_for_model(inferred, os.fspath(model_path.parent))
+    add_infer_metadata(inferred)
+    return inferred
+
+
+class _PrivateShapeInference(ort_calibrate.CalibraterBase):
+    """onnxruntime's ``CalibraterBase`` with the model loaded by :func:`load_model_with_shape_infer`:
+    nothing is written beside the user's model. Put after ORT's calibrator class in the bases,
+    so that its ``super().__init__`` lands here (tests compare the attributes with ORT's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # ORT's signature, taken loosely: ORT's classes are untyped, so type checkers resolve
+        # the subclasses' own super().__init__ calls (ORT's keywords) to this one
+        self._init_base(*args, **kwargs)
+
+    def _init_base(
+        self,
+        model_path: str | Path,
+        op_types_to_calibrate: Any = None,
+        augmented_model_path: Any = "augmented_model.onnx",
+        symmetric: bool = False,
+        use_external_data_format: bool = False,
+        per_channel: bool = False,
+    ) -> None:
+        if not isinstance(model_path, (str, Path)):
+            raise ValueError("model_path should be model path.")  # ORT's check and message
+        self.model = load_model_with_shape_infer(Path(model_path))
+        self.op_types_to_calibrate = op_types_to_calibrate
+        self.augmented_model_path = augmented_model_path
+        self.symmetric = symmetric
+        self.use_external_data_format = use_external_data_format
+        self.per_channel = per_channel
+        self.augment_model: Any = None
+        self.infer_session: Any = None
+        self.execution_providers: list[str] | None = ["CPUExecutionProvider"]
 
 
 def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:

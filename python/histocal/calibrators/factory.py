@@ -11,6 +11,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
 from ..methods.table import CHANNEL_EXTRA_OPTIONS, CHANNEL_OPTIONS
+from ..state.overrides import METHOD_OVERRIDES_OPTION
 from .common import (
     MEMORY_BUDGET_OPTION,
     METHOD_OPTIONS_OPTION,
@@ -43,7 +44,10 @@ def create_calibrator(
     usable CPUs) and ``SessionOptions`` (an ``onnxruntime.SessionOptions`` for the calibration
     session, used as given). ``calibrate_method`` may also name a histocal
     method (mse, kl, pow2, auto) or a registered one, with its options in
-    ``extra_options["MethodOptions"]`` (a dict)."""
+    ``extra_options["MethodOptions"]`` (a dict). ``extra_options["MethodOverrides"]`` assigns other
+    methods to chosen tensors, by name or by the op type of their producing node (``{"op:Softmax":
+    "isotone", "name:logits": "isotone"}``; see ``histocal.state.overrides``), for every method but
+    MinMax's in-graph calibrator."""
     opts = dict(extra_options or {})
     # extra_options values are untyped (ORT's API); the calibrators check them
     channel_opts = {o.name: opts.get(CHANNEL_EXTRA_OPTIONS[o.name], o.default) for o in CHANNEL_OPTIONS}
@@ -71,7 +75,7 @@ def create_calibrator(
                 streaming_bins=opts.get(STREAMING_BINS_OPTION),
                 **channel_opts,
             )
-            return _prepare(calibrator, providers)
+            return _prepare(calibrator, providers, opts.get(METHOD_OVERRIDES_OPTION))
         calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
     if calibrate_method == CalibrationMethod.MinMax:
         calibrator = MinMaxCalibrater(
@@ -119,10 +123,17 @@ def create_calibrator(
         )
     else:
         raise ValueError(f"Unsupported calibration method {calibrate_method}")
-    return _prepare(calibrator, providers)
+    return _prepare(calibrator, providers, opts.get(METHOD_OVERRIDES_OPTION))
 
 
-def _prepare(calibrator: Any, providers: Sequence[Any] | None) -> Any:
+def _prepare(calibrator: Any, providers: Sequence[Any] | None, overrides: Any = None) -> Any:
+    if overrides:
+        if isinstance(calibrator, MinMaxCalibrater):
+            raise ValueError(
+                f"extra_options[{METHOD_OVERRIDES_OPTION!r}] needs a histogram method as the main method "
+                "(MinMax's calibrator collects no histograms): e.g. calibrate_method='percentile'"
+            )
+        calibrator.method_overrides = overrides
     calibrator.augment_graph()
     if providers:
         calibrator.execution_providers = providers

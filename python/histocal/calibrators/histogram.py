@@ -47,6 +47,8 @@ from ..collector import CollectedData, HistogramCollector, copy_histograms, copy
 from ..io.readers import DataSource
 from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
+from ..state.compute import check_calibration_memory
+from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
 from .budget import MEMORY_BUDGET_ENV, KeptOutputs, check_memory_budget, format_size, resolve_memory_budget
 from .common import (
     _METHODS,
@@ -59,6 +61,7 @@ from .common import (
     _check_streaming_bins,
     _is_checkpoint,
     _one_call_at_a_time,
+    _PrivateShapeInference,
     _ReadDigest,
     _run_batches,
     _second_read_differs,
@@ -82,6 +85,7 @@ class _HistogramCalibration:
     tensors_to_calibrate: set[str] | None
     collector: HistogramCollector | None
     memory_budget: int | None = None
+    _method_overrides: tuple[MethodRule, ...] = ()
     # set by onnxruntime's CalibraterBase
     model: Any
     augmented_model_path: str
@@ -189,6 +193,8 @@ class _HistogramCalibration:
             self._mode_used = "streaming" if self.mode == "streaming" else "exact"
             logger.info("collection mode: %s", self._mode_used)
         fetch = self._fetch_names()
+        if self.method in _METHODS:  # the histograms of num_bins bins it will hold, refused up front
+            check_calibration_memory(self.method, self.num_bins, len(fetch), self._mode_used == "exact")
         if self._mode_used == "streaming":
             n = self._collect_streaming(source, fetch)
         else:
@@ -328,11 +334,24 @@ class _HistogramCalibration:
         )
         return False
 
+    @property
+    def method_overrides(self) -> tuple[MethodRule, ...]:
+        """Per-tensor method assignment (``histocal.state.overrides``): other methods for the tensors
+        these rules reach, in ``compute_data``. Set before ``collect_data`` where a rule's method
+        needs data of its own (isotone's summaries, pow2's votes)."""
+        return self._method_overrides
+
+    @method_overrides.setter
+    def method_overrides(self, rules: Any) -> None:
+        self._method_overrides = parse_method_overrides(rules)
+        self.mode = collection_mode(self._method_overrides, self.mode, self._mode_used)
+
     def _new_stream(self) -> Any:
-        return _core.StreamHistograms(self.streaming_bins)
+        isotone, votes = collects_for(self.method_overrides)
+        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
 
     def _new_channels(self) -> ChannelHistograms:
-        return ChannelHistograms(self.streaming_bins, self.axis)
+        return ChannelHistograms(self.streaming_bins, self.axis, isotone=collects_for(self.method_overrides)[0])
 
     def _exact_stream(self) -> Any:
         """Exact mode also feeds a streaming histogram, so that its state serves every method."""
@@ -454,19 +473,25 @@ class _HistogramCalibration:
         """Every method's results from what has been collected. Exact mode: ORT's own computation
         on ORT's exact histograms (edits of ``collector.histogram_dict`` included); otherwise the
         calibration state's ``compute``, reading the calibrator's streaming histograms in place."""
+        result = None
         if self._mode_used == "exact":
             if self.collector is None:
                 raise ValueError("No collector created and can't generate calibration data.")
-            return TensorsData(_METHODS[self.method], self.collector.compute_collection_result())
-        if self._stream is None:
+            result = TensorsData(_METHODS[self.method], self.collector.compute_collection_result())
+            if not self.method_overrides:
+                return result
+        elif self._stream is None:
             raise ValueError("No collector created and can't generate calibration data.")
         state = CalibrationState.from_collected(
             self.collected(copy=False), model_fingerprint=None, method=self.method, settings=self.collection_settings
         )
-        return state.compute(self.method, **getattr(self, "method_options", {}))
+        options = getattr(self, "method_options", {})
+        if result is None:
+            result = state.compute(self.method, **options)
+        return compute_with_overrides(state, self.method, self.method_overrides, model=self.model, base=result)
 
 
-class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
+class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -502,7 +527,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater):
         )
 
 
-class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater):
+class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -538,7 +563,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         )
 
 
-class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater):
+class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater, _PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,

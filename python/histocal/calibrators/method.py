@@ -12,11 +12,12 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from .. import _core, methods
 from ..methods.table import collects_isotone, collects_votes
 from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
-from .common import _augmented_model_path
+from ..state.overrides import collects_for
+from .common import _augmented_model_path, _PrivateShapeInference
 from .histogram import _HistogramCalibration
 
 
-class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater):
+class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater, _PrivateShapeInference):
     """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
     pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
     ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
@@ -61,8 +62,11 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater)
 
     def _new_stream(self) -> Any:
         # a method choosing per batch needs every batch's vote, collected as the batches come
-        votes = collects_votes(self.method, self.method_options)
-        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=collects_isotone(self.method))
+        isotone, votes = collects_for(self.method_overrides)
+        votes = votes or collects_votes(self.method, self.method_options)
+        isotone = isotone or collects_isotone(self.method)
+        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
 
     def _new_channels(self) -> ChannelHistograms:
-        return ChannelHistograms(self.streaming_bins, self.axis, isotone=collects_isotone(self.method))
+        isotone = collects_isotone(self.method) or collects_for(self.method_overrides)[0]
+        return ChannelHistograms(self.streaming_bins, self.axis, isotone=isotone)

@@ -14,7 +14,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorData
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
-from .common import _augmented_model_path, _one_call_at_a_time
+from .common import _augmented_model_path, _one_call_at_a_time, _PrivateShapeInference
 from .cores import CalibrationThreads, calibration_threads, session_options_for
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def _nan_max(old: Any, new: Any) -> Any:
     return np.where((new > old) | np.isnan(old), new, old)
 
 
-class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater):
+class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
     """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
     a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
     chunks instead of discarding them, and per-channel ranges that merge across calls, NaN

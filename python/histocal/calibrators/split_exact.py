@@ -33,7 +33,8 @@ class ExactScan:
 
 def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
     """Exact mode's pass 1 over ``data_reader`` on ``calibrator``'s session (an ORT histogram
-    calibrator of histocal's): every batch scanned, nothing collected."""
+    calibrator of histocal's): every batch scanned, nothing collected. An empty part gives no
+    batches and no scans: it adds nothing (the caller refuses data that is empty in every part)."""
     with calibrator._lock:
         hist = _core.Histograms(calibrator._kind, calibrator.num_bins)
         first = _ReadDigest()
@@ -46,8 +47,6 @@ def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
 
         source = DataSource(data_reader)
         n = _run_batches(calibrator, source, calibrator._fetch_names(), scan, "histocal pass 1/2 (ranges)")
-        if n == 0:
-            raise ValueError("No data is collected.")
         return ExactScan(hist.pending_scans(), n, first)
 
 

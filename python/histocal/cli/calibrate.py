@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from .common import (
     _UsageError,
     _write_outputs,
 )
+from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
 
@@ -30,9 +32,13 @@ logger = logging.getLogger("histocal.cli")
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.cache is None and args.state is None:
         raise _UsageError("give --cache and/or --state (where to write the result)")
-    if args.shards is not None and args.workers is None and args.address is None:
-        raise _UsageError("--shards applies with --workers or --address")
+    for flag, value in (("--shards", args.shards), ("--shard-timeout", args.shard_timeout)):
+        if value is not None and args.workers is None and args.address is None:
+            raise _UsageError(f"{flag} applies with --workers or --address")
     model = _check_model(args.model)
+    refuse_overwriting(
+        [("--cache", args.cache), ("--state", args.state)], [("MODEL", model), *(("--data", p) for p in args.data)]
+    )
     data = _open_data(args, model)
     if args.workers is not None or args.address is not None:
         return _calibrate_distributed(args, model, data)
@@ -47,6 +53,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def positive_seconds(text: str) -> float:
+    """--shard-timeout's value: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> int:
@@ -65,19 +82,24 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         "input_shape": args.input_shape,
         "layout": args.layout,
     }
+    options = _calibrator_options(args)
     state = calibrate_distributed(
         model,
         shards,
         calibrate_method=args.method,
-        extra_options=_calibrator_options(args),
+        extra_options=options,
+        mode=options.pop("CollectionMode", None),
         num_workers=workers,
         address=args.address,
         op_types_to_calibrate=args.op_types,
         providers=args.providers,
         data_options=data_options,
+        shard_timeout=args.shard_timeout,
         show_progress=False if args.no_progress else None,
     )
-    ranges = state.compute(state.method)
+    from ..state.overrides import compute_with_overrides
+
+    ranges = compute_with_overrides(state, state.method, getattr(args, "method_for", None), model=model)
     fingerprint = _data_fingerprint(data.files) if args.state else None
     _write_outputs(
         ranges, args.cache and Path(args.cache), _SavesState(state), args.state and Path(args.state), fingerprint
@@ -131,10 +153,14 @@ def _ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
             raise _UsageError("--method is required with --state")
         args.method = _method_key(stored) if stored in METHODS else stored
         _check_method(args)
-    return state.compute(args.method, **_compute_settings(args))
+    from ..state.overrides import compute_with_overrides
+
+    rules, model = getattr(args, "method_for", None), getattr(args, "model", None)
+    return compute_with_overrides(state, args.method, rules, model=model, **_compute_settings(args))
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:
+    refuse_overwriting([("--cache", args.cache)], [("STATE", args.state)])
     state = _load_state(args.state)
     ranges = _ranges_from_state(args, state)
     _write_outputs(ranges, Path(args.cache), None, None)

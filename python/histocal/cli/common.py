@@ -156,14 +156,27 @@ def _method_key(method: Any) -> str:
     return text.lower()
 
 
-def _int_at_least(minimum: int, text: str) -> int:
+# The largest integer an option takes: what the Rust kernels and numpy index with (int64).
+_MAX_INT = 2**63 - 1
+
+
+def _int_at_least(minimum: int, text: str, maximum: int = _MAX_INT) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < minimum:
+    if value < minimum and maximum == _MAX_INT:
         raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        raise argparse.ArgumentTypeError(f"expected an integer in [{minimum}, {maximum}], got {value}")
     return value
+
+
+def _bins(text: str) -> int:
+    """A histogram's bin count: at most what histocal's histograms take (``_core.MAX_BINS``)."""
+    from .._core import MAX_BINS
+
+    return _int_at_least(1, text, MAX_BINS)
 
 
 def _positive_int(text: str) -> int:
@@ -241,16 +254,18 @@ def _add_method_options(
     per_channel: bool = True,
     collection: bool = True,
     required: bool = False,
+    default_help: str | None = None,
 ) -> None:
-    """Method options; ``minmax=False``: only the options a state's ``compute`` takes."""
+    """Method options; ``minmax=False``: only the options a state's ``compute`` takes.
+    ``default_help``: what --method defaults to, when not one method."""
     g = p.add_argument_group("calibration method")
     g.add_argument(
         "--method",
         metavar="METHOD",
         default=default_method,
         required=required,
-        help=f"{', '.join(METHODS + HISTOCAL_METHODS)} or a method registered by --plugin "
-        f"(default: {default_method or 'see below'})",
+        help=f"{', '.join(METHODS + HISTOCAL_METHODS)} or a method registered by --plugin"
+        + ("" if required else f" (default: {default_method or default_help})"),
     )
     g.add_argument(
         "--plugin",
@@ -260,14 +275,19 @@ def _add_method_options(
         "as method FUNC; repeatable",
     )
     g.add_argument(
+        "--method-for",
+        action="append",
+        metavar="KEY=METHOD",
+        help="another method for chosen tensors; KEY: name:TENSOR, op:OPTYPE (the op type of the node producing "
+        "them; needs the model) or either; repeatable (e.g. --method-for name:logits=isotone)",
+    )
+    g.add_argument(
         "--num-bins",
-        type=_positive_int,
+        type=_bins,
         metavar="N",
         help="histogram bins (ORT defaults: entropy 128, percentile/distribution 2048)",
     )
-    g.add_argument(
-        "--num-quantized-bins", type=_positive_int, metavar="N", help="entropy: quantized bins (default 128)"
-    )
+    g.add_argument("--num-quantized-bins", type=_bins, metavar="N", help="entropy: quantized bins (default 128)")
     g.add_argument("--percentile", type=_percentile, metavar="P", help="percentile: the percentile (default 99.999)")
     g.add_argument(
         "--symmetric",
@@ -320,7 +340,7 @@ def _add_method_options(
         )
         g.add_argument(
             "--streaming-bins",
-            type=_positive_int,
+            type=_bins,
             metavar="N",
             help="streaming mode: bins of the batch-invariant histogram (power of two, default 16384)",
         )
@@ -415,6 +435,8 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
     if method not in _METHOD_NAMES:
         kept = {"StreamingBins", *channels}
         options["MethodOptions"] = {k: options.pop(k) for k in list(options) if k not in kept}
+    if getattr(args, "method_for", None):
+        options["MethodOverrides"] = args.method_for
     return options
 
 

@@ -20,6 +20,7 @@ from .common import (
     _UsageError,
 )
 from .quantization import _quantization_arguments
+from .same_file import report_inputs
 
 logger = logging.getLogger("histocal.cli")
 
@@ -153,6 +154,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         from ..report import require_matplotlib
 
         require_matplotlib()
+        inputs = [
+            ("MODEL", model),
+            *(("--data", p) for p in args.data),
+            *(("--eval-data", p) for p in args.eval_data or ()),
+        ]
+        report_inputs(args.report, inputs)
     diagnosis = run_diagnosis(args, model, _quantization_arguments(args))
     if args.report is not None:
         from ..report import write_report

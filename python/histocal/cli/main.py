@@ -18,7 +18,7 @@ from typing import Any
 
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..methods.table import NON_OVERFLOW
-from .calibrate import cmd_calibrate, cmd_recompute
+from .calibrate import cmd_calibrate, cmd_recompute, positive_seconds
 from .common import (
     AUTO_EVAL_SAMPLES,
     AUTO_FOLDS,
@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="split the data into K shards of whole batches (default: 4 per worker, at most one per batch)",
     )
+    g.add_argument(
+        "--shard-timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="a shard running longer is stopped (its worker killed) and redone elsewhere, at most 3 tries "
+        "in all (default: no limit)",
+    )
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser(
@@ -174,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("calibration source (one of --data, --cache, --state)")
     g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
     g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
-    _add_method_options(p, default_method=None, per_channel=False)
+    _add_method_options(
+        p,
+        default_method=None,
+        per_channel=False,
+        default_help="with --data minmax; with --cache or --state the method they were made with",
+    )
     _add_quantization_options(p)
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument(
@@ -249,12 +261,37 @@ class _Formatter(logging.Formatter):
         message = record.getMessage()
         if record.levelno >= logging.WARNING:
             message = _one_line(message)
-        return f"histocal: {record.levelname.lower()}: {message}"
+        text = f"histocal: {record.levelname.lower()}: {message}"
+        if record.exc_info:  # -vv's "traceback" record: the traceback itself
+            text += "\n" + self.formatException(record.exc_info)
+        return text
 
 
-def _ort_noise(record: logging.LogRecord) -> bool:
-    """onnxruntime's quantize_static advice to pre-process the model, on every run: debug only."""
-    return not (record.name == "root" and str(record.msg).startswith("Please consider"))
+PRE_PROCESS_HINT = (
+    "the model is not pre-processed; onnxruntime advises `python -m onnxruntime.quantization.preprocess "
+    "--input MODEL --output MODEL_PRE` first (shape inference, graph optimization; symbolic shape inference "
+    "needs sympy, else add --skip_symbolic_shape True). It matters for weights held in Constant nodes: "
+    "quantize_static does not quantize them as weights (the quantized model can come out larger than the "
+    "float one); pre-processing makes them initializers"
+)
+
+
+class _OncePreProcessHint(logging.Filter):
+    """onnxruntime's quantize_static advises pre-processing twice per call (and auto, diagnose and
+    --auto-exclude call it many times): say it once per command, in histocal's words."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (record.name == "root" and str(record.msg).startswith("Please consider")):
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args = PRE_PROCESS_HINT, ()
+        return True
 
 
 @contextlib.contextmanager
@@ -264,8 +301,7 @@ def _logging(level: int) -> Iterator[None]:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter())
     handler.setLevel(level)
-    if level > logging.DEBUG:
-        handler.addFilter(_ort_noise)
+    handler.addFilter(_OncePreProcessHint())
     saved = root.level
     root.addHandler(handler)
     root.setLevel(min(level, saved) if saved else level)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from .calibrate import _load_state, _ranges_from_state
 from .common import (
     METHODS,
@@ -28,6 +29,7 @@ from .common import (
 )
 from .diagnose import auto_exclude
 from .quantization import _quant_type, _quantization_arguments
+from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
 
@@ -86,9 +88,47 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
     return chosen.ranges
 
 
+def _model_to_calibrate(model: Path, quantization: dict[str, Any], tmp: str) -> Path:
+    """``model``, or the model onnxruntime converts it to (another opset) before it quantizes,
+    saved in ``tmp``: ranges must name that model's tensors."""
+    import onnx
+
+    from ..quantize.ort import model_ort_quantizes
+
+    converted = model_ort_quantizes(
+        model, quantization["weight_type"], quantization["activation_type"], quantization["extra_options"]
+    )
+    if converted is None:
+        return model
+    path = Path(tmp, "converted", model.name)
+    path.parent.mkdir()
+    onnx.save_model(converted, path.as_posix(), save_as_external_data=True)
+    return path
+
+
+def _state_of(model: Path, path: str, quantization: dict[str, Any]) -> Any:
+    """The state in ``path``, refused when it was collected on another model than ``model`` (or
+    than the model onnxruntime converts it to for this quantization)."""
+    from ..quantize.ort import model_ort_quantizes
+    from ..state import model_fingerprint
+
+    state = _load_state(path)
+    expected = model_fingerprint(model)
+    if state.model_fingerprint in (None, expected):
+        return state
+    converted = model_ort_quantizes(
+        model, quantization["weight_type"], quantization["activation_type"], quantization["extra_options"]
+    )
+    if converted is None or model_fingerprint(converted) != state.model_fingerprint:
+        raise CliError(
+            f"{path}: a state of another model (model fingerprint {state.model_fingerprint}, {model} has {expected})"
+        )
+    return state
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ..io.cache import check_cache, load_tensors_data, save_tensors_data
-    from ..quantize.integration import quantize_static
+    from ..io.cache import check_cache, load_tensors_data
+    from ..quantize.ort import check_ranges_fit, quantize_with_ranges
 
     sources = [s for s in ("data", "state") if getattr(args, s) is not None]
     if len(sources) > 1:
@@ -98,7 +138,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     model = shown = _check_model(args.model)
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
+    # with --data, --cache is written (or reused); without, it is read
+    inputs: list[tuple[str, str | Path | None]] = [("MODEL", model), ("--state", args.state)]
+    inputs += [("--data", p) for p in args.data or ()]
+    outputs: list[tuple[str, str | Path | None]] = [("OUTPUT", output)]
+    (outputs if args.data is not None else inputs).append(("--cache", cache))
+    refuse_overwriting(outputs, inputs)
     write_cache = False
+    given = None  # the file the ranges come from, when not calibrated here
     _default_error_model(args)
     quantization = _quantization_arguments(args)
 
@@ -107,13 +154,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         args.method = args.method or "minmax"
         ranges, model = auto_exclude(args, model, quantization, Path(staging.name))
     elif args.state is not None:
-        ranges = _ranges_from_state(args, _load_state(args.state))
+        given = args.state
+        ranges = _ranges_from_state(args, _state_of(model, args.state, quantization))
     elif args.data is None:  # --cache alone: reuse it
         if cache is None:
             raise _UsageError("give --data, --cache or --state")
         if not cache.is_file():
             raise CliError(f"{cache}: no such calibration cache" if not cache.exists() else f"{cache}: not a file")
         ranges = load_tensors_data(cache)
+        given = str(cache)
         cached = _method_key(ranges.calibration_method)
         if args.method is None:
             args.method = cached if cached in METHODS else "minmax"
@@ -125,11 +174,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         ranges = check_cache(cache, _method_enum(args.method), False) if cache is not None else None
         if ranges is not None:
             logger.info("reusing calibration cache %s", cache)
+            given = str(cache)
         elif _model_level_auto(args):
             ranges = _select_auto(args, model, data, quantization)
             write_cache = cache is not None
         else:
-            ranges, _ = _calibrate(args, model, data, want_state=False)
+            ranges, _ = _calibrate(args, _model_to_calibrate(model, quantization, staging.name), data, want_state=False)
             write_cache = cache is not None
     if not args.auto_exclude:
         for flag, value in (
@@ -147,25 +197,25 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             if value is not None:
                 logger.warning("option %s applies only to --method auto with --data; ignored", flag)
 
+    if given is not None:
+        try:
+            check_ranges_fit(model, ranges, given, **quantization)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    check_finite_ranges(ranges)  # onnxruntime's own error ("scale issue") names no tensor
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
-        ranges_file = Path(tmp, "ranges.json")
-        save_tensors_data(ranges, ranges_file)
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        quantize_static(
-            model,
-            staged,
-            None,
-            calibrate_method=ranges.calibration_method,
-            calibration_cache_path=ranges_file,
-            **quantization,
-        )
+        with scale_issue_named(model):
+            quantize_with_ranges(model, staged, ranges, **quantization)
         if write_cache:
             _write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
-        # without its data.
-        for f in sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name):
+        # without its data. None of them may replace an input (e.g. the model's own data file).
+        written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
+        refuse_overwriting([("side file", output.parent / f.name) for f in written if f.name != output.name], inputs)
+        for f in written:
             os.replace(f, output.parent / f.name)
     staging.cleanup()
     logger.info("wrote %s", output)

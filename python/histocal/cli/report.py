@@ -10,6 +10,7 @@ from typing import Any
 
 from .calibrate import _load_state
 from .common import _count
+from .same_file import report_inputs
 
 logger = logging.getLogger("histocal.cli")
 
@@ -62,6 +63,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ..report import require_matplotlib, write_report
 
     require_matplotlib()
+    report_inputs(args.out, [("STATE", args.state)])
     state = _load_state(args.state)
     index = write_report(
         state,

@@ -51,6 +51,7 @@ from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import calibrators, methods
+from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..io.readers import DataSource
 from ..quantize.integration import _collect_unless_empty, _default_method_options, _withholding_first
 from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
@@ -323,17 +324,19 @@ def diagnose(
             raise ValueError("diagnose: no evaluation feeds")
         seconds["calibration"] = time.perf_counter() - t
         ranges = _ranges(state, method, method_options, quantize_kwargs)
-        result = _Run(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
-            state,
-            screen_samples,
-            max_screen_runs,
-            max_checks,
-            max_exact_checks,
-            min_gain_db,
-            target_sqnr_db,
-            max_excluded_fraction,
-            seconds,
-        )
+        check_finite_ranges(ranges)  # onnxruntime's own error names no tensor
+        with scale_issue_named(float_model):
+            result = _Run(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
+                state,
+                screen_samples,
+                max_screen_runs,
+                max_checks,
+                max_exact_checks,
+                min_gain_db,
+                target_sqnr_db,
+                max_excluded_fraction,
+                seconds,
+            )
     seconds["total"] = time.perf_counter() - start
     impacts, excluded, sqnr, sqnr_excluded, counts, screen_runs, quantizations, unresolved, findings = result
     diagnosis = Diagnosis(
@@ -420,6 +423,13 @@ class _Run:
         self._quantize(qdq_path, (), quant_format=QuantFormat.QDQ, use_external_data_format=True)
         qdq = onnx.load(qdq_path.as_posix())
         nodes = quantized_nodes(qdq)
+        if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qdq.graph.node):
+            logger.warning("diagnose: onnxruntime quantizes nothing in this model: nothing to diagnose")
+            sqnr = _screen.sqnr_db(
+                self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
+            )
+            seconds["quantization"] = time.perf_counter() - t
+            return [], [], sqnr, sqnr, {"nodes": 0, "tensors": [], "checks": 0}, 0, 0, [], []
         switched, tensors = switched_model(qdq, self.float_model)
         del qdq
         if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:

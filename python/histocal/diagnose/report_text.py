@@ -25,7 +25,11 @@ def summary_text(d: Any, max_rows: int = 20) -> str:
         f"output SQNR {_sqnr(d.sqnr_db)} dB ({d.method} ranges, {d.quantized_nodes} quantized nodes, "
         f"{d.quantized_tensors} quantized tensors, {d.eval_samples} held-back batches)",
     ]
-    if d.nodes_to_exclude:
+    if d.quantized_nodes == 0:
+        lines.append(
+            "nothing quantizable: onnxruntime quantizes no node of this model (its operators, or every one excluded)"
+        )
+    elif d.nodes_to_exclude:
         lines.append(
             f"leaving {len(d.nodes_to_exclude)} nodes in float ({d.excluded_fraction:.1%} of the quantized nodes): "
             f"{_sqnr(d.sqnr_excluded_db)} dB ({_db(d.gain_db)} dB)"

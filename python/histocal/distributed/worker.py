@@ -4,14 +4,17 @@ and per shard a state (streaming mode), or exact mode's pass 1 scans and pass 2 
 Every result is a function of the shard alone (nothing of an earlier shard is carried over), so a
 shard redone on another worker gives the same result, and the driver keeps one result per shard.
 States travel as their file format's bytes (``CalibrationState.to_bytes``): checked when read.
+An empty shard's result is ``None``: it adds nothing to the merge.
+
+The worker's model copy and augmented model exist on disk only while its session is built: a
+worker killed later (by Ray, a shard timeout, the driver's Ctrl-C) leaves no files behind.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import shutil
 import tempfile
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +23,11 @@ from ..calibrators import MODE_OPTION, create_calibrator
 from ..calibrators.common import NUM_THREADS_OPTION
 from ..calibrators.split_exact import ExactScan, count_exact, scan_exact
 from ..collector import CollectedData
+from ..io.readers import DataSource
 from ..state import CalibrationState
 from .shards import Shard
+
+WORKER_FOLDER_PREFIX = "histocal_worker_"
 
 
 @dataclass(frozen=True)
@@ -36,33 +42,48 @@ class Job:
     op_types: list[str] | None = None
     providers: list[Any] | None = None
     threads: int = 1
+    model_name: str = "model.onnx"  # the user's model file, named in errors instead of the worker's copy
+
+
+def build_calibrator(model_path: str, folder: str, job: Job, providers: Any = None) -> Any:
+    """``job``'s calibrator on ``model_path``, its augmented model written in ``folder``."""
+    return create_calibrator(
+        model_path,
+        job.op_types,
+        augmented_model_path=os.path.join(folder, "augmented_model.onnx"),
+        calibrate_method=job.collect_method,
+        providers=providers,
+        # the worker's share of its machine, unless the user's extra_options say otherwise
+        extra_options={NUM_THREADS_OPTION: job.threads, **job.extra_options, MODE_OPTION: job.mode},
+    )
 
 
 class ShardWorker:
     """Collects shards of the data for one :class:`Job` (a Ray actor runs one; tests call it directly)."""
 
     def __init__(self, model: bytes, job: Job) -> None:
-        folder = tempfile.mkdtemp(prefix="histocal_worker_")
-        weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
-        self.model_path = os.path.join(folder, "model.onnx")
-        with open(self.model_path, "wb") as f:
-            f.write(model)
         self.job = job
+        self.error: str | None = None  # why the calibrator could not be built (see ready)
         _core.set_num_threads(job.threads)
-        calibrator = create_calibrator(
-            self.model_path,
-            job.op_types,
-            augmented_model_path=os.path.join(folder, "augmented_model.onnx"),
-            calibrate_method=job.collect_method,
-            providers=job.providers,
-            # the worker's share of its machine, unless the user's extra_options say otherwise
-            extra_options={NUM_THREADS_OPTION: job.threads, **job.extra_options, MODE_OPTION: job.mode},
-        )
-        calibrator.show_progress = False
-        self.calibrator = calibrator
+        try:
+            # the session holds the augmented model in memory and the calibrator the model (whose
+            # inputs the data files are mapped to): neither file is read again once it is built
+            with tempfile.TemporaryDirectory(prefix=WORKER_FOLDER_PREFIX) as folder:
+                model_path = os.path.join(folder, "model.onnx")
+                with open(model_path, "wb") as f:
+                    f.write(model)
+                self.calibrator = build_calibrator(model_path, folder, job, job.providers)
+        except Exception as exc:  # reported by ready(): raised here, Ray would print its traceback
+            self.error = f"{type(exc).__name__}: {exc}".replace(model_path, job.model_name)
+            return
+        self.calibrator.show_progress = False
 
-    def pid(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, str | None]:
+        """This worker's process id, and why it cannot calibrate (None: it can)."""
+        return os.getpid(), self.error
+
+    def _open(self, shard: Shard) -> Any:
+        return shard.open(self.calibrator.model)
 
     def _state(self, data: CollectedData) -> bytes:
         cal, job = self.calibrator, self.job
@@ -72,23 +93,32 @@ class ShardWorker:
         )
         return state.to_bytes()
 
-    def streaming(self, shard: Shard) -> bytes:
-        """The state of one streaming collect over the shard."""
+    def streaming(self, shard: Shard) -> bytes | None:
+        """The state of one streaming collect over the shard (None: the shard is empty)."""
 
-        def work() -> bytes:
-            data = shard.open(self.model_path)
+        def work() -> bytes | None:
+            feeds = iter(DataSource(self._open(shard)).read())
+            end = object()
+            first = next(feeds, end)
+            if first is end:
+                return None
             self.calibrator._restart_collection()
-            self.calibrator.collect_data(data)
+            self.calibrator.collect_data(itertools.chain([first], feeds))
             return self._state(self.calibrator.collected())
 
         return shard.run(work)
 
     def scan(self, shard: Shard) -> ExactScan:
-        """Exact mode, pass 1 over the shard: its scans (ranges and counts) and read digest."""
-        return shard.run(lambda: scan_exact(self.calibrator, shard.open(self.model_path)))
+        """Exact mode, pass 1 over the shard: its scans (ranges and counts) and read digest
+        (no batches and no scans for an empty shard)."""
+        return shard.run(lambda: scan_exact(self.calibrator, self._open(shard)))
 
-    def count(self, shard: Shard, part: ExactScan, planned_from: list[Any]) -> bytes:
-        """Exact mode, pass 2: the shard's state, counted on the bins every shard's scans plan."""
-        return shard.run(
-            lambda: self._state(count_exact(self.calibrator, shard.open(self.model_path), part, planned_from))
-        )
+    def count(self, shard: Shard, part: ExactScan, planned_from: list[Any]) -> bytes | None:
+        """Exact mode, pass 2: the shard's state, counted on the bins every shard's scans plan
+        (None for a shard empty on both reads: count_exact checks the second read as for any)."""
+
+        def work() -> bytes | None:
+            data = count_exact(self.calibrator, self._open(shard), part, planned_from)
+            return None if part.batches == 0 else self._state(data)
+
+        return shard.run(work)

@@ -1,7 +1,8 @@
 """Using histocal from onnxruntime's quantization entry points.
 
 * ``patch_onnxruntime()`` makes ``onnxruntime.quantization.quantize_static`` (and every other
-  caller of ORT's ``create_calibrator``) use histocal's calibrators. It is reversible
+  caller of ORT's ``create_calibrator``, also one that bound it before the patch) use histocal's
+  calibrators. It is reversible
   (``unpatch_onnxruntime()``) and also a context manager.
 * ``quantize_static(...)`` takes ORT's arguments and the histogram settings ORT's own
   ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
@@ -31,17 +32,29 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from .. import calibrators, methods
 from ..io.cache import check_cache, save_tensors_data
 from ..io.readers import DataSource
+from ..methods.table import TABLE
 from ..state import merge_states
 from . import selection
-from .ort import SMOOTH_QUANT_NEEDS_ORT, model_file, ort_quantize_static, quantize_with_ranges
+from .ort import (
+    SMOOTH_QUANT_NEEDS_ORT,
+    check_ranges_fit,
+    model_file,
+    model_ort_quantizes,
+    ort_quantize_static,
+    quantize_with_ranges,
+)
 from .selection import Selection
 
 logger = logging.getLogger(__name__)
 
 # Every module that binds ORT's create_calibrator by name.
 _TARGETS = ("onnxruntime.quantization", "onnxruntime.quantization.calibrate", "onnxruntime.quantization.quantize")
+# The classes ORT's create_calibrator looks up in its module when it is called: replaced too, so
+# the patch holds for a caller that bound ORT's create_calibrator before patching (Optimum's
+# ORTQuantizer imports it at module level).
+_CLASSES = ("MinMaxCalibrater", "EntropyCalibrater", "PercentileCalibrater", "DistributionCalibrater")
 _lock = threading.Lock()
-_saved: list[tuple[Any, Any]] = []
+_saved: list[tuple[Any, str, Any]] = []
 _depth = 0
 
 
@@ -49,13 +62,28 @@ def _modules() -> list[Any]:
     return [importlib.import_module(m) for m in _TARGETS]
 
 
+def _patch_class(name: str) -> type:
+    """histocal's calibrator class ``name`` as a subclass of its own for this patch: a client that
+    patches ORT's class through the module while histocal is patched (Olive replaces
+    ``MinMaxCalibrater.augment_graph``) changes this subclass, which goes with the patch, and never
+    histocal's class."""
+    base = getattr(calibrators, name)
+    return type(
+        name, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+    )
+
+
 def _patch() -> None:
     global _depth
     with _lock:
         if _depth == 0:
-            _saved[:] = [(m, m.create_calibrator) for m in _modules() if hasattr(m, "create_calibrator")]
-            for m, _ in _saved:
-                m.create_calibrator = calibrators.create_calibrator
+            calibrate_module = importlib.import_module("onnxruntime.quantization.calibrate")
+            factories = [(m, "create_calibrator", calibrators.create_calibrator) for m in _modules()]
+            classes = [(calibrate_module, name, _patch_class(name)) for name in _CLASSES]
+            replaced = [(m, name, new) for m, name, new in factories + classes if hasattr(m, name)]
+            _saved[:] = [(m, name, getattr(m, name)) for m, name, _ in replaced]
+            for m, name, new in replaced:
+                setattr(m, name, new)
         _depth += 1
 
 
@@ -68,8 +96,8 @@ def unpatch_onnxruntime() -> None:
             return
         _depth -= 1
         if _depth == 0:
-            for m, original in _saved:
-                m.create_calibrator = original
+            for m, name, original in _saved:
+                setattr(m, name, original)
             _saved.clear()
 
 
@@ -105,6 +133,7 @@ _CALIB_KEYS = (
     ("CalibMovingAverageConstant", "averaging_constant"),
     ("CalibMaxIntermediateOutputs", "max_intermediate_outputs"),
     ("CalibPercentile", "percentile"),
+    ("CalibMethodOverrides", "MethodOverrides"),  # histocal: other methods for chosen tensors
 )
 
 
@@ -226,10 +255,23 @@ def calibrate_and_select(
         _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
     )
     kept: list[dict[str, np.ndarray]] = []
+    upgraded = model_ort_quantizes(
+        model_input,
+        quantize_kwargs.get("weight_type", QuantType.QInt8),
+        quantize_kwargs.get("activation_type", QuantType.QInt8),
+        extra,
+    )
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         model_input = model_file(model_input, Path(tmp))
+        # The model ORT calibrates (an opset it converts the model to adds tensors); the candidates
+        # are scored by quantizing model_input, as ORT does.
+        if upgraded is None:
+            calibrated = model_input
+        else:
+            Path(tmp, "converted").mkdir()
+            calibrated = model_file(upgraded, Path(tmp, "converted"))
         calibrator = calibrators.create_calibrator(
-            Path(model_input),
+            Path(calibrated),
             quantize_kwargs.get("op_types_to_quantize"),
             augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
             calibrate_method="auto",
@@ -359,7 +401,12 @@ def quantize_static(
     results: ORT's cache format cannot record other method names, so a cache made with one
     histocal method is a hit for every other one. ``tensors_range`` skips calibration and
     quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``). ``memory_budget``:
-    the histogram calibrators' (bytes, or e.g. ``"2GiB"``; see ``histocal.calibrators``)."""
+    the histogram calibrators' (bytes, or e.g. ``"2GiB"``; see ``histocal.calibrators``).
+
+    As ORT's, it calibrates the model ORT quantizes: converted first when its opset cannot express
+    the quantization (16-bit types: opset 21), a conversion that can add tensors. Ranges it is
+    given (a cache hit, ``tensors_range``) must fit that model: ranges of tensors it does not have,
+    or none for a Softmax output ORT quantizes, are a ``ValueError`` naming their source."""
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
@@ -377,8 +424,10 @@ def quantize_static(
         method_arg = name
         method_options = _default_method_options(name, method_options, activation_type, extra)
         calibrate_method = CalibrationMethod.MinMax  # how the ranges travel through ORT
-    elif method_options:
-        raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
+    else:
+        if method_options:
+            raise ValueError(f"method_options are for histocal's methods; {name} takes ORT's options")
+        calibrate_method = TABLE[name].ort or calibrate_method  # a name ("percentile") as ORT's enum
     if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
         raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
     if smooth_quant:
@@ -403,13 +452,24 @@ def quantize_static(
                 calibration_cache_path,
             )
         return
+    quantization = dict(
+        op_types_to_quantize=op_types_to_quantize,
+        nodes_to_quantize=nodes_to_quantize,
+        nodes_to_exclude=nodes_to_exclude,
+        activation_type=activation_type,
+        weight_type=weight_type,
+        extra_options=extra,
+    )
     if tensors_range is not None:
         ranges = tensors_range
         calibrate_method = ranges.calibration_method
+        check_ranges_fit(model_input, ranges, "tensors_range", **quantization)
     else:
         ranges = None
         if calibration_cache_path is not None:
             ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
+            if ranges is not None:
+                check_ranges_fit(model_input, ranges, str(calibration_cache_path), **quantization)
         if ranges is None:
             if calibration_data_reader is None:
                 raise ValueError(
@@ -436,8 +496,10 @@ def quantize_static(
                     extra_options=extra,
                 ).ranges
             else:
+                # ORT calibrates the model it quantizes: converted to another opset, if it converts it.
+                upgraded = model_ort_quantizes(model_input, weight_type, activation_type, extra)
                 ranges = calibrate(
-                    model_input,
+                    model_input if upgraded is None else upgraded,
                     calibration_data_reader,
                     method_arg,
                     op_types_to_quantize,

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,70 @@ def ort_quantize_static(*args: Any) -> None:
     importlib.import_module("onnxruntime.quantization.quantize").quantize_static(*args)
 
 
+@contextlib.contextmanager
+def _quiet_opset_warning() -> Iterator[None]:
+    """Drop the warning ORT's ``update_opset_version`` logs (on the root logger): ORT logs it again
+    when it quantizes, and once is what ORT's own quantize_static says."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.funcName != "update_opset_version"
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+
+
+def _upgrades_opset(model: onnx.ModelProto, weight_type: Any, activation_type: Any, extra: dict[str, Any]) -> bool:
+    """Whether ORT's quantize_static converts ``model`` to another opset before it calibrates and
+    quantizes (decided on an empty graph with the model's opsets: no conversion of the model)."""
+    from onnxruntime.quantization.quant_utils import update_opset_version
+
+    probe = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    probe.graph.name = "opset-probe"
+    with _quiet_opset_warning():
+        return update_opset_version(probe, weight_type, activation_type, **_opset_options(extra)) is not probe
+
+
+def _opset_options(extra: dict[str, Any]) -> dict[str, Any]:
+    return {"tensor_quant_overrides": extra.get("TensorQuantOverrides"), "block_size": extra.get("BlockSize", 0)}
+
+
+def model_ort_quantizes(
+    model_input: str | Path | onnx.ModelProto,
+    weight_type: Any = QuantType.QInt8,
+    activation_type: Any = QuantType.QInt8,
+    extra_options: dict[str, Any] | None = None,
+    *,
+    header: onnx.ModelProto | None = None,
+) -> onnx.ModelProto | None:
+    """The model onnxruntime's quantize_static calibrates and quantizes when it is not
+    ``model_input``, else None. ORT first converts a model whose opset cannot express the
+    quantization (16-bit types: opset 21; float 8: 19; block-wise: 21; below 10: 11), and the
+    conversion can add tensors (opset 11's Softmax on a non-last axis becomes Flatten, Softmax
+    ``<output>_intermediate``, Reshape): ranges computed on the original model miss them. Built by
+    ORT's own steps (shape inference, ``update_opset_version``), so calibrating it gives ORT's ranges.
+    ``header``: ``model_input`` already loaded (without external data), to spare a load."""
+    from onnxruntime.quantization.quant_utils import (
+        load_model_with_shape_infer,
+        save_and_reload_model_with_shape_infer,
+        update_opset_version,
+    )
+
+    extra = dict(extra_options or {})
+    if not _upgrades_opset(header or _header(model_input), weight_type, activation_type, extra):
+        return None
+    model = (
+        save_and_reload_model_with_shape_infer(model_input)
+        if isinstance(model_input, onnx.ModelProto)
+        else load_model_with_shape_infer(Path(model_input))
+    )
+    with _quiet_opset_warning():
+        return update_opset_version(model, weight_type, activation_type, **_opset_options(extra))
+
+
 def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
     """The model's path: as given, or a ModelProto saved into ``tmp`` (its weights as external
     data, so models over 2 GB work). The caller's ModelProto is left as it is: onnx moves the
@@ -50,6 +117,74 @@ def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
         onnx.save_model(copy, path.as_posix(), save_as_external_data=True)
         return path
     return Path(model_input)
+
+
+def _listed(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_ranges_fit(
+    model_input: str | Path | onnx.ModelProto,
+    ranges: TensorsData,
+    source: str,
+    *,
+    op_types_to_quantize: list[str] | None = None,
+    nodes_to_quantize: list[str] | None = None,
+    nodes_to_exclude: list[str] | None = None,
+    activation_type: Any = QuantType.QInt8,
+    weight_type: Any = QuantType.QInt8,
+    extra_options: dict[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """Refuse, before ORT runs, ranges (``source``: the file or argument they come from, for the
+    message) that do not belong to the model ORT quantizes: ranges of tensors the model does not
+    have (another model's), or no range for the output of a Softmax ORT quantizes (ORT fails then:
+    ``Only an existing tensor can be modified``), e.g. ranges of an opset-11 model that ORT converts
+    to opset 21 for a 16-bit type. Arguments: quantize_static's (the others are ignored)."""
+    header = _header(model_input)
+    upgraded = model_ort_quantizes(model_input, weight_type, activation_type, extra_options, header=header)
+    model = upgraded if upgraded is not None else header
+    graph = model.graph
+    tensors = {t.name for t in (*graph.input, *graph.initializer)}
+    tensors.update(name for node in graph.node for name in (*node.input, *node.output))
+    shown = "the model" if isinstance(model_input, onnx.ModelProto) else str(model_input)
+    foreign = sorted(name for name in ranges.data if name not in tensors)
+    if foreign:
+        raise ValueError(
+            f"{source}: ranges of {len(foreign)} of its {len(ranges.data)} tensors name no tensor of {shown} "
+            f"({_listed(foreign)}): they come from another model"
+        )
+    excluded = set(nodes_to_exclude or ())
+    missing = [
+        node.output[0]
+        for node in graph.node
+        if node.op_type == "Softmax"
+        and (not op_types_to_quantize or "Softmax" in op_types_to_quantize)
+        and (not nodes_to_quantize or node.name in nodes_to_quantize)
+        and node.name not in excluded
+        and node.output[0] not in ranges.data
+    ]
+    if missing:
+        why = ""
+        if upgraded is not None:
+            why = (
+                f" (onnxruntime converts it from opset {_default_opset(header)} to {_default_opset(upgraded)} for "
+                "this quantization, which adds tensors: calibrate for this quantization, e.g. quantize with "
+                "calibration data)"
+            )
+        raise ValueError(f"{source}: no range for the Softmax output(s) {_listed(missing)} of {shown}{why}")
+
+
+def _header(model_input: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its external data (enough for its opsets and tensor names)."""
+    if isinstance(model_input, onnx.ModelProto):
+        return model_input
+    return onnx.load(Path(model_input).as_posix(), load_external_data=False)
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 def _check_one_range_per_tensor(ranges: TensorsData) -> None:

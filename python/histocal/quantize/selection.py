@@ -48,6 +48,24 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from .. import methods
 from ..io.readers import Feed, run_session
 from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
+from .rule import (
+    DEFAULT_CANDIDATE,
+    GAIN_CAP_DB,
+    MIN_GAIN_DB,
+    SIGN_TEST_ALPHA,
+    STANDARD_ERRORS,
+    Decision,
+    Evidence,
+    choose_pooled,
+    choose_robust,
+    decide,
+    evidence,
+    feed_gains_db,
+    min_informative,
+    range_widths,
+    sign_test_p,
+)
+from .scoring import ScoringModel, build_scoring_model
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +105,8 @@ class Selection:
     feed_sqnr_db: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # Per candidate, ``range_widths``: how wide its ranges (from all the data) are.
     range_widths: dict[str, float] = field(default_factory=dict)
+    reason: str = ""  # why this candidate (``decide``'s reason)
+    quantizations: int = 0  # onnxruntime quantize_static calls the scoring made
 
     @property
     def cross_validated(self) -> bool:
@@ -169,97 +189,6 @@ def select_ranges_cross_validated(
     return _select(model_input, fold_feeds, candidates, providers, quantize_kwargs, cross_validated=True)
 
 
-def choose_pooled(sqnr_db: Mapping[str, float]) -> str:
-    """The first candidate of the highest pooled SQNR (the in-sample choice)."""
-    chosen = next(iter(sqnr_db))
-    for label, value in sqnr_db.items():
-        if value > sqnr_db[chosen]:
-            chosen = label
-    return chosen
-
-
-# The cross-validated choice's rule (see ``choose_robust``), chosen by benches/bench_auto_real.py.
-DEFAULT_CANDIDATE = "minmax"  # ORT's default method: the widest ranges, which clip nothing seen
-STANDARD_ERRORS = 1.0  # a candidate must beat the default by this many standard errors of its mean gain
-GAIN_CAP_DB = 100.0  # per-feed gains are clipped to +-this (an exact or failed output is +-inf)
-
-
-def feed_gains_db(feed_sqnr_db: Mapping[str, Sequence[float]], default: str) -> dict[str, np.ndarray]:
-    """Per candidate, its SQNR minus the default's on each evaluation feed (dB; the signal is the
-    same float output for both, so this is 10 log10 of the default's error energy over the
-    candidate's). Both exact (+inf): 0; other infinities clipped to +-``GAIN_CAP_DB``."""
-    base = np.asarray(feed_sqnr_db[default], np.float64)
-    out = {}
-    for label, values in feed_sqnr_db.items():
-        v = np.asarray(values, np.float64)
-        if v.shape != base.shape:
-            raise ValueError(f"candidate {label!r} has {v.size} feed scores, the default {base.size}")
-        with np.errstate(invalid="ignore"):
-            gain = np.where(v == base, 0.0, v - base)  # inf - inf: equal scores gain nothing
-        out[label] = np.clip(np.nan_to_num(gain, nan=0.0), -GAIN_CAP_DB, GAIN_CAP_DB)
-    return out
-
-
-def choose_robust(
-    feed_sqnr_db: Mapping[str, Sequence[float]],
-    *,
-    default: str | None = None,
-    standard_errors: float = STANDARD_ERRORS,
-    widths: Mapping[str, float] | None = None,
-) -> str:
-    """The cross-validated choice: stay with the default candidate (``DEFAULT_CANDIDATE`` if it
-    is one, else the first) unless another beats it consistently on the held-out feeds. Per
-    candidate, the per-feed gains g_i over the default (``feed_gains_db``) give a lower confidence
-    bound ``mean(g) - standard_errors * se`` (``se = sd(g) / sqrt(n)``); a candidate qualifies when
-    that bound is above 0. A candidate with a failed feed (-inf) never qualifies. Of the qualifying
-    candidates, the one of the highest bound is the best (ties: candidate order); with ``widths``
-    (``range_widths`` of the candidates), the widest of the qualifying candidates whose mean gain
-    is within one standard error of the best's mean is chosen instead (the one-standard-error
-    rule toward the most conservative ranges; ties: candidate order). Why: the pooled SQNR over
-    8-16 feeds ranks a candidate first on a gain that a few feeds carry, or on differences smaller
-    than the feeds' spread, and new inputs then reverse the order; a bound on the paired gain keeps
-    the choice on the default's wide ranges unless the gain is steady across feeds, and between
-    candidates whose gains cross-validation cannot tell apart, the wider ranges clip less of what
-    new inputs bring (measured: docs/methods.md, BENCHMARKS.md)."""
-    if not feed_sqnr_db:
-        raise ValueError("choose_robust needs at least one candidate")
-    if default is None:
-        default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in feed_sqnr_db else next(iter(feed_sqnr_db))
-    gains = feed_gains_db(feed_sqnr_db, default)
-    qualifying: dict[str, tuple[float, float, float]] = {}  # label -> (bound, mean, standard error)
-    for label, gain in gains.items():
-        if label == default or not len(gain) or any(v == -math.inf for v in feed_sqnr_db[label]):
-            continue
-        se = float(gain.std(ddof=1)) / math.sqrt(len(gain)) if len(gain) > 1 else 0.0
-        mean = float(gain.mean())
-        if mean - standard_errors * se > 0.0:
-            qualifying[label] = (mean - standard_errors * se, mean, se)
-    if not qualifying:
-        return default
-    best = max(qualifying, key=lambda label: qualifying[label][0])  # the first of equal bounds
-    if widths is None:
-        return best
-    _, best_mean, best_se = qualifying[best]
-    near = [label for label, (_, mean, _) in qualifying.items() if mean >= best_mean - best_se]
-    return max(near, key=lambda label: widths.get(label, -math.inf))
-
-
-def range_widths(candidates: Mapping[str, TensorsData]) -> dict[str, float]:
-    """Per candidate, how wide its ranges are: the mean over tensors of ``log2(max(high, 0) -
-    min(low, 0))`` (the span a quantizer's range must cover, zero included), over the tensors
-    whose span is finite and positive. Comparable between candidates of the same tensors."""
-    out = {}
-    for label, ranges in candidates.items():
-        logs = []
-        for d in ranges.data.values():
-            low, high = float(np.min(d.lowest)), float(np.max(d.highest))
-            span = max(high, 0.0) - min(low, 0.0)
-            if 0.0 < span < math.inf:
-                logs.append(math.log2(span))
-        out[label] = float(np.mean(logs)) if logs else -math.inf
-    return out
-
-
 def _select(
     model_input: str | Path | onnx.ModelProto,
     folds: list[tuple[Mapping[str, TensorsData], list[Feed]]],
@@ -277,9 +206,10 @@ def _select(
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
     with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
         model_path = model_file(model_input, Path(tmp))
+        scorer = _Scorer(model_path, candidates, providers, quantize_kwargs, Path(tmp))
         for fold_candidates, feeds in folds:
             # One fold's float outputs at a time: memory is that of the largest fold.
-            energies = _energies(model_path, feeds, fold_candidates, providers, quantize_kwargs, Path(tmp))
+            energies = scorer.energies(feeds, fold_candidates)
             for label, energy in energies.items():
                 if isinstance(energy, list):
                     per_feed[label].extend(energy)
@@ -301,7 +231,11 @@ def _select(
         first, exc = next(iter(raised.items()))
         raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
     widths = range_widths(candidates)
-    chosen = choose_robust(feed_sqnr, widths=widths) if cross_validated else choose_pooled(sqnr)
+    if cross_validated:
+        decision = decide(feed_sqnr, widths=widths)
+        chosen, reason = decision.label, decision.reason
+    else:
+        chosen, reason = choose_pooled(sqnr), "in sample: the highest pooled SQNR"
     selection = Selection(
         chosen,
         candidates[chosen],
@@ -311,52 +245,90 @@ def _select(
         len(folds) if cross_validated else 0,
         feed_sqnr,
         widths,
+        reason,
+        scorer.quantizations,
     )
     logger.info(
-        "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s)\n%s",
+        "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s: %s)\n%s",
         selection.scoring,
         n,
         chosen,
         selection.seconds,
+        reason,
         selection.table(),
     )
     return selection
 
 
-def _energies(
-    model_path: Path,
-    feeds: list[Feed],
-    candidates: Mapping[str, TensorsData],
-    providers: list[Any],
-    quantize_kwargs: Mapping[str, Any],
-    tmp: Path,
-) -> dict[str, list[tuple[float, float]] | BaseException | None]:
-    """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed of ``feeds``; the exception if its model failed
-    to build or run; None if its outputs cannot be compared (see ``squared_sums``). Candidates
-    whose ranges equal an earlier one's are not quantized again."""
-    reference = _Reference(model_path, feeds, providers)
-    out: dict[str, list[tuple[float, float]] | BaseException | None] = {}
-    seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
-    for i, (label, ranges) in enumerate(candidates.items()):
-        key = _ranges_key(ranges)
-        same = next((other for k, other in seen if k == key), None)
-        if same is not None:
-            logger.debug("auto: candidate %r has the ranges of %r", label, same)
-            out[label] = out[same]
-            continue
-        seen.append((key, label))
-        workdir = tmp / f"candidate{i}"
+class _Scorer:
+    """Scores candidate range sets on feeds: on one ``scoring.ScoringModel`` session (the QDQ
+    model with its range-dependent initializers as inputs, built once from the first candidate)
+    where it can, else by one ``quantize_static`` per candidate (``quantizations`` counts them)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        candidates: Mapping[str, TensorsData],
+        providers: list[Any],
+        quantize_kwargs: Mapping[str, Any],
+        tmp: Path,
+    ) -> None:
+        self.model_path = model_path
+        self.providers = providers
+        self.quantize_kwargs = quantize_kwargs
+        self.tmp = tmp
+        self.quantizations = 0
+        base = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
+        workdir = tmp / "scoring"
         workdir.mkdir()
+        self.model: ScoringModel | None = None
+        self.session: Any = None
+        try:
+            self.model = build_scoring_model(model_path, candidates[base], workdir, quantize_kwargs)
+            self.quantizations += 1
+            if self.model is not None:
+                self.session = _session(self.model.path, providers, quantized=True)
+        except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
+            logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
+            self.model = None
+
+    def energies(
+        self, feeds: list[Feed], candidates: Mapping[str, TensorsData]
+    ) -> dict[str, list[tuple[float, float]] | BaseException | None]:
+        """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed; the exception if its model
+        failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
+        Candidates whose ranges equal an earlier one's are scored once."""
+        reference = _Reference(self.model_path, feeds, self.providers)
+        out: dict[str, list[tuple[float, float]] | BaseException | None] = {}
+        seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+        for i, (label, ranges) in enumerate(candidates.items()):
+            key = _ranges_key(ranges)
+            same = next((other for k, other in seen if k == key), None)
+            if same is not None:
+                logger.debug("auto: candidate %r has the ranges of %r", label, same)
+                out[label] = out[same]
+                continue
+            seen.append((key, label))
+            try:
+                out[label] = self._score(reference, ranges, i)
+            except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
+                logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
+                out[label] = exc
+        return out
+
+    def _score(self, reference: _Reference, ranges: TensorsData, i: int) -> list[tuple[float, float]] | None:
+        parameters = self.model.parameters(ranges) if self.model is not None else None
+        if parameters is not None:
+            return reference.feed_energies(self.session, parameters)
+        workdir = self.tmp / f"candidate{i}"
+        workdir.mkdir(exist_ok=True)
         try:
             quantized = workdir / "model.onnx"
-            quantize_with_ranges(model_path, quantized, ranges, **quantize_kwargs)
-            out[label] = reference.feed_energies(quantized)
-        except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
-            logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
-            out[label] = exc
+            quantize_with_ranges(self.model_path, quantized, ranges, **self.quantize_kwargs)
+            self.quantizations += 1
+            return reference.feed_energies(_session(quantized, self.providers, quantized=True), {})
         finally:
             shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
-    return out
 
 
 def _sqnr_db(signal: float, noise: float) -> float:
@@ -386,11 +358,17 @@ def _ranges_key(ranges: TensorsData) -> tuple:
     return (str(ranges.calibration_method), tuple(items))
 
 
-def _session(path: Path, providers: list[Any]) -> Any:
+def _session(path: Path, providers: list[Any], *, quantized: bool = False) -> Any:
+    """A session on the float model, or (``quantized``) on a QDQ model run as its graph defines it:
+    basic optimizations only (constant folding), since the extended ones fuse QDQ groups into
+    integer kernels for some scales-as-inputs and not others, which would make candidates scored
+    on the shared model and on their own model incomparable (``scoring``'s docstring)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if quantized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(path.as_posix(), options, providers=providers)
 
 
@@ -414,18 +392,17 @@ class _Reference:
             self.outputs.append([arrays[n] for n in numeric])
         self.names = numeric or []
 
-    def feed_energies(self, quantized: Path) -> list[tuple[float, float]] | None:
-        """Per feed, (sum y^2, sum (y - y_q)^2) over a quantized model's outputs; None if they
-        cannot be compared."""
-        session = _session(quantized, self.providers)
+    def feed_energies(self, session: Any, parameters: Mapping[str, np.ndarray]) -> list[tuple[float, float]] | None:
+        """Per feed, (sum y^2, sum (y - y_q)^2) over a quantized model's outputs (``session``
+        fed each feed plus ``parameters``); None if they cannot be compared."""
         out = []
         for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
-            got = run_session(session, self.names, feed, i)
+            got = run_session(session, self.names, {**feed, **parameters} if parameters else feed, i)
             signal = noise = 0.0
             for name, y, yq in zip(self.names, reference, got):
                 part = squared_sums(y, yq)
                 if part is None:
-                    logger.debug("auto: %s output %r of sample %d differs where it must not", quantized, name, i)
+                    logger.debug("auto: output %r of sample %d differs where it must not", name, i)
                     return None
                 signal += part[0]
                 noise += part[1]
@@ -453,4 +430,24 @@ def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] |
     return float(np.dot(y, y)), float(np.dot(diff, diff))
 
 
-__all__ = ["Selection", "select_ranges", "select_ranges_cross_validated", "state_candidates"]
+__all__ = [
+    "DEFAULT_CANDIDATE",
+    "GAIN_CAP_DB",
+    "MIN_GAIN_DB",
+    "SIGN_TEST_ALPHA",
+    "STANDARD_ERRORS",
+    "Decision",
+    "Evidence",
+    "Selection",
+    "choose_pooled",
+    "choose_robust",
+    "decide",
+    "evidence",
+    "feed_gains_db",
+    "min_informative",
+    "range_widths",
+    "select_ranges",
+    "select_ranges_cross_validated",
+    "sign_test_p",
+    "state_candidates",
+]

@@ -26,7 +26,13 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from onnxruntime.quantization.quant_utils import QuantType
 
 from .. import calibrators as hc
-from ..calibrators.common import MODE_OPTION, STREAMING_BINS_OPTION, _augmented_model_path, _run_batches
+from ..calibrators.common import (
+    MODE_OPTION,
+    STREAMING_BINS_OPTION,
+    _augmented_model_path,
+    _PrivateShapeInference,
+    _run_batches,
+)
 from ..io.readers import DataSource
 from . import types
 from .collector import PowOfTwoCollector
@@ -246,7 +252,7 @@ def _check_method(method: str, expected: str) -> None:
         raise ValueError(f"method must be {expected!r} for this calibrator, got {method!r}")
 
 
-class PowOfTwoCalibrater(_QuarkCalibrator, ort_calibrate.CalibraterBase):
+class PowOfTwoCalibrater(_QuarkCalibrator, _PrivateShapeInference):
     """Quark's ``PowOfTwoCalibrater``: power-of-two MinMSE ranges (``method=MinMSE``; Quark's
     NonOverflow is ``MinMaxCalibrater(symmetric=True)``, see ``create_calibrator_power_of_two``).
     Every calibrated tensor becomes a graph output; each batch's outputs go to the collector as

@@ -15,21 +15,35 @@ the class axis, and isotone per channel equals per-tensor isotone on each channe
 that is the tensor's last axis is refused for isotone (each channel would be one class column, with no
 row of two values).
 
-Memory is ``channels x streaming_bins x 8`` bytes per tensor (plus, for isotone, 24 bytes per distinct
-top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel); a collection whose per-channel
-histograms would exceed ``max_bytes`` (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment
-variable ``HISTOCAL_MAX_CHANNEL_BYTES``) is refused before the memory is taken, with an error naming
-the tensor. Isotone's summaries grow with the data (distinct pairs, at most one per row), so they are
+A tensor with too few dimensions for the channel axis (a scalar, or a 1-D tensor such as a batch norm
+parameter held by a Constant node, with axis 1) has no channels: it is collected whole, as one channel
+``T[0]``, and its result is the per-tensor one in per-channel form (arrays of one value). This is what
+onnxruntime's ``MinMaxCalibrater(per_channel=True)`` gives a 1-D tensor (its ReduceMin/ReduceMax over axis
+0 leave one value; onnxruntime refuses a scalar when it loads the augmented model).
+
+Memory is ``channels x bins x 8`` bytes per tensor (plus, for isotone, 24 bytes per distinct
+top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel), within ``max_bytes``
+(default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment variable ``HISTOCAL_MAX_CHANNEL_BYTES``). The
+bins are ``streaming_bins``, or fewer where the first batch's channels would not fit the limit: the
+largest power of two that fits, down to ``MIN_FITTED_BINS``, with a warning (a transformer's tensors
+have hundreds of channels each along any axis, a few hundred tensors, so 16384 bins per channel would
+need several GiB). A collection that does not fit even then, or a tensor first seen in a later call
+that does not fit, is refused before the memory is taken, with an error naming the tensor. Isotone's summaries grow with the data (distinct pairs, at most one per row), so they are
 counted after each tensor's batch is added: a collection whose histograms and summaries together pass
 ``max_bytes`` is refused then, naming the tensor (the memory over the limit is at most that batch's
 rows x 24 bytes; the calibrators undo the failed call).
+
+Computing ORT's methods per channel (``compute``) goes through the channels a chunk at a time
+(``state.compute``): only a chunk's ORT histograms of ``num_bins`` bins and per-key results are alive at
+once, and the results keep one value per channel; the whole computation's memory is checked first.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +51,8 @@ import numpy as np
 from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 from .. import _core
+
+logger = logging.getLogger(__name__)
 
 # 2^28 bins of uint64 counts: what a state file may hold (file_format.MAX_STATE_BINS), so that
 # every collection within the default limit can be saved and loaded.
@@ -55,16 +71,13 @@ def channel_key(tensor: str, channel: int) -> str:
     return f"{tensor}[{channel}]"
 
 
-def resolve_axis(axis: int, rank: int, tensor: str) -> int:
-    """``axis`` as a non-negative axis of a rank-``rank`` tensor; ValueError naming the tensor."""
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise ValueError(f"the channel axis must be an integer, got {axis!r}")
-    if not -rank <= axis < rank:
-        raise ValueError(
-            f"tensor {tensor!r}: channel axis {axis} is out of range for its {rank} dimension(s) "
-            f"(allowed: {-rank} to {rank - 1})"
-        )
-    return int(axis) % rank
+def whole_or_channels(a: np.ndarray, axis: int) -> tuple[np.ndarray, int]:
+    """``a`` and its channel axis (non-negative; negative axes count from the end); a tensor without
+    axis ``axis`` (too few dimensions) as one channel holding the whole tensor: ``a[None]``, axis 0
+    (a scalar as ``(1, 1)``, one row of one value, as the per-tensor collection reads it)."""
+    if -a.ndim <= axis < a.ndim:
+        return a, int(axis) % a.ndim
+    return (a.reshape(1, *a.shape) if a.ndim else a.reshape(1, 1)), 0
 
 
 def max_channel_bytes(value: int | None = None) -> int:
@@ -86,6 +99,8 @@ def max_channel_bytes(value: int | None = None) -> int:
 # activation) is read from a channels-first copy of the batch: a strided read per channel would go over
 # the whole batch once per channel (bench_per_channel.py: 25x slower than one copy for 768 channels).
 MIN_CHANNEL_RUN = 256
+# The fewest bins per channel a collection is fitted down to (see ChannelHistograms._fit_bins).
+MIN_FITTED_BINS = 1024
 
 
 def _channels_first(a: np.ndarray, axis: int) -> np.ndarray:
@@ -116,6 +131,8 @@ class ChannelHistograms:
     isotone: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):
+            raise ValueError(f"the channel axis must be an integer, got {self.axis!r}")
         if self.stream is None:
             self.stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)
         self.isotone = bool(self.stream.isotone)
@@ -139,14 +156,15 @@ class ChannelHistograms:
         Shapes and the memory limit are checked before anything is added; the tensors are then added one
         at a time (an error there, such as a changed dtype, names the channel and leaves the tensors
         before it added: the calibrators undo a failed call as a whole)."""
+        if not self.channels and not self.stream.names():
+            self._fit_bins(items)
         held = self.held_bytes
         new: dict[str, int] = {}
-        feeds: list[tuple[str, list[np.ndarray]]] = []
+        feeds: list[tuple[str, list[tuple[np.ndarray, int]]]] = []
         for tensor, arrays in items:
             moved = []
             for a in arrays:
-                a = np.asarray(a)
-                axis = resolve_axis(self.axis, a.ndim, tensor)
+                a, axis = whole_or_channels(np.asarray(a), self.axis)
                 if self.isotone and axis == a.ndim - 1:
                     raise ValueError(
                         f"tensor {tensor!r}: {ISOTONE_CLASS_AXIS}; channel axis {self.axis} is the last axis of "
@@ -173,15 +191,46 @@ class ChannelHistograms:
                         f"tensor {tensor!r}: {a.shape[axis]} channels along axis {self.axis} in this batch, "
                         f"{count} before (shape {a.shape})"
                     )
-                moved.append(a)
+                moved.append((a, axis))
             feeds.append((tensor, moved))
         for tensor, count in new.items():
             self.channels[tensor] = count
-        for tensor, arrays in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
-            views = [_channels_first(a, resolve_axis(self.axis, a.ndim, tensor)) for a in arrays]
+        for tensor, located in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
+            views = [_channels_first(a, axis) for a, axis in located]
             self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
             if self.isotone:
                 self._check_isotone_bytes(tensor, held)
+
+    def _fit_bins(self, items: Sequence[tuple[str, Sequence[np.ndarray]]]) -> None:
+        """Before the first collection: fewer bins per channel (a power of two, at least
+        ``MIN_FITTED_BINS``) where the first batch's channels at ``num_bins`` would pass ``max_bytes``."""
+        counts = {}
+        for tensor, arrays in items:
+            if arrays:
+                a, axis = whole_or_channels(np.asarray(arrays[0]), self.axis)
+                counts[tensor] = int(a.shape[axis])
+        total = sum(counts.values())
+        assert self.max_bytes is not None
+        bins = self.num_bins
+        while bins > min(self.num_bins, MIN_FITTED_BINS) and 8 * bins * total > self.max_bytes:
+            bins //= 2
+        if bins == self.num_bins:
+            return
+        if 8 * bins * total > self.max_bytes:  # not even at the fewest bins: collect() refuses naming the tensor
+            self.num_bins, self.stream = bins, _core.StreamHistograms(bins, isotone=self.isotone)
+            return
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
+        logger.warning(
+            "per-channel histograms: %d channels in %d tensors (largest: %s) x %d bins would need %s, over the "
+            "per-channel memory limit of %s; using %d bins per channel (%s). For the full resolution calibrate fewer "
+            "tensors per channel (op_types_to_calibrate), choose a channel axis with fewer channels, or raise the "
+            "limit (max_channel_bytes or %s)",
+            total, len(counts), ", ".join(f"{t!r} {n}" for t, n in top), self.num_bins,
+            _size(8 * self.num_bins * total), _size(self.max_bytes), bins, _size(8 * bins * total),
+            MAX_CHANNEL_BYTES_ENV,
+        )  # fmt: skip
+        self.num_bins = bins
+        self.stream = _core.StreamHistograms(bins, isotone=self.isotone)
 
     def _check_isotone_bytes(self, tensor: str, histogram_bytes: int) -> None:
         pairs = self.stream.isotone_pair_count()
@@ -226,19 +275,48 @@ class ChannelHistograms:
     def from_stream(cls, axis: int, channels: Mapping[str, int], stream: Any) -> ChannelHistograms:
         """The collection of a loaded stream, checked: its names must be exactly ``channels``' keys."""
         out = cls(int(stream.num_bins), axis, None, dict(channels), stream)
-        if list(stream.names()) != out.channel_keys():
+        names = stream.names()
+        keys = (channel_key(t, c) for t, n in out.channels.items() for c in range(n))
+        if len(names) != out.count or any(a != b for a, b in zip(names, keys)):
             raise ValueError("the per-channel histograms do not match the tensors' channel counts")
         return out
 
-    def assemble(self, keyed: TensorsData) -> TensorsData:
-        """Per-channel results (``keyed`` by channel key) as ORT's per-channel TensorData: arrays of one
-        value per channel for ``lowest``/``highest`` (and ``avg``/``std`` where the method gives them)."""
-        out = {}
-        for tensor in self.channels:
-            parts = [keyed[k] for k in self.channel_keys(tensor)]
-            values: dict[str, np.ndarray] = {}
-            for attr in ("lowest", "highest", "avg", "std"):
-                if all(hasattr(p, attr) for p in parts):
-                    values[attr] = np.concatenate([np.asarray(getattr(p, attr)).reshape(1) for p in parts])
-            out[tensor] = TensorData(**values)
-        return TensorsData(keyed.calibration_method, out)
+    @property
+    def count(self) -> int:
+        """The number of channels of every tensor together."""
+        return sum(self.channels.values())
+
+    def compute(self, keyed: Callable[[list[str]], TensorsData], chunk: int) -> TensorsData:
+        """Per-channel results as ORT's per-channel TensorData: arrays of one value per channel for
+        ``lowest``/``highest`` (and ``avg``/``std`` where the method gives them). ``keyed(keys)`` computes
+        the channels ``keys`` (at most ``chunk`` at a time, so that their histograms and per-key results
+        are alive only for that chunk) as per-tensor TensorsData keyed by channel key."""
+        values: dict[str, dict[str, list[np.ndarray]]] = {t: {} for t in self.channels}
+        method = None
+        keys: list[tuple[str, str]] = []
+
+        def flush() -> None:
+            nonlocal method
+            result = keyed([k for _, k in keys])
+            method = result.calibration_method
+            for tensor, key in keys:
+                part, held = result[key], values[tensor]
+                for attr in ("lowest", "highest", "avg", "std"):
+                    if hasattr(part, attr) and held.get(attr, ()) is not None:
+                        held.setdefault(attr, []).append(np.asarray(getattr(part, attr)).reshape(1))
+                    else:  # kept only where every channel has it
+                        held[attr] = None  # type: ignore[assignment]
+            keys.clear()
+
+        for tensor, n in self.channels.items():
+            for c in range(n):
+                keys.append((tensor, channel_key(tensor, c)))
+                if len(keys) == chunk:
+                    flush()
+        if keys:
+            flush()
+        out = {
+            tensor: TensorData(**{a: np.concatenate(v) for a, v in held.items() if v is not None})
+            for tensor, held in values.items()
+        }
+        return TensorsData(method, out)

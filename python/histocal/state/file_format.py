@@ -22,15 +22,18 @@ as version 1, byte for byte as before, and both versions are read. A version-2 h
 key, ``channels``: ``{axis, tensors: [[name, channels], ...]}``, and the member ``channels`` (uint8)
 holds a complete state file of the channel histograms (streaming mode, one tensor per channel key
 ``name[c]``, in order; version 1, or 2 with isotone's members when they were collected per channel, but
-never with channels of its own), read with the same checks as the outer file.
+never with channels of its own), read with the same checks as the outer file, in place: its directory and
+header are checked first (no channels member or key, exactly the declared channel count of the outer
+``streaming_bins``), and its declared size is bounded by the header (and, deflated, by ``MAX_NESTED_RATIO``).
 
 Loading treats the file as untrusted and checks every size before taking the memory for it: the file
 size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` bytes are read to find and
 parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
 ``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
-(tensors x ``streaming_bins`` + exact bins at most ``MAX_STATE_BINS``, bins and ``num_bins`` settings at
-most ``_core.MAX_BINS``), then each other member's declared size against that content before it is
-decompressed, read in chunks. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+(tensors x ``streaming_bins`` + exact bins + channels x ``streaming_bins`` at most ``MAX_STATE_BINS``, bins
+and ``num_bins`` settings at most ``_core.MAX_BINS``), then each other member's declared size against that
+content before it is decompressed, read in chunks (isotone's pairs against ``isotone_tensors``' counts,
+checked first). ``check_readable`` runs these checks on a state about to be written. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
 and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
 and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
 """
@@ -61,6 +64,15 @@ MAX_HEADER_BYTES = 64 << 20  # the JSON header
 # Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
 # at the default 16384 streaming bins). A header declaring more is refused before anything is allocated.
 MAX_STATE_BINS = 1 << 28
+# isotone's summaries a loaded state holds, with its bins, in bytes: a pair is 24 bytes, a bin 8 (as the
+# per-channel limit counts them), so together at most the 2 GiB of MAX_STATE_BINS' counts.
+ISOTONE_PAIR_BYTES = 24
+MAX_HELD_BYTES = 8 * MAX_STATE_BINS
+# A channels member is a state file compressed as its outer file is (histocal writes both with the same
+# ``compress``): a deflated one may declare at most this many times its compressed size (plus
+# MEMBER_SLACK), so that a small file cannot make the loader inflate gigabytes.
+MAX_NESTED_RATIO = 4
+MEMBER_SLACK = 1 << 20
 MAX_JSON_DEPTH = 8
 MAX_MEMBERS = 16
 MAX_NAME_CHARS = 1 << 16
@@ -109,7 +121,7 @@ class _BoundedReads:
     """A seekable file that hands out at most ``budget`` more bytes (reads past it return nothing), so that
     zipfile reads (and allocates for) no more than the caller allows: its central directory, one member."""
 
-    def __init__(self, file: BinaryIO, size: int) -> None:
+    def __init__(self, file: BinaryIO | MemoryFile, size: int) -> None:
         self._file, self._size, self.budget = file, size, 0
 
     def seekable(self) -> bool:
@@ -128,13 +140,37 @@ class _BoundedReads:
         return data
 
 
+class MemoryFile:
+    """A read-only seekable file over an array's bytes, without copying them (a channels member)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self._view, self._at = data.data.cast("B"), 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._at = max(0, offset + (0, self._at, len(self._view))[whence])
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def read(self, n: int | None = -1) -> bytes:
+        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._at + n)
+        data = bytes(self._view[self._at : end])
+        self._at = max(self._at, end)
+        return data
+
+
 def _deflate_bound(size: int) -> int:
     """The largest deflate stream of ``size`` bytes of data (zlib's compressBound, with slack)."""
     return size + (size >> 12) + (size >> 14) + (size >> 25) + 64
 
 
-def _zip_members(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
-    """The members by key (name without ``.npy``), checked from the central directory alone."""
+def _zip_members(zf: zipfile.ZipFile, nested: bool) -> dict[str, zipfile.ZipInfo]:
+    """The members by key (name without ``.npy``), checked from the central directory alone (``nested``: a
+    channels member's state, which has no channels of its own)."""
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
         _fail(f"{len(infos)} zip members, more than the limit of {MAX_MEMBERS}")
@@ -145,6 +181,8 @@ def _zip_members(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
             _fail(f"unexpected zip member {info.filename[:100]!r}")
         if key in out:
             _fail("duplicate zip members")
+        if nested and key == "channels":
+            _fail("a channels member's state has a channels member of its own (per-channel states do not nest)")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
             _fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
         if info.flag_bits & 0x1:
@@ -313,11 +351,10 @@ class _Header:
         """The most data bytes each member can hold for this content (0: the member is not used), and a
         check of the bins the state will hold in memory, before anything is allocated for them."""
         n = len(self.tensors)
-        held = n * (self.streaming_bins or 0) + sum(t.exact[1] for t in self.tensors if t.exact)
+        held = self.held_bins
         if held > MAX_STATE_BINS:
-            _fail(
-                f"the state would hold {held} bins (tensors x streaming_bins + exact bins), more than the limit of {MAX_STATE_BINS}"
-            )
+            what = "tensors x streaming_bins + exact bins" + (" + channels x streaming_bins" if self.channels else "")
+            _fail(f"the state would hold {held} bins ({what}), more than the limit of {MAX_STATE_BINS}")
         limits = dict.fromkeys(_MEMBERS, 0)
         if self.streaming_bins is not None:
             limits["stream_bins"] = 8 * sum(t.stream[2] for t in self.tensors if t.stream)
@@ -336,9 +373,25 @@ class _Header:
             limits["exact_scalars"] = 8 * 3 * n
             limits["exact_flags"] = 3 * n
             limits["exact_counts"] = 8 * 5 * n
-        if self.channels is not None:
-            limits["channels"] = MAX_STATE_BYTES  # a state file, read with its own checks
+        if self.channels is not None and self.streaming_bins is not None:
+            # a state file of channel_count tensors (read with its own checks): its header, its members'
+            # .npy and zip headers, its bins and rows, and isotone's pairs within what the bins leave
+            c = self.channel_count
+            rows = 8 * self.streaming_bins * c + (24 + 40 + 24) * c
+            pairs = min(_core.ISOTONE_MAX_PAIRS * c, (MAX_HELD_BYTES - 8 * held) // ISOTONE_PAIR_BYTES)
+            overhead = MAX_MEMBERS * (MAX_NPY_HEADER + 30 + 46 + 2 * 64 + 40) + 22
+            limits["channels"] = MAX_HEADER_BYTES + rows + 24 * pairs + overhead
         return limits
+
+    @property
+    def held_bins(self) -> int:
+        """The bins the state holds in memory once loaded (the channels' histograms included)."""
+        per_tensor = len(self.tensors) * (self.streaming_bins or 0) + sum(t.exact[1] for t in self.tensors if t.exact)
+        return per_tensor + self.channel_count * (self.streaming_bins or 0)
+
+    @property
+    def channel_count(self) -> int:
+        return sum(self.channels[1].values()) if self.channels else 0
 
 
 def _votes_limit(counts: np.ndarray) -> int:
@@ -426,15 +479,21 @@ def _parse_header(text_bytes: bytes) -> _Header:
             if name in counts:
                 _fail(f"channels.tensors[{i}]: duplicate tensor name {name[:100]!r}")
             counts[name] = _int(entry[1], f"channels.tensors[{i}][1]", 1, MAX_STATE_BINS)
+        if sbins is None:
+            _fail("channels: per-channel histograms are streaming histograms, and the state has none")
         channels = (axis, counts)
     return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, channels, version)
 
 
-def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.ndarray]]:
+def read_members(
+    source: BinaryIO | MemoryFile, size: int, nested: tuple[int, int] | None = None
+) -> tuple[_Header, dict[str, np.ndarray]]:
     """The validated header and members of a state file: an untrusted seekable file of ``size`` bytes. Every size is checked before the memory
     for it is taken: the zip directory (bounded reads), the header member (``MAX_HEADER_BYTES``), the content
     the header declares (``MAX_STATE_BINS``), then each member against that content before it is
-    decompressed."""
+    decompressed. ``nested``: the file is a channels member, which must hold that many tensors of that
+    many streaming bins and no channels of its own (checked from its directory and header, before
+    anything else is read)."""
     reads = _BoundedReads(source, size)
     reads.budget = MAX_ZIP_DIRECTORY
     try:
@@ -442,12 +501,25 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
     except zipfile.BadZipFile as exc:
         _fail(f"not a zip/npz file ({exc})")
     with zf:
-        infos = _zip_members(zf)
+        infos = _zip_members(zf, nested is not None)
         text = _read_member(zf, reads, infos["header"], MAX_HEADER_BYTES)
         if text.size > MAX_HEADER_BYTES:
             _fail(f"header of {text.size} bytes, more than the limit of {MAX_HEADER_BYTES}")
         header = _parse_header(text.tobytes())
+        del text
+        if nested is not None:
+            if header.channels is not None:
+                _fail("a channels member's state has channels of its own (per-channel states do not nest)")
+            # (fewer bins where the channels' bins were fitted to the memory limit)
+            if header.mode != "streaming" or not 0 < (header.streaming_bins or 0) <= nested[1]:
+                _fail("not a streaming state of at most the outer state's streaming_bins")
+            if len(header.tensors) != nested[0]:
+                _fail(f"{len(header.tensors)} channel histograms, the outer header declares {nested[0]}")
         limits = header.member_limits()
+        if "channels" in infos and header.channels is not None:
+            info = infos["channels"]
+            if info.compress_type == zipfile.ZIP_DEFLATED:
+                limits["channels"] = min(limits["channels"], MAX_NESTED_RATIO * info.compress_size + MEMBER_SLACK)
         arrays: dict[str, np.ndarray] = {}
         if any(k.startswith("isotone") for k in infos) and (header.version < 2 or header.streaming_bins is None):
             _fail("isotone members in a version 1 state or without streaming histograms")
@@ -457,12 +529,13 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
                 _fail("channels: given in a state without per-channel histograms")
             if key not in later:
                 arrays[key] = _read_member(zf, reads, info, limits[key])
-        for key in ("isotone_pairs", "isotone_rows"):
-            if key in infos:
-                if "isotone_tensors" not in arrays:
-                    _fail(f"{key}: given without isotone_tensors")
-                pairs_bytes = 16 * int(arrays["isotone_tensors"][:, 0].sum(dtype=np.uint64))
-                arrays[key] = _read_member(zf, reads, infos[key], pairs_bytes // (1 if key == "isotone_pairs" else 2))
+        if "isotone_tensors" in arrays:
+            pairs = _isotone_pairs(arrays["isotone_tensors"], len(header.tensors), header.held_bins)
+            for key in ("isotone_pairs", "isotone_rows"):
+                if key in infos:
+                    arrays[key] = _read_member(zf, reads, infos[key], pairs * (16 if key == "isotone_pairs" else 8))
+        elif "isotone_pairs" in infos or "isotone_rows" in infos:
+            _fail("isotone_pairs/isotone_rows: given without isotone_tensors")
         if "stream_votes" in infos:
             if header.streaming_bins is None:
                 _fail("stream_votes: given without streaming histograms")
@@ -471,6 +544,49 @@ def read_members(source: BinaryIO, size: int) -> tuple[_Header, dict[str, np.nda
                 _fail(f"stream_counts: expected {len(header.tensors)} rows")
             arrays["stream_votes"] = _read_member(zf, reads, infos["stream_votes"], _votes_limit(counts))
     return header, arrays
+
+
+def _isotone_pairs(tensors: np.ndarray, n: int, held_bins: int) -> int:
+    """The pairs ``isotone_tensors`` declares, checked (per tensor at most ``ISOTONE_MAX_PAIRS``, with the
+    bins at most ``MAX_HELD_BYTES``) before the pairs are read."""
+    if len(tensors) != n:
+        _fail(f"isotone_tensors: expected {n} rows")
+    if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
+        _fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
+    pairs = int(tensors[:, 0].sum(dtype=np.uint64)) if tensors.size else 0
+    if ISOTONE_PAIR_BYTES * pairs + 8 * held_bins > MAX_HELD_BYTES:
+        _fail(
+            f"isotone_tensors: {pairs} pairs ({ISOTONE_PAIR_BYTES} bytes each) with {held_bins} bins (8 bytes each) "
+            f"are more than the limit of {MAX_HELD_BYTES} bytes"
+        )
+    return pairs
+
+
+def check_readable(members: dict[str, np.ndarray]) -> None:
+    """ValueError unless ``read_members`` would accept a file of these members (about to be written): the
+    header's size and content (the loader's own checks), each member's size against what it allows, the
+    total: a state too large to load is refused before it is written."""
+    header = members["header"]
+    try:
+        if header.size > MAX_HEADER_BYTES:
+            _fail(f"its header of {header.size} bytes is over the limit of {MAX_HEADER_BYTES} bytes")
+        limits = _parse_header(header.tobytes()).member_limits()
+        if "isotone_tensors" in members:
+            pairs = _isotone_pairs(members["isotone_tensors"], len(members["isotone_tensors"]), 0)
+            limits["isotone_pairs"], limits["isotone_rows"] = 16 * pairs, 8 * pairs
+        if "stream_votes" in members:
+            limits["stream_votes"] = _votes_limit(members["stream_counts"])
+        for key, array in members.items():
+            if key != "header" and array.nbytes > limits[key]:
+                _fail(f"its member {key} of {array.nbytes} bytes is over the {limits[key]} its header allows")
+        total = sum(a.nbytes + MAX_NPY_HEADER for a in members.values())
+        if total > MAX_STATE_BYTES:
+            _fail(f"its members of {total} bytes are over the limit of {MAX_STATE_BYTES} bytes")
+    except StateError as exc:
+        raise ValueError(
+            f"this state is too large to be read back, so it is not written: {exc} (calibrate fewer tensors or "
+            "channels per state, or use fewer streaming_bins)"
+        ) from None
 
 
 def five_counts(row: Any) -> tuple[int, int, int, int, int]:

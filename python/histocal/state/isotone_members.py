@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
 from .file_format import _fail
 
 ISOTONE_MEMBERS = ("isotone_tensors", "isotone_pairs", "isotone_rows")
@@ -50,10 +49,8 @@ def restore_isotone(stream: Any, names: list[str], arrays: dict[str, np.ndarray]
     if missing:
         _fail(f"missing member {missing[0]}")
     tensors, pairs, rows = (arrays[k] for k in ISOTONE_MEMBERS)
-    if len(tensors) != len(names):
+    if len(tensors) != len(names):  # (read_members checked the counts before reading the pairs)
         _fail(f"isotone_tensors: expected {len(names)} rows")
-    if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
-        _fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
     if len(pairs) != len(rows) or len(pairs) != int(tensors[:, 0].sum(dtype=np.uint64)):
         _fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
     offset = 0

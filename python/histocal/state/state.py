@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 import numpy as np
-from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core, methods
 from .._version import __version__
@@ -59,18 +59,21 @@ from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE, collects_votes
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
+from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
 from .file_format import (
     _DTYPES,
     _MEMBERS,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
+    MemoryFile,
     StateError,
     _check_fingerprint,
     _fail,
     _Header,
     _nan,
     _plain,
+    check_readable,
     five_counts,
     read_members,
 )
@@ -204,10 +207,17 @@ class CalibrationState:
                 raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
             if collects_votes(name, {**(self.settings if name == self.method else {}), **settings}):
                 raise ValueError(NO_CHANNEL_VOTES)
-            keyed = CalibrationState(
-                ch.channel_keys(), "streaming", ch.stream, method=self.method, settings=self.settings
-            )
-            return ch.assemble(keyed.compute(name, per_channel=False, **settings))
+
+            def keyed(keys: list[str]) -> TensorsData:
+                part = CalibrationState(keys, "streaming", ch.stream, method=self.method, settings=self.settings)
+                return part.compute(name, per_channel=False, **settings)
+
+            # the channels' ORT histograms (2048 bins for auto's candidates) a chunk at a time
+            bins = settings.get("num_bins", self.settings.get("num_bins") if name == self.method else None)
+            num_bins = max(bins, 2048) if isinstance(bins, int) and 1 <= bins <= _core.MAX_BINS else 2048
+            size = chunk_size(num_bins, ch.count)
+            check_compute_memory(name, num_bins, ch.count, size, size, size, ch.count, "channels")
+            return ch.compute(keyed, size)
         if name in methods.ORT_METHODS:
             return self._compute_ort(name, settings)
         pairs, _ = self.method_ranges(name, **settings)
@@ -237,41 +247,22 @@ class CalibrationState:
         base = {k: self.settings[k] for k in allowed if k in self.settings} if method == self.method else {}
         s = {**_FULL, **allowed, **base, **settings}
         if method == "minmax":
-            return self._minmax(bool(s["symmetric"]))
+            return minmax_result(self.names, self.stream, self.exact, bool(s["symmetric"]))
         collector = HistogramCollector(
             method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
         )
-        kind = "abs" if method == "percentile" and s["symmetric"] else "value"
+        kind = collector._kind
         if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == collector.num_bins:
-            collector._histograms = self.exact
+            result = ort_result(collector, self.names, None, self.exact)
         elif self.stream is not None:
-            collector._histograms = self.stream.to_histograms(kind, collector.num_bins)
+            result = ort_result(collector, self.names, self.stream, None)
         else:
             raise ValueError(
                 f"this state holds only exact {self.exact_kind} histograms of {self.exact_num_bins} bins; "
                 f"{method} with num_bins={collector.num_bins} needs {kind} histograms of {collector.num_bins} bins: "
                 "collect with those settings, or keep the streaming histogram (histocal calibrators do)"
             )
-        return TensorsData(_ORT_METHODS[method], collector.compute_collection_result())
-
-    def _minmax(self, symmetric: bool) -> TensorsData:
-        out = {}
-        for name in self.names:
-            dtype = np.dtype(self.dtype(name))
-            finite, _, posinf, neginf, _ = self.counts(name)
-            if self.stream is not None:
-                _, _, fmin, fmax, _, _ = self.stream.summary(name)
-            else:
-                e = export_exact(self.exact, name)
-                fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)
-            lo = -math.inf if neginf else (fmin if fmin is not None else (math.inf if posinf else math.nan))
-            hi = math.inf if posinf else (fmax if fmax is not None else (-math.inf if neginf else math.nan))
-            lo_a, hi_a = np.array([lo], dtype), np.array([hi], dtype)
-            if symmetric:
-                m = np.max([np.abs(lo_a), np.abs(hi_a)], axis=0)
-                lo_a, hi_a = -m, m
-            out[name] = TensorData(lowest=lo_a, highest=hi_a)
-        return TensorsData(CalibrationMethod.MinMax, out)
+        return TensorsData(_ORT_METHODS[method], result)
 
     # -- merging --------------------------------------------------------------------------------
 
@@ -376,7 +367,11 @@ class CalibrationState:
             ch = self.channels
             header["version"] = FORMAT_VERSION
             header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
-            nested = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
+            inner = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
+            try:
+                nested = np.frombuffer(inner.to_bytes(compress), np.uint8)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
         for key, parts in arrays.items():
             dtype, ndim, cols = _MEMBERS[key]
@@ -398,8 +393,9 @@ class CalibrationState:
             elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
                 members[key] = np.zeros((0, cols), dtype)
         if nested is not None:
-            members["channels"] = np.frombuffer(nested.to_bytes(compress), np.uint8)
+            members["channels"] = nested
         members.update(isotone)
+        check_readable(members)  # every state histocal writes it can read back
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
@@ -576,9 +572,14 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                 _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
     channels = None
     if header.channels is not None:
-        inner = CalibrationState._read(io.BytesIO(arr("channels").tobytes()), arr("channels").size, "channels member")
-        if inner.channels is not None or inner.mode != "streaming" or inner.streaming_bins != sbins:
-            _fail("channels: not a streaming state of the outer state's streaming_bins")
+        raw = arrays.pop("channels", None)
+        if raw is None or sbins is None:  # (a header with channels has streaming histograms)
+            _fail("missing member channels")
+        try:  # read in place (no copy); its count, bins and no nesting are checked from its header first
+            inner = _build(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
+        except StateError as exc:
+            _fail(f"channels member: {exc}")
+        del raw
         try:
             channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
         except ValueError as exc:

@@ -286,13 +286,25 @@ impl StreamHistograms {
         self.order.clone()
     }
 
-    /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods.
-    fn to_histograms(&self, py: Python<'_>, kind: &str, num_bins: usize) -> PyResult<Histograms> {
+    /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods, of
+    /// every tensor or of `names` (in that order): callers convert a few at a time, so that
+    /// only those tensors' histograms of `num_bins` bins are alive at once.
+    #[pyo3(signature = (kind, num_bins, names=None))]
+    fn to_histograms(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        num_bins: usize,
+        names: Option<Vec<String>>,
+    ) -> PyResult<Histograms> {
         guard(|| {
             let mut out = Histograms::new(kind, num_bins)?;
             let kind = out.kind;
-            let states: Vec<(&String, &(&'static str, StreamHistogram))> =
-                self.order.iter().map(|n| (n, &self.states[n])).collect();
+            let states = self.selected(names)?;
+            let mut seen = std::collections::HashSet::with_capacity(states.len());
+            if let Some((name, _)) = states.iter().find(|(name, _)| !seen.insert(name.as_str())) {
+                return Err(PyValueError::new_err(format!("tensor {name:?} is named twice")));
+            }
             let built: Vec<PyResult<TensorState>> = run(py, || {
                 states
                     .par_iter()
@@ -309,8 +321,8 @@ impl StreamHistograms {
                     })
                     .collect()
             });
-            for (name, st) in self.order.iter().zip(built) {
-                out.insert_new(name, st?); // `order` has no repeats
+            for ((name, _), st) in states.iter().zip(built) {
+                out.insert_new(name, st?); // no repeats (checked above)
             }
             Ok(out)
         })

@@ -1,0 +1,116 @@
+"""The job every worker runs, resolved and checked on the driver before Ray starts.
+
+``make_job`` turns ``calibrate_distributed``'s arguments into a :class:`Job`: the collection mode
+each method uses (``mode`` / ``CollectionMode`` with ``create_calibrator``'s values: ``auto`` is
+exact for ORT's histogram methods, whose shards can be read twice, and streaming where
+``create_calibrator`` collects streaming: per-channel histograms, MinMax, histocal's methods), then
+``check_job`` builds the job's calibrator on a stand-in model, so every option the calibrators
+check is refused on the driver, with the calibrators' own message, before any worker starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+from .. import methods
+from ..calibrators import MODE_OPTION, MODES
+from ..methods.table import CHANNEL_EXTRA_OPTIONS
+from .worker import Job, build_calibrator
+
+logger = logging.getLogger(__name__)
+
+PER_CHANNEL_OPTION = CHANNEL_EXTRA_OPTIONS["per_channel"]
+
+
+def make_job(
+    calibrate_method: Any,
+    extra_options: dict[str, Any] | None,
+    op_types: Sequence[str] | None,
+    providers: Sequence[Any] | None,
+    cpus_per_worker: int | None,
+    mode: str | None = None,
+) -> Job:
+    """What every worker does for ``calibrate_method``, ``extra_options`` and ``mode`` (see
+    calibrate_distributed); a ValueError naming the option for a setting no worker could use."""
+    threads = 1 if cpus_per_worker is None else cpus_per_worker
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"cpus_per_worker must be an integer >= 1, got {cpus_per_worker!r}")
+    name = methods.canonical_name(calibrate_method)
+    options = dict(extra_options or {})
+    given, source = _given_mode(mode, options.pop(MODE_OPTION, None))
+    common: dict[str, Any] = {
+        "op_types": None if op_types is None else list(op_types),
+        "providers": None if providers is None else list(providers),
+        "threads": threads,
+    }
+    if name == "minmax":
+        refused = [k for k in ("moving_average", "per_channel") if options.get(k)]
+        if refused:
+            raise ValueError(
+                f"distributed MinMax supports neither {' nor '.join(refused)}: a moving average depends on the "
+                "order of the batches, which sharding changes, and per-channel ranges are not kept in a state"
+            )
+        unknown = set(options) - {"symmetric", "moving_average", "per_channel", "max_intermediate_outputs"}
+        if unknown:
+            raise ValueError(f"unknown extra_options for minmax: {sorted(unknown)}")
+        _ignored_mode(name, given, source)
+        return Job(
+            "entropy",
+            "streaming",
+            "minmax",
+            state_settings={"symmetric": bool(options.get("symmetric", False))},
+            **common,
+        )
+    if name not in methods.ORT_METHODS:
+        _ignored_mode(name, given, source)
+        return Job(name, "streaming", name, extra_options=options, **common)
+    if options.get(PER_CHANNEL_OPTION) is True:
+        # per-channel histograms are streaming ones: auto collects them so, in one process too
+        if given == "exact":
+            raise ValueError(f"per-channel histograms are collected in streaming mode only ({source}='exact' given)")
+        return Job(name, "streaming", name, extra_options=options, **common)
+    # shards are read twice where needed (files and callables can be), so auto means exact
+    return Job(name, "exact" if given == "auto" else given, name, extra_options=options, **common)
+
+
+def _given_mode(mode: Any, option: Any) -> tuple[str, str]:
+    """The collection mode asked for (``auto`` unless given) and the name it was given by."""
+    if mode is not None and option is not None and mode != option:
+        raise ValueError(f"mode={mode!r} and extra_options[{MODE_OPTION!r}]={option!r} disagree: give one of them")
+    source, value = ("mode", mode) if mode is not None else (f"extra_options[{MODE_OPTION!r}]", option)
+    if value is None:
+        return "auto", source
+    if value not in MODES:
+        raise ValueError(f"{source} must be one of {', '.join(MODES)}, got {value!r}")
+    return value, source
+
+
+def _ignored_mode(method: str, given: str, source: str) -> None:
+    if given == "exact":  # as create_calibrator: the mode applies to ORT's histogram methods only
+        logger.warning("%s='exact' does not apply to %s, which collects streaming histograms; ignored", source, method)
+
+
+def check_job(job: Job) -> None:
+    """Build ``job``'s calibrator on a stand-in model (one Relu, on this CPU): its settings are
+    checked as every worker will check them, before Ray starts. What depends on the model (the
+    channel axis against each tensor's rank) or on the workers' machines (``providers``) is
+    checked where it is used."""
+    with tempfile.TemporaryDirectory(prefix="histocal_check_") as folder:
+        path = os.path.join(folder, "stand_in.onnx")
+        onnx.save(_stand_in_model(), path)
+        build_calibrator(path, folder, job)
+
+
+def _stand_in_model() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "stand_in", [x], [y])
+    # IR 10: the oldest onnxruntime histocal supports loads it
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)

@@ -1,0 +1,291 @@
+"""One QDQ model that every candidate range set is scored on: quantization parameters as inputs.
+
+onnxruntime's ``quantize_static`` on the same model with the same settings builds the same graph
+whatever the activation ranges are: the ranges only decide the values of a few initializers,
+
+* per quantized activation tensor ``T``: ``T_scale`` and ``T_zero_point`` (``compute_scale_zp``
+  of T's range, after ORT's own range adjustments: a Relu/Clip input takes its output's range,
+  a Softmax output gets (0, 1); tensors sharing parameters, such as a MaxPool output, use their
+  input's initializers);
+* per bias quantized to int32, ``B_quantized`` and ``B_quantized_scale``: ``round(B / (s_x ·
+  s_w · beta))`` with ``s_x`` the scale of the node's input.
+
+``ScoringModel`` quantizes once (with the first range set given), turns exactly those
+initializers into graph inputs and computes their values for any other range set: the activation
+parameters by onnxruntime's own ``QDQQuantizer.calc_graph_quant_params`` (the function its
+``quantize_static`` calls, adjustments and overrides included), the biases by the arithmetic of
+ORT's ``quantize_bias_static_impl``. So one session scores every candidate and fold, and a
+candidate's parameters are, value for value, the initializers ``quantize_static`` would write for
+its ranges (tests/test_scoring.py checks the two byte for byte and the outputs for equality).
+
+What it cannot express falls back to one ``quantize_static`` per candidate (``parameters``
+returns None for that candidate, ``build`` returns None for the model): a range set under which
+ORT would enlarge a weight's scale so that an int32 bias fits (the weight itself changes), a
+graph whose quantized initializers do not follow ORT's naming, QOperator format.
+
+Outputs: scales given as inputs keep onnxruntime from fusing DequantizeLinear → op →
+QuantizeLinear into its integer kernels, so the scoring session computes the QDQ graph's
+definition (float ops on dequantized values), which is what the real quantized model computes
+with graph optimizations off; with them on, ORT's integer kernels round intermediate results
+slightly differently (measured in benches/RESULTS_auto_real.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization.calibrate import TensorsData
+
+from ..io.cache import load_tensors_data, save_tensors_data
+from .ort import quantize_with_ranges
+
+logger = logging.getLogger(__name__)
+
+_SCALE = "_scale"
+_ZERO_POINT = "_zero_point"
+_BIAS = "_quantized"
+_CONVERT = "_convert"
+
+
+@dataclass(frozen=True)
+class _Bias:
+    name: str  # the float bias initializer
+    quantized: str  # its int32 initializer, B_quantized
+    scale: str  # B_quantized_scale
+    input_scale: str  # the activation scale initializer of the node's input
+    weight_scale: np.ndarray
+    weight: str
+    beta: float
+    per_channel: bool
+
+
+class ScoringModel:
+    """The QDQ model of a set of quantization arguments with its range-dependent initializers as
+    graph inputs (module docstring). ``path``: the model file; ``parameters(ranges)``: the inputs
+    that make it the model ``quantize_static`` gives for ``ranges`` (None if it cannot)."""
+
+    def __init__(
+        self,
+        path: Path,
+        quantizer: Any,
+        activations: dict[str, tuple[str, str]],
+        biases: list[_Bias],
+        float_biases: dict[str, np.ndarray],
+        dtypes: dict[str, Any],
+    ) -> None:
+        self.path = path
+        self._quantizer = quantizer
+        self._activations = activations  # scale initializer -> (tensor, which params: "" or "_convert")
+        self._biases = biases
+        self._float_biases = float_biases
+        self._dtypes = dtypes  # input name -> numpy dtype
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._dtypes)
+
+    def parameters(self, ranges: TensorsData) -> dict[str, np.ndarray] | None:
+        """The values of every range-dependent initializer of ``quantize_static`` on ``ranges``,
+        by name; None when this range set changes more than those (see module docstring)."""
+        # The ranges as ORT reads them back from the calibration cache they travel through.
+        params = self._quantizer_params(ranges)
+        out: dict[str, np.ndarray] = {}
+        for scale_name, (tensor, which) in self._activations.items():
+            qp = params.get(tensor)
+            if qp is None:
+                return None
+            p = qp.converted if which else qp.original
+            if p is None:
+                return None
+            zp_name = scale_name[: -len(_SCALE + which)] + _ZERO_POINT + which
+            out[scale_name] = np.asarray(p["scale"], self._dtypes[scale_name])
+            out[zp_name] = np.asarray(p["zero_point"], self._dtypes[zp_name])
+        for b in self._biases:
+            input_scale = out[b.input_scale]
+            weight_scale = b.weight_scale.copy()
+            if self._weight_adjusted(b, input_scale, weight_scale):
+                return None
+            data = self._float_biases[b.name]
+            # quantize_bias_static_impl's arithmetic, value for value.
+            bias_scale = input_scale * weight_scale * b.beta
+            q = np.asarray(data, np.float64) / np.asarray(bias_scale, np.float64)
+            q = np.clip(q.round(), np.float64(np.iinfo(np.int32).min), np.float64(np.iinfo(np.int32).max))
+            out[b.quantized] = q.astype(np.int32).reshape(data.shape)
+            out[b.scale] = np.asarray(bias_scale, data.dtype).reshape(-1)
+        return out
+
+    def _quantizer_params(self, ranges: TensorsData) -> dict[str, Any]:
+        q = self._quantizer
+        q.tensors_range = TensorsData(ranges.calibration_method, dict(ranges.data))  # adjusted in place
+        return q.calc_graph_quant_params()
+
+    def _weight_adjusted(self, b: _Bias, input_scale: np.ndarray, weight_scale: np.ndarray) -> bool:
+        q = self._quantizer
+        if q.qdq_disable_weight_adjust_for_int32_bias or np.asarray(weight_scale).dtype.kind != "f":
+            return False
+        bias_tp = numpy_helper.from_array(self._float_biases[b.name], b.name)
+        updated, _ = q._adjust_weight_scale_for_int32_bias(input_scale, weight_scale, b.weight, bias_tp, b.per_channel)
+        return bool(updated)
+
+
+def build_scoring_model(
+    model_path: Path, ranges: TensorsData, workdir: Path, quantize_kwargs: Mapping[str, Any]
+) -> ScoringModel | None:
+    """Quantize ``model_path`` once with ``ranges`` and make its range-dependent initializers
+    inputs; None (with the reason logged) where the model or the arguments need one
+    ``quantize_static`` per range set."""
+    kwargs = dict(quantize_kwargs)
+    if kwargs.get("quant_format", QuantFormat.QDQ) not in (QuantFormat.QDQ, "QDQ"):
+        logger.info("auto: QOperator format: every candidate is quantized on its own")
+        return None
+    qdq_path = workdir / "qdq.onnx"
+    ranges = _through_cache(ranges, workdir)
+    quantize_with_ranges(model_path, qdq_path, ranges, **kwargs)
+    qdq = onnx.load(qdq_path.as_posix())
+    float_model = onnx.load(model_path.as_posix())
+    quantizer = _quantizer(float_model, ranges, kwargs)
+    expected = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir)
+    if scoring is None:
+        return None
+    # Self-check: the base ranges must give back the QDQ model's own initializer values.
+    got = scoring.parameters(ranges)
+    if got is None or any(
+        name not in expected or expected[name].dtype != v.dtype or expected[name].tobytes() != v.tobytes()
+        for name, v in got.items()
+    ):
+        bad = [n for n, v in (got or {}).items() if n not in expected or expected[n].tobytes() != v.tobytes()]
+        logger.warning(
+            "auto: the scoring model does not reproduce onnxruntime's parameters (%s): "
+            "every candidate is quantized on its own",
+            bad[:3] or "weight scale adjusted",
+        )
+        return None
+    return scoring
+
+
+def _through_cache(ranges: TensorsData, workdir: Path) -> TensorsData:
+    path = workdir / "ranges.json"
+    save_tensors_data(ranges, path)
+    loaded = load_tensors_data(path)
+    path.unlink()
+    return loaded
+
+
+def _quantizer(float_model: onnx.ModelProto, ranges: TensorsData, kwargs: Mapping[str, Any]) -> Any:
+    """onnxruntime's QDQQuantizer as its quantize_static makes it, for its parameter arithmetic."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    op_types = kwargs.get("op_types_to_quantize") or list(set(QLinearOpsRegistry) | set(QDQRegistry))
+    return QDQQuantizer(
+        copy.deepcopy(float_model),
+        kwargs.get("per_channel", False),
+        kwargs.get("reduce_range", False),
+        kwargs.get("weight_type", QuantType.QInt8),
+        kwargs.get("activation_type", QuantType.QInt8),
+        TensorsData(ranges.calibration_method, dict(ranges.data)),
+        kwargs.get("nodes_to_quantize") or [],
+        kwargs.get("nodes_to_exclude") or [],
+        op_types,
+        dict(kwargs.get("extra_options") or {}),
+    )
+
+
+def _inputs_model(
+    qdq: onnx.ModelProto, float_model: onnx.ModelProto, quantizer: Any, ranges: TensorsData, workdir: Path
+) -> ScoringModel | None:
+    graph = qdq.graph
+    init = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    float_init = {t.name: t for t in float_model.graph.initializer}
+    float_nodes = {n.name: n for n in float_model.graph.node if n.name}
+
+    activations: dict[str, tuple[str, str]] = {}
+    for n in graph.node:
+        if n.op_type != "QuantizeLinear" or n.input[0] in init or len(n.input) < 3:
+            continue
+        scale, zp = n.input[1], n.input[2]
+        which = _CONVERT if scale.endswith(_SCALE + _CONVERT) else ""
+        if not scale.endswith(_SCALE + which) or scale not in init or zp not in init:
+            logger.info("auto: QuantizeLinear %r has parameters %r, %r not named by ORT's rule", n.name, scale, zp)
+            return None
+        tensor = scale[: -len(_SCALE + which)]
+        if zp != tensor + _ZERO_POINT + which or tensor not in ranges.data:
+            logger.info("auto: activation parameters %r have no range of their own", scale)
+            return None
+        activations[scale] = (tensor, which)
+
+    biases: list[_Bias] = []
+    float_biases: dict[str, np.ndarray] = {}
+    for n in graph.node:
+        if n.op_type != "DequantizeLinear" or n.input[0] not in init:
+            continue
+        if init[n.input[0]].data_type != onnx.TensorProto.INT32:
+            continue
+        quantized = n.input[0]
+        bias = quantized[: -len(_BIAS)] if quantized.endswith(_BIAS) else None
+        users = readers.get(n.output[0], [])
+        if bias is None or bias not in float_init or len(users) != 1 or len(users[0].input) < 3:
+            logger.info("auto: int32 initializer %r is not a bias by ORT's rule", quantized)
+            return None
+        node = users[0]
+        x_dq, w_dq = producer.get(node.input[0]), producer.get(node.input[1])
+        if (
+            x_dq is None
+            or w_dq is None
+            or x_dq.op_type != "DequantizeLinear"
+            or w_dq.op_type != "DequantizeLinear"
+            or x_dq.input[1] not in activations
+            or w_dq.input[1] not in init
+        ):
+            logger.info("auto: bias %r of %r: its input or weight is not quantized by ORT's rule", bias, node.name)
+            return None
+        original = float_nodes.get(node.name)
+        beta = 1.0
+        if node.op_type == "Gemm":
+            if original is None:
+                return None
+            beta = next((a.f for a in original.attribute if a.name == "beta"), 1.0)
+        weight_scale = numpy_helper.to_array(init[w_dq.input[1]])
+        biases.append(
+            _Bias(bias, quantized, n.input[1], x_dq.input[1], weight_scale, w_dq.input[0], beta, weight_scale.ndim > 0)
+        )
+        float_biases[bias] = numpy_helper.to_array(float_init[bias])
+
+    names = set(activations) | {s[: -len(_SCALE + w)] + _ZERO_POINT + w for s, (_, w) in activations.items()}
+    names |= {b.quantized for b in biases} | {b.scale for b in biases}
+    dtypes: dict[str, Any] = {}
+    kept = []
+    for t in graph.initializer:
+        if t.name in names:
+            dtypes[t.name] = helper.tensor_dtype_to_np_dtype(t.data_type)
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            kept.append(t)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    path = workdir / "scoring.onnx"
+    onnx.save_model(qdq, path.as_posix(), save_as_external_data=qdq.ByteSize() > 1 << 30)
+    return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes)
+
+
+def scoring_feed(feed: Mapping[str, Any], parameters: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """A feed of the float model with a candidate's parameters added."""
+    return {**feed, **parameters}
+
+
+__all__ = ["ScoringModel", "build_scoring_model", "scoring_feed"]
