@@ -52,7 +52,7 @@ def measure(fn: Callable[[], object]) -> tuple[object, float, int]:
 
 
 def histocal_way(args: argparse.Namespace, qtype: str, mode: str) -> object:
-    c = PowOfTwoCollector(activation_type={"int8": "QInt8", "int16": "QInt16"}[qtype], minmse_mode=mode)
+    c = PowOfTwoCollector(activation_type={"int8": "QInt8", "int16": "QInt16"}[qtype], minmse_mode=mode, num_bins=0)
     for x in batches(args.batches, args.shape, args.seed):
         c.collect({"t": [x]})
     return c.compute_collection_result()["t"]

@@ -1,14 +1,15 @@
-"""histocal.quark: AMD Quark's calibration API (quark.onnx.calibrate, Quark 0.6-0.9) without Quark.
+"""histocal.quark: AMD Quark's calibration API without Quark: the MinMSE on the values (Quark 0.9's,
+0.13's with ``num_bins=0``) and what 0.9 and 0.13 share.
 
 The power-of-two MinMSE is checked against a numpy reference of Quark's definition written here
 (quantize_data_pof2s with method MinMSE, on all values at once or per batch); the float-scale
-calibrators and NonOverflow against the installed onnxruntime's calibrators.
+calibrators and NonOverflow against the installed onnxruntime's calibrators. Quark 0.13's own
+additions (signatures, histogram MinMSE, per-batch merging, patch_quark): tests/test_quark013.py.
 """
 
 from __future__ import annotations
 
 import enum
-import inspect
 import math
 
 import models
@@ -92,7 +93,7 @@ def reference_most_common(batches, qtype):
 
 
 def collector_result(batches, qtype, symmetric, mode, dtype=np.float32, calls=1):
-    c = quark.PowOfTwoCollector(activation_type=qtype_enum(qtype), symmetric=symmetric, minmse_mode=mode)
+    c = quark.PowOfTwoCollector(activation_type=qtype_enum(qtype), symmetric=symmetric, minmse_mode=mode, num_bins=0)
     for part in np.array_split(np.arange(len(batches)), calls):
         c.collect({"t": [batches[i] for i in part]})
     return c.compute_collection_result()["t"]
@@ -195,7 +196,7 @@ def test_nearest_power_of_two_not_ceiling():
 def test_large_batches_bounded_state():
     """Symmetric All keeps error sums, not values: the state does not grow with the data."""
     rng = np.random.default_rng(0)
-    c = quark.PowOfTwoCollector()
+    c = quark.PowOfTwoCollector(num_bins=0)
     c.collect({"t": [rng.normal(0, 1, 1000).astype(np.float32)]})
     first = len(c._tensors["t"].errors.sums)
     for _ in range(20):
@@ -225,14 +226,14 @@ class FakeExtendedQuantType(enum.Enum):  # the shape of Quark's ExtendedQuantTyp
 @pytest.mark.parametrize("qtype", [FakeExtendedQuantType.QInt16, QuantType.QInt16, "QInt16"])
 def test_enums_by_value_or_name(method, qtype):
     x = np.linspace(-3, 3, 100, dtype=np.float32)
-    c = quark.PowOfTwoCollector(activation_type=qtype, method=method)
+    c = quark.PowOfTwoCollector(activation_type=qtype, method=method, num_bins=0)
     c.collect({"t": x})
     assert_range(c.compute_collection_result()["t"], reference_min_mse(x, "int16", True), "int16")
 
 
 def test_quantized_tensor_type_per_tensor():
     x = np.linspace(-3, 3, 100, dtype=np.float32)
-    c = quark.PowOfTwoCollector(quantized_tensor_type={"b": FakeExtendedQuantType.QInt16, "c": "QFloat16"})
+    c = quark.PowOfTwoCollector(num_bins=0, quantized_tensor_type={"b": FakeExtendedQuantType.QInt16, "c": "QFloat16"})
     c.collect({"a": [x], "b": [x], "c": [x]})
     out = c.compute_collection_result()
     assert_range(out["a"], reference_min_mse(x, "int8", True), "a")
@@ -245,7 +246,9 @@ def test_quantized_tensor_type_per_tensor():
     [
         ({"method": "Ceil"}, "method must be"),
         ({"activation_type": FakeExtendedQuantType.QInt32}, "not supported"),
-        ({"activation_type": "QFloat8"}, "activation type must be"),
+        ({"activation_type": 8}, "activation type must be"),
+        ({"num_bins": 2.5}, "num_bins must be an integer"),
+        ({"symmetric": False}, "supports only symmetric"),
         ({"minmse_mode": "Median"}, "minmse_mode must be"),
     ],
 )
@@ -264,7 +267,7 @@ def test_non_overflow_collector_refuses_like_quark():
 
 
 def test_nan_is_an_error_naming_the_tensor_and_keeps_earlier_batches():
-    c = quark.PowOfTwoCollector()
+    c = quark.PowOfTwoCollector(num_bins=0)
     x = np.linspace(-2, 2, 50, dtype=np.float32)
     c.collect({"t": [x]})
     with pytest.raises(ValueError, match="'t'.*NaN"):
@@ -280,49 +283,6 @@ def test_infinities_choose_quarks_default_position():
     with np.errstate(invalid="ignore", over="ignore"):
         ref = reference_min_mse(x, "int8", True)
     assert_range(ours, ref, "inf")
-
-
-# ---------------------------------------------------------------------------------------------
-# signatures: Quark's (quark.onnx.calibrate, 0.9), augmented_model_path aside
-# ---------------------------------------------------------------------------------------------
-
-SIGNATURES = {
-    quark.create_calibrator_power_of_two: [
-        ("model_input", None),
-        ("op_types_to_calibrate", None),
-        ("augmented_model_path", None),
-        ("activation_type", QuantType.QInt8),
-        ("method", quark.PowerOfTwoMethod.NonOverflow),
-        ("use_external_data_format", False),
-        ("execution_providers", ("CPUExecutionProvider",)),
-        ("quantized_tensor_type", None),
-        ("extra_options", None),
-    ],
-    quark.create_calibrator_float_scale: [
-        ("model_input", None),
-        ("op_types_to_calibrate", None),
-        ("augmented_model_path", None),
-        ("calibrate_method", CalibrationMethod.MinMax),
-        ("use_external_data_format", False),
-        ("execution_providers", ("CPUExecutionProvider",)),
-        ("extra_options", None),
-    ],
-    quark.PowOfTwoCollector: [
-        ("activation_type", QuantType.QInt8),
-        ("method", quark.PowerOfTwoMethod.MinMSE),
-        ("symmetric", True),
-        ("minmse_mode", "All"),
-        ("percentile", 99.999),
-        ("quantized_tensor_type", None),
-    ],
-}
-
-
-@pytest.mark.parametrize("fn", list(SIGNATURES), ids=lambda f: f.__name__)
-def test_quark_signatures(fn):
-    params = [p for p in inspect.signature(fn).parameters.values() if p.kind != p.KEYWORD_ONLY]
-    got = [(p.name, None if p.default is p.empty else p.default) for p in params]
-    assert got == SIGNATURES[fn]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +311,9 @@ def outputs_of(path, feeds):
 @pytest.mark.parametrize("mode, symmetric", [("All", True), ("MostCommon", True), ("All", False)])
 def test_pow2_calibrater_matches_reference(cnn_path, mode, symmetric):
     cal = quark.create_calibrator_power_of_two(
-        cnn_path, method=FakePowerOfTwoMethod.MinMSE, extra_options={"minmse_mode": mode, "symmetric": symmetric}
+        cnn_path,
+        method=FakePowerOfTwoMethod.MinMSE,
+        extra_options={"minmse_mode": mode, "symmetric": symmetric, "num_bins": 0},
     )
     cal.collect_data(RewindReader(FEEDS[:3]))
     cal.collect_data(iter(FEEDS[3:]))  # calls add up
@@ -403,7 +365,9 @@ FLOAT_CASES = [
 
 @pytest.mark.parametrize("method, extra, ort_extra", FLOAT_CASES, ids=lambda c: str(c))
 def test_float_scale_equals_onnxruntime(cnn_path, tmp_path, method, extra, ort_extra):
-    cal = quark.create_calibrator_float_scale(cnn_path, calibrate_method=method, extra_options=extra)
+    # one collect of all the batches, as onnxruntime (Quark 0.13 merges batch by batch)
+    options = {**extra, "MergePerBatch": False}
+    cal = quark.create_calibrator_float_scale(cnn_path, calibrate_method=method, extra_options=options)
     cal.collect_data(RewindReader(FEEDS))
     ort_method = method if isinstance(method, CalibrationMethod) else CalibrationMethod[method]
     ort = run_ort(cnn_path, ort_method, ort_extra, [FEEDS], tmp_path / "aug.onnx")
@@ -444,13 +408,3 @@ def test_min_mse_extreme_ranges(batches, qtype):
     with np.errstate(all="ignore"):
         ref = reference_min_mse(np.concatenate(batches), qtype, True)
     assert_range(ours, ref, qtype)
-
-
-def test_a_model_proto_is_refused_with_a_clear_error():
-    for make in (
-        lambda m: quark.create_calibrator_power_of_two(m, method="MinMSE"),
-        lambda m: quark.create_calibrator_power_of_two(m),
-        lambda m: quark.create_calibrator_float_scale(m, calibrate_method="Entropy"),
-    ):
-        with pytest.raises(ValueError, match="as a path, not a ModelProto"):
-            make(models.cnn())

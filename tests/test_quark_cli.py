@@ -56,7 +56,11 @@ def assert_same(a, b):
             ["--pow2-method", "MinMSE", "--minmse-mode", "MostCommon", "--qtype", "int16"],
             {"method": "MinMSE", "activation_type": "QInt16", "extra_options": {"minmse_mode": "MostCommon"}},
         ),
-        (["--pow2-method", "MinMSE", "--no-symmetric"], {"method": "MinMSE", "extra_options": {"symmetric": False}}),
+        (
+            ["--pow2-method", "MinMSE", "--no-symmetric"],
+            {"method": "MinMSE", "extra_options": {"symmetric": False, "num_bins": 0}},
+        ),
+        (["--pow2-method", "MinMSE", "--num-bins", "512"], {"method": "MinMSE", "extra_options": {"num_bins": 512}}),
     ],
 )
 def test_pow2(work, tmp_path, args, kwargs):

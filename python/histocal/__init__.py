@@ -30,6 +30,7 @@ from .quantize.integration import (
     unpatch_onnxruntime,
 )
 from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
+from .quark import is_quark_patched, patch_quark, unpatch_quark
 from .state import CalibrationState, compute_with_overrides, merge_states, model_fingerprint
 from .stats import (
     TensorStats,
@@ -64,12 +65,14 @@ __all__ = [
     "create_calibrator",
     "get_num_threads",
     "is_patched",
+    "is_quark_patched",
     "merge_states",
     "model_fingerprint",
     "moving_average",
     "nanmean_pairwise",
     "nanmean_sequential",
     "patch_onnxruntime",
+    "patch_quark",
     "quantize_static",
     "register_method",
     "registered_methods",
@@ -79,5 +82,6 @@ __all__ = [
     "state_candidates",
     "tensor_stats",
     "unpatch_onnxruntime",
+    "unpatch_quark",
     "unregister_method",
 ]

@@ -30,6 +30,7 @@ __all__ = [
     "nanmean_pairwise",
     "nanmean_sequential",
     "pow2_error",
+    "quark_pow2_error_sums",
     "scale_zero_point",
     "set_caller_threads",
     "set_num_threads",
@@ -357,3 +358,12 @@ def pow2_error(
     exponent: int,
     qtype: str,
 ) -> float: ...
+
+
+def quark_pow2_error_sums(
+    values: np.ndarray,
+    scales: list[float],
+    zero_point: float,
+    qmin: float,
+    qmax: float,
+) -> list[float]: ...

@@ -20,7 +20,7 @@ _NOT_IN_QUARK = ("max_intermediate_outputs", "per_channel")
 def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, options: dict[str, Any]) -> Any:
     """Quark's factory for ``args.method``: ``pow2`` -> ``create_calibrator_power_of_two``
     (``--pow2-method``, default Quark's, the non-overflow one; ``--minmse-mode``; ``--symmetric``; ``--qtype``
-    as the activation type), the others -> ``create_calibrator_float_scale`` with ``options``
+    as the activation type; ``--num-bins``, default Quark 0.13's 2048, or 0 with ``--no-symmetric``), the others -> ``create_calibrator_float_scale`` with ``options``
     (the ``extra_options`` histocal's own calibrator would get). ``args.method`` is one of
     ``QUARK_METHODS`` (the caller checks)."""
     from .. import quark
@@ -31,12 +31,18 @@ def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, opti
             extra["symmetric"] = args.symmetric
         if args.minmse_mode is not None:
             extra["minmse_mode"] = args.minmse_mode
+        if getattr(args, "num_bins", None) is not None:
+            extra["num_bins"] = args.num_bins
+        elif args.symmetric is False:
+            # Quark 0.13's histogram mode (its default) is symmetric only: asymmetric All is
+            # the search on the values, as in Quark 0.9
+            extra["num_bins"] = 0
         return quark.create_calibrator_power_of_two(
             model,
             args.op_types,
             augmented,
             activation_type=_QUANT_TYPES[args.qtype or "int8"],
-            method=args.pow2_method or NON_OVERFLOW,
+            calibrate_method=args.pow2_method or NON_OVERFLOW,
             execution_providers=args.providers,
             extra_options=extra,
         )

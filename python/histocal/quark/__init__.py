@@ -1,7 +1,10 @@
-"""AMD Quark's ONNX calibration API (``quark.onnx.calibrate``), backed by histocal, without Quark.
+"""AMD Quark's ONNX calibration API (Quark 0.13's ``quark.onnx.calibration``, 0.9's
+``quark.onnx.calibrate``), backed by histocal, without Quark.
 
-Swap ``from quark.onnx.calibrate import ...`` for ``from histocal.quark import ...``: the same
-classes and factories, arguments and defaults. Quark's enums (``PowerOfTwoMethod``,
+Swap ``from quark.onnx.calibration import ...`` (or 0.9's ``quark.onnx.calibrate``) for ``from
+histocal.quark import ...``: the same classes and factories, with Quark 0.13's arguments, order
+and defaults (0.9's ``method=`` keyword of ``create_calibrator_power_of_two`` too). With Quark
+installed, :func:`patch_quark` makes Quark's own ``ModelQuantizer`` calibrate with these. Quark's enums (``PowerOfTwoMethod``,
 ``ExtendedQuantType``) and onnxruntime's (``CalibrationMethod``, ``QuantType``) are accepted as
 themselves, as any enum with the same member name, or as the name.
 """
@@ -16,6 +19,7 @@ from .calibrators import (
     create_calibrator_power_of_two,
 )
 from .collector import PowOfTwoCollector
+from .patch import is_quark_patched, patch_quark, unpatch_quark
 from .types import PowerOfTwoMethod
 
 __all__ = [
@@ -28,4 +32,7 @@ __all__ = [
     "PowerOfTwoMethod",
     "create_calibrator_float_scale",
     "create_calibrator_power_of_two",
+    "is_quark_patched",
+    "patch_quark",
+    "unpatch_quark",
 ]

@@ -1,6 +1,8 @@
 """Quark's ``PowOfTwoCollector``: power-of-two MinMSE ranges, in bounded memory where it can be.
 
-- mode ``All``, symmetric, int8/uint8/int16: per tensor a few dozen error sums
+- mode ``All`` with ``num_bins > 0`` (Quark 0.13's default, 2048): Quark 0.13's histogram MinMSE
+  (:mod:`histocal.quark.pof2_histogram`), symmetric only, as in Quark.
+- mode ``All`` with ``num_bins <= 0`` (Quark 0.9's MinMSE on the values), symmetric, int8/uint8/int16: per tensor a few dozen error sums
   (:class:`~histocal.quark.pof2.SymmetricErrors`), not the values.
 - mode ``MostCommon``, symmetric: each batch votes for its own MinMSE scale as it comes; the
   scale with the most votes wins, the smallest on ties (Quark's ``np.unique`` + ``argmax``).
@@ -21,6 +23,7 @@ from onnxruntime.quantization.calibrate import CalibrationDataCollector
 from onnxruntime.quantization.quant_utils import QuantType
 
 from . import pof2, types
+from .pof2_histogram import MinMSEHistogram
 from .types import Pow2MethodLike, PowerOfTwoMethod, QuantTypeLike
 
 logger = logging.getLogger(__name__)
@@ -101,16 +104,42 @@ class _AllSymmetric:
         return pof2.value_range(pos, zero_point, self.errors.qtype, True, self.errors.dtype)
 
 
+class _Histogram:
+    def __init__(self, num_bins: int) -> None:
+        self.histogram = MinMSEHistogram(num_bins)
+
+    def copy(self) -> _Histogram:
+        new = _Histogram(self.histogram.num_bins)
+        new.histogram = self.histogram.copy()
+        return new
+
+    def add(self, x: np.ndarray, qtype: str) -> None:
+        self.qtype = qtype
+        self.histogram.add(x, qtype)
+
+    def result(self) -> tuple[Any, Any]:
+        return self.histogram.result(getattr(self, "qtype", "int8"))
+
+
 class PowOfTwoCollector(CalibrationDataCollector):
-    """Quark's ``PowOfTwoCollector`` (same arguments and defaults; ``quantized_tensor_type=None``
-    means Quark's ``{}``): ``collect({tensor: [batch, ...]})`` then
-    ``compute_collection_result()`` -> ``{tensor: (low, high)}`` (0-d float32 arrays).
+    """Quark 0.13's ``PowOfTwoCollector`` (same arguments, order and defaults;
+    ``quantized_tensor_type=None`` means Quark's ``{}``): ``collect({tensor: [batch, ...]})`` then
+    ``compute_collection_result()`` -> ``{tensor: (low, high)}`` (0-d arrays of the values' type).
+
+    ``num_bins`` (mode All): above 0, Quark 0.13's histogram MinMSE, each ``collect`` call's
+    arrays merged into the tensor's histogram at once (symmetric only: Quark 0.13 fails on asymmetric
+    ranges at the result, histocal at construction); 0 or less, the MinMSE on all the values
+    (Quark 0.9's, and 0.13's with ``num_bins=0``). ``optimize_mem`` and ``worker_num`` are
+    accepted and have no effect on the result: histocal never caches outputs on disk (Quark 0.13
+    caches them as float16, which overflows beyond ±65504) and its own threads are set with
+    ``histocal.set_num_threads``. An activation type outside Quark's list becomes int8 with a
+    warning, as in Quark 0.13.
 
     Only ``method=MinMSE`` computes ranges (as in Quark; NonOverflow is Quark's symmetric MinMax).
     ``minmse_mode`` is ``All``, ``MostCommon`` or ``Percentile`` (MinMSE on the values within
     ``percentile``, kept until the result as in Quark); anything else is an error (Quark warns
-    and uses All). Unlike Quark 0.9, whose ``collect`` replaces what earlier calls collected,
-    every call adds to it."""
+    and uses All). Unlike Quark's raw-value modes, whose ``collect`` replaces what earlier calls
+    collected, every call adds to it."""
 
     def __init__(
         self,
@@ -118,14 +147,26 @@ class PowOfTwoCollector(CalibrationDataCollector):
         method: Pow2MethodLike = PowerOfTwoMethod.MinMSE,
         symmetric: bool = True,
         minmse_mode: str = "All",
+        num_bins: int = 2048,
         percentile: float = 99.999,
+        optimize_mem: bool = True,
+        worker_num: int = 1,
         quantized_tensor_type: Mapping[str, QuantTypeLike] | None = None,
     ) -> None:
         self.method = types.pow2_method(method)
-        self.activation_qtype = types.qtype(activation_type)
+        self.activation_qtype = types.activation_qtype(activation_type)
         self.symmetric = bool(symmetric)
         self.minmse_mode = types.minmse_mode(minmse_mode)
+        if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)):
+            raise ValueError(f"num_bins must be an integer, got {num_bins!r}")
+        self.num_bins = int(num_bins)
+        if self.minmse_mode == "All" and self.num_bins > 0 and not self.symmetric:
+            raise ValueError(
+                "minmse_mode 'All' with num_bins > 0 (Quark 0.13's histogram MinMSE) supports only "
+                "symmetric ranges (Quark 0.13 fails at the result); use num_bins=0 for the MinMSE on the values"
+            )
         self.percentile = percentile
+        self.optimize_mem, self.worker_num = optimize_mem, worker_num
         self.quantized_tensor_type = dict(quantized_tensor_type or {})
         if self.minmse_mode == "MostCommon" and not self.symmetric:
             logger.warning("Activation asymmetric does not support using 'most common' to calculate min mse")
@@ -142,25 +183,37 @@ class PowOfTwoCollector(CalibrationDataCollector):
             return _MostCommon()
         if self.minmse_mode == "Percentile":
             return _Values(qtype, self.symmetric, self.percentile)
+        if self.minmse_mode == "All" and self.num_bins > 0:
+            return _Histogram(self.num_bins)
         if self.symmetric and qtype in _BOUNDED_QTYPES:
             return _AllSymmetric(qtype)
         return _Values(qtype, self.symmetric)
 
     def collect(self, name_to_arr: Mapping[str, Any]) -> None:
-        """Add one or more batches per tensor (``{name: array or [array, ...]}``). A tensor with a NaN
-        is an error naming it, and nothing of this call is kept."""
+        """Add one or more batches per tensor (``{name: array or [array, ...]}``). A NaN counts as 0
+        in the histogram MinMSE (as in Quark 0.13) and is an error naming the tensor elsewhere
+        (Quark: 'NaN detected'); after an error nothing of this call is kept.
+        ``PowOfTwoCalibrater`` first replaces non-finite outputs as Quark 0.13's calibrator does."""
         saved = self.snapshot()
         try:
             for name, batches in name_to_arr.items():
-                for batch in batches if isinstance(batches, (list, tuple)) else [batches]:
-                    x = np.asarray(batch)
+                arrays = [np.asarray(b) for b in (batches if isinstance(batches, (list, tuple)) else [batches])]
+                for x in arrays:
                     if x.dtype not in (np.float32, np.float16):
                         raise ValueError(f"tensor {name!r}: values of type {x.dtype} (float32 or float16 expected)")
-                    if np.isnan(x).any():
+                qtype = self.tensor_qtype(name)
+                if name not in self._tensors:
+                    self._tensors[name] = self._new(qtype)
+                histogram = isinstance(self._tensors[name], _Histogram)
+                if histogram and len(arrays) > 1:
+                    # Quark 0.13 merges one call's arrays into the histogram at once
+                    if len({x.dtype for x in arrays}) > 1:
+                        raise ValueError(f"tensor {name!r}: values of types {sorted({str(x.dtype) for x in arrays})}")
+                    arrays = [np.concatenate([x.ravel() for x in arrays])]
+                for x in arrays:
+                    # the histogram counts NaN as 0, as Quark 0.13's; elsewhere Quark fails on it
+                    if not histogram and np.isnan(x).any():
                         raise ValueError(f"tensor {name!r}: NaN in the values (Quark: 'NaN detected')")
-                    qtype = self.tensor_qtype(name)
-                    if name not in self._tensors:
-                        self._tensors[name] = self._new(qtype)
                     try:
                         self._tensors[name].add(x, qtype)
                     except ValueError as e:
@@ -171,7 +224,9 @@ class PowOfTwoCollector(CalibrationDataCollector):
 
     def snapshot(self) -> dict[str, Any]:
         """What has been collected, for :meth:`restore` (kept values are shared, not copied)."""
-        return {k: v.copy() if isinstance(v, _Values) else copy.deepcopy(v) for k, v in self._tensors.items()}
+        return {
+            k: v.copy() if isinstance(v, (_Values, _Histogram)) else copy.deepcopy(v) for k, v in self._tensors.items()
+        }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         self._tensors = snapshot

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from .._core import quark_pow2_error_sums
+
 # (full range, symmetric range or None, numpy type), per integer type name
 _QTYPES: dict[str, tuple[tuple[int, int], tuple[int, int] | None, type]] = {
     "int8": ((-128, 127), (-127, 127), np.int8),
@@ -122,6 +124,29 @@ def error_sum(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: s
     return float(np.sum(squared_errors(x, scale, zero_point, qtype), dtype=np.float64))
 
 
+def error_sums(x: np.ndarray, positions: range, zero_point: np.ndarray, qtype: str) -> dict[int, float]:
+    """:func:`error_sum` at each position, in one pass of histocal's kernel where the values and
+    scales are finite (the same float32 terms; numpy's arithmetic for infinities and scales the
+    values' type cannot hold)."""
+    x = np.ravel(x)
+    scales = [position_to_scale(pos, x.dtype) for pos in positions]
+    finite = x.size > 0 and all(np.isfinite(s) and s != 0 for s in scales)
+    if finite:
+        with np.errstate(invalid="ignore"):
+            finite = bool(np.isfinite(x.min()) and np.isfinite(x.max()))
+    if not finite:
+        return {pos: error_sum(x, s, zero_point, qtype) for pos, s in zip(positions, scales)}
+    qmin, qmax = qrange(qtype, True)
+    sums = quark_pow2_error_sums(
+        np.ascontiguousarray(x, dtype=np.float32),
+        [float(s) for s in scales],
+        float(zero_point),
+        float(qmin),
+        float(qmax),
+    )
+    return dict(zip(positions, sums))
+
+
 def choose(errors: dict[int, float], pos: int) -> int:
     """Step 3's choice among the candidates of ``pos``: the least error, the first on ties (a
     NaN or infinite error never wins: Quark then keeps ``pos``)."""
@@ -154,7 +179,7 @@ def min_mse(x: np.ndarray, qtype: str, symmetric: bool) -> tuple[int, np.ndarray
     x = np.ravel(x)
     rmin, rmax = data_range(x)
     zero_point, pos = power_of_two(rmin, rmax, qtype, symmetric)
-    errors = {pos + i: error_sum(x, position_to_scale(pos + i, x.dtype), zero_point, qtype) for i in CANDIDATES}
+    errors = error_sums(x, range(pos + CANDIDATES[0], pos + CANDIDATES[-1] + 1), zero_point, qtype)
     return choose(errors, pos), zero_point
 
 
@@ -163,13 +188,14 @@ class SymmetricErrors:
     """Step 3's error sums of a symmetric MinMSE over all batches, without keeping the values
     (int8, uint8, int16: their symmetric zero point is the same for every range, 0 or 128).
 
-    A batch with largest magnitude ``a`` and own position ``p_b`` adds its exact error sum at
-    every position from ``lo_b`` to ``p_b + 3``, where below ``lo_b`` (``a 2^pos < 0.5``) every
-    value rounds to 0, so its error there is ``sum(x^2)``, kept once. The position ``p`` of all
-    the data is at most every ``p_b`` (a larger range, a larger scale), so each candidate
-    ``p - 1 .. p + 3`` is either summed or below ``lo_b``: the totals are Quark's on the
-    concatenated values (up to the order of the float64 additions). About 12 positions per
-    batch for int8, 20 for int16."""
+    A batch with largest magnitude ``a`` adds its exact error sum at every position from
+    ``lo_b`` to ``p_run + 3``, where ``p_run`` is the position of the batches so far (this one
+    included) and below ``lo_b`` (``a 2^pos < 0.5``) every value rounds to 0, so its error there
+    is ``sum(x^2)``, kept once. The position ``p`` of all the data is at most ``p_run`` (a
+    larger range, a larger scale), so each candidate ``p - 1 .. p + 3`` is either summed or
+    below ``lo_b``: the totals are Quark's on the concatenated values (up to the order of the
+    float64 additions). About 12 positions per batch for int8, 20 for int16, all in one pass
+    of histocal's kernel (:func:`error_sums`)."""
 
     qtype: str
     dtype: Any = None
@@ -177,7 +203,7 @@ class SymmetricErrors:
     high: np.ndarray | None = None
     sums: dict[int, float] = field(default_factory=dict)
     zeros_below: dict[int, float] = field(default_factory=dict)  # lo_b -> sum(x^2) of its batches
-    highest: int | None = None  # the least p_b + 3
+    highest: int | None = None  # the least p_run + 3
 
     def add(self, x: np.ndarray) -> None:
         x = np.ravel(x)
@@ -190,8 +216,9 @@ class SymmetricErrors:
         self.high = rmax if self.high is None else np.maximum(self.high, rmax)
         one = np.array(1.0, dtype=x.dtype)
         zero_point, _ = power_of_two(-one, one, self.qtype, True)
-        # the batch's own position, without the fallback to scale 1 (which would break p <= p_b)
-        _, scale = float_scale(rmin, rmax, self.qtype, True, fallback=False)
+        # the position of all batches so far, without the fallback to scale 1 (which would break
+        # p <= p_b): at most the batch's own, and at least the final p
+        _, scale = float_scale(self.low, self.high, self.qtype, True, fallback=False)
         top = scale_to_position(scale.item()) + CANDIDATES[-1]
         self.highest = top if self.highest is None else min(self.highest, top)
         absmax = max(abs(float(rmin)), abs(float(rmax)))
@@ -200,8 +227,7 @@ class SymmetricErrors:
         # below bottom (absmax 2^pos < 0.5) every value rounds to 0; 0 or inf: nothing to sum
         bottom = -math.frexp(absmax)[1] if 0.0 < absmax < math.inf else top + 1
         self.zeros_below[bottom] = self.zeros_below.get(bottom, 0.0) + squares
-        for pos in range(bottom, top + 1):
-            e = error_sum(x, position_to_scale(pos, x.dtype), zero_point, self.qtype)
+        for pos, e in error_sums(x, range(bottom, top + 1), zero_point, self.qtype).items():
             self.sums[pos] = self.sums.get(pos, 0.0) + e
 
     def result(self) -> tuple[int, np.ndarray]:

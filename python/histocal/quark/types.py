@@ -4,10 +4,13 @@ same member name (Quark's own, onnxruntime's ``QuantType``) or as the name."""
 from __future__ import annotations
 
 import enum
+import logging
 from typing import Any
 
 from onnxruntime.quantization.calibrate import CalibrationMethod
 from onnxruntime.quantization.quant_utils import QuantType
+
+logger = logging.getLogger(__name__)
 
 
 class PowerOfTwoMethod(enum.Enum):
@@ -59,6 +62,20 @@ def calibration_method(value: Any) -> CalibrationMethod:
 
 def is_supported_qtype(value: Any) -> bool:
     return _name(value) in QTYPE_NAMES
+
+
+def activation_qtype(value: Any) -> str:
+    """Quark 0.13's rule for the MinMSE activation type: QInt8, QUInt8, QInt16, QUInt16 of either
+    enum (onnxruntime's ``QuantType.QInt16`` included: Quark 0.9 calibrated it as int8) or the
+    name; any other enum member or name becomes int8 with a warning, as in Quark. int32/uint32
+    and values that are no enum or name are errors."""
+    name = _name(value)
+    if name is None or name in UNSUPPORTED_QTYPE_NAMES:
+        return qtype(value)  # raises, naming the value
+    if name not in QTYPE_NAMES:
+        logger.warning("Unsupported activation type %s for MinMSE, applying Int8 instead.", value)
+        return "int8"
+    return QTYPE_NAMES[name]
 
 
 def qtype(value: Any) -> str:

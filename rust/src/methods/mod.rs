@@ -7,4 +7,5 @@ pub mod kl_tensorrt;
 pub mod mse;
 pub mod pow2;
 pub mod qerror;
+pub mod quark_pow2;
 pub mod range_method;

@@ -7,6 +7,7 @@ use super::records::{ScaleZeroPoint, TensorStats};
 use super::threads::*;
 use crate::methods::pow2::{self};
 use crate::methods::qerror::{ErrorTable, Quantizer, UniformHistogram};
+use crate::methods::quark_pow2;
 use crate::methods::range_method::*;
 use crate::numeric::fallible::{self};
 use crate::numeric::float::Float;
@@ -14,7 +15,7 @@ use crate::numeric::scan::{scan, Scan};
 use crate::ort::minmax;
 use crate::state::Batches;
 use half::f16;
-use numpy::{Element, PyArray1, PyReadonlyArrayDyn};
+use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
@@ -160,6 +161,31 @@ pub(crate) fn pow2_error(
         let counts = counts_of(&counts);
         let hist = uniform(&counts, left, width, min, max)?;
         Ok(run(py, || pow2::error(&ErrorTable::new(hist), k, qtype)))
+    })
+}
+
+/// AMD Quark's power-of-two MinMSE squared-error sums of `values` (a 1-D float32 array of
+/// finite values) at each of `scales` (finite, non-zero powers of two): see
+/// `methods::quark_pow2::error_sums`.
+#[pyfunction]
+pub(crate) fn quark_pow2_error_sums(
+    py: Python<'_>,
+    values: Bound<'_, PyAny>,
+    scales: Vec<f32>,
+    zero_point: f32,
+    qmin: f32,
+    qmax: f32,
+) -> PyResult<Vec<f64>> {
+    guard(|| {
+        let values = values
+            .cast::<PyArray1<f32>>()
+            .map_err(|_| PyValueError::new_err("values must be a 1-D numpy array of float32"))?
+            .readonly();
+        let values = values.as_slice().map_err(|_| PyValueError::new_err("values must be contiguous"))?;
+        if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s != 0.0)) {
+            return Err(PyValueError::new_err(format!("scales must be finite and non-zero, got {s}")));
+        }
+        Ok(run(py, || quark_pow2::error_sums(values, &scales, zero_point, qmin, qmax)))
     })
 }
 

@@ -48,5 +48,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(histogram_qerror, m)?)?;
     m.add_function(wrap_pyfunction!(scale_zero_point, m)?)?;
     m.add_function(wrap_pyfunction!(pow2_error, m)?)?;
+    m.add_function(wrap_pyfunction!(quark_pow2_error_sums, m)?)?;
     Ok(())
 }

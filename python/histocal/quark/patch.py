@@ -1,0 +1,103 @@
+"""``patch_quark()``: AMD Quark's own flow (``quark.onnx.ModelQuantizer``, ``calibrate_model``)
+calibrates with histocal.
+
+Quark 0.13 creates its calibrators through ``create_calibrator_power_of_two`` and
+``create_calibrator_float_scale``, imported by name into several of its modules
+(``quark.onnx.calibration.calibrate`` among them). The patch replaces every reference to Quark's
+two factories in the loaded ``quark`` modules with histocal.quark's, and puts them back when
+undone; patches are counted, like ``patch_onnxruntime``. Quark must be importable (it needs torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+from . import calibrators
+
+FACTORIES = ("create_calibrator_power_of_two", "create_calibrator_float_scale")
+# where Quark 0.13 defines the factories and the modules that bind them by name
+QUARK_MODULES = (
+    "quark.onnx.calibration.calibrators",
+    "quark.onnx.calibration.calibrate",
+    "quark.onnx.calibration.calib_utils",
+    "quark.onnx.calibration",
+    "quark.onnx",
+)
+
+_lock = threading.Lock()
+_depth = 0
+_saved: list[tuple[ModuleType, str, Any]] = []
+
+
+def _quark_factories() -> dict[str, Any]:
+    try:
+        for name in QUARK_MODULES:
+            importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(
+            f"patch_quark needs AMD Quark 0.13's quark.onnx.calibration importable ({e}); "
+            "histocal.quark's calibrators work without Quark"
+        ) from e
+    defining = sys.modules[QUARK_MODULES[0]]
+    return {name: getattr(defining, name) for name in FACTORIES}
+
+
+def _patch() -> None:
+    global _depth
+    with _lock:
+        if _depth == 0:
+            originals = _quark_factories()
+            ours = {name: getattr(calibrators, name) for name in FACTORIES}
+            # every loaded quark module holding Quark's factory by any name (a later import of
+            # a quark module binds the patched one, as it reads the defining module)
+            for module in [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "quark" and m]:
+                for attr, value in list(vars(module).items()):
+                    for name in FACTORIES:
+                        if value is originals[name]:
+                            _saved.append((module, attr, value))
+                            setattr(module, attr, ours[name])
+        _depth += 1
+
+
+def unpatch_quark() -> None:
+    """Undo one ``patch_quark()`` made outside a ``with`` block; Quark's factories are back once
+    every patch is undone. Without a patch, a no-op."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            return
+        _depth -= 1
+        if _depth == 0:
+            for module, attr, original in reversed(_saved):
+                setattr(module, attr, original)
+            _saved.clear()
+
+
+def is_quark_patched() -> bool:
+    with _lock:
+        return _depth > 0
+
+
+class patch_quark:
+    """Route AMD Quark's calibrator creation to histocal.quark: ``patch_quark()`` alone patches
+    until ``unpatch_quark()``; ``with patch_quark(): ...`` for the block only. Nested uses are
+    counted."""
+
+    def __init__(self) -> None:
+        _patch()
+        self._active = True
+
+    def __enter__(self) -> patch_quark:
+        if not self._active:
+            _patch()
+            self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._active:
+            self._active = False
+            unpatch_quark()
