@@ -25,6 +25,11 @@ use crate::stream::stream_bins::{add_direct, batch_bins};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+/// Batches from this many values on are counted by the direct kernel (`stream_bins::add_direct`):
+/// its flush over the batch's span costs little per value there, and its u16 scatter is faster
+/// than the narrow kernel's byte scatter with carries (`examples/many_tensors.rs`).
+const NARROW_MAX: usize = 32768;
+
 #[derive(Clone, Debug)]
 pub struct StreamHistogram {
     /// log2 of H, the number of bins on each side of zero.
@@ -173,6 +178,11 @@ impl StreamHistogram {
         if self.pow2_votes.is_some() || view.len() > PAR_CHUNK {
             let sc = scan(view);
             self.add_scanned(view, &sc);
+            return;
+        }
+        if view.len() >= NARROW_MAX {
+            // the direct kernel's flush of a batch's span is paid by this many values
+            self.add_unbuffered(view);
             return;
         }
         // one read of the data, into the narrow counts
