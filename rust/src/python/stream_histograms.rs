@@ -338,7 +338,7 @@ impl StreamHistograms {
             Ok(StreamExport {
                 dtype: d.to_string(),
                 level: h.level,
-                bins: array(py, &h.bins).into_any().unbind(),
+                bins: array(py, &h.bins()).into_any().unbind(),
                 finite_min: h.finite_min,
                 finite_max: h.finite_max,
                 abs_min: h.abs_min,
@@ -478,7 +478,8 @@ impl StreamHistograms {
                 .map(|(name, (dtype, h))| {
                         // the errors name the tensor already
                         let range = || -> Result<(f64, f64), String> {
-                    let Some(hist) = as_uniform(h).map_err(|e| format!("tensor {name:?}: {e}"))? else { return Ok((0.0, 0.0)) };
+                    let counts = h.bins();
+                    let Some(hist) = as_uniform(h, &counts).map_err(|e| format!("tensor {name:?}: {e}"))? else { return Ok((0.0, 0.0)) };
                     let votes = match (&method, &h.pow2_votes) {
                         (RangeMethod::Pow2 { qtype, .. }, Some(v)) if method.needs_votes() => {
                             let t = Pow2Type::ALL.iter().position(|x| x == qtype).expect("a pow2 type") as u8;
@@ -535,7 +536,8 @@ impl StreamHistograms {
                     .map(|((name, (dtype, h)), &(low, high))| {
                         let error = || -> Result<f64, String> {
                             let q = Quantizer::for_range(low, high, qtype, symmetric, range_rule(ort, dtype));
-                            Ok(as_uniform(h)
+                            let counts = h.bins();
+                            Ok(as_uniform(h, &counts)
                                 .map_err(|e| format!("tensor {name:?}: {e}"))?
                                 .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&q)))
                         };

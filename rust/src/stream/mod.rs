@@ -2,5 +2,6 @@
 //! convertible to ORT-shaped histograms. Depends on `numeric`, `ort` and `methods`.
 
 pub mod levels;
+pub mod narrow;
 pub mod stream_bins;
 pub mod stream_histogram;

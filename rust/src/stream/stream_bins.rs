@@ -32,14 +32,14 @@ use std::any::TypeId;
 use std::cell::RefCell;
 
 /// Values binned per kernel call (the index buffer stays in L1).
-const BLOCK: usize = 2048;
+pub(crate) const BLOCK: usize = 2048;
 /// Counters that exact zeros are spread over.
-const ZERO_SLOTS: usize = 8;
+pub(crate) const ZERO_SLOTS: usize = 8;
 
 /// A level's mapping from values to bins, in lanes of type `T`, restricted to a window of
 /// bins `first..=last` (signed bin numbers) that holds every finite value to be counted.
 #[derive(Clone, Copy)]
-struct Pow2Bins<T> {
+pub(crate) struct Pow2Bins<T> {
     /// `x * pre * scale = x * 2^k`, each product exact or (the last) the one rounding.
     pre: T,
     scale: T,
@@ -59,7 +59,7 @@ impl<T: Lane> Pow2Bins<T> {
         Self::window(log_half, level, all.bin(min), all.bin(max))
     }
 
-    fn window(log_half: u32, level: i32, first: i32, last: i32) -> Self {
+    pub(crate) fn window(log_half: u32, level: i32, first: i32, last: i32) -> Self {
         let k = log_half as i32 - level;
         let scale = T::pow2(k.min(T::MAX_EXP));
         let pre = T::pow2((k - T::MAX_EXP).max(0));
@@ -103,10 +103,10 @@ fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
     }
 }
 
-crate::numeric::simd::dispatch_avx512!(fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
+crate::numeric::simd::dispatch_avx512!(pub(crate) fn bins<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> () => bins_impl);
 
 /// A lane type that is also a data type (f32, f64): one bound for the dispatch macro.
-trait LaneFloat: Lane + Float {}
+pub(crate) trait LaneFloat: Lane + Float {}
 impl<T: Lane + Float> LaneFloat for T {}
 
 /// `bins_impl` and the block's scan in one loop: min/max and min |x| over finite values and
@@ -160,7 +160,7 @@ fn bins_scan_impl<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -
     body.merge(tail)
 }
 
-crate::numeric::simd::dispatch_avx512!(fn bins_scan<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> Scan<T> => bins_scan_impl);
+crate::numeric::simd::dispatch_avx512!(pub(crate) fn bins_scan<T: LaneFloat>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) -> Scan<T> => bins_scan_impl);
 
 /// `block` as a slice of `T` when `D` is `T`.
 fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
@@ -170,7 +170,7 @@ fn cast<D: 'static, T: 'static>(block: &[D]) -> Option<&[T]> {
 }
 
 /// A block (at most `BLOCK` values) as lanes `T`: the data itself, or f16 data widened into `wide`.
-fn lanes_of<'a, D: 'static, T: 'static>(block: &'a [D], wide: &'a mut [f32]) -> &'a [T] {
+pub(crate) fn lanes_of<'a, D: 'static, T: 'static>(block: &'a [D], wide: &'a mut [f32]) -> &'a [T] {
     match cast::<D, f16>(block) {
         Some(h) => {
             let w = &mut wide[..h.len()];
@@ -462,54 +462,4 @@ fn add_direct_lanes<D: Float, T: Lane + Float>(
         c.flush(s, bins);
     }
     total
-}
-
-/// Allocate this thread's scratch for `count_direct` on `2 << log_half` bins now (its only
-/// allocation), so that a caller can have it before changing anything.
-pub fn prepare_direct(log_half: u32) {
-    SCRATCH.with(|cell| {
-        let s = &mut *cell.borrow_mut();
-        s.ready((2 << log_half) + 1 + ZERO_SLOTS);
-        s.dirty = false; // ready, and nothing counted
-    })
-}
-
-/// Count a batch whose finite values lie in `[min, max]`, all inside `level`'s range, straight
-/// into the `2H` bins (sequential; the direct path when the scan is already known).
-pub fn count_direct<D: Float>(view: &View<'_, D>, log_half: u32, level: i32, min: D, max: D, bins: &mut [u64]) {
-    assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
-    SCRATCH.with(|cell| {
-        let s = &mut *cell.borrow_mut();
-        s.ready(bins.len() + 1 + ZERO_SLOTS);
-        if TypeId::of::<D>() == TypeId::of::<f64>() {
-            count_direct_lanes::<D, f64>(view, log_half, level, min, max, bins, s);
-        } else {
-            count_direct_lanes::<D, f32>(view, log_half, level, min, max, bins, s);
-        }
-        s.dirty = false;
-    })
-}
-
-fn count_direct_lanes<D: Float, T: Lane + Float>(
-    view: &View<'_, D>,
-    log_half: u32,
-    level: i32,
-    min: D,
-    max: D,
-    bins: &mut [u64],
-    s: &mut Scratch,
-) {
-    // min and max are values of the data: exact in its lanes
-    let (min, max) = (T::from_f64(min.to_f64()), T::from_f64(max.to_f64()));
-    let mut counter = DirectCounter::<T>::new(log_half, level);
-    let mut wide = std::mem::take(&mut s.wide);
-    view.for_each_block(0..view.len(), |block| {
-        for piece in block.chunks(BLOCK) {
-            let lanes: &[T] = lanes_of(piece, &mut wide);
-            self::bins(&counter.p, lanes, &mut s.idx[..lanes.len()]);
-            counter.scatter(lanes.len(), min, max, s, bins);
-        }
-    });
-    s.wide = wide;
-    counter.flush(s, bins);
 }

@@ -7,6 +7,9 @@
 //! so the histogram after any sequence of batches equals the histogram of all values binned
 //! directly at the final level, which only depends on the largest |x|. Non-finite values are
 //! counted, never binned. ORT-shaped histograms for ORT's methods are derived from it at the end.
+//!
+//! Batches are counted into one byte per bin (`narrow`, exact: see `stream::narrow`) that is
+//! added into the u64 bins when the level rises or the bins are read (`bins()`, `settle`).
 
 use crate::methods::pow2;
 use crate::methods::qerror::UniformHistogram;
@@ -17,17 +20,28 @@ use crate::numeric::view::View;
 use crate::ort::histogram::{HistError, UniformBins};
 use crate::ort::value_histogram::Held;
 pub use crate::stream::levels::{level_for, raise_bins, MIN_LEVEL};
-use crate::stream::stream_bins::{add_direct, batch_bins, count_direct, prepare_direct};
+use crate::stream::narrow::{add_narrow, count_narrow, narrow_len, settle};
+use crate::stream::stream_bins::{add_direct, batch_bins};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-#[derive(Clone, Debug, PartialEq)]
+/// Batches from this many values on are counted by the direct kernel (`stream_bins::add_direct`):
+/// its flush over the batch's span costs little per value there, and its u16 scatter is faster
+/// than the narrow kernel's byte scatter with carries (`examples/many_tensors.rs`).
+const NARROW_MAX: usize = 32768;
+
+#[derive(Clone, Debug)]
 pub struct StreamHistogram {
     /// log2 of H, the number of bins on each side of zero.
     pub log_half: u32,
     /// None until a finite value arrives.
     pub level: Option<i32>,
-    /// `2H` counts, bin `s` at index `s + H`.
-    pub bins: Vec<u64>,
+    /// `2H` counts, bin `s` at index `s + H`, less those still in `narrow` (read them with `bins()`).
+    bins: Vec<u64>,
+    /// The narrow counts (`stream::narrow`): empty until the first batch counted there.
+    narrow: Vec<u8>,
+    /// Whether `narrow` may hold counts (`bins` alone is the histogram otherwise).
+    unsettled: bool,
     /// Extremes over finite values, exact (the data's own values).
     pub finite_min: Option<f64>,
     pub finite_max: Option<f64>,
@@ -48,6 +62,21 @@ fn pow2(k: i32) -> f64 {
     f64::powi(2.0, half) * f64::powi(2.0, k - half)
 }
 
+/// Equal histograms: the same content, wherever the counts are held (bins or narrow counts).
+impl PartialEq for StreamHistogram {
+    fn eq(&self, o: &Self) -> bool {
+        self.log_half == o.log_half
+            && self.level == o.level
+            && self.finite_min == o.finite_min
+            && self.finite_max == o.finite_max
+            && self.abs_min == o.abs_min
+            && (self.n_finite, self.n_nan, self.n_posinf, self.n_neginf, self.batches)
+                == (o.n_finite, o.n_nan, o.n_posinf, o.n_neginf, o.batches)
+            && self.pow2_votes == o.pow2_votes
+            && self.bins() == o.bins()
+    }
+}
+
 impl StreamHistogram {
     pub fn new(log_half: u32) -> Self {
         assert!((2..=24).contains(&log_half), "log_half must be in 2..=24");
@@ -55,6 +84,8 @@ impl StreamHistogram {
             log_half,
             level: None,
             bins: fallible::zeroed(2 << log_half),
+            narrow: Vec::new(),
+            unsettled: false,
             finite_min: None,
             finite_max: None,
             abs_min: None,
@@ -67,9 +98,51 @@ impl StreamHistogram {
         }
     }
 
-    /// A copy (`clone`, with the bins allocated by `fallible`).
+    /// A copy with settled bins (allocated by `fallible`) and no narrow counts.
     pub fn copied(&self) -> Self {
-        StreamHistogram { bins: fallible::copy(&self.bins), pow2_votes: self.pow2_votes.clone(), ..*self }
+        StreamHistogram {
+            bins: self.bins().into_owned(),
+            narrow: Vec::new(),
+            unsettled: false,
+            pow2_votes: self.pow2_votes.clone(),
+            ..*self
+        }
+    }
+
+    /// The `2H` counts, bin `s` at index `s + H`: borrowed when settled, else the bins plus the
+    /// narrow counts (a copy; `settle` first to read them in place).
+    pub fn bins(&self) -> Cow<'_, [u64]> {
+        if !self.unsettled {
+            return Cow::Borrowed(&self.bins);
+        }
+        let mut bins = fallible::copy(&self.bins);
+        let mut narrow = fallible::copy(&self.narrow);
+        settle(&mut bins, &mut narrow);
+        Cow::Owned(bins)
+    }
+
+    /// Add the narrow counts into the bins (`bins()` then borrows them).
+    pub fn settle(&mut self) {
+        if self.unsettled {
+            settle(&mut self.bins, &mut self.narrow);
+            self.unsettled = false;
+        }
+    }
+
+    /// Allocate the narrow counts on first use (before anything changes).
+    fn allocate_narrow(&mut self) {
+        if self.narrow.is_empty() {
+            self.narrow = fallible::zeroed(narrow_len(self.log_half));
+        }
+    }
+
+    /// Add one batch with the direct kernel (`stream_bins::add_direct`, no narrow counts): the
+    /// reference the narrow kernel is tested and timed against.
+    #[doc(hidden)]
+    pub fn add_unbuffered<D: Float>(&mut self, view: &View<'_, D>) {
+        self.settle();
+        let sc = add_direct(view, self.log_half, &mut self.level, &mut self.bins);
+        self.record(&sc);
     }
 
     /// A histogram that also collects the per-batch votes of pow2's most-common choice (one pow2 MinMSE
@@ -90,7 +163,10 @@ impl StreamHistogram {
     /// Raise the level to `level` (if higher), merging bins exactly.
     pub fn raise(&mut self, level: i32) {
         match self.level {
-            Some(cur) if level > cur => raise_bins(&mut self.bins, (level - cur) as u32),
+            Some(cur) if level > cur => {
+                self.settle();
+                raise_bins(&mut self.bins, (level - cur) as u32)
+            }
             Some(_) => return,
             None => {}
         }
@@ -104,8 +180,15 @@ impl StreamHistogram {
             self.add_scanned(view, &sc);
             return;
         }
-        // one read of the data, straight into the bins
-        let sc = add_direct(view, self.log_half, &mut self.level, &mut self.bins);
+        if view.len() >= NARROW_MAX {
+            // the direct kernel's flush of a batch's span is paid by this many values
+            self.add_unbuffered(view);
+            return;
+        }
+        // one read of the data, into the narrow counts
+        self.allocate_narrow();
+        self.unsettled = true;
+        let sc = add_narrow(view, self.log_half, &mut self.level, &mut self.bins, &mut self.narrow);
         self.record(&sc);
     }
 
@@ -139,10 +222,11 @@ impl StreamHistogram {
         let level = self.level.map_or(own, |l| l.max(own));
         if self.pow2_votes.is_none() {
             if view.len() <= PAR_CHUNK {
-                prepare_direct(self.log_half);
+                self.allocate_narrow();
                 self.record(sc);
-                self.raise(level);
-                count_direct(view, self.log_half, level, lo, hi, &mut self.bins);
+                self.raise(level); // settles, where the level rises
+                self.unsettled = true;
+                count_narrow(view, self.log_half, level, &mut self.bins, &mut self.narrow);
             } else {
                 // big batches: the batch's own histogram, counted in parallel chunks, then added
                 let batch = batch_bins(view, sc, self.log_half, level);
@@ -226,9 +310,11 @@ impl StreamHistogram {
     }
 
     /// The count of |x| bin `j` (`0..H`): bins `s` and `-s - 1` hold the same |x|.
+    #[cfg(test)]
     fn abs_count(&self, j: usize) -> u64 {
         let h = self.half();
-        self.bins[h + j] + self.bins[h - 1 - j]
+        let bins = self.bins();
+        bins[h + j] + bins[h - 1 - j]
     }
 }
 
@@ -329,7 +415,10 @@ impl StreamHistogram {
         let bins = UniformBins::new(t.neg(), t, n_bins)?;
         let hist = match (self.finite_min, self.finite_max) {
             (Some(a), Some(b)) if a == b => single_value(&bins, a, self.n_finite),
-            _ => rebin_increasing(&bins, self.bins.len(), self.signed_centre(), |i| self.bins[i]),
+            _ => {
+                let counts = self.bins();
+                rebin_increasing(&bins, counts.len(), self.signed_centre(), |i| counts[i])
+            }
         };
         Ok(crate::ort::value_histogram::ValueHistogram {
             hist,
@@ -353,7 +442,8 @@ impl StreamHistogram {
                     single_value(&bins, lo, self.n_finite)
                 } else {
                     let w = self.width().unwrap_or(0.0);
-                    rebin_increasing(&bins, self.half(), |j| (j as f64 + 0.5) * w, |j| self.abs_count(j))
+                    let (counts, h) = (self.bins(), self.half());
+                    rebin_increasing(&bins, h, |j| (j as f64 + 0.5) * w, |j| counts[h + j] + counts[h - 1 - j])
                 };
                 (hist, bins.edges)
             }
@@ -415,14 +505,14 @@ impl StreamHistogram {
 }
 
 /// A streaming histogram as a uniform signed histogram: `2H` bins of width `2^(level - log2 H)`
-/// from `-2^level`; None without finite values. Levels from 1023 on (float64 data of
-/// magnitude 2^1022 or more) have no finite right edge and are an error.
-pub fn as_uniform(h: &StreamHistogram) -> Result<Option<UniformHistogram<'_>>, String> {
+/// from `-2^level`, their counts `bins` (`h.bins()`); None without finite values. Levels from
+/// 1023 on (float64 data of magnitude 2^1022 or more) have no finite right edge and are an error.
+pub fn as_uniform<'a>(h: &StreamHistogram, bins: &'a [u64]) -> Result<Option<UniformHistogram<'a>>, String> {
     let (Some(level), Some(min), Some(max)) = (h.level, h.finite_min, h.finite_max) else { return Ok(None) };
     if level >= 1023 {
         return Err("values of magnitude 2^1022 or more cannot be calibrated".to_string());
     }
-    UniformHistogram::new(&h.bins, -pow2::pow2(level), pow2::pow2(level - h.log_half as i32), min, max).map(Some)
+    UniformHistogram::new(bins, -pow2::pow2(level), pow2::pow2(level - h.log_half as i32), min, max).map(Some)
 }
 
 #[cfg(test)]

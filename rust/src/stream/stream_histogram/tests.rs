@@ -149,7 +149,7 @@ fn large_batches_and_streams_match_the_reference() {
         let level = h.level.unwrap();
         want.raise(level);
         want.bins.iter_mut().zip(reference_bins(&scaled, 13, level)).for_each(|(a, b)| *a += b);
-        assert!(h.bins == want.bins, "batch {i}");
+        assert!(h.bins() == want.bins, "batch {i}");
     }
 }
 
@@ -175,7 +175,7 @@ fn bins_are_half_open_and_exact() {
     let h = hist_of(&[vec![-1.0, -0.25, 0.0, 0.25, 0.999]], 2);
     // level 1: [-2, 2) in 8 bins of 0.5
     assert_eq!(h.level, Some(1));
-    assert_eq!(h.bins, vec![0, 0, 1, 1, 2, 1, 0, 0]);
+    assert_eq!(h.bins(), vec![0, 0, 1, 1, 2, 1, 0, 0]);
 }
 
 /// Batches through `add` (one read, levels raised mid-batch as blocks bring larger values)
@@ -198,7 +198,7 @@ fn check_stream<D: Float>(batches: &[Vec<D>], log_half: u32) {
         }
         assert_eq!(h.level, level, "{} tier {tier}", D::NAME);
         let want = level.map_or(vec![0; 2 << log_half], |l| reference_bins(&all, log_half, l));
-        assert!(h.bins == want, "{} tier {tier} log_half {log_half}", D::NAME);
+        assert!(h.bins() == want, "{} tier {tier} log_half {log_half}", D::NAME);
         assert_eq!(strided, h, "{} strided, tier {tier}", D::NAME);
         assert_eq!(h.n_finite as usize, finite.len());
         assert_eq!(h.n_nan as usize, all.iter().filter(|x| x.to_f64().is_nan()).count());
@@ -257,7 +257,12 @@ fn check_rebin<E: Float>(h: &StreamHistogram, nb: usize) {
     let c = h.signed_centre();
     // (a single value goes to its own bin instead: constant_tensors_get_orts_histograms)
     if h.finite_min != h.finite_max {
-        assert_eq!(v.hist, rebin(&bins, (0..h.bins.len()).map(|i| (c(i), h.bins[i]))), "{} value, {nb} bins", E::NAME);
+        assert_eq!(
+            v.hist,
+            rebin(&bins, (0..h.bins().len()).map(|i| (c(i), h.bins()[i]))),
+            "{} value, {nb} bins",
+            E::NAME
+        );
     }
     let single_abs = h.abs_min == h.finite_min.zip(h.finite_max).map(|(a, b)| a.abs().max(b.abs()));
     if let (true, false, Ok(a)) = (h.n_finite > 0, single_abs, h.to_abs::<E>(nb)) {
@@ -333,14 +338,14 @@ fn result_does_not_depend_on_split_or_order() {
     let mut parts: Vec<Vec<f32>> = data.chunks(777).map(|c| c.to_vec()).collect();
     parts.reverse();
     let split = hist_of(&parts, 8);
-    assert_eq!(whole.bins, split.bins);
+    assert_eq!(whole.bins(), split.bins());
     assert_eq!(whole.level, split.level);
     // a small batch first, then the large ones: the level grows by merging
     let mut grow = vec![vec![1e-6f32, -2e-7]];
     grow.extend(parts);
     let mut direct = vec![vec![1e-6f32, -2e-7]];
     direct.push(data);
-    assert_eq!(hist_of(&grow, 8).bins, hist_of(&direct, 8).bins);
+    assert_eq!(hist_of(&grow, 8).bins(), hist_of(&direct, 8).bins());
 }
 
 #[test]
@@ -354,7 +359,7 @@ fn pow2_votes_do_not_change_the_histogram_or_depend_on_order() {
             voting.add(&View::from_slice(b));
             plain.add(&View::from_slice(b));
         }
-        assert_eq!(voting.bins, plain.bins);
+        assert_eq!(voting.bins(), plain.bins());
         // each batch votes as it would alone
         let mut alone = StreamHistogram::with_pow2_votes(10);
         alone.add(&View::from_slice(&small));
@@ -381,7 +386,7 @@ fn merge_equals_one_pass() {
 fn non_finite_values_are_counted_not_binned() {
     let h = hist_of(&[vec![f32::NAN, f32::INFINITY, -1.0, f32::NEG_INFINITY]], 3);
     assert_eq!((h.n_finite, h.n_nan, h.n_posinf, h.n_neginf), (1, 1, 1, 1));
-    assert_eq!(h.bins.iter().sum::<u64>(), 1);
+    assert_eq!(h.bins().iter().sum::<u64>(), 1);
 }
 
 #[test]
@@ -449,13 +454,14 @@ fn from_parts_takes_back_what_it_was_built_from_and_refuses_inconsistent_parts()
     let data: Vec<f32> = vec![-3.0, 0.25, 1.5, f32::NAN];
     let h = hist_of(std::slice::from_ref(&data), 4);
     let counts = (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches);
-    let back = StreamHistogram::from_parts(4, h.level, &h.bins, h.finite_min, h.finite_max, h.abs_min, counts).unwrap();
+    let back =
+        StreamHistogram::from_parts(4, h.level, &h.bins(), h.finite_min, h.finite_max, h.abs_min, counts).unwrap();
     assert_eq!(back, h);
-    let short = StreamHistogram::from_parts(4, h.level, &h.bins[1..], h.finite_min, h.finite_max, h.abs_min, counts);
+    let short = StreamHistogram::from_parts(4, h.level, &h.bins()[1..], h.finite_min, h.finite_max, h.abs_min, counts);
     assert!(short.unwrap_err().contains("bins, expected"));
     let more = (counts.0 + 1, counts.1, counts.2, counts.3, counts.4);
-    assert!(StreamHistogram::from_parts(4, h.level, &h.bins, h.finite_min, h.finite_max, h.abs_min, more).is_err());
+    assert!(StreamHistogram::from_parts(4, h.level, &h.bins(), h.finite_min, h.finite_max, h.abs_min, more).is_err());
     let low = h.level.map(|l| l - 2);
-    assert!(StreamHistogram::from_parts(4, low, &h.bins, h.finite_min, h.finite_max, h.abs_min, counts).is_err());
-    assert!(StreamHistogram::from_parts(4, None, &h.bins, h.finite_min, h.finite_max, h.abs_min, counts).is_err());
+    assert!(StreamHistogram::from_parts(4, low, &h.bins(), h.finite_min, h.finite_max, h.abs_min, counts).is_err());
+    assert!(StreamHistogram::from_parts(4, None, &h.bins(), h.finite_min, h.finite_max, h.abs_min, counts).is_err());
 }
