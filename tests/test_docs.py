@@ -3,6 +3,7 @@ the repository runs, and CI runs them with the derandomized hypothesis profile."
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -35,6 +36,16 @@ def test_ci_runs_the_readme_test_command():
     assert command == "bash scripts/test.sh"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     assert ci[-1] == f"exec {command}"
+
+
+def test_api_page_is_up_to_date():
+    """docs/api.md is what scripts/api_docs.py writes from the current docstrings."""
+    spec = importlib.util.spec_from_file_location("api_docs", ROOT / "scripts" / "api_docs.py")
+    api_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(api_docs)
+    assert (ROOT / "docs" / "api.md").read_text(encoding="utf-8") == api_docs.render(), (
+        "docs/api.md is out of date: run python scripts/api_docs.py"
+    )
 
 
 def test_install_hints_name_installable_packages():
