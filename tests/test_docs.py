@@ -3,13 +3,19 @@ the repository runs, and CI runs them with the derandomized hypothesis profile."
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "BENCHMARKS.md",
+    ROOT / "benches" / "NOTES.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 
 
 def test_links_point_to_files_inside_the_repository():
@@ -35,6 +41,27 @@ def test_ci_runs_the_readme_test_command():
     assert command == "bash scripts/test.sh"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     assert ci[-1] == f"exec {command}"
+
+
+def test_api_page_is_up_to_date():
+    """docs/api.md is what scripts/api_docs.py writes from the current docstrings."""
+    spec = importlib.util.spec_from_file_location("api_docs", ROOT / "scripts" / "api_docs.py")
+    api_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(api_docs)
+    assert (ROOT / "docs" / "api.md").read_text(encoding="utf-8") == api_docs.render(), (
+        "docs/api.md is out of date: run python scripts/api_docs.py"
+    )
+
+
+def test_benchmarks_open_with_the_summary():
+    """BENCHMARKS.md is read from its summary: the first ``##`` section is ``## Summary``."""
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert re.findall(r"^## .*$", text, re.M)[0] == "## Summary"
+
+
+def test_readme_is_a_front_page():
+    """The README stays a front page (at most 300 lines); the manual is docs/usage.md."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
 
 
 def test_install_hints_name_installable_packages():

@@ -1,7 +1,7 @@
-"""The README's Python examples run as written.
+"""The Python examples of the README and of the manual pages run as written.
 
-Each ```python block of README.md is one test, named by the heading above it, and runs in a
-temporary directory holding what the examples take as given:
+Each ```python block of README.md, docs/usage.md and docs/methods.md is one test, named by its
+file and the heading above it, and runs in a temporary directory holding what the examples take as given:
 
 * ``model.onnx``: the test CNN (tests/models.py), whose input ``X`` takes the feeds below;
 * ``run.hcs``: a state collected from it (Entropy calibrator, exact mode);
@@ -27,17 +27,18 @@ from parity import quiet
 
 import histocal
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_FILES = ["README.md", "docs/usage.md", "docs/methods.md"]
 
 
-def python_blocks(text: str) -> list[tuple[str, int, str]]:
-    """(heading, line number, source) of each ```python block, in order."""
-    blocks, heading, lines = [], "README", text.splitlines()
+def python_blocks(text: str, where: str = "README.md") -> list[tuple[str, int, str]]:
+    """(``where``: heading, line number, source) of each ```python block, in order."""
+    blocks, heading, lines = [], f"{where}: top", text.splitlines()
     i = 0
     while i < len(lines):
         line = lines[i]
         if m := re.match(r"#+\s+(.*)", line):
-            heading = m.group(1).strip()
+            heading = f"{where}: {m.group(1).strip()}"
         elif line.strip() == "```python":
             start = i + 1
             end = next(j for j in range(start, len(lines)) if lines[j].strip() == "```")
@@ -56,7 +57,7 @@ def _ids(blocks) -> list[str]:
     return out
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [b for name in EXAMPLE_FILES for b in python_blocks((ROOT / name).read_text(encoding="utf-8"), name)]
 
 
 class FeedReader(CalibrationDataReader):
@@ -106,13 +107,15 @@ def example_namespace(workdir: Path) -> dict:
 
 
 def test_the_readme_has_python_examples():
-    assert len(BLOCKS) >= 3, [h for h, _, _ in BLOCKS]
+    readme = [h for h, _, _ in BLOCKS if h.startswith("README.md")]
+    assert len(readme) >= 3, readme
 
 
 @pytest.mark.parametrize("heading,line,source", BLOCKS, ids=_ids(BLOCKS))
 def test_readme_example_runs(tmp_path, monkeypatch, heading, line, source):
     monkeypatch.chdir(tmp_path)
     namespace = example_namespace(tmp_path)
-    code = compile(source, f"README.md:{line} ({heading})", "exec")
+    where, _, title = heading.partition(": ")
+    code = compile(source, f"{where}:{line} ({title})", "exec")
     with quiet():
         exec(code, namespace)

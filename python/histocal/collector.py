@@ -2,7 +2,7 @@
 
 Same constructor, same ``collect`` / ``compute_collection_result`` / ``histogram_dict``, and the
 same result objects down to numpy scalar-vs-0-d-array kinds and dtypes. Where ORT crashes or
-silently drops data, histocal returns a result instead (see the README's "Deviations").
+silently drops data, histocal returns a result instead (docs/deviations.md).
 
 ``histogram_dict`` behaves like ORT's plain attribute: the same dict object every time, updated
 in place by ``collect``, assignable, and edits to it (entries set, replaced or deleted, arrays

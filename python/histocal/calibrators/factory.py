@@ -39,15 +39,44 @@ def create_calibrator(
     providers: Sequence[Any] | None = None,
     extra_options: dict[str, Any] | None = None,
 ) -> Any:
-    """onnxruntime's ``create_calibrator`` with histocal's calibrators: same arguments, same
-    ``extra_options`` keys and defaults, plus the keys of histocal's collection settings
-    (``histocal.methods.settings``: the collection mode, streaming bins and exact mode's budget for
-    the histogram methods, per-channel histograms, threads, the session options). ``calibrate_method`` may also name a histocal
-    method (mse, kl, pow2, auto) or a registered one, with its options in
-    ``extra_options["MethodOptions"]`` (a dict). ``extra_options["MethodOverrides"]`` assigns other
-    methods to chosen tensors, by name or by the op type of their producing node (``{"op:Softmax":
-    "isotone", "name:logits": "isotone"}``; see ``histocal.state.overrides``), for every method but
-    MinMax's in-graph calibrator."""
+    """onnxruntime's ``create_calibrator`` with histocal's calibrators.
+
+    Same arguments, same ``extra_options`` keys and defaults as ORT's, plus histocal's keys.
+
+    Args:
+        model: path of the float model.
+        op_types_to_calibrate: op types whose outputs are calibrated (default: all).
+        augmented_model_path: where to write the augmented model (default: a temporary folder
+            of the calibrator's own).
+        calibrate_method: an ORT ``CalibrationMethod``, or a histocal (mse, kl, pow2, isotone,
+            auto) or registered method's name (then a ``MethodCalibrater``).
+        use_external_data_format: as ORT's.
+        providers: onnxruntime execution providers for the calibration session.
+        extra_options: a dict of:
+            ORT's keys: ``symmetric`` (default False; Percentile True), ``moving_average``
+            (False), ``averaging_constant`` (0.01), ``max_intermediate_outputs`` (None),
+            ``per_channel`` (False), ``num_bins`` (Entropy 128, Percentile and Distribution
+            2048), ``num_quantized_bins`` (128), ``percentile`` (99.999), ``scenario``
+            (``"same"``).
+            histocal's keys: ``CollectionMode`` (``"auto"``, ``"exact"`` or ``"streaming"``),
+            ``StreamingBins`` (16384), ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``; default
+            ``HISTOCAL_MEMORY_BUDGET``, else a quarter of the available memory, at most 8 GiB)
+            for the histogram methods; ``channel_axis`` (1) with ``per_channel`` for per-channel
+            histograms; ``NumThreads`` (the CPUs calibration may use; default
+            ``HISTOCAL_NUM_THREADS``, else the usable CPUs); ``SessionOptions`` (an
+            ``onnxruntime.SessionOptions`` for the calibration session, used as given);
+            ``MethodOptions`` (a dict: a histocal method's options); ``MethodOverrides`` (other
+            methods for chosen tensors, by name or by the op type of their producing node, e.g.
+            ``{"op:Softmax": "isotone", "name:logits": "isotone"}``; every method but MinMax's
+            in-graph calibrator; docs/methods.md).
+
+    Returns:
+        The calibrator (``MinMaxCalibrater``, ``EntropyCalibrater``, ``PercentileCalibrater``,
+        ``DistributionCalibrater`` or ``MethodCalibrater``), its inference session created.
+
+    Raises:
+        ValueError: an unknown method, option or option value, or a model that cannot be read.
+    """
     opts = dict(extra_options or {})
     overrides = opts.get(METHOD_OVERRIDES_KEY)
     # extra_options values are untyped (ORT's API); the calibrators check them

@@ -67,29 +67,45 @@ def calibrate_distributed(
     shard_timeout: float | None = None,
     show_progress: bool | None = None,
 ) -> CalibrationState:
-    """Calibrate ``model`` over ``shards`` on a Ray cluster; the merged :class:`CalibrationState`.
+    """Calibrate ``model`` over ``shards`` on a Ray cluster, merged exactly (docs/distributed.md).
 
-    ``shards``: data files or folders (or lists of them), as the CLI's ``--data`` takes them and
-    read with ``data_options`` (``batch_size``, ``preprocess``, ``input_shape``, ``layout``), or
-    zero-argument picklable callables returning an iterable of feed dicts. An empty shard adds
-    nothing; data empty in every shard is refused as one process refuses no data.
-    ``calibrate_method`` and ``extra_options`` are ``create_calibrator``'s, and ``mode`` is its
-    ``CollectionMode`` (auto, exact, streaming; one or the other, not two different values): ORT's
-    histogram methods collect in exact mode (ORT's result on all the shards' batches as one
+    ORT's histogram methods collect in exact mode (ORT's result on all the shards' batches as one
     ``collect_data`` call) unless the mode is ``"streaming"`` or ``per_channel`` is set
     (per-channel histograms are streaming ones, as in one process); histocal's methods collect in
-    streaming mode; MinMax collects streaming histograms, whose state computes ORT's MinMax (no
-    moving average, which depends on batch order, and no per-channel ranges: both refused). The
+    streaming mode; MinMax collects streaming histograms, whose state computes ORT's MinMax. The
     settings are checked before Ray starts.
 
-    ``address``: an existing cluster (``"ray://host:10001"``, ``"auto"``); without it, and
-    without ``ray.init`` called before, a local Ray instance is started and shut down again.
-    ``num_workers`` (default: the cluster's CPUs / ``cpus_per_worker``, at most one per shard),
-    ``cpus_per_worker`` (default 1: ORT's and histocal's threads per worker). Faults: a shard whose
-    worker dies, or that runs longer than ``shard_timeout`` seconds (default: no limit; its worker
-    is then killed), is redone on another worker, at most ``max_shard_attempts`` times in all;
-    ``max_restarts`` and ``max_task_retries`` (Ray's actor options, default 0) let Ray restart a
-    dead worker and rerun its task in place first."""
+    Args:
+        model: path of the float model.
+        shards: data files or folders (or lists of them), as the CLI's ``--data`` takes them, or
+            zero-argument picklable callables returning an iterable of feed dicts. An empty shard
+            adds nothing.
+        calibrate_method, extra_options, op_types_to_calibrate, providers: ``create_calibrator``'s.
+        mode: its ``CollectionMode`` (auto, exact, streaming; here or in ``extra_options``, not
+            two different values).
+        num_workers: default the cluster's CPUs / ``cpus_per_worker``, at most one per shard.
+        address: an existing cluster (``"ray://host:10001"``, ``"auto"``); without it, and
+            without ``ray.init`` called before, a local Ray instance is started and shut down.
+        cpus_per_worker: default 1 (ORT's and histocal's threads per worker).
+        data_options: how file shards are read (``batch_size``, ``preprocess``,
+            ``input_shape``, ``layout``).
+        max_restarts, max_task_retries: Ray's actor options (default 0): Ray restarts a dead
+            worker and reruns its task in place first.
+        max_shard_attempts: a shard whose worker dies, or that outlasts ``shard_timeout``, is
+            redone on another worker, at most this many times in all.
+        shard_timeout: seconds per shard (default: no limit; its worker is then killed).
+        show_progress: a progress bar (default: on a terminal).
+
+    Returns:
+        The merged ``CalibrationState``: the state of one run over all the shards, bit for bit.
+
+    Raises:
+        ImportError: Ray is not installed (the message says how to install it).
+        ValueError: bad settings (MinMax's moving average, which depends on batch order, or
+            per-channel MinMax), or data empty in every shard.
+        RuntimeError: a bad shard (``ShardError``, naming the shard and file), workers that
+            cannot start, or a shard left without a result after its attempts.
+    """
     ray = import_ray()
     if isinstance(max_shard_attempts, bool) or not isinstance(max_shard_attempts, int) or max_shard_attempts < 1:
         raise ValueError(f"max_shard_attempts must be an integer >= 1, got {max_shard_attempts!r}")

@@ -128,7 +128,25 @@ _lock = threading.Lock()
 
 
 def register_method(name: str, fn: MethodFn, *, replace: bool = False) -> None:
-    """Make ``fn`` available as calibration method ``name`` (see the module docstring)."""
+    """Make ``fn`` available as calibration method ``name``.
+
+    The name then works wherever a method name does: ``CalibrationState.compute``,
+    ``create_calibrator`` and ``quantize_static``'s ``calibrate_method``, and the command line
+    (``--plugin``). Registered methods take no options (docs/methods.md, "Registered methods").
+
+    Args:
+        name: matches ``[A-Za-z_][A-Za-z0-9_.:-]{0,63}`` and is no built-in method's name, in
+            any case.
+        fn: maps one tensor's (or channel's) streaming histogram, a ``TensorHistogram``, to
+            ``(low, high)``; tensors without finite values get ``(0, 0)`` without a call.
+        replace: replace an earlier registration of ``name``.
+
+    Raises:
+        ValueError: a malformed or built-in name, or a name already registered without
+            ``replace``. (Later, a result that is not finite with ``low <= high``, or an
+            exception inside ``fn``, is a ``ValueError`` naming the method and the tensor.)
+        TypeError: ``fn`` is not callable.
+    """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"method name must be an identifier-like string of at most 64 characters, got {name!r}")
     if name.lower() in ORT_METHODS + HISTOCAL_METHODS:
@@ -150,6 +168,7 @@ def unregister_method(name: str) -> None:
 
 
 def registered_methods() -> list[str]:
+    """The names registered by ``register_method``, sorted."""
     with _lock:
         return sorted(_registry)
 

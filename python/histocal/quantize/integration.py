@@ -110,9 +110,13 @@ def unpatch_onnxruntime() -> None:
 
 
 class patch_onnxruntime:
-    """Route onnxruntime's calibrator creation to histocal. Takes effect on construction, so
-    ``patch_onnxruntime()`` alone patches until ``unpatch_onnxruntime()``; ``with
-    patch_onnxruntime(): ...`` patches for the block only. Nested uses are counted."""
+    """Route onnxruntime's calibrator creation to histocal.
+
+    Takes effect on construction, so ``patch_onnxruntime()`` alone patches until
+    ``unpatch_onnxruntime()``; ``with patch_onnxruntime(): ...`` patches for the block only.
+    Nested uses are counted. It holds in any import order, also for tools that bound
+    ``create_calibrator`` earlier (docs/clients.md).
+    """
 
     def __init__(self) -> None:
         _patch()
@@ -155,12 +159,32 @@ def calibrate(
     use_external_data_format: bool = False,
     **histogram_options: Any,
 ) -> TensorsData:
-    """Calibrate as ORT's ``quantize_static`` does (same option mapping, CalibStridedMinMax
-    included), with histocal's calibrators. ``calibrate_method`` may also name a histocal or
-    registered method (see ``histocal.methods``; ``"auto"`` gives its per-tensor estimate: the
-    model-level choice is ``quantize_static``'s). ``histogram_options``: num_bins,
-    num_quantized_bins, scenario, per_channel, CollectionMode (or mode), StreamingBins,
-    MemoryBudget (or memory_budget), method_options (a dict for the histocal methods)."""
+    """Calibrate as ORT's ``quantize_static`` does, with histocal's calibrators.
+
+    Same option mapping as ORT's ``quantize_static`` (CalibStridedMinMax included).
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        calibration_data_reader: a CalibrationDataReader, an iterable of feed dicts, or a
+            callable returning one.
+        calibrate_method: an ORT ``CalibrationMethod``, or a histocal or registered method's
+            name (``"auto"`` gives its per-tensor estimate; the model-level choice is
+            ``quantize_static``'s).
+        op_types_to_quantize: as ORT's (limits the calibrated tensors).
+        extra_options: ORT's ``quantize_static`` extra_options (``Calib*`` keys).
+        calibration_providers: onnxruntime execution providers for calibration.
+        use_external_data_format: as ORT's.
+        **histogram_options: num_bins, num_quantized_bins, scenario, per_channel,
+            CollectionMode (or mode), StreamingBins, MemoryBudget (or memory_budget),
+            method_options (a dict for the histocal methods).
+
+    Returns:
+        onnxruntime ``TensorsData`` of the calibrated tensors.
+
+    Raises:
+        ValueError: an unknown method or option, or bad data (naming the input and batch).
+        MemoryError: the histograms would not fit the memory the process can take.
+    """
     extra = dict(extra_options or {})
     options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
     # the keywords to create_calibrator's keys (methods.settings)
@@ -388,34 +412,44 @@ def quantize_static(
     memory_budget: int | str | None = None,
 ) -> None:
     """ORT's ``quantize_static`` with histocal calibration, without patching anything.
-    Arguments as ORT's; the keyword-only ones set what ORT's cannot (None keeps ORT's
-    defaults). The calibration cache follows ORT's rules (reuse on a hit, method mismatch is an
-    error, smooth_quant mismatch recomputes).
 
-    ``calibrate_method`` may also name a histocal method (mse, kl, pow2, auto) or a registered
-    one; ``method_options`` are its options, and its ``qtype``/``symmetric`` default to
-    ``activation_type`` and ``extra_options["ActivationSymmetric"]`` (so the error it minimizes
-    is the one of the quantized model).
+    The positional arguments are ORT's; the keyword-only ones set what ORT's cannot (None keeps
+    ORT's defaults). The calibration cache follows ORT's rules (reuse on a hit, a method
+    mismatch is an error, a smooth_quant mismatch recomputes). Histocal methods' ranges reach
+    ORT (and the cache) as MinMax results, so a cache made with one histocal method is a hit for
+    every other one. As ORT's, it calibrates the model ORT quantizes: converted first when its
+    opset cannot express the quantization (16-bit types: opset 21), a conversion that can add
+    tensors.
 
-    ``"auto"`` here chooses at the model level (``calibrate_and_select``): one calibration pass
-    that keeps the first ``method_options["eval_samples"]`` feeds (default 16; they stay in
-    memory), then every candidate method of ``methods.MODEL_AUTO_CANDIDATES`` is scored by its
-    quantized model's output SQNR against the float model (with these quantization arguments),
-    out of sample: K-fold cross-validation on those feeds (``method_options["folds"]``, default 4). The best method's ranges from the full
-    calibration are used (and written to ``calibration_cache_path``). ``method_options=
-    {"per_tensor_estimate": True}`` skips that and uses the per-tensor estimate (what
-    ``CalibrationState.compute("auto")`` returns). A cache hit is reused either way.
+    Args:
+        model_input, model_output, calibration_data_reader, quant_format, op_types_to_quantize,
+            per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize,
+            nodes_to_exclude, use_external_data_format, calibration_providers, extra_options,
+            calibration_cache_path: as ORT's ``quantize_static``.
+        calibrate_method: an ORT ``CalibrationMethod``, or a histocal (mse, kl, pow2, isotone,
+            auto) or registered method's name. ``"auto"`` chooses one method for the model by
+            the quantized model's output, cross-validated (docs/methods.md, "auto: the
+            model-level choice"); the chosen ranges are written to ``calibration_cache_path``, and
+            a cache hit is reused either way.
+        num_bins, num_quantized_bins, scenario: the histogram methods' settings.
+        mode: the collection mode, ``"auto"`` (default), ``"exact"`` or ``"streaming"``.
+        streaming_bins: bins of the streaming histogram (a power of two, default 16384).
+        method_options: a histocal method's options; ``qtype``/``symmetric`` default to
+            ``activation_type`` and ``extra_options["ActivationSymmetric"]``. For auto:
+            ``eval_samples``, ``folds``, ``per_tensor_estimate``.
+        tensors_range: skip calibration and quantize with these ranges (e.g.
+            ``CalibrationState.compute(...)``).
+        memory_budget: exact mode's budget (bytes, or e.g. ``"2GiB"``).
 
-    Histocal methods' ranges reach ORT (and the cache file) as MinMax
-    results: ORT's cache format cannot record other method names, so a cache made with one
-    histocal method is a hit for every other one. ``tensors_range`` skips calibration and
-    quantizes with the given ranges (e.g. ``CalibrationState.compute(...)``). ``memory_budget``:
-    the histogram calibrators' (bytes, or e.g. ``"2GiB"``; see ``histocal.calibrators``).
+    Returns:
+        None; the quantized model is written to ``model_output``.
 
-    As ORT's, it calibrates the model ORT quantizes: converted first when its opset cannot express
-    the quantization (16-bit types: opset 21), a conversion that can add tensors. Ranges it is
-    given (a cache hit, ``tensors_range``) must fit that model: ranges of tensors it does not have,
-    or none for a Softmax output ORT quantizes, are a ``ValueError`` naming their source."""
+    Raises:
+        ValueError: bad options or data, or given ranges (a cache hit, ``tensors_range``) that
+            do not fit the model (tensors it does not have, no range for a Softmax output ORT
+            quantizes), naming their source.
+        MemoryError: calibration would not fit the memory the process can take.
+    """
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method

@@ -182,8 +182,26 @@ def compute_with_overrides(
     per_channel: bool | None = None,
     **settings: Any,
 ) -> TensorsData:
-    """``state.compute(method, **settings)`` (or ``base``, already computed), with the tensors the rules
-    reach computed by their own methods instead. ``model`` (ModelProto or path): for op-type rules."""
+    """``state.compute(method, **settings)``, with the tensors the rules reach computed by their own methods.
+
+    Args:
+        state: the ``CalibrationState`` to compute from.
+        method: the main method (ORT's enum, or any method name).
+        method_overrides: rules ``{"name:TENSOR" or "op:OPTYPE" or a bare key: method or
+            (method, options)}``, or ``KEY=METHOD`` strings; a bare key is a tensor name, else
+            an op type (docs/methods.md, "Isotone for chosen tensors").
+        model: the model (ModelProto or path), needed for op-type rules.
+        base: the main method's result, already computed (then not computed again).
+        per_channel: per-channel results (default: when the state holds per-channel histograms).
+        **settings: the main method's settings, as ``CalibrationState.compute`` takes them.
+
+    Returns:
+        onnxruntime ``TensorsData``: the main method's ranges, replaced for the rules' tensors.
+
+    Raises:
+        ValueError: a malformed rule, an unknown method, a name that is not a calibrated tensor,
+            or an op-type rule without ``model``.
+    """
     rules = parse_method_overrides(method_overrides)
     result = base if base is not None else state.compute(method, per_channel=per_channel, **settings)
     if not rules:
