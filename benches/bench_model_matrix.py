@@ -157,7 +157,9 @@ class Cell:
             for x, y in zip(ra, rb):
                 if not np.array_equal(x, y, equal_nan=True):
                     d = float(np.nanmax(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-                    raise Differs(f"quantized model's outputs differ from onnxruntime's quantized model (max |diff| {d:.3g})")
+                    raise Differs(
+                        f"quantized model's outputs differ from onnxruntime's quantized model (max |diff| {d:.3g})"
+                    )
 
 
 def ranges_of(td: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -177,7 +179,9 @@ def compare(ours: Any, theirs: Any, exact: bool) -> str:
             with np.errstate(invalid="ignore"):
                 worst = max(worst, float(np.nanmax(np.maximum(np.abs(al - bl), np.abs(ah - bh)) / width)))
     if exact and bad:
-        raise Differs(f"{len(bad)} of {len(a)} ranges differ from onnxruntime's (e.g. {bad[0]}; worst {worst:.3g} of the width)")
+        raise Differs(
+            f"{len(bad)} of {len(a)} ranges differ from onnxruntime's (e.g. {bad[0]}; worst {worst:.3g} of the width)"
+        )
     return "= ORT" if not bad else f"{len(bad)}/{len(a)} differ from ORT, worst {worst:.2g} of width"
 
 
@@ -248,6 +252,7 @@ def feature(name: str, c: Cell) -> tuple[Callable[[], str], Callable[[], Any] | 
     from onnxruntime.quantization import CalibrationMethod
 
     cm = CalibrationMethod
+
     def parity(method: Any, extra: dict[str, Any] | None, exact: bool, ours_extra: dict[str, Any] | None = None):
         ref: dict[str, Any] = {}
 
@@ -342,12 +347,37 @@ def make_state(c: Cell, path: Path, mode: str = "streaming") -> Path:
 def cli_calibrate(c: Cell) -> str:
     from histocal.io.cache import load_tensors_data
 
-    cli(c, "-q", "calibrate", str(c.model), "--data", str(c.data_dir), "--method", "entropy", "--cache", "c.json", "--state", "s.hcs", "--no-progress")
+    cli(
+        c,
+        "-q",
+        "calibrate",
+        str(c.model),
+        "--data",
+        str(c.data_dir),
+        "--method",
+        "entropy",
+        "--cache",
+        "c.json",
+        "--state",
+        "s.hcs",
+        "--no-progress",
+    )
     return finite_ranges(load_tensors_data(c.work / "c.json"))
 
 
 def cli_quantize(c: Cell) -> str:
-    cli(c, "-q", "quantize", str(c.model), "q.onnx", "--data", str(c.data_dir), "--method", "percentile", "--no-progress")
+    cli(
+        c,
+        "-q",
+        "quantize",
+        str(c.model),
+        "q.onnx",
+        "--data",
+        str(c.data_dir),
+        "--method",
+        "percentile",
+        "--no-progress",
+    )
     return f"SQNR {c.sqnr(c.work / 'q.onnx'):.1f} dB"
 
 
@@ -395,8 +425,12 @@ def cache_roundtrip(c: Cell) -> str:
     compare(load_tensors_data(c.work / "c.json"), td, True)
     first, second = c.work / "q1.onnx", c.work / "q2.onnx"
     cache = c.work / "qc.json"
-    histocal.quantize_static(c.model, first, c.feeds, calibrate_method=CalibrationMethod.Entropy, calibration_cache_path=cache, **qkw())
-    histocal.quantize_static(c.model, second, c.feeds[:1], calibrate_method=CalibrationMethod.Entropy, calibration_cache_path=cache, **qkw())
+    histocal.quantize_static(
+        c.model, first, c.feeds, calibrate_method=CalibrationMethod.Entropy, calibration_cache_path=cache, **qkw()
+    )
+    histocal.quantize_static(
+        c.model, second, c.feeds[:1], calibrate_method=CalibrationMethod.Entropy, calibration_cache_path=cache, **qkw()
+    )
     c.same_outputs(second, first)
     return "written, read back equal, reused by quantize_static"
 
@@ -498,7 +532,9 @@ def run_cell(model_dir: Path, name: str, out: Path) -> None:
         except Exception as exc:
             deliberate = isinstance(exc, (ValueError, NotImplementedError, TypeError)) and ours_frame(exc)
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            result.update(status="refused" if deliberate else "FAIL", detail=(first_line(exc) if deliberate else last)[:300])
+            result.update(
+                status="refused" if deliberate else "FAIL", detail=(first_line(exc) if deliberate else last)[:300]
+            )
             if not deliberate:
                 result["traceback"] = traceback.format_exc()[-3000:]
         result["seconds"] = round(time.perf_counter() - t, 1)
@@ -546,7 +582,9 @@ def spawn(model_dir: Path, name: str, timeout: float, mem_gb: float) -> dict[str
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     t = time.perf_counter()
-    env = dict(os.environ, HISTOCAL_PROGRESS="0", PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, HISTOCAL_PROGRESS="0", PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    )
     try:
         r = subprocess.run(
             [sys.executable, __file__, "--cell", str(model_dir), name, str(out)],
@@ -559,7 +597,12 @@ def spawn(model_dir: Path, name: str, timeout: float, mem_gb: float) -> dict[str
     else:
         lines = [ln for ln in (r.stderr or "").splitlines() if ln.strip()]
         why = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
-        res = {"status": "FAIL", "detail": f"process died ({why}): {lines[-1] if lines else ''}"[:300], "ort": "?", "stderr": (r.stderr or "")[-3000:]}
+        res = {
+            "status": "FAIL",
+            "detail": f"process died ({why}): {lines[-1] if lines else ''}"[:300],
+            "ort": "?",
+            "stderr": (r.stderr or "")[-3000:],
+        }
     res["wall"] = round(time.perf_counter() - t, 1)
     return res
 
@@ -594,7 +637,7 @@ def markdown(results: dict[str, Any], models: dict[str, Any], command: str) -> s
         for m in names:
             r = results.get(m, {}).get(f)
             if r is None:
-                cells.append("")
+                cells.append("not run")
                 continue
             ort_note = "" if r.get("ort") in (None, "n/a", "ok") else f" (ORT {r['ort']})"
             if r["status"] == "ok":
@@ -674,7 +717,10 @@ def main() -> None:
             mem = args.mem_gb * (4 if f == "ray" else 1)
             r = spawn(root / m, f, args.timeout, mem)
             results[m][f] = r
-            print(f"  {f}: {r['status']} {r.get('detail', '')[:160]} [ORT: {r.get('ort')}] {r.get('wall', 0):.0f}s", flush=True)
+            print(
+                f"  {f}: {r['status']} {r.get('detail', '')[:160]} [ORT: {r.get('ort')}] {r.get('wall', 0):.0f}s",
+                flush=True,
+            )
             json_out.write_text(json.dumps({"command": command, "models": models, "results": results}, indent=1))
     md = markdown(results, models, command)
     args.out.write_text(f"# Real-model matrix\n\n{time.perf_counter() - t0:.0f} s in all.\n\n" + md)

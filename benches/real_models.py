@@ -34,7 +34,7 @@ import onnxruntime as ort
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_auto_real as real  # noqa: E402  (the input builders)
+import bench_auto_real as real  # the input builders
 
 Feed = dict[str, np.ndarray]
 
@@ -142,7 +142,9 @@ def check_onet(path: Path) -> tuple[bool, str]:
     rng = np.random.default_rng(99)
     s = session(path)
     faces = s.run(["softmax_2"], {"input_3": mtcnn_array([face_crop(rng, 48) for _ in range(16)])})[0][:, 1]
-    other = s.run(["softmax_2"], {"input_3": mtcnn_array([real.natural_image(rng, 48, 48) for _ in range(16)])})[0][:, 1]
+    other = s.run(["softmax_2"], {"input_3": mtcnn_array([real.natural_image(rng, 48, 48) for _ in range(16)])})[0][
+        :, 1
+    ]
     ok = float(np.median(faces)) > float(np.median(other)) + 0.2
     return ok, f"face probability, median: cartoon faces {np.median(faces):.2f}, textures {np.median(other):.2f}"
 
@@ -162,13 +164,17 @@ def pnet_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
 def check_pnet(path: Path) -> tuple[bool, str]:
     rng = np.random.default_rng(99)
     s = session(path)
-    faces = [float(s.run(["softmax"], {"input_1": mtcnn_array([face_crop(rng, 12)])})[0][0, 0, 0, 1]) for _ in range(16)]
+    faces = [
+        float(s.run(["softmax"], {"input_1": mtcnn_array([face_crop(rng, 12)])})[0][0, 0, 0, 1]) for _ in range(16)
+    ]
     other = [
         float(s.run(["softmax"], {"input_1": mtcnn_array([real.natural_image(rng, 12, 12)])})[0][0, 0, 0, 1])
         for _ in range(16)
     ]
     ok = np.median(faces) > np.median(other)
-    return bool(ok), f"12x12 face probability, median: cartoon faces {np.median(faces):.2f}, textures {np.median(other):.2f}"
+    return bool(
+        ok
+    ), f"12x12 face probability, median: cartoon faces {np.median(faces):.2f}, textures {np.median(other):.2f}"
 
 
 # ddddocr: bench_auto_real's captchas; widths differ with the text length (the dynamic axis).
@@ -201,7 +207,9 @@ def captcha_image(rng: np.random.Generator) -> tuple[str, Image.Image]:
         d.text((x, int(rng.integers(4, 14))), ch, font=font, fill=tuple(int(v) for v in rng.integers(0, 110, 3)))
         x += int(font.getlength(ch)) + int(rng.integers(1, 5))
     for _ in range(40):
-        d.point((int(rng.integers(0, 160)), int(rng.integers(0, 60))), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+        d.point(
+            (int(rng.integers(0, 160)), int(rng.integers(0, 60))), fill=tuple(int(v) for v in rng.integers(0, 256, 3))
+        )
     return text, img
 
 
@@ -247,7 +255,10 @@ def check_nudenet(path: Path) -> tuple[bool, str]:
     scores = np.array([o[0, 4:].max() for o in out])
     boxes = np.array([o[0, :4].mean() for o in out])
     ok = bool((scores < 0.9).all() and 0 < boxes.mean() < 320)
-    return ok, f"max class score per image {np.round(scores, 2).tolist()} (no people: low), mean box coordinate {boxes.mean():.0f} px of 320"
+    return (
+        ok,
+        f"max class score per image {np.round(scores, 2).tolist()} (no people: low), mean box coordinate {boxes.mean():.0f} px of 320",
+    )
 
 
 def minilm_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
@@ -376,7 +387,9 @@ def prepare(model: RealModel, dst: Path) -> Path:
     if not out.exists():
         m = onnx.load(src.as_posix())
         m.graph.ClearField("output")
-        m.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in model.outputs)
+        m.graph.output.extend(
+            onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in model.outputs
+        )
         onnx.save(m, out.as_posix())
     return out
 
