@@ -47,6 +47,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -290,9 +291,8 @@ def feature(name: str, c: Cell) -> tuple[Callable[[], str], Callable[[], Any] | 
 
         return auto, None
     if name == "per_channel":
-        return lambda: finite_ranges(hc_calibrate(c, cm.Percentile, {"per_channel": True}).compute_data()), (
-            lambda: ort_calibrate(c, cm.MinMax, {"per_channel": True})
-        )
+        # onnxruntime has per-channel ranges for MinMax only (per_channel_minmax): no counterpart here
+        return lambda: finite_ranges(hc_calibrate(c, cm.Percentile, {"per_channel": True}).compute_data()), None
     if name == "per_channel_minmax":
         return parity(cm.MinMax, {"per_channel": True}, True)
     if name in ("quantize_patch", "quantize_wrapper", "int16"):
@@ -607,7 +607,7 @@ def spawn(model_dir: Path, name: str, timeout: float, mem_gb: float) -> dict[str
     return res
 
 
-def markdown(results: dict[str, Any], models: dict[str, Any], command: str) -> str:
+def markdown(results: dict[str, Any], models: dict[str, Any], command: str, seconds: float | None = None) -> str:
     names = list(models)
     features = [f for f in FEATURES if any(f in results.get(m, {}) for m in names)]
     notes: list[str] = []
@@ -630,8 +630,9 @@ def markdown(results: dict[str, Any], models: dict[str, Any], command: str) -> s
             f"| {m} | `{i['package']}` `{Path(i['file']).name}` | {i['what']} | {i['opset']} | {i['constant_weights']} "
             f"| {r.get('0-d', 0)} / {r.get('1-d', 0)} | {dyn} | {'ok' if i['check_ok'] else '**NOT OK**'}: {i['check']} |"
         )
-    lines += ["", f"`{command}`", "", "| feature | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    fails = refusals = 0
+    took = f" ({seconds:.0f} s in all, one cell at a time)" if seconds else ""
+    lines += ["", f"`{command}`{took}", "", "| feature | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    fails = refusals = fails_ort_ok = 0
     for f in features:
         cells = []
         for m in names:
@@ -641,7 +642,8 @@ def markdown(results: dict[str, Any], models: dict[str, Any], command: str) -> s
                 continue
             ort_note = "" if r.get("ort") in (None, "n/a", "ok") else f" (ORT {r['ort']})"
             if r["status"] == "ok":
-                cells.append("ok")
+                ort_fails = str(r.get("ort", "")).startswith("fails")
+                cells.append(f"ok (ORT fails [{note('ORT ' + r['ort'])}])" if ort_fails else "ok")
             elif r["status"] == "refused":
                 refusals += 1
                 ort_gives = r.get("ort") == "ok"
@@ -649,11 +651,41 @@ def markdown(results: dict[str, Any], models: dict[str, Any], command: str) -> s
                 cells.append(f"{tag} [{note(r['detail'] + ort_note)}]")
             else:
                 fails += 1
+                fails_ort_ok += r.get("ort") == "ok"
                 cells.append(f"**FAIL** [{note(r['detail'] + ort_note)}]")
         lines.append(f"| {f} | " + " | ".join(cells) + " |")
-    lines += ["", f"{fails} failures, {refusals} refusals. Notes:", ""]
+    sqnr = [
+        (f, [re.search(r"SQNR (-?[0-9.]+|-?inf) dB", results.get(m, {}).get(f, {}).get("detail", "")) for m in names])
+        for f in features
+    ]
+    sqnr = [(f, cells) for f, cells in sqnr if any(cells)]
+    if sqnr:
+        lines += ["", "Output SQNR (dB) of the quantized model against the float model on the 2 held-back batches:", ""]
+        lines += ["| feature | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        lines += [f"| {f} | " + " | ".join(c.group(1) if c else "" for c in cells) + " |" for f, cells in sqnr]
+    lines += [
+        "",
+        f"{fails} failures ({fails_ort_ok} where onnxruntime itself gives a result), {refusals} refusals. "
+        "ORT: onnxruntime's own counterpart on the same batches (its calibrator, or its unpatched quantize_static), "
+        "where one exists. Notes:",
+        "",
+    ]
     lines += [f"{i}. {n}" for i, n in enumerate(notes, 1)]
     return "\n".join(lines) + "\n"
+
+
+def scrub(obj: Any) -> Any:
+    """The record without this machine's paths (temporary folders, the model cache)."""
+    if isinstance(obj, dict):
+        return {k: scrub(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub(v) for v in obj]
+    if isinstance(obj, str):
+        import real_models
+
+        obj = obj.replace(str(real_models.cache_dir()), "$HISTOCAL_MODEL_CACHE")
+        return re.sub(r"(/tmp|/var/tmp|" + re.escape(tempfile.gettempdir()) + r")/[^\s:'\"]*/", "<tmp>/", obj)
+    return obj
 
 
 SECTION = "## Real-model matrix (`bench_model_matrix.py`)"
@@ -689,21 +721,49 @@ def main() -> None:
     ap.add_argument("--mem-gb", type=float, default=12, help="address-space cap per cell, GiB (Ray cells: 4x)")
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS_model_matrix.md")
     ap.add_argument("--benchmarks", type=Path, help="also rewrite the 'Real-model matrix' section of this file")
-    ap.add_argument("--markdown-from", type=Path, help="no runs: print the table of this .json")
+    ap.add_argument(
+        "--markdown-from",
+        nargs="+",
+        type=Path,
+        help="no runs: print the table of these .json files (a later file's cells replace an earlier one's); "
+        "with --out and --benchmarks, write them too",
+    )
     args = ap.parse_args()
     if args.cell:
         run_cell(Path(args.cell[0]), args.cell[1], Path(args.cell[2]))
         return
     if args.markdown_from:
-        doc = json.loads(args.markdown_from.read_text())
-        sys.stdout.write(markdown(doc["results"], doc["models"], doc["command"]))
+        models, results, commands, seconds = {}, {}, [], 0.0
+        for path in args.markdown_from:
+            doc = json.loads(path.read_text())
+            models.update(doc["models"])
+            for m, cells in doc["results"].items():
+                results.setdefault(m, {}).update(cells)
+            commands.append(doc["command"])
+            seconds += doc.get("seconds", 0.0)
+        models, results = scrub(models), scrub(results)
+        md = markdown(results, models, "`, then `".join(commands), seconds)
+        if "--out" in sys.argv:
+            args.out.write_text("# Real-model matrix\n\n" + md)
+            args.out.with_suffix(".json").write_text(
+                json.dumps(
+                    {"command": " then ".join(commands), "seconds": seconds, "models": models, "results": results},
+                    indent=1,
+                )
+            )
+        if args.benchmarks:
+            rewrite_section(args.benchmarks, md)
+        sys.stdout.write(md)
         return
+    import onnxruntime as ort
     import real_models as rm
 
+    ort.set_default_logger_severity(3)  # the float checks' shape warnings (ddddocr's declared output shape)
     unknown = set(args.models) - set(rm.MODELS)
     if unknown:
         raise SystemExit(f"unknown models {sorted(unknown)}; known: {sorted(rm.MODELS)}")
-    command = "python3 benches/bench_model_matrix.py " + " ".join(sys.argv[1:])
+    shown = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
+    command = " ".join(["python3 benches/bench_model_matrix.py", *shown])  # --out: where it was written, not what ran
     json_out = args.out.with_suffix(".json")
     models: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
@@ -721,9 +781,21 @@ def main() -> None:
                 f"  {f}: {r['status']} {r.get('detail', '')[:160]} [ORT: {r.get('ort')}] {r.get('wall', 0):.0f}s",
                 flush=True,
             )
-            json_out.write_text(json.dumps({"command": command, "models": models, "results": results}, indent=1))
-    md = markdown(results, models, command)
-    args.out.write_text(f"# Real-model matrix\n\n{time.perf_counter() - t0:.0f} s in all.\n\n" + md)
+            json_out.write_text(
+                json.dumps(
+                    scrub(
+                        {
+                            "command": command,
+                            "seconds": round(time.perf_counter() - t0),
+                            "models": models,
+                            "results": results,
+                        }
+                    ),
+                    indent=1,
+                )
+            )
+    md = markdown(scrub(results), scrub(models), command, time.perf_counter() - t0)
+    args.out.write_text("# Real-model matrix\n\n" + md)
     if args.benchmarks:
         rewrite_section(args.benchmarks, md)
     sys.stdout.write(md)

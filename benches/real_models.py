@@ -257,7 +257,7 @@ def check_nudenet(path: Path) -> tuple[bool, str]:
     ok = bool((scores < 0.9).all() and 0 < boxes.mean() < 320)
     return (
         ok,
-        f"max class score per image {np.round(scores, 2).tolist()} (no people: low), mean box coordinate {boxes.mean():.0f} px of 320",
+        f"max class score per image {[round(float(x), 2) for x in scores]} (no people: low), mean box coordinate {boxes.mean():.0f} px of 320",
     )
 
 
@@ -280,7 +280,7 @@ def open_nsfw_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
 def check_open_nsfw(path: Path) -> tuple[bool, str]:
     out = [session(path).run(None, f)[0] for f in real.open_nsfw_feeds(np.random.default_rng(99), 4)]
     p = np.array([o[0, 1] for o in out])
-    return bool((p < 0.5).all()), f"nsfw probability per image {np.round(p, 3).tolist()} (abstract images: low)"
+    return bool((p < 0.5).all()), f"nsfw probability per image {[round(float(x), 3) for x in p]} (abstract images: low)"
 
 
 @dataclass(frozen=True)
