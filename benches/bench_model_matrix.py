@@ -32,7 +32,8 @@ Features (``--features``; default all):
   ``state_roundtrip`` (saved, loaded, two halves merged == whole);
 * ``quark``: ``histocal.quark.create_calibrator_power_of_two`` (MinMSE, MostCommon);
 * ``ray``: ``histocal.distributed.calibrate_distributed`` on two local Ray workers, against the
-  single-process exact Entropy result.
+  single-process exact Entropy result at the workers' thread count (1; onnxruntime's outputs can
+  depend on its thread count, and the difference from the default count is shown).
 
 Usage:
     python3 benches/bench_model_matrix.py                        # everything (~30 min on 2 cores)
@@ -481,9 +482,15 @@ def ray(c: Cell) -> str:
 
     shards = [functools.partial(list, c.feeds[i::2]) for i in range(2)]
     state = calibrate_distributed(c.model, shards, calibrate_method="entropy", num_workers=2, show_progress=False)
-    single = hc_calibrate(c, CalibrationMethod.Entropy, {"CollectionMode": "exact"}).compute_data()
-    compare(state.compute("entropy"), single, True)
-    return "2 workers; = the single-process exact Entropy ranges"
+    got = state.compute("entropy")
+    # The workers run with 1 thread each (cpus_per_worker's default), and onnxruntime's float outputs can
+    # depend on its thread count: the promise is the single-process result at the workers' thread count.
+    same = hc_calibrate(c, CalibrationMethod.Entropy, {"CollectionMode": "exact", "NumThreads": 1}).compute_data()
+    compare(got, same, True)
+    default = hc_calibrate(c, CalibrationMethod.Entropy, {"CollectionMode": "exact"}).compute_data()
+    other = compare(got, default, False)
+    note = "" if other == "= ORT" else f"; against the default thread count: {other.replace(' from ORT', '')}"
+    return "2 workers; = the single-process exact Entropy ranges at 1 thread" + note
 
 
 def ours_frame(exc: BaseException) -> bool:
