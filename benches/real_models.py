@@ -39,6 +39,21 @@ import bench_auto_real as real  # the input builders
 Feed = dict[str, np.ndarray]
 
 
+def _fonts() -> list[str]:
+    """bench_auto_real's DejaVu fonts: the system's (Debian's fonts-dejavu-core), else matplotlib's copies."""
+    try:
+        for name in real.FONTS:
+            ImageFont.truetype(name, 10)
+        return real.FONTS
+    except OSError:
+        import matplotlib
+
+        return [str(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / name) for name in real.FONTS]
+
+
+real.FONTS = _fonts()
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("HISTOCAL_MODEL_CACHE", Path.home() / ".cache" / "histocal-models"))
 
