@@ -700,15 +700,21 @@ SECTION = "## Real-model matrix (`bench_model_matrix.py`)"
 
 def rewrite_section(path: Path, body: str) -> None:
     text = path.read_text()
-    intro = (
-        f"{SECTION}\n\nWhat it measures: every histocal feature on seven real pretrained models from pinned PyPI "
-        "archives, each chosen for a trouble of real exports (`benches/real_models.py`): ok, refused (a deliberate "
-        "error: its reason, and whether onnxruntime itself gives a result there), or FAIL (a crash, a timeout, an "
-        "internal error, or a result that differs from onnxruntime's where histocal promises onnxruntime's). Each "
-        "cell runs in its own process (nice, an address-space cap, a timeout). The features are listed in the "
-        "script's docstring. Raw output: [benches/RESULTS_model_matrix.md](benches/RESULTS_model_matrix.md) "
-        "(and `.json`: every cell's detail, time and traceback).\n\n"
+    import textwrap
+
+    what = (
+        "What it measures: every histocal feature on seven real pretrained models from pinned PyPI archives, each "
+        "chosen for a trouble of real exports (`benches/real_models.py`): ok, refused (a deliberate error: its "
+        "reason, and whether onnxruntime itself gives a result there), or FAIL (a crash, a timeout, an internal "
+        "error, or a result that differs from onnxruntime's where histocal promises onnxruntime's). Each cell runs "
+        "in its own process (nice, an address-space cap, a timeout); the features are listed in the script's "
+        "docstring. Raw output: [benches/RESULTS_model_matrix.md](benches/RESULTS_model_matrix.md) (and `.json`: "
+        "every cell's detail, time and traceback). This section is written by the script: `python3 "
+        "benches/bench_model_matrix.py --benchmarks BENCHMARKS.md` (a full run), or `--markdown-from "
+        "benches/RESULTS_model_matrix.json [more.json ...] --benchmarks BENCHMARKS.md` (from recorded runs, a "
+        "later file's cells replacing an earlier one's)."
     )
+    intro = f"{SECTION}\n\n{textwrap.fill(what, 100, break_on_hyphens=False, break_long_words=False)}\n\n"
     start = text.find(SECTION)
     if start < 0:
         text = text.rstrip("\n") + "\n\n" + intro + body
