@@ -269,14 +269,14 @@ def test_budget_precedence(paths, tmp_path, monkeypatch):
 def test_cgroup_limit_lowers_the_available_memory(tmp_path):
     (tmp_path / "memory.max").write_text("1000000\n")
     (tmp_path / "memory.current").write_text("400000\n")
-    assert hb._cgroup_available(tmp_path) == 600000
+    assert hb.cgroup_available(tmp_path) == 600000
     (tmp_path / "memory.max").write_text("max\n")
-    assert hb._cgroup_available(tmp_path) is None
+    assert hb.cgroup_available(tmp_path) is None
     v1 = tmp_path / "v1"
     (v1 / "memory").mkdir(parents=True)
     (v1 / "memory" / "memory.limit_in_bytes").write_text("2000\n")
     (v1 / "memory" / "memory.usage_in_bytes").write_text("3000\n")
-    assert hb._cgroup_available(v1) == 0
+    assert hb.cgroup_available(v1) == 0
 
 
 # -- under onnxruntime's quantize_static ------------------------------------------------------------

@@ -14,7 +14,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorData
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
-from .common import _augmented_model_path, _one_call_at_a_time, _PrivateShapeInference
+from .common import PrivateShapeInference, augmented_path_for, one_call_at_a_time
 from .cores import CalibrationThreads, calibration_threads, session_options_for
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def _nan_max(old: Any, new: Any) -> Any:
     return np.where((new > old) | np.isnan(old), new, old)
 
 
-class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
+class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
     """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
     a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
     chunks instead of discarding them, and per-channel ranges that merge across calls, NaN
@@ -63,7 +63,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
         super().__init__(
             model_path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             symmetric=symmetric,
             use_external_data_format=use_external_data_format,
             moving_average=moving_average,
@@ -87,9 +87,9 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
         self.threads = CalibrationThreads(split.total, split.total, split.ort_spinning, 0)
         self.session_options = session_options
 
-    augment_graph = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
+    augment_graph = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def create_inference_session(self) -> None:
         """ORT's session (graph optimizations off), with ``self.threads``' intra-op threads, or
         ``session_options`` as given."""
@@ -98,10 +98,10 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
             self.augmented_model_path, sess_options=options, providers=self.execution_providers
         )
 
-    compute_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
-    clear_collected_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
+    compute_data = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
+    clear_collected_data = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
         """ORT's collect_data, except that a call that fails leaves what earlier calls collected
         unchanged, as in the histogram calibrators (ORT keeps the failed call's batches)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .file_format import _fail
+from .file_format import fail
 
 ISOTONE_MEMBERS = ("isotone_tensors", "isotone_pairs", "isotone_rows")
 
@@ -47,19 +47,19 @@ def restore_isotone(stream: Any, names: list[str], arrays: dict[str, np.ndarray]
         return
     missing = [k for k in ISOTONE_MEMBERS if k not in arrays]
     if missing:
-        _fail(f"missing member {missing[0]}")
+        fail(f"missing member {missing[0]}")
     tensors, pairs, rows = (arrays[k] for k in ISOTONE_MEMBERS)
     if len(tensors) != len(names):  # (read_members checked the counts before reading the pairs)
-        _fail(f"isotone_tensors: expected {len(names)} rows")
+        fail(f"isotone_tensors: expected {len(names)} rows")
     if len(pairs) != len(rows) or len(pairs) != int(tensors[:, 0].sum(dtype=np.uint64)):
-        _fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
+        fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
     offset = 0
     if tensors.size and int(tensors[:, 2].max()) > 1:
-        _fail("isotone_tensors: the overflow mark must be 0 or 1")
+        fail("isotone_tensors: the overflow mark must be 0 or 1")
     for name, (count, skipped, overflowed) in zip(names, tensors):
         part = slice(offset, offset + int(count))
         offset += int(count)
         try:
             stream.restore_isotone(name, pairs[part, 0], pairs[part, 1], rows[part], int(skipped), bool(overflowed))
         except (ValueError, OverflowError) as exc:
-            _fail(f"isotone: {exc}")
+            fail(f"isotone: {exc}")
