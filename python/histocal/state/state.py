@@ -331,9 +331,7 @@ class CalibrationState:
                 nz = np.flatnonzero(bins)
                 start, stop = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 0)
                 arrays["stream_bins"].append(bins[start:stop])
-                arrays["stream_stats"].append(
-                    np.array([[nan_if_none(fmin), nan_if_none(fmax), nan_if_none(amin)]], np.float64)
-                )
+                arrays["stream_stats"].append(np.array([[nan_if_none(v) for v in (fmin, fmax, amin)]], np.float64))
                 arrays["stream_counts"].append(np.array([counts], np.uint64))
                 entry["stream"] = {"level": level, "start": start, "length": stop - start}
                 votes = self.stream.votes(name)
