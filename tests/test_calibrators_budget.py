@@ -135,8 +135,8 @@ def test_cnn_budget_kept_none_some_all(paths, tmp_path, method, opts, kept):
     session = counting(cal)
     with quiet():
         cal.collect_data(chunks[0][:1])  # the first call, just to measure a batch's outputs
-        one = sum(a.nbytes + hb.KEPT_ARRAY_OVERHEAD for a in session.run(cal._fetch_names(), chunks[0][0]))
-        cal._restart_collection()
+        one = sum(a.nbytes + hb.KEPT_ARRAY_OVERHEAD for a in session.run(cal.fetch_names(), chunks[0][0]))
+        cal.restart()
         cal.memory_budget = kept * one
         session.runs = 0
         cal.collect_data(RewindReader(chunks[0]))

@@ -199,7 +199,7 @@ def test_the_batch_loop_bins_on_the_calibration_share(paths, tmp_path):
 
     with quiet():
         cal = histocal.create_calibrator(paths["cnn"], None, (tmp_path / "aug.onnx").as_posix(), PCT)
-    fetch = cal._fetch_names()
+    fetch = cal.fetch_names()
     for threads, expected in (
         (CalibrationThreads(8, 6, True, 3), 3),
         (calibration_threads(2), _core.get_num_threads()),

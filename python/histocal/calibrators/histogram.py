@@ -100,7 +100,7 @@ class HistogramCalibration:
         self.session_options = settings.session_options
         self.streaming_bins = settings.streaming_bins
         self.show_progress = settings.show_progress
-        self._stream: Any = None
+        self._stream: _core.StreamHistograms | None = None
         self.per_channel, self.axis, self.mode = settings.per_channel, settings.axis, settings.mode
         self._channels: ChannelHistograms | None = None
         self._mode_used: str | None = None
@@ -120,8 +120,8 @@ class HistogramCalibration:
             num_quantized_bins=self.num_quantized_bins,
             percentile=self.percentile,
             scenario=self.scenario,
+            lock=self._lock,  # one lock: the calibrator's calls work on the collector
         )
-        collector._lock = self._lock  # one lock: the calibrator's calls reach into the collector
         return collector
 
     @one_call_at_a_time
@@ -140,10 +140,17 @@ class HistogramCalibration:
         )
 
     @property
-    def _kind(self) -> str:
+    def kind(self) -> str:
+        """The histograms' kind: ``"abs"`` (|x|, symmetric percentile) or ``"value"``."""
         return "abs" if self.method == "percentile" and self.symmetric else "value"
 
-    def _fetch_names(self) -> list[str]:
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock each call of this calibrator holds (and its collector's)."""
+        return self._lock
+
+    def fetch_names(self) -> list[str]:
+        """The session outputs this calibrator collects, in the session's order."""
         if self.tensors_to_calibrate is None:
             raise RuntimeError("call augment_graph() and create_inference_session() before collect_data()")
         return [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
@@ -163,8 +170,8 @@ class HistogramCalibration:
     def _snapshot(self) -> tuple[Any, Any, Any, Any, Any]:
         histograms = None
         if self.collector is not None:
-            histograms = _core.Histograms(self._kind, self.collector.num_bins)
-            copy_histograms(self.collector._histograms, histograms)
+            histograms = _core.Histograms(self.kind, self.collector.num_bins)
+            copy_histograms(self.collector.histograms, histograms)
         stream = None if self._stream is None else copy_stream(self._stream)
         return self._mode_used, self.collector, histograms, stream, self._channels and self._channels.copy()
 
@@ -173,7 +180,7 @@ class HistogramCalibration:
         # ``calibrator.collector`` sees no trace of the failed call either.
         self._mode_used, self.collector, self._stream, self._channels = mode_used, collector, stream, channels
         if collector is not None:
-            collector._roll_back_to(histograms)
+            collector.roll_back_to(histograms)
 
     def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
@@ -181,7 +188,7 @@ class HistogramCalibration:
             # auto starts exact; a read-once source over the memory budget turns it to streaming
             self._mode_used = "streaming" if self.mode == "streaming" else "exact"
             logger.info("collection mode: %s", self._mode_used)
-        fetch = self._fetch_names()
+        fetch = self.fetch_names()
         if self.method in METHODS:  # the histograms of num_bins bins it will hold, refused up front
             check_calibration_memory(self.method, self.num_bins, len(fetch), self._mode_used == "exact")
         if self._mode_used == "streaming":
@@ -193,7 +200,7 @@ class HistogramCalibration:
 
     def _collect_streaming(self, source: DataSource, fetch: list[str]) -> int:
         if self._stream is None:
-            self._stream = self._new_stream()
+            self._stream = self.new_stream()
         stream = self._stream
         if self.per_channel and self._channels is None:
             self._channels = self._new_channels()
@@ -217,7 +224,7 @@ class HistogramCalibration:
         budget = resolve_memory_budget(self.memory_budget)
         if self.collector is None:
             self.collector = self._new_collector()
-        hist = self.collector._histograms
+        hist = self.collector.histograms
         stream = self._exact_stream()
         read_once = not source.rereadable
         kept = KeptOutputs(budget)
@@ -279,7 +286,7 @@ class HistogramCalibration:
                 )
             if second.digest != first.digest:
                 raise second_read_differs(k + max(first.kept) + 1, n - 1)
-        self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
+        self.collector.refresh()  # its histogram_dict, if handed out, shows this collect
         # Values outside the first read's ranges were not binned: the reader changed its data.
         for name, (binned, finite, infs, _) in binned_and_binnable(hist).items():
             b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
@@ -332,7 +339,8 @@ class HistogramCalibration:
         self._method_overrides = parse_method_overrides(rules)
         self.mode = collection_mode(self._method_overrides, self.mode, self._mode_used)
 
-    def _new_stream(self) -> Any:
+    def new_stream(self) -> _core.StreamHistograms:
+        """An empty streaming histogram set with what this calibrator's methods collect."""
         isotone, votes = collects_for(self.method_overrides)
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
 
@@ -342,11 +350,11 @@ class HistogramCalibration:
     def _exact_stream(self) -> Any:
         """Exact mode also feeds a streaming histogram, so that its state serves every method."""
         if self._stream is None:
-            self._stream = self._new_stream()
+            self._stream = self.new_stream()
         return self._stream
 
     @one_call_at_a_time
-    def _restart_collection(self) -> None:
+    def restart(self) -> None:
         """Forget everything collected, keeping the augmented model, the session and the mode
         already settled on (so that new data is collected the way the first was). ORT's
         ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
@@ -367,10 +375,10 @@ class HistogramCalibration:
             if stream is not None and copy:
                 stream = copy_stream(stream)
             exact = kind = num_bins = None
-            if self._mode_used == "exact" and self.collector is not None and self.collector._histograms.names():
-                kind, num_bins = self._kind, int(self.num_bins)
+            if self._mode_used == "exact" and self.collector is not None and self.collector.histograms.names():
+                kind, num_bins = self.kind, int(self.num_bins)
                 exact = _core.Histograms(kind, num_bins)
-                copy_histograms(self.collector._histograms, exact)
+                copy_histograms(self.collector.histograms, exact)
             if stream is None and exact is None:
                 raise ValueError(_NOTHING_COLLECTED)
             channels = self._channels.copy() if copy and self._channels else self._channels
@@ -385,7 +393,7 @@ class HistogramCalibration:
             if data.mode == "exact":
                 self.collector = self._new_collector()
                 if data.exact is not None:
-                    copy_histograms(data.exact, self.collector._histograms)
+                    copy_histograms(data.exact, self.collector.histograms)
 
     @property
     def model_fingerprint(self) -> str:
@@ -431,7 +439,7 @@ class HistogramCalibration:
             )
         if self.tensors_to_calibrate is not None:
             wanted = (
-                set(self._fetch_names())
+                set(self.fetch_names())
                 if getattr(self, "infer_session", None) is not None
                 else set(self.tensors_to_calibrate)
             )
@@ -447,10 +455,10 @@ class HistogramCalibration:
             raise ValueError(
                 f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {self.streaming_bins}"
             )
-        if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self._kind, self.num_bins):
+        if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self.kind, self.num_bins):
             raise ValueError(
                 f"incompatible options: the state holds exact {state.exact_kind} histograms of {state.exact_num_bins} "
-                f"bins, this calibrator needs {self._kind} histograms of {self.num_bins} bins (state.compute() can still "
+                f"bins, this calibrator needs {self.kind} histograms of {self.num_bins} bins (state.compute() can still "
                 "serve these settings)"
             )
 

@@ -69,7 +69,7 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
         if self.per_channel and collects_isotone(self.method) and self.axis == -1:
             raise ValueError(ISOTONE_CLASS_AXIS)
 
-    def _new_stream(self) -> Any:
+    def new_stream(self) -> _core.StreamHistograms:
         # a method choosing per batch needs every batch's vote, collected as the batches come
         isotone, votes = collects_for(self.method_overrides)
         votes = votes or collects_votes(self.method, self.method_options)

@@ -36,8 +36,8 @@ def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
     """Exact mode's pass 1 over ``data_reader`` on ``calibrator``'s session (an ORT histogram
     calibrator of histocal's): every batch scanned, nothing collected. An empty part gives no
     batches and no scans: it adds nothing (the caller refuses data that is empty in every part)."""
-    with calibrator._lock:
-        hist = _core.Histograms(calibrator._kind, calibrator.num_bins)
+    with calibrator.lock:
+        hist = _core.Histograms(calibrator.kind, calibrator.num_bins)
         first = ReadDigest()
 
         def scan(i: int, items: list) -> None:
@@ -47,7 +47,7 @@ def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
             hist.scan(items)
 
         source = DataSource(data_reader)
-        n = run_batches(calibrator, source, calibrator._fetch_names(), scan, "histocal pass 1/2 (ranges)")
+        n = run_batches(calibrator, source, calibrator.fetch_names(), scan, "histocal pass 1/2 (ranges)")
         return ExactScan(hist.pending_scans(), n, first)
 
 
@@ -55,8 +55,8 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
     """Exact mode's pass 2 over the part ``part`` scanned: its batches counted on the binning that
     ``planned_from`` (every part's scans, in order) plans, and its streaming histogram. The result
     holds this part's counts only, on the edges every part shares."""
-    with calibrator._lock:
-        hist, stream = _core.Histograms(calibrator._kind, calibrator.num_bins), calibrator._new_stream()
+    with calibrator.lock:
+        hist, stream = _core.Histograms(calibrator.kind, calibrator.num_bins), calibrator.new_stream()
         hist.add_scans(planned_from)
         hist.plan()
         n, first, second = part.batches, part.digest, ReadDigest()
@@ -74,7 +74,7 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
             stream.collect(items)
 
         source = DataSource(data_reader)
-        n2 = run_batches(calibrator, source, calibrator._fetch_names(), count, "histocal pass 2/2 (histograms)")
+        n2 = run_batches(calibrator, source, calibrator.fetch_names(), count, "histocal pass 2/2 (histograms)")
         if n2 != n:
             raise ValueError(
                 f"the data reader returned {n} batches on its first read and {n2} on its second "
@@ -92,4 +92,4 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
                 )
             # this part's own counts: the planned ones are every part's
             hist.restore(name, dtype, h, edges, mn, mx, threshold, (finite, nan, posinf, neginf, batches))
-        return CollectedData("exact", stream, hist, calibrator._kind, int(calibrator.num_bins))
+        return CollectedData("exact", stream, hist, calibrator.kind, int(calibrator.num_bins))

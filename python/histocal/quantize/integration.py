@@ -333,7 +333,7 @@ def calibrate_and_select(
         fold_feeds = [kept[k :: min(folds, len(kept))] for k in range(min(folds, len(kept)))]
         fold_states = []
         for feeds in fold_feeds:
-            calibrator._restart_collection()
+            calibrator.restart()
             calibrator.collect_data(iter(feeds))  # an iterator: streaming, like the pass over the reader
             fold_states.append(calibrator.state)
         calibrator = None  # its session's memory, before the candidates' sessions

@@ -100,16 +100,16 @@ def ort_result(
     if exact is not None:
         # the histograms exist already; the results hold numpy copies of them
         check_compute_memory(method, num_bins, len(names), len(names), 0, len(names))
-        collector._histograms = exact
+        collector.histograms = exact
         return collector.compute_collection_result()
     size = chunk_size(num_bins, len(names))
     check_compute_memory(method, num_bins, len(names), len(names), size, size)
     out: dict[str, Any] = {}
     for start in range(0, len(names), size):
         part = list(names[start : start + size])
-        collector._histograms = stream.to_histograms(collector._kind, num_bins, part)
+        collector.histograms = stream.to_histograms(collector.kind, num_bins, part)
         out.update(collector.compute_collection_result())
-    collector._histograms = _core.Histograms(collector._kind, num_bins)  # the last chunk's, dropped
+    collector.histograms = _core.Histograms(collector.kind, num_bins)  # the last chunk's, dropped
     return out
 
 

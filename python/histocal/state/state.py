@@ -251,7 +251,7 @@ class CalibrationState:
         collector = HistogramCollector(
             method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
         )
-        kind = collector._kind
+        kind = collector.kind
         if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == collector.num_bins:
             result = ort_result(collector, self.names, None, self.exact)
         elif self.stream is not None:
