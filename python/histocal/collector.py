@@ -270,7 +270,7 @@ class HistogramCollector(CalibrationDataCollector):
         (numpy could not build its bins in the data's type, e.g. a range of +-3.4e38): its
         results then go out as float32, which onnxruntime's TensorData holds."""
         edges = self.histogram_dict[name][1]
-        return edges.dtype == np.float64 and self._hists.state(name)[5] != "float64"
+        return edges.dtype == np.float64 and self._hists.state(name).dtype != "float64"
 
     def _entropy(self) -> dict[str, tuple]:
         hd = self.histogram_dict
@@ -353,7 +353,7 @@ def _p3_avg_std(hist: np.ndarray, edges: np.ndarray) -> tuple[Any, Any]:
 _ENTRY_SHAPES = {"value": "(hist, edges, min, max, threshold)", "abs": "(hist, edges, min, max)"}
 
 
-def _restore_entry(hists: Any, kind: str, name: str, entry: Any) -> None:
+def _restore_entry(hists: _core.Histograms, kind: str, name: str, entry: Any) -> None:
     """Load one ORT-style histogram tuple into ``hists``: its counts are taken as finite values
     of 0 batches. The data dtype is the edges', or the min's where that is narrower (float16
     data in float32 edges, histocal's "Too many bins" fallback)."""
@@ -506,8 +506,8 @@ class CollectedData:
     state is built from it, and ``calibrator.restore_collected`` puts one back."""
 
     mode: str  # how it was collected: "exact" or "streaming"
-    stream: Any = None  # _core.StreamHistograms; exact mode feeds one too, so every method can be served
-    exact: Any = None  # _core.Histograms: ORT's exact histograms (exact mode only)
+    stream: _core.StreamHistograms | None = None  # exact mode feeds one too, so every method can be served
+    exact: _core.Histograms | None = None  # ORT's exact histograms (exact mode only)
     exact_kind: str | None = None  # "value" or "abs"
     exact_num_bins: int | None = None
     channels: Any = None  # state.channels.ChannelHistograms: per-channel streaming histograms, when collected

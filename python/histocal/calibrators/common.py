@@ -191,13 +191,12 @@ def run_batches(
     return n
 
 
-def binned_and_binnable(hist: Any) -> dict[str, tuple[int, int, int, bool]]:
+def binned_and_binnable(hist: _core.Histograms) -> dict[str, tuple[int, int, int, bool]]:
     """Per tensor: values in the histogram, finite values and infinities collected, and whether
     the edges end in +inf (an |x| histogram past float16's range: like ORT, it then bins later
     infinities in its last bin)."""
     out = {}
     for n in hist.names():
-        h, edges = hist.state(n)[:2]
-        finite, _, posinf, neginf, _ = hist.counts(n)
-        out[n] = (int(h.sum()), finite, posinf + neginf, bool(np.isposinf(edges[-1])))
+        st, c = hist.state(n), hist.counts(n)
+        out[n] = (int(st.hist.sum()), c.n_finite, c.n_posinf + c.n_neginf, bool(np.isposinf(st.edges[-1])))
     return out

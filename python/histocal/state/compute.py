@@ -118,12 +118,14 @@ def minmax_result(names: Sequence[str], stream: Any, exact: Any, symmetric: bool
     exact ones'."""
     out = {}
     for name in names:
-        finite, _, posinf, neginf, _ = (stream if stream is not None else exact).counts(name)
+        c = (stream if stream is not None else exact).counts(name)
+        finite, posinf, neginf = c.n_finite, c.n_posinf, c.n_neginf
         if stream is not None:
-            dtype_name, _, fmin, fmax, _, _ = stream.summary(name)
+            s = stream.summary(name)
+            dtype_name, fmin, fmax = s.dtype, s.finite_min, s.finite_max
         else:
             e = export_exact(exact, name)
-            dtype_name = exact.state(name)[5]
+            dtype_name = exact.state(name).dtype
             fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)
         dtype = np.dtype(dtype_name)
         lo = -math.inf if neginf else (fmin if fmin is not None else (math.inf if posinf else math.nan))

@@ -252,10 +252,6 @@ def _parse_npy(key: str, data: bytearray) -> np.ndarray:
     return np.frombuffer(data, want, count, offset).reshape(shape)
 
 
-def nan_if_none(v: float | None) -> float:
-    return math.nan if v is None else float(v)
-
-
 def plain_value(v: Any) -> Any:
     if isinstance(v, (bool, np.bool_)):
         return bool(v)

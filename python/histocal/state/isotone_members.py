@@ -30,10 +30,10 @@ def isotone_members(stream: Any, names: list[str]) -> dict[str, np.ndarray]:
         return {}
     tensors, pairs, rows = [], [], []
     for name in names:
-        l1, l2, n, skipped, overflowed = stream.isotone_pairs(name)
-        tensors.append((len(l1), skipped, int(overflowed)))
-        pairs.append(np.stack([l1, l2], axis=1))
-        rows.append(n)
+        p = stream.isotone_pairs(name)
+        tensors.append((len(p.l1), p.skipped, int(p.overflowed)))
+        pairs.append(np.stack([p.l1, p.l2], axis=1))
+        rows.append(p.rows)
     return {
         "isotone_tensors": np.array(tensors, np.uint64).reshape(-1, 3),
         "isotone_pairs": np.ascontiguousarray(np.concatenate(pairs), np.float64).reshape(-1, 2),

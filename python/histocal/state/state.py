@@ -47,7 +47,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO, Union, cast
 
 import numpy as np
 from onnxruntime.quantization.calibrate import TensorsData
@@ -73,7 +73,6 @@ from .file_format import (
     check_readable,
     fail,
     five_counts,
-    nan_if_none,
     plain_value,
     read_members,
 )
@@ -109,8 +108,8 @@ class CalibrationState:
 
     names: list[str]
     mode: str
-    stream: Any = None  # _core.StreamHistograms
-    exact: Any = None  # _core.Histograms
+    stream: _core.StreamHistograms | None = None
+    exact: _core.Histograms | None = None
     exact_kind: str | None = None
     exact_num_bins: int | None = None
     model_fingerprint: str | None = None
@@ -185,13 +184,13 @@ class CalibrationState:
 
     def counts(self, name: str) -> tuple[int, int, int, int, int]:
         """``(finite, nan, posinf, neginf, batches)`` of a tensor."""
-        src = self.stream if self.stream is not None else self.exact
-        return tuple(src.counts(name))
+        c = (self.stream if self.stream is not None else cast(_core.Histograms, self.exact)).counts(name)
+        return (c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches)
 
     def dtype(self, name: str) -> str:
         if self.stream is not None:
-            return self.stream.summary(name)[0]
-        return self.exact.state(name)[5]
+            return self.stream.summary(name).dtype
+        return cast(_core.Histograms, self.exact).state(name).dtype
 
     # -- results --------------------------------------------------------------------------------
 
@@ -327,13 +326,14 @@ class CalibrationState:
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
             if self.stream is not None:
-                _, level, bins, fmin, fmax, amin, counts = self.stream.export(name)
-                nz = np.flatnonzero(bins)
+                ex = self.stream.export(name)
+                nz = np.flatnonzero(ex.bins)
                 start, stop = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 0)
-                arrays["stream_bins"].append(bins[start:stop])
-                arrays["stream_stats"].append(np.array([[nan_if_none(v) for v in (fmin, fmax, amin)]], np.float64))
-                arrays["stream_counts"].append(np.array([counts], np.uint64))
-                entry["stream"] = {"level": level, "start": start, "length": stop - start}
+                arrays["stream_bins"].append(ex.bins[start:stop])
+                stats = [[ex.finite_min, ex.finite_max, ex.abs_min]]  # None (no such value) reads as NaN
+                arrays["stream_stats"].append(np.array(stats, np.float64))
+                arrays["stream_counts"].append(np.array([ex.counts], np.uint64))
+                entry["stream"] = {"level": ex.level, "start": start, "length": stop - start}
                 votes = self.stream.votes(name)
                 if votes:
                     arrays["stream_votes"].append(np.array([(len(tensors), *v) for v in votes], np.int64))
