@@ -126,9 +126,10 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
 
     @_one_call_at_a_time
     def augment_graph(self) -> None:
-        """ORT's augmented model, except that per channel a scalar's ReduceMin/ReduceMax reduce
-        over every axis (none) instead of ORT's axis 0, which onnxruntime cannot load for a rank-0
-        tensor: the scalar gets its range as one channel, as a 1-D tensor does in ORT."""
+        """ORT's augmented model (a ReduceMin and a ReduceMax of every calibrated tensor as graph
+        outputs), except that per channel a scalar's reduce over every axis (none) instead of
+        ORT's axis 0, which onnxruntime cannot load for a rank-0 tensor: the scalar gets its
+        range as one channel, as a 1-D tensor does in ORT."""
         ort_calibrate.MinMaxCalibrater.augment_graph(self)
         if self.per_channel and _reduce_scalars_whole(self.model):
             # ORT saved the model once already: its weights are external data now when
