@@ -28,9 +28,9 @@ import onnx
 import pytest
 import ray
 from calibrator_runs import DIST, ENT, MM, ORT_CREATE, PCT, RewindReader, assert_tensors_same
-from parity import quiet
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from parity import quiet
 
 import histocal
 from histocal import CalibrationState
@@ -577,7 +577,9 @@ def test_cli_workers_refuse_settings_as_one_process_before_ray_starts(monkeypatc
     assert "streaming mode only (mode='exact' given)" in errors[1]
 
 
-def test_cli_per_channel_on_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys, monkeypatch):
+def test_cli_per_channel_on_workers_writes_the_single_process_state(
+    local_ray, model_path, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("HISTOCAL_NUM_THREADS", "1")  # the one process at the workers' thread count
     data = save_npy_shards(tmp_path, [8])[0]
     one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"

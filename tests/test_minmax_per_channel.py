@@ -81,7 +81,9 @@ def _same(a, b) -> bool:
     symmetric=st.booleans(),
     nan=st.booleans(),
 )
-def test_per_channel_equals_onnxruntimes_for_rank_1_and_more(tmp_path_factory, rank, opset, seed, batches, symmetric, nan):
+def test_per_channel_equals_onnxruntimes_for_rank_1_and_more(
+    tmp_path_factory, rank, opset, seed, batches, symmetric, nan
+):
     tmp = tmp_path_factory.mktemp("pc")
     path = (tmp / "m.onnx").as_posix()
     onnx.save(_model(rank, opset, scalar=False), path)
@@ -94,9 +96,7 @@ def test_per_channel_equals_onnxruntimes_for_rank_1_and_more(tmp_path_factory, r
             x.reshape(-1)[0] = np.nan
         feeds.append({"X": x})
     expected = _ort_minmax(path, (tmp / "o.onnx").as_posix(), feeds, per_channel=True, symmetric=symmetric)
-    got = _histocal_minmax(
-        path, (tmp / "h.onnx").as_posix(), [feeds], per_channel=True, symmetric=symmetric
-    )
+    got = _histocal_minmax(path, (tmp / "h.onnx").as_posix(), [feeds], per_channel=True, symmetric=symmetric)
     assert set(got) == set(expected)
     for name, td in expected.items():
         for attr in ("lowest", "highest"):

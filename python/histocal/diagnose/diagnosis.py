@@ -54,12 +54,12 @@ from .. import calibrators, methods
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..io.readers import DataSource
 from ..quantize.integration import _collect_unless_empty, _default_method_options, _withholding_first
-from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file, model_ort_quantizes, quantize_with_ranges
+from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from ..state import CalibrationState
 from . import screen as _screen
 from .findings import RangeFinding, range_findings
 from .report_text import summary_text
-from .switches import SWITCH_INPUT, QuantizedTensor, name_nodes, quantized_nodes, switched_model
+from .switches import SWITCH_INPUT, QuantizedTensor, model_ort_converts, name_nodes, quantized_nodes, switched_model
 
 logger = logging.getLogger(__name__)
 
@@ -307,17 +307,7 @@ def diagnose(
                 "--auto-exclude applies the same names)",
                 named,
             )
-        # ORT quantizes (and calibrates) the model converted to another opset when the model's own
-        # cannot express the quantization (16-bit types: 21): diagnose that model, whose tensors
-        # the ranges must cover and whose opset takes the switched model's QuantizeLinear nodes.
-        converted = model_ort_quantizes(
-            float_model,
-            quantize_kwargs.get("weight_type", QuantType.QInt8),
-            quantize_kwargs.get("activation_type", QuantType.QInt8),
-            quantize_kwargs.get("extra_options"),
-        )
-        if converted is not None:
-            float_model = converted
+        float_model = model_ort_converts(float_model, quantize_kwargs)  # 16-bit types: opset 21
         model_path = model_file(float_model, tmp)
         t = time.perf_counter()
         feeds: list[dict[str, np.ndarray]]

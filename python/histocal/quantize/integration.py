@@ -30,7 +30,6 @@ from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from .. import calibrators, methods
-from ..calibrators.range_checks import scale_issue_named
 from ..io.cache import check_cache, save_tensors_data
 from ..io.readers import DataSource
 from ..methods.settings import (
@@ -560,25 +559,23 @@ def quantize_static(
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
-    # ORT's "scale issue" (a NaN range, a weight holding NaN/Inf) names no tensor: name them
-    with scale_issue_named(model_input, ranges):
-        quantize_with_ranges(
-            model_input,
-            model_output,
-            ranges,
-            quant_format,
-            op_types_to_quantize,
-            per_channel,
-            reduce_range,
-            activation_type,
-            weight_type,
-            nodes_to_quantize,
-            nodes_to_exclude,
-            use_external_data_format,
-            calibration_providers,
-            extra,
-            calibrate_method=calibrate_method,
-        )
+    quantize_with_ranges(
+        model_input,
+        model_output,
+        ranges,
+        quant_format,
+        op_types_to_quantize,
+        per_channel,
+        reduce_range,
+        activation_type,
+        weight_type,
+        nodes_to_quantize,
+        nodes_to_exclude,
+        use_external_data_format,
+        calibration_providers,
+        extra,
+        calibrate_method=calibrate_method,
+    )
 
 
 def _default_method_options(
