@@ -51,6 +51,7 @@ def _reduce_scalars_whole(model: onnx.ModelProto) -> bool:
     (named ``<tensor>_ReduceMin``/``_ReduceMax``); whether any was changed."""
     scalars = _scalars(model)
     changed = False
+    unused: set[str] = set()
     for node in model.graph.node:
         if node.op_type in ("ReduceMin", "ReduceMax") and node.input and node.input[0] in scalars:
             if node.name != f"{node.input[0]}_{node.op_type}":
@@ -59,8 +60,13 @@ def _reduce_scalars_whole(model: onnx.ModelProto) -> bool:
             if len(kept) != len(node.attribute) or len(node.input) > 1:
                 del node.attribute[:]
                 node.attribute.extend(kept)
-                del node.input[1:]  # opset 18+: the axes input (its initializer stays, unused)
+                unused.update(node.input[1:])  # opset 18+: the axes input, an initializer of its own
+                del node.input[1:]
                 changed = True
+    inits = model.graph.initializer
+    for i in reversed(range(len(inits))):  # in place: no copy of the weights
+        if inits[i].name in unused:
+            del inits[i]
     return changed
 
 
