@@ -165,3 +165,20 @@ def test_a_channel_count_that_changes_between_calls_is_named_and_keeps_the_range
     with pytest.raises(ValueError, match=r"batch 0: tensor '[XRm]': 2 channels along axis 1 in this batch, 3 before"):
         cal.collect_data([{"X": np.ones((1, 2, 2, 2), np.float32)}])
     assert cal.compute_data().data["R"].highest.tolist() == [4.0, 4.0, 4.0]
+
+
+def test_a_scalar_per_channel_through_patched_onnxruntime(tmp_path):
+    """ORT's create_calibrator under patch_onnxruntime (where ORT's module names histocal's class)."""
+    from onnxruntime.quantization import calibrate as ort_calibrate
+
+    import histocal
+
+    path = (tmp_path / "s.onnx").as_posix()
+    onnx.save(_model(3, 17, scalar=True), path)
+    with histocal.patch_onnxruntime():
+        cal = ort_calibrate.create_calibrator(
+            path, augmented_model_path=(tmp_path / "h.onnx").as_posix(), calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"per_channel": True},
+        )  # fmt: skip
+    cal.collect_data([{"X": np.ones((2, 3, 4), np.float32)}])
+    assert cal.compute_data().data["k"].lowest.tolist() == [2.5]

@@ -136,7 +136,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
         outputs), except that per channel a scalar's reduce over every axis (none) instead of
         ORT's axis 0, which onnxruntime cannot load for a rank-0 tensor: the scalar gets its
         range as one channel, as a 1-D tensor does in ORT."""
-        ort_calibrate.MinMaxCalibrater.augment_graph(self)
+        super().augment_graph()  # ORT's (the module's name is histocal's class while patched)
         if self.per_channel and _reduce_scalars_whole(self.model):
             # ORT saved the model once already: its weights are external data now when
             # use_external_data_format, written then, so this save writes only the graph.
