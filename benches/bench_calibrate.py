@@ -29,7 +29,7 @@ ORT's entropy with 2048 bins costs ~1-2 s per tensor in ``compute_data`` on a sm
 and extrapolates its compute time to all tensors (marked "~" in the table; its ranges are then
 compared on those K tensors).
 
-The model is a CNN built here with tests/graphs.py (BatchNorm folded into Conv biases): a stem
+The model is a CNN built here with tests/support/graphs.py (BatchNorm folded into Conv biases): a stem
 Conv + MaxPool, ResNet basic blocks (Relu) at 1/4 and 1/8 resolution, MobileNetV2 inverted
 residual blocks (Clip 0..6, depthwise Convs) at 1/16 and 1/32, an FPN-like top-down path
 (Resize x2 + Add), and a GlobalAveragePool / Gemm head: 92 Convs, 203 calibrated tensors at

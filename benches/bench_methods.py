@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quantization quality of every calibration method: output SQNR of int8 QDQ models.
 
-Two models are built here with tests/graphs.py (IR version 10, opset 17):
+Two models are built here with tests/support/graphs.py (IR version 10, opset 17):
 
 * ``cnn``: a small ResNet-like CNN (stem Conv+Relu, residual Conv-Relu-Conv + Add + Relu blocks,
   MaxPool, wider blocks, GlobalAveragePool, Gemm head), input 1x3xSIZExSIZE;

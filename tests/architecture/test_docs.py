@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hypothesis import settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -53,6 +53,6 @@ def test_ci_selects_the_derandomized_hypothesis_profile():
 def test_test_helpers_are_modules_not_conftest():
     """conftest.py holds fixtures and the profile: the helpers are importable modules (whether
     ``from conftest import`` works at all depends on pytest's import mode)."""
-    for path in sorted((ROOT / "tests").glob("*.py")):
+    for path in sorted((ROOT / "tests").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"^\s*(from conftest import|import conftest)", text, re.M), path.name

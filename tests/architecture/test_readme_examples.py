@@ -3,7 +3,7 @@
 Each ```python block of README.md is one test, named by the heading above it, and runs in a
 temporary directory holding what the examples take as given:
 
-* ``model.onnx``: the test CNN (tests/models.py), whose input ``X`` takes the feeds below;
+* ``model.onnx``: the test CNN (tests/support/models.py), whose input ``X`` takes the feeds below;
 * ``run.hcs``: a state collected from it (Entropy calibrator, exact mode);
 * ``batches``: its calibration data, a list of feed dicts; ``reader``: the same feeds as an
   onnxruntime CalibrationDataReader (with rewind());
@@ -17,17 +17,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import models
 import numpy as np
 import onnx
 import pytest
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
-from parity import quiet
+from support import models
+from support.parity import quiet
 
 import histocal
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def python_blocks(text: str) -> list[tuple[str, int, str]]:

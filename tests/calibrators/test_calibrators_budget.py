@@ -13,7 +13,9 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from calibrator_runs import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.calibrator_runs import (
     DIST,
     ENT,
     ORT_QUANTIZE,
@@ -27,9 +29,7 @@ from calibrator_runs import (
     make_histocal,
     run_ort,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from parity import quiet
+from support.parity import quiet
 from test_calibrators_exact import _symmetric_merge_drops
 
 import histocal

@@ -8,10 +8,11 @@ import logging
 import re
 import tracemalloc
 
-import models
 import numpy as np
 import pytest
-from calibrator_runs import (
+from onnxruntime.quantization.calibrate import CalibrationMethod
+from support import models
+from support.calibrator_runs import (
     DIST,
     ENT,
     FORMS,
@@ -27,8 +28,7 @@ from calibrator_runs import (
     run_histocal,
     run_ort,
 )
-from onnxruntime.quantization.calibrate import CalibrationMethod
-from parity import quiet
+from support.parity import quiet
 
 import histocal
 

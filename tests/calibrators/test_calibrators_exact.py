@@ -13,11 +13,15 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import models
 import numpy as np
 import onnxruntime as ort
 import pytest
-from calibrator_runs import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnxruntime.quantization import calibrate as oc
+from onnxruntime.quantization.calibrate import CalibrationDataReader
+from support import models
+from support.calibrator_runs import (
     DIST,
     ENT,
     FORMS,
@@ -36,11 +40,7 @@ from calibrator_runs import (
     run_histocal,
     run_ort,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from onnxruntime.quantization import calibrate as oc
-from onnxruntime.quantization.calibrate import CalibrationDataReader
-from parity import argmin_spy, assert_same, quiet
+from support.parity import argmin_spy, assert_same, quiet
 
 import histocal
 

@@ -5,10 +5,11 @@ discarding batches): each test shows ORT's failure and checks histocal's result.
 
 from __future__ import annotations
 
-import models
 import numpy as np
 import pytest
-from calibrator_runs import (
+from onnxruntime.quantization.calibrate import TensorsData
+from support import models
+from support.calibrator_runs import (
     DIST,
     ENT,
     FORMS,
@@ -21,8 +22,7 @@ from calibrator_runs import (
     run_ort,
     split,
 )
-from onnxruntime.quantization.calibrate import TensorsData
-from parity import assert_same, check_parity, quiet
+from support.parity import assert_same, check_parity, quiet
 
 import histocal
 

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
-import models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from calibrator_runs import (
+from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization import calibrate as oc
+from support import models
+from support.calibrator_runs import (
     DIST,
     ENT,
     MM,
@@ -25,9 +27,7 @@ from calibrator_runs import (
     ranges,
     run_ort,
 )
-from onnxruntime.quantization import QuantFormat, QuantType
-from onnxruntime.quantization import calibrate as oc
-from parity import quiet
+from support.parity import quiet
 
 import histocal
 

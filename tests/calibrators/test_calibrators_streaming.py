@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import random
 
-import models
 import numpy as np
 import pytest
-from calibrator_runs import DIST, ENT, PCT, assert_tensors_same, run_histocal, split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.calibrate import TensorsData
+from support import models
+from support.calibrator_runs import DIST, ENT, PCT, assert_tensors_same, run_histocal, split
 
 STREAM_CONFIGS = {
     "entropy-2048": (ENT, {"num_bins": 2048, "num_quantized_bins": 128}),

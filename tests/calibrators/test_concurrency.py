@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import models
 import numpy as np
 import onnx
 import pytest
-from calibrator_runs import assert_tensors_same
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
-from parity import assert_hist_tuple_same, assert_same, quiet
+from support import models
+from support.calibrator_runs import assert_tensors_same
+from support.parity import assert_hist_tuple_same, assert_same, quiet
 
 import histocal
 

@@ -17,13 +17,13 @@ import textwrap
 import threading
 from pathlib import Path
 
-import models
 import onnx
 import pytest
-from calibrator_runs import BUILDERS, RewindReader
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.quant_utils import load_model_with_shape_infer as ort_load
-from parity import quiet
+from support import models
+from support.calibrator_runs import BUILDERS, RewindReader
+from support.parity import quiet
 
 import histocal
 from histocal import quark

@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import models
 import onnx
 import onnxruntime
 import pytest
-from calibrator_runs import ENT, PCT, assert_tensors_same, run_ort
-from calibrator_runs import MM as MINMAX
-from parity import quiet
+from support import models
+from support.calibrator_runs import ENT, PCT, assert_tensors_same, run_ort
+from support.calibrator_runs import MM as MINMAX
+from support.parity import quiet
 
 import histocal
 from histocal import _core

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import models
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -21,6 +20,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import CalibrationMethod
 from PIL import Image
+from support import models
 
 import histocal
 from histocal.cli import main

@@ -11,10 +11,10 @@ import hashlib
 import os
 from pathlib import Path
 
-import models
 import numpy as np
 import onnx
 import pytest
+from support import models
 
 from histocal.cli import main
 

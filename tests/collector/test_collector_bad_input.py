@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from parity import (
+from support.parity import (
     assert_counts,
     assert_hist_tuple_same,
     assert_result_same,

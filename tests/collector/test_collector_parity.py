@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
-from parity import (
+from support.parity import (
     MAX_BINS,
     argmin_spy,
     assert_hist_tuple_same,
@@ -34,8 +34,8 @@ from parity import (
     run_histocal,
     run_ort,
 )
-from profiles import examples
-from strategies import NUM_BINS, PERCENTILES, build_collects, plans
+from support.profiles import examples
+from support.strategies import NUM_BINS, PERCENTILES, build_collects, plans
 
 
 def _cfg(method, symmetric=False, num_bins=128, num_quantized_bins=128, percentile=99.999, scenario="same"):
@@ -368,7 +368,7 @@ def test_kl_spy_captures_ort_kl_vector():
 
 def test_near_tie_checker_accepts_ties_and_rejects_real_differences():
     """Self-test of the KL near-tie rule used when entropy thresholds differ."""
-    from parity import assert_entropy_threshold, entropy_candidates
+    from support.parity import assert_entropy_threshold, entropy_candidates
 
     rng = np.random.default_rng(8)
     cfg = _cfg("entropy", num_bins=129, num_quantized_bins=8)
@@ -684,7 +684,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from parity import (  # noqa: E402
+from support.parity import (  # noqa: E402
     OrtNotRun,
     classify_ort_error,
     histocal_bins_needed,
@@ -697,10 +697,10 @@ def _in_bounded_subprocess(body: str, headroom: int = 1 << 30) -> subprocess.Com
     """Run ``body`` (with parity's names imported) in a fresh interpreter whose address space
     may grow by only ``headroom`` bytes: an unbounded allocation there fails that process (a Rust
     allocation failure aborts it), not the test session or the machine."""
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     code = (
         f"import sys; sys.path.insert(0, {str(tests)!r})\n"
-        "import numpy as np\nfrom parity import *\nimport histocal\n"
+        "import numpy as np\nfrom support.parity import *\nimport histocal\n"
         f"with bounded_address_space({headroom}):\n" + "".join(f"    {line}\n" for line in body.strip().splitlines())
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -798,7 +798,7 @@ else:
 def test_histocal_too_many_bins_is_accepted_only_beyond_max_bins(monkeypatch):
     """Self-test: a "Too many bins" error from histocal for a tensor ORT's rules can hold in
     MAX_BINS bins is a failure, not a deviation."""
-    import parity
+    from support import parity
 
     def refuse(cfg, collects):
         raise ValueError('tensor "x": Too many bins for data range. Cannot create 16777216 finite-sized bins.')

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import os
 
-import models
 import numpy as np
 import onnx
 import pytest
-from calibrator_runs import RewindReader
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
-from parity import assert_result_same, quiet
+from support import models
+from support.calibrator_runs import RewindReader
+from support.parity import assert_result_same, quiet
 
 import histocal
 from histocal.collector import HistogramCollector

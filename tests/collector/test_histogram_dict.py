@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import models
 import numpy as np
 import onnx
 import pytest
@@ -24,8 +23,9 @@ from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
-from parity import argmin_spy, assert_hist_tuple_same, assert_result_same, assert_same, quiet
-from profiles import examples
+from support import models
+from support.parity import argmin_spy, assert_hist_tuple_same, assert_result_same, assert_same, quiet
+from support.profiles import examples
 
 import histocal
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-import models
 import numpy as np
 import onnx
 import pytest
@@ -23,8 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-from parity import OrtCollector, assert_same, quiet
-from profiles import examples
+from support import models
+from support.parity import OrtCollector, assert_same, quiet
+from support.profiles import examples
 
 import histocal
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from graphs import GraphBuilder, tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
-from parity import assert_same, quiet
-from profiles import examples
+from support.graphs import GraphBuilder, tensor
+from support.parity import assert_same, quiet
+from support.profiles import examples
 
 import histocal
 

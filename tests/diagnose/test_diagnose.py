@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphs import GraphBuilder, tensor
-from models import padding_feeds, transformer, transformer_feeds
 from onnxruntime.quantization import QuantFormat
+from support.graphs import GraphBuilder, tensor
+from support.models import padding_feeds, transformer, transformer_feeds
 
 import histocal
 from histocal.cli.main import main

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graphs import GraphBuilder, tensor
+from support.graphs import GraphBuilder, tensor
 
 from histocal.cli import main
 from histocal.diagnose import diagnose

@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import models
 import numpy as np
 import onnx
 import pytest
 import ray
-from calibrator_runs import DIST, ENT, MM, PCT, assert_tensors_same, run_ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import models
+from support.calibrator_runs import DIST, ENT, MM, PCT, assert_tensors_same, run_ort
 
 import histocal
 from histocal import CalibrationState
@@ -445,7 +445,7 @@ def test_a_shard_that_always_hangs_fails_naming_the_shard_and_the_timeout(local_
 CTRL_C_DRIVER = """
 import functools, os, sys, time
 sys.path.insert(0, sys.argv[3])
-import models
+from support import models
 from histocal.distributed import calibrate_distributed
 
 def hangs(marker, feeds):
@@ -468,7 +468,7 @@ def test_ctrl_c_on_the_driver_leaves_no_worker_files(model_path, tmp_path):
     driver_process = None
     try:
         driver_process = subprocess.Popen(
-            [sys.executable, "-c", CTRL_C_DRIVER, model_path, marker.as_posix(), Path(__file__).parent.as_posix()],
+            [sys.executable, "-c", CTRL_C_DRIVER, model_path, marker.as_posix(), Path(__file__).parents[1].as_posix()],
             env={**env, "TMPDIR": tmp.as_posix()},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

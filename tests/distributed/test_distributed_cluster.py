@@ -11,11 +11,11 @@ import sys
 import threading
 import time
 
-import models
 import onnx
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from support import models
 from test_distributed import FEEDS, assert_same_state, single_run
 
 from histocal.distributed import calibrate_distributed

@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import onnx
-from graphs import GraphBuilder, tensor
+from support.graphs import GraphBuilder, tensor
 
 SCRIPT = textwrap.dedent(
     """

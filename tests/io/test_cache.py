@@ -34,8 +34,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, quantize_static
 from onnxruntime.quantization import calibrate as ort
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-from parity import quiet
-from profiles import examples
+from support.parity import quiet
+from support.profiles import examples
 
 from histocal.io import cache
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 import io
 import zipfile
 
-import isotone_refs as I
 import numpy as np
 import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from method_refs import ort_scale_zp
 from onnx import TensorProto, helper, numpy_helper
-from profiles import examples
+from support import isotone_refs as I
+from support.method_refs import ort_scale_zp
+from support.profiles import examples
 
 QTYPES = ["int8", "uint8", "int16", "uint16"]
 DTYPES = [np.float16, np.float32, np.float64]

@@ -9,14 +9,14 @@ import io
 import json
 import zipfile
 
-import isotone_refs as I
 import numpy as np
 import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from profiles import examples
+from support import isotone_refs as I
+from support.profiles import examples
 
 from histocal import _core
 from histocal.state import CalibrationState

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import math
 
-import method_refs as R
 import numpy as np
 import onnx
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from method_refs import Hist
 from onnx import TensorProto, helper, numpy_helper
-from profiles import examples
+from support import method_refs as R
+from support.method_refs import Hist
+from support.profiles import examples
 
 REL = 1e-9
 ABS = 1e-300

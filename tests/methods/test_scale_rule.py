@@ -19,14 +19,14 @@ from __future__ import annotations
 import logging
 import math
 
-import method_refs as R
 import numpy as np
 import onnxruntime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-from profiles import examples
+from support import method_refs as R
+from support.profiles import examples
 
 from histocal import _core, methods
 from histocal.methods import scale_rule

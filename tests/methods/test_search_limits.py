@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from parity import run_ort
+from support.parity import run_ort
 
 import histocal
 from histocal.methods.scale_rule import SCALE_RULE
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # tests/, the folder holding the support package
 LIMIT_VAR = "HISTOCAL_MAX_SEARCH_WORK"
 
 

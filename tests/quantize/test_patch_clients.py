@@ -17,7 +17,8 @@ import importlib
 
 import onnx
 import pytest
-from calibrator_runs import (
+from onnxruntime.quantization import calibrate as oc
+from support.calibrator_runs import (
     DIST,
     ENT,
     MM,
@@ -29,8 +30,7 @@ from calibrator_runs import (
     chunks_for,
     flat,
 )
-from onnxruntime.quantization import calibrate as oc
-from parity import quiet
+from support.parity import quiet
 
 import histocal
 from histocal import calibrators

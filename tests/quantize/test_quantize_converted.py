@@ -9,14 +9,14 @@ that converted model too, so its quantized model is ORT's, byte for byte; ranges
 
 from __future__ import annotations
 
-import models
 import numpy as np
 import onnx
 import pytest
-from calibrator_runs import DIST, ENT, MM, ORT_QUANTIZE, PCT, RewindReader
-from graphs import GraphBuilder, tensor
 from onnxruntime.quantization import QuantType
-from parity import quiet
+from support import models
+from support.calibrator_runs import DIST, ENT, MM, ORT_QUANTIZE, PCT, RewindReader
+from support.graphs import GraphBuilder, tensor
+from support.parity import quiet
 
 import histocal
 from histocal.cli import main

@@ -11,14 +11,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphs import GraphBuilder, tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models import cnn, cnn_feeds, transformer, transformer_feeds
 from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-from profiles import examples
+from support.graphs import GraphBuilder, tensor
+from support.models import cnn, cnn_feeds, transformer, transformer_feeds
+from support.profiles import examples
 
 import histocal
 from histocal.quantize import scoring

@@ -10,7 +10,6 @@ import logging
 import math
 from pathlib import Path
 
-import models
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -18,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import TensorData, TensorsData
+from support import models
 
 import histocal
 from histocal import methods

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-from profiles import examples
+from support.profiles import examples
 
 from histocal.quantize import selection
 from histocal.quantize.selection import choose_robust

@@ -11,15 +11,15 @@ import enum
 import inspect
 import math
 
-import models
 import numpy as np
 import onnx
 import pytest
-from calibrator_runs import RewindReader, assert_tensors_same, run_ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from onnxruntime.quantization.quant_utils import QuantType
+from support import models
+from support.calibrator_runs import RewindReader, assert_tensors_same, run_ort
 
 from histocal import quark
 

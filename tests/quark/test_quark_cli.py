@@ -3,10 +3,10 @@ the cache the Python API gives."""
 
 from __future__ import annotations
 
-import models
 import numpy as np
 import onnx
 import pytest
+from support import models
 
 import histocal.io.cache
 from histocal import quark

@@ -32,7 +32,7 @@ import pytest
 from histocal import CalibrationState, _core
 from histocal.state import MAX_STATE_BINS
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # tests/, the folder holding the support package
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -46,7 +46,7 @@ def run_capped(body: str, headroom: int, timeout: float = 120) -> dict:
     code = (
         f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
         "import json\nimport numpy as np\nimport histocal\nfrom histocal import _core, CalibrationState\n"
-        "from parity import bounded_address_space\n"
+        "from support.parity import bounded_address_space\n"
         "_core.get_num_threads()\n"  # the pool's threads (their stacks) exist before the cap
         "out = {}\n"
         "def report(**kw): out.update(kw)\n"
@@ -332,7 +332,7 @@ from histocal.cli import main
 def test_computing_beyond_memory_is_refused_up_front_naming_num_bins(tmp_path):
     """A 30 KB state whose settings ask for 2^24 bins, 12 tensors (~3 GiB of ORT histograms): computing
     percentile aborted the interpreter (or raised PanicException, with more memory). The whole computation's
-    memory is estimated before it starts (tests/test_state_limits.py has more)."""
+    memory is estimated before it starts (tests/state/test_state_limits.py has more)."""
     path = tmp_path / "many_bins.npz"
     stream_state(12, 1024, settings={"num_bins": _core.MAX_BINS, "symmetric": True, "percentile": 99.9}).save(path)
     r = run_capped(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 
-import isotone_refs as I
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -15,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 from onnxruntime.quantization import calibrate as ort_calibrate
+from support import isotone_refs as I
 
 import histocal
 from histocal import _core

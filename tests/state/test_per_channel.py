@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import models
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.quant_utils import compute_scale_zp
+from support import models
 
 import histocal
 from histocal import _core

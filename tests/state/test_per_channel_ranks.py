@@ -228,7 +228,7 @@ def test_a_transformer_per_channel_along_the_hidden_axis_with_default_bins(monke
     """models.transformer (dynamic batch and sequence) per channel along -1 (hidden) with the default
     streaming_bins: fitted to the limit, computed, saved and loaded; along axis 1 (the sequence) batches
     of other lengths are an error naming the tensor."""
-    import models
+    from support import models
 
     monkeypatch.setenv(MAX_CHANNEL_BYTES_ENV, str(2 << 20))
     path = (tmp_path / "t.onnx").as_posix()

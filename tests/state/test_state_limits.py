@@ -116,14 +116,14 @@ def test_exact_calibrator_at_max_num_bins_is_refused_before_collecting(tmp_path)
     """EntropyCalibrater(num_bins=2^24) on a real classifier grew to 20 GB and was killed by the kernel after
     52 s (overcommit: no MemoryError). The estimate (tensors x bins x bytes + work) refuses it up front."""
     import onnx
-    from models import cnn
+    from support.models import cnn
 
     model = tmp_path / "cnn.onnx"
     onnx.save(cnn(), model)
     r = run_capped(
         f"""
 import histocal
-from models import cnn_feeds
+from support.models import cnn_feeds
 cal = histocal.EntropyCalibrater({str(model)!r}, num_bins={_core.MAX_BINS}, mode="exact")
 cal.augment_graph()
 cal.create_inference_session()

@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 
-import models
 import numpy as np
 from onnxruntime.quantization import calibrate as oc
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, TensorData, TensorsData
-from parity import argmin_spy, assert_entropy_threshold, assert_same, quiet
 
 import histocal
+
+from . import models
+from .parity import argmin_spy, assert_entropy_threshold, assert_same, quiet
 
 MM, ENT, PCT, DIST = (
     CalibrationMethod.MinMax,

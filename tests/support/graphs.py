@@ -1,4 +1,4 @@
-"""The one ONNX graph builder of the tests (tests/models.py) and the benchmarks (benches/).
+"""The one ONNX graph builder of the tests (tests/support/models.py) and the benchmarks (benches/).
 
 Every model it builds is ORT-loadable: IR version 10 (onnxruntime 1.31 refuses the IR 14 that
 onnx 1.23 writes by default) and an explicit default-domain opset, checked by onnx's checker.

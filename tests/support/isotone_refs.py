@@ -9,7 +9,8 @@ then PPQ's sweep. The range is the one onnxruntime's rule maps to that scale.
 from __future__ import annotations
 
 import numpy as np
-from method_refs import qrange
+
+from .method_refs import qrange
 
 
 def top_two(batches: list[np.ndarray]) -> tuple[list[tuple[float, float]], int]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from graphs import F16, GraphBuilder, tensor
+
+from .graphs import F16, GraphBuilder, tensor
 
 
 def cnn(opset: int = 17, seed: int = 0) -> onnx.ModelProto:

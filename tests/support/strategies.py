@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
-from parity import MAX_BINS, OrtCollector, bounded_address_space, flat_finite, ort_bins_needed, quiet
+
+from .parity import MAX_BINS, OrtCollector, bounded_address_space, flat_finite, ort_bins_needed, quiet
 
 NUM_BINS = [7, 8, 128, 129, 512, 1000, 2048]
 PERCENTILES = [0.0, 50.0, 99.9, 99.999, 100.0]
