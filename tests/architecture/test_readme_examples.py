@@ -109,6 +109,7 @@ def test_the_readme_has_python_examples():
     assert len(BLOCKS) >= 3, [h for h, _, _ in BLOCKS]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("heading,line,source", BLOCKS, ids=_ids(BLOCKS))
 def test_readme_example_runs(tmp_path, monkeypatch, heading, line, source):
     monkeypatch.chdir(tmp_path)

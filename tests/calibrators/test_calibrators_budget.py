@@ -87,6 +87,7 @@ def budget_plans(draw):
     return calls, kept, slack
 
 
+@pytest.mark.parity
 @settings(max_examples=25, deadline=None)
 @given(
     cfg=st.sampled_from(range(len(HIST_CONFIGS))),
@@ -124,6 +125,7 @@ def test_any_budget_gives_orts_result(paths, tmp_path_factory, cfg, plan, form, 
     assert_tensors_same(ref.td, ours, where, ref, opts.get("num_quantized_bins", 128), deviating)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method,opts", [(ENT, {}), (PCT, {}), (DIST, {})], ids=["entropy", "percentile", "dist"])
 @pytest.mark.parametrize("kept", [0, 2, 5], ids=["none-kept", "some-kept", "all-kept"])
 def test_cnn_budget_kept_none_some_all(paths, tmp_path, method, opts, kept):
@@ -152,6 +154,7 @@ def warnings_of(caplog):
         yield lambda: [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@pytest.mark.parity
 def test_read_once_auto_exact_within_budget_streaming_beyond(paths, tmp_path, caplog):
     """auto mode with a reader without rewind(): ORT's result without a warning while the outputs
     fit; beyond the budget streaming mode's result (nothing lost: the streaming histogram was fed
@@ -185,6 +188,7 @@ def test_read_once_auto_exact_within_budget_streaming_beyond(paths, tmp_path, ca
         assert_tensors_same(want, got, f"auto, read once, over the budget from call {over_from_call}")
 
 
+@pytest.mark.parity
 def test_read_once_exact_over_budget_keeps_everything(paths, tmp_path, caplog):
     """mode='exact' with read-once data over the budget keeps every batch as ORT does (ORT's
     result), with a warning that names the budget and the ways to stay within it."""

@@ -33,6 +33,7 @@ from support.parity import quiet
 import histocal
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", [MM, ENT, PCT, DIST], ids=lambda m: m.name)
 @pytest.mark.parametrize("mode", ["exact", "streaming", None])
 def test_no_data(paths, tmp_path, method, mode):
@@ -78,6 +79,7 @@ def test_bad_feeds_name_the_input(paths, tmp_path, method, mode, form):
     assert "'X'" in msg
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", [MM, ENT, PCT, DIST], ids=lambda m: m.name)
 def test_feeds_are_cast_by_the_one_rule(paths, tmp_path, method):
     """Feeds of another dtype of the same kind (float64, ints for a float32 input) are cast to
@@ -150,6 +152,7 @@ def test_invalid_mode_and_streaming_bins(paths, tmp_path):
     assert_tensors_same(a, b, "streaming_bins=1024")
 
 
+@pytest.mark.parity
 def test_compute_before_collect(paths, tmp_path):
     for method in (ENT, PCT, DIST):
         with quiet():
@@ -254,6 +257,7 @@ def test_minmax_failed_collect_leaves_earlier_data_unchanged(paths, tmp_path, ma
         assert_tensors_same(ref.compute_data(), cal.compute_data(), "continued")
 
 
+@pytest.mark.parity
 def test_falsy_feed_in_the_middle_ends_the_data_with_a_warning(paths, tmp_path, caplog):
     """ORT's rule ends the data at the first falsy feed; histocal keeps it for every kind of data
     and warns when a list or iterator has items after it (an end marker ends a reader silently)."""

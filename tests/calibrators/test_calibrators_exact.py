@@ -68,6 +68,7 @@ def _minmax_cases():
                 yield pytest.param(model, cfg, ncalls, id=f"{model}-{cfg}-{ncalls}call")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("model,cfg,ncalls", list(_minmax_cases()))
 def test_minmax_parity(paths, tmp_path, model, cfg, ncalls):
     opts = MINMAX_CONFIGS[cfg]
@@ -112,6 +113,7 @@ def _hist_cases():
                 yield pytest.param(model, cfg, ncalls, id=f"{model}-{cfg}-{ncalls}call")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("model,cfg,ncalls", list(_hist_cases()))
 def test_histogram_parity(paths, tmp_path, caplog, model, cfg, ncalls):
     method, opts, op_types = HIST_CONFIGS[cfg]
@@ -155,6 +157,7 @@ def _symmetric_merge_drops(ref: OrtResult, cal) -> frozenset:
     return frozenset(out)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     "method,opts",
     [
@@ -222,6 +225,7 @@ def call_plans(draw):
     return calls, scale, offset
 
 
+@pytest.mark.parity
 @settings(max_examples=15, deadline=None)
 @given(
     cfg=st.sampled_from(range(len(PROPERTY_CONFIGS))),
@@ -249,6 +253,7 @@ def test_exact_parity_property(paths, tmp_path_factory, cfg, plan, form, seed):
     )
 
 
+@pytest.mark.parity
 def test_reads_and_auto_mode(paths, tmp_path):
     """Exact and auto mode read a rewindable reader once when its outputs fit the memory budget
     and twice with a budget of 0; auto mode is exact for a reader without rewind() within the
@@ -293,6 +298,7 @@ def test_reads_and_auto_mode(paths, tmp_path):
                 assert len(calls) == reads
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", [MM, ENT, PCT, DIST], ids=lambda m: m.name)
 def test_calibrater_classes_direct(paths, tmp_path, method):
     """The classes (not create_calibrator) with mode='exact' and ORT's constructor arguments."""
@@ -351,6 +357,7 @@ def test_histogram_session_sleeps_instead_of_spinning(paths, tmp_path):
     )
 
 
+@pytest.mark.parity
 def test_minmax_inf_mask_parity(paths, tmp_path):
     """MinMax passes -inf activations (a -inf attention mask) through exactly like ORT."""
     chunks = [models.transformer_feeds([5, 5], fill=-np.inf)]
@@ -360,6 +367,7 @@ def test_minmax_inf_mask_parity(paths, tmp_path):
         assert_tensors_same(ref.td, run_histocal(paths["transformer"], MM, {}, chunks, tmp_path / "h.onnx", form), form)
 
 
+@pytest.mark.parity
 def test_reused_input_buffer(paths, tmp_path):
     """A reader that refills one input buffer in place: outputs that are graph inputs (X) must be
     copied (ORT issue #21922), as ORT does."""

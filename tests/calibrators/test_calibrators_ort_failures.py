@@ -26,6 +26,8 @@ from support.parity import assert_same, check_parity, quiet
 
 import histocal
 
+pytestmark = pytest.mark.parity
+
 
 def _activations(path, feeds, tmp_path, op_types=None):
     """Per tensor, the list of per-batch activations (from the histogram augmented model)."""

@@ -66,6 +66,7 @@ QS_CASES = [
 ]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("model,method,extra", QS_CASES, ids=lambda v: getattr(v, "name", None) or str(v))
 def test_quantize_static_patched_and_unpatched(paths, tmp_path, model, method, extra):
     feeds = flat(chunks_for(model, 1))
@@ -128,6 +129,7 @@ def test_quantize_static_patched_and_unpatched(paths, tmp_path, model, method, e
     ort.InferenceSession(streamed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
 
 
+@pytest.mark.parity
 def test_patch_without_context_manager_and_nesting(paths, tmp_path):
     feeds = flat(chunks_for("cnn", 1))
     p = histocal.patch_onnxruntime()
@@ -193,6 +195,7 @@ def test_quantize_static_strided_and_options(paths, tmp_path):
         assert_models_same(ref, (tmp_path / "h.onnx").read_bytes(), f"{method.name} {extra} histocal")
 
 
+@pytest.mark.parity
 def test_quantize_static_histogram_options(paths, tmp_path):
     """num_bins / num_quantized_bins (which ORT's quantize_static cannot pass) take effect: the
     model equals ORT's quantize_static fed with ranges from ORT's calibrator with those options."""

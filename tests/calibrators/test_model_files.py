@@ -161,6 +161,7 @@ def _without_dac_override() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
+@pytest.mark.subprocess
 def test_model_in_a_read_only_folder(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()

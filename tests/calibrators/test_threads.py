@@ -161,6 +161,7 @@ def test_session_options_are_used_as_given(paths, tmp_path, method):
     assert _spinning(cal.infer_session) == "1"
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("mode", ["exact", "streaming"])
 def test_a_split_pool_gives_the_same_result(paths, tmp_path, mode):
     """A calibration whose Rust work runs on its own, smaller pool (as on 8+ CPUs) gives the

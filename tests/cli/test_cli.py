@@ -106,6 +106,8 @@ def out_dir(tmp_path: Path) -> Path:
 # calibrate
 
 
+@pytest.mark.parity
+@pytest.mark.subprocess
 def test_calibrate_subprocess_cache_loads_in_ort_and_matches_api(work, tmp_path):
     cache, state = tmp_path / "cache.json", tmp_path / "state.hcs"
     r = run_cli(
@@ -257,6 +259,8 @@ def op_types(model_path: Path) -> set[str]:
     return {n.op_type for n in onnx.load(str(model_path)).graph.node}
 
 
+@pytest.mark.parity
+@pytest.mark.subprocess
 def test_quantize_images_subprocess_model_runs_in_ort(work, tmp_path):
     out = tmp_path / "q" / "cnn.qdq.onnx"
     cache = tmp_path / "ranges.json"
@@ -373,6 +377,7 @@ def test_quantize_from_cache_and_from_state(work, tmp_path, capsys):
 # recompute and inspect
 
 
+@pytest.mark.parity
 def test_recompute_from_state(work, tmp_path, capsys):
     cache, state = tmp_path / "d.json", tmp_path / "d.hcs"
     assert (
@@ -437,6 +442,7 @@ histocal.register_method("cli_plugin_half", half_range, replace=True)
 """
 
 
+@pytest.mark.parity
 def test_histocal_methods_and_plugins(work, tmp_path, capsys, monkeypatch):
     """histocal's own methods and registered ones through calibrate, recompute and quantize."""
     from histocal.state import CalibrationState
@@ -512,6 +518,8 @@ def test_histocal_methods_and_plugins(work, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "n.json").exists()
 
 
+@pytest.mark.parity
+@pytest.mark.subprocess
 def test_inspect_cache_text_and_json(work, tmp_path, capsys):
     cache = tmp_path / "m.json"
     assert main(["calibrate", str(work["model"]), "--data", str(work["npy"]), "--cache", str(cache)]) == 0
@@ -571,6 +579,7 @@ def _table_cells(text: str, tensor: str) -> list[str]:
     return re.split(r"\s{2,}", row.strip())
 
 
+@pytest.mark.parity
 def test_inspect_table_shows_each_range_once(work, tmp_path, capsys):
     """One "[low, high]" cell per range: a state's data range and its method's range (marked
     when they are the same), per-channel ranges as their span and channel count."""
@@ -678,6 +687,7 @@ def test_bad_data_fails_cleanly(work, tmp_path, capsys, kind):
     assert files_in(out) == set()
 
 
+@pytest.mark.subprocess
 def test_bad_data_subprocess(work, tmp_path):
     _, data, culprit = _bad_data("unreadable image", work, tmp_path)
     out = out_dir(tmp_path)
@@ -704,6 +714,7 @@ def test_non_onnx_model_names_the_file(tmp_path, capsys, work, command):
     assert files_in(out) == set()
 
 
+@pytest.mark.parity
 def test_float64_files_follow_the_feed_rule(work, tmp_path, capsys):
     """float64 files are cast to the model's float32 by the same rule as Python feeds (histocal.
     readers.cast_to_input): the same cache as float32 files; values float32 cannot hold are an
@@ -784,6 +795,7 @@ def test_usage_errors_exit_2(argv, tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_usage_error_subprocess(tmp_path):
     r = run_cli("calibrate", "m.onnx", "--data", "d", cwd=tmp_path)
     assert r.returncode == 2 and "--cache and/or --state" in r.stderr
@@ -912,6 +924,7 @@ def test_help_mentions_options(command, capsys):
         assert option in text, (command, option)
 
 
+@pytest.mark.subprocess
 def test_python_m_histocal_help():
     r = run_cli("--help")
     assert r.returncode == 0 and "calibrate" in r.stdout and "demo" in r.stdout

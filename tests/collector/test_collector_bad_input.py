@@ -137,6 +137,7 @@ def test_percentile_out_of_range_is_value_error(sym, p):
     _raises_somewhere(ValueError, _cfg("percentile", symmetric=sym, percentile=p))
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("sym", [False, True])
 @pytest.mark.parametrize("p", [0.0, 100.0, 0, 100])
 def test_percentile_bounds_are_valid(sym, p):
@@ -144,6 +145,7 @@ def test_percentile_bounds_are_valid(sym, p):
     _compare_with_ort(cfg, [{"t": np.arange(-5, 7, dtype=f32)}], [{"t": np.arange(-5, 7, dtype=f32)}])
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("num_bins,nq", [(127, 128), (126, 128), (100, 128), (7, 8), (1, 4)])
 def test_entropy_fewer_bins_than_quantized_bins_is_clear_value_error(num_bins, nq):
     cfg = _cfg("entropy", num_bins=num_bins, num_quantized_bins=nq)
@@ -190,6 +192,7 @@ NONFINITE_CASES = {
 }
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("key", ALL)
 @pytest.mark.parametrize("case", sorted(NONFINITE_CASES))
 @pytest.mark.parametrize("dtype", [f32, f16])
@@ -213,6 +216,7 @@ def test_non_finite_values_are_counted_and_excluded(key, case, dtype):
         assert isinstance(getattr(counts, attr), int), attr
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("key", ALL)
 @pytest.mark.parametrize("dtype", [f32, f16])
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (2, 2)])
@@ -238,6 +242,7 @@ def test_all_nan_tensor_as_list_and_repeated(key):
     assert "n" in res
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("key", ["percentile", "percentile-sym", "distribution", "distribution-p3", "entropy"])
 @pytest.mark.parametrize("scale", [1.5, 0.37, 3.7, 1000.0])
 def test_float16_with_2048_bins_works(key, scale):
@@ -296,6 +301,7 @@ def _layouts(rng, dtype, scale):
     }
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("key", ALL)
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_non_contiguous_inputs_equal_contiguous_copies(key, dtype):
@@ -420,6 +426,7 @@ def test_results_identical_for_one_and_two_threads(key):
         )
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("key", ALL)
 def test_compute_before_collect_is_value_error(key):
     """Like ORT: 'Histogram has not been collected. Please run collect() first.'"""
@@ -454,6 +461,7 @@ def _threads_from_environment(value: str | None) -> tuple[str, str]:
     return run.stdout.strip(), run.stderr
 
 
+@pytest.mark.subprocess
 def test_bad_thread_count_in_the_environment_is_an_error():
     """HISTOCAL_NUM_THREADS that is not a whole number >= 0 fails the import with an error naming
     it (it was silently ignored); blanks around a number, an empty value and 0 are fine."""

@@ -87,6 +87,7 @@ def entropy_cfgs(draw):
     return _cfg("entropy", symmetric=draw(st.booleans()), num_bins=nb, num_quantized_bins=nq)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(100))
 @given(cfg=entropy_cfgs(), plan=plans(max_tensors=2, max_collects=4))
 def test_entropy_parity(cfg, plan):
@@ -95,6 +96,7 @@ def test_entropy_parity(cfg, plan):
     _run_property(cfg, plan, growth)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(150))
 @given(
     nb=st.sampled_from(NUM_BINS),
@@ -105,6 +107,7 @@ def test_percentile_parity(nb, p, plan):
     _run_property(_cfg("percentile", symmetric=False, num_bins=nb, percentile=p), plan, growth=32.0)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(150))
 @given(
     nb=st.sampled_from(NUM_BINS),
@@ -115,6 +118,7 @@ def test_percentile_symmetric_parity(nb, p, plan):
     _run_property(_cfg("percentile", symmetric=True, num_bins=nb, percentile=p), plan, growth=32.0)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(120))
 @given(
     nb=st.sampled_from([512, 1000, 2048]),
@@ -126,6 +130,7 @@ def test_distribution_parity(nb, scenario, symmetric, plan):
     _run_property(_cfg("distribution", symmetric=symmetric, num_bins=nb, scenario=scenario), plan, growth=16.0)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(60))
 @given(
     method=st.sampled_from(["entropy", "percentile", "percentile-sym", "distribution"]),
@@ -161,6 +166,7 @@ def _parity(cfg, collects):
     return check_parity(cfg, collects)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
 def test_worked_example_value_path_merges(method):
     """§4.1 table: first, t_new <= t_old, growth, growth by an exact multiple of the stride."""
@@ -175,6 +181,7 @@ def test_worked_example_value_path_merges(method):
         assert ort.collector.histogram_dict["t"][0].size == 20  # the exact-multiple growth really happened
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
 def test_worked_example_zero_threshold_then_growth(method):
     """§4.1: old_t == 0 (all zeros first) adds the old counts index-wise without re-binning."""
@@ -184,6 +191,7 @@ def test_worked_example_zero_threshold_then_growth(method):
     assert _parity(cfg, collects).compared == ["z"]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["entropy", "percentile", "percentile-sym", "distribution"])
 def test_empty_batch_injects_zero_into_min_max(method):
     """§4.1/§8: an empty later collect injects 0 into min/max (0-d arrays for empty batches)."""
@@ -197,6 +205,7 @@ def test_empty_batch_injects_zero_into_min_max(method):
         assert _parity(cfg, collects).compared == ["e"]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("sym", [False, True])
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_empty_only(sym, dtype):
@@ -212,6 +221,7 @@ def test_empty_only(sym, dtype):
         assert sorted(rep.compared) == ["e", "f"], (cfg, rep)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("c", [0.0, 3.0, -3.0, 1e-3, 65504.0])
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_constant_data(c, dtype):
@@ -227,6 +237,7 @@ def test_constant_data(c, dtype):
         _parity(cfg, [data, data])
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("p", PERCENTILES)
 def test_percentile_worked_example(p):
     """§5.1: data [0.1,0.2,0.3,-0.9,1.0,0.15], 8 bins, both symmetric modes."""
@@ -235,6 +246,7 @@ def test_percentile_worked_example(p):
         assert _parity(_cfg("percentile", symmetric=sym, num_bins=8, percentile=p), [{"x": x}]).compared == ["x"]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("n", [3, 10, 129])
 def test_percentile_100_depends_on_cdf_last_bits(n):
     """§5.1: p=100 with n equal bins: cdf[-1] == 1.0 or 0.9999999999999999 picks e[n-1] or e[n]."""
@@ -243,6 +255,7 @@ def test_percentile_100_depends_on_cdf_last_bits(n):
         _parity(_cfg("percentile", symmetric=sym, num_bins=n, percentile=100.0), [{"x": x}])
 
 
+@pytest.mark.parity
 def test_symmetric_percentile_extension_and_drop():
     """§4.2: extension with f64 arange edges (overshoot); values below the first min|x| dropped by
     ORT (deviation 2: histocal keeps them, so its count is the number of finite values)."""
@@ -256,6 +269,7 @@ def test_symmetric_percentile_extension_and_drop():
     assert int(ort.collector.histogram_dict["a"][0].sum()) == 4  # ORT really dropped 3 of 7
 
 
+@pytest.mark.parity
 def test_symmetric_percentile_empty_extension():
     """§4.2: edges [0,3.5,...,14] and amax=14.000001: ORT's extension is empty and drops the value."""
     cfg = _cfg("percentile", symmetric=True, num_bins=4, percentile=100.0)
@@ -266,6 +280,7 @@ def test_symmetric_percentile_empty_extension():
         assert rep.deviations == {"a": "symmetric percentile dropped values"}
 
 
+@pytest.mark.parity
 def test_symmetric_percentile_all_nan_later_batch_is_ignored():
     """§4.2/§8: an all-NaN later batch on the |x| path leaves ORT's state (including min/max) unchanged."""
     cfg = _cfg("percentile", symmetric=True, num_bins=8, percentile=99.9)
@@ -273,18 +288,21 @@ def test_symmetric_percentile_all_nan_later_batch_is_ignored():
     assert _parity(cfg, collects).compared == ["a"]
 
 
+@pytest.mark.parity
 def test_symmetric_percentile_nan_in_later_batch_dropped():
     cfg = _cfg("percentile", symmetric=True, num_bins=8, percentile=50.0)
     collects = [{"a": np.array([1, -2, 0.5], f32)}, {"a": [np.array([np.nan, 3], f32), np.array([-0.7, np.nan], f32)]}]
     assert _parity(cfg, collects).compared == ["a"]
 
 
+@pytest.mark.parity
 def test_value_path_nan_dropped_silently():
     for cfg in (_cfg("entropy", num_bins=8, num_quantized_bins=4), _cfg("distribution", num_bins=512)):
         collects = [{"a": np.array([1, np.nan, -2], f32)}, {"a": np.array([np.nan, 3.0, 0.25], f32)}]
         assert _parity(cfg, collects).compared == ["a"]
 
 
+@pytest.mark.parity
 def test_f16_bin_misplacement_is_reproduced():
     """§4.3.5: with f16, numpy's estimate-and-correct puts 19.83 in bin 967 (not 966) for n=1000,
     t=f16(21.22). A port must reproduce this, not a binary search."""
@@ -295,6 +313,7 @@ def test_f16_bin_misplacement_is_reproduced():
     assert ort.collector.histogram_dict["h"][0][967] == 1
 
 
+@pytest.mark.parity
 def test_f32_values_on_edges_and_one_ulp_away():
     """§4.3.5: f32 values exactly on edges and ±1 ulp, fed into a second collect (no growth)."""
     rng = np.random.default_rng(5)
@@ -312,6 +331,7 @@ def test_f32_values_on_edges_and_one_ulp_away():
             _parity(cfg, [first, {"e": second}, {"e": -second}])
 
 
+@pytest.mark.parity
 def test_entropy_default_128_bins_is_minmax():
     """§5.2: 128/128 has a single candidate and returns exactly the data (min, max)."""
     x = (np.random.default_rng(1).standard_normal(10000) * 2 + 0.3).astype(f32)
@@ -321,6 +341,7 @@ def test_entropy_default_128_bins_is_minmax():
     assert res["x"][0] == x.min() and res["x"][1] == x.max()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("dtype", [f32, f16])
 def test_entropy_2048_bins(dtype):
     """The percentile/distribution default bin count, with entropy (ORT's slow path, one example).
@@ -336,6 +357,7 @@ def test_entropy_2048_bins(dtype):
         assert _parity(cfg, [{"y": y}]).deviations == {"y": "too many bins"}
 
 
+@pytest.mark.parity
 def test_entropy_grown_histogram_f16_ties():
     """§5.2: f16 KL is rounded to f16 and ties are common; first-minimum tie breaking."""
     rng = np.random.default_rng(3)
@@ -344,6 +366,7 @@ def test_entropy_grown_histogram_f16_ties():
     assert _parity(cfg, collects).compared == ["h"]
 
 
+@pytest.mark.parity
 def test_entropy_worked_example_p_q():
     """§5.2: n=8, nq=4, hist [0,3,0,1,2,0,0,4]-like data; even-n asymmetric candidates."""
     x = np.array([-1.5, -1.5, -1.5, -0.25, 0.25, 0.25, 1.9, 1.9, 1.9, 2.0], f32)
@@ -351,6 +374,7 @@ def test_entropy_worked_example_p_q():
         assert _parity(_cfg("entropy", num_bins=8, num_quantized_bins=nq), [{"x": x}]).compared == ["x"]
 
 
+@pytest.mark.parity
 def test_kl_spy_captures_ort_kl_vector():
     """Self-test of the near-tie machinery: the spy sees one KL vector per tensor, of length K."""
     rng = np.random.default_rng(4)
@@ -366,6 +390,7 @@ def test_kl_spy_captures_ort_kl_vector():
     assert np.argmin is not None and "spy" not in np.argmin.__name__  # restored
 
 
+@pytest.mark.parity
 def test_near_tie_checker_accepts_ties_and_rejects_real_differences():
     """Self-test of the KL near-tie rule used when entropy thresholds differ."""
     from support.parity import assert_entropy_threshold, entropy_candidates
@@ -400,6 +425,7 @@ def test_near_tie_checker_accepts_ties_and_rejects_real_differences():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["entropy", "percentile", "percentile-sym", "distribution"])
 def test_deviation_ragged_batches(method):
     """§3.4: batches of different shapes (and empty + non-empty) in one list: ORT raises
@@ -424,6 +450,7 @@ def test_deviation_ragged_batches(method):
         assert rep.compared == ["r"], rep  # flattened reference computed and compared exactly
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["percentile", "percentile-sym", "distribution"])
 def test_deviation_f16_too_many_bins(method):
     """§4.3.6: f16 with 2048 bins raises 'Too many bins' in ORT; histocal returns a result."""
@@ -437,6 +464,7 @@ def test_deviation_f16_too_many_bins(method):
     assert rep.deviations == {"h": "too many bins"}
 
 
+@pytest.mark.parity
 def test_deviation_entropy_smoothing_assertion():
     """§5.2: ORT's smooth_distribution asserts (eps1 >= 1) on very sparse wide histograms."""
     x = np.zeros(1001, f32)
@@ -451,6 +479,7 @@ def test_deviation_entropy_smoothing_assertion():
     assert_hist_tuple_same(ort.collector.histogram_dict["s"], hc.histogram_dict["s"], "histogram_dict['s']")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["entropy", "percentile", "percentile-sym", "distribution"])
 @pytest.mark.parametrize("where", ["first", "later"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, "all-nan"])
@@ -466,6 +495,7 @@ def test_deviation_non_finite(method, where, bad):
     assert set(rep.compared) | set(rep.deviations) == {"n"}
 
 
+@pytest.mark.parity
 def test_deviation_f16_abs_extension_overflows_f16_max():
     """An f16 |x| extension past 65504. ORT: 'arange: cannot compute length'.
     histocal must keep finite edges and never bin the later +inf."""
@@ -483,6 +513,7 @@ def test_deviation_f16_abs_extension_overflows_f16_max():
     assert np.all(np.isfinite(hc.histogram_dict["t"][1].astype(np.float64))), hc.histogram_dict["t"][1]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     "first,later",
     [
@@ -503,6 +534,7 @@ def test_deviation_f16_abs_extension_length_overflow(first, later):
     assert "x" in rep.deviations
 
 
+@pytest.mark.parity
 def test_deviation_f16_all_nan_first_then_extension_overflow_with_few_bins():
     """A random run: histocal starts an all-NaN first collect like an empty one ([0, 1], 7 bins);
     ORT cannot extend that in float16 ('Maximum allowed size exceeded'), while the variant that
@@ -523,6 +555,7 @@ def _open_top(hist_t) -> bool:
     return bool(np.isposinf(hist_t[1][-1]))
 
 
+@pytest.mark.parity
 def test_f16_abs_extension_past_f16_max_keeps_orts_infinite_edges():
     """Regression (hypothesis, thorough profile): numpy's f64 arange carries the f16 extension
     edges past 65504 and ORT stores them as float16 +inf, without raising. histocal used to
@@ -537,6 +570,7 @@ def test_f16_abs_extension_past_f16_max_keeps_orts_infinite_edges():
     assert hc.histogram_dict["x"][1].dtype == f16 and res["x"][0].dtype == f16
 
 
+@pytest.mark.parity
 def test_f16_open_top_bins_later_infinities_like_ort():
     """Once the top is open, `amax > edges[-1]` never holds: no further extension, a later
     ±inf is binned in the last bin [inf, inf] and enters nanmin/nanmax (ORT raises on a later
@@ -566,6 +600,7 @@ def test_f16_open_top_bins_later_infinities_like_ort():
             assert ort.infs_binned.get("x", 0) == n_inf  # ORT binned every later infinity
 
 
+@pytest.mark.parity
 def test_f16_open_top_fallback_keeps_infinities():
     """A ragged list after the top opened: ORT raises ('inhomogeneous'); the reference on the
     flattened values keeps the ±inf ORT accepts with an open top, and histocal equals it."""
@@ -581,6 +616,7 @@ def test_f16_open_top_fallback_keeps_infinities():
     assert hc.histogram_dict["x"][0][-1] == 2 and np.isposinf(res["x"][1])
 
 
+@pytest.mark.parity
 def test_f16_edges_diverge_after_dropped_values():
     """A random run: ORT's f16 extension to 65000 falls short (it drops the value), histocal's
     extra bins keep it; from there their edges differ. ORT's next extension opens its top, while
@@ -652,6 +688,7 @@ def _f16_overflow_cases(draw):
     return _cfg("percentile", symmetric=True, num_bins=nb, percentile=p), [{"x": first}] + [{"x": v} for v in later]
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(300))
 @given(case=_f16_overflow_cases())
 def test_f16_abs_extensions_near_f16_max_match_ort(case):
@@ -719,6 +756,7 @@ ABS_ALL_NAN_THEN_HUGE = [
 ]
 
 
+@pytest.mark.parity
 def test_abs_path_all_nan_first_then_huge_is_clear_too_many_bins_error():
     cfg, collects = ABS_ALL_NAN_THEN_HUGE_CFG, ABS_ALL_NAN_THEN_HUGE
     assert ort_bins_needed(cfg, collects, "t0") > 100_000_000
@@ -744,6 +782,7 @@ def test_abs_path_all_nan_first_then_huge_is_clear_too_many_bins_error():
     assert rep.deviations == {"t0": "too many bins"} and rep.compared == ["ok"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("first", ["empty", "all-nan"])
 def test_abs_path_too_many_bins_allocates_boundedly(first):
     """The whole check (histocal, ORT references, fallbacks) within 1 GB of address space."""
@@ -756,6 +795,7 @@ assert check_parity(cfg, collects).deviations == {{'t0': 'too many bins'}}
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["entropy", "percentile", "distribution"])
 @pytest.mark.parametrize("first", ["empty", "all-nan"])
 def test_value_path_empty_or_all_nan_first_then_huge_does_not_grow(method, first):
@@ -773,6 +813,8 @@ def test_value_path_empty_or_all_nan_first_then_huge_does_not_grow(method, first
     assert hc.histogram_dict["v"][0].size == nb
 
 
+@pytest.mark.parity
+@pytest.mark.subprocess
 def test_value_path_growth_beyond_max_bins_is_clear_error():
     """Value path: a tiny first max|x| then a huge one grows ORT's histogram by
     2 * (t - old_t) / stride bins (here ~2e9). ORT is not run; histocal must raise its
@@ -809,6 +851,7 @@ def test_histocal_too_many_bins_is_accepted_only_beyond_max_bins(monkeypatch):
         run_histocal_or_too_many_bins(cfg, [{"x": np.array([1, 2], f32)}])
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("sym", [False, True])
 @pytest.mark.parametrize("dtype", [f32, f16])
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
@@ -840,6 +883,7 @@ def test_ort_bins_needed_matches_ort(method, dtype, sym):
 NEAR_CAP_CFG = _cfg("percentile", symmetric=True, num_bins=512, percentile=99.999)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("dtype", [f16, f32])
 def test_kept_values_may_fill_max_bins_exactly(dtype):
     """The derandomized CI profile's failing example: histocal refused, counting edges, not bins."""
@@ -854,6 +898,7 @@ def test_kept_values_may_fill_max_bins_exactly(dtype):
     assert hist.size == MAX_BINS and hist.sum() == 4
 
 
+@pytest.mark.parity
 def test_kept_values_beyond_max_bins_are_refused_where_ort_computes():
     """One float32 step higher, histocal's rules need more than MAX_BINS bins and it refuses;
     ORT fits in fewer by dropping the 0."""
@@ -866,6 +911,7 @@ def test_kept_values_beyond_max_bins_are_refused_where_ort_computes():
     assert check_parity(NEAR_CAP_CFG, collects).deviations == {"x": "too many bins"}
 
 
+@pytest.mark.parity
 def test_abs_path_chain_of_extensions_stops_at_max_bins():
     """Each |x| extension within numpy's and histocal's per-step limits, together beyond
     MAX_BINS: histocal refuses the collect that passes the cap (it used to grow without bound)

@@ -57,6 +57,7 @@ def _range(res):
     return tuple(float(v) for v in (res.range_value if hasattr(res, "range_value") else res[:2]))
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("dtype", [f32, f16])
 @pytest.mark.parametrize("data", sorted(DATA))
 @pytest.mark.parametrize("key", sorted(CONFIGS))

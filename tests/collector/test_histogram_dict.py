@@ -138,6 +138,7 @@ _seeds = st.integers(0, 2**16)
 _scales = st.sampled_from([0.01, 1.0, 40.0])
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(20))
 @given(key=_cfg_keys, seed=_seeds, scale=_scales)
 def test_one_dict_updated_in_place_by_collect(key, seed, scale):
@@ -151,6 +152,7 @@ def test_one_dict_updated_in_place_by_collect(key, seed, scale):
     ort_reference(cfg, ort, ours, values_in(data(seed, 1.0, NAMES[:2]), second), key)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(20))
 @given(key=_cfg_keys, seed=_seeds, scale=_scales)
 @example(key="percentile-sym", seed=78, scale=40.0)  # ORT drops a value: the |x| extension rounded short
@@ -179,6 +181,7 @@ def test_assigned_dict_is_used_by_compute_and_collect(key, seed, scale):
     compute_both(cfg, ref, ours, where)
 
 
+@pytest.mark.parity
 def test_assigned_abs_dict_extension_rounded_short():
     """A case hypothesis found: ORT's |x| extension of "b" (assigned from another collector) ends
     at 72.6874132 (float64; stored as 72.687416), short of the new max|x| 72.687744, which ORT drops (4240 bins, 25 of 26
@@ -208,6 +211,7 @@ def test_assigned_abs_dict_extension_rounded_short():
     assert_dicts_same(collected[1].histogram_dict, assigned[1].histogram_dict, "assigned vs collected")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("key", sorted(CFGS))
 def test_edits_in_place_are_used(key):
     """Deleting, replacing and changing entries in place: the next compute and collect use the
@@ -305,6 +309,7 @@ class Reader(oc.CalibrationDataReader):
         return next(self.it, None)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", [CalibrationMethod.Entropy, CalibrationMethod.Distribution])
 def test_calibrator_collector_dict(tmp_path, method):
     """histocal's exact mode (a list: read twice) updates the collector's dict in place like

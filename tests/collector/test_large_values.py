@@ -292,6 +292,7 @@ def value_range(arrays) -> tuple[float, float]:
     return float(min(a.min() for a in arrays)), float(max(a.max() for a in arrays))
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("mode", ["exact", "streaming"])
 @pytest.mark.parametrize("cfg", list(ORT_CONFIGS))
 def test_lowest_mask_model_ort_methods(mask_model, cfg, mode):
@@ -328,6 +329,7 @@ def test_lowest_mask_model_ort_methods(mask_model, cfg, mode):
         assert widened >= MASK_TENSORS
 
 
+@pytest.mark.parity
 def test_lowest_mask_model_minmax(mask_model):
     with quiet():
         ort = oc.create_calibrator(mask_model["path"], None, (mask_model["dir"] / "ort_mm.onnx").as_posix(), MM)
@@ -463,6 +465,7 @@ def test_streaming_constant_tensor_is_exact(cfg, c, dtype, sizes):
     assert_result_same(ref, want, f"{cfg} c={x!r} {dtype} vs ORT")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("cfg", list(ORT_CONFIGS))
 def test_streaming_calibrator_on_a_constant_tensor_matches_ort(tmp_path, cfg):
     """Calibrator level: a constant input (and its Identity/Relu copies) in streaming mode."""

@@ -31,6 +31,8 @@ from support.profiles import examples
 
 import histocal
 
+pytestmark = pytest.mark.parity
+
 MM = CalibrationMethod.MinMax
 CHANNELS = 3
 OPSETS = (13, 18)  # per-channel ReduceMin/ReduceMax take axes as an attribute before 18, an input from 18

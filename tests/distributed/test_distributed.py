@@ -38,6 +38,8 @@ from histocal.distributed import ShardError, calibrate_distributed, driver
 from histocal.distributed.shards import make_shards
 from histocal.distributed.worker import ShardWorker
 
+pytestmark = pytest.mark.ray
+
 FEEDS = models.cnn_feeds(8)
 ORT_ENUM = {"entropy": ENT, "percentile": PCT, "distribution": DIST, "minmax": MM}
 
@@ -315,6 +317,7 @@ def test_an_empty_shard_adds_nothing(local_ray, model_path):
         calibrate_distributed(model_path, [functools.partial(list, [])] * 2, calibrate_method="entropy", num_workers=2)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     "method, options, sizes",
     [
@@ -333,6 +336,7 @@ def test_exact_mode_equals_onnxruntime_on_all_the_data(local_ray, model_path, tm
     assert_tensors_same(ort.td, merged.compute(method, **options), f"{method} {sizes}")
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_minmax_reduces_min_and_max_as_onnxruntime(local_ray, model_path, tmp_path, symmetric):
     options = {"symmetric": symmetric}
@@ -459,6 +463,7 @@ calibrate_distributed(sys.argv[1], shards, calibrate_method="entropy", num_worke
 """
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_on_the_driver_leaves_no_worker_files(model_path, tmp_path):
     """A driver (with its own local Ray) interrupted mid-run: the workers, which inherit its TMPDIR,
     leave nothing there."""

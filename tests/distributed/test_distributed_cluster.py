@@ -20,6 +20,8 @@ from test_distributed import FEEDS, assert_same_state, single_run
 
 from histocal.distributed import calibrate_distributed
 
+pytestmark = pytest.mark.ray
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

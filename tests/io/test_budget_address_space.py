@@ -14,7 +14,10 @@ import sys
 import textwrap
 
 import onnx
+import pytest
 from support.graphs import GraphBuilder, tensor
+
+pytestmark = pytest.mark.subprocess
 
 SCRIPT = textwrap.dedent(
     """

@@ -113,6 +113,7 @@ def tensors_datas(draw):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(400))
 @given(td=tensors_datas(), smooth_quant=st.booleans())
 def test_save_load_matches_ort(workdir, td, smooth_quant):
@@ -129,6 +130,7 @@ def test_save_load_matches_ort(workdir, td, smooth_quant):
     assert temp_files(workdir) == []
 
 
+@pytest.mark.parity
 def test_load_conversions_like_ort(tmp_path):
     """Section 7.2: np scalars come back as 0-d float32 arrays (f16 too), arrays keep dtype, plain ints stay."""
     td = TensorsData(
@@ -165,6 +167,7 @@ def test_literal_example_from_spec(tmp_path):
     )
 
 
+@pytest.mark.parity
 def test_unserializable_value_raises_like_ort_and_keeps_old_file(tmp_path):
     path = tmp_path / "c.json"
     path.write_bytes(b"old")
@@ -188,6 +191,7 @@ def test_save_creates_parent_folders(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
 def test_real_calibration_results_round_trip(calibrated, method, tmp_path):
     td = calibrated[method]
@@ -208,6 +212,7 @@ def quantize(model: Path, out: Path, method, cache_path: Path, reader=None) -> b
     return out.read_bytes()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
 def test_ort_quantize_static_uses_histocal_cache(conv_model, calibrated, method, tmp_path):
     """A histocal-written cache is a hit in ORT (no reader needed) and quantizes exactly like ORT's own cache."""
@@ -220,6 +225,7 @@ def test_ort_quantize_static_uses_histocal_cache(conv_model, calibrated, method,
     assert b"QuantizeLinear" in model_ours
 
 
+@pytest.mark.parity
 def test_ort_quantize_static_reads_the_cached_ranges(conv_model, tmp_path):
     """The cached values really drive ORT's quantization: a changed range changes Y's scale."""
     scales = []
@@ -238,6 +244,7 @@ def test_ort_quantize_static_reads_the_cached_ranges(conv_model, tmp_path):
     np.testing.assert_allclose(scales, [7 / 255, 13 / 255], rtol=1e-6)  # uint8: (highest - lowest) / 255
 
 
+@pytest.mark.parity
 def test_ort_written_cache_from_quantize_static_loads(conv_model, tmp_path):
     path = tmp_path / "c.json"
     quantize(conv_model, tmp_path / "q.onnx", CalibrationMethod.MinMax, path, Reader())  # miss: ORT writes
@@ -256,6 +263,7 @@ def ort_error(conv_model, tmp_path, method, cache_path) -> str:
     return str(err.value)
 
 
+@pytest.mark.parity
 def test_check_cache_hit_and_miss(calibrated, tmp_path):
     path = tmp_path / "c.json"
     assert cache.check_cache(path, CalibrationMethod.MinMax, False) is None  # missing: miss
@@ -273,6 +281,7 @@ def test_check_cache_missing_smooth_quant_key_means_false(tmp_path):
     assert cache.check_cache(path, CalibrationMethod.Entropy, True) is None
 
 
+@pytest.mark.parity
 def test_check_cache_smooth_quant_mismatch_warns_and_skips_method_check(calibrated, tmp_path, caplog):
     path = tmp_path / "c.json"
     cache.save_tensors_data(calibrated[CalibrationMethod.Percentile], path, smooth_quant=False)
@@ -284,6 +293,7 @@ def test_check_cache_smooth_quant_mismatch_warns_and_skips_method_check(calibrat
     ]
 
 
+@pytest.mark.parity
 def test_check_cache_method_mismatch_error_like_ort(conv_model, calibrated, tmp_path):
     path = tmp_path / "c.json"
     cache.save_tensors_data(calibrated[CalibrationMethod.Percentile], path)
@@ -296,6 +306,7 @@ def test_check_cache_method_mismatch_error_like_ort(conv_model, calibrated, tmp_
     assert str(ours.value) == expected == ort_error(conv_model, tmp_path, CalibrationMethod.MinMax, path)
 
 
+@pytest.mark.parity
 def test_check_cache_raw_method_value_kept_like_ort(conv_model, tmp_path):
     """ORT keeps a non-enum calibration_method as is, so it never matches: a method-mismatch error."""
     path = tmp_path / "c.json"
@@ -306,6 +317,7 @@ def test_check_cache_raw_method_value_kept_like_ort(conv_model, tmp_path):
     assert str(ours.value) == ort_error(conv_model, tmp_path, CalibrationMethod.MinMax, path)
 
 
+@pytest.mark.parity
 def test_check_cache_directory_like_ort(conv_model, tmp_path):
     folder = tmp_path / "dir.json"
     folder.mkdir()
@@ -355,6 +367,7 @@ INTERRUPTIONS = {  # os function patched in histocal.io.files -> replacement
 }
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("target", INTERRUPTIONS)
 def test_interrupted_write_keeps_old_file(tmp_path, monkeypatch, calibrated, target):
     path = tmp_path / "c.json"
@@ -404,6 +417,7 @@ for _ in range(10):
 """
 
 
+@pytest.mark.subprocess
 def test_concurrent_writers(tmp_path):
     """6 threads, then 4 processes, save to one path while a thread keeps loading it: every load sees one
     complete version, and no temp file is left."""

@@ -32,6 +32,7 @@ FLOAT_DTYPES = [np.float16, np.float32]
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parity
 def test_missing_and_directory_like_ort(tmp_path):
     missing = tmp_path / "nope.json"
     for loader in (cache.load_tensors_data, ort.load_tensors_data):
@@ -83,6 +84,7 @@ ORT_ERRORS = {  # same text as ORT's ValueError
 }
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("name", ORT_ERRORS)
 def test_value_errors_with_ort_text(tmp_path, name):
     path = tmp_path / "c.json"
@@ -198,6 +200,7 @@ def test_bad_texts_raise_value_error(tmp_path, name):
     assert type(err.value) is ValueError and str(path) in str(err.value)
 
 
+@pytest.mark.parity
 def test_brackets_inside_strings_do_not_count_as_nesting(tmp_path):
     name = "a[" * 200 + '"{\\"' + "}" * 300
     td = TensorsData(CalibrationMethod.MinMax, {name: TensorData(lowest=np.float32(1), highest=np.float32(2))})
@@ -205,6 +208,7 @@ def test_brackets_inside_strings_do_not_count_as_nesting(tmp_path):
     assert_same(cache.load_tensors_data(tmp_path / "c.json"), ort_load(tmp_path / "c.json"))
 
 
+@pytest.mark.parity
 def test_nan_and_infinity_tokens_accepted_like_ort(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(in_tensor("highest", arr([float("nan"), float("-inf"), 1e400]))))
@@ -499,18 +503,21 @@ def load_both(path: Path, raw: bytes) -> None:
     assert_same(ours, ort_load(path))
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(4500))
 @given(which=BASES, seed=SEEDS)
 def test_fuzz_substituted_values(fuzz_file, which, seed):
     load_both(fuzz_file, substitute(which, seed, raw_tokens=False))
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(800))
 @given(which=BASES, seed=SEEDS)
 def test_fuzz_huge_numbers(fuzz_file, which, seed):
     load_both(fuzz_file, substitute(which, seed, raw_tokens=True))
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(1500))
 @given(which=BASES, cut=st.integers(0, 10**6))
 def test_fuzz_truncated(fuzz_file, which, cut):
@@ -518,6 +525,7 @@ def test_fuzz_truncated(fuzz_file, which, cut):
     load_both(fuzz_file, doc[: cut % len(doc)])
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(2500))
 @given(which=BASES, seed=SEEDS)
 def test_fuzz_byte_edits(fuzz_file, which, seed):
@@ -535,6 +543,7 @@ def test_fuzz_byte_edits(fuzz_file, which, seed):
     load_both(fuzz_file, bytes(raw))
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(1000))
 @given(which=BASES, seed=SEEDS)
 def test_fuzz_deep_nesting(fuzz_file, which, seed):

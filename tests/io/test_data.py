@@ -313,6 +313,7 @@ def test_calibration_data_reader_protocol(tmp_path):
     assert len(list(data)) == 3  # iteration is independent of the reader cursor
 
 
+@pytest.mark.parity
 def test_quantize_static_accepts_it(tmp_path):
     w = np.random.default_rng(0).standard_normal((4, 2)).astype(np.float32)
     graph = helper.make_graph(

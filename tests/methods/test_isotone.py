@@ -101,6 +101,7 @@ def test_batching_order_and_merge_do_not_change_the_summary(batches, seed):
         assert same_summary(a, one)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_onnxruntime_maps_the_range_to_the_scale(qtype, symmetric):
@@ -246,6 +247,7 @@ def test_calibrator_state_and_file(classifier):
         CalibrationState.from_bytes(edited("isotone_tensors.npy", too_many_pairs))
 
 
+@pytest.mark.parity
 def test_cli_calibrate_with_isotone(classifier, tmp_path):
     from onnxruntime.quantization import calibrate as ort_calibrate
 

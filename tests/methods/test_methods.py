@@ -218,6 +218,7 @@ def f16_ranges_for(draw, h: Hist, qtype: str, symmetric: bool):
     return float(low), float(high)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(60))
 @given(st.data(), st.sampled_from(QTYPES), st.booleans())
 def test_reference_scale_zp_is_ort_float16(data, qtype, symmetric):
@@ -230,6 +231,7 @@ def test_reference_scale_zp_is_ort_float16(data, qtype, symmetric):
         assert (s, z) == R.ort_scale_zp(lo, hi, qtype, symmetric, "float16"), (lo, hi, qtype, symmetric, (s, z))
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(60))
 @given(st.data(), st.sampled_from(QTYPES), st.booleans())
 def test_reference_scale_zp_is_ort(data, qtype, symmetric):
@@ -258,6 +260,7 @@ def test_reference_kl_vectorised_is_literal(h, nq, extra):
     np.testing.assert_allclose(v[fin], lit[fin], rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parity
 def test_reference_pow2_range_maps_back_to_the_scale():
     """(qmin 2^k, qmax 2^k) gives ORT's asymmetric compute_scale_zp exactly scale 2^k, zero point 0."""
     for qtype, (_qmin, _qmax) in R.POW2_RANGES.items():
@@ -271,6 +274,7 @@ def test_reference_pow2_range_maps_back_to_the_scale():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(300))
 @given(st.data(), hists(), st.sampled_from(QTYPES), st.booleans())
 def test_qerror(data, h, qtype, symmetric):
@@ -284,6 +288,7 @@ def test_qerror(data, h, qtype, symmetric):
     )
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(200))
 @given(st.data(), hists(exponents=F16_EXPONENTS), st.sampled_from(QTYPES), st.booleans())
 def test_qerror_float16(data, h, qtype, symmetric):
@@ -298,6 +303,7 @@ def test_qerror_float16(data, h, qtype, symmetric):
     )
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(100))
 @given(hists(), st.sampled_from(POW2_QTYPES), st.integers(-40, 10))
 def test_pow2_error(h, qtype, dk):
@@ -395,6 +401,7 @@ def pow2_k_of(got: tuple, qtype: str) -> int | None:
     return k
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(200))
 @given(hists(), st.sampled_from(POW2_QTYPES))
 def test_pow2_nonoverflow(h, qtype):
@@ -422,6 +429,7 @@ def check_pow2_choice(h: Hist, qtype: str, window: R.Pow2Scan, k: int, what: str
     )
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(150))
 @given(hists(), st.sampled_from(POW2_QTYPES))
 def test_pow2_minmse(h, qtype):
@@ -444,6 +452,7 @@ def test_pow2_minmse(h, qtype):
     )
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(80))
 @given(
     hists(exponents=F16_EXPONENTS),
@@ -529,6 +538,7 @@ def test_all_zero_data_is_zero_range(method, options):
     assert tuple(kernel_range(method, *h.args, **options)) == (0.0, 0.0)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("v", [4.0, 4.5, 4.75, 4.125])
 @pytest.mark.parametrize("qtype", POW2_QTYPES)
 def test_pow2_one_value_exact_tie_takes_the_larger_exponent(v, qtype):
@@ -540,6 +550,7 @@ def test_pow2_one_value_exact_tie_takes_the_larger_exponent(v, qtype):
     assert R.pow2_error(h, k, qtype) == 0.0
 
 
+@pytest.mark.parity
 def test_pow2_exact_tie_with_large_counts_takes_the_larger_exponent():
     """Odd-integer values (bins of width 2 centred on -255..255, a level-8 streaming histogram of
     256 bins): every value is off by exactly 1 with scale 2 (k=1: halves, rounded) and with scale

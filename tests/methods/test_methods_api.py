@@ -158,6 +158,7 @@ def test_api_kl(api, options):
         check_choice(ref.divergence, i - nq, ref.best_i - nq, what, abs_tol=KL_ABS, strict_zero=False)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("qtype", POW2_QTYPES)
 @pytest.mark.parametrize("pow2_method", ["NonOverflow", "MinMSE"])
 def test_api_pow2(api, qtype, pow2_method):
@@ -174,6 +175,7 @@ def test_api_pow2(api, qtype, pow2_method):
         assert _range_of(td, name) == want, f"compute('pow2', {qtype}, {pow2_method})[{name!r}]: brute force k={k}"
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("qtype", POW2_QTYPES)
 def test_api_pow2_most_common(api, qtype):
     """Every batch votes for the MinMSE-All exponent of its own histogram; the most votes win.
@@ -222,6 +224,7 @@ def _auto_reference(state, name: str, qtype: str, symmetric: bool) -> tuple[list
     return cands, [R.qerror(h, lo, hi, qtype, symmetric) for lo, hi in cands]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("qtype,symmetric", [("int8", False), ("uint8", True)])
 def test_api_auto(api, qtype, symmetric):
     state = api["state"]

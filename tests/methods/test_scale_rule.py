@@ -93,6 +93,7 @@ def f16_range(draw, qtype: str, symmetric: bool) -> tuple[float, float]:
     return float(low), float(high)
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(400))
 @given(st.data(), st.sampled_from(QTYPES), st.booleans())
 def test_float16_scale_and_zero_point_are_orts(data, qtype, symmetric):
@@ -106,6 +107,7 @@ def test_float16_scale_and_zero_point_are_orts(data, qtype, symmetric):
     )
 
 
+@pytest.mark.parity
 @settings(max_examples=examples(300))
 @given(st.sampled_from(QTYPES), st.booleans(), st.data())
 def test_float32_scale_and_zero_point_are_orts(qtype, symmetric, data):
@@ -128,6 +130,7 @@ def test_float32_scale_and_zero_point_are_orts(qtype, symmetric, data):
     )
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_float16_threshold_cases(qtype):
     """Ranges whose float16 scale the two versions treat differently (and one both replace)."""
@@ -157,6 +160,7 @@ def _small_values_stream() -> _core.StreamHistograms:
     return stream
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     "options",
     [
@@ -186,6 +190,7 @@ def test_pow2_ranges_keep_a_power_of_two_scale_in_onnxruntime(options, qtype):
             assert pairs[names.index(name)] == pairs[1], (name, pairs)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method", ["mse", "pow2", "kl", "auto"])
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_error_estimates_are_the_errors_of_onnxruntimes_parameters(method, symmetric):

@@ -59,6 +59,7 @@ def run_python(body: str, timeout: float) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("outlier", ["65504", "np.finfo(np.float16).min"])
 def test_float16_outlier_batch_is_a_prompt_clear_error(outlier):
     """|x| ~ 3, then a batch with +-65504 (or a finfo(float16).min mask): ORT raises
@@ -90,6 +91,7 @@ def test_float16_outlier_batch_is_a_prompt_clear_error(outlier):
     assert f"set the environment variable {LIMIT_VAR}=" in message
 
 
+@pytest.mark.subprocess
 def test_float16_model_outlier_batch_through_the_calibrator(tmp_path):
     """The same through a float16 model's calibrator (exact mode): compute_data refuses promptly."""
     r = run_python(
@@ -130,6 +132,7 @@ def _collects():
     return [{"small": rng.normal(0, 1, 500).astype(np.float32), "big": rng.normal(0, 2, 3000).astype(np.float32)}]
 
 
+@pytest.mark.parity
 def test_limit_is_checked_before_the_search_and_names_tensor_and_bins(monkeypatch):
     collects = _collects()
     work = entropy_work(1024, 128)
@@ -219,6 +222,7 @@ _SEARCHES = {
 }
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("method", sorted(_SEARCHES))
 def test_sigint_stops_a_long_search_promptly(method):
     """SIGINT one second into a minutes-long search (4 worker threads, limit lifted): the

@@ -53,6 +53,7 @@ def _ranges(create, path, tmp_path, method, feeds, extra=None):
     return calibrator, calibrator.compute_data()
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     "method,extra",
     [
@@ -110,6 +111,7 @@ def _drop_model_outputs(original):
     return augment_graph
 
 
+@pytest.mark.parity
 def test_client_patch_of_minmax_while_patched_changes_nothing(paths, tmp_path):
     feeds = flat(chunks_for("cnn", 1))
     histocal_augment = calibrators.MinMaxCalibrater.augment_graph
@@ -126,6 +128,7 @@ def test_client_patch_of_minmax_while_patched_changes_nothing(paths, tmp_path):
     assert oc.MinMaxCalibrater is ORT_CLASSES["MinMaxCalibrater"]
 
 
+@pytest.mark.parity
 def test_client_patch_of_orts_minmax_before_patching_is_not_used(paths, tmp_path, monkeypatch):
     # Olive patching first: ORT's class changes, histocal's calibrators (their own augment_graph,
     # fetching only the reduced outputs: what Olive's trim saves, they never hold) give ORT's ranges.

@@ -385,6 +385,7 @@ def test_unknown_activation_type_becomes_int8_in_the_factory(cnn_path):
     assert cal.collector is None and quark.PowOfTwoCollector(cal.activation_type).activation_qtype == "int8"
 
 
+@pytest.mark.parity
 def test_non_overflow_is_symmetric_minmax(cnn_path, tmp_path):
     cal = quark.create_calibrator_power_of_two(cnn_path, method=FakePowerOfTwoMethod.NonOverflow)
     assert isinstance(cal, quark.MinMaxCalibrater)
@@ -401,6 +402,7 @@ FLOAT_CASES = [
 ]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("method, extra, ort_extra", FLOAT_CASES, ids=lambda c: str(c))
 def test_float_scale_equals_onnxruntime(cnn_path, tmp_path, method, extra, ort_extra):
     cal = quark.create_calibrator_float_scale(cnn_path, calibrate_method=method, extra_options=extra)

@@ -411,6 +411,7 @@ def test_cli_report(files, state, tmp_path, capsys):
     assert (out / "index.html").is_file() and len(list((out / "tensors").iterdir())) == 3
 
 
+@pytest.mark.subprocess
 def test_cli_report_subprocess(files, tmp_path):
     out = tmp_path / "sub"
     r = subprocess.run(

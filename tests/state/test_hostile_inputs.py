@@ -32,7 +32,8 @@ import pytest
 from histocal import CalibrationState, _core
 from histocal.state import MAX_STATE_BINS
 
-TESTS = Path(__file__).parents[1]  # tests/, the folder holding the support package
+HERE = Path(__file__).parent  # the bodies of test_state_limits.py import that module
+TESTS = HERE.parent  # tests/, the folder holding the support package
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -44,7 +45,7 @@ def run_capped(body: str, headroom: int, timeout: float = 120) -> dict:
     an address space that may grow by ``headroom`` bytes (parity's ``bounded_address_space``). The body
     ``report``s what happened; the result is the report, and an abort, a crash or a hang fails the test."""
     code = (
-        f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
+        f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(HERE)!r}]\n"
         "import json\nimport numpy as np\nimport histocal\nfrom histocal import _core, CalibrationState\n"
         "from support.parity import bounded_address_space\n"
         "_core.get_num_threads()\n"  # the pool's threads (their stacks) exist before the cap
@@ -190,6 +191,7 @@ def zip_with_deflate_bomb(stored: dict[str, bytes], name: str, zeros: int) -> by
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_small_state_declaring_huge_bins_x_tensors_is_refused_before_allocating(tmp_path):
     """68 KB, 400 empty tensors, streaming_bins 2^25: 100 GiB of bins once loaded (it reached 9.5 GB)."""
     raw = stream_state(400, 8, empty=True).to_bytes()
@@ -208,6 +210,7 @@ def test_small_state_declaring_huge_bins_x_tensors_is_refused_before_allocating(
     assert r["load_seconds"] < 5
 
 
+@pytest.mark.subprocess
 def test_zip_bomb_member_is_refused_before_decompressing(tmp_path):
     """A ~1 MB file whose stream_bins member inflates to 1 GiB, for a header that allows 16 bins."""
     raw = stream_state(2, 16).to_bytes()
@@ -231,6 +234,7 @@ def test_compressed_size_beyond_any_deflate_stream_is_refused():
         CalibrationState.from_bytes(bytes(bomb))
 
 
+@pytest.mark.subprocess
 def test_sparse_state_file_is_refused_without_reading_it(tmp_path):
     """A 4 GiB sparse file was read whole (18 s) before "not a zip file"."""
     path = tmp_path / "sparse.npz"
@@ -241,6 +245,7 @@ def test_sparse_state_file_is_refused_without_reading_it(tmp_path):
     assert r["load_seconds"] < 2
 
 
+@pytest.mark.subprocess
 def test_sparse_cache_file_stops_at_its_first_chunk(tmp_path):
     """A 1 GiB sparse cache was read and decoded (8 s, 3.1 GB) before "malformed JSON"."""
     path = tmp_path / "sparse.json"
@@ -299,6 +304,7 @@ def test_members_beyond_what_the_header_declares_are_refused():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_valid_files_load_merge_and_inspect_under_a_tight_address_space(tmp_path):
     """Every load reserved 4 GiB (the cache loader 1 GiB): under `ulimit -v 4G` a valid 1.1 MB state failed
     with a bare MemoryError, the CLI's --state/recompute/inspect and merge_states with it."""
@@ -329,6 +335,7 @@ from histocal.cli import main
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_computing_beyond_memory_is_refused_up_front_naming_num_bins(tmp_path):
     """A 30 KB state whose settings ask for 2^24 bins, 12 tensors (~3 GiB of ORT histograms): computing
     percentile aborted the interpreter (or raised PanicException, with more memory). The whole computation's
@@ -348,6 +355,7 @@ state = CalibrationState.load({str(path)!r})
     assert r["compute_is_exception"] and r["after"] == "ok", r
 
 
+@pytest.mark.subprocess
 def test_out_of_memory_exporting_arrays_is_a_memory_error():
     """numpy failing to allocate inside rust-numpy was a panic: to_bytes / StreamHistograms.export / state."""
     r = run_capped(
@@ -371,6 +379,7 @@ with bounded_address_space(64 << 20):
         assert r[key].startswith("MemoryError") and r[f"{key}_is_exception"], r
 
 
+@pytest.mark.subprocess
 def test_out_of_memory_collecting_keeps_the_histogram_and_names_the_tensor():
     r = run_capped(
         """
@@ -557,6 +566,7 @@ def isotone_state() -> CalibrationState:
     return CalibrationState(names=stream.names(), mode="streaming", stream=stream, method="isotone")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fuzz_loaders_under_a_2_gib_cap(tmp_path, seed):
     """Seeded rounds of hostile headers (sizes, bins, settings), zip field and byte mutations of states, and

@@ -133,6 +133,7 @@ def test_bad_rules_are_errors_naming_them(model, caplog):
         _calibrate(model, "minmax", "mm", MethodOverrides={"logits": "isotone"})
 
 
+@pytest.mark.parity
 def test_cli_method_for(model, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

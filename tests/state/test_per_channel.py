@@ -104,6 +104,7 @@ def test_each_channel_equals_the_per_tensor_method_on_its_slice(tensor, method, 
                 assert got.lowest[c] == np.nanmin(values) and got.highest[c] == np.nanmax(values)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize(
     "method, ort_options",
     [
@@ -346,6 +347,7 @@ def test_cli_calibrate_per_channel_and_recompute(cnn_path, tmp_path):
     } == loaded.channels.channels
 
 
+@pytest.mark.parity
 def test_onnxruntime_quantizer_takes_one_range_per_activation():
     """What docs/methods.md says: ORT's compute_scale_zp (quantize_static's) accepts a per-channel range of
     one channel and refuses more (its scale check needs a single truth value)."""

@@ -58,6 +58,7 @@ def _values(draw, shape, scale):
     return np.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, np.float32)
 
 
+@pytest.mark.parity
 @settings(max_examples=12, deadline=None)
 @given(data=st.data(), c=st.integers(1, 4), scale=st.sampled_from([1e-3, 1.0, 50.0]))
 def test_minmax_per_channel_equals_onnxruntimes_for_1d_tensors(tmp_path_factory, data, c, scale):
@@ -162,6 +163,7 @@ def test_1d_tensors_per_channel_through_create_calibrator_state_files_and_cli(tm
     assert len(written["gamma"]["lowest"]["data"]) == 1 and len(written["Y"]["lowest"]["data"]) == 3
 
 
+@pytest.mark.parity
 def test_ort_refuses_a_scalar_per_channel(tmp_path):
     """What docs/deviations.md says: onnxruntime's per_channel MinMax cannot load its augmented model when a
     calibrated tensor is a scalar (its ReduceMin over axis 0); histocal gives it its per-tensor range."""

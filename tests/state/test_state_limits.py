@@ -55,6 +55,7 @@ def channel_state(channels: int, tensors: int = 1, bins: int = 8, isotone: bool 
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_per_channel_compute_builds_the_channels_histograms_a_chunk_at_a_time():
     """3 tensors x 40k channels: every channel's 2048-bin ORT histogram at once (~47 KB each, 5.6 GB) aborted
     under a cap; a chunk at a time it fits in 1 GiB, with the results of a computation per channel."""
@@ -76,6 +77,7 @@ report(shape=list(result["t2"].range_value[0].shape))
     assert r["compute"] == "ok" and r["same"] == [True, True] and r["shape"] == [40_000], r
 
 
+@pytest.mark.subprocess
 def test_per_tensor_compute_too_large_for_memory_is_refused_up_front_naming_num_bins(tmp_path):
     """A version-1 state of many empty tensors (the review's: 300k, 925 KB; here 150k): recompute --method
     percentile built a 2048-bin result for each (4.9 GB here) and aborted under `ulimit -v 2000000` (exit
@@ -96,6 +98,7 @@ def test_per_tensor_compute_too_large_for_memory_is_refused_up_front_naming_num_
     assert not cache.exists()
 
 
+@pytest.mark.subprocess
 def test_num_bins_at_the_maximum_is_refused_with_the_estimate_before_computing(tmp_path):
     """Entropy at num_bins 2^24 (the documented maximum, kept): 12 tensors need ~6 GiB; refused in
     milliseconds naming the option and the estimate, and a smaller num_bins still works."""
@@ -112,6 +115,7 @@ def test_num_bins_at_the_maximum_is_refused_with_the_estimate_before_computing(t
     assert r["after"] == "ok", r
 
 
+@pytest.mark.subprocess
 def test_exact_calibrator_at_max_num_bins_is_refused_before_collecting(tmp_path):
     """EntropyCalibrater(num_bins=2^24) on a real classifier grew to 20 GB and was killed by the kernel after
     52 s (overcommit: no MemoryError). The estimate (tensors x bins x bytes + work) refuses it up front."""
@@ -152,6 +156,7 @@ def nested_channels(levels: int, padding: int) -> bytes:
     return raw
 
 
+@pytest.mark.subprocess
 def test_nested_channels_members_are_refused_before_recursing(tmp_path):
     """Nested channels members: the loader read each level and recursed into it before checking that inner
     states have no channels, keeping two copies per level (a 26 KB file: 4.5 GB RSS in 8-13 s, then a
@@ -165,6 +170,7 @@ def test_nested_channels_members_are_refused_before_recursing(tmp_path):
     assert r["load_seconds"] < 2, r
 
 
+@pytest.mark.subprocess
 def test_channels_member_zip_bomb_is_refused_from_the_directory(tmp_path):
     """A channels member could declare up to 4 GiB (4.1 MB file: 24-50 s, 8 GB). It is bounded by the header
     (one channel of 8 bins here) and by its deflate ratio: refused before it is inflated."""
@@ -177,6 +183,7 @@ def test_channels_member_zip_bomb_is_refused_from_the_directory(tmp_path):
     assert r["load_seconds"] < 2, r
 
 
+@pytest.mark.subprocess
 def test_isotone_pair_counts_are_checked_before_the_pairs_are_read(tmp_path):
     """isotone's 2^20 pairs per tensor was checked after reading the pairs (3.15 MB file: 14-25 s, 3.2 GB)."""
     s = _core.StreamHistograms(64, isotone=True)
@@ -202,6 +209,7 @@ def test_isotone_pair_counts_are_checked_before_the_pairs_are_read(tmp_path):
         CalibrationState.from_bytes(rezip(parts))
 
 
+@pytest.mark.subprocess
 def test_declared_channel_counts_are_checked_before_keys_are_built(tmp_path):
     """One header number set to 2^28 in a 173 KB file: 2^28 key strings (38 s, 11.7 GB, MemoryError)."""
     raw = channel_state(4).to_bytes()
