@@ -68,9 +68,6 @@ from typing import Any
 
 import numpy as np
 
-# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 # ----------------------------------------------------------------------------------------------
 # configurations
 
@@ -121,7 +118,7 @@ TARGET_RSS_GROWTH_PCT = 10.0
 def build_cnn(size: int, depth: tuple[int, int, int, int], width: int, seed: int) -> Any:
     """A ResNet/MobileNetV2-like CNN with an FPN-like top-down path; input 1x3xSIZExSIZE
     (BatchNorm-folded Conv blocks from graphs.GraphBuilder)."""
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
     up2 = g.const(np.array([1.0, 1.0, 2.0, 2.0], np.float32), "up2")

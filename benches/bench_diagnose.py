@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,11 +39,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from graphs import GraphBuilder, tensor
+from support.graphs import GraphBuilder, tensor
 
 import histocal
 from histocal import calibrators

@@ -62,9 +62,6 @@ from typing import Any
 
 import numpy as np
 
-# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 AUTO_MODEL = "auto (model-level)"  # not a state method: see run_auto
 # (label, method, options); options go to state.compute
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
@@ -92,7 +89,7 @@ def log(msg: str) -> None:
 
 
 def build_cnn(size: int, width: int, seed: int) -> Any:
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
     x = g.conv("X", 3, width)
@@ -126,7 +123,7 @@ def outlier_channels(dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_transformer(seq: int, dim: int, ff: int, layers: int, seed: int) -> Any:
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
     ch, _ = outlier_channels(dim, seed)
