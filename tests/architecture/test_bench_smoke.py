@@ -17,12 +17,12 @@ BENCHES = ROOT / "benches"
 SMOKE_ARGS = {
     # The real models (PyPI wheels) are not in CI: re-score the recorded measurements instead.
     "bench_auto_real.py": ["--rescore", "benches/RESULTS_auto_real.json"],
-    "bench_bounds.py": ["--size", "16", "--samples", "2", "--repeat", "1"],
+    "bench_bounds.py": ["--size", "32", "--samples", "2", "--repeat", "1"],
     "bench_calibrate.py": ["--quick", "--no-growth"],
     "bench_collector.py": ["--quick"],
     "bench_diagnose.py": ["--models", "encoder", "--calibration", "2", "--held-back", "2"],
     "bench_distributed.py": ["--quick", "--samples", "2", "--shards", "2", "--max-workers", "1", "--repeat", "1"],
-    "bench_floor.py": ["--sizes", "16", "--samples", "2", "--repeat", "1", "--warmup", "0"],
+    "bench_floor.py": ["--sizes", "32", "--samples", "2", "--repeat", "1", "--warmup", "0"],
     "bench_isotone.py": ["--smoke"],
     "bench_long_stream.py": ["--tensors", "4", "--batches", "10"],
     "bench_method_compute.py": ["--smoke"],
