@@ -461,6 +461,7 @@ def _threads_from_environment(value: str | None) -> tuple[str, str]:
     return run.stdout.strip(), run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_bad_thread_count_in_the_environment_is_an_error():
     """HISTOCAL_NUM_THREADS that is not a whole number >= 0 fails the import with an error naming
