@@ -96,7 +96,8 @@ def test_float16_model_outlier_batch_through_the_calibrator(tmp_path):
     """The same through a float16 model's calibrator (exact mode): compute_data refuses promptly."""
     r = run_python(
         f"""
-        import numpy as np, onnx, histocal, models
+        import numpy as np, onnx, histocal
+        from support import models
         from onnxruntime.quantization.calibrate import CalibrationMethod
         path = {str(tmp_path / "fp16.onnx")!r}
         onnx.save(models.fp16(), path)
