@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnxruntime.quantization.calibrate import CalibrationMethod
 from support.graphs import GraphBuilder, tensor
 
+import histocal
 from histocal.cli import main
 from histocal.diagnose import diagnose
 
@@ -107,3 +109,43 @@ def test_nan_weights_are_named(work, capsys):
     assert rc == 1
     assert "'W_nan' (64 NaN, 0 inf)" in err, err
     assert not out.exists()
+
+
+def _feeds() -> list[dict[str, np.ndarray]]:
+    return [{"X": np.random.default_rng(i).normal(size=(2, 8)).astype(np.float32)} for i in range(4)]
+
+
+def test_quantize_static_names_nan_activations(work):
+    """histocal.quantize_static from Python: ORT's bare "scale issue" becomes an error naming the
+    tensors whose (MinMax) range is NaN."""
+    out = work["root"] / "q.onnx"
+    with pytest.raises(ValueError, match=r"no finite range for 2 tensor\(s\)") as raised:
+        histocal.quantize_static(work["nan_activations"], out, _feeds(), calibrate_method=CalibrationMethod.MinMax)
+    assert "'l' [nan, nan]" in str(raised.value) and "'Y' [nan, nan]" in str(raised.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("given", ["path", "proto"])
+def test_quantize_static_names_nan_weights(work, given):
+    model = work["nan_weights"] if given == "path" else onnx.load(work["nan_weights"].as_posix())
+    with pytest.raises(ValueError, match=r"'W_nan' \(64 NaN, 0 inf\)"):
+        histocal.quantize_static(model, work["root"] / "q.onnx", _feeds(), calibrate_method="percentile")
+
+
+@pytest.mark.parity
+def test_onnxruntime_fails_there_naming_nothing(work):
+    """What the errors above replace: ORT's own quantize_static on the NaN-activation model, even
+    with the node reading them excluded (ORT computes a scale for every range it is given)."""
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    feeds = iter(_feeds())
+
+    class Reader:
+        def get_next(self):
+            return next(feeds, None)
+
+    with pytest.raises(AssertionError, match="scale issue"):
+        ort_quantize_static(
+            work["nan_activations"].as_posix(), (work["root"] / "o.onnx").as_posix(), Reader(),
+            nodes_to_exclude=["matmul"], calibrate_method=CalibrationMethod.MinMax,
+        )  # fmt: skip

@@ -29,7 +29,8 @@ import ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import models
-from support.calibrator_runs import DIST, ENT, MM, PCT, assert_tensors_same, run_ort
+from support.calibrator_runs import DIST, ENT, MM, ORT_CREATE, PCT, RewindReader, assert_tensors_same
+from support.parity import quiet
 
 import histocal
 from histocal import CalibrationState
@@ -91,11 +92,12 @@ def feed_shards(sizes):
 
 
 def single_run(model_path, method, options=None):
-    """The state of one single-process run over FEEDS, recorded as the distributed job records it."""
+    """The state of one single-process run over FEEDS, recorded as the distributed job records it,
+    at the workers' thread count (1 by default): onnxruntime's float outputs, so the histograms,
+    can change with its intra-op thread count."""
     job = driver.make_job(method, options, None, None, 1)
-    cal = histocal.create_calibrator(
-        model_path, calibrate_method=job.collect_method, extra_options={**job.extra_options, "CollectionMode": job.mode}
-    )
+    extra = {**job.extra_options, "CollectionMode": job.mode, "NumThreads": job.threads}
+    cal = histocal.create_calibrator(model_path, calibrate_method=job.collect_method, extra_options=extra)
     cal.collect_data(FEEDS)
     settings_ = cal.collection_settings if job.state_settings is None else job.state_settings
     return CalibrationState.from_collected(
@@ -281,6 +283,24 @@ def test_settings_are_refused_before_ray_starts(monkeypatch, model_path, method,
 # ----------------------------------------------------------------------------------------------
 
 
+def run_ort_one_thread(model_path, method, options, aug):
+    """onnxruntime's calibrator on FEEDS at one intra-op thread, the workers' default (ORT's own
+    session takes every core; its float outputs can change with the thread count)."""
+    import onnxruntime
+
+    with quiet():
+        cal = ORT_CREATE(model_path, None, aug.as_posix(), method, extra_options=dict(options))
+    session_options = onnxruntime.SessionOptions()
+    session_options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session_options.intra_op_num_threads = 1
+    cal.infer_session = onnxruntime.InferenceSession(
+        cal.augmented_model_path, sess_options=session_options, providers=cal.execution_providers
+    )
+    with quiet():
+        cal.collect_data(RewindReader(FEEDS))
+        return cal.compute_data()
+
+
 def test_streaming_mode_equals_one_streaming_run(local_ray, model_path):
     options = {"CollectionMode": "streaming"}
     reference = single_run(model_path, "entropy", options)
@@ -294,7 +314,7 @@ def test_per_channel_with_default_settings_equals_one_process(local_ray, model_p
     """Per-channel histograms with no mode given: one process collects streaming ones, and so do
     the workers (no mode the user did not give is refused)."""
     options = {"per_channel": True}
-    one = histocal.create_calibrator(model_path, calibrate_method=method, extra_options=options)
+    one = histocal.create_calibrator(model_path, calibrate_method=method, extra_options={**options, "NumThreads": 1})
     one.collect_data(FEEDS)
     reference = CalibrationState.from_collected(
         one.collected(), model_fingerprint=one.model_fingerprint, method=method, settings=one.collection_settings
@@ -332,8 +352,8 @@ def test_exact_mode_equals_onnxruntime_on_all_the_data(local_ray, model_path, tm
     )
     assert merged.mode == "exact"
     assert_same_state(merged, single_run(model_path, method, options))
-    ort = run_ort(model_path, ORT_ENUM[method], options, [FEEDS], tmp_path / "aug.onnx")
-    assert_tensors_same(ort.td, merged.compute(method, **options), f"{method} {sizes}")
+    ort = run_ort_one_thread(model_path, ORT_ENUM[method], options, tmp_path / "aug.onnx")
+    assert_tensors_same(ort, merged.compute(method, **options), f"{method} {sizes}")
 
 
 @pytest.mark.parity
@@ -344,8 +364,8 @@ def test_minmax_reduces_min_and_max_as_onnxruntime(local_ray, model_path, tmp_pa
         model_path, feed_shards([4, 1, 3]), calibrate_method="minmax", extra_options=options, num_workers=2
     )
     assert merged.method == "minmax"
-    ort = run_ort(model_path, MM, options, [FEEDS], tmp_path / "aug.onnx")
-    assert_tensors_same(ort.td, merged.compute("minmax"), "minmax")
+    ort = run_ort_one_thread(model_path, MM, options, tmp_path / "aug.onnx")
+    assert_tensors_same(ort, merged.compute("minmax"), "minmax")
 
 
 def test_histocal_methods_collect_streaming_states(local_ray, model_path):
@@ -527,7 +547,8 @@ def test_a_model_no_worker_can_load_stops_the_run_in_one_line_naming_the_file(lo
     assert "\n" not in message.strip() and "histocal_worker_" not in message
 
 
-def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys):
+def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HISTOCAL_NUM_THREADS", "1")  # the one process at the workers' thread count
     data = save_npy_shards(tmp_path, [8])[0]
     one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"
     base = ["calibrate", model_path, "--data", data, "--method", "percentile", "--no-progress"]
@@ -561,7 +582,10 @@ def test_cli_workers_refuse_settings_as_one_process_before_ray_starts(monkeypatc
     assert "streaming mode only (mode='exact' given)" in errors[1]
 
 
-def test_cli_per_channel_on_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys):
+def test_cli_per_channel_on_workers_writes_the_single_process_state(
+    local_ray, model_path, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("HISTOCAL_NUM_THREADS", "1")  # the one process at the workers' thread count
     data = save_npy_shards(tmp_path, [8])[0]
     one, sharded = tmp_path / "one.hcs", tmp_path / "sharded.hcs"
     base = ["calibrate", model_path, "--data", data, "--method", "entropy", "--per-channel", "--no-progress"]
