@@ -29,7 +29,7 @@ ORT's entropy with 2048 bins costs ~1-2 s per tensor in ``compute_data`` on a sm
 and extrapolates its compute time to all tensors (marked "~" in the table; its ranges are then
 compared on those K tensors).
 
-The model is a CNN built here with tests/graphs.py (BatchNorm folded into Conv biases): a stem
+The model is a CNN built here with tests/support/graphs.py (BatchNorm folded into Conv biases): a stem
 Conv + MaxPool, ResNet basic blocks (Relu) at 1/4 and 1/8 resolution, MobileNetV2 inverted
 residual blocks (Clip 0..6, depthwise Convs) at 1/16 and 1/32, an FPN-like top-down path
 (Resize x2 + Add), and a GlobalAveragePool / Gemm head: 92 Convs, 203 calibrated tensors at
@@ -67,9 +67,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 # ----------------------------------------------------------------------------------------------
 # configurations
@@ -121,7 +118,7 @@ TARGET_RSS_GROWTH_PCT = 10.0
 def build_cnn(size: int, depth: tuple[int, int, int, int], width: int, seed: int) -> Any:
     """A ResNet/MobileNetV2-like CNN with an FPN-like top-down path; input 1x3xSIZExSIZE
     (BatchNorm-folded Conv blocks from graphs.GraphBuilder)."""
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
     up2 = g.const(np.array([1.0, 1.0, 2.0, 2.0], np.float32), "up2")

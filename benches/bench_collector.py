@@ -36,18 +36,14 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
+from support.graphs import GraphBuilder, tensor
 
 import histocal
-
-# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from graphs import GraphBuilder, tensor
 
 NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128

@@ -14,7 +14,7 @@ computed).
 Models:
 
 * ``encoder``: a 4-layer transformer encoder (d 64, single head, Erf GELU, LayerNorm) built with
-  tests/graphs.py, whose padding mask is turned into an additive mask inside the graph as recent
+  tests/support/graphs.py, whose padding mask is turned into an additive mask inside the graph as recent
   Hugging Face exports do, ``(1 - mask) * finfo(float32).min``; inputs: N(0, 1) embeddings, 4
   sequences per batch of 8-24 tokens, each padded after 1 to all of its tokens.
 * ``deep_cnn``: a ResNet of 140 basic blocks (16 channels, 16x16), about 700 calibrated tensors:
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,11 +39,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from graphs import GraphBuilder, tensor
+from support.graphs import GraphBuilder, tensor
 
 import histocal
 from histocal import calibrators

@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calibrate import build_cnn
 
 

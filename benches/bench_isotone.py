@@ -54,10 +54,14 @@ def case(label: str, batches: list[np.ndarray], repeat: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
+    parser.add_argument("--smoke", action="store_true", help="tiny tensors, one run: the code paths in seconds")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    logits = [rng.normal(0, 3, (256, 1000)).astype(np.float32) for _ in range(40)]
-    dense = [np.maximum(rng.normal(0, 1, (8, 64, 56, 56)), 0).astype(np.float32) for _ in range(8)]
+    n_logits, logit_shape, n_dense, dense_shape = (
+        (2, (16, 100), 1, (2, 4, 8, 8)) if args.smoke else (40, (256, 1000), 8, (8, 64, 56, 56))
+    )
+    logits = [rng.normal(0, 3, logit_shape).astype(np.float32) for _ in range(n_logits)]
+    dense = [np.maximum(rng.normal(0, 1, dense_shape), 0).astype(np.float32) for _ in range(n_dense)]
     lines = [
         "## isotone: collection cost and summary size",
         "",
@@ -74,8 +78,8 @@ def main() -> None:
         "",
         "| data | rows | distinct pairs | summary (MiB) | collect (s) | collect with isotone (s) | choose (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|",
-        case("logits, 40 x [256, 1000] float32", logits, 5),
-        case("dense activation, 8 x [8, 64, 56, 56] float32 (Relu)", dense, 3),
+        case(f"logits, {n_logits} x {list(logit_shape)} float32", logits, 1 if args.smoke else 5),
+        case(f"dense activation, {n_dense} x {list(dense_shape)} float32 (Relu)", dense, 1 if args.smoke else 3),
     ]
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)

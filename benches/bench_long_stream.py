@@ -41,10 +41,7 @@ print(json.dumps({"seconds": seconds, "peak_rss_mib": hwm / 1024, "tensors": len
 
 def chain_model(path: Path, tensors: int) -> None:
     import onnx
-
-    # graphs.py (the ONNX model builder shared with the tests) lives in tests/.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g, prev = GraphBuilder(), "X"
     for i in range(tensors - 1):

@@ -13,6 +13,7 @@ collecting pow2 MostCommon's per-batch votes.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -31,12 +32,12 @@ def median_time(fn, repeat: int) -> float:
     return float(np.median(times))
 
 
-def method_times() -> list[str]:
+def method_times(tensors: int = 700, values: int = 20_000) -> list[str]:
     rng = np.random.default_rng(0)
     stream = _core.StreamHistograms(16384)
     items = []
-    for t in range(700):
-        x = rng.normal(scale=10 ** rng.uniform(-2, 2), size=20_000).astype(np.float32)
+    for t in range(tensors):
+        x = rng.normal(scale=10 ** rng.uniform(-2, 2), size=values).astype(np.float32)
         if t % 3 == 1:
             x = np.maximum(x, 0)
         elif t % 3 == 2:
@@ -57,14 +58,17 @@ def method_times() -> list[str]:
             f"| {label} | {median_time(lambda: stream.ranges(method, scale_rule=SCALE_RULE, **options), 5):.3f} |"
         )
     rows.append(
-        f"| qerrors of 700 ranges | {median_time(lambda: stream.qerrors(names, mse, scale_rule=SCALE_RULE), 5):.3f} |"
+        f"| qerrors of {tensors} ranges | {median_time(lambda: stream.qerrors(names, mse, scale_rule=SCALE_RULE), 5):.3f} |"
     )
     return rows
 
 
-def votes_cost() -> str:
+def votes_cost(tensors: int = 200, batches_count: int = 8) -> str:
     rng = np.random.default_rng(1)
-    batches = [[(f"t{i}", [rng.normal(0, 1 + i % 7, 50_000).astype(np.float32)]) for i in range(200)] for _ in range(8)]
+    batches = [
+        [(f"t{i}", [rng.normal(0, 1 + i % 7, 50_000).astype(np.float32)]) for i in range(tensors)]
+        for _ in range(batches_count)
+    ]
 
     def collect(votes: bool) -> None:
         stream = _core.StreamHistograms(16384, pow2_votes=votes)
@@ -78,10 +82,16 @@ def votes_cost() -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--smoke", action="store_true", help="20 tensors, 2 batches: the code paths in seconds (tests' benches smoke)"
+    )
+    smoke = ap.parse_args().smoke
+    tensors = 20 if smoke else 700
     out = sys.stdout
-    out.write(f"threads: {_core.get_num_threads()}\n\n| 700 tensors, 16384 bins | median (s) |\n|---|---:|\n")
-    out.write("\n".join(method_times()) + "\n\n")
-    out.write(votes_cost() + "\n")
+    out.write(f"threads: {_core.get_num_threads()}\n\n| {tensors} tensors, 16384 bins | median (s) |\n|---|---:|\n")
+    out.write("\n".join(method_times(tensors, 2_000 if smoke else 20_000)) + "\n\n")
+    out.write((votes_cost(20, 2) if smoke else votes_cost()) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quantization quality of every calibration method: output SQNR of int8 QDQ models.
 
-Two models are built here with tests/graphs.py (IR version 10, opset 17):
+Two models are built here with tests/support/graphs.py (IR version 10, opset 17):
 
 * ``cnn``: a small ResNet-like CNN (stem Conv+Relu, residual Conv-Relu-Conv + Add + Relu blocks,
   MaxPool, wider blocks, GlobalAveragePool, Gemm head), input 1x3xSIZExSIZE;
@@ -62,9 +62,6 @@ from typing import Any
 
 import numpy as np
 
-# graphs.py (the ONNX model builder shared with the tests) lives in tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 AUTO_MODEL = "auto (model-level)"  # not a state method: see run_auto
 # (label, method, options); options go to state.compute
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
@@ -92,7 +89,7 @@ def log(msg: str) -> None:
 
 
 def build_cnn(size: int, width: int, seed: int) -> Any:
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
     x = g.conv("X", 3, width)
@@ -126,7 +123,7 @@ def outlier_channels(dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_transformer(seq: int, dim: int, ff: int, layers: int, seed: int) -> Any:
-    from graphs import GraphBuilder, tensor
+    from support.graphs import GraphBuilder, tensor
 
     g = GraphBuilder(seed)
     ch, _ = outlier_channels(dim, seed)

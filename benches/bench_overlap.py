@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_calibrate as bc
 
 

@@ -41,10 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_calibrate as bc
+import numpy as np
 
 IMPLS = ("ort", "histocal", "histocal-over", "histocal-rewind-over")
 

@@ -47,13 +47,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--skip-ort", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="small searches: the code paths in seconds")
     args = ap.parse_args()
     os.environ.pop(LIMIT_VAR, None)
     lines = [f"threads: {histocal.get_num_threads()}, load average: {os.getloadavg()[0]:.2f}", ""]
     data = np.random.default_rng(0).normal(0, 1, 1_000_000).astype(np.float32)
 
     lines += ["| search | bins | bin evaluations | time (s) | ns per bin evaluation |", "|---|---:|---:|---:|---:|"]
-    for n in (47_536, 144_456, 346_000):
+    for n in (4_096,) if args.smoke else (47_536, 144_456, 346_000):
         dt = entropy_time(histocal.HistogramCollector, n, data)
         lines.append(
             f"| histocal entropy | {n} | {entropy_work(n):.3g} | {dt:.2f} | {dt / entropy_work(n) * 1e9:.2f} |"
@@ -65,7 +66,7 @@ def main() -> None:
         from onnxruntime.quantization.calibrate import HistogramCollector as OrtCollector
 
         logging.disable(logging.INFO)
-        for n in (5_000, 20_000):
+        for n in (4_096,) if args.smoke else (5_000, 20_000):
             dt = entropy_time(OrtCollector, n, data)
             lines.append(f"| ORT entropy | {n} | {entropy_work(n):.3g} | {dt:.2f} | {dt / entropy_work(n) * 1e9:.1f} |")
             print(lines[-1], flush=True)
@@ -110,8 +111,8 @@ def main() -> None:
     os.environ.pop(LIMIT_VAR)
 
     lines += ["", "| mse int16 | streaming bins | asymmetric (s) | symmetric (s) |", "|---|---:|---:|---:|"]
-    cauchy = np.random.default_rng(1).standard_cauchy(4_000_000).astype(np.float32)
-    for bins in (1 << 22, 1 << 25):
+    cauchy = np.random.default_rng(1).standard_cauchy(100_000 if args.smoke else 4_000_000).astype(np.float32)
+    for bins in (1 << 16,) if args.smoke else (1 << 22, 1 << 25):
         s = _core.StreamHistograms(bins)
         s.collect([("x", [cauchy])])
         times = []

@@ -44,4 +44,5 @@ install --no-build-isolation -e .
 python3 -c 'import numpy, onnx, onnxruntime; print(f"testing against numpy {numpy.__version__}, onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")'
 
 cargo test --release --quiet
-python3 -m pytest -q tests
+# -m "": every test, the slow and Ray ones included (pyproject.toml deselects those by default).
+python3 -m pytest -q -m "" tests

@@ -1,18 +1,16 @@
-"""Fixtures shared by the test files, and the hypothesis profile (profiles.py) selected with
-``HYPOTHESIS_PROFILE=<name>``.
+"""Fixtures shared by the test files, and the hypothesis profile (support/profiles.py) selected
+with ``HYPOTHESIS_PROFILE=<name>``.
 
-The helper libraries are plain modules of this directory (pyproject.toml puts it on the import
-path): parity.py (collector parity with onnxruntime), calibrator_runs.py (the calibrator
-tests' readers and runners), models.py and graphs.py (ONNX models), strategies.py and
-method_refs.py.
+The helpers are the package tests/support (``from support import parity``; pyproject.toml puts
+tests/ on the import path). tests/README.md says which folder a test file belongs in.
 """
 
 from __future__ import annotations
 
 import onnx
-import profiles
 import pytest
-from calibrator_runs import BUILDERS
+from support import profiles
+from support.calibrator_runs import BUILDERS
 
 profiles.load()
 

@@ -358,8 +358,6 @@ def pow2_error(
     exponent: int,
     qtype: str,
 ) -> float: ...
-
-
 def quark_pow2_error_sums(
     values: np.ndarray,
     scales: list[float],

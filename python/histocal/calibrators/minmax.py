@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorData
@@ -32,6 +33,48 @@ def _nan_max(old: Any, new: Any) -> Any:
     if np.ndim(old) == 0 or np.size(old) == 1:
         return new if new > old or np.isnan(old) else old
     return np.where((new > old) | np.isnan(old), new, old)
+
+
+def _scalars(model: onnx.ModelProto) -> set[str]:
+    """The tensors whose shape is known to be rank 0 (a value info without a shape is unknown)."""
+    graph = model.graph
+    infos = [*graph.value_info, *graph.output, *graph.input]
+    return {
+        v.name
+        for v in infos
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape") and not v.type.tensor_type.shape.dim
+    }
+
+
+def _reduce_scalars_whole(model: onnx.ModelProto) -> bool:
+    """Drop the axes of the per-channel ReduceMin/ReduceMax ORT's augment_graph added for scalars
+    (named ``<tensor>_ReduceMin``/``_ReduceMax``); whether any was changed."""
+    scalars = _scalars(model)
+    changed = False
+    unused: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type in ("ReduceMin", "ReduceMax") and node.input and node.input[0] in scalars:
+            if node.name != f"{node.input[0]}_{node.op_type}":
+                continue  # a node of the model, not ORT's
+            kept = [a for a in node.attribute if a.name != "axes"]
+            if len(kept) != len(node.attribute) or len(node.input) > 1:
+                del node.attribute[:]
+                node.attribute.extend(kept)
+                unused.update(node.input[1:])  # opset 18+: the axes input, an initializer of its own
+                del node.input[1:]
+                changed = True
+    inits = model.graph.initializer
+    for i in reversed(range(len(inits))):  # in place: no copy of the weights
+        if inits[i].name in unused:
+            del inits[i]
+    return changed
+
+
+def _channel_count_error(tensor: str, count: int, before: int, batch: int) -> ValueError:
+    return ValueError(
+        f"batch {batch}: tensor {tensor!r}: {count} channels along axis 1 in this batch, {before} before: "
+        "per-channel ranges need the same number of channels in every batch"
+    )
 
 
 class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
@@ -87,7 +130,17 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         self.threads = CalibrationThreads(split.total, split.total, split.ort_spinning, 0)
         self.session_options = session_options
 
-    augment_graph = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.augment_graph)
+    @one_call_at_a_time
+    def augment_graph(self) -> None:
+        """ORT's augmented model (a ReduceMin and a ReduceMax of every calibrated tensor as graph
+        outputs), except that per channel a scalar's reduce over every axis (none) instead of
+        ORT's axis 0, which onnxruntime cannot load for a rank-0 tensor: the scalar gets its
+        range as one channel, as a 1-D tensor does in ORT."""
+        super().augment_graph()  # ORT's (the module's name is histocal's class while patched)
+        if self.per_channel and _reduce_scalars_whole(self.model):
+            # ORT saved the model once already: its weights are external data now when
+            # use_external_data_format, written then, so this save writes only the graph.
+            onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
 
     @one_call_at_a_time
     def create_inference_session(self) -> None:
@@ -120,8 +173,18 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         outputs = [o.name for o in session.get_outputs()]
         fetch = outputs[self.num_model_outputs :]
         head = [None] * self.num_model_outputs
+        # per channel: each tensor's channel count (its reduced outputs' length), which every
+        # batch must keep (numpy's stacking fails on the first that does not, naming nothing)
+        channels = self._channel_counts(fetch) if self.per_channel else {}
         for i, feed in enumerate(progress(source.read(), "histocal collect", self.show_progress)):
-            self.intermediate_outputs.append(head + run_session(session, fetch, checker.check(feed, i), i))
+            reduced = run_session(session, fetch, checker.check(feed, i), i)
+            if self.per_channel:
+                for name, value in zip(fetch, reduced, strict=True):
+                    tensor = name.rpartition("_")[0]
+                    before = channels.setdefault(tensor, len(value))
+                    if len(value) != before:
+                        raise _channel_count_error(tensor, len(value), before, i)
+            self.intermediate_outputs.append(head + reduced)
             if (
                 self.max_intermediate_outputs is not None
                 and len(self.intermediate_outputs) == self.max_intermediate_outputs
@@ -133,6 +196,16 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
             raise ValueError("No data is collected.")
         self.compute_data()
         self.clear_collected_data()
+
+    def _channel_counts(self, fetch: list[str]) -> dict[str, int]:
+        """The channel counts of the tensors that earlier calls gave ranges to."""
+        counts: dict[str, int] = {}
+        if self.calibrate_tensors_range:
+            for name in fetch:
+                tensor = name.rpartition("_")[0]
+                if tensor in self.calibrate_tensors_range.data:
+                    counts[tensor] = int(np.size(self.calibrate_tensors_range.data[tensor].range_value[0]))
+        return counts
 
     def merge_range(self, old_range: Any, new_range: Any) -> Any:
         if not old_range:

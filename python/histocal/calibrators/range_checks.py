@@ -23,15 +23,20 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:_SHOWN]) + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
-def check_finite_ranges(ranges: Any) -> None:
-    """ValueError naming the tensors of ``ranges`` (TensorsData) whose range is not finite, e.g.
-    MinMax's NaN range of a tensor whose every calibration value was NaN."""
+def _nonfinite_ranges(ranges: Any) -> list[str]:
     bad = []
     for name, td in ranges.data.items():
         lo, hi = (np.asarray(v, np.float64) for v in td.range_value)
         if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
             shown = f"[{lo.flat[0]:g}, {hi.flat[0]:g}]" if lo.size == hi.size == 1 else "per channel"
             bad.append(f"{name!r} {shown}")
+    return bad
+
+
+def check_finite_ranges(ranges: Any) -> None:
+    """ValueError naming the tensors of ``ranges`` (TensorsData) whose range is not finite, e.g.
+    MinMax's NaN range of a tensor whose every calibration value was NaN."""
+    bad = _nonfinite_ranges(ranges)
     if bad:
         raise ValueError(
             f"no finite range for {len(bad)} tensor(s): {_listed(bad)}; their calibration values were all "
@@ -51,14 +56,20 @@ def nonfinite_weights(model: onnx.ModelProto) -> list[str]:
 
 
 @contextlib.contextmanager
-def scale_issue_named(model: onnx.ModelProto | str | os.PathLike[str]) -> Iterator[None]:
+def scale_issue_named(model: onnx.ModelProto | str | os.PathLike[str], ranges: Any = None) -> Iterator[None]:
     """Turn onnxruntime's bare "scale issue" assertion, raised inside, into a ValueError naming the
-    weights of ``model`` that hold NaN/Inf (the model is read only then)."""
+    tensors of ``ranges`` (TensorsData, if given) whose range is not finite, or else the weights
+    of ``model`` that hold NaN/Inf (the model is read only then)."""
     try:
         yield
     except AssertionError as e:
         if "scale issue" not in str(e):
             raise
+        if ranges is not None and _nonfinite_ranges(ranges):
+            try:
+                check_finite_ranges(ranges)
+            except ValueError as named:
+                raise named from e
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model))
         weights = nonfinite_weights(proto)
         where = f"weights holding NaN or infinite values: {_listed(weights)}" if weights else "no weight holds NaN/Inf"

@@ -59,7 +59,7 @@ from ..state import CalibrationState
 from . import screen as _screen
 from .findings import RangeFinding, range_findings
 from .report_text import summary_text
-from .switches import SWITCH_INPUT, QuantizedTensor, name_nodes, quantized_nodes, switched_model
+from .switches import SWITCH_INPUT, QuantizedTensor, model_ort_converts, name_nodes, quantized_nodes, switched_model
 
 logger = logging.getLogger(__name__)
 
@@ -307,6 +307,7 @@ def diagnose(
                 "--auto-exclude applies the same names)",
                 named,
             )
+        float_model = model_ort_converts(float_model, quantize_kwargs)  # 16-bit types: opset 21
         model_path = model_file(float_model, tmp)
         t = time.perf_counter()
         feeds: list[dict[str, np.ndarray]]

@@ -97,7 +97,9 @@ def calibrate_distributed(
         show_progress: a progress bar (default: on a terminal).
 
     Returns:
-        The merged ``CalibrationState``: the state of one run over all the shards, bit for bit.
+        The merged ``CalibrationState``: the state of one run over all the shards, bit for bit,
+        at the workers' thread count (``cpus_per_worker``; onnxruntime's float outputs can
+        change with its intra-op thread count).
 
     Raises:
         ImportError: Ray is not installed (the message says how to install it).

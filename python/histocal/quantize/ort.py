@@ -16,6 +16,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
+from ..calibrators.range_checks import scale_issue_named
 from ..io.cache import save_tensors_data
 
 # quantize_static's quantization arguments (what a caller may pass through with given ranges).
@@ -227,7 +228,8 @@ def quantize_with_ranges(
         if smooth_quant:
             raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
         calibrate_method = ranges.calibration_method
-    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
+    # ORT's "scale issue" (a NaN range, a weight holding NaN/Inf) names no tensor: name them
+    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp, scale_issue_named(model_input, ranges):
         cache = Path(tmp, "ranges.json")
         save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
         ort_quantize_static(

@@ -16,7 +16,7 @@ parameters by onnxruntime's own ``QDQQuantizer.calc_graph_quant_params`` (the fu
 ``quantize_static`` calls, adjustments and overrides included), the biases by the arithmetic of
 ORT's ``quantize_bias_static_impl``. So one session scores every candidate and fold, and a
 candidate's parameters are, value for value, the initializers ``quantize_static`` would write for
-its ranges (tests/test_scoring.py checks the two byte for byte and the outputs for equality).
+its ranges (tests/quantize/test_scoring.py checks the two byte for byte and the outputs for equality).
 
 What it cannot express falls back to one ``quantize_static`` per candidate (``parameters``
 returns None for that candidate, ``build`` returns None for the model): a range set under which

@@ -1,0 +1,147 @@
+"""auto's shared scoring model (``histocal.quantize.scoring``): for any ranges, its parameter inputs
+are the initializers onnxruntime's own quantize_static writes for those ranges, byte for byte,
+every other initializer is the same too, and its outputs (so the SQNR scored) are the quantized
+model's, run as its QDQ graph defines it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantType
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+from support.graphs import GraphBuilder, tensor
+from support.models import cnn, cnn_feeds, transformer, transformer_feeds
+from support.profiles import examples
+
+import histocal
+from histocal.quantize import scoring
+from histocal.quantize.ort import quantize_with_ranges
+
+
+def _gemm(seed: int = 0) -> onnx.ModelProto:
+    """X[N,6] -Gemm(beta 0.5)-> Relu -Gemm-> Softmax -> Y: biases whose scale carries beta."""
+    g = GraphBuilder(seed)
+    g.const(g.rng.normal(0, 0.5, (6, 5)).astype(np.float32), "W1")
+    g.const(g.rng.normal(0, 0.3, (5,)).astype(np.float32), "B1")
+    g.const(g.rng.normal(0, 0.5, (5, 3)).astype(np.float32), "W2")
+    g.const(g.rng.normal(0, 0.3, (3,)).astype(np.float32), "B2")
+    g.node("Gemm", ["X", "W1", "B1"], output="h", name="gemm1", beta=0.5)
+    g.node("Relu", ["h"], output="r", name="relu")
+    g.node("Gemm", ["r", "W2", "B2"], output="z", name="gemm2")
+    g.node("Softmax", ["z"], output="Y", name="softmax", axis=-1)
+    return g.model("gemm", [tensor("X", ["N", 6])], [tensor("Y", ["N", 3])], 17)
+
+
+def _gemm_feeds(n: int) -> list[dict]:
+    rng = np.random.default_rng(3)
+    return [{"X": rng.normal(0, 2, (4, 6)).astype(np.float32)} for _ in range(n)]
+
+
+MODELS = {
+    "cnn": (cnn, lambda: cnn_feeds(3)),
+    "gemm": (_gemm, lambda: _gemm_feeds(3)),
+    "transformer": (transformer, lambda: transformer_feeds([4, 5, 6], fill=-30.0)),
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("scoring")
+    out = {}
+    for name, (make, feeds_of) in MODELS.items():
+        path = tmp / f"{name}.onnx"
+        onnx.save(make(), path.as_posix())
+        feeds = feeds_of()
+        cal = histocal.create_calibrator(path, augmented_model_path=str(tmp / f"{name}.aug.onnx"))
+        cal.collect_data(iter(feeds))
+        out[name] = {"path": path, "feeds": feeds, "ranges": cal.compute_data()}
+    out["tmp"] = tmp
+    return out
+
+
+def _run(path: Path, feed: dict) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path.as_posix(), options, providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+range_end = st.one_of(st.floats(-50.0, 50.0, width=32), st.sampled_from([0.0, 1e-9, -1e-9, 1e-30]))
+
+
+@settings(max_examples=examples(25))
+@given(
+    st.sampled_from(sorted(MODELS)),
+    st.sampled_from([QuantType.QInt8, QuantType.QUInt8]),
+    st.booleans(),
+    st.booleans(),
+    st.data(),
+)
+def test_parameters_are_ort_s_initializers_and_outputs_match(
+    built, name, activation_type, symmetric, per_channel, data
+):
+    m = built[name]
+    kwargs = {
+        "activation_type": activation_type,
+        "per_channel": per_channel,
+        "extra_options": {"ActivationSymmetric": symmetric},
+    }
+    workdir = built["tmp"] / f"w_{name}_{activation_type}_{symmetric}_{per_channel}"
+    workdir.mkdir(exist_ok=True)
+    model = scoring.build_scoring_model(m["path"], m["ranges"], workdir, kwargs)
+    assert model is not None
+    ranges = {}
+    for tensor_name in m["ranges"].data:
+        a, b = sorted((data.draw(range_end), data.draw(range_end)))
+        ranges[tensor_name] = TensorData(lowest=np.array([a], np.float32), highest=np.array([b], np.float32))
+    candidate = TensorsData(CalibrationMethod.MinMax, ranges)
+    quantized = workdir / "real.onnx"
+    quantize_with_ranges(m["path"], quantized, candidate, **kwargs)
+    real = {t.name: numpy_helper.to_array(t) for t in onnx.load(quantized.as_posix()).graph.initializer}
+    shared = {t.name: numpy_helper.to_array(t) for t in onnx.load(model.path.as_posix()).graph.initializer}
+    parameters = model.parameters(candidate)
+    if parameters is None:
+        # Only where onnxruntime changes a weight for an int32 bias, which the inputs cannot express.
+        assert any(real[n].tobytes() != v.tobytes() for n, v in shared.items() if n in real)
+        return
+    assert set(real) == set(shared) | set(parameters)
+    for n, v in parameters.items():
+        assert real[n].dtype == v.dtype and real[n].shape == v.shape and real[n].tobytes() == v.tobytes(), n
+    for n, v in shared.items():
+        assert real[n].tobytes() == v.tobytes(), n
+    real_graph = onnx.load(quantized.as_posix()).graph
+    shared_graph = onnx.load(model.path.as_posix()).graph
+    assert [(n.op_type, list(n.input), list(n.output)) for n in real_graph.node] == [
+        (n.op_type, list(n.input), list(n.output)) for n in shared_graph.node
+    ]
+    for feed in m["feeds"]:
+        want = _run(quantized, feed)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # as selection runs it
+        session = ort.InferenceSession(model.path.as_posix(), options, providers=["CPUExecutionProvider"])
+        got = session.run(None, {**feed, **parameters})
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_qoperator_format_has_no_shared_model(built):
+    from onnxruntime.quantization import QuantFormat
+
+    m = built["cnn"]
+    assert (
+        scoring.build_scoring_model(m["path"], m["ranges"], built["tmp"], {"quant_format": QuantFormat.QOperator})
+        is None
+    )
+
+
+def test_selection_quantizes_once(built):
+    """The whole cross-validated selection makes one quantize_static (the shared model)."""
+    m = built["cnn"]
+    chosen = histocal.calibrate_and_select(m["path"], cnn_feeds(6), eval_samples=4, folds=2)
+    assert chosen.quantizations == 1
