@@ -81,6 +81,8 @@ class HistogramCollector(CalibrationDataCollector):
         num_quantized_bins: int,
         percentile: float,
         scenario: str,
+        *,
+        lock: threading.RLock | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
@@ -105,17 +107,23 @@ class HistogramCollector(CalibrationDataCollector):
         # tuple object last put in it that matches the Rust state.
         self._dict: MutableMapping[str, tuple] | None = None
         self._handed: dict[str, tuple] = {}
-        # One call at a time (a calibrator replaces this with its own lock).
-        self._lock = threading.RLock()
+        # One call at a time (``lock``: a calibrator's own, whose calls work on this collector).
+        self._lock = threading.RLock() if lock is None else lock
 
     @property
-    def _histograms(self) -> Any:
+    def kind(self) -> str:
+        """The histograms' kind: ``"abs"`` (|x|, symmetric percentile) or ``"value"``."""
+        return self._kind
+
+    @property
+    def histograms(self) -> _core.Histograms:
         """The Rust state, with any edits of ``histogram_dict`` applied first."""
         self._sync()
         return self._hists
 
-    @_histograms.setter
-    def _histograms(self, hists: Any) -> None:
+    @histograms.setter
+    def histograms(self, hists: _core.Histograms) -> None:
+        """Replace the Rust state; a ``histogram_dict`` handed out is no longer kept in step."""
         self._hists = hists
         self._dict, self._handed = None, {}
 
@@ -127,7 +135,7 @@ class HistogramCollector(CalibrationDataCollector):
             try:
                 self._hists.collect(items)
             finally:
-                self._refresh(name for name, _ in items)
+                self.refresh(name for name, _ in items)
 
     @property
     def histogram_dict(self) -> MutableMapping[str, tuple]:
@@ -137,7 +145,7 @@ class HistogramCollector(CalibrationDataCollector):
         with self._lock:
             if self._dict is None:
                 self._dict, self._handed = {}, {}
-                self._refresh()
+                self.refresh()
             return self._dict
 
     @histogram_dict.setter
@@ -157,7 +165,7 @@ class HistogramCollector(CalibrationDataCollector):
         """Values collected per tensor, by kind. For an entry assigned through
         ``histogram_dict``, its histogram's total, as finite values of 0 batches."""
         with self._lock:
-            hists = self._histograms
+            hists = self.histograms
             return {n: ValueCounts(*hists.counts(n)) for n in hists.names()}
 
     def _entry(self, name: str) -> tuple:
@@ -166,7 +174,7 @@ class HistogramCollector(CalibrationDataCollector):
         entry = (st.hist, st.edges, _held(*st.min, dtype), _held(*st.max, dtype))
         return entry if st.threshold is None else (*entry, _held(*st.threshold, dtype))
 
-    def _refresh(self, names: Iterable[str] | None = None) -> None:
+    def refresh(self, names: Iterable[str] | None = None) -> None:
         """Write the Rust state of ``names`` (all tensors if None) into the exposed dict, in
         place, as ORT's ``collect`` writes its dict."""
         if self._dict is None:
@@ -176,7 +184,7 @@ class HistogramCollector(CalibrationDataCollector):
             if name in held:
                 self._dict[name] = self._handed[name] = self._entry(name)
 
-    def _roll_back_to(self, hists: Any) -> None:
+    def roll_back_to(self, hists: _core.Histograms) -> None:
         """Put back the Rust state a failed calibrator call started from; a histogram_dict
         handed out shows it too (entries the failed call added are removed)."""
         with self._lock:
@@ -184,7 +192,7 @@ class HistogramCollector(CalibrationDataCollector):
             if self._dict is not None:
                 self._dict.clear()
                 self._handed = {}
-                self._refresh()
+                self.refresh()
 
     def _sync(self) -> None:
         """Bring the Rust state in line with the exposed dict after the caller edited it."""
@@ -223,7 +231,7 @@ class HistogramCollector(CalibrationDataCollector):
 
     def compute_collection_result(self) -> dict[str, Any]:
         with self._lock:
-            if not self._histograms.names():  # (synced with histogram_dict here, once)
+            if not self.histograms.names():  # (synced with histogram_dict here, once)
                 raise ValueError("Histogram has not been collected. Please run collect() first.")
             logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
             if self.method == "entropy":
@@ -262,7 +270,7 @@ class HistogramCollector(CalibrationDataCollector):
         (numpy could not build its bins in the data's type, e.g. a range of +-3.4e38): its
         results then go out as float32, which onnxruntime's TensorData holds."""
         edges = self.histogram_dict[name][1]
-        return edges.dtype == np.float64 and self._hists.state(name)[5] != "float64"
+        return edges.dtype == np.float64 and self._hists.state(name).dtype != "float64"
 
     def _entropy(self) -> dict[str, tuple]:
         hd = self.histogram_dict
@@ -345,7 +353,7 @@ def _p3_avg_std(hist: np.ndarray, edges: np.ndarray) -> tuple[Any, Any]:
 _ENTRY_SHAPES = {"value": "(hist, edges, min, max, threshold)", "abs": "(hist, edges, min, max)"}
 
 
-def _restore_entry(hists: Any, kind: str, name: str, entry: Any) -> None:
+def _restore_entry(hists: _core.Histograms, kind: str, name: str, entry: Any) -> None:
     """Load one ORT-style histogram tuple into ``hists``: its counts are taken as finite values
     of 0 batches. The data dtype is the edges', or the min's where that is narrower (float16
     data in float32 edges, histocal's "Too many bins" fallback)."""
@@ -498,8 +506,8 @@ class CollectedData:
     state is built from it, and ``calibrator.restore_collected`` puts one back."""
 
     mode: str  # how it was collected: "exact" or "streaming"
-    stream: Any = None  # _core.StreamHistograms; exact mode feeds one too, so every method can be served
-    exact: Any = None  # _core.Histograms: ORT's exact histograms (exact mode only)
+    stream: _core.StreamHistograms | None = None  # exact mode feeds one too, so every method can be served
+    exact: _core.Histograms | None = None  # ORT's exact histograms (exact mode only)
     exact_kind: str | None = None  # "value" or "abs"
     exact_num_bins: int | None = None
     channels: Any = None  # state.channels.ChannelHistograms: per-channel streaming histograms, when collected

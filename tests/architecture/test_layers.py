@@ -29,6 +29,11 @@ LAYERS = (
     ("histocal.__main__",),
 )
 MAX_LINES = 600
+# Reaching into another module's or object's private names (issue 25): shared helpers have public
+# names inside their modules, objects offer small public methods; what is left reaches into
+# onnxruntime or argparse.
+MAX_PRIVATE_IMPORTS = 10
+MAX_PRIVATE_ATTRIBUTES = 10
 
 
 def _module_name(path: Path) -> str:
@@ -59,6 +64,44 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             subs = {f"{target}.{a.name}" for a in node.names} & known
             out.update(subs or {target})
     return {m for m in out if m in known or m == "histocal" or m == "histocal._core"}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _import_target(name: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = package.split(".")
+    return ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def _private_reaches() -> tuple[list[str], list[str]]:
+    """``from X import _name`` with X another histocal module (a private module itself, such as
+    ``_core``, is fine), and ``obj._attr`` with obj not self, cls or super()."""
+    modules = _modules()
+    known = set(modules) | {"histocal._core"}
+    imports, attributes = [], []
+    for name, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                target = _import_target(name, path, node)
+                if target.split(".")[0] == "histocal" and target != name:
+                    imports += [
+                        f"{name}:{node.lineno} {target}.{a.name}"
+                        for a in node.names
+                        if _is_private(a.name) and f"{target}.{a.name}" not in known
+                    ]
+            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                    continue
+                if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                    continue
+                attributes.append(f"{name}:{node.lineno} {ast.unparse(owner)}.{node.attr}")
+    return imports, attributes
 
 
 def _layer(module: str) -> int:
@@ -109,3 +152,13 @@ def test_no_source_file_over_the_limit():
         name: n for name, p in _modules().items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_few_private_names_imported_across_modules():
+    imports, _ = _private_reaches()
+    assert len(imports) <= MAX_PRIVATE_IMPORTS, "\n".join(imports)
+
+
+def test_few_private_attributes_reached_on_other_objects():
+    _, attributes = _private_reaches()
+    assert len(attributes) <= MAX_PRIVATE_ATTRIBUTES, "\n".join(attributes)

@@ -137,8 +137,8 @@ def test_cnn_budget_kept_none_some_all(paths, tmp_path, method, opts, kept):
     session = counting(cal)
     with quiet():
         cal.collect_data(chunks[0][:1])  # the first call, just to measure a batch's outputs
-        one = sum(a.nbytes + hb.KEPT_ARRAY_OVERHEAD for a in session.run(cal._fetch_names(), chunks[0][0]))
-        cal._restart_collection()
+        one = sum(a.nbytes + hb.KEPT_ARRAY_OVERHEAD for a in session.run(cal.fetch_names(), chunks[0][0]))
+        cal.restart()
         cal.memory_budget = kept * one
         session.runs = 0
         cal.collect_data(RewindReader(chunks[0]))
@@ -273,14 +273,14 @@ def test_budget_precedence(paths, tmp_path, monkeypatch):
 def test_cgroup_limit_lowers_the_available_memory(tmp_path):
     (tmp_path / "memory.max").write_text("1000000\n")
     (tmp_path / "memory.current").write_text("400000\n")
-    assert hb._cgroup_available(tmp_path) == 600000
+    assert hb.cgroup_available(tmp_path) == 600000
     (tmp_path / "memory.max").write_text("max\n")
-    assert hb._cgroup_available(tmp_path) is None
+    assert hb.cgroup_available(tmp_path) is None
     v1 = tmp_path / "v1"
     (v1 / "memory").mkdir(parents=True)
     (v1 / "memory" / "memory.limit_in_bytes").write_text("2000\n")
     (v1 / "memory" / "memory.usage_in_bytes").write_text("3000\n")
-    assert hb._cgroup_available(v1) == 0
+    assert hb.cgroup_available(v1) == 0
 
 
 # -- under onnxruntime's quantize_static ------------------------------------------------------------

@@ -61,11 +61,11 @@ def test_attributes_are_ort_s(tmp_path):
     onnx.save(models.cnn(), path.as_posix())
     args = (path.as_posix(), ["Conv"], "aug.onnx", True, False, True)
     ort = ort_calibrate.CalibraterBase(*args)
-    ours = histocal.calibrators.common._PrivateShapeInference(*args)
+    ours = histocal.calibrators.common.PrivateShapeInference(*args)
     assert ours.model.SerializeToString() == ort.model.SerializeToString()
     assert {k: v for k, v in vars(ours).items() if k != "model"} == {k: v for k, v in vars(ort).items() if k != "model"}
     with pytest.raises(ValueError, match="model_path should be model path"):
-        histocal.calibrators.common._PrivateShapeInference(models.cnn())
+        histocal.calibrators.common.PrivateShapeInference(models.cnn())
 
 
 def _create(path: Path, kind: str):

@@ -195,19 +195,19 @@ def test_model_without_calibrated_tensors_still_builds(tmp_path):
 def test_the_batch_loop_bins_on_the_calibration_share(paths, tmp_path):
     """The worker thread's Rust calls run on a pool of the split's size where the split gives
     the binning part of the cores, and on the shared pool otherwise."""
-    from histocal.calibrators.common import _run_batches
+    from histocal.calibrators.common import run_batches
     from histocal.io.readers import DataSource
 
     with quiet():
         cal = histocal.create_calibrator(paths["cnn"], None, (tmp_path / "aug.onnx").as_posix(), PCT)
-    fetch = cal._fetch_names()
+    fetch = cal.fetch_names()
     for threads, expected in (
         (CalibrationThreads(8, 6, True, 3), 3),
         (calibration_threads(2), _core.get_num_threads()),
     ):
         cal.threads = threads
         seen: list[int] = []
-        n = _run_batches(
+        n = run_batches(
             cal, DataSource(models.cnn_feeds(3)), fetch, lambda i, items: seen.append(_core.get_num_threads()), "t"
         )
         assert n == 3 and seen == [expected] * 3

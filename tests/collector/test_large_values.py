@@ -418,7 +418,7 @@ def streaming_result(cfg: dict, batches: list[np.ndarray]):
     stream = histocal._core.StreamHistograms(histocal.DEFAULT_STREAMING_BINS)
     stream.collect([("t", batches)])
     hc = histocal.HistogramCollector(**cfg)
-    hc._histograms = stream.to_histograms(
+    hc.histograms = stream.to_histograms(
         "abs" if cfg["method"] == "percentile" and cfg["symmetric"] else "value", cfg["num_bins"]
     )
     with quiet():

@@ -129,7 +129,7 @@ def test_ort_methods_per_channel_equal_onnxruntimes_code_on_each_channel(method,
         method, ort_options["symmetric"], ort_options["num_bins"], ort_options.get("num_quantized_bins", 128),
         ort_options.get("percentile", 99.999), ort_options.get("scenario", "same"),
     )  # fmt: skip
-    ours._histograms = hists
+    ours.histograms = hists
     ort = ort_calibrate.HistogramCollector(
         method, ort_options["symmetric"], ort_options["num_bins"], ort_options.get("num_quantized_bins", 128),
         ort_options.get("percentile", 99.999), ort_options.get("scenario", "same"),

@@ -185,7 +185,7 @@ def batch_bytes(cal, shape, itemsize=4) -> int:
     has ``shape`` (and ``itemsize``-byte values)."""
     from histocal.calibrators.budget import KEPT_ARRAY_OVERHEAD
 
-    return len(cal._fetch_names()) * (int(np.prod(shape)) * itemsize + KEPT_ARRAY_OVERHEAD)
+    return len(cal.fetch_names()) * (int(np.prod(shape)) * itemsize + KEPT_ARRAY_OVERHEAD)
 
 
 def run_histocal(path, method, opts, chunks, aug, form="list", op_types=None, mode="exact") -> TensorsData:

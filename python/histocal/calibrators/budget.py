@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from ..io.memory import _cgroup_available, available_memory, format_size, memory_left, parse_size  # noqa: F401 (tests)
+from ..io.memory import available_memory, cgroup_available, format_size, memory_left, parse_size  # noqa: F401 (tests)
 from ..methods.settings import MEMORY_BUDGET
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class KeptOutputs:
         self.nbytes = 0
 
 
-def _second_read_differs(first: int, last: int) -> ValueError:
+def second_read_differs(first: int, last: int) -> ValueError:
     where = f"batch {last}" if first == last else f"batches {first} to {last}"
     return ValueError(
         f"{where}: the data reader returned different data on its second read "

@@ -44,10 +44,10 @@ MEMORY_BUDGET_OPTION = MEMORY_BUDGET.extra_key
 NUM_THREADS_OPTION = NUM_THREADS.extra_key
 SESSION_OPTIONS_OPTION = SESSION_OPTIONS.extra_key
 
-_METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
+METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
 
 
-def _check_channels_loadable(channels: Any, per_channel: bool, axis: int) -> None:
+def check_channels_loadable(channels: Any, per_channel: bool, axis: int) -> None:
     """ValueError unless a state's per-channel histograms (or None) are what the calibrator collects."""
     if per_channel != (channels is not None) or (channels is not None and channels.axis != axis):
         held = f"per-channel histograms along axis {channels.axis}" if channels else "none per channel"
@@ -55,7 +55,7 @@ def _check_channels_loadable(channels: Any, per_channel: bool, axis: int) -> Non
         raise ValueError(f"incompatible options: the state holds {held}, the calibrator uses {uses}")
 
 
-def _augmented_model_path(owner: Any, path: str | Path | None) -> str | Path:
+def augmented_path_for(owner: Any, path: str | Path | None) -> str | Path:
     """``path``, or where none is given a file in a temporary folder of ``owner``'s own (removed
     with it): calibrators created at once with ORT's shared default path would write and load
     each other's augmented models."""
@@ -86,7 +86,7 @@ def load_model_with_shape_infer(model_path: Path) -> onnx.ModelProto:
     return inferred
 
 
-class _PrivateShapeInference(ort_calibrate.CalibraterBase):
+class PrivateShapeInference(ort_calibrate.CalibraterBase):
     """onnxruntime's ``CalibraterBase`` with the model loaded by :func:`load_model_with_shape_infer`:
     nothing is written beside the user's model. Put after ORT's calibrator class in the bases,
     so that its ``super().__init__`` lands here (tests compare the attributes with ORT's)."""
@@ -118,7 +118,7 @@ class _PrivateShapeInference(ort_calibrate.CalibraterBase):
         self.execution_providers: list[str] | None = ["CPUExecutionProvider"]
 
 
-def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+def one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``method`` holding the calibrator's lock: calls from several threads take turns."""
 
     @functools.wraps(method)
@@ -129,11 +129,11 @@ def _one_call_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
-def _is_checkpoint(i: int) -> bool:
+def is_checkpoint(i: int) -> bool:
     return i & (i + 1) == 0  # i = 2^k - 1: batches 0, 1, 3, 7, 15, ...
 
 
-class _ReadDigest:
+class ReadDigest:
     """The output shapes and dtypes of one read's batches in O(log batches) memory: a running
     digest, kept after batches 0, 1, 3, 7, ... (2^k - 1) for a second read to compare with. A
     second read that differs is caught by twice the batch index where it starts differing, and
@@ -152,7 +152,7 @@ class _ReadDigest:
         self.digest = h.digest()
 
 
-def _run_batches(
+def run_batches(
     calibrator: Any,
     source: DataSource,
     fetch: list[str],
@@ -191,13 +191,12 @@ def _run_batches(
     return n
 
 
-def _binned_and_binnable(hist: Any) -> dict[str, tuple[int, int, int, bool]]:
+def binned_and_binnable(hist: _core.Histograms) -> dict[str, tuple[int, int, int, bool]]:
     """Per tensor: values in the histogram, finite values and infinities collected, and whether
     the edges end in +inf (an |x| histogram past float16's range: like ORT, it then bins later
     infinities in its last bin)."""
     out = {}
     for n in hist.names():
-        h, edges = hist.state(n)[:2]
-        finite, _, posinf, neginf, _ = hist.counts(n)
-        out[n] = (int(h.sum()), finite, posinf + neginf, bool(np.isposinf(edges[-1])))
+        st, c = hist.state(n), hist.counts(n)
+        out[n] = (int(st.hist.sum()), c.n_finite, c.n_posinf + c.n_neginf, bool(np.isposinf(st.edges[-1])))
     return out

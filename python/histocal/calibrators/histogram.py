@@ -53,17 +53,17 @@ from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
 from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
-from .budget import HOW_TO_SET, KeptOutputs, _second_read_differs, format_size, resolve_memory_budget
+from .budget import HOW_TO_SET, KeptOutputs, format_size, resolve_memory_budget, second_read_differs
 from .common import (
-    _METHODS,
-    _augmented_model_path,
-    _binned_and_binnable,
-    _check_channels_loadable,
-    _is_checkpoint,
-    _one_call_at_a_time,
-    _PrivateShapeInference,
-    _ReadDigest,
-    _run_batches,
+    METHODS,
+    PrivateShapeInference,
+    ReadDigest,
+    augmented_path_for,
+    binned_and_binnable,
+    check_channels_loadable,
+    is_checkpoint,
+    one_call_at_a_time,
+    run_batches,
 )
 from .cores import calibration_threads, session_options_for
 
@@ -72,7 +72,7 @@ logger = logging.getLogger(__name__)
 _NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
 
 
-class _HistogramCalibration:
+class HistogramCalibration:
     """Collection and statistics shared by the histogram calibrators (put before ORT's class)."""
 
     method: str
@@ -100,7 +100,7 @@ class _HistogramCalibration:
         self.session_options = settings.session_options
         self.streaming_bins = settings.streaming_bins
         self.show_progress = settings.show_progress
-        self._stream: Any = None
+        self._stream: _core.StreamHistograms | None = None
         self.per_channel, self.axis, self.mode = settings.per_channel, settings.axis, settings.mode
         self._channels: ChannelHistograms | None = None
         self._mode_used: str | None = None
@@ -120,15 +120,15 @@ class _HistogramCalibration:
             num_quantized_bins=self.num_quantized_bins,
             percentile=self.percentile,
             scenario=self.scenario,
+            lock=self._lock,  # one lock: the calibrator's calls work on the collector
         )
-        collector._lock = self._lock  # one lock: the calibrator's calls reach into the collector
         return collector
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def augment_graph(self) -> None:
         super().augment_graph()  # type: ignore[misc]
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def create_inference_session(self) -> None:
         """ORT's calibration session (graph optimizations off), with the intra-op threads and
         spinning of ``self.threads`` (see ``cores``: the Rust work on the previous batch runs
@@ -140,15 +140,22 @@ class _HistogramCalibration:
         )
 
     @property
-    def _kind(self) -> str:
+    def kind(self) -> str:
+        """The histograms' kind: ``"abs"`` (|x|, symmetric percentile) or ``"value"``."""
         return "abs" if self.method == "percentile" and self.symmetric else "value"
 
-    def _fetch_names(self) -> list[str]:
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock each call of this calibrator holds (and its collector's)."""
+        return self._lock
+
+    def fetch_names(self) -> list[str]:
+        """The session outputs this calibrator collects, in the session's order."""
         if self.tensors_to_calibrate is None:
             raise RuntimeError("call augment_graph() and create_inference_session() before collect_data()")
         return [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
         """Collect one call's batches; may be called several times (ORT's merge rule applies
         between calls in exact mode; streaming mode treats all calls as one data set). A call
@@ -163,8 +170,8 @@ class _HistogramCalibration:
     def _snapshot(self) -> tuple[Any, Any, Any, Any, Any]:
         histograms = None
         if self.collector is not None:
-            histograms = _core.Histograms(self._kind, self.collector.num_bins)
-            copy_histograms(self.collector._histograms, histograms)
+            histograms = _core.Histograms(self.kind, self.collector.num_bins)
+            copy_histograms(self.collector.histograms, histograms)
         stream = None if self._stream is None else copy_stream(self._stream)
         return self._mode_used, self.collector, histograms, stream, self._channels and self._channels.copy()
 
@@ -173,7 +180,7 @@ class _HistogramCalibration:
         # ``calibrator.collector`` sees no trace of the failed call either.
         self._mode_used, self.collector, self._stream, self._channels = mode_used, collector, stream, channels
         if collector is not None:
-            collector._roll_back_to(histograms)
+            collector.roll_back_to(histograms)
 
     def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
@@ -181,8 +188,8 @@ class _HistogramCalibration:
             # auto starts exact; a read-once source over the memory budget turns it to streaming
             self._mode_used = "streaming" if self.mode == "streaming" else "exact"
             logger.info("collection mode: %s", self._mode_used)
-        fetch = self._fetch_names()
-        if self.method in _METHODS:  # the histograms of num_bins bins it will hold, refused up front
+        fetch = self.fetch_names()
+        if self.method in METHODS:  # the histograms of num_bins bins it will hold, refused up front
             check_calibration_memory(self.method, self.num_bins, len(fetch), self._mode_used == "exact")
         if self._mode_used == "streaming":
             n = self._collect_streaming(source, fetch)
@@ -193,7 +200,7 @@ class _HistogramCalibration:
 
     def _collect_streaming(self, source: DataSource, fetch: list[str]) -> int:
         if self._stream is None:
-            self._stream = self._new_stream()
+            self._stream = self.new_stream()
         stream = self._stream
         if self.per_channel and self._channels is None:
             self._channels = self._new_channels()
@@ -204,7 +211,7 @@ class _HistogramCalibration:
                 channels.collect(items)
             stream.collect(items)
 
-        return _run_batches(self, source, fetch, consume, "histocal collect")
+        return run_batches(self, source, fetch, consume, "histocal collect")
 
     def _collect_exact(self, source: DataSource, fetch: list[str]) -> int:
         """ORT's histograms for this call, in one inference pass where the outputs fit the memory
@@ -217,14 +224,14 @@ class _HistogramCalibration:
         budget = resolve_memory_budget(self.memory_budget)
         if self.collector is None:
             self.collector = self._new_collector()
-        hist = self.collector._histograms
+        hist = self.collector.histograms
         stream = self._exact_stream()
         read_once = not source.rereadable
         kept = KeptOutputs(budget)
         streaming = False  # auto mode, read-once data over the budget: streaming from then on
         # Constant memory per batch (a long stream must not grow it): the second read is checked
         # against digests of the first, not against a list of every batch's shapes.
-        first, second = _ReadDigest(), _ReadDigest()
+        first, second = ReadDigest(), ReadDigest()
 
         def scan(i: int, items: list) -> None:
             nonlocal streaming
@@ -240,11 +247,11 @@ class _HistogramCalibration:
                 return
             j = i - (kept.full_at or 0)
             first.add(items)
-            if _is_checkpoint(j):
+            if is_checkpoint(j):
                 first.kept[j] = first.digest
 
-        before = _binned_and_binnable(hist)
-        n = _run_batches(self, source, fetch, scan, "histocal exact (ranges)")
+        before = binned_and_binnable(hist)
+        n = run_batches(self, source, fetch, scan, "histocal exact (ranges)")
         if n == 0 or streaming:
             if streaming:
                 self._mode_used, self.collector = "streaming", None
@@ -265,12 +272,12 @@ class _HistogramCalibration:
                     )
                 j = i - k
                 second.add(items)
-                if _is_checkpoint(j) and second.digest != first.kept[j]:
-                    raise _second_read_differs(k + (j + 1) // 2, i)
+                if is_checkpoint(j) and second.digest != first.kept[j]:
+                    raise second_read_differs(k + (j + 1) // 2, i)
                 hist.count(items)
 
             desc = "histocal exact (batches over the memory budget)"
-            n2 = _run_batches(self, source, fetch, count, desc, skip=k)
+            n2 = run_batches(self, source, fetch, count, desc, skip=k)
             if n2 != n:
                 raise ValueError(
                     f"the data reader returned {n} batches on its first read and {n2} on its second "
@@ -278,10 +285,10 @@ class _HistogramCalibration:
                     "batches each time)"
                 )
             if second.digest != first.digest:
-                raise _second_read_differs(k + max(first.kept) + 1, n - 1)
-        self.collector._refresh()  # its histogram_dict, if handed out, shows this collect
+                raise second_read_differs(k + max(first.kept) + 1, n - 1)
+        self.collector.refresh()  # its histogram_dict, if handed out, shows this collect
         # Values outside the first read's ranges were not binned: the reader changed its data.
-        for name, (binned, finite, infs, _) in _binned_and_binnable(hist).items():
+        for name, (binned, finite, infs, _) in binned_and_binnable(hist).items():
             b0, f0, i0, open_top = before.get(name, (0, 0, 0, False))
             # infinities are binned only where the edges ended in +inf before this collect
             binnable = finite - f0 + (infs - i0 if open_top else 0)
@@ -332,7 +339,8 @@ class _HistogramCalibration:
         self._method_overrides = parse_method_overrides(rules)
         self.mode = collection_mode(self._method_overrides, self.mode, self._mode_used)
 
-    def _new_stream(self) -> Any:
+    def new_stream(self) -> _core.StreamHistograms:
+        """An empty streaming histogram set with what this calibrator's methods collect."""
         isotone, votes = collects_for(self.method_overrides)
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
 
@@ -342,11 +350,11 @@ class _HistogramCalibration:
     def _exact_stream(self) -> Any:
         """Exact mode also feeds a streaming histogram, so that its state serves every method."""
         if self._stream is None:
-            self._stream = self._new_stream()
+            self._stream = self.new_stream()
         return self._stream
 
-    @_one_call_at_a_time
-    def _restart_collection(self) -> None:
+    @one_call_at_a_time
+    def restart(self) -> None:
         """Forget everything collected, keeping the augmented model, the session and the mode
         already settled on (so that new data is collected the way the first was). ORT's
         ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
@@ -367,10 +375,10 @@ class _HistogramCalibration:
             if stream is not None and copy:
                 stream = copy_stream(stream)
             exact = kind = num_bins = None
-            if self._mode_used == "exact" and self.collector is not None and self.collector._histograms.names():
-                kind, num_bins = self._kind, int(self.num_bins)
+            if self._mode_used == "exact" and self.collector is not None and self.collector.histograms.names():
+                kind, num_bins = self.kind, int(self.num_bins)
                 exact = _core.Histograms(kind, num_bins)
-                copy_histograms(self.collector._histograms, exact)
+                copy_histograms(self.collector.histograms, exact)
             if stream is None and exact is None:
                 raise ValueError(_NOTHING_COLLECTED)
             channels = self._channels.copy() if copy and self._channels else self._channels
@@ -385,7 +393,7 @@ class _HistogramCalibration:
             if data.mode == "exact":
                 self.collector = self._new_collector()
                 if data.exact is not None:
-                    copy_histograms(data.exact, self.collector._histograms)
+                    copy_histograms(data.exact, self.collector.histograms)
 
     @property
     def model_fingerprint(self) -> str:
@@ -412,7 +420,7 @@ class _HistogramCalibration:
         """Save the collected histogram state (see ``histocal.CalibrationState``)."""
         CalibrationState.from_calibrator(self, data_fingerprint).save(path, compress)
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def load_state(self, state: Any) -> None:
         """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
         if not isinstance(state, CalibrationState):
@@ -431,14 +439,14 @@ class _HistogramCalibration:
             )
         if self.tensors_to_calibrate is not None:
             wanted = (
-                set(self._fetch_names())
+                set(self.fetch_names())
                 if getattr(self, "infer_session", None) is not None
                 else set(self.tensors_to_calibrate)
             )
             if wanted != set(state.names):
                 diff = sorted(wanted ^ set(state.names))[:5]
                 raise ValueError(f"the state calibrates other tensors than this calibrator (e.g. {diff})")
-        _check_channels_loadable(state.channels, self.per_channel, self.axis)
+        check_channels_loadable(state.channels, self.per_channel, self.axis)
         if self.mode != "auto" and self.mode != state.mode:
             raise ValueError(
                 f"incompatible options: the state was collected in {state.mode} mode, the calibrator uses mode={self.mode!r}"
@@ -447,14 +455,14 @@ class _HistogramCalibration:
             raise ValueError(
                 f"incompatible options: the state has streaming_bins={state.streaming_bins}, the calibrator {self.streaming_bins}"
             )
-        if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self._kind, self.num_bins):
+        if state.mode == "exact" and (state.exact_kind, state.exact_num_bins) != (self.kind, self.num_bins):
             raise ValueError(
                 f"incompatible options: the state holds exact {state.exact_kind} histograms of {state.exact_num_bins} "
-                f"bins, this calibrator needs {self._kind} histograms of {self.num_bins} bins (state.compute() can still "
+                f"bins, this calibrator needs {self.kind} histograms of {self.num_bins} bins (state.compute() can still "
                 "serve these settings)"
             )
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def compute_data(self) -> TensorsData:
         """Every method's results from what has been collected. Exact mode: ORT's own computation
         on ORT's exact histograms (edits of ``collector.histogram_dict`` included); otherwise the
@@ -463,7 +471,7 @@ class _HistogramCalibration:
         if self._mode_used == "exact":
             if self.collector is None:
                 raise ValueError("No collector created and can't generate calibration data.")
-            result = TensorsData(_METHODS[self.method], self.collector.compute_collection_result())
+            result = TensorsData(METHODS[self.method], self.collector.compute_collection_result())
             if not self.method_overrides:
                 return result
         elif self._stream is None:
@@ -477,7 +485,7 @@ class _HistogramCalibration:
         return compute_with_overrides(state, self.method, self.method_overrides, model=self.model, base=result)
 
 
-class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, _PrivateShapeInference):
+class EntropyCalibrater(HistogramCalibration, ort_calibrate.EntropyCalibrater, PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -493,7 +501,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, 
         super().__init__(
             model_path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             use_external_data_format,
             method=method,
             symmetric=symmetric,
@@ -503,7 +511,7 @@ class EntropyCalibrater(_HistogramCalibration, ort_calibrate.EntropyCalibrater, 
         self._init_histocal(CollectionSettings.from_keywords(**collection))
 
 
-class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibrater, _PrivateShapeInference):
+class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibrater, PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -519,7 +527,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         super().__init__(
             model_path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             use_external_data_format,
             method=method,
             symmetric=symmetric,
@@ -529,7 +537,7 @@ class PercentileCalibrater(_HistogramCalibration, ort_calibrate.PercentileCalibr
         self._init_histocal(CollectionSettings.from_keywords(**collection))
 
 
-class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCalibrater, _PrivateShapeInference):
+class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCalibrater, PrivateShapeInference):
     def __init__(
         self,
         model_path: str | Path,
@@ -544,7 +552,7 @@ class DistributionCalibrater(_HistogramCalibration, ort_calibrate.DistributionCa
         super().__init__(
             model_path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             use_external_data_format,
             method=method,
             num_bins=num_bins,

@@ -14,11 +14,11 @@ from ..methods.settings import CollectionSettings
 from ..methods.table import collects_isotone, collects_votes
 from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
 from ..state.overrides import collects_for
-from .common import _augmented_model_path, _PrivateShapeInference
-from .histogram import _HistogramCalibration
+from .common import PrivateShapeInference, augmented_path_for
+from .histogram import HistogramCalibration
 
 
-class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater, _PrivateShapeInference):
+class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, PrivateShapeInference):
     """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
     pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
     ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
@@ -47,7 +47,7 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater,
         super().__init__(
             model_path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             use_external_data_format,
             method=name,
         )
@@ -69,7 +69,7 @@ class MethodCalibrater(_HistogramCalibration, ort_calibrate.HistogramCalibrater,
         if self.per_channel and collects_isotone(self.method) and self.axis == -1:
             raise ValueError(ISOTONE_CLASS_AXIS)
 
-    def _new_stream(self) -> Any:
+    def new_stream(self) -> _core.StreamHistograms:
         # a method choosing per batch needs every batch's vote, collected as the batches come
         isotone, votes = collects_for(self.method_overrides)
         votes = votes or collects_votes(self.method, self.method_options)

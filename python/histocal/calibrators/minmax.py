@@ -15,7 +15,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorData
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
-from .common import _augmented_model_path, _one_call_at_a_time, _PrivateShapeInference
+from .common import PrivateShapeInference, augmented_path_for, one_call_at_a_time
 from .cores import CalibrationThreads, calibration_threads, session_options_for
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def _channel_count_error(tensor: str, count: int, before: int, batch: int) -> Va
     )
 
 
-class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
+class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
     """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
     a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
     chunks instead of discarding them, and per-channel ranges that merge across calls, NaN
@@ -106,7 +106,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
         super().__init__(
             model_path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             symmetric=symmetric,
             use_external_data_format=use_external_data_format,
             moving_average=moving_average,
@@ -130,7 +130,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
         self.threads = CalibrationThreads(split.total, split.total, split.ort_spinning, 0)
         self.session_options = session_options
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def augment_graph(self) -> None:
         """ORT's augmented model (a ReduceMin and a ReduceMax of every calibrated tensor as graph
         outputs), except that per channel a scalar's reduce over every axis (none) instead of
@@ -142,7 +142,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
             # use_external_data_format, written then, so this save writes only the graph.
             onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def create_inference_session(self) -> None:
         """ORT's session (graph optimizations off), with ``self.threads``' intra-op threads, or
         ``session_options`` as given."""
@@ -151,10 +151,10 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, _PrivateShapeInference):
             self.augmented_model_path, sess_options=options, providers=self.execution_providers
         )
 
-    compute_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
-    clear_collected_data = _one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
+    compute_data = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
+    clear_collected_data = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
 
-    @_one_call_at_a_time
+    @one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
         """ORT's collect_data, except that a call that fails leaves what earlier calls collected
         unchanged, as in the histogram calibrators (ORT keeps the failed call's batches)."""

@@ -18,8 +18,8 @@ from typing import Any
 from .. import _core
 from ..collector import CollectedData
 from ..io.readers import DataSource
-from .budget import _second_read_differs
-from .common import _is_checkpoint, _ReadDigest, _run_batches
+from .budget import second_read_differs
+from .common import ReadDigest, is_checkpoint, run_batches
 
 
 @dataclass(frozen=True)
@@ -29,25 +29,25 @@ class ExactScan:
 
     scans: list[Any]
     batches: int
-    digest: _ReadDigest
+    digest: ReadDigest
 
 
 def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
     """Exact mode's pass 1 over ``data_reader`` on ``calibrator``'s session (an ORT histogram
     calibrator of histocal's): every batch scanned, nothing collected. An empty part gives no
     batches and no scans: it adds nothing (the caller refuses data that is empty in every part)."""
-    with calibrator._lock:
-        hist = _core.Histograms(calibrator._kind, calibrator.num_bins)
-        first = _ReadDigest()
+    with calibrator.lock:
+        hist = _core.Histograms(calibrator.kind, calibrator.num_bins)
+        first = ReadDigest()
 
         def scan(i: int, items: list) -> None:
             first.add(items)
-            if _is_checkpoint(i):
+            if is_checkpoint(i):
                 first.kept[i] = first.digest
             hist.scan(items)
 
         source = DataSource(data_reader)
-        n = _run_batches(calibrator, source, calibrator._fetch_names(), scan, "histocal pass 1/2 (ranges)")
+        n = run_batches(calibrator, source, calibrator.fetch_names(), scan, "histocal pass 1/2 (ranges)")
         return ExactScan(hist.pending_scans(), n, first)
 
 
@@ -55,11 +55,11 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
     """Exact mode's pass 2 over the part ``part`` scanned: its batches counted on the binning that
     ``planned_from`` (every part's scans, in order) plans, and its streaming histogram. The result
     holds this part's counts only, on the edges every part shares."""
-    with calibrator._lock:
-        hist, stream = _core.Histograms(calibrator._kind, calibrator.num_bins), calibrator._new_stream()
+    with calibrator.lock:
+        hist, stream = _core.Histograms(calibrator.kind, calibrator.num_bins), calibrator.new_stream()
         hist.add_scans(planned_from)
         hist.plan()
-        n, first, second = part.batches, part.digest, _ReadDigest()
+        n, first, second = part.batches, part.digest, ReadDigest()
 
         def count(i: int, items: list) -> None:
             if i >= n:
@@ -68,20 +68,20 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
                     "(exact mode reads the data twice; it must yield the same batches each time)"
                 )
             second.add(items)
-            if _is_checkpoint(i) and second.digest != first.kept[i]:
-                raise _second_read_differs((i + 1) // 2, i)
+            if is_checkpoint(i) and second.digest != first.kept[i]:
+                raise second_read_differs((i + 1) // 2, i)
             hist.count(items)
             stream.collect(items)
 
         source = DataSource(data_reader)
-        n2 = _run_batches(calibrator, source, calibrator._fetch_names(), count, "histocal pass 2/2 (histograms)")
+        n2 = run_batches(calibrator, source, calibrator.fetch_names(), count, "histocal pass 2/2 (histograms)")
         if n2 != n:
             raise ValueError(
                 f"the data reader returned {n} batches on its first read and {n2} on its second "
                 "(exact mode reads the data twice; it must yield the same batches each time)"
             )
         if second.digest != first.digest:
-            raise _second_read_differs(max(first.kept) + 1, n - 1)
+            raise second_read_differs(max(first.kept) + 1, n - 1)
         for name, _, _, (finite, nan, posinf, neginf), batches in part.scans:
             h, edges, mn, mx, threshold, dtype = hist.state(name)
             if int(h.sum()) != finite:  # a value outside pass 1's ranges was not binned
@@ -92,4 +92,4 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
                 )
             # this part's own counts: the planned ones are every part's
             hist.restore(name, dtype, h, edges, mn, mx, threshold, (finite, nan, posinf, neginf, batches))
-        return CollectedData("exact", stream, hist, calibrator._kind, int(calibrator.num_bins))
+        return CollectedData("exact", stream, hist, calibrator.kind, int(calibrator.num_bins))

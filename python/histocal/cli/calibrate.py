@@ -13,17 +13,17 @@ from ..methods.settings import MODE
 from .common import (
     METHODS,
     CliError,
-    _calibrate,
-    _calibrator_options,
-    _check_method,
-    _check_model,
-    _compute_settings,
-    _data_fingerprint,
-    _display,
-    _method_key,
-    _open_data,
-    _UsageError,
-    _write_outputs,
+    UsageError,
+    calibrator_options,
+    check_method,
+    check_model,
+    compute_settings,
+    display,
+    fingerprint_files,
+    method_key,
+    open_data,
+    run_calibrator,
+    write_outputs,
 )
 from .same_file import refuse_overwriting
 
@@ -32,22 +32,22 @@ logger = logging.getLogger("histocal.cli")
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.cache is None and args.state is None:
-        raise _UsageError("give --cache and/or --state (where to write the result)")
+        raise UsageError("give --cache and/or --state (where to write the result)")
     for flag, value in (("--shards", args.shards), ("--shard-timeout", args.shard_timeout)):
         if value is not None and args.workers is None and args.address is None:
-            raise _UsageError(f"{flag} applies with --workers or --address")
-    model = _check_model(args.model)
+            raise UsageError(f"{flag} applies with --workers or --address")
+    model = check_model(args.model)
     refuse_overwriting(
         [("--cache", args.cache), ("--state", args.state)], [("MODEL", model), *(("--data", p) for p in args.data)]
     )
-    data = _open_data(args, model)
+    data = open_data(args, model)
     if args.workers is not None or args.address is not None:
         return _calibrate_distributed(args, model, data)
-    ranges, calibrator = _calibrate(args, model, data, want_state=args.state is not None)
-    fingerprint = _data_fingerprint(data.files) if args.state else None
-    _write_outputs(ranges, args.cache and Path(args.cache), calibrator, args.state and Path(args.state), fingerprint)
+    ranges, calibrator = run_calibrator(args, model, data, want_state=args.state is not None)
+    fingerprint = fingerprint_files(data.files) if args.state else None
+    write_outputs(ranges, args.cache and Path(args.cache), calibrator, args.state and Path(args.state), fingerprint)
     sys.stdout.write(
-        f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples "
+        f"calibrated {len(ranges.data)} tensors ({display(args.method)}, {data.num_samples} samples "
         f"in {len(data.files)} files)"
         + (f"; cache: {args.cache}" if args.cache else "")
         + (f"; state: {args.state}" if args.state else "")
@@ -83,7 +83,7 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         "input_shape": args.input_shape,
         "layout": args.layout,
     }
-    options = _calibrator_options(args)
+    options = calibrator_options(args)
     state = calibrate_distributed(
         model,
         shards,
@@ -101,12 +101,12 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
     from ..state.overrides import compute_with_overrides
 
     ranges = compute_with_overrides(state, state.method, getattr(args, "method_for", None), model=model)
-    fingerprint = _data_fingerprint(data.files) if args.state else None
-    _write_outputs(
+    fingerprint = fingerprint_files(data.files) if args.state else None
+    write_outputs(
         ranges, args.cache and Path(args.cache), _SavesState(state), args.state and Path(args.state), fingerprint
     )
     sys.stdout.write(
-        f"calibrated {len(ranges.data)} tensors ({_display(args.method)}, {data.num_samples} samples "
+        f"calibrated {len(ranges.data)} tensors ({display(args.method)}, {data.num_samples} samples "
         f"in {len(data.files)} files, {count} shards on Ray)"
         + (f"; cache: {args.cache}" if args.cache else "")
         + (f"; state: {args.state}" if args.state else "")
@@ -116,7 +116,7 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
 
 
 class _SavesState:
-    """A merged state where ``_write_outputs`` expects a calibrator."""
+    """A merged state where ``write_outputs`` expects a calibrator."""
 
     def __init__(self, state: Any) -> None:
         self.state = state
@@ -132,7 +132,7 @@ class _SavesState:
 # States
 
 
-def _state_class() -> Any:
+def state_class() -> Any:
     try:
         from ..state import CalibrationState
     except ImportError as e:
@@ -140,32 +140,32 @@ def _state_class() -> Any:
     return CalibrationState
 
 
-def _load_state(path: str) -> Any:
+def load_state(path: str) -> Any:
     p = Path(path)
     if not p.is_file():
         raise CliError(f"{p}: no such state file" if not p.exists() else f"{p}: not a file")
-    return _state_class().load(p)
+    return state_class().load(p)
 
 
-def _ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
+def ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
     if args.method is None:
         stored = getattr(state, "method", None)
         if stored is None:
-            raise _UsageError("--method is required with --state")
-        args.method = _method_key(stored) if stored in METHODS else stored
-        _check_method(args)
+            raise UsageError("--method is required with --state")
+        args.method = method_key(stored) if stored in METHODS else stored
+        check_method(args)
     from ..state.overrides import compute_with_overrides
 
     rules, model = getattr(args, "method_for", None), getattr(args, "model", None)
-    return compute_with_overrides(state, args.method, rules, model=model, **_compute_settings(args))
+    return compute_with_overrides(state, args.method, rules, model=model, **compute_settings(args))
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:
     refuse_overwriting([("--cache", args.cache)], [("STATE", args.state)])
-    state = _load_state(args.state)
-    ranges = _ranges_from_state(args, state)
-    _write_outputs(ranges, Path(args.cache), None, None)
+    state = load_state(args.state)
+    ranges = ranges_from_state(args, state)
+    write_outputs(ranges, Path(args.cache), None, None)
     sys.stdout.write(
-        f"computed {len(ranges.data)} tensors ({_display(args.method)}) from {args.state}; cache: {args.cache}\n"
+        f"computed {len(ranges.data)} tensors ({display(args.method)}) from {args.state}; cache: {args.cache}\n"
     )
     return 0

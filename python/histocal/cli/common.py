@@ -33,7 +33,7 @@ logger = logging.getLogger("histocal.cli")
 
 METHODS = ORT_METHODS
 HISTOGRAM_METHODS = tuple(m.name for m in ORT_TABLE if m.histogram == "exact")
-_METHOD_NAMES = {m.name: m.ort.name for m in ORT_TABLE if m.ort is not None}
+METHOD_NAMES = {m.name: m.ort.name for m in ORT_TABLE if m.ort is not None}
 # Every method option's flag comes from the table; MinMax's other ORT options (not in a state) are the CLI's own.
 _TABLE_OPTIONS: dict[str, Option] = ALL_OPTIONS
 _MINMAX_OPTIONS = ("moving_average", "averaging_constant", "max_intermediate_outputs")
@@ -46,7 +46,7 @@ class CliError(Exception):
     """A failure to report as one line on stderr (exit code 1)."""
 
 
-class _UsageError(Exception):
+class UsageError(Exception):
     """Raised by a subcommand for an invalid option combination found after parsing (exit 2)."""
 
 
@@ -58,7 +58,7 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse with short usage errors: a one-line usage, the error, a pointer to --help, and
     "did you mean" for misspelled subcommands, choices and options (argparse's own
     suggest_on_error needs Python 3.14)."""
@@ -101,7 +101,7 @@ class _Parser(argparse.ArgumentParser):
             parser.error(f"unrecognized arguments: {' '.join(extras)}" + next((h for h in hints if h), ""))
         return parsed
 
-    def _subcommand(self, parsed: argparse.Namespace) -> _Parser | None:
+    def _subcommand(self, parsed: argparse.Namespace) -> Parser | None:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
                 name = getattr(parsed, action.dest, None)
@@ -113,15 +113,15 @@ class _Parser(argparse.ArgumentParser):
 # Small helpers
 
 
-def _one_line(text: object) -> str:
+def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def _display(method: str) -> str:
-    return _METHOD_NAMES.get(method, method)
+def display(method: str) -> str:
+    return METHOD_NAMES.get(method, method)
 
 
-def _check_method(args: argparse.Namespace) -> None:
+def check_method(args: argparse.Namespace) -> None:
     """Resolve --method (after --plugin imports) to its canonical name; usage error if unknown."""
     from .. import methods
 
@@ -130,10 +130,10 @@ def _check_method(args: argparse.Namespace) -> None:
     try:
         args.method = methods.canonical_name(args.method)
     except ValueError as exc:
-        raise _UsageError(f"{exc}{_did_you_mean(args.method.lower(), methods.method_names())}") from None
+        raise UsageError(f"{exc}{_did_you_mean(args.method.lower(), methods.method_names())}") from None
 
 
-def _load_plugins(args: argparse.Namespace) -> None:
+def load_plugins(args: argparse.Namespace) -> None:
     """--plugin MODULE (its import registers methods) or MODULE:FUNC (FUNC registered as FUNC)."""
     import importlib
 
@@ -149,17 +149,17 @@ def _load_plugins(args: argparse.Namespace) -> None:
             raise CliError(f"--plugin {spec}: {exc!r}") from None
 
 
-def _method_enum(name: str) -> Any:
+def method_enum(name: str) -> Any:
     """ORT's CalibrationMethod for ORT's methods; histocal's methods travel as MinMax."""
     from onnxruntime.quantization.calibrate import CalibrationMethod
 
-    if name not in _METHOD_NAMES:
+    if name not in METHOD_NAMES:
         return CalibrationMethod.MinMax
 
-    return CalibrationMethod[_METHOD_NAMES[name]]
+    return CalibrationMethod[METHOD_NAMES[name]]
 
 
-def _method_key(method: Any) -> str:
+def method_key(method: Any) -> str:
     """CalibrationMethod (or its name / str()) -> 'minmax' | 'entropy' | ..."""
     text = getattr(method, "name", None) or str(method).split(".")[-1]
     return text.lower()
@@ -188,19 +188,19 @@ def _bins(text: str) -> int:
     return _int_at_least(1, text, MAX_BINS)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     return _int_at_least(1, text)
 
 
-def _folds(text: str) -> int:
+def fold_count(text: str) -> int:
     return _int_at_least(2, text)
 
 
-def _count(text: str) -> int:
+def non_negative_int(text: str) -> int:
     return _int_at_least(0, text)
 
 
-def _float(text: str) -> float:
+def finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -211,7 +211,7 @@ def _float(text: str) -> float:
 
 
 def _number_in(bounds: tuple[float, float] | None, what: str, text: str) -> float:
-    value = _float(text)
+    value = finite_float(text)
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
         raise argparse.ArgumentTypeError(f"expected a {what} in [{bounds[0]}, {bounds[1]}], got {value}")
     return value
@@ -230,7 +230,7 @@ def _shape(text: str) -> str:
     return text
 
 
-def _check_model(path: str) -> Path:
+def check_model(path: str) -> Path:
     model = Path(path)
     if not model.is_file():
         raise CliError(f"{model}: no such model file" if not model.exists() else f"{model}: not a file")
@@ -255,7 +255,7 @@ def _staged(final: Path, suffix: str = "") -> Iterator[Path]:
 # Options shared by several subcommands
 
 
-def _add_method_options(
+def add_method_options(
     p: argparse.ArgumentParser,
     *,
     default_method: str | None,
@@ -295,10 +295,13 @@ def _add_method_options(
     if minmax:
         g.add_argument("--moving-average", action="store_true", default=None, help="minmax: moving average of ranges")
         g.add_argument(
-            "--averaging-constant", type=_float, metavar="C", help="minmax: moving-average constant (default 0.01)"
+            "--averaging-constant",
+            type=finite_float,
+            metavar="C",
+            help="minmax: moving-average constant (default 0.01)",
         )
         g.add_argument(
-            "--max-intermediate-outputs", type=_positive_int, metavar="K", help="minmax: fold ranges every K batches"
+            "--max-intermediate-outputs", type=positive_int, metavar="K", help="minmax: fold ranges every K batches"
         )
         if per_channel:
             g.add_argument(PER_CHANNEL.flag, action="store_true", default=None, help="minmax: per-channel ranges")
@@ -342,7 +345,7 @@ def _shown(value: Any) -> str:
     return ("yes" if value else "no") if isinstance(value, bool) else str(value)
 
 
-def _add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
+def add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
     g = p.add_argument_group("calibration data")
     g.add_argument(
         "--data",
@@ -353,7 +356,7 @@ def _add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
     )
     g.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="data items per batch: files, or one file per input of a multi-input model; a file "
@@ -377,7 +380,7 @@ def _add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
+def calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
     """create_calibrator extra_options for the chosen method (options for other methods are
     ignored with a warning)."""
     method = args.method
@@ -391,7 +394,7 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
     elif method in HISTOGRAM_METHODS:
         applies = {*TABLE[method].defaults, *(s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)), *channels}
     else:
-        applies = {STREAMING_BINS.extra_key, *channels, *_histocal_option_names(method)}
+        applies = {STREAMING_BINS.extra_key, *channels, *histocal_option_names(method)}
     options: dict[str, Any] = {}
     for key, value in given.items():
         if value is None:
@@ -400,7 +403,7 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
             options[key] = value
         else:
             logger.warning("option %s does not apply to --method %s; ignored", _flag(key), method)
-    if method not in _METHOD_NAMES:
+    if method not in METHOD_NAMES:
         kept = {STREAMING_BINS.extra_key, *channels}
         options[METHOD_OPTIONS_KEY] = {k: options.pop(k) for k in list(options) if k not in kept}
     if getattr(args, "method_for", None):
@@ -408,15 +411,15 @@ def _calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _histocal_option_names(method: str) -> tuple[str, ...]:
+def histocal_option_names(method: str) -> tuple[str, ...]:
     from .. import methods
 
     return tuple(methods.METHOD_OPTIONS.get(method, ()))
 
 
-def _compute_settings(args: argparse.Namespace) -> dict[str, Any]:
+def compute_settings(args: argparse.Namespace) -> dict[str, Any]:
     """CalibrationState.compute keyword settings for the chosen histogram method."""
-    applies = tuple(TABLE[args.method].defaults) if args.method in ORT_METHODS else _histocal_option_names(args.method)
+    applies = tuple(TABLE[args.method].defaults) if args.method in ORT_METHODS else histocal_option_names(args.method)
     settings = {}
     for key in (*_TABLE_OPTIONS, *_MINMAX_OPTIONS, MODE.name, STREAMING_BINS.name):
         value = getattr(args, key, None)
@@ -439,7 +442,7 @@ def _flag(key: str) -> str:
 # Calibration
 
 
-def _open_data(args: argparse.Namespace, model: Path) -> Any:
+def open_data(args: argparse.Namespace, model: Path) -> Any:
     from ..io.data import open_calibration_data
 
     data = open_calibration_data(
@@ -454,7 +457,7 @@ def _open_data(args: argparse.Namespace, model: Path) -> Any:
     return data
 
 
-def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: bool) -> tuple[Any, Any]:
+def run_calibrator(args: argparse.Namespace, model: Path, data: Any, *, want_state: bool) -> tuple[Any, Any]:
     """Run histocal's calibrator on ``data``: (TensorsData, calibrator). The calibrator is kept
     (for ``save_state``) only when ``want_state``."""
     from .. import calibrators
@@ -462,14 +465,14 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
     quark = getattr(args, "quark", False)
     if quark and want_state:
         raise CliError("--state: --quark calibration keeps no histocal state; write --cache")
-    options = _calibrator_options(args) if not (quark and args.method == "pow2") else {}
+    options = calibrator_options(args) if not (quark and args.method == "pow2") else {}
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         augmented = Path(tmp, "augmented_model.onnx").as_posix()
         if quark:
             from .quark import QUARK_METHODS, quark_calibrator
 
             if args.method not in QUARK_METHODS:
-                raise _UsageError(f"--quark takes --method {', '.join(QUARK_METHODS)}; got {args.method}")
+                raise UsageError(f"--quark takes --method {', '.join(QUARK_METHODS)}; got {args.method}")
             calibrator = quark_calibrator(args, model, augmented, options)
         else:
             calibrator = calibrators.create_calibrator(
@@ -499,7 +502,7 @@ def _calibrate(args: argparse.Namespace, model: Path, data: Any, *, want_state: 
         return ranges, calibrator
 
 
-def _data_fingerprint(files: Sequence[Path]) -> str:
+def fingerprint_files(files: Sequence[Path]) -> str:
     """sha256 over the data files' names and contents, in feed order."""
     import hashlib
 
@@ -513,7 +516,7 @@ def _data_fingerprint(files: Sequence[Path]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _write_outputs(
+def write_outputs(
     ranges: Any, cache: Path | None, calibrator: Any, state: Path | None, fingerprint: str | None = None
 ) -> None:
     """Stage every output next to its destination, then move them all into place."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..methods.settings import MODE
-from .inspect import _table
+from .inspect import format_table
 
 logger = logging.getLogger("histocal.cli")
 
@@ -221,7 +221,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
             sys.stdout.flush()
     sys.stdout.write(
-        _table(
+        format_table(
             [
                 "method",
                 "tensors",

@@ -10,23 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
-    _add_data_options,
-    _add_method_options,
-    _check_model,
-    _compute_settings,
-    _float,
-    _open_data,
-    _positive_int,
-    _UsageError,
+    UsageError,
+    add_data_options,
+    add_method_options,
+    check_model,
+    compute_settings,
+    finite_float,
+    open_data,
+    positive_int,
 )
-from .quantization import _quantization_arguments
+from .quantization import quantization_arguments
 from .same_file import report_inputs
 
 logger = logging.getLogger("histocal.cli")
 
 
 def _fraction(text: str) -> float:
-    value = _float(text)
+    value = finite_float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
@@ -45,7 +45,7 @@ def add_exclusion_options(g: Any, *, auto_exclude: bool) -> None:
         )
     g.add_argument(
         "--target-sqnr",
-        type=_float,
+        type=finite_float,
         metavar="DB",
         help="stop leaving nodes in float once the output SQNR reaches DB (default: take every exclusion "
         "that gains, within --max-excluded-fraction)",
@@ -71,35 +71,35 @@ def diagnose_parser(sub: Any, add_quantization_options: Any) -> None:
         "values, the dtype's extremes) or outliers decide; and a suggested nodes_to_exclude.",
     )
     p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
-    _add_data_options(p, required=True)
+    add_data_options(p, required=True)
     p.add_argument(
         "--eval-data", nargs="+", metavar="PATH", help="held-back data files or folders (default: see --eval-samples)"
     )
-    _add_method_options(p, default_method=DEFAULTS["method"], minmax=False, collection=False)
+    add_method_options(p, default_method=DEFAULTS["method"], minmax=False, collection=False)
     add_quantization_options(p)
     g = p.add_argument_group("diagnosis")
     g.add_argument(
         "--eval-samples",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"hold back the first N batches of --data for evaluation (default {DEFAULTS['eval_samples']})",
     )
     add_exclusion_options(g, auto_exclude=False)
     g.add_argument(
         "--screen-samples",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"held-back batches the screen runs on (default {DEFAULTS['screen_samples']})",
     )
     g.add_argument(
         "--max-screen-runs",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"model runs the screen may make (default {DEFAULTS['max_screen_runs']})",
     )
     g.add_argument(
         "--max-checks",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"candidate checks, one screen-sized run each (default {DEFAULTS['max_checks']})",
     )
@@ -115,7 +115,7 @@ def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str,
     from ..diagnose import DEFAULTS, diagnose
     from ..io.data import open_calibration_data
 
-    data = _open_data(args, model)
+    data = open_data(args, model)
     eval_paths = getattr(args, "eval_data", None)
     eval_data = None
     if eval_paths:
@@ -140,7 +140,7 @@ def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str,
         data,
         eval_data,
         method=args.method or DEFAULTS["method"],
-        method_options=_compute_settings(args),
+        method_options=compute_settings(args),
         target_sqnr_db=args.target_sqnr,
         show_progress=False if args.no_progress else None,
         **{k: v for k, v in limits.items() if v is not None},
@@ -149,7 +149,7 @@ def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str,
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    model = _check_model(args.model)
+    model = check_model(args.model)
     if args.report is not None:
         from ..report import require_matplotlib
 
@@ -160,7 +160,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             *(("--eval-data", p) for p in args.eval_data or ()),
         ]
         report_inputs(args.report, inputs)
-    diagnosis = run_diagnosis(args, model, _quantization_arguments(args))
+    diagnosis = run_diagnosis(args, model, quantization_arguments(args))
     if args.report is not None:
         from ..report import write_report
 
@@ -182,9 +182,9 @@ def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, 
     from ..diagnose import name_nodes
 
     if args.data is None or args.state is not None or args.cache is not None:
-        raise _UsageError("--auto-exclude calibrates and measures on --data (not --cache or --state)")
+        raise UsageError("--auto-exclude calibrates and measures on --data (not --cache or --state)")
     if args.method == "auto" and not args.per_tensor_estimate:
-        raise _UsageError(
+        raise UsageError(
             "--auto-exclude takes one method's ranges: give --method (or --method auto --per-tensor-estimate)"
         )
     diagnosis = run_diagnosis(args, model, quantization)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .calibrate import _state_class
-from .common import _METHOD_NAMES, HISTOGRAM_METHODS, CliError, _display, _method_key, _one_line
+from .calibrate import state_class
+from .common import HISTOGRAM_METHODS, METHOD_NAMES, CliError, display, method_key, one_line
 
 logger = logging.getLogger("histocal.cli")
 
@@ -76,7 +76,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
@@ -92,7 +92,7 @@ def _inspect_cache(path: Path) -> dict[str, Any]:
     return {
         "kind": "ort-cache",
         "path": str(path),
-        "method": _METHOD_NAMES.get(_method_key(ranges.calibration_method), str(ranges.calibration_method)),
+        "method": METHOD_NAMES.get(method_key(ranges.calibration_method), str(ranges.calibration_method)),
         "smooth_quant": bool(document.get("smooth_quant", False)),
         "num_tensors": len(ranges.data),
         "tensors": {name: _tensor_entry(td) for name, td in ranges.data.items()},
@@ -151,15 +151,15 @@ def _load_any(path: Path) -> dict[str, Any]:
         return _inspect_cache(path)
     except ValueError as cache_error:
         try:
-            CalibrationState = _state_class()
+            CalibrationState = state_class()
         except CliError:
             raise cache_error from None
         try:
             state = CalibrationState.load(path)
         except Exception as state_error:
             raise CliError(
-                f"{path}: neither an ORT calibration cache ({_one_line(cache_error)}) nor a histocal state "
-                f"({_one_line(state_error)})"
+                f"{path}: neither an ORT calibration cache ({one_line(cache_error)}) nor a histocal state "
+                f"({one_line(state_error)})"
             ) from None
         return _inspect_state(path, state)
 
@@ -207,7 +207,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for name, entry in info["tensors"].items()
     }
     columns = sorted({k for row in rows.values() for k in row}, key=lambda k: ([*_COLUMNS, k]).index(k))
-    titles = [f"{_display(str(info['method']).lower())} range" if c == "range" else c for c in columns]
+    titles = [f"{display(str(info['method']).lower())} range" if c == "range" else c for c in columns]
     table = [[name] + [row.get(c, "") for c in columns] for name, row in rows.items()]
-    sys.stdout.write("\n".join(head) + "\n\n" + _table(["tensor", *titles], table))
+    sys.stdout.write("\n".join(head) + "\n\n" + format_table(["tensor", *titles], table))
     return 0

@@ -24,22 +24,22 @@ from .common import (
     AUTO_EVAL_SAMPLES,
     AUTO_FOLDS,
     HISTOGRAM_METHODS,
-    _add_data_options,
-    _add_method_options,
-    _check_method,
-    _folds,
-    _load_plugins,
-    _one_line,
-    _Parser,
-    _positive_int,
-    _UsageError,
+    Parser,
+    UsageError,
+    add_data_options,
+    add_method_options,
+    check_method,
+    fold_count,
+    load_plugins,
+    one_line,
+    positive_int,
 )
 from .demo import cmd_demo
 from .diagnose import add_exclusion_options, diagnose_parser
 from .inspect import cmd_inspect
 from .quantization import FORMATS, QUANT_TYPES
 from .quantize import cmd_quantize
-from .report import _report_parser
+from .report import report_parser
 
 logger = logging.getLogger("histocal.cli")
 
@@ -93,7 +93,7 @@ def _add_quantization_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from .._version import __version__
 
-    parser = _Parser(
+    parser = Parser(
         prog="histocal",
         description="ORT-identical, faster calibration for ONNX post-training quantization.",
     )
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # -v / -q also after the subcommand: every subparser takes them (without defaults of its own,
     # which would replace the values given before the subcommand).
-    class _SubcommandParser(_Parser):
+    class _SubcommandParser(Parser):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(parents=[verbosity], **kwargs)
 
@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         "histogram methods can be computed without inference (histocal recompute).",
     )
     p.add_argument("model", metavar="MODEL", help="ONNX model")
-    _add_data_options(p, required=True)
-    _add_method_options(p, default_method="minmax", per_channel=False)
+    add_data_options(p, required=True)
+    add_method_options(p, default_method="minmax", per_channel=False)
     CollectionSettings.add_cli_arguments(p, (PER_CHANNEL, AXIS))
     p.add_argument(
         "--quark",
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
     g = p.add_argument_group("distributed (needs Ray: shards of the data on Ray workers, merged exactly)")
     g.add_argument(
-        "--workers", type=_positive_int, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
+        "--workers", type=positive_int, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
     )
     g.add_argument(
         "--address",
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--shards",
-        type=_positive_int,
+        type=positive_int,
         metavar="K",
         help="split the data into K shards of whole batches (default: 4 per worker, at most one per batch)",
     )
@@ -165,11 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
     p.add_argument("output", metavar="OUTPUT", help="quantized model to write")
-    _add_data_options(p, required=False)
+    add_data_options(p, required=False)
     g = p.add_argument_group("calibration source (one of --data, --cache, --state)")
     g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
     g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
-    _add_method_options(
+    add_method_options(
         p,
         default_method=None,
         per_channel=False,
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument(
         "--eval-samples",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
         "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--folds",
-        type=_folds,
+        type=fold_count,
         metavar="K",
         help="auto: K-fold cross-validation on those batches (batch i in fold i mod K; each fold scored "
         f"with ranges calibrated on all the other data) (default {AUTO_FOLDS})",
@@ -218,10 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
         "'histocal calibrate --state') and write ONNX Runtime's calibration cache.",
     )
     p.add_argument("state", metavar="STATE", help="histocal state file")
-    _add_method_options(p, default_method=None, minmax=False, collection=False, required=True)
+    add_method_options(p, default_method=None, minmax=False, collection=False, required=True)
     p.add_argument("--cache", metavar="OUT", required=True, help="ORT calibration cache to write")
     p.set_defaults(func=cmd_recompute)
-    _report_parser(sub)
+    report_parser(sub)
     diagnose_parser(sub, _add_quantization_options)
 
     p = sub.add_parser(
@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         "onnxruntime and with histocal (exact mode) and print time, peak memory and "
         "whether the ranges are identical.",
     )
-    p.add_argument("--samples", type=_positive_int, default=64, metavar="N", help="calibration samples (default 64)")
-    p.add_argument("--batch-size", type=_positive_int, default=8, metavar="N", help="batch size (default 8)")
+    p.add_argument("--samples", type=positive_int, default=64, metavar="N", help="calibration samples (default 64)")
+    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N", help="batch size (default 8)")
     p.add_argument(
         "--methods",
         nargs="+",
@@ -248,7 +248,7 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         if record.levelno >= logging.WARNING:
-            message = _one_line(message)
+            message = one_line(message)
         text = f"histocal: {record.levelname.lower()}: {message}"
         if record.exc_info:  # -vv's "traceback" record: the traceback itself
             text += "\n" + self.formatException(record.exc_info)
@@ -309,10 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     with _logging(level):
         try:
-            _load_plugins(args)
-            _check_method(args)
+            load_plugins(args)
+            check_method(args)
             return args.func(args)
-        except _UsageError as e:
+        except UsageError as e:
             subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
             sub = subparsers[0].choices.get(args.command, parser) if subparsers else parser
             try:
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = str(e) or type(e).__name__
             if isinstance(e, (OSError,)) and getattr(e, "filename", None) and str(e.filename) not in text:
                 text = f"{e.filename}: {text}"
-            logger.error("%s", _one_line(text))
+            logger.error("%s", one_line(text))
             return 1
 
 

@@ -10,14 +10,14 @@ QUANT_TYPES = ("qint8", "quint8", "qint16", "quint16", "qint4", "quint4", "qfloa
 FORMATS = ("qdq", "qoperator")
 
 
-def _quant_type(name: str) -> Any:
+def quant_type(name: str) -> Any:
     from onnxruntime.quantization import QuantType
 
     members = {m.lower(): m for m in QuantType.__members__}
     return QuantType[members[name]]
 
 
-def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
+def quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """quantize_static's quantization arguments from the command line (also those auto's
     model-level choice quantizes its candidates with)."""
     from onnxruntime.quantization import QuantFormat
@@ -32,8 +32,8 @@ def _quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
         op_types_to_quantize=args.op_types,
         per_channel=args.per_channel,
         reduce_range=args.reduce_range,
-        activation_type=_quant_type(args.activation_type),
-        weight_type=_quant_type(args.weight_type),
+        activation_type=quant_type(args.activation_type),
+        weight_type=quant_type(args.weight_type),
         nodes_to_quantize=args.nodes_to_quantize,
         nodes_to_exclude=args.nodes_to_exclude,
         use_external_data_format=args.external_data,

@@ -13,23 +13,23 @@ from typing import Any
 
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
-from .calibrate import _load_state, _ranges_from_state
+from .calibrate import load_state, ranges_from_state
 from .common import (
     METHODS,
     CliError,
-    _calibrate,
-    _calibrator_options,
-    _check_model,
-    _display,
-    _histocal_option_names,
-    _method_enum,
-    _method_key,
-    _open_data,
-    _UsageError,
-    _write_outputs,
+    UsageError,
+    calibrator_options,
+    check_model,
+    display,
+    histocal_option_names,
+    method_enum,
+    method_key,
+    open_data,
+    run_calibrator,
+    write_outputs,
 )
 from .diagnose import auto_exclude
-from .quantization import _quant_type, _quantization_arguments
+from .quantization import quant_type, quantization_arguments
 from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
@@ -44,10 +44,10 @@ def _default_error_model(args: argparse.Namespace) -> None:
     qtype and symmetry default to the activation type and --symmetric-activations."""
     from .. import methods
 
-    options = _histocal_option_names(args.method) if args.method else ()
+    options = histocal_option_names(args.method) if args.method else ()
     if "qtype" in options and args.qtype is None:
         try:
-            args.qtype = methods.qtype_of(_quant_type(args.activation_type))
+            args.qtype = methods.qtype_of(quant_type(args.activation_type))
         except ValueError as exc:
             raise CliError(f"--method {args.method}: {exc}") from None
     if "symmetric" in options and args.symmetric is None and args.symmetric_activations is not None:
@@ -63,7 +63,7 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
     from .. import methods
     from ..quantize.integration import calibrate_and_select
 
-    options = _calibrator_options(args)  # warns about options that do not apply to auto
+    options = calibrator_options(args)  # warns about options that do not apply to auto
     eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
     folds = args.folds or methods.AUTO_SELECTION_OPTIONS["folds"]
     start = time.perf_counter()
@@ -113,7 +113,7 @@ def _state_of(model: Path, path: str, quantization: dict[str, Any]) -> Any:
     from ..quantize.ort import model_ort_quantizes
     from ..state import model_fingerprint
 
-    state = _load_state(path)
+    state = load_state(path)
     expected = model_fingerprint(model)
     if state.model_fingerprint in (None, expected):
         return state
@@ -133,10 +133,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     sources = [s for s in ("data", "state") if getattr(args, s) is not None]
     if len(sources) > 1:
-        raise _UsageError("give either --data or --state, not both")
+        raise UsageError("give either --data or --state, not both")
     if not sources and args.cache is None:
-        raise _UsageError("give --data, --cache or --state")
-    model = shown = _check_model(args.model)
+        raise UsageError("give --data, --cache or --state")
+    model = shown = check_model(args.model)
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
     # with --data, --cache is written (or reused); without, it is read
@@ -148,7 +148,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     write_cache = False
     given = None  # the file the ranges come from, when not calibrated here
     _default_error_model(args)
-    quantization = _quantization_arguments(args)
+    quantization = quantization_arguments(args)
 
     staging = tempfile.TemporaryDirectory(prefix="histocal.")
     if args.auto_exclude:
@@ -156,23 +156,23 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         ranges, model = auto_exclude(args, model, quantization, Path(staging.name))
     elif args.state is not None:
         given = args.state
-        ranges = _ranges_from_state(args, _state_of(model, args.state, quantization))
+        ranges = ranges_from_state(args, _state_of(model, args.state, quantization))
     elif args.data is None:  # --cache alone: reuse it
         if cache is None:
-            raise _UsageError("give --data, --cache or --state")
+            raise UsageError("give --data, --cache or --state")
         if not cache.is_file():
             raise CliError(f"{cache}: no such calibration cache" if not cache.exists() else f"{cache}: not a file")
         ranges = load_tensors_data(cache)
         given = str(cache)
-        cached = _method_key(ranges.calibration_method)
+        cached = method_key(ranges.calibration_method)
         if args.method is None:
             args.method = cached if cached in METHODS else "minmax"
         elif args.method != cached:
             raise CliError(f"{cache}: cache made with {ranges.calibration_method}, not --method {args.method}")
     else:
         args.method = args.method or "minmax"
-        data = _open_data(args, model)
-        ranges = check_cache(cache, _method_enum(args.method), False) if cache is not None else None
+        data = open_data(args, model)
+        ranges = check_cache(cache, method_enum(args.method), False) if cache is not None else None
         if ranges is not None:
             logger.info("reusing calibration cache %s", cache)
             given = str(cache)
@@ -180,7 +180,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             ranges = _select_auto(args, model, data, quantization)
             write_cache = cache is not None
         else:
-            ranges, _ = _calibrate(args, _model_to_calibrate(model, quantization, staging.name), data, want_state=False)
+            ranges, _ = run_calibrator(
+                args, _model_to_calibrate(model, quantization, staging.name), data, want_state=False
+            )
             write_cache = cache is not None
     if not args.auto_exclude:
         for flag, value in (
@@ -211,7 +213,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         with scale_issue_named(model):
             quantize_with_ranges(model, staged, ranges, **quantization)
         if write_cache:
-            _write_outputs(ranges, cache, None, None)
+            write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model
         # without its data. None of them may replace an input (e.g. the model's own data file).
         written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
@@ -220,7 +222,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             os.replace(f, output.parent / f.name)
     staging.cleanup()
     logger.info("wrote %s", output)
-    how = _display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
+    how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
     sys.stdout.write(
         f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"

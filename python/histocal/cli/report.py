@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .calibrate import _load_state
-from .common import _count
+from .calibrate import load_state
+from .common import non_negative_int
 from .same_file import report_inputs
 
 logger = logging.getLogger("histocal.cli")
@@ -19,7 +19,7 @@ logger = logging.getLogger("histocal.cli")
 # Report
 
 
-def _report_parser(sub: Any) -> None:
+def report_parser(sub: Any) -> None:
     from ..methods import QTYPES
     from ..report import REPORT_METHODS
 
@@ -52,7 +52,7 @@ def _report_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--max-tensors",
-        type=_count,
+        type=non_negative_int,
         metavar="N",
         help="plot only the N tensors with the largest outlier ratios (the table lists all)",
     )
@@ -64,7 +64,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     require_matplotlib()
     report_inputs(args.out, [("STATE", args.state)])
-    state = _load_state(args.state)
+    state = load_state(args.state)
     index = write_report(
         state,
         Path(args.out),

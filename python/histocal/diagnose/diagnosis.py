@@ -53,7 +53,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from .. import calibrators, methods
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..io.readers import DataSource
-from ..quantize.integration import _collect_unless_empty, _default_method_options, _withholding_first
+from ..quantize.integration import collect_unless_empty, default_method_options, withholding_first
 from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from ..state import CalibrationState
 from . import screen as _screen
@@ -225,7 +225,7 @@ def _calibrate(
         )
         if show_progress is not None:
             calibrator.show_progress = show_progress
-        if not _collect_unless_empty(calibrator, _withholding_first(data, kept, hold_back)):
+        if not collect_unless_empty(calibrator, withholding_first(data, kept, hold_back)):
             raise ValueError(
                 f"diagnose: no calibration data left after holding back {len(kept)} feeds for evaluation; "
                 "give more data, separate evaluation data, or fewer held-back feeds"
@@ -238,7 +238,7 @@ def _ranges(state: CalibrationState, method: str, method_options: dict[str, Any]
     options = dict(method_options or {})
     if name not in methods.ORT_METHODS:
         extra = dict(kwargs.get("extra_options") or {})
-        options = _default_method_options(name, options, kwargs.get("activation_type", QuantType.QInt8), extra)
+        options = default_method_options(name, options, kwargs.get("activation_type", QuantType.QInt8), extra)
     return _as_minmax(state.compute(name, **options))
 
 

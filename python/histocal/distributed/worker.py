@@ -102,7 +102,7 @@ class ShardWorker:
             first = next(feeds, end)
             if first is end:
                 return None
-            self.calibrator._restart_collection()
+            self.calibrator.restart()
             self.calibrator.collect_data(itertools.chain([first], feeds))
             return self._state(self.calibrator.collected())
 

@@ -25,10 +25,10 @@ from .files import MAX_NUMBER_DIGITS as MAX_NUMBER_DIGITS
 from .files import ContentError as _CacheError
 from .files import (
     StrPath,
-    _reject_control_characters,
     atomic_write_bytes,
     parse_bounded_json,
     read_bounded_file,
+    reject_control_characters,
 )
 
 __all__ = [
@@ -69,7 +69,7 @@ def read_json_file(
         raise ValueError(f"Invalid {what} {path}: {problem}") from None
 
     try:
-        raw = read_bounded_file(path, max_bytes, what=what, check=_reject_control_characters)
+        raw = read_bounded_file(path, max_bytes, what=what, check=reject_control_characters)
     except _CacheError as exc:
         fail(exc)
     return parse_bounded_json(raw, max_depth, fail)

@@ -72,22 +72,22 @@ from .samples import (
     LAYOUTS,
     PRESETS,
     DataError,
+    ImageSample,
     ModelInput,
+    NpySample,
+    NpzSample,
     PathLike,
+    PbSample,
+    Sample,
     Shape,
-    _check_batch,
-    _check_dtype,
-    _conform,
-    _fit_shape,
-    _image_prep,
-    _ImageSample,
-    _NpySample,
-    _NpzSample,
-    _parse_shape,
-    _PbSample,
-    _read_pb,
-    _Sample,
+    check_batch,
+    check_dtype,
+    conform,
+    fit_shape,
+    image_prep,
     model_inputs,
+    parse_shape,
+    read_pb,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ logger = logging.getLogger(__name__)
 class CalibrationData(CalibrationDataReader):
     """Batches ``{input_name: array}`` read lazily from files; re-iterable; an ORT data reader."""
 
-    def __init__(self, inputs: Sequence[ModelInput], samples: Sequence[_Sample], batch_size: int) -> None:
+    def __init__(self, inputs: Sequence[ModelInput], samples: Sequence[Sample], batch_size: int) -> None:
         self.inputs = tuple(inputs)
         self.batch_size = batch_size
         self._samples = list(samples)
@@ -135,7 +135,7 @@ class CalibrationData(CalibrationDataReader):
         """Batches left in the current read (``get_next`` after ``set_range`` or a partial read)."""
         return max(self._stop - self._next, 0)
 
-    def _chunk(self, index: int) -> list[_Sample]:
+    def _chunk(self, index: int) -> list[Sample]:
         return self._samples[index * self.batch_size : (index + 1) * self.batch_size]
 
     def batch(self, index: int) -> dict[str, np.ndarray]:
@@ -145,11 +145,11 @@ class CalibrationData(CalibrationDataReader):
         columns: list[list[tuple[np.ndarray, str]]] = [[] for _ in self.inputs]
         for sample in self._chunk(index):
             for inp, column, (arr, where) in zip(self.inputs, columns, sample.arrays()):
-                column.append((_conform(inp, arr, where), where))
+                column.append((conform(inp, arr, where), where))
         feed = {}
         for inp, column in zip(self.inputs, columns):
             arrays, wheres = zip(*column)
-            _check_batch(inp, [a.shape for a in arrays], wheres)
+            check_batch(inp, [a.shape for a in arrays], wheres)
             feed[inp.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         return feed
 
@@ -173,13 +173,13 @@ class CalibrationData(CalibrationDataReader):
             for sample in self._chunk(index):
                 for inp, column, header in zip(self.inputs, columns, sample.headers()):
                     shape, dtype, where = header
-                    _check_dtype(inp, dtype, where)
+                    check_dtype(inp, dtype, where)
                     if dtype != inp.dtype:
                         cast.setdefault((inp.name, dtype), where)
-                    column.append((_fit_shape(inp, shape, where), where))
+                    column.append((fit_shape(inp, shape, where), where))
             for inp, column in zip(self.inputs, columns):
                 shapes, wheres = zip(*column)
-                _check_batch(inp, shapes, wheres)
+                check_batch(inp, shapes, wheres)
             rows += sum(s[0] if s else 1 for s, _ in columns[0])
         self._num_samples = rows
         for (name, dtype), where in cast.items():
@@ -287,9 +287,9 @@ def _assign(slots: dict[int, Path], index: int, path: Path, inputs: Sequence[Mod
     slots[index] = path
 
 
-def _npy_samples(files: list[Path], inputs: Sequence[ModelInput]) -> list[_Sample]:
+def _npy_samples(files: list[Path], inputs: Sequence[ModelInput]) -> list[Sample]:
     if len(inputs) == 1:
-        return [_NpySample((f,)) for f in files]
+        return [NpySample((f,)) for f in files]
     names = _file_names(inputs)
     groups: _Groups = {}
     for f in files:
@@ -304,16 +304,16 @@ def _npy_samples(files: list[Path], inputs: Sequence[ModelInput]) -> list[_Sampl
                 )
             index, key = names[prefix], f.stem[len(prefix) + 1 :]
         _assign(groups.setdefault((f.parent, key), {}), index, f, inputs)
-    return [_NpySample(s) for s in _grouped(inputs, groups, "sample")]
+    return [NpySample(s) for s in _grouped(inputs, groups, "sample")]
 
 
-def _pb_samples(files: list[Path], inputs: Sequence[ModelInput]) -> list[_Sample]:
+def _pb_samples(files: list[Path], inputs: Sequence[ModelInput]) -> list[Sample]:
     if len(inputs) == 1:
-        return [_PbSample((f,)) for f in files]
+        return [PbSample((f,)) for f in files]
     names = {inp.name: i for i, inp in enumerate(inputs)}
     groups: _Groups = {}
     for f in files:
-        tensor_name = _read_pb(f).name
+        tensor_name = read_pb(f).name
         match = re.fullmatch(r"input_(\d+)", f.stem)
         if tensor_name:
             if tensor_name not in names:
@@ -324,7 +324,7 @@ def _pb_samples(files: list[Path], inputs: Sequence[ModelInput]) -> list[_Sample
         else:
             raise DataError(f"{f}: unnamed tensor and not named input_<k>.pb, k < {len(names)}")
         _assign(groups.setdefault(f.parent, {}), index, f, inputs)
-    return [_PbSample(s) for s in _grouped(inputs, groups, "folder")]
+    return [PbSample(s) for s in _grouped(inputs, groups, "folder")]
 
 
 def open_calibration_data(
@@ -353,7 +353,7 @@ def open_calibration_data(
     if input_shape is not None:
         if len(inputs) != 1:
             raise ValueError(f"input_shape needs a single-input model, not {len(inputs)} inputs")
-        inputs = (ModelInput(inputs[0].name, inputs[0].dtype, _parse_shape(input_shape)),)
+        inputs = (ModelInput(inputs[0].name, inputs[0].dtype, parse_shape(input_shape)),)
 
     files = _list_files([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
     by_kind: dict[str, list[Path]] = {}
@@ -366,19 +366,19 @@ def open_calibration_data(
     if kind != "image" and (preprocess != "none" or layout is not None):
         raise DataError(f"{files[0]}: preprocess and layout apply to images, not to .{kind} data")
 
-    samples: list[_Sample]
+    samples: list[Sample]
     if kind == "npy":
         samples = _npy_samples(files, inputs)
     elif kind == "pb":
         samples = _pb_samples(files, inputs)
     elif kind == "npz":
-        samples = [_NpzSample((f,), tuple(i.name for i in inputs)) for f in files]
+        samples = [NpzSample((f,), tuple(i.name for i in inputs)) for f in files]
     else:
         if len(inputs) != 1:
             names = [i.name for i in inputs]
             raise DataError(f"{files[0]}: images need a single-input model, not inputs {names}")
-        prep = _image_prep(inputs[0], preprocess, layout, files[0])
-        samples = [_ImageSample((f,), prep) for f in files]
+        prep = image_prep(inputs[0], preprocess, layout, files[0])
+        samples = [ImageSample((f,), prep) for f in files]
 
     data = CalibrationData(inputs, samples, batch_size)
     if validate:

@@ -152,7 +152,7 @@ def read_bounded_file(
 _JSON_NEVER = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # control characters: never valid in JSON text
 
 
-def _reject_control_characters(chunk: memoryview, offset: int) -> None:
+def reject_control_characters(chunk: memoryview, offset: int) -> None:
     found = _JSON_NEVER.search(chunk)
     if found is not None:
         raise ContentError(

@@ -30,7 +30,7 @@ MEMORY_MARGIN = 64 << 20
 def available_memory() -> int | None:
     """Bytes of memory this process can still take: the system's available memory, lowered to
     what is left under a cgroup (container) limit; None where neither can be read."""
-    found = [m for m in (_system_available(), _cgroup_available()) if m is not None]
+    found = [m for m in (_system_available(), cgroup_available()) if m is not None]
     return min(found) if found else None
 
 
@@ -83,7 +83,7 @@ def _windows_available() -> int | None:  # pragma: no cover - exercised on Windo
     return int(status.ullAvailPhys)
 
 
-def _cgroup_available(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+def cgroup_available(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """What is left under this process's cgroup memory limit (v2, else v1); None without one."""
     for limit_file, usage_file in (
         ("memory.max", "memory.current"),

@@ -88,7 +88,7 @@ def model_inputs(model: PathLike | onnx.ModelProto) -> tuple[ModelInput, ...]:
 # Checks shared by header validation and loading
 
 
-def _fit_shape(inp: ModelInput, shape: Shape, where: str) -> Shape:
+def fit_shape(inp: ModelInput, shape: Shape, where: str) -> Shape:
     """``shape`` with a batch dim, checked against the input's static non-batch dims."""
     if inp.shape is None:
         if not shape:
@@ -102,7 +102,7 @@ def _fit_shape(inp: ModelInput, shape: Shape, where: str) -> Shape:
     return batched
 
 
-def _check_dtype(inp: ModelInput, dtype: np.dtype, where: str) -> None:
+def check_dtype(inp: ModelInput, dtype: np.dtype, where: str) -> None:
     """The header part of :func:`histocal.io.readers.cast_to_input`'s rule (values are checked on load)."""
     if dtype == inp.dtype:
         return
@@ -110,15 +110,15 @@ def _check_dtype(inp: ModelInput, dtype: np.dtype, where: str) -> None:
         raise DataError(f"{where}: {dtype} data cannot be cast to input {inp}")
 
 
-def _conform(inp: ModelInput, arr: np.ndarray, where: str) -> np.ndarray:
-    arr = arr.reshape(_fit_shape(inp, arr.shape, where))
+def conform(inp: ModelInput, arr: np.ndarray, where: str) -> np.ndarray:
+    arr = arr.reshape(fit_shape(inp, arr.shape, where))
     try:
         return cast_to_input(arr, inp.dtype, f"{where}: data for input {inp.name!r}")
     except ValueError as e:
         raise DataError(str(e)) from None
 
 
-def _check_batch(inp: ModelInput, shapes: Sequence[Shape], wheres: Sequence[str]) -> None:
+def check_batch(inp: ModelInput, shapes: Sequence[Shape], wheres: Sequence[str]) -> None:
     """Samples of one batch must agree on their non-batch dims; the batch dim must fit."""
     if not shapes[0]:  # a scalar input: nothing to batch along
         if len(shapes) > 1:
@@ -160,7 +160,7 @@ def _load_npy(path: Path) -> np.ndarray:
     return arr
 
 
-def _read_pb(path: Path) -> onnx.TensorProto:
+def read_pb(path: Path) -> onnx.TensorProto:
     tensor = onnx.TensorProto()
     try:
         tensor.ParseFromString(path.read_bytes())
@@ -225,7 +225,7 @@ class _ImagePrep:
 # Samples: one feed's worth of data (one array per input, in input order)
 
 
-class _Sample(Protocol):
+class Sample(Protocol):
     @property
     def files(self) -> tuple[Path, ...]: ...
 
@@ -235,7 +235,7 @@ class _Sample(Protocol):
 
 
 @dataclass(frozen=True)
-class _NpySample:
+class NpySample:
     files: tuple[Path, ...]  # one per input
 
     def headers(self) -> list[_Header]:
@@ -250,7 +250,7 @@ class _NpySample:
 
 
 @dataclass(frozen=True)
-class _NpzSample:
+class NpzSample:
     files: tuple[Path]
     names: tuple[str, ...]  # input names, in input order
 
@@ -299,7 +299,7 @@ class _NpzSample:
 
 
 @dataclass(frozen=True)
-class _PbSample:
+class PbSample:
     files: tuple[Path, ...]  # one per input
 
     def headers(self) -> list[_Header]:  # decoding is the cheap part once a .pb is parsed
@@ -308,7 +308,7 @@ class _PbSample:
     def arrays(self) -> list[tuple[np.ndarray, str]]:
         out = []
         for path in self.files:
-            tensor = _read_pb(path)
+            tensor = read_pb(path)
             try:
                 out.append((numpy_helper.to_array(tensor), str(path)))
             except Exception as e:
@@ -317,7 +317,7 @@ class _PbSample:
 
 
 @dataclass(frozen=True)
-class _ImageSample:
+class ImageSample:
     files: tuple[Path]
     prep: _ImagePrep
 
@@ -347,7 +347,7 @@ class _ImageSample:
             return [(self.prep(img), str(self.files[0]))]
 
 
-def _parse_shape(shape: str | Sequence[int | str | None]) -> tuple[int | None, ...]:
+def parse_shape(shape: str | Sequence[int | str | None]) -> tuple[int | None, ...]:
     dims = shape.split(",") if isinstance(shape, str) else list(shape)
     try:
         ints = [-1 if d is None or str(d).strip() in ("?", "None") else int(d) for d in dims]
@@ -356,7 +356,7 @@ def _parse_shape(shape: str | Sequence[int | str | None]) -> tuple[int | None, .
     return tuple(d if d > 0 else None for d in ints)
 
 
-def _image_prep(inp: ModelInput, preset: str, layout: str | None, where: Path) -> _ImagePrep:
+def image_prep(inp: ModelInput, preset: str, layout: str | None, where: Path) -> _ImagePrep:
     shape = inp.shape
     if shape is not None and len(shape) != 4:
         raise DataError(f"{where}: images give 4-D batches, input {inp} is not 4-D (input_shape?)")

@@ -48,7 +48,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -66,6 +66,9 @@ from .table import (
     QTYPES,
     TABLE,
 )
+
+if TYPE_CHECKING:
+    from .. import _core
 
 logger = logging.getLogger(__name__)
 
@@ -227,24 +230,25 @@ def qtype_of(activation_type: Any) -> str:
     raise ValueError(f"histocal methods quantize to int8/uint8/int16/uint16, not {activation_type!r}")
 
 
-def tensor_histogram(stream: Any, name: str) -> TensorHistogram:
+def tensor_histogram(stream: _core.StreamHistograms, name: str) -> TensorHistogram:
     """A tensor's streaming histogram as a :class:`TensorHistogram`."""
-    dtype, level, bins, fmin, fmax, _, counts = stream.export(name)
-    half = len(bins) // 2
-    top = math.ldexp(1.0, level if level is not None else 0)
+    ex = stream.export(name)
+    half = len(ex.bins) // 2
+    top = math.ldexp(1.0, ex.level if ex.level is not None else 0)
     edges = np.linspace(-top, top, 2 * half + 1)  # exact: power-of-two steps
+    _, n_nan, n_posinf, n_neginf, batches = ex.counts  # a plain tuple
     nan = math.nan
     return TensorHistogram(
         name=name,
-        dtype=dtype,
-        counts=np.asarray(bins),
+        dtype=ex.dtype,
+        counts=np.asarray(ex.bins),
         edges=edges,
-        min=nan if fmin is None else fmin,
-        max=nan if fmax is None else fmax,
-        n_nan=counts[1],
-        n_posinf=counts[2],
-        n_neginf=counts[3],
-        batches=counts[4],
+        min=nan if ex.finite_min is None else ex.finite_min,
+        max=nan if ex.finite_max is None else ex.finite_max,
+        n_nan=n_nan,
+        n_posinf=n_posinf,
+        n_neginf=n_neginf,
+        batches=batches,
     )
 
 

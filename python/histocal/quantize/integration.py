@@ -228,7 +228,7 @@ def _collect(calibrator: Any, reader: Any, stride: int | None, collect: Callable
         collect(reader)
 
 
-def _withholding_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int) -> Iterator[Any]:
+def withholding_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int) -> Iterator[Any]:
     """The feeds of one read of ``data`` except the first ``limit`` (over all reads), which are
     copied into ``kept`` instead: the reader's own buffers may be reused for its next feed."""
     for feed in DataSource(data).read():
@@ -238,7 +238,7 @@ def _withholding_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int)
             yield feed
 
 
-def _collect_unless_empty(calibrator: Any, feeds: Iterator[Any]) -> bool:
+def collect_unless_empty(calibrator: Any, feeds: Iterator[Any]) -> bool:
     """``calibrator.collect_data(feeds)`` unless ``feeds`` is empty (then it would raise); whether it collected."""
     end = object()
     first = next(feeds, end)
@@ -285,7 +285,7 @@ def calibrate_and_select(
         raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods")
     options = methods.check_options(
         "auto",
-        _default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
+        default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
     )
     kept: list[dict[str, np.ndarray]] = []
     upgraded = model_ort_quantizes(
@@ -324,7 +324,7 @@ def calibrate_and_select(
             calibration_data_reader,
             extra.get("CalibStridedMinMax"),
             lambda data: rest_collected.append(
-                _collect_unless_empty(calibrator, _withholding_first(data, kept, eval_samples))
+                collect_unless_empty(calibrator, withholding_first(data, kept, eval_samples))
             ),
         )
         if not kept and not any(rest_collected):
@@ -333,7 +333,7 @@ def calibrate_and_select(
         fold_feeds = [kept[k :: min(folds, len(kept))] for k in range(min(folds, len(kept)))]
         fold_states = []
         for feeds in fold_feeds:
-            calibrator._restart_collection()
+            calibrator.restart()
             calibrator.collect_data(iter(feeds))  # an iterator: streaming, like the pass over the reader
             fold_states.append(calibrator.state)
         calibrator = None  # its session's memory, before the candidates' sessions
@@ -465,7 +465,7 @@ def quantize_static(
             select = None
     if name not in methods.ORT_METHODS:
         method_arg = name
-        method_options = _default_method_options(name, method_options, activation_type, extra)
+        method_options = default_method_options(name, method_options, activation_type, extra)
         calibrate_method = CalibrationMethod.MinMax  # how the ranges travel through ORT
     else:
         if method_options:
@@ -578,7 +578,7 @@ def quantize_static(
     )
 
 
-def _default_method_options(
+def default_method_options(
     name: str, given: dict[str, Any] | None, activation_type: Any, extra: dict[str, Any]
 ) -> dict[str, Any]:
     options = dict(given or {})

@@ -29,9 +29,9 @@ from .. import calibrators as hc
 from ..calibrators.common import (
     MODE_OPTION,
     STREAMING_BINS_OPTION,
-    _augmented_model_path,
-    _PrivateShapeInference,
-    _run_batches,
+    PrivateShapeInference,
+    augmented_path_for,
+    run_batches,
 )
 from ..io.readers import DataSource
 from . import types
@@ -53,7 +53,7 @@ def _model_source(owner: Any, model_input: ModelInput) -> tuple[str | Path, onnx
     is given (Quark's way: the constructor loads an empty model, then the calibrator takes a copy
     of the proto, without shape inference)."""
     if isinstance(model_input, onnx.ModelProto):
-        empty = _augmented_model_path(owner, None)
+        empty = augmented_path_for(owner, None)
         graph = onnx.helper.make_graph([], "EmptyGraph", [], [])
         onnx.save(onnx.helper.make_model(graph, producer_name="empty-model"), str(empty))
         return empty, model_input
@@ -252,7 +252,7 @@ def _check_method(method: str, expected: str) -> None:
         raise ValueError(f"method must be {expected!r} for this calibrator, got {method!r}")
 
 
-class PowOfTwoCalibrater(_QuarkCalibrator, _PrivateShapeInference):
+class PowOfTwoCalibrater(_QuarkCalibrator, PrivateShapeInference):
     """Quark's ``PowOfTwoCalibrater``: power-of-two MinMSE ranges (``method=MinMSE``; Quark's
     NonOverflow is ``MinMaxCalibrater(symmetric=True)``, see ``create_calibrator_power_of_two``).
     Every calibrated tensor becomes a graph output; each batch's outputs go to the collector as
@@ -283,7 +283,7 @@ class PowOfTwoCalibrater(_QuarkCalibrator, _PrivateShapeInference):
         super().__init__(
             path,
             op_types_to_calibrate,
-            _augmented_model_path(self, augmented_model_path),
+            augmented_path_for(self, augmented_model_path),
             symmetric,
             use_external_data_format,
         )
@@ -337,7 +337,7 @@ class PowOfTwoCalibrater(_QuarkCalibrator, _PrivateShapeInference):
             fetch = [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
             saved = collector.snapshot()
             try:
-                n = _run_batches(
+                n = run_batches(
                     self,
                     DataSource(data_reader),
                     fetch,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .tensors import COLOURS, FIG_DPI, FIG_SIZE, LABELS, REPORT_METHODS, _Tensor
+from .tensors import COLOURS, FIG_DPI, FIG_SIZE, LABELS, REPORT_METHODS, TensorRow
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -34,7 +34,7 @@ _PARALLEL_MIN = 48  # tensors to plot before worker processes pay off
 # Images
 
 
-def _plot_job(t: _Tensor, methods: Sequence[str]) -> dict[str, Any]:
+def plot_job(t: TensorRow, methods: Sequence[str]) -> dict[str, Any]:
     """What a worker needs to draw one tensor (plain, picklable data)."""
     return {
         "title": t.name,
@@ -47,7 +47,7 @@ def _plot_job(t: _Tensor, methods: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _fmt_num(x: float) -> str:
+def fmt_num(x: float) -> str:
     if math.isnan(x):
         return "NaN"
     if math.isinf(x):
@@ -168,7 +168,7 @@ class _Canvas:
                 right.set_data([hi], [y])
                 right.set_marker(">" if hi < high else "|")
             else:
-                note.set_text(f"{_fmt_num(low)} \u2026 {_fmt_num(high)}: not finite, not drawn")
+                note.set_text(f"{fmt_num(low)} \u2026 {fmt_num(high)}: not finite, not drawn")
                 note.set_color(colour)
                 note.set_y(y)
             label = LABELS.get(method, method)
@@ -212,7 +212,7 @@ def _render(jobs: list[tuple[dict[str, Any], str]]) -> None:
         canvas.draw(job, path)
 
 
-def _render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
+def render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
     """Render the images, split over ``workers`` processes for large reports: this process takes
     one share, each other share goes (as JSON on stdin) to a fresh ``python -c`` worker
     (not multiprocessing, whose spawn would re-run the caller's ``__main__``, nor fork, unsafe in

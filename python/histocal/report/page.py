@@ -50,7 +50,7 @@ import numpy as np
 from .. import methods as _methods
 from ..state import CalibrationState
 from .diagnosis import diagnosis_html
-from .images import _fmt_num, _plot_job, _render_all
+from .images import fmt_num, plot_job, render_all
 from .tensors import (
     COLOURS,
     FIG_DPI,
@@ -59,9 +59,9 @@ from .tensors import (
     OUTLIER_PERCENTILE,
     OUTLIER_THRESHOLD,
     REPORT_METHODS,
-    _compute,
-    _summarise,
-    _Tensor,
+    TensorRow,
+    compute_ranges,
+    summarise,
 )
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def _range_cell(t: _Tensor, method: str, best: float | None) -> str:
+def _range_cell(t: TensorRow, method: str, best: float | None) -> str:
     pair = t.ranges.get(method)
     if pair is None:
         return '<td class="r na">—</td>'
@@ -158,11 +158,11 @@ def _range_cell(t: _Tensor, method: str, best: float | None) -> str:
     err = f' data-error="{t.errors[method]!r}"' if method in t.errors else ""
     return (
         f'<td class="r{best_cls}" data-method="{method}" data-low="{low!r}" data-high="{high!r}"{err}>'
-        f"{_fmt_num(low)} … {_fmt_num(high)}<small>{quality}</small></td>"
+        f"{fmt_num(low)} … {fmt_num(high)}<small>{quality}</small></td>"
     )
 
 
-def _nonfinite(t: _Tensor) -> str:
+def _nonfinite(t: TensorRow) -> str:
     parts = [f"{_count(v)} {label}" for v, label in ((t.nan, "NaN"), (t.posinf, "+Inf"), (t.neginf, "-Inf")) if v]
     return f'<span class="nonfinite">{_e(", ".join(parts))}</span>' if parts else "0"
 
@@ -171,7 +171,7 @@ def _ratio(r: float) -> str:
     return f"{r:.2f}" if r < 100 else f"{r:.0f}"
 
 
-def _ratio_cell(t: _Tensor) -> str:
+def _ratio_cell(t: TensorRow) -> str:
     if math.isnan(t.ratio):
         return '<td class="na">—</td>'
     cls = ' class="out"' if t.ratio > OUTLIER_THRESHOLD else ""
@@ -179,7 +179,7 @@ def _ratio_cell(t: _Tensor) -> str:
 
 
 def _html(
-    tensors: list[_Tensor],
+    tensors: list[TensorRow],
     methods: Sequence[str],
     problems: dict[str, str],
     info: dict[str, Any],
@@ -242,8 +242,8 @@ def _html(
             f"<td>{_e(t.dtype)}</td>",
             f"<td>{_count(t.finite)}</td>",
             f"<td>{_nonfinite(t)}</td>",
-            f"<td>{_fmt_num(t.min)}</td>",
-            f"<td>{_fmt_num(t.max)}</td>",
+            f"<td>{fmt_num(t.min)}</td>",
+            f"<td>{fmt_num(t.max)}</td>",
             _ratio_cell(t),
         ]
         row += [_range_cell(t, m, best) for m in methods]
@@ -261,7 +261,7 @@ def _html(
     for t in tensors:
         if not t.file:
             continue
-        facts = [t.dtype, f"{_count(t.finite)} finite values", f"min {_fmt_num(t.min)}", f"max {_fmt_num(t.max)}"]
+        facts = [t.dtype, f"{_count(t.finite)} finite values", f"min {fmt_num(t.min)}", f"max {fmt_num(t.max)}"]
         if not math.isnan(t.ratio):
             facts.append(f"outlier ratio {_ratio(t.ratio)}")
         if t.auto_choice:
@@ -359,10 +359,10 @@ def write_report(
     _check_replaceable(out_dir)
 
     start = time.perf_counter()
-    tensors = [_summarise(state.stream, n) for n in state.names]
+    tensors = [summarise(state.stream, n) for n in state.names]
     problems = {}
     for m in methods:
-        problem = _compute(state, tensors, m, qtype, bool(symmetric))
+        problem = compute_ranges(state, tensors, m, qtype, bool(symmetric))
         if problem:
             problems[LABELS.get(m, m)] = problem
     order = sorted(range(len(tensors)), key=lambda i: (math.isnan(tensors[i].ratio), -np.nan_to_num(tensors[i].ratio)))
@@ -376,10 +376,10 @@ def write_report(
     staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp."))
     try:
         (staging / "tensors").mkdir()
-        jobs = [(_plot_job(t, methods), str(staging / "tensors" / f"{t.file}.png")) for t in plot]
+        jobs = [(plot_job(t, methods), str(staging / "tensors" / f"{t.file}.png")) for t in plot]
         if workers is None:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        _render_all(jobs, max(1, int(workers)))
+        render_all(jobs, max(1, int(workers)))
         info = {
             "source": source,
             "mode": state.mode,

@@ -51,7 +51,7 @@ FIG_DPI = 80
 
 
 @dataclass
-class _Tensor:
+class TensorRow:
     name: str
     dtype: str
     finite: int
@@ -78,11 +78,11 @@ class _Tensor:
         return math.inf if err <= 0 else 10.0 * math.log10(self.mean_square / err)
 
 
-def _summarise(stream: Any, name: str) -> _Tensor:
+def summarise(stream: Any, name: str) -> TensorRow:
     dtype, level, bins, fmin, fmax, _, (finite, nan, posinf, neginf, batches) = stream.export(name)
     bins = np.asarray(bins, dtype=np.uint64)
     nz = np.flatnonzero(bins)
-    t = _Tensor(
+    t = TensorRow(
         name=name,
         dtype=dtype,
         finite=int(finite),
@@ -138,7 +138,7 @@ def _method_settings(method: str, qtype: str, symmetric: bool) -> dict[str, Any]
     return {"qtype": qtype, "symmetric": symmetric}  # mse, auto
 
 
-def _compute(state: Any, tensors: list[_Tensor], method: str, qtype: str, symmetric: bool) -> str | None:
+def compute_ranges(state: Any, tensors: list[TensorRow], method: str, qtype: str, symmetric: bool) -> str | None:
     """Fill each tensor's range, error (and auto's choice) for ``method``; the problem, if any."""
     names = [t.name for t in tensors]
     settings = _method_settings(method, qtype, symmetric)

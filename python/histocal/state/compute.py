@@ -100,16 +100,16 @@ def ort_result(
     if exact is not None:
         # the histograms exist already; the results hold numpy copies of them
         check_compute_memory(method, num_bins, len(names), len(names), 0, len(names))
-        collector._histograms = exact
+        collector.histograms = exact
         return collector.compute_collection_result()
     size = chunk_size(num_bins, len(names))
     check_compute_memory(method, num_bins, len(names), len(names), size, size)
     out: dict[str, Any] = {}
     for start in range(0, len(names), size):
         part = list(names[start : start + size])
-        collector._histograms = stream.to_histograms(collector._kind, num_bins, part)
+        collector.histograms = stream.to_histograms(collector.kind, num_bins, part)
         out.update(collector.compute_collection_result())
-    collector._histograms = _core.Histograms(collector._kind, num_bins)  # the last chunk's, dropped
+    collector.histograms = _core.Histograms(collector.kind, num_bins)  # the last chunk's, dropped
     return out
 
 
@@ -118,12 +118,14 @@ def minmax_result(names: Sequence[str], stream: Any, exact: Any, symmetric: bool
     exact ones'."""
     out = {}
     for name in names:
-        finite, _, posinf, neginf, _ = (stream if stream is not None else exact).counts(name)
+        c = (stream if stream is not None else exact).counts(name)
+        finite, posinf, neginf = c.n_finite, c.n_posinf, c.n_neginf
         if stream is not None:
-            dtype_name, _, fmin, fmax, _, _ = stream.summary(name)
+            s = stream.summary(name)
+            dtype_name, fmin, fmax = s.dtype, s.finite_min, s.finite_max
         else:
             e = export_exact(exact, name)
-            dtype_name = exact.state(name)[5]
+            dtype_name = exact.state(name).dtype
             fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)
         dtype = np.dtype(dtype_name)
         lo = -math.inf if neginf else (fmin if fmin is not None else (math.inf if posinf else math.nan))

@@ -80,11 +80,11 @@ MAX_NPY_HEADER = 4096  # a member's .npy header (numpy writes 128 bytes)
 MAX_ZIP_DIRECTORY = 1 << 20  # what zipfile may read to find and parse the central directory
 POW2_EXPONENTS = _core.POW2_EXPONENTS  # the exponents a pow2 vote can have
 
-_DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "float32", "float64")
 _MODES = ("exact", "streaming")
 _KINDS = ("value", "abs")
 # zip members: name -> (dtype, ndim, columns)
-_MEMBERS: dict[str, tuple[str, int, int | None]] = {
+MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "header": ("u1", 1, None),
     "stream_bins": ("<u8|<u4|<u2|u1", 1, None),
     "stream_stats": ("<f8", 2, 3),
@@ -108,7 +108,7 @@ class StateError(ValueError):
     """A problem inside a state; ``load`` prefixes the file name."""
 
 
-def _fail(problem: str) -> NoReturn:
+def fail(problem: str) -> NoReturn:
     raise StateError(problem)
 
 
@@ -173,29 +173,29 @@ def _zip_members(zf: zipfile.ZipFile, nested: bool) -> dict[str, zipfile.ZipInfo
     channels member's state, which has no channels of its own)."""
     infos = zf.infolist()
     if len(infos) > MAX_MEMBERS:
-        _fail(f"{len(infos)} zip members, more than the limit of {MAX_MEMBERS}")
+        fail(f"{len(infos)} zip members, more than the limit of {MAX_MEMBERS}")
     out: dict[str, zipfile.ZipInfo] = {}
     for info in infos:
         key = info.filename[:-4] if info.filename.endswith(".npy") else None
-        if key not in _MEMBERS:
-            _fail(f"unexpected zip member {info.filename[:100]!r}")
+        if key not in MEMBERS:
+            fail(f"unexpected zip member {info.filename[:100]!r}")
         if key in out:
-            _fail("duplicate zip members")
+            fail("duplicate zip members")
         if nested and key == "channels":
-            _fail("a channels member's state has a channels member of its own (per-channel states do not nest)")
+            fail("a channels member's state has a channels member of its own (per-channel states do not nest)")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            _fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
+            fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
         if info.flag_bits & 0x1:
-            _fail(f"zip member {info.filename!r} is encrypted")
+            fail(f"zip member {info.filename!r} is encrypted")
         stored_size = info.file_size if info.compress_type == zipfile.ZIP_STORED else _deflate_bound(info.file_size)
         if info.compress_size > stored_size:
-            _fail(f"zip member {info.filename!r}: {info.compress_size} compressed bytes for {info.file_size} bytes")
+            fail(f"zip member {info.filename!r}: {info.compress_size} compressed bytes for {info.file_size} bytes")
         out[key] = info
     total = sum(i.file_size for i in infos)
     if total > MAX_STATE_BYTES:
-        _fail(f"declared uncompressed size {total} is more than the limit of {MAX_STATE_BYTES}")
+        fail(f"declared uncompressed size {total} is more than the limit of {MAX_STATE_BYTES}")
     if "header" not in out:
-        _fail("no header member")
+        fail("no header member")
     return out
 
 
@@ -205,7 +205,7 @@ def _read_member(zf: zipfile.ZipFile, reads: _BoundedReads, info: zipfile.ZipInf
     key = info.filename[:-4]
     limit = max_data + MAX_NPY_HEADER
     if info.file_size > limit:
-        _fail(f"zip member {info.filename!r} declares {info.file_size} bytes, more than the {limit} its header allows")
+        fail(f"zip member {info.filename!r} declares {info.file_size} bytes, more than the {limit} its header allows")
     # the local header (fixed part, name and extra field of at most 64 KiB each), then the data
     reads.budget = 30 + 2 * 0xFFFF + info.compress_size
     data = bytearray(info.file_size)
@@ -218,12 +218,12 @@ def _read_member(zf: zipfile.ZipFile, reads: _BoundedReads, info: zipfile.ZipInf
             data[filled : filled + len(chunk)] = chunk
             filled += len(chunk)
         if filled != len(data) or f.read(1):
-            _fail(f"zip member {info.filename!r}: size does not match its declared size")
+            fail(f"zip member {info.filename!r}: size does not match its declared size")
     return _parse_npy(key, data)
 
 
 def _parse_npy(key: str, data: bytearray) -> np.ndarray:
-    dtype, ndim, cols = _MEMBERS[key]
+    dtype, ndim, cols = MEMBERS[key]
     f = io.BytesIO(bytes(data[:MAX_NPY_HEADER]))  # the .npy header, without copying the data
     try:
         version = np.lib.format.read_magic(f)
@@ -232,31 +232,27 @@ def _parse_npy(key: str, data: bytearray) -> np.ndarray:
         elif version in ((2, 0), (3, 0)):
             shape, fortran, dt = np.lib.format.read_array_header_2_0(f)
         else:
-            _fail(f"{key}: unsupported .npy version {version}")
+            fail(f"{key}: unsupported .npy version {version}")
     except StateError:
         raise
     except Exception as exc:  # numpy raises ValueError mostly; be strict about any failure here
-        _fail(f"{key}: bad .npy header ({type(exc).__name__}: {exc})")
+        fail(f"{key}: bad .npy header ({type(exc).__name__}: {exc})")
     allowed = [np.dtype(d) for d in dtype.split("|")]
     if dt not in allowed or dt.hasobject:
-        _fail(f"{key}: dtype {dt}, expected {' or '.join(map(str, allowed))}")
+        fail(f"{key}: dtype {dt}, expected {' or '.join(map(str, allowed))}")
     want = dt
     if fortran:
-        _fail(f"{key}: Fortran-ordered array")
+        fail(f"{key}: Fortran-ordered array")
     if len(shape) != ndim or any(type(s) is not int or s < 0 for s in shape) or (cols is not None and shape[1] != cols):
-        _fail(f"{key}: shape {shape}, expected {ndim} dimensions" + (f" with {cols} columns" if cols else ""))
+        fail(f"{key}: shape {shape}, expected {ndim} dimensions" + (f" with {cols} columns" if cols else ""))
     count = math.prod(shape)
     offset = f.tell()
     if count * want.itemsize != len(data) - offset:
-        _fail(f"{key}: {len(data) - offset} data bytes for shape {shape} of {want}")
+        fail(f"{key}: {len(data) - offset} data bytes for shape {shape} of {want}")
     return np.frombuffer(data, want, count, offset).reshape(shape)
 
 
-def _nan(v: float | None) -> float:
-    return math.nan if v is None else float(v)
-
-
-def _plain(v: Any) -> Any:
+def plain_value(v: Any) -> Any:
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
     if isinstance(v, (int, np.integer)):
@@ -266,7 +262,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _check_fingerprint(v: Any) -> str:
+def check_fingerprint(v: Any) -> str:
     if not isinstance(v, str) or not (1 <= len(v) <= 256):
         raise ValueError(f"data_fingerprint must be a string of 1 to 256 characters, got {str(v)[:100]!r}")
     return v
@@ -274,10 +270,10 @@ def _check_fingerprint(v: Any) -> str:
 
 def _obj(v: Any, where: str, keys: Iterable[str]) -> dict:
     if type(v) is not dict:
-        _fail(f"{where}: expected an object, got {type(v).__name__}")
+        fail(f"{where}: expected an object, got {type(v).__name__}")
     keys = set(keys)
     if set(v) != keys:
-        _fail(f"{where}: keys {sorted(map(str, v))[:10]}, expected {sorted(keys)}")
+        fail(f"{where}: keys {sorted(map(str, v))[:10]}, expected {sorted(keys)}")
     return v
 
 
@@ -285,7 +281,7 @@ def _int(v: Any, where: str, lo: int, hi: int, none: bool = False) -> Any:
     if v is None and none:
         return None
     if type(v) is not int or not lo <= v <= hi:
-        _fail(f"{where}: expected an integer in [{lo}, {hi}]{' or null' if none else ''}, got {str(v)[:50]}")
+        fail(f"{where}: expected an integer in [{lo}, {hi}]{' or null' if none else ''}, got {str(v)[:50]}")
     return v
 
 
@@ -293,30 +289,30 @@ def _str(v: Any, where: str, choices: Iterable[str] | None = None, none: bool = 
     if v is None and none:
         return None
     if type(v) is not str or len(v) > max_len or (choices is not None and v not in choices):
-        _fail(f"{where}: expected {'one of ' + str(sorted(choices)) if choices else 'a string'}, got {str(v)[:50]!r}")
+        fail(f"{where}: expected {'one of ' + str(sorted(choices)) if choices else 'a string'}, got {str(v)[:50]!r}")
     return v
 
 
 def _settings(v: Any) -> dict[str, Any]:
     if type(v) is not dict:
-        _fail("options.settings: expected an object")
+        fail("options.settings: expected an object")
     out: dict[str, Any] = {}
     for key, value in v.items():
         where = f"options.settings.{str(key)[:50]}"
         if key == "symmetric":
             if type(value) is not bool:
-                _fail(f"{where}: expected a boolean")
+                fail(f"{where}: expected a boolean")
         elif key in ("num_bins", "num_quantized_bins"):
             _int(value, where, 1, _core.MAX_BINS)
         elif key == "percentile":
             if type(value) not in (int, float) or not 0 <= value <= 100:
-                _fail(f"{where}: expected a number in [0, 100]")
+                fail(f"{where}: expected a number in [0, 100]")
         elif key == "qtype":
             _str(value, where, QTYPES)
         elif key in ALL_OPTIONS and ALL_OPTIONS[key].choices is not None:
             _str(value, where, ALL_OPTIONS[key].choices)
         else:
-            _fail(f"{where}: unknown setting")
+            fail(f"{where}: unknown setting")
         out[key] = value
     return out
 
@@ -332,7 +328,7 @@ class _Tensor:
 
 
 @dataclass
-class _Header:
+class Header:
     histocal_version: str
     model_fingerprint: str | None
     data_fingerprints: tuple[str, ...]
@@ -354,8 +350,8 @@ class _Header:
         held = self.held_bins
         if held > MAX_STATE_BINS:
             what = "tensors x streaming_bins + exact bins" + (" + channels x streaming_bins" if self.channels else "")
-            _fail(f"the state would hold {held} bins ({what}), more than the limit of {MAX_STATE_BINS}")
-        limits = dict.fromkeys(_MEMBERS, 0)
+            fail(f"the state would hold {held} bins ({what}), more than the limit of {MAX_STATE_BINS}")
+        limits = dict.fromkeys(MEMBERS, 0)
         if self.streaming_bins is not None:
             limits["stream_bins"] = 8 * sum(t.stream[2] for t in self.tensors if t.stream)
             limits["stream_stats"] = 8 * 3 * n
@@ -366,7 +362,7 @@ class _Header:
                 # isotone_pairs and isotone_rows: limited by isotone_tensors once it is read
         if self.exact_kind is not None:
             limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
-            for edt in _DTYPES:
+            for edt in DTYPES:
                 limits[f"exact_edges_{edt}"] = np.dtype(edt).itemsize * sum(
                     t.exact[1] + 1 for t in self.tensors if t.exact and t.exact[0] == edt
                 )
@@ -399,40 +395,40 @@ def _votes_limit(counts: np.ndarray) -> int:
     return 8 * 4 * 3 * int(np.minimum(counts[:, 4], POW2_EXPONENTS).sum(dtype=np.uint64)) if counts.size else 0
 
 
-def _parse_header(text_bytes: bytes) -> _Header:
-    h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: _fail(f"header: {problem}"), constants=False)
+def _parse_header(text_bytes: bytes) -> Header:
+    h = parse_bounded_json(text_bytes, MAX_JSON_DEPTH, lambda problem: fail(f"header: {problem}"), constants=False)
     keys = ["format", "version", "histocal_version", "model_fingerprint", "data_fingerprints", "options", "tensors"]
     version = h.get("version") if type(h) is dict else None
     has_channels = version == 2 and type(h) is dict and "channels" in h
     h = _obj(h, "header", [*keys, "exact_order"] + (["channels"] if has_channels else []))
     if h["format"] != FORMAT_NAME:
-        _fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
+        fail(f"not a histocal calibration state (format {str(h['format'])[:50]!r})")
     if version not in FORMAT_VERSIONS or type(version) is not int:
-        _fail(f"unsupported format version {str(version)[:20]} (this histocal reads versions 1 and 2)")
+        fail(f"unsupported format version {str(version)[:20]} (this histocal reads versions 1 and 2)")
     hv = _str(h["histocal_version"], "histocal_version")
     fp = _str(h["model_fingerprint"], "model_fingerprint", none=True)
     dfp = h["data_fingerprints"]
     if type(dfp) is not list or len(dfp) > 1 << 20:
-        _fail("data_fingerprints: expected a list of strings")
+        fail("data_fingerprints: expected a list of strings")
     dfp = tuple(sorted(_str(d, "data_fingerprints[]") for d in dfp))
     o = _obj(h["options"], "options", ("mode", "streaming_bins", "exact_kind", "exact_num_bins", "method", "settings"))
     mode = _str(o["mode"], "options.mode", _MODES)
     sbins = _int(o["streaming_bins"], "options.streaming_bins", 8, 1 << 25, none=True)
     if sbins is not None and sbins & (sbins - 1):
-        _fail("options.streaming_bins: not a power of two")
+        fail("options.streaming_bins: not a power of two")
     kind = _str(o["exact_kind"], "options.exact_kind", _KINDS, none=True)
     nbins = _int(o["exact_num_bins"], "options.exact_num_bins", 1, _core.MAX_BINS, none=True)
     if (kind is None) != (nbins is None):
-        _fail("options: exact_kind and exact_num_bins must both be given or both be null")
+        fail("options: exact_kind and exact_num_bins must both be given or both be null")
     if mode == "streaming" and (sbins is None or kind is not None):
-        _fail("options: a streaming-mode state has streaming histograms and no exact ones")
+        fail("options: a streaming-mode state has streaming histograms and no exact ones")
     if sbins is None and kind is None:
-        _fail("options: the state holds no histograms")
+        fail("options: the state holds no histograms")
     method = _str(o["method"], "options.method", none=True, max_len=64)
     settings = _settings(o["settings"])
     raw_tensors = h["tensors"]
     if type(raw_tensors) is not list or not raw_tensors:
-        _fail("tensors: expected a non-empty list")
+        fail("tensors: expected a non-empty list")
     tensors: list[_Tensor] = []
     seen: set[str] = set()
     for i, t in enumerate(raw_tensors):
@@ -440,11 +436,11 @@ def _parse_header(text_bytes: bytes) -> _Header:
         t = _obj(t, where, ("name", "dtype", "stream", "exact"))
         name = _str(t["name"], f"{where}.name", max_len=MAX_NAME_CHARS)
         if name in seen:
-            _fail(f"{where}: duplicate tensor name {name[:100]!r}")
+            fail(f"{where}: duplicate tensor name {name[:100]!r}")
         seen.add(name)
-        dtype = _str(t["dtype"], f"{where}.dtype", _DTYPES)
+        dtype = _str(t["dtype"], f"{where}.dtype", DTYPES)
         if (t["stream"] is None) != (sbins is None) or (t["exact"] is None) != (kind is None):
-            _fail(f"{where}: its histograms do not match the options")
+            fail(f"{where}: its histograms do not match the options")
         stream = exact = None
         if sbins is not None:
             st = _obj(t["stream"], f"{where}.stream", ("level", "start", "length"))
@@ -454,40 +450,40 @@ def _parse_header(text_bytes: bytes) -> _Header:
         if kind is not None:
             e = _obj(t["exact"], f"{where}.exact", ("edge_dtype", "bins"))
             exact = (
-                _str(e["edge_dtype"], f"{where}.exact.edge_dtype", _DTYPES),
+                _str(e["edge_dtype"], f"{where}.exact.edge_dtype", DTYPES),
                 _int(e["bins"], f"{where}.exact.bins", 1, _core.MAX_BINS),
             )
         tensors.append(_Tensor(name, dtype, stream, exact))
     order = h["exact_order"]
     if kind is None:
         if order is not None:
-            _fail("exact_order: given without exact histograms")
+            fail("exact_order: given without exact histograms")
         order = []
     elif type(order) is not list or sorted(o if type(o) is int else -1 for o in order) != list(range(len(tensors))):
-        _fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
+        fail(f"exact_order: expected a permutation of 0..{len(tensors) - 1}")
     channels = None
     if has_channels:
         c = _obj(h["channels"], "channels", ("axis", "tensors"))
         axis = _int(c["axis"], "channels.axis", -64, 63)
         if type(c["tensors"]) is not list or not c["tensors"] or len(c["tensors"]) > len(tensors):
-            _fail("channels.tensors: expected a non-empty list of at most one entry per tensor")
+            fail("channels.tensors: expected a non-empty list of at most one entry per tensor")
         counts: dict[str, int] = {}
         for i, entry in enumerate(c["tensors"]):
             if type(entry) is not list or len(entry) != 2:
-                _fail(f"channels.tensors[{i}]: expected [name, channels]")
+                fail(f"channels.tensors[{i}]: expected [name, channels]")
             name = _str(entry[0], f"channels.tensors[{i}][0]", seen, max_len=MAX_NAME_CHARS)
             if name in counts:
-                _fail(f"channels.tensors[{i}]: duplicate tensor name {name[:100]!r}")
+                fail(f"channels.tensors[{i}]: duplicate tensor name {name[:100]!r}")
             counts[name] = _int(entry[1], f"channels.tensors[{i}][1]", 1, MAX_STATE_BINS)
         if sbins is None:
-            _fail("channels: per-channel histograms are streaming histograms, and the state has none")
+            fail("channels: per-channel histograms are streaming histograms, and the state has none")
         channels = (axis, counts)
-    return _Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, channels, version)
+    return Header(hv, fp, dfp, mode, sbins, kind, nbins, method, settings, tensors, order, channels, version)
 
 
 def read_members(
     source: BinaryIO | MemoryFile, size: int, nested: tuple[int, int] | None = None
-) -> tuple[_Header, dict[str, np.ndarray]]:
+) -> tuple[Header, dict[str, np.ndarray]]:
     """The validated header and members of a state file: an untrusted seekable file of ``size`` bytes. Every size is checked before the memory
     for it is taken: the zip directory (bounded reads), the header member (``MAX_HEADER_BYTES``), the content
     the header declares (``MAX_STATE_BINS``), then each member against that content before it is
@@ -499,22 +495,22 @@ def read_members(
     try:
         zf = zipfile.ZipFile(reads)  # a file-like object (seek, tell, read)
     except zipfile.BadZipFile as exc:
-        _fail(f"not a zip/npz file ({exc})")
+        fail(f"not a zip/npz file ({exc})")
     with zf:
         infos = _zip_members(zf, nested is not None)
         text = _read_member(zf, reads, infos["header"], MAX_HEADER_BYTES)
         if text.size > MAX_HEADER_BYTES:
-            _fail(f"header of {text.size} bytes, more than the limit of {MAX_HEADER_BYTES}")
+            fail(f"header of {text.size} bytes, more than the limit of {MAX_HEADER_BYTES}")
         header = _parse_header(text.tobytes())
         del text
         if nested is not None:
             if header.channels is not None:
-                _fail("a channels member's state has channels of its own (per-channel states do not nest)")
+                fail("a channels member's state has channels of its own (per-channel states do not nest)")
             # (fewer bins where the channels' bins were fitted to the memory limit)
             if header.mode != "streaming" or not 0 < (header.streaming_bins or 0) <= nested[1]:
-                _fail("not a streaming state of at most the outer state's streaming_bins")
+                fail("not a streaming state of at most the outer state's streaming_bins")
             if len(header.tensors) != nested[0]:
-                _fail(f"{len(header.tensors)} channel histograms, the outer header declares {nested[0]}")
+                fail(f"{len(header.tensors)} channel histograms, the outer header declares {nested[0]}")
         limits = header.member_limits()
         if "channels" in infos and header.channels is not None:
             info = infos["channels"]
@@ -522,11 +518,11 @@ def read_members(
                 limits["channels"] = min(limits["channels"], MAX_NESTED_RATIO * info.compress_size + MEMBER_SLACK)
         arrays: dict[str, np.ndarray] = {}
         if any(k.startswith("isotone") for k in infos) and (header.version < 2 or header.streaming_bins is None):
-            _fail("isotone members in a version 1 state or without streaming histograms")
+            fail("isotone members in a version 1 state or without streaming histograms")
         later = ("header", "stream_votes", "isotone_pairs", "isotone_rows")
         for key, info in infos.items():
             if key == "channels" and header.channels is None:
-                _fail("channels: given in a state without per-channel histograms")
+                fail("channels: given in a state without per-channel histograms")
             if key not in later:
                 arrays[key] = _read_member(zf, reads, info, limits[key])
         if "isotone_tensors" in arrays:
@@ -535,13 +531,13 @@ def read_members(
                 if key in infos:
                     arrays[key] = _read_member(zf, reads, infos[key], pairs * (16 if key == "isotone_pairs" else 8))
         elif "isotone_pairs" in infos or "isotone_rows" in infos:
-            _fail("isotone_pairs/isotone_rows: given without isotone_tensors")
+            fail("isotone_pairs/isotone_rows: given without isotone_tensors")
         if "stream_votes" in infos:
             if header.streaming_bins is None:
-                _fail("stream_votes: given without streaming histograms")
+                fail("stream_votes: given without streaming histograms")
             counts = arrays.get("stream_counts")
             if counts is None or len(counts) != len(header.tensors):
-                _fail(f"stream_counts: expected {len(header.tensors)} rows")
+                fail(f"stream_counts: expected {len(header.tensors)} rows")
             arrays["stream_votes"] = _read_member(zf, reads, infos["stream_votes"], _votes_limit(counts))
     return header, arrays
 
@@ -550,12 +546,12 @@ def _isotone_pairs(tensors: np.ndarray, n: int, held_bins: int) -> int:
     """The pairs ``isotone_tensors`` declares, checked (per tensor at most ``ISOTONE_MAX_PAIRS``, with the
     bins at most ``MAX_HELD_BYTES``) before the pairs are read."""
     if len(tensors) != n:
-        _fail(f"isotone_tensors: expected {n} rows")
+        fail(f"isotone_tensors: expected {n} rows")
     if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
-        _fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
+        fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
     pairs = int(tensors[:, 0].sum(dtype=np.uint64)) if tensors.size else 0
     if ISOTONE_PAIR_BYTES * pairs + 8 * held_bins > MAX_HELD_BYTES:
-        _fail(
+        fail(
             f"isotone_tensors: {pairs} pairs ({ISOTONE_PAIR_BYTES} bytes each) with {held_bins} bins (8 bytes each) "
             f"are more than the limit of {MAX_HELD_BYTES} bytes"
         )
@@ -569,7 +565,7 @@ def check_readable(members: dict[str, np.ndarray]) -> None:
     header = members["header"]
     try:
         if header.size > MAX_HEADER_BYTES:
-            _fail(f"its header of {header.size} bytes is over the limit of {MAX_HEADER_BYTES} bytes")
+            fail(f"its header of {header.size} bytes is over the limit of {MAX_HEADER_BYTES} bytes")
         limits = _parse_header(header.tobytes()).member_limits()
         if "isotone_tensors" in members:
             pairs = _isotone_pairs(members["isotone_tensors"], len(members["isotone_tensors"]), 0)
@@ -578,10 +574,10 @@ def check_readable(members: dict[str, np.ndarray]) -> None:
             limits["stream_votes"] = _votes_limit(members["stream_counts"])
         for key, array in members.items():
             if key != "header" and array.nbytes > limits[key]:
-                _fail(f"its member {key} of {array.nbytes} bytes is over the {limits[key]} its header allows")
+                fail(f"its member {key} of {array.nbytes} bytes is over the {limits[key]} its header allows")
         total = sum(a.nbytes + MAX_NPY_HEADER for a in members.values())
         if total > MAX_STATE_BYTES:
-            _fail(f"its members of {total} bytes are over the limit of {MAX_STATE_BYTES} bytes")
+            fail(f"its members of {total} bytes are over the limit of {MAX_STATE_BYTES} bytes")
     except StateError as exc:
         raise ValueError(
             f"this state is too large to be read back, so it is not written: {exc} (calibrate fewer tensors or "

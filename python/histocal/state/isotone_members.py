@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .file_format import _fail
+from .file_format import fail
 
 ISOTONE_MEMBERS = ("isotone_tensors", "isotone_pairs", "isotone_rows")
 
@@ -30,10 +30,10 @@ def isotone_members(stream: Any, names: list[str]) -> dict[str, np.ndarray]:
         return {}
     tensors, pairs, rows = [], [], []
     for name in names:
-        l1, l2, n, skipped, overflowed = stream.isotone_pairs(name)
-        tensors.append((len(l1), skipped, int(overflowed)))
-        pairs.append(np.stack([l1, l2], axis=1))
-        rows.append(n)
+        p = stream.isotone_pairs(name)
+        tensors.append((len(p.l1), p.skipped, int(p.overflowed)))
+        pairs.append(np.stack([p.l1, p.l2], axis=1))
+        rows.append(p.rows)
     return {
         "isotone_tensors": np.array(tensors, np.uint64).reshape(-1, 3),
         "isotone_pairs": np.ascontiguousarray(np.concatenate(pairs), np.float64).reshape(-1, 2),
@@ -47,19 +47,19 @@ def restore_isotone(stream: Any, names: list[str], arrays: dict[str, np.ndarray]
         return
     missing = [k for k in ISOTONE_MEMBERS if k not in arrays]
     if missing:
-        _fail(f"missing member {missing[0]}")
+        fail(f"missing member {missing[0]}")
     tensors, pairs, rows = (arrays[k] for k in ISOTONE_MEMBERS)
     if len(tensors) != len(names):  # (read_members checked the counts before reading the pairs)
-        _fail(f"isotone_tensors: expected {len(names)} rows")
+        fail(f"isotone_tensors: expected {len(names)} rows")
     if len(pairs) != len(rows) or len(pairs) != int(tensors[:, 0].sum(dtype=np.uint64)):
-        _fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
+        fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
     offset = 0
     if tensors.size and int(tensors[:, 2].max()) > 1:
-        _fail("isotone_tensors: the overflow mark must be 0 or 1")
+        fail("isotone_tensors: the overflow mark must be 0 or 1")
     for name, (count, skipped, overflowed) in zip(names, tensors):
         part = slice(offset, offset + int(count))
         offset += int(count)
         try:
             stream.restore_isotone(name, pairs[part, 0], pairs[part, 1], rows[part], int(skipped), bool(overflowed))
         except (ValueError, OverflowError) as exc:
-            _fail(f"isotone: {exc}")
+            fail(f"isotone: {exc}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..collector import ExactHistogram as _Exact
-from .file_format import _fail
+from .file_format import fail
 
 
 def _held_min(old: tuple[float, bool], new: tuple[float, bool]) -> tuple[float, bool]:
@@ -21,10 +21,10 @@ def _add_counts(a: tuple, b: tuple) -> tuple[int, ...]:
     return tuple(int(x) + int(y) for x, y in zip(a, b))
 
 
-def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
+def merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
     """``b`` merged into ``a``: exact when the edges are identical, else ORT's rule (see module doc)."""
     if a.dtype != b.dtype:
-        _fail(f"data dtype {a.dtype} in one state and {b.dtype} in the other")
+        fail(f"data dtype {a.dtype} in one state and {b.dtype} in the other")
     mn, mx, counts = _held_min(a.min, b.min), _held_max(a.max, b.max), _add_counts(a.counts, b.counts)
     if a.edges.dtype == b.edges.dtype and np.array_equal(a.edges, b.edges):
         return _Exact(a.dtype, a.hist + b.hist, a.edges, mn, mx, a.threshold, counts)
@@ -40,7 +40,7 @@ def _merge_exact(a: _Exact, b: _Exact, kind: str) -> _Exact:
         old_hist, old_edges = a.hist, a.edges.astype(et)
         if kind == "value":
             if a.threshold is None or b.threshold is None:
-                _fail("a value histogram without its threshold")
+                fail("a value histogram without its threshold")
             old_t, new_t = et.type(a.threshold[0]), et.type(b.threshold[0])
             if new_t <= old_t:
                 h, _ = np.histogram(centres, len(old_hist), range=(-old_t, old_t), weights=weights)

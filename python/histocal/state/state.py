@@ -47,7 +47,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO, Union, cast
 
 import numpy as np
 from onnxruntime.quantization.calibrate import TensorsData
@@ -61,25 +61,24 @@ from ..methods.table import ORT_TABLE, collects_votes
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
 from .file_format import (
-    _DTYPES,
-    _MEMBERS,
+    DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
+    MEMBERS,
+    Header,
     MemoryFile,
     StateError,
-    _check_fingerprint,
-    _fail,
-    _Header,
-    _nan,
-    _plain,
+    check_fingerprint,
     check_readable,
+    fail,
     five_counts,
+    plain_value,
     read_members,
 )
 from .fingerprint import model_fingerprint
 from .isotone_members import ISOTONE_MEMBERS, isotone_members, restore_isotone
-from .merge import _merge_exact
+from .merge import merge_exact
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 
@@ -109,8 +108,8 @@ class CalibrationState:
 
     names: list[str]
     mode: str
-    stream: Any = None  # _core.StreamHistograms
-    exact: Any = None  # _core.Histograms
+    stream: _core.StreamHistograms | None = None
+    exact: _core.Histograms | None = None
     exact_kind: str | None = None
     exact_num_bins: int | None = None
     model_fingerprint: str | None = None
@@ -153,9 +152,9 @@ class CalibrationState:
             exact_kind=data.exact_kind,
             exact_num_bins=data.exact_num_bins,
             model_fingerprint=model_fingerprint,
-            data_fingerprints=() if data_fingerprint is None else (_check_fingerprint(data_fingerprint),),
+            data_fingerprints=() if data_fingerprint is None else (check_fingerprint(data_fingerprint),),
             method=method,
-            settings={k: _plain(v) for k, v in settings.items()},
+            settings={k: plain_value(v) for k, v in settings.items()},
             channels=data.channels,
         )
 
@@ -185,13 +184,13 @@ class CalibrationState:
 
     def counts(self, name: str) -> tuple[int, int, int, int, int]:
         """``(finite, nan, posinf, neginf, batches)`` of a tensor."""
-        src = self.stream if self.stream is not None else self.exact
-        return tuple(src.counts(name))
+        c = (self.stream if self.stream is not None else cast(_core.Histograms, self.exact)).counts(name)
+        return (c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches)
 
     def dtype(self, name: str) -> str:
         if self.stream is not None:
-            return self.stream.summary(name)[0]
-        return self.exact.state(name)[5]
+            return self.stream.summary(name).dtype
+        return cast(_core.Histograms, self.exact).state(name).dtype
 
     # -- results --------------------------------------------------------------------------------
 
@@ -251,7 +250,7 @@ class CalibrationState:
         collector = HistogramCollector(
             method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
         )
-        kind = collector._kind
+        kind = collector.kind
         if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == collector.num_bins:
             result = ort_result(collector, self.names, None, self.exact)
         elif self.stream is not None:
@@ -299,7 +298,7 @@ class CalibrationState:
             exact = _core.Histograms(self.exact_kind, self.exact_num_bins)
             for name in self.exact.names():
                 try:
-                    merged = _merge_exact(
+                    merged = merge_exact(
                         export_exact(self.exact, name), export_exact(other.exact, name), self.exact_kind
                     )
                     restore_exact(exact, name, merged)
@@ -322,18 +321,19 @@ class CalibrationState:
     # -- files ----------------------------------------------------------------------------------
 
     def to_bytes(self, compress: bool = False) -> bytes:
-        arrays: dict[str, list[np.ndarray]] = {k: [] for k in _MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
+        arrays: dict[str, list[np.ndarray]] = {k: [] for k in MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
         tensors: list[dict[str, Any]] = []
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
             if self.stream is not None:
-                _, level, bins, fmin, fmax, amin, counts = self.stream.export(name)
-                nz = np.flatnonzero(bins)
+                ex = self.stream.export(name)
+                nz = np.flatnonzero(ex.bins)
                 start, stop = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 0)
-                arrays["stream_bins"].append(bins[start:stop])
-                arrays["stream_stats"].append(np.array([[_nan(fmin), _nan(fmax), _nan(amin)]], np.float64))
-                arrays["stream_counts"].append(np.array([counts], np.uint64))
-                entry["stream"] = {"level": level, "start": start, "length": stop - start}
+                arrays["stream_bins"].append(ex.bins[start:stop])
+                stats = [[ex.finite_min, ex.finite_max, ex.abs_min]]  # None (no such value) reads as NaN
+                arrays["stream_stats"].append(np.array(stats, np.float64))
+                arrays["stream_counts"].append(np.array([ex.counts], np.uint64))
+                entry["stream"] = {"level": ex.level, "start": start, "length": stop - start}
                 votes = self.stream.votes(name)
                 if votes:
                     arrays["stream_votes"].append(np.array([(len(tensors), *v) for v in votes], np.int64))
@@ -374,7 +374,7 @@ class CalibrationState:
                 raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
         for key, parts in arrays.items():
-            dtype, ndim, cols = _MEMBERS[key]
+            dtype, ndim, cols = MEMBERS[key]
             if parts:
                 joined = np.concatenate(parts)
                 if "|" in dtype:  # counts: the narrowest unsigned type that holds them (compact files)
@@ -464,14 +464,14 @@ def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
     return out
 
 
-def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
+def _build(header: Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
     """The state of a validated header and its members, every array checked against the header and by the
     Rust ``restore`` checks."""
     sbins, kind, tensors = header.streaming_bins, header.exact_kind, header.tensors
 
     def arr(key: str) -> np.ndarray:
         if key not in arrays:
-            _fail(f"missing member {key}")
+            fail(f"missing member {key}")
         return arrays[key]
 
     isotone = "isotone_tensors" in arrays
@@ -479,21 +479,21 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
     exact = None
     if kind is not None:
         if header.exact_num_bins is None:
-            _fail("exact_num_bins: missing for exact histograms")
+            fail("exact_num_bins: missing for exact histograms")
         exact = _core.Histograms(kind, header.exact_num_bins)
     n = len(tensors)
     names = [t.name for t in tensors]
     if stream is not None and sbins is not None:
         s_bins, s_stats, s_counts = arr("stream_bins"), arr("stream_stats"), arr("stream_counts")
         if len(s_stats) != n or len(s_counts) != n:
-            _fail(f"stream_stats/stream_counts: expected {n} rows")
+            fail(f"stream_stats/stream_counts: expected {n} rows")
         s_off = 0
         for i, t in enumerate(tensors):
             if t.stream is None:
-                _fail(f"tensors[{i}]: no streaming histogram")
+                fail(f"tensors[{i}]: no streaming histogram")
             level, start, length = t.stream
             if s_off + length > len(s_bins):
-                _fail("stream_bins: shorter than the tensors' spans")
+                fail("stream_bins: shorter than the tensors' spans")
             bins = np.zeros(sbins, np.uint64)
             bins[start : start + length] = s_bins[s_off : s_off + length]  # widens to uint64
             s_off += length
@@ -503,50 +503,50 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
             try:
                 stream.restore(t.name, t.dtype, level, bins, finite_min, finite_max, abs_min, counts)
             except ValueError as exc:
-                _fail(str(exc))
+                fail(str(exc))
         if s_off != len(s_bins):
-            _fail("stream_bins: longer than the tensors' spans")
+            fail("stream_bins: longer than the tensors' spans")
         if stream.pow2_votes:
             votes = arr("stream_votes")
             if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
-                _fail("stream_votes: tensor indices out of order or range")
+                fail("stream_votes: tensor indices out of order or range")
             for i, name in enumerate(names):
                 rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
                 if np.any(rows[:, 3] <= 0):
-                    _fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
+                    fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
                 try:
                     stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
                 except (ValueError, OverflowError) as exc:
-                    _fail(f"stream_votes: {exc}")
+                    fail(f"stream_votes: {exc}")
         restore_isotone(stream, names, arrays)
     if exact is not None:
         e_hist, e_scal, e_flags, e_counts = (
             arr(k) for k in ("exact_hist", "exact_scalars", "exact_flags", "exact_counts")
         )
         if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
-            _fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
+            fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
         if np.any(e_flags > 1):
-            _fail("exact_flags: expected 0 or 1")
+            fail("exact_flags: expected 0 or 1")
         h_off = 0
-        edge_off = dict.fromkeys(_DTYPES, 0)
+        edge_off = dict.fromkeys(DTYPES, 0)
         for j, i in enumerate(header.exact_order):
             t = tensors[i]
             where = f"tensors[{i}]"
             if t.exact is None:
-                _fail(f"{where}: no exact histogram")
+                fail(f"{where}: no exact histogram")
             edt, nb = t.exact
             edges_all = arr(f"exact_edges_{edt}")
             if h_off + nb > len(e_hist):
-                _fail("exact_hist: shorter than the tensors' histograms")
+                fail("exact_hist: shorter than the tensors' histograms")
             if edge_off[edt] + nb + 1 > len(edges_all):
-                _fail(f"exact_edges_{edt}: shorter than the tensors' edges")
+                fail(f"exact_edges_{edt}: shorter than the tensors' edges")
             hist = np.ascontiguousarray(e_hist[h_off : h_off + nb], dtype=np.int64)
             edges = np.ascontiguousarray(edges_all[edge_off[edt] : edge_off[edt] + nb + 1]).astype(edt)
             h_off += nb
             edge_off[edt] += nb + 1
             sc, fl = e_scal[j], e_flags[j]
             if math.isnan(sc[0]) or math.isnan(sc[1]) or (kind == "value") == math.isnan(sc[2]):
-                _fail(f"{where}: NaN where a number is required in exact_scalars (or a threshold for |x| histograms)")
+                fail(f"{where}: NaN where a number is required in exact_scalars (or a threshold for |x| histograms)")
             threshold = (float(sc[2]), bool(fl[2])) if kind == "value" else None
             try:
                 exact.restore(
@@ -560,30 +560,30 @@ def _build(header: _Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                     five_counts(e_counts[j]),
                 )
             except ValueError as exc:
-                _fail(str(exc))
+                fail(str(exc))
         if h_off != len(e_hist):
-            _fail("exact_hist: longer than the tensors' histograms")
-        for edt in _DTYPES:
+            fail("exact_hist: longer than the tensors' histograms")
+        for edt in DTYPES:
             if edge_off[edt] != len(arrays.get(f"exact_edges_{edt}", ())):
-                _fail(f"exact_edges_{edt}: longer than the tensors' edges")
+                fail(f"exact_edges_{edt}: longer than the tensors' edges")
     if stream is not None and exact is not None:
         for name in names:
             if tuple(stream.counts(name)) != tuple(exact.counts(name)):
-                _fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
+                fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
     channels = None
     if header.channels is not None:
         raw = arrays.pop("channels", None)
         if raw is None or sbins is None:  # (a header with channels has streaming histograms)
-            _fail("missing member channels")
+            fail("missing member channels")
         try:  # read in place (no copy); its count, bins and no nesting are checked from its header first
             inner = _build(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
         except StateError as exc:
-            _fail(f"channels member: {exc}")
+            fail(f"channels member: {exc}")
         del raw
         try:
             channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
         except ValueError as exc:
-            _fail(f"channels: {exc}")
+            fail(f"channels: {exc}")
     return CalibrationState(
         names=names,
         mode=header.mode,
