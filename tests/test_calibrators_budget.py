@@ -218,7 +218,9 @@ def test_any_choice_of_kept_batches_gives_orts_result(paths, tmp_path_factory, c
     finally:
         hb.KeptOutputs._worth_holding = original
     assert session.runs == len(pattern) + pattern.count(False)
-    assert_tensors_same(ref.td, ours, f"{method.name} {opts} kept {pattern} {form}", ref, opts.get("num_quantized_bins", 128))
+    assert_tensors_same(
+        ref.td, ours, f"{method.name} {opts} kept {pattern} {form}", ref, opts.get("num_quantized_bins", 128)
+    )
 
 
 @pytest.mark.parametrize("cost,runs", [(0.0, 5), (float("inf"), 10)], ids=["holding-free", "holding-dear"])

@@ -54,17 +54,12 @@ def resolve_memory_budget(keyword: int | None) -> int:
 
 
 # Holding outputs costs the kernel's faulting in and zeroing of fresh pages (and unmapping them):
-# measured on this many bytes of fresh anonymous memory, the fastest of three, once per call that
-# needs it (the machine's load changes; it costs a few ms).
+# measured on this many bytes of fresh anonymous memory, in CPU seconds (a loaded machine's wall
+# time is mostly waiting), the least of three, once per call that needs it (a few ms).
 HOLD_PROBE_BYTES = 4 << 20
 # No machine holds memory slower than this (seconds per byte): a batch whose holding costs under
 # a tenth of its rerun even at this rate is kept without measuring.
 HOLD_COST_CEILING = 20e-9
-# A rerun costs more than the inference the first pass measured: the second read's feed reading
-# and checking, ORT's output copies, a count that overlaps less. Measured on a 203-tensor CNN and
-# on two 600-800-tensor OCR models (BENCHMARKS.md, "adaptive exact"): a rerun cost 1.5 W, the
-# first pass 1.2-1.35 W.
-RERUN_OVERHEAD = 1.25
 # Batches whose rerun cost is judged from the median of the last few batches' times (one slow or
 # fast batch, a first one warming up, does not decide alone).
 RERUN_WINDOW = 7
@@ -73,17 +68,17 @@ _hold_seconds_per_byte: float | None = None
 
 
 def hold_seconds_per_byte() -> float:
-    """What holding one byte of fresh outputs costs on this machine now, in wall seconds."""
+    """What holding one byte of fresh outputs costs on this machine, in CPU seconds."""
     if _hold_seconds_per_byte is not None:
         return _hold_seconds_per_byte
     best = float("inf")
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         with mmap.mmap(-1, HOLD_PROBE_BYTES) as memory:
             pages = np.frombuffer(memory, np.uint8)
             pages[:: mmap.PAGESIZE] = 1  # one write faults in (and zeroes) each page
             del pages
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
     logger.debug("holding outputs costs %.3g s per GB now", best / HOLD_PROBE_BYTES * 1e9)
     return best / HOLD_PROBE_BYTES
 
@@ -95,8 +90,8 @@ class KeptOutputs:
 
     The choice is a cost model of what the pass measures: a batch of ``m`` bytes of outputs costs
     ``hold_cost * m`` seconds to hold (``hold_seconds_per_byte``), and running it again costs
-    what reading and running it took (``timed``: the median over the last ``RERUN_WINDOW``
-    batches, less what the held memory cost their own run). Which batches are kept changes no
+    what reading and running it took (``timed``: CPU or wall seconds, the lesser; the median over
+    the last ``RERUN_WINDOW`` batches, less what the held memory cost their own run). Which batches are kept changes no
     result: kept and re-run batches are counted alike."""
 
     def __init__(self, budget: int, hold_cost: float | None = 0.0) -> None:
@@ -142,7 +137,7 @@ class KeptOutputs:
         if seconds is not None:
             # a run after a kept batch faulted in fresh pages for its outputs: not a rerun's cost
             extra = (self.hold_cost or 0.0) * size if held else 0.0
-            self._runs.append(RERUN_OVERHEAD * max(0.0, seconds - extra))
+            self._runs.append(max(0.0, seconds - extra))
         if not self._runs:
             self._held_before = True
             return True

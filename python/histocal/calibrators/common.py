@@ -166,9 +166,10 @@ def _run_batches(
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
     batches of outputs are alive; its Rust pool is the calibrator's share of the cores
     (``calibrator.threads``). The feeds of the batches in ``skip`` are read but not run (their
-    outputs are known already). ``timed(i, seconds)``, where given, learns the wall seconds of
-    reading and running batch ``i`` before ``consume`` gets it. Returns the number of batches,
-    skipped ones included."""
+    outputs are known already). ``timed(i, seconds)``, where given, learns what reading and
+    running batch ``i`` cost before ``consume`` gets it: the lesser of its wall seconds and the
+    process's CPU seconds meanwhile (on a loaded machine the wall time is mostly waiting; on idle
+    cores the CPU time is spread over them). Returns the number of batches, skipped ones included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
@@ -178,13 +179,13 @@ def _run_batches(
     with ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="histocal", initializer=_core.set_caller_threads, initargs=(pool_threads,)
     ) as pool:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for feed in progress(source.read(), desc, calibrator.show_progress):
             if n in skip:
                 n += 1
                 continue
             outputs = run_session(session, fetch, checker.check(feed, n), n)
-            seconds = time.perf_counter() - start
+            seconds = min(time.perf_counter() - start, time.process_time() - cpu)
             # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
             # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
             items = [(name, [a.copy() if name in inputs else a]) for name, a in zip(fetch, outputs)]
@@ -193,7 +194,7 @@ def _run_batches(
             if timed is not None:  # after the previous consume: it may read what timed records
                 timed(n, seconds)
             pending = pool.submit(consume, n, items)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             n += 1
         if pending is not None:
             pending.result()
