@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import tracemalloc
 
 import numpy as np
@@ -31,6 +32,7 @@ from calibrator_runs import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from parity import quiet
+from test_calibrators_errors import ShapeChangingReader
 from test_calibrators_exact import _symmetric_merge_drops
 
 import histocal
@@ -221,6 +223,39 @@ def test_any_choice_of_kept_batches_gives_orts_result(paths, tmp_path_factory, c
     assert_tensors_same(
         ref.td, ours, f"{method.name} {opts} kept {pattern} {form}", ref, opts.get("num_quantized_bins", 128)
     )
+
+
+@pytest.mark.parametrize("k", [0, 3, 9, 30])
+def test_second_read_of_scattered_batches_names_where_it_differs(paths, tmp_path, k):
+    """With every third batch kept, the second read of the others is still checked: a reader
+    whose batches change shape from batch ``k`` on fails, naming a span that holds ``k``."""
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    reader = ShapeChangingReader(40, k)
+    original = hb.KeptOutputs._worth_holding
+    offered = iter(range(40))
+    hb.KeptOutputs._worth_holding = lambda self, size: next(offered) % 3 == 0
+    try:
+        with quiet(), pytest.raises(ValueError, match="different data on its second read") as err:
+            cal.collect_data(reader)
+    finally:
+        hb.KeptOutputs._worth_holding = original
+    span = re.match(r"batch(?:es)? (\d+)(?: to (\d+))?:", str(err.value))
+    assert span, str(err.value)
+    first, last = int(span[1]), int(span[2] or span[1])
+    assert first <= max(k, 1) and k <= last, str(err.value)
+
+
+def test_tiny_outputs_are_kept_without_measuring(paths, tmp_path):
+    """Outputs far cheaper to hold than their batch is to run are kept (one pass), as measured."""
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    session = counting(cal)
+    saved, hb._hold_seconds_per_byte = hb._hold_seconds_per_byte, None
+    try:
+        with quiet():
+            cal.collect_data(RewindReader([{"X": np.ones((2, 4), np.float32)}] * 6))
+    finally:
+        hb._hold_seconds_per_byte = saved
+    assert session.runs == 6
 
 
 @pytest.mark.parametrize("cost,runs", [(0.0, 5), (float("inf"), 10)], ids=["holding-free", "holding-dear"])
