@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHES = ROOT / "benches"
 
 SMOKE_ARGS = {
+    "bench_adaptive_exact.py": ["--cnn", "32", "--samples", "2", "--repeat", "1", "--warmup", "0"],
     # The real models (PyPI wheels) are not in CI: re-score the recorded measurements instead.
     "bench_auto_real.py": ["--rescore", "benches/RESULTS_auto_real.json"],
     "bench_bounds.py": ["--size", "32", "--samples", "2", "--repeat", "1"],

@@ -1,6 +1,7 @@
-"""Exact mode in one inference pass within a memory budget: the outputs of a call's first batches
-are kept while they fit, counted from memory, and only the other batches run again. Whatever
-the budget (all batches kept, some, none), the result is onnxruntime's; read-once data in auto
+"""Exact mode in one inference pass within a memory budget: the outputs of a call's batches are
+kept while they fit (and holding them costs less than running them again), counted from memory,
+and only the other batches run again. Whatever the budget and the choice (all batches kept,
+some, none, in any pattern), the result is onnxruntime's; read-once data in auto
 mode is exact within the budget and streaming beyond it (with a warning); the budget comes from
 the keyword, ``extra_options["MemoryBudget"]``, ``HISTOCAL_MEMORY_BUDGET`` or the default.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import tracemalloc
 
 import numpy as np
@@ -30,6 +32,7 @@ from support.calibrator_runs import (
     run_ort,
 )
 from support.parity import quiet
+from test_calibrators_errors import ShapeChangingReader
 from test_calibrators_exact import _symmetric_merge_drops
 
 import histocal
@@ -43,6 +46,15 @@ HIST_CONFIGS = [
     (DIST, {"num_bins": 512}),
     (DIST, {"num_bins": 512, "scenario": "p3"}),
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def hold_for_free():
+    """The budget alone decides what is kept here (as if holding memory cost nothing): the
+    tests of the cost model set their own cost."""
+    saved, hb._hold_seconds_per_byte = hb._hold_seconds_per_byte, 0.0
+    yield
+    hb._hold_seconds_per_byte = saved
 
 
 class CountingSession:
@@ -145,6 +157,128 @@ def test_cnn_budget_kept_none_some_all(paths, tmp_path, method, opts, kept):
         ours = cal.compute_data()
     assert session.runs == 5 + (5 - kept)
     assert_tensors_same(ref.td, ours, f"{method.name} kept={kept}", ref)
+
+
+# -- which batches are worth keeping ----------------------------------------------------------------
+
+
+def test_hold_cost_is_measured_unless_fixed():
+    saved, hb._hold_seconds_per_byte = hb._hold_seconds_per_byte, None
+    try:
+        assert 0 < hb.hold_seconds_per_byte() < 1e-6  # under 1 ms per KB
+        hb._hold_seconds_per_byte = 2e-9
+        assert hb.hold_seconds_per_byte() == 2e-9
+    finally:
+        hb._hold_seconds_per_byte = saved
+
+
+def test_kept_outputs_hold_what_costs_less_than_a_rerun():
+    """A batch is kept while holding its bytes costs less than the median rerun time of the
+    recent batches (less what holding cost their own run); one slow batch does not decide."""
+
+    def items(nbytes: int) -> list:
+        return [("t", [np.zeros(nbytes // 4, np.float32)])]
+
+    kept = hb.KeptOutputs(1 << 30, hold_cost=1e-6)  # 1 ms per KB
+    offers = [(0.010, 4000), (0.010, 4000), (0.010, 40000), (0.5, 40000), (0.010, 4000), (0.010, 40000)]
+    for i, (seconds, nbytes) in enumerate(offers):
+        kept.timed(i, seconds)
+        kept.offer(i, items(nbytes))
+    # 4 ms to hold against ~10 ms to rerun: kept; 40 ms against 10 ms (the 0.5 s outlier aside): not
+    assert kept.kept == {0, 1, 4}
+    free = hb.KeptOutputs(1 << 30)  # no cost: the budget alone decides
+    for i, (seconds, nbytes) in enumerate(offers):
+        free.timed(i, seconds)
+        assert free.offer(i, items(nbytes))
+    tight = hb.KeptOutputs(2 * (4000 + hb.KEPT_ARRAY_OVERHEAD))
+    assert [tight.offer(i, items(4000)) for i in range(3)] == [True, True, False]
+    assert not tight.offer(3, items(4)) and tight.full  # nothing kept after a batch that did not fit
+
+
+@pytest.mark.parity
+@settings(max_examples=20, deadline=None)
+@given(
+    cfg=st.sampled_from(range(len(HIST_CONFIGS))),
+    pattern=st.lists(st.booleans(), min_size=1, max_size=7),
+    form=st.sampled_from(["list", "rewind", "callable"]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_choice_of_kept_batches_gives_orts_result(paths, tmp_path_factory, cfg, pattern, form, seed):
+    """Whichever batches the cost model keeps (any pattern, not only the first ones), the result is
+    onnxruntime's and inference runs again exactly the batches not kept."""
+    method, opts = HIST_CONFIGS[cfg]
+    rng = np.random.default_rng(seed)
+    chunk = [{"X": rng.normal(0, rng.choice([1e-3, 1.0, 50.0]), (2, 4)).astype(np.float32)} for _ in pattern]
+    tmp = tmp_path_factory.mktemp("pattern")
+    ref = run_ort(paths["passthrough"], method, opts, [chunk], tmp / "o.onnx")
+    cal = make_histocal(paths["passthrough"], method, opts, tmp / "h.onnx")
+    session = counting(cal)
+    choices = iter(pattern)
+    original = hb.KeptOutputs._worth_holding
+    hb.KeptOutputs._worth_holding = lambda self, size: next(choices)
+    try:
+        with quiet():
+            cal.collect_data(as_source(chunk, form))
+            ours = cal.compute_data()
+    finally:
+        hb.KeptOutputs._worth_holding = original
+    assert session.runs == len(pattern) + pattern.count(False)
+    assert_tensors_same(
+        ref.td, ours, f"{method.name} {opts} kept {pattern} {form}", ref, opts.get("num_quantized_bins", 128)
+    )
+
+
+@pytest.mark.parametrize("k", [0, 3, 9, 30])
+def test_second_read_of_scattered_batches_names_where_it_differs(paths, tmp_path, k):
+    """With every third batch kept, the second read of the others is still checked: a reader
+    whose batches change shape from batch ``k`` on fails, naming a span that holds ``k``."""
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    reader = ShapeChangingReader(40, k)
+    original = hb.KeptOutputs._worth_holding
+    offered = iter(range(40))
+    hb.KeptOutputs._worth_holding = lambda self, size: next(offered) % 3 == 0
+    try:
+        with quiet(), pytest.raises(ValueError, match="different data on its second read") as err:
+            cal.collect_data(reader)
+    finally:
+        hb.KeptOutputs._worth_holding = original
+    span = re.match(r"batch(?:es)? (\d+)(?: to (\d+))?:", str(err.value))
+    assert span, str(err.value)
+    first, last = int(span[1]), int(span[2] or span[1])
+    assert first <= max(k, 1) and k <= last, str(err.value)
+
+
+def test_tiny_outputs_are_kept_without_measuring(paths, tmp_path):
+    """Outputs far cheaper to hold than their batch is to run are kept (one pass), as measured."""
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    session = counting(cal)
+    saved, hb._hold_seconds_per_byte = hb._hold_seconds_per_byte, None
+    try:
+        with quiet():
+            cal.collect_data(RewindReader([{"X": np.ones((2, 4), np.float32)}] * 6))
+    finally:
+        hb._hold_seconds_per_byte = saved
+    assert session.runs == 6
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("cost,runs", [(0.0, 5), (float("inf"), 10)], ids=["holding-free", "holding-dear"])
+def test_cnn_holds_nothing_where_holding_costs_more(paths, tmp_path, cost, runs):
+    """The CNN's five batches within the default budget: all kept where holding costs nothing,
+    all run again where it costs more than any rerun; onnxruntime's result either way."""
+    chunks = chunks_for("cnn", 1)
+    ref = run_ort(paths["cnn"], ENT, {}, chunks, tmp_path / "o.onnx")
+    cal = make_histocal(paths["cnn"], ENT, {}, tmp_path / "h.onnx")
+    session = counting(cal)
+    saved, hb._hold_seconds_per_byte = hb._hold_seconds_per_byte, cost
+    try:
+        with quiet():
+            cal.collect_data(RewindReader(chunks[0]))
+            ours = cal.compute_data()
+    finally:
+        hb._hold_seconds_per_byte = saved
+    assert session.runs == runs
+    assert_tensors_same(ref.td, ours, f"hold cost {cost}", ref)
 
 
 @contextlib.contextmanager

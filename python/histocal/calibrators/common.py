@@ -8,8 +8,9 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -158,13 +159,17 @@ def run_batches(
     fetch: list[str],
     consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
     desc: str,
-    skip: int = 0,
+    skip: Container[int] = (),
+    timed: Callable[[int, float], None] | None = None,
 ) -> int:
     """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
     batches of outputs are alive; its Rust pool is the calibrator's share of the cores
-    (``calibrator.threads``). The first ``skip`` feeds are read but not run (their outputs are
-    known already). Returns the number of batches, skipped ones included."""
+    (``calibrator.threads``). The feeds of the batches in ``skip`` are read but not run (their
+    outputs are known already). ``timed(i, seconds)``, where given, learns what reading and
+    running batch ``i`` cost before ``consume`` gets it: the lesser of its wall seconds and the
+    process's CPU seconds meanwhile (on a loaded machine the wall time is mostly waiting; on idle
+    cores the CPU time is spread over them). Returns the number of batches, skipped ones included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
@@ -174,17 +179,22 @@ def run_batches(
     with ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="histocal", initializer=_core.set_caller_threads, initargs=(pool_threads,)
     ) as pool:
+        start, cpu = time.perf_counter(), time.process_time()
         for feed in progress(source.read(), desc, calibrator.show_progress):
-            if n < skip:
+            if n in skip:
                 n += 1
                 continue
             outputs = run_session(session, fetch, checker.check(feed, n), n)
+            seconds = min(time.perf_counter() - start, time.process_time() - cpu)
             # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
             # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
             items = [(name, [a.copy() if name in inputs else a]) for name, a in zip(fetch, outputs)]
             if pending is not None:
                 pending.result()
+            if timed is not None:  # after the previous consume: it may read what timed records
+                timed(n, seconds)
             pending = pool.submit(consume, n, items)
+            start, cpu = time.perf_counter(), time.process_time()
             n += 1
         if pending is not None:
             pending.result()

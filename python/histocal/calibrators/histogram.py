@@ -12,10 +12,10 @@ change:
   bounded memory, in one of two modes:
 
   - ``exact``: the same TensorsData as ORT for the same ``collect_data`` calls. One inference
-    pass scans every batch (global ranges) and keeps the outputs of the first batches while
-    they fit the memory budget (``memory_budget``, see ``histocal.calibrators.budget``); the
-    kept batches are then counted from memory and only the others run again (data that can be
-    read twice). Data that can be read only once and outgrows the budget is kept whole, as ORT
+    pass scans every batch (global ranges) and keeps a batch's outputs while they fit the
+    memory budget (``memory_budget``, see ``histocal.calibrators.budget``) and holding them
+    costs less than running the batch again (as measured); the kept batches are then counted
+    from memory and only the others run again (data that can be read twice). Data that can be read only once and outgrows the budget is kept whole, as ORT
     does, with a warning.
   - ``streaming``: one pass, one batch in memory at a time, and a histogram that does not depend
     on how the data is batched or ordered (a power-of-two-aligned histogram of
@@ -53,7 +53,13 @@ from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
 from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
-from .budget import HOW_TO_SET, KeptOutputs, format_size, resolve_memory_budget, second_read_differs
+from .budget import (
+    HOW_TO_SET,
+    KeptOutputs,
+    format_size,
+    resolve_memory_budget,
+    second_read_differs,
+)
 from .common import (
     METHODS,
     PrivateShapeInference,
@@ -215,10 +221,11 @@ class HistogramCalibration:
 
     def _collect_exact(self, source: DataSource, fetch: list[str]) -> int:
         """ORT's histograms for this call, in one inference pass where the outputs fit the memory
-        budget. Pass 1 scans every batch (ranges, and the streaming histogram from the same scan)
-        and keeps the outputs of the first batches while they fit; between the passes the binning
-        is planned and the kept batches are counted from memory, then dropped; only the batches
-        that did not fit are run again, on a second read that skips the kept batches' feeds.
+        budget and holding them is cheaper than running them again. Pass 1 scans every batch (ranges,
+        and the streaming histogram from the same scan) and keeps the outputs of the batches that
+        fit and are worth holding (``KeptOutputs``); between the passes the binning is planned and
+        the kept batches are counted from memory, then dropped; only the others are run again, on
+        a second read that skips the kept batches' feeds.
         A read-once source cannot be read again: over the budget, ``auto`` mode turns to
         streaming (warning) and ``exact`` keeps every batch as ORT does (warning)."""
         budget = resolve_memory_budget(self.memory_budget)
@@ -227,14 +234,18 @@ class HistogramCalibration:
         hist = self.collector.histograms
         stream = self._exact_stream()
         read_once = not source.rereadable
-        kept = KeptOutputs(budget)
+        # read-once data cannot run again: keep what fits; otherwise keep only what is worth it
+        kept = KeptOutputs(budget, 0.0 if read_once else None)
         streaming = False  # auto mode, read-once data over the budget: streaming from then on
         # Constant memory per batch (a long stream must not grow it): the second read is checked
-        # against digests of the first, not against a list of every batch's shapes.
+        # against digests of the first (the batches not kept, in order), not against a list of
+        # every batch's shapes; ``at`` names where each checkpoint's batch is in the read.
         first, second = ReadDigest(), ReadDigest()
+        at: dict[int, int] = {}
+        rerun = 0  # batches not kept so far
 
         def scan(i: int, items: list) -> None:
-            nonlocal streaming
+            nonlocal streaming, rerun
             if streaming:
                 stream.collect(items)
                 return
@@ -245,47 +256,53 @@ class HistogramCalibration:
             if read_once:
                 streaming = self._over_budget(kept, i, items)
                 return
-            j = i - (kept.full_at or 0)
             first.add(items)
-            if is_checkpoint(j):
-                first.kept[j] = first.digest
+            if is_checkpoint(rerun):
+                first.kept[rerun], at[rerun] = first.digest, i
+            rerun += 1
 
         before = binned_and_binnable(hist)
-        n = run_batches(self, source, fetch, scan, "histocal exact (ranges)")
+        n = run_batches(self, source, fetch, scan, "histocal exact (ranges)", timed=kept.timed)
         if n == 0 or streaming:
             if streaming:
                 self._mode_used, self.collector = "streaming", None
             return n
         hist.plan()
+        logger.debug("exact mode: %d of %d batches counted from memory", len(kept.kept), n)
         if kept.batches:
             hist.count(kept.by_tensor())
             kept.drop()
-        if kept.full_at is not None and not kept.unbounded:
-            k = kept.full_at
+        if rerun:
+            j = 0  # the batches run again so far
+
+            def differs_from(j: int, i: int) -> ValueError:
+                # the data differs after the last checkpoint that matched
+                return second_read_differs(at[(j - 1) // 2] + 1 if j else i, i)
 
             def count(i: int, items: list) -> None:
+                nonlocal j
                 if i >= n:
                     raise ValueError(
                         f"the data reader returned {n} batches on its first read and more on its second "
-                        "(exact mode reads again the batches over the memory budget; it must yield the same "
+                        "(exact mode reads again the batches it did not keep; it must yield the same "
                         "batches each time)"
                     )
-                j = i - k
                 second.add(items)
                 if is_checkpoint(j) and second.digest != first.kept[j]:
-                    raise second_read_differs(k + (j + 1) // 2, i)
+                    raise differs_from(j, i)
+                j += 1
                 hist.count(items)
 
-            desc = "histocal exact (batches over the memory budget)"
-            n2 = run_batches(self, source, fetch, count, desc, skip=k)
+            desc = "histocal exact (batches not kept)"
+            n2 = run_batches(self, source, fetch, count, desc, skip=kept.kept)
             if n2 != n:
                 raise ValueError(
                     f"the data reader returned {n} batches on its first read and {n2} on its second "
-                    "(exact mode reads again the batches over the memory budget; it must yield the same "
+                    "(exact mode reads again the batches it did not keep; it must yield the same "
                     "batches each time)"
                 )
             if second.digest != first.digest:
-                raise second_read_differs(k + max(first.kept) + 1, n - 1)
+                raise second_read_differs(at[max(first.kept)] + 1, n - 1)
         self.collector.refresh()  # its histogram_dict, if handed out, shows this collect
         # Values outside the first read's ranges were not binned: the reader changed its data.
         for name, (binned, finite, infs, _) in binned_and_binnable(hist).items():
@@ -296,7 +313,7 @@ class HistogramCalibration:
                 raise ValueError(
                     f"tensor {name!r}: the data reader returned different data on its second read "
                     f"({binnable - (binned - b0)} values fell outside the ranges of the first read); "
-                    "exact mode reads again the batches over the memory budget and needs the same "
+                    "exact mode reads again the batches it did not keep and needs the same "
                     "batches each time, or use mode='streaming'"
                 )
         return n
