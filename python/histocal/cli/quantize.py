@@ -12,24 +12,31 @@ from pathlib import Path
 from typing import Any
 
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
+from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
 from .calibrate import _load_state, _ranges_from_state
 from .common import (
+    AUTO_EVAL_SAMPLES,
+    AUTO_FOLDS,
     METHODS,
     CliError,
+    _add_data_options,
+    _add_method_options,
     _calibrate,
     _calibrator_options,
     _check_model,
     _display,
+    _folds,
     _histocal_option_names,
     _method_enum,
     _method_key,
     _open_data,
+    _positive_int,
     _UsageError,
     _write_outputs,
 )
-from .diagnose import auto_exclude
-from .quantization import _quant_type, _quantization_arguments
+from .diagnose import add_exclusion_options, auto_exclude
+from .quantization import _quant_type, _quantization_arguments, add_quantization_options
 from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
@@ -226,3 +233,52 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         f"activations {args.activation_type}, weights {args.weight_type})\n"
     )
     return 0
+
+
+def register(sub: Any) -> None:
+    """The ``quantize`` command's parser."""
+    p = sub.add_parser(
+        "quantize",
+        help="calibrate (or reuse a cache / state) and write a quantized model",
+        description="Quantize MODEL into OUTPUT with onnxruntime's quantize_static, calibrated by "
+        "histocal on --data, or from an existing ORT cache (--cache) or a histocal "
+        "state (--state). With --data and --cache, the cache is reused if it exists "
+        "and written otherwise (ORT's rule).",
+    )
+    p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
+    p.add_argument("output", metavar="OUTPUT", help="quantized model to write")
+    _add_data_options(p, required=False)
+    g = p.add_argument_group("calibration source (one of --data, --cache, --state)")
+    g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
+    g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
+    _add_method_options(
+        p,
+        default_method=None,
+        per_channel=False,
+        default_help="with --data minmax; with --cache or --state the method they were made with",
+    )
+    add_quantization_options(p)
+    g = p.add_argument_group("auto (--method auto with --data)")
+    g.add_argument(
+        "--eval-samples",
+        type=_positive_int,
+        metavar="N",
+        help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
+        "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
+        f"batches (of --batch-size items), kept in memory (default {AUTO_EVAL_SAMPLES}); --auto-exclude: "
+        f"the batches held back to measure the quantized model (default {DIAGNOSE_DEFAULTS['eval_samples']})",
+    )
+    g.add_argument(
+        "--folds",
+        type=_folds,
+        metavar="K",
+        help="auto: K-fold cross-validation on those batches (batch i in fold i mod K; each fold scored "
+        f"with ranges calibrated on all the other data) (default {AUTO_FOLDS})",
+    )
+    g.add_argument(
+        "--per-tensor-estimate",
+        action="store_true",
+        help="auto: per tensor, the candidate with the least estimated error; no model evaluation",
+    )
+    add_exclusion_options(p.add_argument_group("auto-exclude (with --data)"), auto_exclude=True)
+    p.set_defaults(func=cmd_quantize)
