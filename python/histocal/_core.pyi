@@ -1,11 +1,23 @@
 """Type stubs for histocal's compiled core (rust/src/python/), checked by mypy.stubtest."""
 
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, TypedDict, final
 
 import numpy as np
+from typing_extensions import Unpack
 
 __version__: str
+
+# The range methods' options (histocal's method table), keyword arguments of ``histogram_range``
+# and ``StreamHistograms.ranges``; each method reads its own, the rest keep these defaults.
+class _MethodOptions(TypedDict, total=False):
+    qtype: str  # "int8"
+    symmetric: bool  # False
+    num_bins: int  # 2048
+    num_quantized_bins: int  # 128
+    pow2_method: str  # "MinMSE"
+    minmse_mode: str  # "All"
+
 __all__ = [
     "ISOTONE_MAX_PAIRS",
     "MAX_BINS",
@@ -284,12 +296,7 @@ class StreamHistograms:
         names: Sequence[str] | None = None,
         *,
         scale_rule: str,
-        qtype: str = "int8",
-        symmetric: bool = False,
-        num_bins: int = 2048,
-        num_quantized_bins: int = 128,
-        pow2_method: str = "MinMSE",
-        minmse_mode: str = "All",
+        **options: Unpack[_MethodOptions],
     ) -> list[tuple[float, float]]: ...
     def qerrors(
         self,
@@ -318,13 +325,8 @@ def histogram_range(
     *,
     scale_rule: str,
     dtype: str = "float32",
-    qtype: str = "int8",
-    symmetric: bool = False,
-    num_bins: int = 2048,
-    num_quantized_bins: int = 128,
-    pow2_method: str = "MinMSE",
-    minmse_mode: str = "All",
     votes: Sequence[tuple[int, int]] | None = None,
+    **options: Unpack[_MethodOptions],
 ) -> tuple[float, float]: ...
 def histogram_qerror(
     counts: np.ndarray,

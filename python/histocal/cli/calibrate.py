@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..methods.settings import MODE
+from ..methods.settings import AXIS, MODE, PER_CHANNEL, CollectionSettings
+from ..methods.table import NON_OVERFLOW
 from .common import (
     METHODS,
     CliError,
     UsageError,
+    add_data_options,
+    add_method_options,
     calibrator_options,
     check_method,
     check_model,
@@ -22,6 +25,7 @@ from .common import (
     fingerprint_files,
     method_key,
     open_data,
+    positive_int,
     run_calibrator,
     write_outputs,
 )
@@ -169,3 +173,65 @@ def cmd_recompute(args: argparse.Namespace) -> int:
         f"computed {len(ranges.data)} tensors ({display(args.method)}) from {args.state}; cache: {args.cache}\n"
     )
     return 0
+
+
+def register_calibrate(sub: Any) -> None:
+    """The ``calibrate`` command's parser."""
+    p = sub.add_parser(
+        "calibrate",
+        help="calibrate a model: write an ORT calibration cache and/or a histocal state",
+        description="Calibrate MODEL on calibration data; write ONNX Runtime's JSON calibration "
+        "cache (--cache) and/or a histocal state (--state) from which other "
+        "histogram methods can be computed without inference (histocal recompute).",
+    )
+    p.add_argument("model", metavar="MODEL", help="ONNX model")
+    add_data_options(p, required=True)
+    add_method_options(p, default_method="minmax", per_channel=False)
+    CollectionSettings.add_cli_arguments(p, (PER_CHANNEL, AXIS))
+    p.add_argument(
+        "--quark",
+        action="store_true",
+        help="AMD Quark's calibrators (histocal.quark): minmax, entropy, percentile, distribution with "
+        f"Quark's defaults, or pow2 with Quark's power-of-two (--pow2-method, default {NON_OVERFLOW}; "
+        "--minmse-mode, --symmetric, --qtype); writes --cache only",
+    )
+    g = p.add_argument_group("outputs (at least one)")
+    g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")
+    g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
+    g = p.add_argument_group("distributed (needs Ray: shards of the data on Ray workers, merged exactly)")
+    g.add_argument(
+        "--workers", type=positive_int, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
+    )
+    g.add_argument(
+        "--address",
+        metavar="ADDRESS",
+        help="an existing Ray cluster (ray://HOST:10001, or auto); its workers must see the --data paths",
+    )
+    g.add_argument(
+        "--shards",
+        type=positive_int,
+        metavar="K",
+        help="split the data into K shards of whole batches (default: 4 per worker, at most one per batch)",
+    )
+    g.add_argument(
+        "--shard-timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="a shard running longer is stopped (its worker killed) and redone elsewhere, at most 3 tries "
+        "in all (default: no limit)",
+    )
+    p.set_defaults(func=cmd_calibrate)
+
+
+def register_recompute(sub: Any) -> None:
+    """The ``recompute`` command's parser."""
+    p = sub.add_parser(
+        "recompute",
+        help="compute another histogram method from a histocal state (no inference)",
+        description="Compute ranges for a histogram method from a histocal STATE (written by "
+        "'histocal calibrate --state') and write ONNX Runtime's calibration cache.",
+    )
+    p.add_argument("state", metavar="STATE", help="histocal state file")
+    add_method_options(p, default_method=None, minmax=False, collection=False, required=True)
+    p.add_argument("--cache", metavar="OUT", required=True, help="ORT calibration cache to write")
+    p.set_defaults(func=cmd_recompute)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..methods.settings import MODE
+from .common import HISTOGRAM_METHODS, positive_int
 from .inspect import format_table
 
 logger = logging.getLogger("histocal.cli")
@@ -243,3 +244,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
         logger.error("ranges differ from onnxruntime's")
         return 1
     return 0
+
+
+def register(sub: Any) -> None:
+    """The ``demo`` command's parser."""
+    p = sub.add_parser(
+        "demo",
+        help="compare histocal with onnxruntime on a small CNN (time, memory, ranges)",
+        description="Build a small CNN and synthetic data in a temp folder, calibrate with "
+        "onnxruntime and with histocal (exact mode) and print time, peak memory and "
+        "whether the ranges are identical.",
+    )
+    p.add_argument("--samples", type=positive_int, default=64, metavar="N", help="calibration samples (default 64)")
+    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N", help="batch size (default 8)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        choices=HISTOGRAM_METHODS,
+        metavar="METHOD",
+        help="only these methods (entropy percentile distribution; default all)",
+    )
+    p.set_defaults(func=cmd_demo)

@@ -19,7 +19,7 @@ from .common import (
     open_data,
     positive_int,
 )
-from .quantization import quantization_arguments
+from .quantization import add_quantization_options, quantization_arguments
 from .same_file import report_inputs
 
 logger = logging.getLogger("histocal.cli")
@@ -58,7 +58,8 @@ def add_exclusion_options(g: Any, *, auto_exclude: bool) -> None:
     )
 
 
-def diagnose_parser(sub: Any, add_quantization_options: Any) -> None:
+def register(sub: Any) -> None:
+    """The ``diagnose`` command's parser."""
     from ..diagnose import DEFAULTS
 
     p = sub.add_parser(

@@ -211,3 +211,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     table = [[name] + [row.get(c, "") for c in columns] for name, row in rows.items()]
     sys.stdout.write("\n".join(head) + "\n\n" + format_table(["tensor", *titles], table))
     return 0
+
+
+def register(sub: Any) -> None:
+    """The ``inspect`` command's parser."""
+    p = sub.add_parser(
+        "inspect",
+        help="show what an ORT calibration cache or a histocal state holds",
+        description="Show the method, tensors and ranges of an ORT calibration cache, or of a "
+        "histocal state (plus model fingerprint, non-finite counts, options).",
+    )
+    p.add_argument("file", metavar="FILE", help="ORT calibration cache (JSON) or histocal state")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON instead of a table")
+    p.set_defaults(func=cmd_inspect)

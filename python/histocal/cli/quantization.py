@@ -40,3 +40,36 @@ def quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
         calibration_providers=args.providers,
         extra_options=extra_options,
     )
+
+
+def add_quantization_options(p: argparse.ArgumentParser) -> None:
+    """quantize_static's quantization arguments (quantize, diagnose)."""
+    g = p.add_argument_group("quantization")
+    g.add_argument("--format", choices=FORMATS, default="qdq", help="QDQ or QOperator model (default qdq)")
+    g.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
+    g.add_argument(
+        "--activation-type",
+        choices=QUANT_TYPES,
+        type=str.lower,
+        default="qint8",
+        help="activation type (default qint8)",
+    )
+    g.add_argument(
+        "--weight-type", choices=QUANT_TYPES, type=str.lower, default="qint8", help="weight type (default qint8)"
+    )
+    g.add_argument("--reduce-range", action="store_true", help="7-bit weights (for older CPUs)")
+    g.add_argument(
+        "--symmetric-activations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ORT extra option ActivationSymmetric",
+    )
+    g.add_argument(
+        "--symmetric-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ORT extra option WeightSymmetric",
+    )
+    g.add_argument("--nodes-to-quantize", nargs="+", metavar="NODE", help="quantize only these nodes")
+    g.add_argument("--nodes-to-exclude", nargs="+", metavar="NODE", help="do not quantize these nodes")
+    g.add_argument("--external-data", action="store_true", help="write weights as external data")

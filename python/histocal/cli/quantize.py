@@ -12,24 +12,31 @@ from pathlib import Path
 from typing import Any
 
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
+from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
 from .calibrate import load_state, ranges_from_state
 from .common import (
+    AUTO_EVAL_SAMPLES,
+    AUTO_FOLDS,
     METHODS,
     CliError,
     UsageError,
+    add_data_options,
+    add_method_options,
     calibrator_options,
     check_model,
     display,
+    fold_count,
     histocal_option_names,
     method_enum,
     method_key,
     open_data,
+    positive_int,
     run_calibrator,
     write_outputs,
 )
-from .diagnose import auto_exclude
-from .quantization import quant_type, quantization_arguments
+from .diagnose import add_exclusion_options, auto_exclude
+from .quantization import add_quantization_options, quant_type, quantization_arguments
 from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
@@ -228,3 +235,52 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         f"activations {args.activation_type}, weights {args.weight_type})\n"
     )
     return 0
+
+
+def register(sub: Any) -> None:
+    """The ``quantize`` command's parser."""
+    p = sub.add_parser(
+        "quantize",
+        help="calibrate (or reuse a cache / state) and write a quantized model",
+        description="Quantize MODEL into OUTPUT with onnxruntime's quantize_static, calibrated by "
+        "histocal on --data, or from an existing ORT cache (--cache) or a histocal "
+        "state (--state). With --data and --cache, the cache is reused if it exists "
+        "and written otherwise (ORT's rule).",
+    )
+    p.add_argument("model", metavar="MODEL", help="ONNX model (float)")
+    p.add_argument("output", metavar="OUTPUT", help="quantized model to write")
+    add_data_options(p, required=False)
+    g = p.add_argument_group("calibration source (one of --data, --cache, --state)")
+    g.add_argument("--cache", metavar="FILE", help="ORT calibration cache to reuse (or to write, with --data)")
+    g.add_argument("--state", metavar="FILE", help="histocal state to compute the ranges from")
+    add_method_options(
+        p,
+        default_method=None,
+        per_channel=False,
+        default_help="with --data minmax; with --cache or --state the method they were made with",
+    )
+    add_quantization_options(p)
+    g = p.add_argument_group("auto (--method auto with --data)")
+    g.add_argument(
+        "--eval-samples",
+        type=positive_int,
+        metavar="N",
+        help="auto: choose the range set (per-tensor estimate or one method's) whose quantized model's "
+        "output is closest to the float model's, cross-validated (--folds) on the first N calibration "
+        f"batches (of --batch-size items), kept in memory (default {AUTO_EVAL_SAMPLES}); --auto-exclude: "
+        f"the batches held back to measure the quantized model (default {DIAGNOSE_DEFAULTS['eval_samples']})",
+    )
+    g.add_argument(
+        "--folds",
+        type=fold_count,
+        metavar="K",
+        help="auto: K-fold cross-validation on those batches (batch i in fold i mod K; each fold scored "
+        f"with ranges calibrated on all the other data) (default {AUTO_FOLDS})",
+    )
+    g.add_argument(
+        "--per-tensor-estimate",
+        action="store_true",
+        help="auto: per tensor, the candidate with the least estimated error; no model evaluation",
+    )
+    add_exclusion_options(p.add_argument_group("auto-exclude (with --data)"), auto_exclude=True)
+    p.set_defaults(func=cmd_quantize)

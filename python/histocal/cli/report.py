@@ -19,7 +19,8 @@ logger = logging.getLogger("histocal.cli")
 # Report
 
 
-def report_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
+    """The ``report`` command's parser."""
     from ..methods import QTYPES
     from ..report import REPORT_METHODS
 

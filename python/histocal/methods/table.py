@@ -2,8 +2,9 @@
 
 Each entry says what the method is called, which histogram it reads, its options (type, default,
 allowed values, help) and a one-line description. The calibrators, the calibration state and its
-file format, the command line and the report all read this table; adding a method is its range
-function (``registry.ranges``), one entry here and its tests. Registered methods
+file format, the command line and the report all read this table. Adding a method that reads the
+streaming histogram is its Rust kernel, its ``RangeMethod`` arm (``rust/src/methods/range_method.rs``),
+one entry here (with its report ``colour``) and its tests. Registered methods
 (``histocal.register_method``) take no options and read the streaming histogram.
 
 The option values of ``pow2`` follow AMD Quark: ``pow2_method`` is ``NonOverflow`` (the smallest
@@ -86,6 +87,12 @@ class Method:
     # (the per-row top-two summaries collected beside the stream)
     histogram: str = "stream"
     options: tuple[Option, ...] = field(default_factory=tuple)
+    colour: str | None = None  # its colour in ``histocal report``; None: not in the report
+    label: str | None = None  # its name in the report, if not ``name``
+
+    @property
+    def report_label(self) -> str:
+        return self.label or self.name
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -111,13 +118,16 @@ _NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins", b
 
 # ORT's methods: options and defaults as onnxruntime's create_calibrator (what quantize_static uses).
 ORT_TABLE = (
-    Method("minmax", "the data's min and max", CalibrationMethod.MinMax, "minmax", (_symmetric(False),)),
+    Method(
+        "minmax", "the data's min and max", CalibrationMethod.MinMax, "minmax", (_symmetric(False),), colour="#6b6b6b"
+    ),
     Method(
         "entropy",
         "ORT's KL-divergence threshold (TensorRT style)",
         CalibrationMethod.Entropy,
         "exact",
         (_symmetric(False), _num_bins(128), _NUM_QUANTIZED_BINS),
+        colour="#1f77b4",
     ),
     Method(
         "percentile",
@@ -125,6 +135,7 @@ ORT_TABLE = (
         CalibrationMethod.Percentile,
         "exact",
         (_symmetric(True), _num_bins(2048), Option("percentile", float, 99.999, "the percentile", bounds=(0, 100))),
+        colour="#2ca02c",
     ),
     Method(
         "distribution",
@@ -136,8 +147,15 @@ ORT_TABLE = (
 )
 # histocal's methods: ranges computed from the streaming histogram.
 HISTOCAL_TABLE = (
-    Method("mse", "the range with the least quantization error", options=(_qtype(), _symmetric(False))),
-    Method("kl", "KL-divergence threshold on the streaming histogram", options=(_num_bins(2048), _NUM_QUANTIZED_BINS)),
+    Method(
+        "mse", "the range with the least quantization error", options=(_qtype(), _symmetric(False)), colour="#d62728"
+    ),
+    Method(
+        "kl",
+        "KL-divergence threshold on the streaming histogram",
+        options=(_num_bins(2048), _NUM_QUANTIZED_BINS),
+        colour="#9467bd",
+    ),
     Method(
         "pow2",
         "power-of-two scales (AMD Quark)",
@@ -152,15 +170,21 @@ HISTOCAL_TABLE = (
                 MINMSE_MODES,
             ),
         ),
+        colour="#ff7f0e",
+        label=f"pow2 ({MIN_MSE}, {ALL_DATA})",
     ),
     Method(
-        "auto", "per tensor, the candidate with the least quantization error", options=(_qtype(), _symmetric(False))
+        "auto",
+        "per tensor, the candidate with the least quantization error",
+        options=(_qtype(), _symmetric(False)),
+        colour="#111111",
     ),
     Method(
         "isotone",
         "the scale that keeps each row's top value above its second (PPQ; last axis = classes)",
         histogram="isotone",
         options=(_qtype(), _symmetric(False)),
+        colour="#17becf",
     ),
 )
 TABLE: dict[str, Method] = {m.name: m for m in ORT_TABLE + HISTOCAL_TABLE}

@@ -38,9 +38,29 @@ SMOOTH_QUANT_NEEDS_ORT = (
 )
 
 
-def ort_quantize_static(*args: Any) -> None:
+def ort_quantize_static(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    *,
+    calibrate_method: CalibrationMethod | str,
+    calibration_data_reader: Any = None,
+    calibration_cache_path: str | Path | None = None,
+    **quantization: Any,
+) -> None:
+    """onnxruntime's quantize_static, every argument passed by name (``quantization``: those of
+    ``QUANTIZE_ARGUMENTS``), so a reordering of ORT's parameters cannot shift them."""
+    unknown = sorted(set(quantization) - set(QUANTIZE_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"not quantize_static quantization arguments: {unknown}")
     # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
-    importlib.import_module("onnxruntime.quantization.quantize").quantize_static(*args)
+    importlib.import_module("onnxruntime.quantization.quantize").quantize_static(
+        model_input,
+        model_output,
+        calibration_data_reader=calibration_data_reader,
+        calibrate_method=calibrate_method,
+        calibration_cache_path=calibration_cache_path,
+        **quantization,
+    )
 
 
 @contextlib.contextmanager
@@ -235,18 +255,17 @@ def quantize_with_ranges(
         ort_quantize_static(
             model_input,
             model_output,
-            None,
-            quant_format,
-            op_types_to_quantize,
-            per_channel,
-            reduce_range,
-            activation_type,
-            weight_type,
-            nodes_to_quantize,
-            nodes_to_exclude,
-            use_external_data_format,
-            calibrate_method,
-            calibration_providers,
-            extra,
-            cache,
+            calibrate_method=calibrate_method,
+            calibration_cache_path=cache,
+            quant_format=quant_format,
+            op_types_to_quantize=op_types_to_quantize,
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            activation_type=activation_type,
+            weight_type=weight_type,
+            nodes_to_quantize=nodes_to_quantize,
+            nodes_to_exclude=nodes_to_exclude,
+            use_external_data_format=use_external_data_format,
+            calibration_providers=calibration_providers,
+            extra_options=extra,
         )

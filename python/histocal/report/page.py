@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .. import methods as _methods
+from ..methods.table import TABLE
 from ..state import CalibrationState
 from .diagnosis import diagnosis_html
 from .images import fmt_num, plot_job, render_all
@@ -354,7 +355,8 @@ def write_report(
     if state.stream is None:
         raise ValueError("the report needs the streaming histogram, and this state holds only exact histograms")
     if default_methods and not state.stream.isotone:
-        methods.remove("isotone")  # its summaries are collected only for isotone
+        # isotone's summaries are collected only for isotone
+        methods = [m for m in methods if TABLE[m].histogram != "isotone"]
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
 

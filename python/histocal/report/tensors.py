@@ -16,29 +16,11 @@ from ..methods.table import TABLE
 logger = logging.getLogger(__name__)
 
 
-# isotone is shown only for states that hold its summaries (collected for isotone)
-REPORT_METHODS = ("minmax", "entropy", "percentile", "mse", "kl", "pow2", "auto", "isotone")
-_POW2 = TABLE["pow2"].defaults
-LABELS = {"pow2": f"pow2 ({_POW2['pow2_method']}, {_POW2['minmse_mode']})"}
-COLOURS = {
-    "minmax": "#6b6b6b",
-    "entropy": "#1f77b4",
-    "percentile": "#2ca02c",
-    "mse": "#d62728",
-    "kl": "#9467bd",
-    "pow2": "#ff7f0e",
-    "auto": "#111111",
-    "isotone": "#17becf",
-}
-# auto's candidate labels -> the report method whose colour they take
-_CANDIDATE_METHOD = {
-    "minmax": "minmax",
-    "entropy": "entropy",
-    "kl": "kl",
-    "mse": "mse",
-    "percentile 99.99": "percentile",
-    "percentile 99.999": "percentile",
-}
+# The methods with a report colour, in table order (isotone is shown only for states that hold its
+# summaries, collected for isotone).
+REPORT_METHODS = tuple(m.name for m in TABLE.values() if m.colour is not None)
+LABELS = {m.name: m.report_label for m in TABLE.values() if m.label is not None}
+COLOURS: dict[str, str] = {m.name: m.colour for m in TABLE.values() if m.colour is not None}
 OUTLIER_THRESHOLD = 4.0  # max|x| / p99.99(|x|) above this is highlighted
 OUTLIER_PERCENTILE = 99.99
 DISPLAY_BINS = 256
@@ -129,21 +111,18 @@ def _pair(td: Any) -> tuple[float, float]:
 
 
 def _method_settings(method: str, qtype: str, symmetric: bool) -> dict[str, Any]:
-    if method in ("minmax", "entropy", "percentile"):
-        return {"symmetric": symmetric}
-    if method == "pow2":
-        return {**_POW2, "qtype": qtype}
-    if method == "kl":
-        return {}
-    return {"qtype": qtype, "symmetric": symmetric}  # mse, auto
+    """The report's ``qtype`` and ``symmetric``, for the methods that take them (others: their defaults)."""
+    takes = TABLE[method].defaults
+    return {k: v for k, v in (("qtype", qtype), ("symmetric", symmetric)) if k in takes}
 
 
 def compute_ranges(state: Any, tensors: list[TensorRow], method: str, qtype: str, symmetric: bool) -> str | None:
     """Fill each tensor's range, error (and auto's choice) for ``method``; the problem, if any."""
     names = [t.name for t in tensors]
     settings = _method_settings(method, qtype, symmetric)
-    if method == "pow2" and qtype not in _methods.POW2_QTYPES:
-        return f"pow2 has no {qtype} variant (only {', '.join(_methods.POW2_QTYPES)})"
+    qtypes = TABLE[method].option("qtype").choices if "qtype" in TABLE[method].defaults else None
+    if qtypes is not None and qtype not in qtypes:
+        return f"{method} has no {qtype} variant (only {', '.join(qtypes)})"
     try:
         if method in _methods.ORT_METHODS:
             data = state.compute(method, **settings).data

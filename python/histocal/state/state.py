@@ -85,9 +85,9 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", 
 PathLike = Union[str, "os.PathLike[str]"]
 
 _ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
-# create_calibrator's defaults (what quantize_static uses)
+# create_calibrator's defaults (what quantize_static uses); _FULL: every ORT option at its first table default
 _DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
-_FULL = {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128, "percentile": 99.999, "scenario": "same"}
+_FULL = {o.name: o.default for m in reversed(ORT_TABLE) for o in m.options}
 
 
 def _version() -> str:

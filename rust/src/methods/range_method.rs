@@ -77,6 +77,31 @@ impl Pow2Choice {
     }
 }
 
+/// The options of the range methods, named as histocal's method table names them. Each method
+/// reads its own; the defaults are the table's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MethodOptions {
+    pub qtype: String,
+    pub symmetric: bool,
+    pub num_bins: i64,
+    pub num_quantized_bins: i64,
+    pub pow2_method: String,
+    pub minmse_mode: String,
+}
+
+impl Default for MethodOptions {
+    fn default() -> Self {
+        MethodOptions {
+            qtype: "int8".into(),
+            symmetric: false,
+            num_bins: 2048,
+            num_quantized_bins: 128,
+            pow2_method: "MinMSE".into(),
+            minmse_mode: "All".into(),
+        }
+    }
+}
+
 /// A histogram range method with validated options.
 #[derive(Clone, Copy, Debug)]
 pub enum RangeMethod {
@@ -89,31 +114,26 @@ impl RangeMethod {
     /// The method named `method` ("mse", "kl" or "pow2") with its options. The names (qtype,
     /// pow2_method, minmse_mode) are checked whatever the method, since a typo is an error
     /// either way; the bin counts only for kl, which uses them.
-    pub fn parse(
-        method: &str,
-        qtype: &str,
-        symmetric: bool,
-        num_bins: i64,
-        num_quantized_bins: i64,
-        pow2_method: &str,
-        minmse_mode: &str,
-    ) -> Result<Self, String> {
-        let choice = Pow2Choice::parse(pow2_method, minmse_mode)?;
-        let q = parse_qtype(qtype)?;
+    pub fn parse(method: &str, options: &MethodOptions) -> Result<Self, String> {
+        let choice = Pow2Choice::parse(&options.pow2_method, &options.minmse_mode)?;
+        let q = parse_qtype(&options.qtype)?;
         match method {
-            "mse" => Ok(RangeMethod::Mse { qtype: q, symmetric }),
+            "mse" => Ok(RangeMethod::Mse { qtype: q, symmetric: options.symmetric }),
             "kl" => {
                 let count =
                     |name: &str, v: i64| usize::try_from(v).map_err(|_| format!("{name} must be >= 1, got {v}"));
                 let (num_bins, num_quantized_bins) =
-                    (count("num_bins", num_bins)?, count("num_quantized_bins", num_quantized_bins)?);
+                    (count("num_bins", options.num_bins)?, count("num_quantized_bins", options.num_quantized_bins)?);
                 kl_tensorrt::check_settings(num_bins, num_quantized_bins).map_err(|e| e.to_string())?;
                 Ok(RangeMethod::Kl { num_bins, num_quantized_bins })
             }
-            "pow2" => Ok(RangeMethod::Pow2 { qtype: parse_pow2_type(qtype)?, choice }),
-            _ => Err(format!("unknown method {method:?}: expected 'mse', 'kl' or 'pow2'")),
+            "pow2" => Ok(RangeMethod::Pow2 { qtype: parse_pow2_type(&options.qtype)?, choice }),
+            _ => Err(format!("unknown method {method:?}: expected {}", Self::NAMES)),
         }
     }
+
+    /// The method names `parse` accepts, for messages.
+    pub const NAMES: &'static str = "'mse', 'kl' or 'pow2'";
 
     /// Whether the range needs pow2 MostCommon's per-batch votes.
     pub fn needs_votes(&self) -> bool {

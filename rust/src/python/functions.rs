@@ -16,22 +16,55 @@ use crate::ort::minmax;
 use crate::state::Batches;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use rayon::prelude::*;
 
 pub(crate) fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResult<UniformHistogram<'_>> {
     UniformHistogram::new(counts, left, width, min, max).map_err(PyValueError::new_err)
 }
 
-/// `(low, high)` of `method` ("mse", "kl" or "pow2") on one uniform signed histogram: `counts`
-/// (uint64) over bins of `width` from `left`, of data with finite extremes `min <= max`.
-/// `votes`, `(exponent, count)` pairs, are what pow2 MinMSE's most-common choice
-/// decides from. The range is for a tensor of `dtype` ("float16" or "float32") under ORT's
-/// scale rule `scale_rule` ("1.31" or "1.32"): mse's errors and pow2's exponents follow it.
+/// A range method's options from keyword arguments named as the method table names them
+/// (`qtype`, `symmetric`, `num_bins`, `num_quantized_bins`, `pow2_method`, `minmse_mode`);
+/// those not given keep `MethodOptions`' defaults. An unknown name or a wrong type is a
+/// TypeError naming it.
+pub(crate) fn method_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<MethodOptions> {
+    let mut out = MethodOptions::default();
+    for (key, value) in options.into_iter().flat_map(|d| d.iter()) {
+        let key: String = key.extract()?;
+        let typed = |what: &'static str| {
+            let got = value.repr().map(|r| r.to_string()).unwrap_or_default();
+            let key = key.clone();
+            move |_: PyErr| PyTypeError::new_err(format!("option {key:?} must be {what}, got {got}"))
+        };
+        match key.as_str() {
+            "qtype" => out.qtype = value.extract().map_err(typed("a str"))?,
+            "symmetric" => out.symmetric = value.extract().map_err(typed("a bool"))?,
+            "num_bins" => out.num_bins = value.extract().map_err(typed("an integer"))?,
+            "num_quantized_bins" => out.num_quantized_bins = value.extract().map_err(typed("an integer"))?,
+            "pow2_method" => out.pow2_method = value.extract().map_err(typed("a str"))?,
+            "minmse_mode" => out.minmse_mode = value.extract().map_err(typed("a str"))?,
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "unexpected option {key:?}: expected qtype, symmetric, num_bins, num_quantized_bins, \
+                     pow2_method or minmse_mode"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `(low, high)` of `method` (one of `RangeMethod::NAMES`) on one uniform signed histogram:
+/// `counts` (uint64) over bins of `width` from `left`, of data with finite extremes
+/// `min <= max`; `options` as for `method_options`. `votes`, `(exponent, count)` pairs, are
+/// what pow2 MinMSE's most-common choice decides from. The range is for a tensor of `dtype`
+/// ("float16" or "float32") under ORT's scale rule `scale_rule` ("1.31" or "1.32"): mse's
+/// errors and pow2's exponents follow it.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (method, counts, left, width, min, max, *, scale_rule, dtype="float32", qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All", votes=None))]
+#[pyo3(signature = (method, counts, left, width, min, max, *, scale_rule, dtype="float32", votes=None, **options))]
 pub(crate) fn histogram_range(
     py: Python<'_>,
     method: &str,
@@ -42,18 +75,11 @@ pub(crate) fn histogram_range(
     max: f64,
     scale_rule: &str,
     dtype: &str,
-    qtype: &str,
-    symmetric: bool,
-    num_bins: i64,
-    num_quantized_bins: i64,
-    pow2_method: &str,
-    minmse_mode: &str,
     votes: Option<Vec<(i32, u64)>>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(f64, f64)> {
     guard(|| {
-        let method =
-            RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)
-                .map_err(PyValueError::new_err)?;
+        let method = RangeMethod::parse(method, &method_options(options)?).map_err(PyValueError::new_err)?;
         let rule = parse_scale_rule(scale_rule, dtype).map_err(PyValueError::new_err)?;
         if method.needs_votes() && votes.is_none() {
             return Err(PyValueError::new_err("pow2's most-common choice needs votes: a list of (exponent, count)"));

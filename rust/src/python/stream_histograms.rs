@@ -3,6 +3,7 @@
 use super::arrays::*;
 use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
+use super::functions::method_options;
 use super::records::{IsotonePairs, IsotoneRange, StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
 use crate::methods::isotone::{self, IsotoneChoice, TopPairs};
@@ -16,6 +17,7 @@ use crate::stream::stream_histogram::StreamHistogram;
 use numpy::ndarray::{ArrayViewD, Axis};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use rayon::prelude::*;
 use std::collections::HashMap;
 
@@ -446,29 +448,20 @@ impl StreamHistograms {
         })
     }
 
-    /// `(low, high)` of `method` ("mse", "kl" or "pow2", options as for `histogram_range`)
-    /// for each tensor of `names` (default: all, in `names()` order), computed in parallel;
-    /// (0, 0) for a tensor without finite values. `scale_rule`: as for `histogram_range`, the
-    /// range type being each tensor's.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (method, names=None, *, scale_rule, qtype="int8", symmetric=false, num_bins=2048, num_quantized_bins=128, pow2_method="MinMSE", minmse_mode="All"))]
+    /// `(low, high)` of `method` (options as for `histogram_range`) for each tensor of `names`
+    /// (default: all, in `names()` order), computed in parallel; (0, 0) for a tensor without
+    /// finite values. `scale_rule`: as for `histogram_range`, the range type being each tensor's.
+    #[pyo3(signature = (method, names=None, *, scale_rule, **options))]
     fn ranges(
         &self,
         py: Python<'_>,
         method: &str,
         names: Option<Vec<String>>,
         scale_rule: &str,
-        qtype: &str,
-        symmetric: bool,
-        num_bins: i64,
-        num_quantized_bins: i64,
-        pow2_method: &str,
-        minmse_mode: &str,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Vec<(f64, f64)>> {
         guard(|| {
-            let method =
-                RangeMethod::parse(method, qtype, symmetric, num_bins, num_quantized_bins, pow2_method, minmse_mode)
-                    .map_err(PyValueError::new_err)?;
+            let method = RangeMethod::parse(method, &method_options(options)?).map_err(PyValueError::new_err)?;
             let ort = parse_ort_rule(scale_rule).map_err(PyValueError::new_err)?;
             let selected = self.selected(names)?;
             check_method_work(&method)?;
