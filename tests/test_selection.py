@@ -282,6 +282,14 @@ def test_state_candidates_are_the_single_methods(cnn):
         assert _ranges(candidates["entropy 2048"]) == _ranges(
             state.compute("entropy", num_bins=2048, num_quantized_bins=128)
         )
+        # ORT's Distribution (its quantize_static defaults) ranges: symmetric, covering MinMax's.
+        assert _ranges(candidates["distribution"]) == _ranges(
+            state.compute("distribution", num_bins=2048, scenario="same")
+        )
+        for name, d in candidates["distribution"].data.items():
+            m = candidates["minmax"].data[name]
+            assert float(np.min(d.lowest)) == -float(np.max(d.highest)), name
+            assert float(np.max(d.highest)) >= max(-float(np.min(m.lowest)), float(np.max(m.highest))), name
 
 
 def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):
