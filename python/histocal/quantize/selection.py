@@ -50,6 +50,7 @@ from ..io.readers import Feed, run_session
 from .candidates import candidate_ranges
 from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from .rule import (
+    ALL_DATA_CANDIDATES,
     DEFAULT_CANDIDATE,
     GAIN_CAP_DB,
     MIN_GAIN_DB,
@@ -433,6 +434,7 @@ def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] |
 
 
 __all__ = [
+    "ALL_DATA_CANDIDATES",
     "DEFAULT_CANDIDATE",
     "GAIN_CAP_DB",
     "MIN_GAIN_DB",
