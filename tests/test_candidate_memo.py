@@ -44,7 +44,9 @@ def _pairs(td):
 )
 def test_memo_equals_each_method_on_its_own(cnn_path, tmp_path, seed, scale, n, qtype, symmetric):
     rng = np.random.default_rng(seed)
-    feeds = [{"X": (rng.standard_normal((2, 3, 8, 8)) * scale * rng.uniform(0.1, 2)).astype(np.float32)} for _ in range(n)]
+    feeds = [
+        {"X": (rng.standard_normal((2, 3, 8, 8)) * scale * rng.uniform(0.1, 2)).astype(np.float32)} for _ in range(n)
+    ]
     # a merged state, as auto's fold states are
     state = merge_states(_state(cnn_path, feeds[:1], tmp_path), _state(cnn_path, feeds[1:], tmp_path))
     requested = methods.model_candidate_options(qtype, symmetric)

@@ -20,7 +20,6 @@ from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core, methods
 
-
 _RANGES_DEFAULTS = {
     name: p.default
     for name, p in inspect.signature(_core.StreamHistograms.ranges).parameters.items()
