@@ -32,7 +32,7 @@ seconds each took (calibration + quantization) for:
 * ORT MinMax / Entropy / Percentile / Distribution: ``onnxruntime.quantization.quantize_static``
   with that ``calibrate_method`` (Distribution is float8-only in ORT; its failure is shown);
 * every candidate of histocal's model-level auto (``methods.MODEL_AUTO_CANDIDATES``: the
-  per-tensor estimate, minmax, percentile, entropy, kl, mse, pow2), computed from one streaming
+  per-tensor estimate, minmax, distribution, percentile, entropy, kl, mse, pow2), computed from one streaming
   calibration (cost: that calibration + the method + quantization);
 * auto: ``histocal.calibrate_and_select`` (its choice, the held-back SQNR of the chosen ranges,
   its cost) and, with ``--json``, every candidate's per-feed cross-validated SQNR (what a

@@ -127,10 +127,11 @@ def _independent_cv(
         )
         for fold in fold_feeds
     ]
-    # minmax, the default, is scored with its ranges from all the data in every fold.
+    # minmax (the default) and distribution are scored with their ranges from all the data in every fold.
     full = selection.state_candidates(cnn["state"], "int8", symmetric)
     for candidates in fitted:
-        candidates["minmax"] = full["minmax"]
+        for label in selection.ALL_DATA_CANDIDATES:
+            candidates[label] = full[label]
     kw = dict(kw, extra_options={"ActivationSymmetric": symmetric}) if symmetric else kw
     scores, per_feed = {}, {}
     for label in fitted[0]:
@@ -238,7 +239,8 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
     for (fold_candidates, _), fold in zip(folds, ([0, 3], [1, 4], [2])):
         others = [f for j, f in enumerate(cnn["feeds"]) if j not in fold]
         want = selection.state_candidates(_streaming_state(cnn["path"], others, cnn["tmp"]), "int8", False)
-        want["minmax"] = full["minmax"]  # the default: its ranges from all the data, in every fold
+        for label in ("minmax", "distribution"):  # their ranges from all the data, in every fold
+            want[label] = full[label]
         assert {k: _ranges(v) for k, v in fold_candidates.items()} == {k: _ranges(v) for k, v in want.items()}
     assert {k: _ranges(v) for k, v in candidates.items()} == {k: _ranges(v) for k, v in full.items()}
 
@@ -282,6 +284,14 @@ def test_state_candidates_are_the_single_methods(cnn):
         assert _ranges(candidates["entropy 2048"]) == _ranges(
             state.compute("entropy", num_bins=2048, num_quantized_bins=128)
         )
+        # ORT's Distribution (its quantize_static defaults) ranges: symmetric, covering MinMax's.
+        assert _ranges(candidates["distribution"]) == _ranges(
+            state.compute("distribution", num_bins=2048, scenario="same")
+        )
+        for name, d in candidates["distribution"].data.items():
+            m = candidates["minmax"].data[name]
+            assert float(np.min(d.lowest)) == -float(np.max(d.highest)), name
+            assert float(np.max(d.highest)) >= max(-float(np.min(m.lowest)), float(np.max(m.highest))), name
 
 
 def test_quantize_static_auto_writes_the_chosen_model_and_cache(cnn, caplog):

@@ -90,6 +90,9 @@ AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
 MODEL_AUTO_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("per-tensor estimate", "auto", {}),
     ("minmax", "minmax", {"symmetric": False}),
+    # ORT's Distribution (its quantize_static defaults): for integer types its ranges are the
+    # histogram's symmetric edges, +-(max |x| rounded up to a bin), a clip-free symmetric MinMax.
+    ("distribution", "distribution", {"num_bins": 2048, "scenario": "same"}),
     ("percentile 99.99", "percentile", {"num_bins": 2048, "percentile": 99.99}),
     ("percentile 99.999", "percentile", {"num_bins": 2048, "percentile": 99.999}),
     ("entropy 128", "entropy", {"symmetric": False, "num_bins": 128, "num_quantized_bins": 128}),

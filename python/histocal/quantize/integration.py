@@ -357,12 +357,12 @@ def calibrate_and_select(
         if not common:
             raise ValueError("auto: no candidate range set could be computed from the calibration data")
         candidates = {label: candidates[label] for label in common}
-        # The default (minmax) is scored with its ranges from all the data in every fold: a range
-        # that only grows with the data, fitted on a fold's fewer feeds, clips what the final
-        # ranges would not, and cross-validation would underrate the default it is compared with.
-        default = selection.DEFAULT_CANDIDATE
+        # The default (minmax) and distribution are scored with their ranges from all the data in
+        # every fold: a range that only grows with the data, fitted on a fold's fewer feeds, clips
+        # what the final ranges would not, and cross-validation would underrate it.
+        full = selection.ALL_DATA_CANDIDATES
         cv_folds = [
-            ({label: candidates[label] if label == default else fold[label] for label in common}, feeds)
+            ({label: candidates[label] if label in full else fold[label] for label in common}, feeds)
             for fold, feeds in cv_folds
         ]
         logger.info(

@@ -23,6 +23,11 @@ def choose_pooled(sqnr_db: Mapping[str, float]) -> str:
 
 # The cross-validated choice's rule (``decide``), derived and measured in docs/methods.md.
 DEFAULT_CANDIDATE = "minmax"  # ORT's default method: the widest ranges, which clip nothing seen
+# Candidates whose ranges cover everything the calibration saw and only grow with the data (ORT's
+# MinMax, and its Distribution: +-max |x| rounded up to a bin): cross-validation scores them with
+# their ranges from all the data. Fitted on a fold's fewer feeds they would clip the held-out
+# feed's extremes, which the final ranges do not, and be underrated against the rest.
+ALL_DATA_CANDIDATES = (DEFAULT_CANDIDATE, "distribution")
 MIN_GAIN_DB = 0.1  # a feed on which a candidate and the default differ by less says nothing
 SIGN_TEST_ALPHA = 0.1  # one-sided sign test: P(this many wins of the informative feeds | no difference)
 STANDARD_ERRORS = 1.0  # and the mean gain must beat 0 by this many standard errors

@@ -47,8 +47,10 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 
 from .. import methods
 from ..io.readers import Feed, run_session
+from .candidates import candidate_ranges
 from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from .rule import (
+    ALL_DATA_CANDIDATES,
     DEFAULT_CANDIDATE,
     GAIN_CAP_DB,
     MIN_GAIN_DB,
@@ -133,11 +135,11 @@ def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, Tenso
     tensor whose range needs a scale its type cannot hold, such as a -3.4e38 attention-mask
     sentinel) is left out with a warning: the others can still be chosen."""
     out = {}
-    for label, method, options in methods.model_candidate_options(qtype, symmetric):
-        try:
-            td = state.compute(method, **options)
-        except ValueError as exc:
-            logger.warning("auto: candidate %r left out: %s", label, exc)
+    requested = methods.model_candidate_options(qtype, symmetric)
+    computed = candidate_ranges(state, [(method, options) for _, method, options in requested])
+    for (label, _, _), td in zip(requested, computed):
+        if isinstance(td, ValueError):
+            logger.warning("auto: candidate %r left out: %s", label, td)
             continue
         out[label] = TensorsData(
             CalibrationMethod.MinMax,
@@ -278,6 +280,7 @@ class _Scorer:
         self.quantize_kwargs = quantize_kwargs
         self.tmp = tmp
         self.quantizations = 0
+        self.float_session: Any = None
         base = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
         workdir = tmp / "scoring"
         workdir.mkdir()
@@ -298,7 +301,9 @@ class _Scorer:
         """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed; the exception if its model
         failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
         Candidates whose ranges equal an earlier one's are scored once."""
-        reference = _Reference(self.model_path, feeds, self.providers)
+        if self.float_session is None:  # one float session for every fold
+            self.float_session = _session(self.model_path, self.providers)
+        reference = _Reference(self.float_session, feeds)
         out: dict[str, list[tuple[float, float]] | BaseException | None] = {}
         seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
         for i, (label, ranges) in enumerate(candidates.items()):
@@ -375,10 +380,8 @@ def _session(path: Path, providers: list[Any], *, quantized: bool = False) -> An
 class _Reference:
     """The float model's outputs on the evaluation feeds, and the SQNR of a quantized model's."""
 
-    def __init__(self, model_path: Path, feeds: list[Feed], providers: list[Any]) -> None:
+    def __init__(self, session: Any, feeds: list[Feed]) -> None:
         self.feeds = feeds
-        self.providers = providers
-        session = _session(model_path, providers)
         names = [o.name for o in session.get_outputs()]
         self.outputs: list[list[np.ndarray]] = []
         numeric: list[str] | None = None
@@ -431,6 +434,7 @@ def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] |
 
 
 __all__ = [
+    "ALL_DATA_CANDIDATES",
     "DEFAULT_CANDIDATE",
     "GAIN_CAP_DB",
     "MIN_GAIN_DB",
