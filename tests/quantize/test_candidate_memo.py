@@ -7,14 +7,13 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import models
 
 import histocal
 from histocal import methods
 from histocal.quantize import candidates as candidates_module
 from histocal.quantize import selection
 from histocal.state import merge_states
-
-models = pytest.importorskip("models")
 
 
 @pytest.fixture(scope="module")
