@@ -12,19 +12,13 @@ make itself with the same arguments, so each candidate equals ``state.compute(me
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from onnxruntime.quantization.calibrate import TensorsData
 
-from .. import _core, methods
-
-_RANGES_DEFAULTS = {
-    name: p.default
-    for name, p in inspect.signature(_core.StreamHistograms.ranges).parameters.items()
-    if p.kind == p.KEYWORD_ONLY and p.default is not p.empty
-}
+from .. import methods
+from ..methods.table import TABLE
 
 
 class _MemoStream:
@@ -35,9 +29,10 @@ class _MemoStream:
         self._ranges: dict[tuple, list[tuple[float, float]]] = {}
 
     def ranges(self, method: str, names: list[str], **options: Any) -> list[tuple[float, float]]:
-        # Keyed by the arguments the kernel receives, its defaults included (kl is asked with
-        # them spelled out as a candidate and without them inside the per-tensor estimate).
-        given = {**_RANGES_DEFAULTS, **options}
+        # Keyed by the options the kernel applies, the method table's defaults included (kl is
+        # asked with them spelled out as a candidate and without them inside the per-tensor estimate).
+        table = TABLE.get(method)
+        given = {**(table.defaults if table is not None else {}), **options}
         key = (method, tuple(names), tuple(sorted((k, repr(v)) for k, v in given.items())))
         if key not in self._ranges:
             self._ranges[key] = list(self._stream.ranges(method, names, **options))
