@@ -45,6 +45,7 @@ from ..state import merge_states
 from . import selection
 from .ort import (
     SMOOTH_QUANT_NEEDS_ORT,
+    QuantizationArgs,
     check_ranges_fit,
     model_file,
     model_ort_quantizes,
@@ -278,22 +279,18 @@ def calibrate_and_select(
     state and the full state are merges); per fold the candidates are computed from its training
     state, and per distinct candidate and fold there is one quantization and one run over the fold."""
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
+    quantization = QuantizationArgs(**quantize_kwargs)
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
     eval_samples, folds = select["eval_samples"], select["folds"]
-    extra = dict(quantize_kwargs.get("extra_options") or {})
+    extra = dict(quantization.extra_options or {})
     if extra.get("SmoothQuant", False):
         raise ValueError("SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods")
     options = methods.check_options(
         "auto",
-        default_method_options("auto", method_options, quantize_kwargs.get("activation_type", QuantType.QInt8), extra),
+        default_method_options("auto", method_options, quantization.activation_type, extra),
     )
     kept: list[dict[str, np.ndarray]] = []
-    upgraded = model_ort_quantizes(
-        model_input,
-        quantize_kwargs.get("weight_type", QuantType.QInt8),
-        quantize_kwargs.get("activation_type", QuantType.QInt8),
-        extra,
-    )
+    upgraded = model_ort_quantizes(model_input, quantization.weight_type, quantization.activation_type, extra)
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         model_input = model_file(model_input, Path(tmp))
         # The model ORT calibrates (an opset it converts the model to adds tensors); the candidates
@@ -305,11 +302,11 @@ def calibrate_and_select(
             calibrated = model_file(upgraded, Path(tmp, "converted"))
         calibrator = calibrators.create_calibrator(
             Path(calibrated),
-            quantize_kwargs.get("op_types_to_quantize"),
+            quantization.op_types_to_quantize,
             augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
             calibrate_method="auto",
-            use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
-            providers=quantize_kwargs.get("calibration_providers"),
+            use_external_data_format=quantization.use_external_data_format,
+            providers=quantization.calibration_providers,
             extra_options={
                 METHOD_OPTIONS_KEY: options,
                 STREAMING_BINS.extra_key: streaming_bins,
@@ -371,7 +368,7 @@ def calibrate_and_select(
             len(cv_folds),
             time.perf_counter() - start,
         )
-        providers = quantize_kwargs.get("calibration_providers")
+        providers = quantization.calibration_providers
         if not cross_validate:
             logger.warning(
                 "auto: %d evaluation feed is too few to cross-validate: the candidates are scored in "
@@ -473,6 +470,19 @@ def quantize_static(
         calibrate_method = TABLE[name].ort or calibrate_method  # a name ("percentile") as ORT's enum
     if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
         raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
+    quantization = QuantizationArgs(
+        quant_format=quant_format,
+        op_types_to_quantize=op_types_to_quantize,
+        per_channel=per_channel,
+        reduce_range=reduce_range,
+        activation_type=activation_type,
+        weight_type=weight_type,
+        nodes_to_quantize=nodes_to_quantize,
+        nodes_to_exclude=nodes_to_exclude,
+        use_external_data_format=use_external_data_format,
+        calibration_providers=calibration_providers,
+        extra_options=extra,
+    )
     if smooth_quant:
         # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
         with patch_onnxruntime():
@@ -482,37 +492,19 @@ def quantize_static(
                 calibrate_method=calibrate_method,
                 calibration_data_reader=calibration_data_reader,
                 calibration_cache_path=calibration_cache_path,
-                quant_format=quant_format,
-                op_types_to_quantize=op_types_to_quantize,
-                per_channel=per_channel,
-                reduce_range=reduce_range,
-                activation_type=activation_type,
-                weight_type=weight_type,
-                nodes_to_quantize=nodes_to_quantize,
-                nodes_to_exclude=nodes_to_exclude,
-                use_external_data_format=use_external_data_format,
-                calibration_providers=calibration_providers,
-                extra_options=extra,
+                **quantization.keywords(),
             )
         return
-    quantization = dict(
-        op_types_to_quantize=op_types_to_quantize,
-        nodes_to_quantize=nodes_to_quantize,
-        nodes_to_exclude=nodes_to_exclude,
-        activation_type=activation_type,
-        weight_type=weight_type,
-        extra_options=extra,
-    )
     if tensors_range is not None:
         ranges = tensors_range
         calibrate_method = ranges.calibration_method
-        check_ranges_fit(model_input, ranges, "tensors_range", **quantization)
+        check_ranges_fit(model_input, ranges, "tensors_range", **quantization.keywords())
     else:
         ranges = None
         if calibration_cache_path is not None:
             ranges = check_cache(calibration_cache_path, calibrate_method, smooth_quant)
             if ranges is not None:
-                check_ranges_fit(model_input, ranges, str(calibration_cache_path), **quantization)
+                check_ranges_fit(model_input, ranges, str(calibration_cache_path), **quantization.keywords())
         if ranges is None:
             if calibration_data_reader is None:
                 raise ValueError(
@@ -526,17 +518,7 @@ def quantize_static(
                     folds=select["folds"],
                     method_options=method_options,
                     streaming_bins=streaming_bins,
-                    quant_format=quant_format,
-                    op_types_to_quantize=op_types_to_quantize,
-                    per_channel=per_channel,
-                    reduce_range=reduce_range,
-                    activation_type=activation_type,
-                    weight_type=weight_type,
-                    nodes_to_quantize=nodes_to_quantize,
-                    nodes_to_exclude=nodes_to_exclude,
-                    use_external_data_format=use_external_data_format,
-                    calibration_providers=calibration_providers,
-                    extra_options=extra,
+                    **quantization.keywords(),
                 ).ranges
             else:
                 # ORT calibrates the model it quantizes: converted to another opset, if it converts it.
@@ -559,23 +541,7 @@ def quantize_static(
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
-    quantize_with_ranges(
-        model_input,
-        model_output,
-        ranges,
-        quant_format,
-        op_types_to_quantize,
-        per_channel,
-        reduce_range,
-        activation_type,
-        weight_type,
-        nodes_to_quantize,
-        nodes_to_exclude,
-        use_external_data_format,
-        calibration_providers,
-        extra,
-        calibrate_method=calibrate_method,
-    )
+    quantize_with_ranges(model_input, model_output, ranges, quantization, calibrate_method=calibrate_method)
 
 
 def default_method_options(

@@ -8,6 +8,7 @@ import importlib
 import logging
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,50 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from ..calibrators.range_checks import scale_issue_named
 from ..io.cache import save_tensors_data
 
-# quantize_static's quantization arguments (what a caller may pass through with given ranges).
-QUANTIZE_ARGUMENTS = (
-    "quant_format",
-    "op_types_to_quantize",
-    "per_channel",
-    "reduce_range",
-    "activation_type",
-    "weight_type",
-    "nodes_to_quantize",
-    "nodes_to_exclude",
-    "use_external_data_format",
-    "calibration_providers",
-    "extra_options",
-)
+
+@dataclass(frozen=True)
+class QuantizationArgs:
+    """onnxruntime ``quantize_static``'s quantization arguments (what a caller may pass through with
+    given ranges), with ORT's defaults: built once from the caller's arguments and passed down,
+    then given to ORT by name (``keywords()``).
+
+    Args:
+        quant_format: ORT's ``QuantFormat`` (QDQ or QOperator).
+        op_types_to_quantize: the operator types to quantize (None: all ORT can).
+        per_channel: quantize weights per channel.
+        reduce_range: 7-bit weights.
+        activation_type: ORT's ``QuantType`` of the activations.
+        weight_type: ORT's ``QuantType`` of the weights.
+        nodes_to_quantize: only these nodes (None: all).
+        nodes_to_exclude: leave these nodes in float.
+        use_external_data_format: write the weights as external data.
+        calibration_providers: onnxruntime execution providers for calibration.
+        extra_options: ORT's ``extra_options``.
+    """
+
+    quant_format: Any = QuantFormat.QDQ
+    op_types_to_quantize: list[str] | None = None
+    per_channel: bool = False
+    reduce_range: bool = False
+    activation_type: Any = QuantType.QInt8
+    weight_type: Any = QuantType.QInt8
+    nodes_to_quantize: list[str] | None = None
+    nodes_to_exclude: list[str] | None = None
+    use_external_data_format: bool = False
+    calibration_providers: list[Any] | None = None
+    extra_options: dict[str, Any] | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        """The arguments as ``quantize_static``'s keywords.
+
+        Returns:
+            A dict from each of ``QUANTIZE_ARGUMENTS`` to its value.
+        """
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# quantize_static's quantization arguments, by name.
+QUANTIZE_ARGUMENTS = tuple(f.name for f in fields(QuantizationArgs))
 SMOOTH_QUANT_NEEDS_ORT = (
     "SmoothQuant recalibrates a rewritten model inside onnxruntime: use one of ORT's methods and no tensors_range"
 )
@@ -225,23 +256,29 @@ def quantize_with_ranges(
     model_input: str | Path | onnx.ModelProto,
     model_output: str | Path,
     ranges: TensorsData,
-    quant_format: Any = QuantFormat.QDQ,
-    op_types_to_quantize: list[str] | None = None,
-    per_channel: bool = False,
-    reduce_range: bool = False,
-    activation_type: Any = QuantType.QInt8,
-    weight_type: Any = QuantType.QInt8,
-    nodes_to_quantize: list[str] | None = None,
-    nodes_to_exclude: list[str] | None = None,
-    use_external_data_format: bool = False,
-    calibration_providers: list[Any] | None = None,
-    extra_options: dict[str, Any] | None = None,
+    quantization: QuantizationArgs | None = None,
     *,
     calibrate_method: CalibrationMethod | str | None = None,
+    **keywords: Any,
 ) -> None:
-    """ORT's quantize_static on ``ranges`` (no calibration). ``calibrate_method``: what ORT is told
-    the ranges are (default: ``ranges.calibration_method``)."""
-    extra = dict(extra_options or {})
+    """ORT's quantize_static on ``ranges`` (no calibration).
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        model_output: where the quantized model is written.
+        ranges: the activation ranges, one per tensor.
+        quantization: ORT's quantization arguments (default: ORT's defaults).
+        calibrate_method: what ORT is told the ranges are (default: ``ranges.calibration_method``).
+        **keywords: quantization arguments by name (fields of ``QuantizationArgs``), over
+            ``quantization``'s.
+
+    Raises:
+        TypeError: a keyword that is no quantization argument.
+        ValueError: per-channel ranges, SmoothQuant without a method of ORT's, or a range ORT
+            cannot quantize with (naming the tensor).
+    """
+    quantization = replace(quantization or QuantizationArgs(), **keywords)
+    extra = dict(quantization.extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     _check_one_range_per_tensor(ranges)
     if calibrate_method is None:
@@ -257,15 +294,5 @@ def quantize_with_ranges(
             model_output,
             calibrate_method=calibrate_method,
             calibration_cache_path=cache,
-            quant_format=quant_format,
-            op_types_to_quantize=op_types_to_quantize,
-            per_channel=per_channel,
-            reduce_range=reduce_range,
-            activation_type=activation_type,
-            weight_type=weight_type,
-            nodes_to_quantize=nodes_to_quantize,
-            nodes_to_exclude=nodes_to_exclude,
-            use_external_data_format=use_external_data_format,
-            calibration_providers=calibration_providers,
-            extra_options=extra,
+            **replace(quantization, extra_options=extra).keywords(),
         )
