@@ -18,7 +18,6 @@ import importlib
 import itertools
 import logging
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -41,6 +40,7 @@ from ..methods.settings import (
     STREAMING_BINS,
 )
 from ..methods.table import TABLE
+from ..patching import CountedPatch, PatchUse, Replacement
 from ..state import merge_states
 from . import selection
 from .ort import (
@@ -62,9 +62,6 @@ _TARGETS = ("onnxruntime.quantization", "onnxruntime.quantization.calibrate", "o
 # the patch holds for a caller that bound ORT's create_calibrator before patching (Optimum's
 # ORTQuantizer imports it at module level).
 _CLASSES = ("MinMaxCalibrater", "EntropyCalibrater", "PercentileCalibrater", "DistributionCalibrater")
-_lock = threading.Lock()
-_saved: list[tuple[Any, str, Any]] = []
-_depth = 0
 
 
 def _modules() -> list[Any]:
@@ -82,35 +79,23 @@ def _patch_class(name: str) -> type:
     )
 
 
-def _patch() -> None:
-    global _depth
-    with _lock:
-        if _depth == 0:
-            calibrate_module = importlib.import_module("onnxruntime.quantization.calibrate")
-            factories = [(m, "create_calibrator", calibrators.create_calibrator) for m in _modules()]
-            classes = [(calibrate_module, name, _patch_class(name)) for name in _CLASSES]
-            replaced = [(m, name, new) for m, name, new in factories + classes if hasattr(m, name)]
-            _saved[:] = [(m, name, getattr(m, name)) for m, name, _ in replaced]
-            for m, name, new in replaced:
-                setattr(m, name, new)
-        _depth += 1
+def _replacements() -> list[Replacement]:
+    calibrate_module = importlib.import_module("onnxruntime.quantization.calibrate")
+    factories = [(m, "create_calibrator", calibrators.create_calibrator) for m in _modules()]
+    classes = [(calibrate_module, name, _patch_class(name)) for name in _CLASSES]
+    return [(m, name, new) for m, name, new in factories + classes if hasattr(m, name)]
+
+
+PATCH = CountedPatch(_replacements)
 
 
 def unpatch_onnxruntime() -> None:
     """Undo one ``patch_onnxruntime()`` made outside a ``with`` block. Patches are counted: ORT's
     own ``create_calibrator`` is back once every patch is undone. Without a patch, a no-op."""
-    global _depth
-    with _lock:
-        if _depth == 0:
-            return
-        _depth -= 1
-        if _depth == 0:
-            for m, name, original in _saved:
-                setattr(m, name, original)
-            _saved.clear()
+    PATCH.undo()
 
 
-class patch_onnxruntime:
+class patch_onnxruntime(PatchUse):
     """Route onnxruntime's calibrator creation to histocal.
 
     Takes effect on construction, so ``patch_onnxruntime()`` alone patches until
@@ -119,25 +104,16 @@ class patch_onnxruntime:
     ``create_calibrator`` earlier (docs/clients.md).
     """
 
-    def __init__(self) -> None:
-        _patch()
-        self._active = True
-
-    def __enter__(self) -> patch_onnxruntime:
-        if not self._active:
-            _patch()
-            self._active = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._active:
-            unpatch_onnxruntime()
-            self._active = False
+    PATCH = PATCH
 
 
 def is_patched() -> bool:
-    """Whether onnxruntime's calibrator creation goes to histocal now."""
-    return _depth > 0
+    """Whether onnxruntime's calibrator creation goes to histocal now.
+
+    Returns:
+        True while at least one ``patch_onnxruntime()`` holds.
+    """
+    return PATCH.active
 
 
 _CALIB_KEYS = (

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-import threading
-from types import ModuleType
 from typing import Any
 
+from ..patching import CountedPatch, PatchUse, Replacement
 from . import calibrators
 
 FACTORIES = ("create_calibrator_power_of_two", "create_calibrator_float_scale")
@@ -27,10 +26,6 @@ QUARK_MODULES = (
     "quark.onnx.calibration",
     "quark.onnx",
 )
-
-_lock = threading.Lock()
-_depth = 0
-_saved: list[tuple[ModuleType, str, Any]] = []
 
 
 def _quark_factories() -> dict[str, Any]:
@@ -46,58 +41,45 @@ def _quark_factories() -> dict[str, Any]:
     return {name: getattr(defining, name) for name in FACTORIES}
 
 
-def _patch() -> None:
-    global _depth
-    with _lock:
-        if _depth == 0:
-            originals = _quark_factories()
-            ours = {name: getattr(calibrators, name) for name in FACTORIES}
-            # every loaded quark module holding Quark's factory by any name (a later import of
-            # a quark module binds the patched one, as it reads the defining module)
-            for module in [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "quark" and m]:
-                for attr, value in list(vars(module).items()):
-                    for name in FACTORIES:
-                        if value is originals[name]:
-                            _saved.append((module, attr, value))
-                            setattr(module, attr, ours[name])
-        _depth += 1
+def _replacements() -> list[Replacement]:
+    """Every loaded quark module's reference to Quark's factories, by any name, to histocal.quark's
+    (a later import of a quark module binds the patched one, as it reads the defining module)."""
+    originals = _quark_factories()
+    ours = {name: getattr(calibrators, name) for name in FACTORIES}
+    return [
+        (module, attr, ours[name])
+        for module in [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "quark" and m]
+        for attr, value in list(vars(module).items())
+        for name in FACTORIES
+        if value is originals[name]
+    ]
+
+
+PATCH = CountedPatch(_replacements)
 
 
 def unpatch_quark() -> None:
     """Undo one ``patch_quark()`` made outside a ``with`` block; Quark's factories are back once
     every patch is undone. Without a patch, a no-op."""
-    global _depth
-    with _lock:
-        if _depth == 0:
-            return
-        _depth -= 1
-        if _depth == 0:
-            for module, attr, original in reversed(_saved):
-                setattr(module, attr, original)
-            _saved.clear()
+    PATCH.undo()
 
 
 def is_quark_patched() -> bool:
-    with _lock:
-        return _depth > 0
+    """Whether AMD Quark's calibrator creation goes to histocal.quark now.
+
+    Returns:
+        True while at least one ``patch_quark()`` holds.
+    """
+    return PATCH.active
 
 
-class patch_quark:
+class patch_quark(PatchUse):
     """Route AMD Quark's calibrator creation to histocal.quark: ``patch_quark()`` alone patches
     until ``unpatch_quark()``; ``with patch_quark(): ...`` for the block only. Nested uses are
-    counted."""
+    counted.
 
-    def __init__(self) -> None:
-        _patch()
-        self._active = True
+    Raises:
+        ImportError: AMD Quark 0.13's ``quark.onnx.calibration`` is not importable.
+    """
 
-    def __enter__(self) -> patch_quark:
-        if not self._active:
-            _patch()
-            self._active = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._active:
-            self._active = False
-            unpatch_quark()
+    PATCH = PATCH
