@@ -1,6 +1,6 @@
 """The ``histocal`` command line: calibrate, quantize, recompute, inspect, report, demo."""
 
-from .common import AUTO_EVAL_SAMPLES, AUTO_FOLDS
 from .main import main
+from .options import AUTO_EVAL_SAMPLES, AUTO_FOLDS
 
 __all__ = ["AUTO_EVAL_SAMPLES", "AUTO_FOLDS", "main"]

@@ -11,23 +11,18 @@ from typing import Any
 
 from ..methods.settings import AXIS, MODE, PER_CHANNEL, CollectionSettings
 from ..methods.table import NON_OVERFLOW
-from .common import (
+from .arguments import positive_int
+from .calibration import check_model, fingerprint_files, open_data, run_calibrator, write_outputs
+from .errors import CliError, UsageError
+from .options import (
     METHODS,
-    CliError,
-    UsageError,
     add_data_options,
     add_method_options,
     calibrator_options,
     check_method,
-    check_model,
     compute_settings,
     display,
-    fingerprint_files,
     method_key,
-    open_data,
-    positive_int,
-    run_calibrator,
-    write_outputs,
 )
 from .same_file import refuse_overwriting
 

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..methods.settings import MODE
-from .common import HISTOGRAM_METHODS, positive_int
+from .arguments import positive_int
 from .inspect import format_table
+from .options import HISTOGRAM_METHODS
 
 logger = logging.getLogger("histocal.cli")
 

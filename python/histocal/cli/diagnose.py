@@ -9,16 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import (
-    UsageError,
-    add_data_options,
-    add_method_options,
-    check_model,
-    compute_settings,
-    finite_float,
-    open_data,
-    positive_int,
-)
+from .arguments import finite_float, positive_int
+from .calibration import check_model, open_data
+from .errors import UsageError
+from .options import add_data_options, add_method_options, compute_settings
 from .quantization import add_quantization_options, quantization_arguments
 from .same_file import report_inputs
 

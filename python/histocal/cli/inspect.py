@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from .calibrate import state_class
-from .common import HISTOGRAM_METHODS, METHOD_NAMES, CliError, display, method_key, one_line
+from .errors import CliError, one_line
+from .options import HISTOGRAM_METHODS, METHOD_NAMES, display, method_key
 
 logger = logging.getLogger("histocal.cli")
 

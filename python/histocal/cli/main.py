@@ -17,7 +17,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import calibrate, demo, diagnose, inspect, quantize, report
-from .common import Parser, UsageError, check_method, load_plugins, one_line
+from .errors import UsageError, one_line
+from .options import check_method, load_plugins
+from .parser import Parser
 
 logger = logging.getLogger("histocal.cli")
 

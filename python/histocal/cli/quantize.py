@@ -14,28 +14,23 @@ from typing import Any
 from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
+from .arguments import fold_count, positive_int
 from .calibrate import load_state, ranges_from_state
-from .common import (
+from .calibration import check_model, open_data, run_calibrator, write_outputs
+from .diagnose import add_exclusion_options, auto_exclude
+from .errors import CliError, UsageError
+from .options import (
     AUTO_EVAL_SAMPLES,
     AUTO_FOLDS,
     METHODS,
-    CliError,
-    UsageError,
     add_data_options,
     add_method_options,
     calibrator_options,
-    check_model,
     display,
-    fold_count,
     histocal_option_names,
     method_enum,
     method_key,
-    open_data,
-    positive_int,
-    run_calibrator,
-    write_outputs,
 )
-from .diagnose import add_exclusion_options, auto_exclude
 from .quantization import add_quantization_options, quant_type, quantization_arguments
 from .same_file import refuse_overwriting
 

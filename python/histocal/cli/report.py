@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .arguments import non_negative_int
 from .calibrate import load_state
-from .common import non_negative_int
 from .same_file import report_inputs
 
 logger = logging.getLogger("histocal.cli")

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .common import CliError
+from .errors import CliError
 
 # (what it is, e.g. "--cache" or "MODEL", its path); paths that are None are skipped
 Named = Iterable[tuple[str, "str | os.PathLike[str] | None"]]
