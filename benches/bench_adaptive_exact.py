@@ -24,17 +24,18 @@ import argparse
 import contextlib
 import gc
 import os
-import shlex
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_calibrate as bc
 import bench_floor as bf
+from support.floor_rounds import command_lines, floor_line, interleaved_rounds, write_report
 
 SCHEDULES = ("default (adaptive)", "one pass (keep all)", "two passes (budget 0)")
 
@@ -86,24 +87,21 @@ def bench_model(label: str, model: str, args: argparse.Namespace, work: Path) ->
     n = usable_cpus()
     methods = {"Entropy": CalibrationMethod.Entropy, "Percentile": CalibrationMethod.Percentile}
     runs = [(m, s) for m in methods for s in SCHEDULES]
-    for m, s in runs[: args.warmup * len(runs)]:
-        timed_collect(model, mode_aug, feeds, methods[m], s)
-    floors = [floor.measure(n)]
-    times: dict[tuple[str, str], list[float]] = {r: [] for r in runs}
-    ratios: dict[tuple[str, str], list[float]] = {r: [] for r in runs}
     kept: dict[tuple[str, str], list[int]] = {r: [] for r in runs}
-    for _ in range(args.repeat):
-        for r in runs:
+
+    def runner(r: tuple[str, str]) -> Callable[[], float]:
+        def run() -> float:
             t, k = timed_collect(model, mode_aug, feeds, methods[r[0]], r[1])
-            times[r].append(t)
             kept[r].append(k)
-        floors.append(floor.measure(n))
-        b = (floors[-2]["B"] + floors[-1]["B"]) / 2
-        for r in runs:
-            ratios[r].append(times[r][-1] / b)
-    f = {k: statistics.median(x[k] for x in floors) for k in floors[0]}
+            return t
+
+        return run
+
+    rounds = interleaved_rounds({r: runner(r) for r in runs}, lambda: floor.measure(n), args.repeat, args.warmup)
+    kept = {r: k[len(k) - args.repeat :] for r, k in kept.items()}  # the measured rounds'
+    times, ratios, f = rounds.times, rounds.to_b, rounds.floor
     hold = hold_seconds_per_byte()
-    print(f"{label}: W {f['W']:.3f} C {f['C']:.3f} R {f['R']:.3f} B {f['B']:.3f}", file=sys.stderr)
+    print(floor_line(label, f), file=sys.stderr)
     rows = [
         f"| {label} | {floor.outputs} / {floor.values * 4 / 1e6:.0f} MB | {f['W']:.3f} s | {f['C']:.3f} s "
         f"| {f['R']:.3f} s | {f['B']:.3f} s | {hold * 1e9:.2f} s/GB | | | | |"
@@ -136,12 +134,7 @@ def main(argv: list[str]) -> None:
     from histocal.calibrators.cores import usable_cpus
 
     lines = [
-        "Command (from the repository root):",
-        "",
-        "```",
-        "python3 " + " ".join(shlex.quote(a) for a in ["benches/bench_adaptive_exact.py", *argv]),
-        "```",
-        "",
+        *command_lines("benches/bench_adaptive_exact.py", argv),
         *[f"- {m}" for m in bc.machine_info()],
         f"- usable CPUs {usable_cpus()}; {args.samples} samples; load average at start {bc.loadavg()}",
         "",
@@ -159,10 +152,7 @@ def main(argv: list[str]) -> None:
         for label, path in models:
             lines += bench_model(label, path, args, Path(tmp))
     lines.append(f"\nload average at end {bc.loadavg()}; histocal {histocal.__version__}")
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import gc
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from typing import Any
 
 import bench_calibrate as bc
 import bench_floor as bf
+from support.floor_rounds import command_lines, write_report
 
 
 def items_of(names: list[str], outputs: list[Any]) -> list[tuple[str, list[Any]]]:
@@ -176,12 +176,7 @@ def main(argv: list[str]) -> None:
         f = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     lb = bounds(f, n)
     lines = [
-        "Command (from the repository root):",
-        "",
-        "```",
-        "python3 " + " ".join(shlex.quote(a) for a in ["benches/bench_bounds.py", *argv]),
-        "```",
-        "",
+        *command_lines("benches/bench_bounds.py", argv),
         *[f"- {m}" for m in bc.machine_info()],
         f"- {label}, {args.samples} samples, {floor.outputs} outputs, {floor.values * 4 / 1e6:.0f} MB per sample; "
         f"usable CPUs {n}; medians of {args.repeat} rounds; load average at end {bc.loadavg()}",
@@ -215,10 +210,7 @@ def main(argv: list[str]) -> None:
         f"({f['histocal MinMax'] / f['W_minmax']:.2f} W_minmax); onnxruntime MinMax {f['ORT MinMax']:.3f} s = "
         f"{f['ORT MinMax'] / f['W']:.2f} W ({f['ORT MinMax'] / f['W_minmax']:.2f} W_minmax); target 1.1 W",
     ]
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

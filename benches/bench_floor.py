@@ -37,7 +37,6 @@ import contextlib
 import gc
 import os
 import resource
-import shlex
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_calibrate as bc
+from support.floor_rounds import command_lines, floor_line, interleaved_rounds, write_report
 
 
 def cpu_seconds() -> float:
@@ -255,29 +255,17 @@ def bench_one(label: str, model: str, samples: int, args: argparse.Namespace, wo
     n = usable_cpus()
     with_ort = (samples <= args.ort_samples and label.endswith("(default size)")) or samples <= args.ort_samples_any
     runners = mode_runners(model, work, feeds, with_ort)
-    for _ in range(args.warmup):
-        for run in runners.values():
-            run()  # first-time imports and allocations
-    floors = [floor.measure(n)]
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    ratios: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
-    for _ in range(args.repeat):
-        for name, run in runners.items():
-            times[name].append(run())
-        floors.append(floor.measure(n))
-        around = {k: (floors[-2][k] + floors[-1][k]) / 2 for k in ("B", "W")}
-        for name in runners:
-            ratios[name].append((times[name][-1] / around["B"], times[name][-1] / around["W"]))
-    f = {k: statistics.median(x[k] for x in floors) for k in floors[0]}
-    print(f"{label}, {samples} samples: W {f['W']:.3f} C {f['C']:.3f} R {f['R']:.3f} B {f['B']:.3f}", file=sys.stderr)
+    rounds = interleaved_rounds(runners, lambda: floor.measure(n), args.repeat, args.warmup)
+    f = rounds.floor
+    print(floor_line(f"{label}, {samples} samples", f), file=sys.stderr)
     rows = [
         f"| {label} | {samples} | {floor.outputs} / {floor.values * 4 / 1e6:.0f} MB | {f['W']:.3f} s "
         f"(spinning / sleeping {floor.spin_ratio:.2f}) | {f['C']:.3f} s | {f['R']:.3f} s | {n} "
         f"| {f['B']:.3f} s | | | | |"
     ]
-    for name, t in times.items():
-        rb = statistics.median(b for b, _ in ratios[name])
-        rw = statistics.median(w for _, w in ratios[name])
+    for name, t in rounds.times.items():
+        rb = statistics.median(rounds.to_b[name])
+        rw = statistics.median(rounds.to_w[name])
         rows.append(f"| | | | | | | | | {name} | {statistics.median(t):.3f} s | **{rb:.2f}** | {rw:.2f} |")
     return rows
 
@@ -310,12 +298,7 @@ def main(argv: list[str]) -> None:
     from histocal.calibrators.cores import calibration_threads, usable_cpus
 
     lines = [
-        "Command (from the repository root):",
-        "",
-        "```",
-        "python3 " + " ".join(shlex.quote(a) for a in ["benches/bench_floor.py", *argv]),
-        "```",
-        "",
+        *command_lines("benches/bench_floor.py", argv),
         *[f"- {m}" for m in bc.machine_info()],
         f"- usable CPUs {usable_cpus()}; calibration threads {calibration_threads()}; load average at start "
         f"{bc.loadavg()}",
@@ -338,10 +321,7 @@ def main(argv: list[str]) -> None:
             for _, path in models:
                 lines += bench_splits(path, args.splits, args, work)
     lines.append(f"\nload average at end {bc.loadavg()}; histocal {histocal.__version__}")
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import shlex
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_calibrate as bc
+from support.floor_rounds import command_lines, write_report
 
 
 def cpu_seconds() -> float:
@@ -176,12 +176,7 @@ def main(argv: list[str]) -> None:
     lines = [
         "## Streaming collection: CPU budgets of inference and of the Rust work",
         "",
-        "Command (from the repository root):",
-        "",
-        "```",
-        "python3 " + " ".join(shlex.quote(a) for a in ["benches/bench_overlap.py", *argv]),
-        "```",
-        "",
+        *command_lines("benches/bench_overlap.py", argv),
         f"- {cores} usable CPUs; onnxruntime threads: default; model: {'built-in CNN (bench_calibrate.py)' if args.model is None else args.model}; "
         f"{len(names)} calibrated outputs, {values / 1e6:.1f}M values ({values * 4 / 1e6:.0f} MB as float32) per sample",
         f"- medians of {args.repeat} passes; inference over {args.samples} samples (after one warm-up run), Rust over the saved outputs of {args.saved}",
@@ -200,10 +195,7 @@ def main(argv: list[str]) -> None:
         f"{collect[False] * 1e3:.0f} ms with histocal's session (threads sleeping), {collect[True] * 1e3:.0f} ms with ORT's "
         f"threads spinning (ratio {collect[False] / collect[True]:.2f}).",
     ]
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":
