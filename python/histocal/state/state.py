@@ -34,7 +34,8 @@ with the second histogram's counts placed at its bin centres: the approximation 
 inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
 histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
 and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
-The file format and its checks: :mod:`histocal.state.file_format` (isotone's members: ``isotone_members``).
+The file format and its checks: :mod:`histocal.state.file_format` (isotone's members: ``isotone_members``;
+reading a file back: ``reading``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import json
 import math
 import os
 import zipfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Union, cast
@@ -61,24 +61,18 @@ from ..methods.table import ORT_TABLE, collects_votes
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
 from .file_format import (
-    DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
     MEMBERS,
-    Header,
-    MemoryFile,
-    StateError,
     check_fingerprint,
     check_readable,
-    fail,
-    five_counts,
     plain_value,
-    read_members,
 )
 from .fingerprint import model_fingerprint
-from .isotone_members import ISOTONE_MEMBERS, isotone_members, restore_isotone
+from .isotone_members import ISOTONE_MEMBERS, isotone_members
 from .merge import merge_exact
+from .reading import read_state_fields
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 
@@ -425,30 +419,7 @@ class CalibrationState:
 
     @classmethod
     def _read(cls, source: BinaryIO, size: int, what: str) -> CalibrationState:
-        try:
-            return _build(*read_members(source, size))
-        except StateError as exc:
-            raise ValueError(f"Invalid calibration state {what}: {exc}") from None
-        except (
-            ValueError,
-            TypeError,
-            OverflowError,
-            KeyError,
-            IndexError,
-            EOFError,
-            zipfile.BadZipFile,
-            zipfile.LargeZipFile,
-            zlib.error,
-            NotImplementedError,
-            RecursionError,
-            MemoryError,
-            OSError,
-        ) as exc:
-            raise ValueError(f"Invalid calibration state {what}: {type(exc).__name__}: {exc}") from None
-        except Exception as exc:
-            raise ValueError(
-                f"Invalid calibration state {what}: internal error ({type(exc).__name__}: {exc})"
-            ) from None
+        return cls(**read_state_fields(source, size, what))
 
 
 def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
@@ -462,139 +433,3 @@ def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
     for s in loaded[1:]:
         out = out.merge(s)
     return out
-
-
-def _build(header: Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
-    """The state of a validated header and its members, every array checked against the header and by the
-    Rust ``restore`` checks."""
-    sbins, kind, tensors = header.streaming_bins, header.exact_kind, header.tensors
-
-    def arr(key: str) -> np.ndarray:
-        if key not in arrays:
-            fail(f"missing member {key}")
-        return arrays[key]
-
-    isotone = "isotone_tensors" in arrays
-    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays, isotone=isotone) if sbins else None
-    exact = None
-    if kind is not None:
-        if header.exact_num_bins is None:
-            fail("exact_num_bins: missing for exact histograms")
-        exact = _core.Histograms(kind, header.exact_num_bins)
-    n = len(tensors)
-    names = [t.name for t in tensors]
-    if stream is not None and sbins is not None:
-        s_bins, s_stats, s_counts = arr("stream_bins"), arr("stream_stats"), arr("stream_counts")
-        if len(s_stats) != n or len(s_counts) != n:
-            fail(f"stream_stats/stream_counts: expected {n} rows")
-        s_off = 0
-        for i, t in enumerate(tensors):
-            if t.stream is None:
-                fail(f"tensors[{i}]: no streaming histogram")
-            level, start, length = t.stream
-            if s_off + length > len(s_bins):
-                fail("stream_bins: shorter than the tensors' spans")
-            bins = np.zeros(sbins, np.uint64)
-            bins[start : start + length] = s_bins[s_off : s_off + length]  # widens to uint64
-            s_off += length
-            finite_min, finite_max, abs_min = (None if math.isnan(x) else float(x) for x in s_stats[i])
-            finite, nan, pos_inf, neg_inf, batches = (int(c) for c in s_counts[i])
-            counts = (finite, nan, pos_inf, neg_inf, batches)
-            try:
-                stream.restore(t.name, t.dtype, level, bins, finite_min, finite_max, abs_min, counts)
-            except ValueError as exc:
-                fail(str(exc))
-        if s_off != len(s_bins):
-            fail("stream_bins: longer than the tensors' spans")
-        if stream.pow2_votes:
-            votes = arr("stream_votes")
-            if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
-                fail("stream_votes: tensor indices out of order or range")
-            for i, name in enumerate(names):
-                rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
-                if np.any(rows[:, 3] <= 0):
-                    fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
-                try:
-                    stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
-                except (ValueError, OverflowError) as exc:
-                    fail(f"stream_votes: {exc}")
-        restore_isotone(stream, names, arrays)
-    if exact is not None:
-        e_hist, e_scal, e_flags, e_counts = (
-            arr(k) for k in ("exact_hist", "exact_scalars", "exact_flags", "exact_counts")
-        )
-        if len(e_scal) != n or len(e_flags) != n or len(e_counts) != n:
-            fail(f"exact_scalars/exact_flags/exact_counts: expected {n} rows")
-        if np.any(e_flags > 1):
-            fail("exact_flags: expected 0 or 1")
-        h_off = 0
-        edge_off = dict.fromkeys(DTYPES, 0)
-        for j, i in enumerate(header.exact_order):
-            t = tensors[i]
-            where = f"tensors[{i}]"
-            if t.exact is None:
-                fail(f"{where}: no exact histogram")
-            edt, nb = t.exact
-            edges_all = arr(f"exact_edges_{edt}")
-            if h_off + nb > len(e_hist):
-                fail("exact_hist: shorter than the tensors' histograms")
-            if edge_off[edt] + nb + 1 > len(edges_all):
-                fail(f"exact_edges_{edt}: shorter than the tensors' edges")
-            hist = np.ascontiguousarray(e_hist[h_off : h_off + nb], dtype=np.int64)
-            edges = np.ascontiguousarray(edges_all[edge_off[edt] : edge_off[edt] + nb + 1]).astype(edt)
-            h_off += nb
-            edge_off[edt] += nb + 1
-            sc, fl = e_scal[j], e_flags[j]
-            if math.isnan(sc[0]) or math.isnan(sc[1]) or (kind == "value") == math.isnan(sc[2]):
-                fail(f"{where}: NaN where a number is required in exact_scalars (or a threshold for |x| histograms)")
-            threshold = (float(sc[2]), bool(fl[2])) if kind == "value" else None
-            try:
-                exact.restore(
-                    t.name,
-                    t.dtype,
-                    hist,
-                    edges,
-                    (float(sc[0]), bool(fl[0])),
-                    (float(sc[1]), bool(fl[1])),
-                    threshold,
-                    five_counts(e_counts[j]),
-                )
-            except ValueError as exc:
-                fail(str(exc))
-        if h_off != len(e_hist):
-            fail("exact_hist: longer than the tensors' histograms")
-        for edt in DTYPES:
-            if edge_off[edt] != len(arrays.get(f"exact_edges_{edt}", ())):
-                fail(f"exact_edges_{edt}: longer than the tensors' edges")
-    if stream is not None and exact is not None:
-        for name in names:
-            if tuple(stream.counts(name)) != tuple(exact.counts(name)):
-                fail(f"tensor {name[:100]!r}: streaming and exact counts differ")
-    channels = None
-    if header.channels is not None:
-        raw = arrays.pop("channels", None)
-        if raw is None or sbins is None:  # (a header with channels has streaming histograms)
-            fail("missing member channels")
-        try:  # read in place (no copy); its count, bins and no nesting are checked from its header first
-            inner = _build(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
-        except StateError as exc:
-            fail(f"channels member: {exc}")
-        del raw
-        try:
-            channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
-        except ValueError as exc:
-            fail(f"channels: {exc}")
-    return CalibrationState(
-        names=names,
-        mode=header.mode,
-        stream=stream,
-        exact=exact,
-        exact_kind=kind,
-        exact_num_bins=header.exact_num_bins,
-        model_fingerprint=header.model_fingerprint,
-        data_fingerprints=header.data_fingerprints,
-        method=header.method,
-        settings=header.settings,
-        histocal_version=header.histocal_version,
-        channels=channels,
-    )

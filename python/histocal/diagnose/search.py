@@ -1,0 +1,279 @@
+"""The search of a diagnosis (steps 2-6 of ``diagnosis``'s module docstring): quantize, screen the
+quantized tensors on the switched model, check the candidates, measure, and the exact checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import QuantFormat
+from onnxruntime.quantization.calibrate import TensorsData
+
+from ..quantize.ort import quantize_with_ranges
+from ..state import CalibrationState
+from . import screen as _screen
+from .findings import range_findings
+from .switches import SWITCH_INPUT, QuantizedTensor, quantized_nodes, switched_model
+
+# a diagnosis logs through one logger, diagnosis's
+logger = logging.getLogger("histocal.diagnose.diagnosis")
+
+SCREEN_MIN_SHARE = 0.002  # groups removing less than 0.2% of the noise (< 0.01 dB) are not split
+
+
+@dataclass(frozen=True)
+class TensorImpact:
+    """One candidate tensor: its name, kind ("activation" or "weight"), the quantized nodes to
+    exclude to leave it in float, the screen's estimate of the SQNR gain of leaving it alone in
+    float, and, when checked, the gain its nodes added to the suggestion (``accepted``) or would
+    have added (not accepted) on the switched model; ``note`` says why it was not checked, if so."""
+
+    tensor: str
+    kind: str
+    nodes: tuple[str, ...]
+    screen_gain_db: float | None
+    check_gain_db: float | None = None
+    accepted: bool = False
+    note: str = ""
+
+
+class DiagnosisRun:
+    """One diagnosis over a saved model (steps 2-6 of ``diagnosis``'s module docstring)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        float_model: onnx.ModelProto,
+        ranges: TensorsData,
+        feeds: list[dict[str, np.ndarray]],
+        providers: list[Any],
+        quantize_kwargs: Mapping[str, Any],
+        tmp: Path,
+    ) -> None:
+        self.model_path = model_path
+        self.float_model = float_model
+        self.ranges = ranges
+        self.providers = providers
+        self.kwargs = dict(quantize_kwargs)
+        self.user_excluded = list(self.kwargs.pop("nodes_to_exclude", None) or [])
+        self.tmp = tmp
+        self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
+        self.checks = 0  # candidate checks on the switched model
+        self.quantizations = 0  # onnxruntime quantizations beyond the first
+
+    def _quantize(self, path: Path, exclude: Sequence[str], **override: Any) -> None:
+        kwargs = {**self.kwargs, **override}
+        kwargs.pop("calibration_providers", None)
+        quantize_with_ranges(
+            self.model_path, path, self.ranges, nodes_to_exclude=[*self.user_excluded, *exclude] or None, **kwargs
+        )
+
+    def exact_sqnr(self, exclude: Sequence[str]) -> float:
+        """The output SQNR of onnxruntime's quantized model with ``exclude`` left in float."""
+        self.quantizations += 1
+        path = self.tmp / f"check{self.quantizations}.onnx"
+        self._quantize(path, exclude)
+        noise = self.reference.noise(_screen.session(path, self.providers))
+        for f in self.tmp.glob(f"check{self.quantizations}.onnx*"):
+            f.unlink()
+        return _screen.sqnr_db(self.reference.signal, noise)
+
+    def diagnose(
+        self,
+        state: CalibrationState,
+        screen_samples: int,
+        max_screen_runs: int,
+        max_checks: int,
+        max_exact_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+        seconds: dict[str, float],
+    ) -> tuple[Any, ...]:
+        t = time.perf_counter()
+        qdq_path = self.tmp / "qdq.onnx"
+        self._quantize(qdq_path, (), quant_format=QuantFormat.QDQ, use_external_data_format=True)
+        qdq = onnx.load(qdq_path.as_posix())
+        nodes = quantized_nodes(qdq)
+        if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qdq.graph.node):
+            logger.warning("diagnose: onnxruntime quantizes nothing in this model: nothing to diagnose")
+            sqnr = _screen.sqnr_db(
+                self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
+            )
+            seconds["quantization"] = time.perf_counter() - t
+            return [], [], sqnr, sqnr, {"nodes": 0, "tensors": [], "checks": 0}, 0, 0, [], []
+        switched, tensors = switched_model(qdq, self.float_model)
+        del qdq
+        if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:
+            sqnr = _screen.sqnr_db(
+                self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
+            )
+        else:
+            sqnr = self.exact_sqnr(())
+        switched_path = self.tmp / "switched.onnx"
+        onnx.save_model(switched, switched_path.as_posix(), save_as_external_data=True, location="switched.data")
+        del switched
+        seconds["quantization"] = time.perf_counter() - t
+        logger.info(
+            "diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr
+        )
+
+        t = time.perf_counter()
+        switched_session = _screen.session(switched_path, self.providers)
+        result = _screen.screen_tensors(
+            switched_session,
+            SWITCH_INPUT,
+            self.reference,
+            len(tensors),
+            limit=screen_samples,
+            max_candidates=max(2 * max_checks, 8),
+            max_runs=max_screen_runs,
+            min_share=SCREEN_MIN_SHARE,
+        )
+        seconds["screen"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        candidates: list[tuple[QuantizedTensor, float | None]] = [
+            (tensors[i], result.gain_db(r)) for i, r in result.candidates
+        ]
+        findings = range_findings(state, [x.name for x in tensors])
+        # sentinel tensors the screen did not rank come after its candidates (their check decides)
+        screened = {c.name for c, _ in candidates}
+        by_name = {x.name: x for x in tensors}
+        candidates += [(by_name[f.tensor], None) for f in findings if f.kind == "sentinel" and f.tensor not in screened]
+        impacts, excluded = self._greedy(
+            switched_session, tensors, candidates, result, len(nodes), sqnr, screen_samples, max_checks, min_gain_db,
+            target, max_fraction,
+        )  # fmt: skip
+        sqnr_excluded = sqnr
+        if excluded:
+            sqnr_excluded = self.exact_sqnr(excluded)
+            if sqnr_excluded < sqnr + min_gain_db:
+                logger.warning(
+                    "diagnose: onnxruntime's model with the candidates in float measures %.2f dB (%.2f dB without): "
+                    "no suggestion",
+                    sqnr_excluded,
+                    sqnr,
+                )
+                impacts = [dataclasses.replace(i, accepted=False) for i in impacts]
+                excluded, sqnr_excluded = [], sqnr
+        sentinels = {f.tensor for f in findings if f.kind == "sentinel"}
+        impacts, excluded, sqnr_excluded = self._exact(
+            impacts, by_name, sentinels, excluded, sqnr_excluded, len(nodes), max_exact_checks, min_gain_db,
+            target, max_fraction,
+        )  # fmt: skip
+        seconds["checks"] = time.perf_counter() - t
+        unresolved = [
+            (tensors[a].name, tensors[b - 1].name, b - a, result.gain_db(r))
+            for a, b, r in result.unresolved
+            if b - a > 1 and r > 0
+        ][:5]
+        counts = {"nodes": len(nodes), "tensors": [x.name for x in tensors], "checks": self.checks}
+        return impacts, excluded, sqnr, sqnr_excluded, counts, result.runs, self.quantizations, unresolved, findings
+
+    def _exact(
+        self,
+        impacts: list[TensorImpact],
+        by_name: dict[str, QuantizedTensor],
+        sentinels: set[str],
+        excluded: list[str],
+        current: float,
+        node_count: int,
+        max_exact_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+    ) -> tuple[list[TensorImpact], list[str], float]:
+        """Checks on onnxruntime's own quantized model for the candidates the switched model
+        cannot judge: sentinel tensors and tensors quantized with another tensor's scale (an op
+        such as Slice or Transpose shares its input's scale; excluding it gives the tensor its own
+        range, which the switched model does not hold), when their switched check did not keep
+        them; each kept if it gains at least ``min_gain_db`` over the measured SQNR so far."""
+        limit = math.floor(max_fraction * node_count + 1e-9)
+        spent = 0
+        out = []
+        for impact in impacts:
+            tensor = by_name[impact.tensor]
+            new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
+            if (
+                impact.accepted
+                or not (tensor.shared_scale or tensor.name in sentinels)
+                or not new
+                or len(excluded) + len(new) > limit
+                or spent >= max_exact_checks
+                or (target is not None and current >= target)
+            ):
+                out.append(impact)
+                continue
+            spent += 1
+            got = self.exact_sqnr([*excluded, *new])
+            accepted = got - current >= min_gain_db
+            out.append(
+                dataclasses.replace(
+                    impact, check_gain_db=got - current, accepted=accepted, note="checked on onnxruntime's model"
+                )
+            )
+            if accepted:
+                excluded = [*excluded, *new]
+                current = got
+        return out, excluded, current
+
+    def _greedy(
+        self,
+        switched_session: Any,
+        tensors: list[QuantizedTensor],
+        candidates: list[tuple[QuantizedTensor, float | None]],
+        screen: _screen.ScreenResult,
+        node_count: int,
+        sqnr: float,
+        screen_samples: int,
+        max_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+    ) -> tuple[list[TensorImpact], list[str]]:
+        """Candidates best first, each kept if leaving its nodes in float (with those kept before)
+        gains at least ``min_gain_db`` on the switched model. A tensor is in float when every
+        quantized node next to it is excluded: ORT's rule, so the check sees what ORT will do."""
+        excluded: list[str] = []
+        impacts = []
+        limit = math.floor(max_fraction * node_count + 1e-9)
+        base = _screen.sqnr_db(screen.signal, screen.noise)  # every tensor quantized, screen feeds
+        current = base
+        for tensor, gain in candidates:
+            new = [n for n in tensor.nodes if n not in excluded and n not in self.user_excluded]
+            note = ""
+            # predicted SQNR of ORT's model: its measured one plus the gain seen on the switched model
+            if target is not None and sqnr + (current - base) >= target:
+                note = "target reached"
+            elif not tensor.nodes:
+                note = "no named node next to it"
+            elif not new:
+                note = "already left in float"
+            elif len(excluded) + len(new) > limit:
+                note = f"would exceed {max_fraction:.0%} of the quantized nodes"
+            elif self.checks >= max_checks:
+                note = "check budget spent"
+            if note:
+                impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, note=note))
+                continue
+            left = {*excluded, *new}
+            mask = np.array([not (t.nodes and all(n in left for n in t.nodes)) for t in tensors], np.bool_)
+            noise = self.reference.noise(switched_session, {SWITCH_INPUT: mask}, screen_samples)
+            got = _screen.sqnr_db(screen.signal, noise)
+            self.checks += 1
+            accepted = got - current >= min_gain_db
+            logger.debug("diagnose: leaving %s in float: %.2f dB (%s)", tensor.name, got, accepted)
+            impacts.append(TensorImpact(tensor.name, tensor.kind, tensor.nodes, gain, got - current, accepted))
+            if accepted:
+                excluded += new
+                current = got
+        return impacts, excluded
