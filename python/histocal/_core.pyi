@@ -55,13 +55,9 @@ MAX_BINS: int
 #: How many exponents a pow2 vote can have.
 POW2_EXPONENTS: int
 
-# Named records: each also reads as the tuple of its fields, in order (len, indexing and
-# slicing, unpacking, equality with a tuple).
+# Named records: frozen, read by field; equal (and hashed) by their fields, within one class.
 class _Record:
     _fields: ClassVar[list[str]]
-    def __len__(self) -> int: ...
-    def __getitem__(self, index: int | slice, /) -> Any: ...
-    def __iter__(self) -> Iterator[Any]: ...
     def __hash__(self) -> int: ...
 
 @final

@@ -40,6 +40,10 @@ class ValueCounts:
     batches: int
 
 
+def _value_counts(c: _core.TensorCounts) -> ValueCounts:
+    return ValueCounts(c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -166,7 +170,7 @@ class HistogramCollector(CalibrationDataCollector):
         ``histogram_dict``, its histogram's total, as finite values of 0 batches."""
         with self._lock:
             hists = self.histograms
-            return {n: ValueCounts(*hists.counts(n)) for n in hists.names()}
+            return {n: _value_counts(hists.counts(n)) for n in hists.names()}
 
     def _entry(self, name: str) -> tuple:
         st = self._hists.state(name)
@@ -275,9 +279,10 @@ class HistogramCollector(CalibrationDataCollector):
     def _entropy(self) -> dict[str, tuple]:
         hd = self.histogram_dict
         out = {}
-        for name, start, end in self._hists.entropy(self.num_quantized_bins):
+        for r in self._hists.entropy(self.num_quantized_bins):
+            name = r.name
             hist, edges, mn, mx = hd[name][:4]
-            lo, hi = _clip(edges[start], edges[end], mn, mx)
+            lo, hi = _clip(edges[r.start], edges[r.end], mn, mx)
             if self._narrowed(name):
                 lo, hi = _outward_f32(lo, hi)
             out[name] = (lo, hi, hist, edges)
@@ -286,7 +291,8 @@ class HistogramCollector(CalibrationDataCollector):
     def _percentile(self) -> dict[str, tuple]:
         hd = self.histogram_dict
         out = {}
-        for name, i_lo, i_hi in self._hists.percentile(float(self.percentile), self.symmetric):
+        for r in self._hists.percentile(float(self.percentile), self.symmetric):
+            name, i_lo, i_hi = r.name, r.start, r.end
             hist, edges, mn, mx = hd[name][:4]
             if self.symmetric:
                 lo, hi = -np.array(edges[i_hi], edges.dtype), np.array(edges[i_hi], edges.dtype)
@@ -310,7 +316,7 @@ class HistogramCollector(CalibrationDataCollector):
         hd = self.histogram_dict
         moments: dict[str, tuple[Any, Any]]  # floats from Rust, numpy scalars from numpy
         if self.scenario == "same":
-            moments = {n: (a, s) for n, a, s in self._hists.distribution()}
+            moments = {m.name: (m.avg, m.std) for m in self._hists.distribution()}
         else:
             moments = {n: _p3_avg_std(*hd[n][:2]) for n in hd}
         out = {}
@@ -475,9 +481,15 @@ class ExactHistogram:
 
 
 def export_exact(hists: Any, name: str) -> ExactHistogram:
-    hist, edges, mn, mx, thr, dtype = hists.state(name)
+    st, c = hists.state(name), hists.counts(name)
     return ExactHistogram(
-        dtype, hist, edges, tuple(mn), tuple(mx), None if thr is None else tuple(thr), tuple(hists.counts(name))
+        st.dtype,
+        st.hist,
+        st.edges,
+        tuple(st.min),
+        tuple(st.max),
+        None if st.threshold is None else tuple(st.threshold),
+        (c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches),
     )
 
 

@@ -28,7 +28,10 @@ class TensorStats:
 def tensor_stats(arr: np.ndarray, name: str = "array") -> TensorStats:
     """One pass over ``arr`` (GIL released, parallel over chunks)."""
     (a,) = float_batches(name, [arr])
-    return TensorStats(*_core.tensor_stats(a))
+    s = _core.tensor_stats(a)
+    return TensorStats(
+        s.nanmin, s.nanmax, s.finite_min, s.finite_max, s.n_finite, s.n_nan, s.n_posinf, s.n_neginf
+    )
 
 
 def channel_min_max(arr: np.ndarray, axis: int = 1, name: str = "array") -> tuple[np.ndarray, np.ndarray]:

@@ -37,7 +37,8 @@ def collected(batches: list[np.ndarray], name: str = "t"):
 
 def pairs_of(stream, name: str = "t") -> tuple[list[tuple[float, float]], int]:
     """The summary expanded back to one pair per row."""
-    l1, l2, rows, skipped, _ = stream.isotone_pairs(name)
+    p = stream.isotone_pairs(name)
+    l1, l2, rows, skipped = p.l1, p.l2, p.rows, p.skipped
     return [(a, b) for a, b, n in zip(l1.tolist(), l2.tolist(), rows.tolist()) for _ in range(n)], skipped
 
 
@@ -70,7 +71,8 @@ def test_summary_and_range_match_the_reference(batches, qtype, symmetric):
     want_pairs, want_skipped = I.top_two(batches)
     got_pairs, got_skipped = pairs_of(s)
     assert sorted(got_pairs) == sorted(want_pairs) and got_skipped == want_skipped
-    low, high, _satisfied, rows, skipped, fell_back = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
+    r = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
+    low, high, rows, skipped, fell_back = r.low, r.high, r.rows, r.skipped, r.fell_back
     assert (low, high) == I.isotone_range(batches, qtype, symmetric)
     assert rows == len(want_pairs) and skipped == want_skipped
     assert fell_back == (I.isotone_scale(want_pairs, qtype, symmetric) is None and bool(want_pairs))
@@ -108,7 +110,8 @@ def test_onnxruntime_maps_the_range_to_the_scale(qtype, symmetric):
     rng = np.random.default_rng(3)
     logits = rng.normal(0, 2, (64, 10)).astype(np.float32)
     s = collected([logits])
-    low, high, *_ = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
+    r = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
+    low, high = r.low, r.high
     pairs, _ = I.top_two([logits])
     scale = I.isotone_scale(pairs, qtype, symmetric)
     ort_scale, zp = ort_scale_zp(low, high, qtype, symmetric)

@@ -149,8 +149,8 @@ def _histograms(state: CalibrationState) -> list:
     """Every channel's streaming histogram (bins, extremes, value counts; not the batch count)."""
     out = []
     for key in state.channels.channel_keys():
-        dtype, level, bins, fmin, fmax, amin, counts = state.channels.stream.export(key)
-        out.append((key, dtype, level, bins.tolist(), fmin, fmax, amin, counts[:4]))
+        e = state.channels.stream.export(key)
+        out.append((key, e.dtype, e.level, e.bins.tolist(), e.finite_min, e.finite_max, e.abs_min, e.counts[:4]))
     return out
 
 
@@ -367,9 +367,9 @@ def test_stream_histograms_keep_first_collected_order_without_repeats():
     s.collect([("c", [x]), ("a", [x])])
     s.collect([("d", [x]), ("d", [x])])
     assert s.names() == ["a", "b", "c", "d"]
-    _, level, bins, fmin, fmax, amin, counts = s.export("b")
-    s.restore("b", "float32", level, bins, fmin, fmax, amin, counts)
-    s.restore("e", "float32", level, bins, fmin, fmax, amin, counts)
+    e = s.export("b")
+    s.restore("b", "float32", e.level, e.bins, e.finite_min, e.finite_max, e.abs_min, e.counts)
+    s.restore("e", "float32", e.level, e.bins, e.finite_min, e.finite_max, e.abs_min, e.counts)
     assert s.names() == ["a", "b", "c", "d", "e"]
     with pytest.raises(ValueError, match="dtype must not change"):
         s.collect([("f", [x]), ("a", [x.astype(np.float64)])])  # a changed dtype: nothing changes

@@ -121,16 +121,25 @@ def _assert_same(a: TensorsData, b: TensorsData, ordered: bool = True) -> None:
 def _stream_exports(state: CalibrationState) -> dict:
     out = {}
     for n in state.names:
-        d, level, bins, a, b, c, counts = state.stream.export(n)
-        out[n] = (d, level, bins.tobytes(), a, b, c, counts)
+        e = state.stream.export(n)
+        out[n] = (e.dtype, e.level, e.bins.tobytes(), e.finite_min, e.finite_max, e.abs_min, e.counts)
     return out
 
 
 def _exact_exports(state: CalibrationState) -> dict:
     out = {}
     for n in state.names:
-        hist, edges, mn, mx, thr, d = state.exact.state(n)
-        out[n] = (hist.tobytes(), edges.tobytes(), str(edges.dtype), mn, mx, thr, d, state.exact.counts(n))
+        s = state.exact.state(n)
+        out[n] = (
+            s.hist.tobytes(),
+            s.edges.tobytes(),
+            str(s.edges.dtype),
+            s.min,
+            s.max,
+            s.threshold,
+            s.dtype,
+            state.exact.counts(n),
+        )
     return out
 
 
@@ -268,7 +277,7 @@ def test_exact_shards_with_shared_edges_merge_to_one_run(model_path, tmp_path):
     states = [_calibrate("entropy", model_path, tmp_path, s, mode="exact").state for s in ANCHORED]
     whole = _calibrate("entropy", model_path, tmp_path, [b for s in ANCHORED for b in s], mode="exact")
     for name in states[0].names:  # the anchor makes the edges shared
-        assert all(np.array_equal(s.exact.state(name)[1], states[0].exact.state(name)[1]) for s in states)
+        assert all(np.array_equal(s.exact.state(name).edges, states[0].exact.state(name).edges) for s in states)
     merged = merge_states([_saved_state(s, tmp_path / f"x{i}.npz") for i, s in enumerate(states)])
     assert _exact_exports(merged) == _exact_exports(whole.state)
     assert _stream_exports(merged) == _stream_exports(whole.state)
@@ -281,20 +290,21 @@ def test_exact_merge_with_different_edges_follows_ort_rule(model_path, tmp_path)
     for a, b in ((small, big), (big, small)):
         merged = a.merge(b)
         for name in merged.names:
-            hist, edges, mn, _mx, thr, _ = merged.exact.state(name)
-            assert hist.sum() == a.exact.state(name)[0].sum() + b.exact.state(name)[0].sum()
-            assert thr[0] >= max(a.exact.state(name)[4][0], b.exact.state(name)[4][0])
+            s, sa, sb = merged.exact.state(name), a.exact.state(name), b.exact.state(name)
+            hist, edges, mn, thr = s.hist, s.edges, s.min, s.threshold
+            assert hist.sum() == sa.hist.sum() + sb.hist.sum()
+            assert thr[0] >= max(sa.threshold[0], sb.threshold[0])
             assert len(edges) == len(hist) + 1 and len(hist) >= 128
-            assert mn[0] == min(a.exact.state(name)[2][0], b.exact.state(name)[2][0])
+            assert mn[0] == min(sa.min[0], sb.min[0])
         merged.compute("entropy")  # usable
     # percentile symmetric: |x| histograms
     a = _calibrate("percentile", model_path, tmp_path, _batches(3, 4, 0.5), mode="exact", symmetric=True).state
     b = _calibrate("percentile", model_path, tmp_path, _batches(4, 4, 3.0), mode="exact", symmetric=True).state
     m = a.merge(b)
     for name in m.names:
-        assert m.exact.state(name)[0].sum() == a.exact.state(name)[0].sum() + b.exact.state(name)[0].sum()
-        b_edges = b.exact.state(name)[1]
-        assert m.exact.state(name)[1][-1] >= (b_edges[-1] + b_edges[-2]) / 2  # holds b's last bin centre
+        assert m.exact.state(name).hist.sum() == a.exact.state(name).hist.sum() + b.exact.state(name).hist.sum()
+        b_edges = b.exact.state(name).edges
+        assert m.exact.state(name).edges[-1] >= (b_edges[-1] + b_edges[-2]) / 2  # holds b's last bin centre
     m.compute("percentile", symmetric=True)
 
 
@@ -640,7 +650,7 @@ def test_f16_open_top_state_round_trips(f16_model_path, tmp_path):
         num_bins=1000,
         percentile=99.9,
     )
-    hist, edges, *_ = cal.state.exact.state("X")
+    hist, edges = cal.state.exact.state("X").hist, cal.state.exact.state("X").edges
     assert edges.dtype == np.float16 and np.isposinf(edges[-1]) and hist[-1] == 2
     assert (edges[1:] == edges[:-1]).any()  # repeated float16 edges
     path = tmp_path / "open_top.npz"
@@ -674,12 +684,12 @@ def test_f16_open_top_states_merge(f16_model_path, tmp_path):
     for a, b in ((open_top, finite), (finite, open_top), (open_top, open_top)):
         merged = a.merge(b)
         for name in merged.names:
-            hist, edges = merged.exact.state(name)[:2]
-            held = a.exact.state(name)[0].sum() + b.exact.state(name)[0].sum()
+            hist, edges = merged.exact.state(name).hist, merged.exact.state(name).edges
+            held = a.exact.state(name).hist.sum() + b.exact.state(name).hist.sum()
             # b's infinities are kept where the merged edges end in +inf (ORT's rule never extends
             # to an infinity; extending to b's largest finite edge may overflow float16 as in ORT);
             # every finite value lands somewhere
-            b_infs = b.exact.state(name)[0][-1] * np.isposinf(b.exact.state(name)[1][-1])
+            b_infs = b.exact.state(name).hist[-1] * np.isposinf(b.exact.state(name).edges[-1])
             lost = 0 if np.isposinf(edges[-1]) else b_infs
             assert hist.sum() == held - lost, (name, hist.sum(), held, lost)
             assert edges.dtype == np.float16

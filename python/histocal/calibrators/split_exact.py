@@ -83,7 +83,8 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
         if second.digest != first.digest:
             raise second_read_differs(max(first.kept) + 1, n - 1)
         for name, _, _, (finite, nan, posinf, neginf), batches in part.scans:
-            h, edges, mn, mx, threshold, dtype = hist.state(name)
+            st = hist.state(name)
+            h = st.hist
             if int(h.sum()) != finite:  # a value outside pass 1's ranges was not binned
                 raise ValueError(
                     f"tensor {name!r}: the data reader returned different data on its second read "
@@ -91,5 +92,7 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
                     "exact mode reads the data twice and needs the same batches each time"
                 )
             # this part's own counts: the planned ones are every part's
-            hist.restore(name, dtype, h, edges, mn, mx, threshold, (finite, nan, posinf, neginf, batches))
+            hist.restore(
+                name, st.dtype, h, st.edges, st.min, st.max, st.threshold, (finite, nan, posinf, neginf, batches)
+            )
         return CollectedData("exact", stream, hist, calibrator.kind, int(calibrator.num_bins))

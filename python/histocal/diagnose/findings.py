@@ -64,7 +64,8 @@ def range_findings(state: Any, names: list[str] | None = None) -> list[RangeFind
     for name in state.names if names is None else names:
         if name not in state.names:
             continue
-        finding = _classify(name, *stream.export(name))
+        e = stream.export(name)
+        finding = _classify(name, e.dtype, e.level, e.bins, e.finite_min, e.finite_max, e.abs_min, e.counts)
         if finding is not None:
             found.append(finding)
     found.sort(key=lambda f: (f.kind != "sentinel", -f.ratio if not math.isnan(f.ratio) else 0.0))

@@ -61,8 +61,10 @@ class TensorRow:
 
 
 def summarise(stream: Any, name: str) -> TensorRow:
-    dtype, level, bins, fmin, fmax, _, (finite, nan, posinf, neginf, batches) = stream.export(name)
-    bins = np.asarray(bins, dtype=np.uint64)
+    e = stream.export(name)
+    dtype, level, fmin, fmax = e.dtype, e.level, e.finite_min, e.finite_max
+    finite, nan, posinf, neginf, batches = e.counts
+    bins = np.asarray(e.bins, dtype=np.uint64)
     nz = np.flatnonzero(bins)
     t = TensorRow(
         name=name,

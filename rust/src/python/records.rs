@@ -1,13 +1,12 @@
-//! The named records `_core` returns: frozen classes with a field per value, which also act as
-//! the tuples they replace (length, indexing and slicing, unpacking, equality with a tuple), so
-//! `summary(name).finite_min` and `_, _, fmin, fmax, _, _ = summary(name)` both read them.
+//! The named records `_core` returns: frozen classes with a field per value, read by name
+//! (`summary(name).finite_min`), equal when they are of one class with equal fields.
 
 use pyo3::basic::CompareOp;
 use pyo3::prelude::*;
-use pyo3::types::{PyIterator, PyTuple};
+use pyo3::types::PyTuple;
 use pyo3::IntoPyObjectExt;
 
-/// A frozen record class with named fields and the tuple protocol over them, in order.
+/// A frozen record class with named fields, compared and hashed by its fields in order.
 macro_rules! record {
     ($(#[$doc:meta])* $name:ident { $($(#[$fdoc:meta])* $field:ident : $ty:ty),+ $(,)? }) => {
         $(#[$doc])*
@@ -25,32 +24,17 @@ macro_rules! record {
 
         #[pymethods]
         impl $name {
-            /// The field names, in tuple order.
+            /// The field names, in declaration order.
             #[classattr]
             fn _fields() -> Vec<&'static str> {
                 vec![$(stringify!($field)),+]
             }
 
-            fn __len__(&self) -> usize {
-                [$(stringify!($field)),+].len()
-            }
-
-            fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-                self.as_tuple(py)?.as_any().get_item(index)
-            }
-
-            fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyIterator>> {
-                self.as_tuple(py)?.as_any().try_iter()
-            }
-
             fn __richcmp__<'py>(&self, py: Python<'py>, other: &Bound<'py, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
-                let other = if let Ok(r) = other.cast::<$name>() {
-                    r.get().as_tuple(py)?.into_any()
-                } else if other.is_instance_of::<PyTuple>() {
-                    other.clone()
-                } else {
+                let Ok(other) = other.cast::<$name>() else {
                     return Ok(py.NotImplemented());
                 };
+                let other = other.get().as_tuple(py)?.into_any();
                 Ok(self.as_tuple(py)?.as_any().rich_compare(other, op)?.unbind())
             }
 
