@@ -40,6 +40,15 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
+def calibrate_args(model, data, *options, method=None, cache=None, state=None) -> list[str]:
+    """``histocal calibrate``'s arguments: the model, ``--data``, ``--method``, ``options``, ``--cache``, ``--state``."""
+    args = ["calibrate", str(model), "--data", str(data)]
+    args += ["--method", method] if method else []
+    args += [str(o) for o in options]
+    args += ["--cache", str(cache)] if cache else []
+    return args + (["--state", str(state)] if state else [])
+
+
 def files_in(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()}
 
@@ -111,20 +120,17 @@ def out_dir(tmp_path: Path) -> Path:
 def test_calibrate_subprocess_cache_loads_in_ort_and_matches_api(work, tmp_path):
     cache, state = tmp_path / "cache.json", tmp_path / "state.hcs"
     r = run_cli(
-        "calibrate",
-        work["model"],
-        "--data",
-        work["npy"],
-        "--method",
-        "entropy",
-        "--num-bins",
-        "256",
-        "--batch-size",
-        "2",
-        "--cache",
-        cache,
-        "--state",
-        state,
+        *calibrate_args(
+            work["model"],
+            work["npy"],
+            "--num-bins",
+            "256",
+            "--batch-size",
+            "2",
+            method="entropy",
+            cache=cache,
+            state=state,
+        )
     )
     assert r.returncode == 0, r.stderr
     assert "calibrated 8 tensors" in r.stdout and not error_lines(r.stderr)
@@ -156,20 +162,7 @@ def test_summary_counts_samples_not_files(work, tmp_path, capsys):
 )
 def test_calibrate_each_data_kind_matches_api(work, tmp_path, capsys, kind, method, extra):
     cache = tmp_path / "c.json"
-    rc = main(
-        [
-            "calibrate",
-            str(work["model"]),
-            "--data",
-            str(work[kind]),
-            "--method",
-            method,
-            "--no-progress",
-            "--cache",
-            str(cache),
-            *extra,
-        ]
-    )
+    rc = main(calibrate_args(work["model"], work[kind], "--no-progress", *extra, method=method, cache=cache))
     assert rc == 0, capsys.readouterr().err
     batch_size = int(extra[extra.index("--batch-size") + 1]) if "--batch-size" in extra else 1
     preprocess = "mobilenet" if kind == "png" else "none"
@@ -190,40 +183,25 @@ def test_calibrate_each_data_kind_matches_api(work, tmp_path, capsys, kind, meth
 def test_calibrate_streaming_mode_and_op_types(work, tmp_path, capsys):
     cache = tmp_path / "c.json"
     rc = main(
-        [
-            "calibrate",
-            str(work["model"]),
-            "--data",
-            str(work["npy"]),
-            "--method",
-            "percentile",
+        calibrate_args(
+            work["model"],
+            work["npy"],
             "--mode",
             "streaming",
             "--streaming-bins",
             "1024",
             "--op-types",
             "Conv",
-            "--cache",
-            str(cache),
-        ]
+            method="percentile",
+            cache=cache,
+        )
     )
     assert rc == 0, capsys.readouterr().err
     ranges = histocal.io.cache.load_tensors_data(cache)
     assert {"X", "conv1", "pool"} <= set(ranges.data)  # Conv inputs and outputs only
     assert "resize" not in ranges.data
     # an option of another method is ignored with a warning
-    rc = main(
-        [
-            "calibrate",
-            str(work["model"]),
-            "--data",
-            str(work["npy"]),
-            "--scenario",
-            "p3",
-            "--cache",
-            str(tmp_path / "m.json"),
-        ]
-    )
+    rc = main(calibrate_args(work["model"], work["npy"], "--scenario", "p3", cache=tmp_path / "m.json"))
     assert rc == 0 and "--scenario does not apply to --method minmax" in capsys.readouterr().err
 
 
@@ -288,23 +266,7 @@ def test_quantize_images_subprocess_model_runs_in_ort(work, tmp_path):
 
 def test_quantize_from_cache_and_from_state(work, tmp_path, capsys):
     cache, state = tmp_path / "e.json", tmp_path / "e.hcs"
-    assert (
-        main(
-            [
-                "calibrate",
-                str(work["model"]),
-                "--data",
-                str(work["npy"]),
-                "--method",
-                "entropy",
-                "--cache",
-                str(cache),
-                "--state",
-                str(state),
-            ]
-        )
-        == 0
-    )
+    assert main(calibrate_args(work["model"], work["npy"], method="entropy", cache=cache, state=state)) == 0
     # --cache alone: the cache's method is used
     q1 = tmp_path / "q1.onnx"
     assert (
@@ -380,23 +342,7 @@ def test_quantize_from_cache_and_from_state(work, tmp_path, capsys):
 @pytest.mark.parity
 def test_recompute_from_state(work, tmp_path, capsys):
     cache, state = tmp_path / "d.json", tmp_path / "d.hcs"
-    assert (
-        main(
-            [
-                "calibrate",
-                str(work["model"]),
-                "--data",
-                str(work["npy"]),
-                "--method",
-                "distribution",
-                "--cache",
-                str(cache),
-                "--state",
-                str(state),
-            ]
-        )
-        == 0
-    )
+    assert main(calibrate_args(work["model"], work["npy"], method="distribution", cache=cache, state=state)) == 0
     again = tmp_path / "again.json"
     assert main(["recompute", str(state), "--method", "distribution", "--cache", str(again)]) == 0
     assert_same_tensors_data(histocal.io.cache.load_tensors_data(again), histocal.io.cache.load_tensors_data(cache))
@@ -450,24 +396,19 @@ def test_histocal_methods_and_plugins(work, tmp_path, capsys, monkeypatch):
     state, cache = tmp_path / "s.hcs", tmp_path / "pow2.json"
     assert (
         main(
-            [
-                "calibrate",
-                str(work["model"]),
-                "--data",
-                str(work["npy"]),
-                "--method",
-                "pow2",
+            calibrate_args(
+                work["model"],
+                work["npy"],
                 "--pow2-method",
                 "MinMSE",
                 "--minmse-mode",
                 "MostCommon",
                 "--qtype",
                 "uint8",
-                "--cache",
-                str(cache),
-                "--state",
-                str(state),
-            ]
+                method="pow2",
+                cache=cache,
+                state=state,
+            )
         )
         == 0
     )
@@ -541,21 +482,7 @@ def test_inspect_cache_text_and_json(work, tmp_path, capsys):
 
 def test_inspect_state(work, tmp_path, capsys):
     state = tmp_path / "s.hcs"
-    assert (
-        main(
-            [
-                "calibrate",
-                str(work["model"]),
-                "--data",
-                str(work["npz"]),
-                "--method",
-                "percentile",
-                "--state",
-                str(state),
-            ]
-        )
-        == 0
-    )
+    assert main(calibrate_args(work["model"], work["npz"], method="percentile", state=state)) == 0
     capsys.readouterr()
     assert main(["inspect", str(state), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -663,20 +590,7 @@ BAD = ["unreadable image", "unreadable npy", "wrong shape", "wrong dtype", "miss
 def test_bad_data_fails_cleanly(work, tmp_path, capsys, kind):
     model, data, culprit = _bad_data(kind, work, tmp_path)
     out = out_dir(tmp_path)
-    rc = main(
-        [
-            "calibrate",
-            str(model),
-            "--data",
-            str(data),
-            "--method",
-            "entropy",
-            "--cache",
-            str(out / "c.json"),
-            "--state",
-            str(out / "s.hcs"),
-        ]
-    )
+    rc = main(calibrate_args(model, data, method="entropy", cache=out / "c.json", state=out / "s.hcs"))
     err = capsys.readouterr().err
     assert rc == 1
     (line,) = error_lines(err)
@@ -729,21 +643,7 @@ def test_float64_files_follow_the_feed_rule(work, tmp_path, capsys):
     caches = {}
     for name, folder in (("f32", f32), ("f64", f64)):
         caches[name] = tmp_path / f"{name}.json"
-        assert (
-            main(
-                [
-                    "calibrate",
-                    str(work["model"]),
-                    "--data",
-                    str(folder),
-                    "--method",
-                    "percentile",
-                    "--cache",
-                    str(caches[name]),
-                ]
-            )
-            == 0
-        )
+        assert main(calibrate_args(work["model"], folder, method="percentile", cache=caches[name])) == 0
     assert_same_tensors_data(
         ort_calibrate.load_tensors_data(caches["f32"]), ort_calibrate.load_tensors_data(caches["f64"])
     )
