@@ -1,7 +1,7 @@
 """Type stubs for histocal's compiled core (rust/src/python/), checked by mypy.stubtest."""
 
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, TypedDict, final
+from collections.abc import Sequence
+from typing import ClassVar, TypedDict, final
 
 import numpy as np
 from typing_extensions import Unpack

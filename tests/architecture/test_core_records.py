@@ -28,7 +28,7 @@ def test_records_read_by_name_not_as_tuples() -> None:
     with pytest.raises(TypeError):
         len(summary)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _, _, fmin, fmax, _, _ = summary  # type: ignore[misc]
+        _, _, _fmin, _fmax, _, _ = summary  # type: ignore[misc]
 
 
 def test_every_record_matches_its_fields() -> None:
