@@ -1,6 +1,5 @@
 """histocal: Rust-accelerated, ORT-identical histogram calibration for ONNX quantization."""
 
-from ._core import get_num_threads, set_num_threads
 from ._version import __version__
 from .calibrators import (
     DEFAULT_STREAMING_BINS,
@@ -40,6 +39,7 @@ from .stats import (
     nanmean_sequential,
     tensor_stats,
 )
+from .threads import get_num_threads, set_num_threads
 
 __all__ = [
     "AUTO_SELECTION_OPTIONS",

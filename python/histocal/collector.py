@@ -31,7 +31,15 @@ SCENARIOS = ("same", "p3")
 
 @dataclass(frozen=True)
 class ValueCounts:
-    """How many values of a tensor were collected, by kind. Non-finite values are never binned."""
+    """How many values of a tensor were collected, by kind. Non-finite values are never binned.
+
+    Attributes:
+        finite: finite values.
+        nan: NaN values.
+        posinf: +inf values.
+        neginf: -inf values.
+        batches: the batches they came in.
+    """
 
     finite: int
     nan: int
@@ -75,7 +83,20 @@ def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
 
 
 class HistogramCollector(CalibrationDataCollector):
-    """ORT's ``HistogramCollector``, identical results, computed in Rust."""
+    """ORT's ``HistogramCollector``, identical results, computed in Rust.
+
+    Args:
+        method: ``"entropy"``, ``"percentile"`` or ``"distribution"``.
+        symmetric: symmetric ranges (percentile: histograms of |x|).
+        num_bins: histogram bins.
+        num_quantized_bins: entropy's quantized distribution's bins.
+        percentile: percentile's percentile, in [0, 100].
+        scenario: distribution's ``"same"`` or ``"p3"``.
+        lock: the lock every call holds (a calibrator's own); default: a new one.
+
+    Raises:
+        ValueError: an unknown method or a bad setting (ORT's messages).
+    """
 
     def __init__(
         self,
@@ -132,7 +153,15 @@ class HistogramCollector(CalibrationDataCollector):
         self._dict, self._handed = None, {}
 
     def collect(self, name_to_arr: Mapping[str, Any]) -> None:
-        """Add one ``collect`` call's data: per tensor an array or a list of per-batch arrays."""
+        """Add one ``collect`` call's data (ORT's merge rule applies between calls).
+
+        Args:
+            name_to_arr: per tensor an array or a list of per-batch arrays.
+
+        Raises:
+            ValueError: data that is not floating point (naming the tensor).
+            MemoryError: the histograms would not fit the memory the process can take.
+        """
         items = [(name, float_batches(name, data)) for name, data in name_to_arr.items()]
         with self._lock:
             self._sync()
@@ -162,6 +191,11 @@ class HistogramCollector(CalibrationDataCollector):
             self._dict, self._handed = value, dict(value.items())
 
     def get_histogram_dict(self) -> MutableMapping[str, tuple]:
+        """ORT's accessor of ``histogram_dict``.
+
+        Returns:
+            The ``histogram_dict`` (ORT's layout; edits reach the Rust state).
+        """
         return self.histogram_dict
 
     @property
@@ -179,8 +213,12 @@ class HistogramCollector(CalibrationDataCollector):
         return entry if st.threshold is None else (*entry, _held(*st.threshold, dtype))
 
     def refresh(self, names: Iterable[str] | None = None) -> None:
-        """Write the Rust state of ``names`` (all tensors if None) into the exposed dict, in
-        place, as ORT's ``collect`` writes its dict."""
+        """Write the Rust state into the exposed ``histogram_dict``, in place, as ORT's
+        ``collect`` writes its dict.
+
+        Args:
+            names: the tensors to write (None: all).
+        """
         if self._dict is None:
             return
         held = set(self._hists.names())
@@ -190,7 +228,11 @@ class HistogramCollector(CalibrationDataCollector):
 
     def roll_back_to(self, hists: _core.Histograms) -> None:
         """Put back the Rust state a failed calibrator call started from; a histogram_dict
-        handed out shows it too (entries the failed call added are removed)."""
+        handed out shows it too (entries the failed call added are removed).
+
+        Args:
+            hists: the histograms to hold (not copied).
+        """
         with self._lock:
             self._hists = hists
             if self._dict is not None:
@@ -234,6 +276,14 @@ class HistogramCollector(CalibrationDataCollector):
         return hists
 
     def compute_collection_result(self) -> dict[str, Any]:
+        """ORT's result of the method on the histograms (``histogram_dict`` edits included).
+
+        Returns:
+            Per tensor ORT's ``TensorData`` (distribution) or range tuple (entropy, percentile).
+
+        Raises:
+            ValueError: nothing collected, or distribution with fewer than 512 bins.
+        """
         with self._lock:
             if not self.histograms.names():  # (synced with histogram_dict here, once)
                 raise ValueError("Histogram has not been collected. Please run collect() first.")

@@ -13,7 +13,7 @@ PACKAGE = Path(histocal.__file__).parent
 
 # Lowest first: a module may import its own layer and the layers before it.
 LAYERS = (
-    ("histocal._core", "histocal._version", "histocal.patching"),
+    ("histocal._core", "histocal._version", "histocal.patching", "histocal.threads"),
     ("histocal.io",),
     ("histocal.methods",),
     ("histocal.collector",),

@@ -23,9 +23,9 @@ from ..methods.settings import (
     CollectionSettings,
 )
 from ..methods.table import ORT_TABLE
-from .histogram import DistributionCalibrater, EntropyCalibrater, PercentileCalibrater
 from .method import MethodCalibrater
 from .minmax import MinMaxCalibrater
+from .ort_methods import DistributionCalibrater, EntropyCalibrater, PercentileCalibrater
 
 logger = logging.getLogger(__name__)
 

@@ -34,21 +34,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnxruntime
-from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorsData
-
-if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
-    from typing_extensions import Unpack
 
 from .. import _core
 from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
 from ..io.readers import DataSource
-from ..methods.settings import CollectionKwargs, CollectionSettings
+from ..methods.settings import CollectionSettings
 from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
@@ -62,9 +57,7 @@ from .budget import (
 )
 from .common import (
     METHODS,
-    PrivateShapeInference,
     ReadDigest,
-    augmented_path_for,
     binned_and_binnable,
     check_channels_loadable,
     is_checkpoint,
@@ -132,6 +125,7 @@ class HistogramCalibration:
 
     @one_call_at_a_time
     def augment_graph(self) -> None:
+        """ORT's graph augmentation: the calibrated tensors become outputs of the augmented model."""
         super().augment_graph()  # type: ignore[misc]
 
     @one_call_at_a_time
@@ -156,7 +150,14 @@ class HistogramCalibration:
         return self._lock
 
     def fetch_names(self) -> list[str]:
-        """The session outputs this calibrator collects, in the session's order."""
+        """The session outputs this calibrator collects.
+
+        Returns:
+            Their names, in the session's order.
+
+        Raises:
+            RuntimeError: no augmented graph and session yet.
+        """
         if self.tensors_to_calibrate is None:
             raise RuntimeError("call augment_graph() and create_inference_session() before collect_data()")
         return [o.name for o in self.infer_session.get_outputs() if o.name in self.tensors_to_calibrate]
@@ -165,7 +166,17 @@ class HistogramCalibration:
     def collect_data(self, data_reader: Any) -> None:
         """Collect one call's batches; may be called several times (ORT's merge rule applies
         between calls in exact mode; streaming mode treats all calls as one data set). A call
-        that fails leaves what earlier calls collected unchanged."""
+        that fails leaves what earlier calls collected unchanged.
+
+        Args:
+            data_reader: a CalibrationDataReader, an iterable of feed dicts, or a callable
+                returning one.
+
+        Raises:
+            ValueError: bad data (naming the input and batch), or data that differs between the
+                two reads of exact mode.
+            MemoryError: the histograms would not fit the memory the process can take.
+        """
         saved = self._snapshot()
         try:
             self._collect_call(data_reader)
@@ -357,7 +368,11 @@ class HistogramCalibration:
         self.mode = collection_mode(self._method_overrides, self.mode, self._mode_used)
 
     def new_stream(self) -> _core.StreamHistograms:
-        """An empty streaming histogram set with what this calibrator's methods collect."""
+        """An empty streaming histogram set for this calibrator.
+
+        Returns:
+            Histograms that collect what this calibrator's methods need (pow2 votes, isotone pairs).
+        """
         isotone, votes = collects_for(self.method_overrides)
         return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
 
@@ -382,9 +397,17 @@ class HistogramCalibration:
     # -- what has been collected: the calibration state's interface ------------------------------
 
     def collected(self, *, copy: bool = True) -> CollectedData:
-        """What has been collected: the streaming histograms and, in exact mode, ORT's exact
-        ones. A copy, unless ``copy=False`` (then the streaming histograms are shared: only for
-        reading them at once). ValueError before anything was collected."""
+        """What has been collected: the streaming histograms and, in exact mode, ORT's exact ones.
+
+        Args:
+            copy: a copy; False: the streaming histograms are shared (only for reading them at once).
+
+        Returns:
+            The collected histograms.
+
+        Raises:
+            ValueError: nothing was collected yet.
+        """
         with self._lock:  # not while another thread collects
             if self._mode_used is None:
                 raise ValueError(_NOTHING_COLLECTED)
@@ -402,7 +425,11 @@ class HistogramCalibration:
             return CollectedData(self._mode_used, stream, exact, kind, num_bins, channels)
 
     def restore_collected(self, data: CollectedData) -> None:
-        """Replace what has been collected by (a copy of) ``data``."""
+        """Replace what has been collected.
+
+        Args:
+            data: the histograms to hold instead (copied).
+        """
         with self._lock:
             self._mode_used = data.mode
             self._stream = None if data.stream is None else copy_stream(data.stream)
@@ -434,12 +461,29 @@ class HistogramCalibration:
         return CalibrationState.from_calibrator(self)
 
     def save_state(self, path: str | Path, data_fingerprint: str | None = None, compress: bool = False) -> None:
-        """Save the collected histogram state (see ``histocal.CalibrationState``)."""
+        """Save the collected histogram state (see ``histocal.CalibrationState``).
+
+        Args:
+            path: the state file to write.
+            data_fingerprint: the fingerprint of the data collected, recorded in the state.
+            compress: deflate the file's members.
+
+        Raises:
+            ValueError: nothing collected yet, or a malformed ``data_fingerprint``.
+        """
         CalibrationState.from_calibrator(self, data_fingerprint).save(path, compress)
 
     @one_call_at_a_time
     def load_state(self, state: Any) -> None:
-        """Start from (merge in) a ``CalibrationState`` or a state file of this model and options."""
+        """Start from (merge in) a ``CalibrationState`` or a state file of this model and options.
+
+        Args:
+            state: a ``CalibrationState`` or the path of a state file.
+
+        Raises:
+            ValueError: a state of another model, other tensors or incompatible options, or an
+                invalid file.
+        """
         if not isinstance(state, CalibrationState):
             state = CalibrationState.load(state)
         self._check_loadable(state)
@@ -483,7 +527,14 @@ class HistogramCalibration:
     def compute_data(self) -> TensorsData:
         """Every method's results from what has been collected. Exact mode: ORT's own computation
         on ORT's exact histograms (edits of ``collector.histogram_dict`` included); otherwise the
-        calibration state's ``compute``, reading the calibrator's streaming histograms in place."""
+        calibration state's ``compute``, reading the calibrator's streaming histograms in place.
+
+        Returns:
+            onnxruntime ``TensorsData`` of every calibrated tensor.
+
+        Raises:
+            ValueError: nothing collected yet.
+        """
         result = None
         if self._mode_used == "exact":
             if self.collector is None:
@@ -500,79 +551,3 @@ class HistogramCalibration:
         if result is None:
             result = state.compute(self.method, **options)
         return compute_with_overrides(state, self.method, self.method_overrides, model=self.model, base=result)
-
-
-class EntropyCalibrater(HistogramCalibration, ort_calibrate.EntropyCalibrater, PrivateShapeInference):
-    def __init__(
-        self,
-        model_path: str | Path,
-        op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str | Path | None = None,
-        use_external_data_format: bool = False,
-        method: str = "entropy",
-        symmetric: bool = False,
-        num_bins: int = 128,
-        num_quantized_bins: int = 128,
-        **collection: Unpack[CollectionKwargs],
-    ) -> None:
-        super().__init__(
-            model_path,
-            op_types_to_calibrate,
-            augmented_path_for(self, augmented_model_path),
-            use_external_data_format,
-            method=method,
-            symmetric=symmetric,
-            num_bins=num_bins,
-            num_quantized_bins=num_quantized_bins,
-        )
-        self._init_histocal(CollectionSettings.from_keywords(**collection))
-
-
-class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibrater, PrivateShapeInference):
-    def __init__(
-        self,
-        model_path: str | Path,
-        op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str | Path | None = None,
-        use_external_data_format: bool = False,
-        method: str = "percentile",
-        symmetric: bool = False,
-        num_bins: int = 2048,
-        percentile: float = 99.999,
-        **collection: Unpack[CollectionKwargs],
-    ) -> None:
-        super().__init__(
-            model_path,
-            op_types_to_calibrate,
-            augmented_path_for(self, augmented_model_path),
-            use_external_data_format,
-            method=method,
-            symmetric=symmetric,
-            num_bins=num_bins,
-            percentile=percentile,
-        )
-        self._init_histocal(CollectionSettings.from_keywords(**collection))
-
-
-class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCalibrater, PrivateShapeInference):
-    def __init__(
-        self,
-        model_path: str | Path,
-        op_types_to_calibrate: Sequence[str] | None = None,
-        augmented_model_path: str | Path | None = None,
-        use_external_data_format: bool = False,
-        method: str = "distribution",
-        num_bins: int = 128,
-        scenario: str = "same",
-        **collection: Unpack[CollectionKwargs],
-    ) -> None:
-        super().__init__(
-            model_path,
-            op_types_to_calibrate,
-            augmented_path_for(self, augmented_model_path),
-            use_external_data_format,
-            method=method,
-            num_bins=num_bins,
-            scenario=scenario,
-        )
-        self._init_histocal(CollectionSettings.from_keywords(**collection))

@@ -22,7 +22,25 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
     """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
     pass: ``compute_data`` returns their ranges as MinMax-style TensorsData (see
     ``histocal.methods``). Always collects in streaming mode (the methods read the streaming
-    histogram)."""
+    histogram).
+
+    Args:
+        model_path: the float model.
+        op_types_to_calibrate: calibrate only these operators' tensors (None: all).
+        augmented_model_path: where the augmented model goes (default: a temporary folder).
+        use_external_data_format: save the augmented model's weights as external data.
+        method: a histocal or registered method's name.
+        method_options: its options (``histocal.methods.METHOD_OPTIONS``).
+        streaming_bins: the streaming histograms' bins (a power of two).
+        show_progress: a progress bar (None: when the output is a terminal).
+        per_channel: per-channel histograms.
+        axis: their channel axis.
+        num_threads: histocal's worker threads (None: the default).
+        session_options: onnxruntime SessionOptions for the calibration session.
+
+    Raises:
+        ValueError: an onnxruntime method, an unknown method or option.
+    """
 
     def __init__(
         self,
@@ -70,6 +88,11 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
             raise ValueError(ISOTONE_CLASS_AXIS)
 
     def new_stream(self) -> _core.StreamHistograms:
+        """An empty streaming histogram set for this calibrator.
+
+        Returns:
+            Histograms that collect what its method and overrides need (pow2 votes, isotone pairs).
+        """
         # a method choosing per batch needs every batch's vote, collected as the batches come
         isotone, votes = collects_for(self.method_overrides)
         votes = votes or collects_votes(self.method, self.method_options)

@@ -81,7 +81,25 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
     """ORT's MinMax (in-graph ReduceMin/ReduceMax, identical results), with readers of any kind,
     a progress bar, only the reduced outputs fetched, ``max_intermediate_outputs`` folding
     chunks instead of discarding them, and per-channel ranges that merge across calls, NaN
-    ignored: the range is the NaN-ignoring one of all batches, however they are chunked."""
+    ignored: the range is the NaN-ignoring one of all batches, however they are chunked.
+
+    Args:
+        model_path: the float model.
+        op_types_to_calibrate: calibrate only these operators' tensors (None: all).
+        augmented_model_path: where the augmented model goes (default: a temporary folder).
+        symmetric: ranges symmetric about 0.
+        use_external_data_format: save the augmented model's weights as external data.
+        moving_average: a moving average of the batches' ranges (ORT's).
+        averaging_constant: its constant.
+        max_intermediate_outputs: fold the ranges every this many batches (None: at the end).
+        per_channel: per-channel ranges (along axis 1).
+        show_progress: a progress bar (None: when the output is a terminal).
+        num_threads: onnxruntime's threads (None: the default).
+        session_options: onnxruntime SessionOptions for the calibration session.
+
+    Raises:
+        ValueError: a bad ``max_intermediate_outputs``.
+    """
 
     # set by ORT's untyped base class
     intermediate_outputs: list[Any]
@@ -151,13 +169,35 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
             self.augmented_model_path, sess_options=options, providers=self.execution_providers
         )
 
-    compute_data = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.compute_data)
-    clear_collected_data = one_call_at_a_time(ort_calibrate.MinMaxCalibrater.clear_collected_data)
+    @one_call_at_a_time
+    def compute_data(self) -> Any:
+        """ORT's MinMax ranges of what has been collected.
+
+        Returns:
+            onnxruntime ``TensorsData`` of every calibrated tensor.
+
+        Raises:
+            ValueError: nothing collected yet.
+        """
+        return ort_calibrate.MinMaxCalibrater.compute_data(self)
+
+    @one_call_at_a_time
+    def clear_collected_data(self) -> None:
+        """Drop the buffered batch outputs (ORT's; the ranges computed so far stay)."""
+        ort_calibrate.MinMaxCalibrater.clear_collected_data(self)
 
     @one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
         """ORT's collect_data, except that a call that fails leaves what earlier calls collected
-        unchanged, as in the histogram calibrators (ORT keeps the failed call's batches)."""
+        unchanged, as in the histogram calibrators (ORT keeps the failed call's batches).
+
+        Args:
+            data_reader: a CalibrationDataReader, an iterable of feed dicts, or a callable
+                returning one.
+
+        Raises:
+            ValueError: no data, or bad data (naming the input and batch).
+        """
         # compute_data replaces the range rather than changing it, so a reference is a snapshot
         saved = list(self.intermediate_outputs), self.calibrate_tensors_range
         try:
@@ -208,6 +248,16 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         return counts
 
     def merge_range(self, old_range: Any, new_range: Any) -> Any:
+        """Fold a chunk's ranges into the ranges so far: ORT's moving average, else the
+        NaN-ignoring union (ORT's keeps a NaN).
+
+        Args:
+            old_range: the ranges so far (per tensor), or empty.
+            new_range: the chunk's ranges (per tensor).
+
+        Returns:
+            ``new_range`` holding the merged ranges.
+        """
         if not old_range:
             return new_range
         for key, value in old_range.items():

@@ -252,12 +252,37 @@ def diagnose(
     **quantize_kwargs: Any,
 ) -> Diagnosis:
     """Diagnose the int8 (or other ``activation_type``) quantization of ``model_input``: see the
-    module docstring. ``calibration_data``: any data source histocal calibrates on (its first
-    ``eval_samples`` feeds are held back for evaluation unless ``eval_data`` is given);
-    ``state``: a ``CalibrationState`` to take the ranges from instead (then ``eval_data`` is
-    needed). ``method``/``method_options``: the range method (any histogram method or registered
-    one). ``quantize_kwargs``: ``quantize_static``'s quantization arguments (the screen always
-    uses the QDQ format; the exact checks use ``quant_format``). ``providers`` run the models."""
+    module docstring.
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        calibration_data: any data source histocal calibrates on (its first ``eval_samples``
+            feeds are held back for evaluation unless ``eval_data`` is given).
+        eval_data: evaluation feeds (needed with ``state``).
+        method: the range method (any histogram method or registered one).
+        method_options: its options.
+        state: a ``CalibrationState`` to take the ranges from instead of calibrating.
+        eval_samples: feeds held back for evaluation.
+        target_sqnr_db: stop suggesting once the predicted output SQNR reaches it.
+        max_excluded_fraction: the largest share of the quantized nodes to suggest excluding.
+        screen_samples: feeds the screen runs on.
+        max_screen_runs: the screen's runs at most.
+        max_checks: candidate checks at most.
+        max_exact_checks: checks on onnxruntime's quantized model at most.
+        min_gain_db: the SQNR gain a candidate must add to be kept.
+        streaming_bins: the streaming histograms' bins.
+        show_progress: a progress bar (None: when the output is a terminal).
+        providers: onnxruntime execution providers that run the models.
+        **quantize_kwargs: ``quantize_static``'s quantization arguments (the screen always uses
+            the QDQ format; the exact checks use ``quant_format``).
+
+    Returns:
+        The ``Diagnosis``: SQNRs, per-tensor impacts, findings and the suggested ``nodes_to_exclude``.
+
+    Raises:
+        ValueError: bad options, no calibration or evaluation data.
+        TypeError: an unknown quantization argument.
+    """
     start = time.perf_counter()
     unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
     if unknown:

@@ -56,7 +56,15 @@ def _extremes(dtype: str) -> tuple[float, float] | None:
 
 def range_findings(state: Any, names: list[str] | None = None) -> list[RangeFinding]:
     """The sentinel and outlier tensors of ``state`` (a ``CalibrationState`` with streaming
-    histograms), among ``names`` (default: every tensor); sentinels first, then by ratio."""
+    histograms), among ``names`` (default: every tensor); sentinels first, then by ratio.
+
+    Args:
+        state: a ``CalibrationState``.
+        names: the tensors to look at (default: all).
+
+    Returns:
+        The findings, sentinels first, then by outlier ratio.
+    """
     stream = state.stream
     if stream is None:
         return []

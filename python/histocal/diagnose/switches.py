@@ -240,7 +240,14 @@ def _sort_topologically(graph: onnx.GraphProto) -> None:
 def name_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``model`` with a name for every unnamed node (``nodes_to_exclude`` can only name named
     nodes): ``<op_type>_<position in the graph>``, made unique; and how many were named. The same
-    model always gets the same names; a model whose nodes are all named is returned as is."""
+    model always gets the same names; a model whose nodes are all named is returned as is.
+
+    Args:
+        model: the model.
+
+    Returns:
+        ``(model with every node named, how many nodes were named)``.
+    """
     graph = model.graph
     if all(n.name for n in graph.node):
         return model, 0

@@ -113,7 +113,20 @@ class TensorHistogram:
     """One tensor's collected state, as a custom method sees it.
 
     ``counts[i]`` values lie in ``[edges[i], edges[i + 1])`` (a signed histogram of equal-width
-    bins); ``min``/``max`` are the exact finite extremes; non-finite values are only counted."""
+    bins); ``min``/``max`` are the exact finite extremes; non-finite values are only counted.
+
+    Attributes:
+        name: the tensor.
+        dtype: its data type's name.
+        counts: the bins' counts (uint64).
+        edges: the bins' edges (float64, one more than the counts).
+        min: the smallest finite value.
+        max: the largest finite value.
+        n_nan: NaN values.
+        n_posinf: +inf values.
+        n_neginf: -inf values.
+        batches: the batches collected.
+    """
 
     name: str
     dtype: str
@@ -166,7 +179,14 @@ def register_method(name: str, fn: MethodFn, *, replace: bool = False) -> None:
 
 
 def unregister_method(name: str) -> None:
-    """Remove a method added by ``register_method`` (KeyError if there is none)."""
+    """Remove a method added by ``register_method``.
+
+    Args:
+        name: the method's name.
+
+    Raises:
+        KeyError: no method of that name is registered.
+    """
     with _lock:
         if name not in _registry:
             raise KeyError(f"no registered method {name!r}")
@@ -174,7 +194,11 @@ def unregister_method(name: str) -> None:
 
 
 def registered_methods() -> list[str]:
-    """The names registered by ``register_method``, sorted."""
+    """The methods added by ``register_method``.
+
+    Returns:
+        Their names, sorted.
+    """
     with _lock:
         return sorted(_registry)
 

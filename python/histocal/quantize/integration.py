@@ -236,24 +236,33 @@ def calibrate_and_select(
     show_progress: bool | None = None,
     **quantize_kwargs: Any,
 ) -> Selection:
-    """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind
-    of reader), keeping the first ``eval_samples`` feeds; choose among the candidates of
-    ``methods.MODEL_AUTO_CANDIDATES`` the one whose quantized model's output is closest to the
-    float model's, scored out of sample by ``folds``-fold cross-validation on the kept feeds
-    (kept feed i is in fold i mod ``folds``; each fold is scored with candidates calibrated on all
-    the calibration data but that fold's feeds, and the SQNR is pooled over the folds); return the
-    ``selection.Selection`` whose ranges are the chosen candidate computed from all the
-    calibration data. With fewer kept feeds than folds, each kept feed is a fold; with fewer than
-    2 the candidates are scored in sample (a warning says so).
-    ``quantize_kwargs``: ``quantize_static``'s quantization arguments (activation_type,
-    extra_options, op_types_to_quantize, calibration_providers, ... : the candidates are quantized
-    with them, and qtype/symmetric default to activation_type/ActivationSymmetric).
-    ``method_options``: auto's qtype and symmetric. Memory: the kept feeds plus the float
-    model's outputs on one fold, and one calibration state per fold. Cost: the augmented model
-    runs once per feed, as in one calibration (the kept feeds are collected fold by fold into
-    their own states, the rest into one; streaming states merge exactly, so each fold's training
-    state and the full state are merges); per fold the candidates are computed from its training
-    state, and per distinct candidate and fold there is one quantization and one run over the fold."""
+    """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind of
+    reader), keeping the first ``eval_samples`` feeds; choose among ``methods.MODEL_AUTO_CANDIDATES``
+    the candidate whose quantized model's output is closest to the float model's, scored out of
+    sample by ``folds``-fold cross-validation on the kept feeds (in sample, with a warning, with
+    fewer than 2 kept feeds). How, and what it costs: docs/methods.md, "auto: the model-level choice".
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        calibration_data_reader: a CalibrationDataReader, an iterable of feed dicts, or a callable
+            returning one.
+        eval_samples: feeds kept for scoring.
+        folds: cross-validation folds (kept feed i is in fold i mod ``folds``).
+        method_options: auto's ``qtype`` and ``symmetric`` (default: ``activation_type`` and
+            ``extra_options["ActivationSymmetric"]``).
+        streaming_bins: the streaming histograms' bins.
+        show_progress: a progress bar (None: when the output is a terminal).
+        **quantize_kwargs: ``quantize_static``'s quantization arguments (``QUANTIZE_ARGUMENTS``):
+            the candidates are quantized with them.
+
+    Returns:
+        The ``Selection``: the chosen candidate's ranges computed from all the calibration data,
+        and every candidate's score.
+
+    Raises:
+        ValueError: bad options, SmoothQuant, no data, or no candidate computable from the data.
+        TypeError: an unknown quantization argument.
+    """
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
     quantization = QuantizationArgs(**quantize_kwargs)
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})

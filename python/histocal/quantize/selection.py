@@ -94,7 +94,20 @@ Fold = tuple[Mapping[str, TensorsData], Sequence[Feed]]  # (candidates fitted wi
 @dataclass(frozen=True)
 class Selection:
     """The outcome of a selection: the chosen candidate's label and ranges, and every candidate's
-    output SQNR (dB, candidate order; -inf for a failed candidate), cross-validated or in-sample."""
+    output SQNR (dB, candidate order; -inf for a failed candidate), cross-validated or in-sample.
+
+    Attributes:
+        label: the chosen candidate.
+        ranges: its ranges.
+        sqnr_db: every candidate's output SQNR (dB).
+        eval_samples: the evaluation feeds scored.
+        seconds: how long the scoring took.
+        folds: cross-validation folds (0: scored in sample).
+        feed_sqnr_db: per candidate, its SQNR on each evaluation feed, in fold order.
+        range_widths: per candidate, how wide its ranges are.
+        reason: why this candidate.
+        quantizations: the onnxruntime quantizations the scoring made.
+    """
 
     label: str
     ranges: TensorsData
@@ -112,14 +125,20 @@ class Selection:
 
     @property
     def cross_validated(self) -> bool:
+        """Whether the candidates were scored out of sample."""
         return self.folds > 0
 
     @property
     def scoring(self) -> str:
+        """How the candidates were scored, in words."""
         return f"{self.folds}-fold cross-validated" if self.folds else "in-sample"
 
     def table(self) -> str:
-        """The SQNR of every candidate, one line each, the chosen one marked."""
+        """The SQNR of every candidate, one line each, the chosen one marked.
+
+        Returns:
+            The table's text.
+        """
         width = max(len(label) for label in self.sqnr_db)
         return "\n".join(
             f"{'*' if label == self.label else ' '} {label:<{width}}  {sqnr:8.2f} dB"
@@ -133,7 +152,16 @@ def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, Tenso
     MinMax-style TensorsData (lowest/highest only), the way auto's ranges travel through ORT and
     its cache whichever candidate wins. A candidate the state cannot give (pow2 without clipping on a
     tensor whose range needs a scale its type cannot hold, such as a -3.4e38 attention-mask
-    sentinel) is left out with a warning: the others can still be chosen."""
+    sentinel) is left out with a warning: the others can still be chosen.
+
+    Args:
+        state: the ``CalibrationState``.
+        qtype: the activations' quantized type (e.g. ``"int8"``).
+        symmetric: symmetric activation ranges.
+
+    Returns:
+        The candidates' ranges by label.
+    """
     out = {}
     requested = methods.model_candidate_options(qtype, symmetric)
     computed = candidate_ranges(state, [(method, options) for _, method, options in requested])
@@ -162,7 +190,22 @@ def select_ranges(
     quantization arguments (quant_format, activation_type, weight_type, per_channel, reduce_range,
     op_types_to_quantize, nodes_to_quantize, nodes_to_exclude, use_external_data_format,
     extra_options, calibration_providers); ``providers`` run the float and quantized models
-    (default: the CPU execution provider)."""
+    (default: the CPU execution provider).
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        feeds: the evaluation feeds.
+        candidates: the candidates' ranges by label.
+        providers: onnxruntime execution providers.
+        **quantize_kwargs: quantization arguments.
+
+    Returns:
+        The ``Selection``.
+
+    Raises:
+        ValueError: no feeds, no candidates, or every candidate failed to quantize or run.
+        TypeError: an unknown quantization argument.
+    """
     feeds = list(feeds)
     if not feeds:
         raise ValueError("select_ranges needs at least one evaluation feed")
@@ -181,7 +224,23 @@ def select_ranges_cross_validated(
     feeds), with the labels of ``candidates``; a candidate's score is its output SQNR pooled over
     the folds (the sums of signal and error energy over every fold's feeds), so ranges are never
     scored on the data they were fitted on. The chosen candidate's ranges are returned from
-    ``candidates`` (typically fitted on all the data). Arguments as ``select_ranges``."""
+    ``candidates`` (typically fitted on all the data).
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        folds: per fold, (its candidates' ranges by label, its feeds).
+        candidates: the candidates' ranges (from all the data) by label.
+        providers: onnxruntime execution providers.
+        **quantize_kwargs: quantization arguments, as ``select_ranges``'s.
+
+    Returns:
+        The ``Selection``.
+
+    Raises:
+        ValueError: no folds, a fold without feeds or with other candidates, no candidates, or
+            every candidate failed to quantize or run.
+        TypeError: an unknown quantization argument.
+    """
     fold_feeds = [(fold_candidates, list(feeds)) for fold_candidates, feeds in folds]
     if not fold_feeds or any(not feeds for _, feeds in fold_feeds):
         raise ValueError("select_ranges_cross_validated needs folds with at least one evaluation feed each")

@@ -97,7 +97,15 @@ _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lp
 
 def safe_file_names(names: Sequence[str], max_len: int = 80) -> list[str]:
     """Distinct, portable file stems (ASCII letters, digits, ``._-``) for tensor names; distinct
-    also on case-insensitive file systems. A name that had to change gets a short hash of itself."""
+    also on case-insensitive file systems. A name that had to change gets a short hash of itself.
+
+    Args:
+        names: the tensor names.
+        max_len: the longest stem before its hash.
+
+    Returns:
+        One stem per name, in order.
+    """
     used: set[str] = set()
     out = []
     for name in names:
@@ -329,12 +337,27 @@ def write_report(
     source: str | None = None,
     diagnosis: Any = None,
 ) -> Path:
-    """Write the report of ``state`` (a ``CalibrationState`` or a state file) into ``out_dir``;
-    returns the path of ``index.html``. ``methods``: a subset of :data:`REPORT_METHODS` (default
-    all); ``max_tensors``: plot only that many tensors, the largest outlier ratios first (the table
-    lists every tensor); ``workers``: processes drawing the images (default: the usable CPUs);
-    ``source``: how the page names the state (default: its file, or "in-memory state");
-    ``diagnosis``: a ``histocal.diagnose.Diagnosis``, shown in a section above the table."""
+    """Write the HTML report of a calibration state: each tensor's histogram and every method's range.
+
+    Args:
+        state: a ``CalibrationState`` or a state file.
+        out_dir: the folder the page and its images go to.
+        qtype: the quantized type the ranges are for.
+        symmetric: symmetric ranges.
+        methods: a subset of :data:`REPORT_METHODS` (default: all).
+        max_tensors: plot only that many tensors, the largest outlier ratios first (the table
+            lists every tensor).
+        workers: processes drawing the images (default: the usable CPUs).
+        source: how the page names the state (default: its file, or "in-memory state").
+        diagnosis: a ``histocal.diagnose.Diagnosis``, shown in a section above the table.
+
+    Returns:
+        The path of ``index.html``.
+
+    Raises:
+        MissingDependency: matplotlib is not installed.
+        ValueError: a bad option or an invalid state file.
+    """
     require_matplotlib()
     if qtype not in _methods.QTYPES:
         raise ValueError(f"qtype must be one of {list(_methods.QTYPES)}, got {qtype!r}")

@@ -8,10 +8,21 @@ from typing import Any
 
 
 def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
-    """sha256 (hex) over the model's opset imports and its graph's nodes, inputs, outputs (the first
-    ``num_outputs``: a calibrator appends its own) and (sparse) initializers, each serialized
-    deterministically. Names, doc strings, metadata and value_info (shape inference) are ignored.
-    ``model``: an onnx ModelProto or a path."""
+    """The fingerprint a state records of its model: sha256 over the model's opset imports and its
+    graph's nodes, inputs, outputs and (sparse) initializers, each serialized deterministically.
+    Names, doc strings, metadata and value_info (shape inference) are ignored.
+
+    Args:
+        model: an onnx ModelProto or a path.
+        num_outputs: hash only the first outputs (a calibrator appends its own); None: all.
+
+    Returns:
+        The sha256 digest, 64 hex digits.
+
+    Raises:
+        ValueError: a file that is not an ONNX model (naming it).
+        OSError: the file cannot be read.
+    """
     if isinstance(model, (str, os.PathLike)):
         import onnx
 

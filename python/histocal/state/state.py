@@ -88,17 +88,27 @@ def _version() -> str:
     return __version__
 
 
-# ----------------------------------------------------------------------------------------------
-# The state
-# ----------------------------------------------------------------------------------------------
-
-
 @dataclass
 class CalibrationState:
     """Reusable, mergeable histogram state of a calibration (see the module docstring).
 
     Build it with ``calibrator.state`` / ``CalibrationState.from_calibrator`` or ``load``; use it
-    with ``compute``, ``merge``, ``save`` and ``calibrator.load_state``."""
+    with ``compute``, ``merge``, ``save`` and ``calibrator.load_state``.
+
+    Args:
+        names: the calibrated tensors, in calibration order.
+        mode: the collection mode, ``"streaming"`` or ``"exact"``.
+        stream: the streaming histograms (every histocal state has them).
+        exact: exact mode's ORT histograms.
+        exact_kind: their kind, ``"value"`` or ``"abs"``.
+        exact_num_bins: their bin count.
+        model_fingerprint: the calibrated model's fingerprint (``model_fingerprint``).
+        data_fingerprints: the fingerprints of the data of each run merged into the state.
+        method: the method it was collected for.
+        settings: that method's settings.
+        histocal_version: the histocal version that collected it.
+        channels: per-channel streaming histograms, when collected.
+    """
 
     names: list[str]
     mode: str
@@ -118,7 +128,18 @@ class CalibrationState:
     @classmethod
     def from_calibrator(cls, cal: Any, data_fingerprint: str | None = None) -> CalibrationState:
         """A copy of what a histocal Entropy/Percentile/Distribution/Method calibrator has collected
-        (through its public interface: ``collected()``, ``model_fingerprint``, ``collection_settings``)."""
+        (through its public interface: ``collected()``, ``model_fingerprint``, ``collection_settings``).
+
+        Args:
+            cal: the calibrator, after ``collect_data``.
+            data_fingerprint: the fingerprint of the data it collected (``sha256:`` and 64 hex digits).
+
+        Returns:
+            The state.
+
+        Raises:
+            ValueError: a malformed ``data_fingerprint``.
+        """
         return cls.from_collected(
             cal.collected(),
             model_fingerprint=cal.model_fingerprint,
@@ -137,7 +158,21 @@ class CalibrationState:
         settings: dict[str, Any],
         data_fingerprint: str | None = None,
     ) -> CalibrationState:
-        """The state holding ``data`` (shared, not copied) and how it was collected."""
+        """The state holding ``data`` (shared, not copied) and how it was collected.
+
+        Args:
+            data: the collected histograms.
+            model_fingerprint: the calibrated model's fingerprint.
+            method: the method they were collected for.
+            settings: that method's settings.
+            data_fingerprint: the fingerprint of the data collected.
+
+        Returns:
+            The state.
+
+        Raises:
+            ValueError: a malformed ``data_fingerprint``.
+        """
         return cls(
             names=data.names,
             mode=data.mode,
@@ -153,11 +188,16 @@ class CalibrationState:
         )
 
     def collected(self) -> CollectedData:
-        """The state's histograms as a calibrator holds them (shared, not copied)."""
+        """The state's histograms as a calibrator holds them.
+
+        Returns:
+            The state's histograms (shared, not copied).
+        """
         return CollectedData(self.mode, self.stream, self.exact, self.exact_kind, self.exact_num_bins, self.channels)
 
     @property
     def streaming_bins(self) -> int | None:
+        """The streaming histograms' bin count (None: no streaming histograms)."""
         return None if self.stream is None else int(self.stream.num_bins)
 
     @property
@@ -167,6 +207,7 @@ class CalibrationState:
 
     @property
     def options(self) -> dict[str, Any]:
+        """How the state was collected: mode, bins, exact histograms' kind and bins, method, settings."""
         return {
             "mode": self.mode,
             "streaming_bins": self.streaming_bins,
@@ -177,11 +218,32 @@ class CalibrationState:
         }
 
     def counts(self, name: str) -> tuple[int, int, int, int, int]:
-        """``(finite, nan, posinf, neginf, batches)`` of a tensor."""
+        """A tensor's value counts.
+
+        Args:
+            name: the tensor.
+
+        Returns:
+            ``(finite, nan, posinf, neginf, batches)``.
+
+        Raises:
+            KeyError: no such tensor.
+        """
         c = (self.stream if self.stream is not None else cast(_core.Histograms, self.exact)).counts(name)
         return (c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches)
 
     def dtype(self, name: str) -> str:
+        """A tensor's data type.
+
+        Args:
+            name: the tensor.
+
+        Returns:
+            Its numpy dtype's name (``"float32"``, ``"float16"``, ...).
+
+        Raises:
+            KeyError: no such tensor.
+        """
         if self.stream is not None:
             return self.stream.summary(name).dtype
         return cast(_core.Histograms, self.exact).state(name).dtype
@@ -191,8 +253,23 @@ class CalibrationState:
     def compute(self, method: Any, *, per_channel: bool | None = None, **settings: Any) -> TensorsData:
         """onnxruntime ``TensorsData`` for ``method`` and its settings: ORT's four methods (name or
         CalibrationMethod), histocal's mse/kl/pow2/auto and registered methods (see
-        ``histocal.methods``; their ranges travel as MinMax-style TensorsData). ``per_channel``: per-channel
-        results (arrays, from the per-channel histograms); default: per channel when they were collected."""
+        ``histocal.methods``; their ranges travel as MinMax-style TensorsData).
+
+        Args:
+            method: the method (name or CalibrationMethod).
+            per_channel: per-channel results (arrays, from the per-channel histograms); default:
+                per channel when they were collected.
+            **settings: the method's settings (num_bins, percentile, symmetric, qtype, ...);
+                those not given: the state's own when ``method`` is the one it was collected
+                with, else ``create_calibrator``'s defaults.
+
+        Returns:
+            onnxruntime ``TensorsData`` of every tensor.
+
+        Raises:
+            ValueError: an unknown method or setting, or a result the state's histograms cannot
+                give (e.g. per channel without per-channel histograms).
+        """
         name = methods.canonical_name(method)
         if per_channel or (per_channel is None and self.channels is not None):
             ch = self.channels
@@ -217,8 +294,20 @@ class CalibrationState:
         return methods.to_tensors_data(self.names, pairs, {n: self.dtype(n) for n in self.names})
 
     def method_ranges(self, method: Any, **options: Any) -> tuple[list[tuple[float, float]], list[str] | None]:
-        """Per-tensor ``(low, high)`` (in ``names`` order) of a histocal or registered method, and
-        for ``auto`` the candidate chosen for each tensor."""
+        """The ranges of a histocal or registered method.
+
+        Args:
+            method: the method's name.
+            **options: its options (default: the state's own, then the method's).
+
+        Returns:
+            Per-tensor ``(low, high)`` (in ``names`` order), and for ``auto`` the candidate
+            chosen for each tensor (else None).
+
+        Raises:
+            ValueError: an onnxruntime method (use ``compute``), an unknown option, or a state
+                without streaming histograms.
+        """
         name = methods.canonical_name(method)
         if name in methods.ORT_METHODS:
             raise ValueError(f"{name} is an onnxruntime method: use compute()")
@@ -260,7 +349,15 @@ class CalibrationState:
     # -- merging --------------------------------------------------------------------------------
 
     def check_compatible(self, other: CalibrationState) -> None:
-        """ValueError unless ``other`` comes from the same model, tensors and collection options."""
+        """Check that ``other`` can be merged into this state.
+
+        Args:
+            other: the other state.
+
+        Raises:
+            ValueError: ``other`` comes from another model or tensors, or was collected with other
+                options (naming the difference).
+        """
         if self.model_fingerprint != other.model_fingerprint:
             raise ValueError(
                 f"the states come from different models (fingerprints {self.model_fingerprint} and "
@@ -279,7 +376,18 @@ class CalibrationState:
             self.channels.check_compatible(other.channels)
 
     def merge(self, other: CalibrationState) -> CalibrationState:
-        """A new state: ``self`` and ``other`` combined (see the module docstring)."""
+        """Combine two states (see the module docstring).
+
+        Args:
+            other: a compatible state (``check_compatible``).
+
+        Returns:
+            A new state holding both; neither is changed.
+
+        Raises:
+            ValueError: incompatible states, or exact histograms that cannot be merged (naming
+                the tensor).
+        """
         self.check_compatible(other)
         stream = None
         if self.stream is not None:
@@ -315,6 +423,17 @@ class CalibrationState:
     # -- files ----------------------------------------------------------------------------------
 
     def to_bytes(self, compress: bool = False) -> bytes:
+        """The state file's bytes (equal states give equal bytes).
+
+        Args:
+            compress: deflate the members.
+
+        Returns:
+            The file's contents (an ``.npz`` archive).
+
+        Raises:
+            ValueError: a state too large for the format.
+        """
         arrays: dict[str, list[np.ndarray]] = {k: [] for k in MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
         tensors: list[dict[str, Any]] = []
         for name in self.names:
@@ -401,20 +520,52 @@ class CalibrationState:
         return buf.getvalue()
 
     def save(self, path: PathLike, compress: bool = False) -> None:
-        """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches)."""
+        """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches).
+
+        Args:
+            path: the file to write.
+            compress: deflate the members.
+
+        Raises:
+            ValueError: a state too large for the format.
+            OSError: the file cannot be written.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, self.to_bytes(compress), prefix=".histocal_state_")
 
     @classmethod
     def load(cls, path: PathLike) -> CalibrationState:
-        """Read a state file (untrusted input: see the module docstring)."""
+        """Read a state file (untrusted input: every member is checked).
+
+        Args:
+            path: the file.
+
+        Returns:
+            The state.
+
+        Raises:
+            ValueError: the file is no valid state (naming the file and what is wrong).
+            OSError: the file cannot be read.
+        """
         path = Path(path)
         with open_untrusted_file(path, MAX_STATE_BYTES, what="calibration state") as (file, size):
             return cls._read(file, size, str(path))
 
     @classmethod
     def from_bytes(cls, raw: bytes, what: str = "<bytes>") -> CalibrationState:
+        """Read a state from the bytes of a state file (as ``load``).
+
+        Args:
+            raw: the file's contents.
+            what: the name messages give it.
+
+        Returns:
+            The state.
+
+        Raises:
+            ValueError: no valid state.
+        """
         return cls._read(io.BytesIO(raw), len(raw), what)
 
     @classmethod
@@ -423,7 +574,17 @@ class CalibrationState:
 
 
 def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
-    """Merge states (or state files) left to right."""
+    """Merge states (or state files) left to right.
+
+    Args:
+        *states: states or state file paths (or one list of them).
+
+    Returns:
+        The merged state.
+
+    Raises:
+        ValueError: no state, a file that is no valid state, or incompatible states.
+    """
     if len(states) == 1 and isinstance(states[0], (list, tuple)):
         states = tuple(states[0])
     if not states:
