@@ -66,7 +66,8 @@ def ort(low: float, high: float, qtype: str, symmetric: bool, dtype: str) -> tup
 
 
 def histocal(low: float, high: float, qtype: str, symmetric: bool, dtype: str) -> tuple[float, int]:
-    return _core.scale_zero_point(low, high, scale_rule=SCALE_RULE, dtype=dtype, qtype=qtype, symmetric=symmetric)
+    r = _core.scale_zero_point(low, high, scale_rule=SCALE_RULE, dtype=dtype, qtype=qtype, symmetric=symmetric)
+    return r.scale, r.zero_point
 
 
 # Scales at the float16 thresholds: 2^-14 (1.31), 2^-25 (1.32: rounds to 0 or to 2^-24) and

@@ -20,6 +20,7 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto
@@ -505,9 +506,9 @@ def most_common_k(votes: list[tuple[int, int]], bounds: tuple[int, int] = (-1074
 # ----------------------------------------------------------------------------------------------
 
 
-def hist_from_export(export: tuple) -> Hist | None:
+def hist_from_export(export: Any) -> Hist | None:
     """``StreamHistograms.export(name)`` -> Hist (None when the tensor has no finite value)."""
-    _dtype, level, bins, fmin, fmax, _amin, _counts = export
+    level, bins, fmin, fmax = export.level, export.bins, export.finite_min, export.finite_max
     if level is None:
         return None
     half = len(bins) // 2
