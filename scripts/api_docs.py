@@ -138,7 +138,7 @@ def _doc(obj: object, own: bool = False) -> str:
     return inspect.cleandoc(doc) if doc else "(no docstring)"
 
 
-def _members(cls: type) -> list[tuple[str, object]]:
+def members(cls: type) -> list[tuple[str, object]]:
     """Public methods and properties defined by histocal's classes in ``cls``'s MRO, in source order."""
     out, seen = [], set()
     for klass in cls.__mro__:
@@ -169,7 +169,7 @@ def _entry(dotted: str) -> list[str]:
         lines += [f"`{dotted.rpartition('.')[2]} = {obj!r}`", ""]
         return lines
     if inspect.isclass(obj) and obj.__module__.startswith("histocal"):
-        for member, value in _members(obj):
+        for member, value in members(obj):
             if isinstance(value, property):
                 lines += [f"#### `{name}.{member}` (property)", "", _doc(value), ""]
                 continue

@@ -1,47 +1,47 @@
-"""The public API is documented (issue 25): every name of ``histocal.__all__`` (and the public
-functions of ``histocal.diagnose``, ``histocal.report`` and ``histocal.distributed``), and every
-public method and property of its classes, has a docstring; a callable that takes arguments has
-an ``Args:`` section (a record class: ``Attributes:``), and one that returns something a
-``Returns:`` section (Google style; docs/api.md is generated from them)."""
+"""The public API is documented (issue 25): every name of ``histocal.__all__``, the public
+functions of ``histocal.diagnose``, ``histocal.report`` and ``histocal.distributed``, every entry
+of docs/api.md, and every public method and property of their classes, has a docstring; a
+callable that takes arguments has an ``Args:`` section (a record class: ``Attributes:``), and one
+that returns something a ``Returns:`` section (Google style; docs/api.md is generated from them)."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import inspect
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import histocal
 
+ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("histocal.diagnose", "histocal.report", "histocal.distributed")
 
 
+def _api_docs():
+    """scripts/api_docs.py, which writes docs/api.md from these docstrings."""
+    spec = importlib.util.spec_from_file_location("api_docs", ROOT / "scripts" / "api_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+API_DOCS = _api_docs()
+
+
 def _public_objects() -> Iterator[tuple[str, object]]:
-    for name in histocal.__all__:
-        yield f"histocal.{name}", getattr(histocal, name)
+    """histocal's exports, the public functions of ``MODULES``, and every entry of docs/api.md."""
+    labels = [f"histocal.{name}" for name in histocal.__all__]
     for module_name in MODULES:
         module = importlib.import_module(module_name)
-        for name in getattr(module, "__all__", ()):
-            obj = getattr(module, name)
-            if inspect.isroutine(obj):
-                yield f"{module_name}.{name}", obj
-
-
-def _members(cls: type) -> Iterator[tuple[str, object]]:
-    """Public methods and properties histocal's classes in ``cls``'s MRO define (as api_docs.py lists them)."""
-    seen: set[str] = set()
-    for klass in cls.__mro__:
-        if not klass.__module__.startswith("histocal"):
-            continue
-        for name, value in vars(klass).items():
-            if name.startswith("_") or name in seen:
-                continue
-            seen.add(name)
-            if isinstance(value, (classmethod, staticmethod)):
-                value = getattr(klass, name)
-            if callable(value) or isinstance(value, property):
-                yield name, value
+        labels += [
+            f"{module_name}.{n}" for n in getattr(module, "__all__", ()) if inspect.isroutine(getattr(module, n))
+        ]
+    labels += [dotted for _, names in API_DOCS.SECTIONS for dotted in names]
+    for dotted in dict.fromkeys(labels):
+        module, _, name = dotted.rpartition(".")
+        yield dotted, getattr(importlib.import_module(module), name)
 
 
 def _problems(label: str, obj: object, *, is_class: bool = False) -> list[str]:
@@ -71,7 +71,7 @@ def _all_problems() -> list[str]:
             problems += _problems(label, obj)
         elif inspect.isclass(obj) and obj.__module__.startswith("histocal"):
             problems += _problems(label, obj, is_class=True)
-            for member, value in _members(obj):
+            for member, value in API_DOCS.members(obj):
                 problems += _problems(f"{label}.{member}", value)
     return problems
 

@@ -100,7 +100,13 @@ class _CacheEncoder(json.JSONEncoder):
 def save_tensors_data(tensors_data: TensorsData, path: StrPath, smooth_quant: bool = False) -> None:
     """Write ``tensors_data`` as onnxruntime's JSON calibration cache (byte-identical, mode 0600, atomic).
 
-    Unserializable values raise the same TypeError as onnxruntime; the previous file is then kept.
+    Args:
+        tensors_data: the ranges (or histograms) to write.
+        path: the cache file.
+        smooth_quant: the ``smooth_quant`` flag the cache records.
+
+    Raises:
+        TypeError: an unserializable value (onnxruntime's error); the previous file is then kept.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +248,16 @@ def load_tensors_data(path: StrPath) -> TensorsData:
 
     Same results as onnxruntime's loader: arrays keep their dtype, a plain number under
     lowest/highest/avg/std/hist_edges becomes a 0-d float32 array, a plain int under hist/bins stays an int.
-    Raises FileNotFoundError for a missing path and ValueError (naming the file) for anything else.
+
+    Args:
+        path: the cache file.
+
+    Returns:
+        onnxruntime ``TensorsData``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: anything else wrong with it (naming the file).
     """
     path = Path(path)
     return _to_tensors_data(_read_cache_document(path), path)
