@@ -179,12 +179,12 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         Raises:
             ValueError: nothing collected yet.
         """
-        return ort_calibrate.MinMaxCalibrater.compute_data(self)
+        return super().compute_data()  # ORT's class (the module's name may be patched to a subclass of this one)
 
     @one_call_at_a_time
     def clear_collected_data(self) -> None:
         """Drop the buffered batch outputs (ORT's; the ranges computed so far stay)."""
-        ort_calibrate.MinMaxCalibrater.clear_collected_data(self)
+        super().clear_collected_data()
 
     @one_call_at_a_time
     def collect_data(self, data_reader: Any) -> None:
