@@ -338,33 +338,17 @@ def calibrate_and_select(
             fold_states.append(calibrator.state)
         calibrator = None  # its session's memory, before the candidates' sessions
 
-        def candidates_of(states: list[Any]) -> dict[str, TensorsData]:
-            merged = merge_states(*[s for s in states if s is not None])
-            return selection.state_candidates(merged, options["qtype"], options["symmetric"])
-
-        candidates = candidates_of([rest, *fold_states])
         cross_validate = len(fold_feeds) >= 2
-        cv_folds = (
-            [
-                (candidates_of([rest, *fold_states[:k], *fold_states[k + 1 :]]), feeds)
-                for k, feeds in enumerate(fold_feeds)
-            ]
-            if cross_validate
-            else []
-        )
-        # Only candidates every fold (and all the data) could give are compared.
-        common = [label for label in candidates if all(label in fold for fold, _ in cv_folds)]
-        if not common:
+        qtype, symmetric = options["qtype"], options["symmetric"]
+        if cross_validate:
+            candidates, fold_candidates = selection.cross_validation_candidates(rest, fold_states, qtype, symmetric)
+            cv_folds = list(zip(fold_candidates, fold_feeds))
+        else:
+            states = [s for s in [rest, *fold_states] if s is not None]
+            candidates = selection.state_candidates(merge_states(*states), qtype, symmetric)
+            cv_folds = []
+        if not candidates:
             raise ValueError("auto: no candidate range set could be computed from the calibration data")
-        candidates = {label: candidates[label] for label in common}
-        # The default (minmax) and distribution are scored with their ranges from all the data in
-        # every fold: a range that only grows with the data, fitted on a fold's fewer feeds, clips
-        # what the final ranges would not, and cross-validation would underrate it.
-        full = selection.ALL_DATA_CANDIDATES
-        cv_folds = [
-            ({label: candidates[label] if label in full else fold[label] for label in common}, feeds)
-            for fold, feeds in cv_folds
-        ]
         logger.info(
             "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
             len(candidates),
