@@ -340,6 +340,7 @@ def calibrate_and_select(
 
         cross_validate = len(fold_feeds) >= 2
         qtype, symmetric = options["qtype"], options["symmetric"]
+        candidates: Mapping[str, TensorsData]
         if cross_validate:
             candidates, fold_candidates = selection.cross_validation_candidates(rest, fold_states, qtype, symmetric)
             cv_folds = list(zip(fold_candidates, fold_feeds))

@@ -87,7 +87,10 @@ def min_informative(alpha: float = SIGN_TEST_ALPHA) -> int:
 
 
 def cannot_qualify(
-    gains_db: Sequence[float], remaining: int, min_gain_db: float = MIN_GAIN_DB, alpha: float = SIGN_TEST_ALPHA
+    gains_db: Sequence[float] | np.ndarray,
+    remaining: int,
+    min_gain_db: float = MIN_GAIN_DB,
+    alpha: float = SIGN_TEST_ALPHA,
 ) -> bool:
     """Whether a candidate with these per-feed gains over the default (``feed_gains_db``) so far
     fails the sign test whatever it scores on the ``remaining`` feeds. Its best case is to win
