@@ -44,6 +44,7 @@ Usage:
     python3 benches/bench_auto_real.py                       # all models, N = 8 16 32
     python3 benches/bench_auto_real.py --models ddddocr --sizes 8 --json out.json
     python3 benches/bench_auto_real.py --rescore out.json    # tables again, auto by the current rule
+    python3 benches/bench_auto_real.py --evidence --models mtcnn_onet   # distribution vs minmax per feed
 """
 
 from __future__ import annotations
@@ -573,6 +574,56 @@ def measure(
     return result
 
 
+def evidence(name: str, spec: Spec, sizes: list[int], tmp: Path) -> None:
+    """Per-feed SQNR of distribution minus minmax (both from all the calibration data) on the
+    kept calibration feeds (what cross-validation sees for these two) and on the held-back feeds,
+    under ORT's default session (fused integer kernels) and as the scoring model runs (the QDQ
+    graph as defined): wins / informative feeds, sign test p, mean gain (standard error)."""
+    original = dist_file(spec.dist, spec.file) if spec.dist else onet_file()
+    model = with_outputs(original, spec.outputs, tmp / f"{name}.onnx")
+    pool = spec.feeds(np.random.default_rng(1), max(sizes))
+    held = spec.feeds(np.random.default_rng(2), HELD)
+    float_session = ort.InferenceSession(model.as_posix(), providers=["CPUExecutionProvider"])
+
+    def per_feed(path: Path, level: Any, feeds: list[Feed]) -> list[float]:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(path.as_posix(), options, providers=["CPUExecutionProvider"])
+        out = []
+        for feed in feeds:
+            s = e = 0.0
+            for y, yq in zip(float_session.run(None, feed), session.run(None, feed)):
+                y64, yq64 = np.asarray(y, np.float64), np.asarray(yq, np.float64)
+                s, e = s + float((y64 * y64).sum()), e + float(((y64 - yq64) ** 2).sum())
+            out.append(math.inf if e == 0 else 10 * math.log10(s / e))
+        return out
+
+    levels = {
+        "fused": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "as defined": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    }
+    for n in sizes:
+        cal = histocal.create_calibrator(model, augmented_model_path=str(tmp / "aug.onnx"), calibrate_method="auto")
+        cal.collect_data(pool[:n])
+        candidates = selection.state_candidates(cal.state, "int8", False, ["minmax", "distribution"])
+        kept = pool[: min(n, histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"])]
+        scores: dict[tuple[str, str, str], list[float]] = {}
+        for label, ranges in candidates.items():
+            q = tmp / f"{label}.onnx"
+            quantize_with_ranges(model, q, ranges, **QUANT)
+            for mode, level in levels.items():
+                scores[(label, mode, "calibration")] = per_feed(q, level, kept)
+                scores[(label, mode, "held-back")] = per_feed(q, level, held)
+        for which in ("calibration", "held-back"):
+            for mode in levels:
+                pair = {label: scores[(label, mode, which)] for label in ("minmax", "distribution")}
+                e = selection.evidence(pair, "minmax")["distribution"]
+                sys.stdout.write(
+                    f"| {name} | {n} | {which} ({len(pair['minmax'])}) | {mode} | {e.wins} / {e.informative} "
+                    f"({e.p_value:.2g}) | {e.mean_db:+.2f} ({e.se_db:.2f}) |\n"
+                )
+
+
 def rescore(results: list[dict[str, Any]]) -> None:
     """Apply the installed rule (``selection.choose_robust``) to the recorded per-feed scores:
     auto's choice is a function of them alone, and its held-back SQNR is that candidate's row
@@ -646,7 +697,18 @@ def main() -> None:
         type=Path,
         help="no runs: print the tables of these --json files, auto re-chosen by the installed rule",
     )
+    ap.add_argument(
+        "--evidence",
+        action="store_true",
+        help="no auto runs: distribution against minmax feed by feed, calibration and held-back feeds, fused and as defined",
+    )
     args = ap.parse_args()
+    if args.evidence:
+        ort.set_default_logger_severity(3)
+        with tempfile.TemporaryDirectory(prefix="bench_auto_real.") as tmp:
+            for name in args.models:
+                evidence(name, MODELS[name], sorted(args.sizes), Path(tmp))
+        return
     if args.rescore:
         results = [r for path in args.rescore for r in json.loads(path.read_text())]
         rescore(results)
