@@ -45,6 +45,7 @@ Usage:
     python3 benches/bench_auto_real.py --models ddddocr --sizes 8 --json out.json
     python3 benches/bench_auto_real.py --rescore out.json    # tables again, auto by the current rule
     python3 benches/bench_auto_real.py --evidence --models mtcnn_onet   # distribution vs minmax per feed
+    python3 benches/bench_auto_real.py --cost 2 --models ddddocr --sizes 16   # auto's s / ORT MinMax's
 """
 
 from __future__ import annotations
@@ -624,6 +625,29 @@ def evidence(name: str, spec: Spec, sizes: list[int], tmp: Path) -> None:
                 )
 
 
+def cost(name: str, spec: Spec, sizes: list[int], rounds: int, tmp: Path) -> None:
+    """Per N, ``rounds`` alternations of ORT's MinMax quantize_static and auto
+    (``calibrate_and_select``) on the same model and feeds: seconds and the ratio of the medians.
+    Run it under two PYTHONPATHs, alternating, to compare two versions of histocal."""
+    original = dist_file(spec.dist, spec.file) if spec.dist else onet_file()
+    model = with_outputs(original, spec.outputs, tmp / f"{name}.onnx")
+    pool = spec.feeds(np.random.default_rng(1), max(sizes))
+    for n in sizes:
+        ort_s, auto_s, label = [], [], ""
+        for _ in range(rounds):
+            t = time.perf_counter()
+            ort_quantize_static(model.as_posix(), (tmp / "q.onnx").as_posix(), Reader(pool[:n]), **QUANT)
+            ort_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            label = histocal.calibrate_and_select(model, pool[:n], **QUANT).label
+            auto_s.append(time.perf_counter() - t)
+        sys.stdout.write(
+            f"{name} N={n} ({histocal.__file__}, load {os.getloadavg()[0]:.1f}): ORT MinMax "
+            f"{[round(x, 2) for x in ort_s]} s, auto {[round(x, 2) for x in auto_s]} s [{label}], "
+            f"ratio {float(np.median(auto_s) / np.median(ort_s)):.1f}\n"
+        )
+
+
 def rescore(results: list[dict[str, Any]]) -> None:
     """Apply the installed rule (``selection.choose_robust``) to the recorded per-feed scores:
     auto's choice is a function of them alone, and its held-back SQNR is that candidate's row
@@ -702,7 +726,15 @@ def main() -> None:
         action="store_true",
         help="no auto runs: distribution against minmax feed by feed, calibration and held-back feeds, fused and as defined",
     )
+    ap.add_argument("--cost", type=int, metavar="ROUNDS", help="no SQNR: auto's seconds against ORT MinMax's")
     args = ap.parse_args()
+    if args.cost:
+        ort.set_default_logger_severity(3)
+        logging.basicConfig(level=logging.ERROR)
+        with tempfile.TemporaryDirectory(prefix="bench_auto_real.") as tmp:
+            for name in args.models:
+                cost(name, MODELS[name], sorted(args.sizes), args.cost, Path(tmp))
+        return
     if args.evidence:
         ort.set_default_logger_severity(3)
         with tempfile.TemporaryDirectory(prefix="bench_auto_real.") as tmp:
