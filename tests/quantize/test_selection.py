@@ -475,6 +475,12 @@ def test_a_candidate_with_nan_output_loses(tmp_path):
     assert np.isnan(got).any()  # the premise: this candidate's model outputs NaN
     chosen = histocal.select_ranges(path, feeds, {"huge": huge, "minmax": good}, **kw)
     assert chosen.label == "minmax" and chosen.sqnr_db["huge"] == -math.inf and chosen.sqnr_db["minmax"] > 20
+    # Cross-validated with the default failing on the first fold: the others are still scored
+    # on every fold (none is stopped against a failed default) and one replaces it.
+    more = [{"X": rng.normal(size=(4, 8)).astype(np.float32)} for _ in range(6)]
+    folds = [({"minmax": huge, "good": good}, [f]) for f in more]
+    chosen = histocal.select_ranges_cross_validated(path, folds, {"minmax": huge, "good": good}, **kw)
+    assert chosen.label == "good" and chosen.stopped == {} and len(chosen.feed_sqnr_db["good"]) == 6
 
 
 def test_squared_sums_rules():

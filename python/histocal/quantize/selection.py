@@ -209,7 +209,11 @@ def _select(
                 if label == default
                 or (
                     label not in failures
-                    and not (cross_validated and _cannot_qualify(per_feed[label], per_feed[default], n - scored))
+                    and not (
+                        cross_validated
+                        and default not in failures  # a failed default: every candidate beats it
+                        and _cannot_qualify(per_feed[label], per_feed[default], n - scored)
+                    )
                 )
             }
             scored += len(feeds)
