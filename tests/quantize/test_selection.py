@@ -413,7 +413,7 @@ def test_ties_go_to_candidate_order_and_equal_ranges_are_evaluated_once(cnn, mon
     runs = []
     original = selection._Reference.feed_energies
     monkeypatch.setattr(
-        selection._Reference, "feed_energies", lambda self, s, p: runs.append(p) or original(self, s, p)
+        selection._Reference, "feed_energies", lambda self, s, p, *a: runs.append(p) or original(self, s, p, *a)
     )
     chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], {"b": mm, "a": mm})
     assert chosen.label == "b" and chosen.sqnr_db["a"] == chosen.sqnr_db["b"] and len(runs) == 1
@@ -691,3 +691,24 @@ def test_cross_validation_computes_only_the_candidates_it_scores(cnn, monkeypatc
     assert asked[2] == ["minmax", "distribution"]
     later = [m for requests in asked[3:] for m in requests]
     assert len(later) == len(chosen.range_widths)  # one per qualifying candidate, nothing else
+
+
+def test_a_hopeless_candidate_stops_within_a_fold(cnn):
+    """Ranges 50 times too wide lose on the first feed; with 6 held-out feeds, 5 wins of 6 would
+    not pass the sign test (p = 0.11), so the candidate is not scored on the other 5 feeds, the
+    rest of its fold included; the choice is what the full scores give."""
+    mm = selection.state_candidates(cnn["state"], "int8", False)["minmax"]
+    wide = TensorsData(
+        CalibrationMethod.MinMax,
+        {
+            n: TensorData(lowest=np.asarray(d.lowest) * 50, highest=np.asarray(d.highest) * 50)
+            for n, d in mm.data.items()
+        },
+    )
+    candidates = {"minmax": mm, "wide": wide}
+    folds = [(candidates, cnn["feeds"][:3]), (candidates, cnn["feeds"][3:6])]
+    chosen = histocal.select_ranges_cross_validated(cnn["path"], folds, candidates)
+    assert chosen.label == "minmax" and chosen.stopped == {"wide": 1}
+    assert chosen.feed_sqnr_db["wide"][0] < chosen.feed_sqnr_db["minmax"][0] - 0.1
+    assert all(math.isnan(v) for v in chosen.feed_sqnr_db["wide"][1:])
+    assert "(scored on 1 of 6 feeds: it could no longer qualify)" in chosen.table()

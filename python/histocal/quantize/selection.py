@@ -36,7 +36,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,22 +203,24 @@ def _select(
         for fold_candidates, feeds in folds:
             # Cross-validated, a candidate that fails the sign test whatever the feeds left say is
             # not scored on them (``cannot_qualify``): the choice is the same, at fewer runs.
-            active = {
-                label: ranges
+            # Checked before the fold and after each of its feeds; the default is scored first.
+            def hopeless(
+                label: str, fold_scores: list[tuple[float, float]], fold_default: Any, before: int = scored
+            ) -> bool:
+                if not cross_validated or label == default or default in failures or fold_default is None:
+                    return False  # a failed default: every candidate beats it
+                done = per_feed[label] + fold_scores
+                return _cannot_qualify(done, per_feed[default] + fold_default, n - before - len(fold_scores))
+
+            active = {default: fold_candidates[default]} if default in fold_candidates else {}
+            active.update(
+                (label, ranges)
                 for label, ranges in fold_candidates.items()
-                if label == default
-                or (
-                    label not in failures
-                    and not (
-                        cross_validated
-                        and default not in failures  # a failed default: every candidate beats it
-                        and _cannot_qualify(per_feed[label], per_feed[default], n - scored)
-                    )
-                )
-            }
-            scored += len(feeds)
+                if label != default and label not in failures and not hopeless(label, [], [])
+            )
             # One fold's float outputs at a time: memory is that of the largest fold.
-            energies = scorer.energies(feeds, active)
+            energies = scorer.energies(feeds, active, hopeless)
+            scored += len(feeds)
             for label, energy in energies.items():
                 if isinstance(energy, list):
                     per_feed[label].extend(energy)
@@ -315,11 +317,16 @@ class _Scorer:
             self.model = None
 
     def energies(
-        self, feeds: list[Feed], candidates: Mapping[str, TensorsData]
+        self,
+        feeds: list[Feed],
+        candidates: Mapping[str, TensorsData],
+        hopeless: Callable[[str, list[tuple[float, float]], Any], bool] | None = None,
     ) -> dict[str, list[tuple[float, float]] | BaseException | None]:
         """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed; the exception if its model
         failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
-        Candidates whose ranges equal an earlier one's are scored once."""
+        Candidates whose ranges equal an earlier one's are scored once. ``hopeless(label, its
+        energies so far, the first candidate's)``: stop scoring it on the rest of the feeds
+        (its list is then shorter)."""
         if self.float_session is None:  # one float session for every fold
             self.float_session = _session(self.model_path, self.providers)
         reference = _Reference(self.float_session, feeds)
@@ -333,24 +340,31 @@ class _Scorer:
                 out[label] = out[same]
                 continue
             seen.append((key, label))
+            first = next(iter(out.values()), None)
+
+            def until(done: list[tuple[float, float]], label: str = label, first: Any = first) -> bool:
+                return hopeless is not None and hopeless(label, done, first if isinstance(first, list) else None)
+
             try:
-                out[label] = self._score(reference, ranges, i)
+                out[label] = self._score(reference, ranges, i, until)
             except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
                 logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
                 out[label] = exc
         return out
 
-    def _score(self, reference: _Reference, ranges: TensorsData, i: int) -> list[tuple[float, float]] | None:
+    def _score(
+        self, reference: _Reference, ranges: TensorsData, i: int, until: Callable[[list[tuple[float, float]]], bool]
+    ) -> list[tuple[float, float]] | None:
         parameters = self.model.parameters(ranges) if self.model is not None else None
         if parameters is not None:
-            return reference.feed_energies(self.session, parameters)
+            return reference.feed_energies(self.session, parameters, until)
         workdir = self.tmp / f"candidate{i}"
         workdir.mkdir(exist_ok=True)
         try:
             quantized = workdir / "model.onnx"
             quantize_with_ranges(self.model_path, quantized, ranges, **self.quantize_kwargs)
             self.quantizations += 1
-            return reference.feed_energies(_session(quantized, self.providers, quantized=True), {})
+            return reference.feed_energies(_session(quantized, self.providers, quantized=True), {}, until)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
 
@@ -436,11 +450,19 @@ class _Reference:
             self.outputs.append([_Output(np.asarray(arrays[n])) for n in numeric])
         self.names = numeric or []
 
-    def feed_energies(self, session: Any, parameters: Mapping[str, np.ndarray]) -> list[tuple[float, float]] | None:
+    def feed_energies(
+        self,
+        session: Any,
+        parameters: Mapping[str, np.ndarray],
+        until: Callable[[list[tuple[float, float]]], bool] | None = None,
+    ) -> list[tuple[float, float]] | None:
         """Per feed, (sum y^2, sum (y - y_q)^2) over a quantized model's outputs (``session``
-        fed each feed plus ``parameters``); None if they cannot be compared."""
-        out = []
+        fed each feed plus ``parameters``), stopping after a feed where ``until`` of those so
+        far is true; None if they cannot be compared."""
+        out: list[tuple[float, float]] = []
         for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
+            if out and until is not None and until(out):
+                break
             got = run_session(session, self.names, {**feed, **parameters} if parameters else feed, i)
             signal = noise = 0.0
             for name, y, yq in zip(self.names, reference, got):
