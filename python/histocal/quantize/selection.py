@@ -20,8 +20,10 @@ candidates were fitted without that fold's feeds, and a candidate's SQNR is pool
 tight clipping (a percentile that clips exactly the outliers it saw), which new inputs punish.
 
 Cost, per set of feeds: one float-model run over them (whose outputs are kept while that set is
-scored), then per distinct candidate one ``quantize_static`` and one run over them; only running
-sums are kept per candidate.
+scored), then per distinct candidate one run over them on the shared scoring model
+(``scoring``; one ``quantize_static`` per candidate where it cannot express one); cross-validated,
+a candidate is run only while it can still pass the rule's sign test (``rule.cannot_qualify``).
+Only running sums are kept per candidate.
 
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
