@@ -276,7 +276,8 @@ def calibrate_and_select(
     runs once per feed, as in one calibration (the kept feeds are collected fold by fold into
     their own states, the rest into one; streaming states merge exactly, so each fold's training
     state and the full state are merges); per fold the candidates are computed from its training
-    state, and per distinct candidate and fold there is one quantization and one run over the fold."""
+    state (``candidates.cross_validation_candidates``), and each distinct candidate runs on the
+    fold's feeds while it can still be chosen (``selection``)."""
     selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
     eval_samples, folds = select["eval_samples"], select["folds"]
