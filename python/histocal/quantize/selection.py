@@ -440,7 +440,7 @@ class _Reference:
     def __init__(self, session: Any, feeds: list[Feed]) -> None:
         self.feeds = feeds
         names = [o.name for o in session.get_outputs()]
-        self.outputs: list[list[_Output]] = []
+        self.outputs: list[list[PreparedOutput]] = []
         numeric: list[str] | None = None
         for i, feed in enumerate(feeds):
             arrays = dict(zip(names, run_session(session, names, feed, i)))
@@ -449,7 +449,7 @@ class _Reference:
                 numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind in "biuf"]
                 if not numeric:
                     raise ValueError(f"auto: the model has no numeric tensor output to compare (outputs {names})")
-            self.outputs.append([_Output(np.asarray(arrays[n])) for n in numeric])
+            self.outputs.append([PreparedOutput(np.asarray(arrays[n])) for n in numeric])
         self.names = numeric or []
 
     def feed_energies(
@@ -478,8 +478,9 @@ class _Reference:
         return out
 
 
-class _Output:
-    """One float output, prepared once for the squared sums of every quantized output against it."""
+class PreparedOutput:
+    """One float output, prepared once (as float64, its non-finite values apart) for the squared
+    sums of every quantized output against it: ``signal`` is sum y^2 over its finite values."""
 
     def __init__(self, reference: np.ndarray) -> None:
         self.shape = reference.shape
@@ -515,7 +516,7 @@ def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] |
     """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
     cannot be compared: another shape, a non-finite quantized value where the reference is finite,
     or a different value where the reference is not finite."""
-    return _Output(np.asarray(reference)).sums(quantized)
+    return PreparedOutput(np.asarray(reference)).sums(quantized)
 
 
 __all__ = [
@@ -528,6 +529,7 @@ __all__ = [
     "Decision",
     "Evidence",
     "LazyCandidates",
+    "PreparedOutput",
     "Selection",
     "cannot_qualify",
     "choose_pooled",
