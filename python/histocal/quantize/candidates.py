@@ -144,6 +144,9 @@ class LazyCandidates(Mapping[str, TensorsData]):
             self._computed[label] = got[label]
         return self._computed[label]
 
+    def __contains__(self, label: object) -> bool:  # without computing it
+        return label in self._labels
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._labels)
 
