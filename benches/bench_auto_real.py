@@ -44,6 +44,8 @@ Usage:
     python3 benches/bench_auto_real.py                       # all models, N = 8 16 32
     python3 benches/bench_auto_real.py --models ddddocr --sizes 8 --json out.json
     python3 benches/bench_auto_real.py --rescore out.json    # tables again, auto by the current rule
+    python3 benches/bench_auto_real.py --evidence --models mtcnn_onet   # distribution vs minmax per feed
+    python3 benches/bench_auto_real.py --cost 2 --models ddddocr --sizes 16   # auto's s / ORT MinMax's
 """
 
 from __future__ import annotations
@@ -573,6 +575,79 @@ def measure(
     return result
 
 
+def evidence(name: str, spec: Spec, sizes: list[int], tmp: Path) -> None:
+    """Per-feed SQNR of distribution minus minmax (both from all the calibration data) on the
+    kept calibration feeds (what cross-validation sees for these two) and on the held-back feeds,
+    under ORT's default session (fused integer kernels) and as the scoring model runs (the QDQ
+    graph as defined): wins / informative feeds, sign test p, mean gain (standard error)."""
+    original = dist_file(spec.dist, spec.file) if spec.dist else onet_file()
+    model = with_outputs(original, spec.outputs, tmp / f"{name}.onnx")
+    pool = spec.feeds(np.random.default_rng(1), max(sizes))
+    held = spec.feeds(np.random.default_rng(2), HELD)
+    float_session = ort.InferenceSession(model.as_posix(), providers=["CPUExecutionProvider"])
+
+    def per_feed(path: Path, level: Any, feeds: list[Feed]) -> list[float]:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(path.as_posix(), options, providers=["CPUExecutionProvider"])
+        out = []
+        for feed in feeds:
+            s = e = 0.0
+            for y, yq in zip(float_session.run(None, feed), session.run(None, feed)):
+                y64, yq64 = np.asarray(y, np.float64), np.asarray(yq, np.float64)
+                s, e = s + float((y64 * y64).sum()), e + float(((y64 - yq64) ** 2).sum())
+            out.append(math.inf if e == 0 else 10 * math.log10(s / e))
+        return out
+
+    levels = {
+        "fused": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "as defined": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    }
+    for n in sizes:
+        cal = histocal.create_calibrator(model, augmented_model_path=str(tmp / "aug.onnx"), calibrate_method="auto")
+        cal.collect_data(pool[:n])
+        candidates = selection.state_candidates(cal.state, "int8", False, ["minmax", "distribution"])
+        kept = pool[: min(n, histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"])]
+        scores: dict[tuple[str, str, str], list[float]] = {}
+        for label, ranges in candidates.items():
+            q = tmp / f"{label}.onnx"
+            quantize_with_ranges(model, q, ranges, **QUANT)
+            for mode, level in levels.items():
+                scores[(label, mode, "calibration")] = per_feed(q, level, kept)
+                scores[(label, mode, "held-back")] = per_feed(q, level, held)
+        for which in ("calibration", "held-back"):
+            for mode in levels:
+                pair = {label: scores[(label, mode, which)] for label in ("minmax", "distribution")}
+                e = selection.evidence(pair, "minmax")["distribution"]
+                sys.stdout.write(
+                    f"| {name} | {n} | {which} ({len(pair['minmax'])}) | {mode} | {e.wins} / {e.informative} "
+                    f"({e.p_value:.2g}) | {e.mean_db:+.2f} ({e.se_db:.2f}) |\n"
+                )
+
+
+def cost(name: str, spec: Spec, sizes: list[int], rounds: int, tmp: Path) -> None:
+    """Per N, ``rounds`` alternations of ORT's MinMax quantize_static and auto
+    (``calibrate_and_select``) on the same model and feeds: seconds and the ratio of the medians.
+    Run it under two PYTHONPATHs, alternating, to compare two versions of histocal."""
+    original = dist_file(spec.dist, spec.file) if spec.dist else onet_file()
+    model = with_outputs(original, spec.outputs, tmp / f"{name}.onnx")
+    pool = spec.feeds(np.random.default_rng(1), max(sizes))
+    for n in sizes:
+        ort_s, auto_s, label = [], [], ""
+        for _ in range(rounds):
+            t = time.perf_counter()
+            ort_quantize_static(model.as_posix(), (tmp / "q.onnx").as_posix(), Reader(pool[:n]), **QUANT)
+            ort_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            label = histocal.calibrate_and_select(model, pool[:n], **QUANT).label
+            auto_s.append(time.perf_counter() - t)
+        sys.stdout.write(
+            f"{name} N={n} ({histocal.__file__}, load {os.getloadavg()[0]:.1f}): ORT MinMax "
+            f"{[round(x, 2) for x in ort_s]} s, auto {[round(x, 2) for x in auto_s]} s [{label}], "
+            f"ratio {float(np.median(auto_s) / np.median(ort_s)):.1f}\n"
+        )
+
+
 def rescore(results: list[dict[str, Any]]) -> None:
     """Apply the installed rule (``selection.choose_robust``) to the recorded per-feed scores:
     auto's choice is a function of them alone, and its held-back SQNR is that candidate's row
@@ -646,7 +721,26 @@ def main() -> None:
         type=Path,
         help="no runs: print the tables of these --json files, auto re-chosen by the installed rule",
     )
+    ap.add_argument(
+        "--evidence",
+        action="store_true",
+        help="no auto runs: distribution against minmax feed by feed, calibration and held-back feeds, fused and as defined",
+    )
+    ap.add_argument("--cost", type=int, metavar="ROUNDS", help="no SQNR: auto's seconds against ORT MinMax's")
     args = ap.parse_args()
+    if args.cost:
+        ort.set_default_logger_severity(3)
+        logging.basicConfig(level=logging.ERROR)
+        with tempfile.TemporaryDirectory(prefix="bench_auto_real.") as tmp:
+            for name in args.models:
+                cost(name, MODELS[name], sorted(args.sizes), args.cost, Path(tmp))
+        return
+    if args.evidence:
+        ort.set_default_logger_severity(3)
+        with tempfile.TemporaryDirectory(prefix="bench_auto_real.") as tmp:
+            for name in args.models:
+                evidence(name, MODELS[name], sorted(args.sizes), Path(tmp))
+        return
     if args.rescore:
         results = [r for path in args.rescore for r in json.loads(path.read_text())]
         rescore(results)

@@ -131,6 +131,17 @@ def test_save_load_matches_ort(workdir, td, smooth_quant):
 
 
 @pytest.mark.parity
+@settings(max_examples=examples(200))
+@given(td=tensors_datas())
+def test_round_trip_is_what_ort_reads_back(workdir, td):
+    """``round_trip`` (auto's scoring model, no file) gives what ORT loads from the cache written."""
+    path = workdir / "written.json"
+    ort.save_tensors_data(td, path)
+    assert_same(cache.round_trip(td), ort_load(path))
+    path.unlink()
+
+
+@pytest.mark.parity
 def test_load_conversions_like_ort(tmp_path):
     """Section 7.2: np scalars come back as 0-d float32 arrays (f16 too), arrays keep dtype, plain ints stay."""
     td = TensorsData(

@@ -155,6 +155,22 @@ def _independent_cv(
     return scores, per_feed
 
 
+def _assert_scores_are_the_cvs(chosen, want: dict[str, float], per_feed: dict[str, list[float]]) -> None:
+    """auto's per-feed scores are the independent cross-validation's on the feeds each candidate
+    was scored on: every feed, or (``Selection.stopped``) the first folds', after which it could
+    no longer pass the sign test (NaN on the rest); the pooled score is the CV's where complete."""
+    n = chosen.eval_samples
+    for name in want:
+        k = chosen.stopped.get(name, n)
+        assert chosen.feed_sqnr_db[name][:k] == pytest.approx(per_feed[name][:k], rel=1e-9, abs=1e-9), name
+        assert all(math.isnan(v) for v in chosen.feed_sqnr_db[name][k:]), name
+        if k == n:
+            assert chosen.sqnr_db[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
+        else:
+            gains = selection.feed_gains_db({"m": per_feed["minmax"][:k], "c": per_feed[name][:k]}, "m")["c"]
+            assert selection.cannot_qualify(gains, n - k), name
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_select_ranges_picks_the_highest_ort_sqnr(cnn, symmetric):
     candidates = selection.state_candidates(cnn["state"], "int8", symmetric)
@@ -194,13 +210,14 @@ def test_calibrate_and_select_cross_validates(cnn, symmetric, folds):
     assert chosen.folds == min(folds, kept) and chosen.eval_samples == kept
     assert chosen.scoring == f"{min(folds, kept)}-fold cross-validated"
     assert list(chosen.sqnr_db) == list(want)
-    for name in want:
-        assert chosen.sqnr_db[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
-        assert chosen.feed_sqnr_db[name] == pytest.approx(per_feed[name], rel=1e-9, abs=1e-9), name
+    _assert_scores_are_the_cvs(chosen, want, per_feed)
     # The choice is the robust rule's on these per-feed scores and the full ranges' widths (not
     # the pooled best).
     full = selection.state_candidates(cnn["state"], "int8", symmetric)
-    assert chosen.range_widths == selection.range_widths(full)
+    # Widths (all-data ranges) only of the candidates the rule compares by width: the qualifying ones.
+    widths = selection.range_widths(full)
+    qualifying = [k for k, e in selection.evidence(per_feed, "minmax").items() if e.qualifies(0.1, 1.0)]
+    assert chosen.range_widths == {k: widths[k] for k in qualifying}
     label = selection.choose_robust(per_feed, widths=selection.range_widths(full))
     assert chosen.label == label
     assert _ranges(chosen.ranges) == _ranges(full[label])
@@ -214,7 +231,11 @@ def test_calibrate_and_select_cross_validates(cnn, symmetric, folds):
         **kw,
     )
     assert not in_sample.cross_validated and in_sample.folds == 0
-    assert all(abs(in_sample.sqnr_db[n] - chosen.sqnr_db[n]) > 1e-6 for n in want if math.isfinite(want[n]))
+    assert all(
+        abs(in_sample.sqnr_db[n] - chosen.sqnr_db[n]) > 1e-6
+        for n in want
+        if math.isfinite(want[n]) and n not in chosen.stopped
+    )
 
 
 def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
@@ -392,16 +413,23 @@ def test_ties_go_to_candidate_order_and_equal_ranges_are_evaluated_once(cnn, mon
     runs = []
     original = selection._Reference.feed_energies
     monkeypatch.setattr(
-        selection._Reference, "feed_energies", lambda self, s, p: runs.append(p) or original(self, s, p)
+        selection._Reference, "feed_energies", lambda self, s, p, *a: runs.append(p) or original(self, s, p, *a)
     )
     chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], {"b": mm, "a": mm})
     assert chosen.label == "b" and chosen.sqnr_db["a"] == chosen.sqnr_db["b"] and len(runs) == 1
     # Cross-validated: once per fold. Equal within a fold is what counts, not across folds.
     runs.clear()
     pct = selection.state_candidates(cnn["state"], "int8", False)["percentile 99.99"]
-    folds = [({"b": mm, "a": mm}, cnn["feeds"][:1]), ({"b": mm, "a": pct}, cnn["feeds"][1:2])]
+    folds = [({"b": mm, "a": mm}, cnn["feeds"][:1])] + [({"b": mm, "a": pct}, [f]) for f in cnn["feeds"][1:5]]
     chosen = histocal.select_ranges_cross_validated(cnn["path"], folds, {"b": mm, "a": mm})
-    assert chosen.cross_validated and len(runs) == 3 and chosen.eval_samples == 2
+    assert chosen.cross_validated and chosen.eval_samples == 5
+    assert len(runs) == 5 + chosen.stopped.get("a", 5) - 1  # b on every fold, a from the second on
+    assert chosen.stopped.get("a", 5) >= 2  # the first fold (a tie) cannot rule it out
+    # With fewer held-out feeds than the sign test needs, only the default is scored.
+    runs.clear()
+    chosen = histocal.select_ranges_cross_validated(cnn["path"], folds[1:4], {"b": mm, "a": mm})
+    assert chosen.label == "b" and len(runs) == 3 and chosen.stopped == {"a": 0}
+    assert math.isnan(chosen.sqnr_db["a"]) and "sign test needs at least 4" in chosen.reason
 
 
 def _log_model() -> onnx.ModelProto:
@@ -447,6 +475,12 @@ def test_a_candidate_with_nan_output_loses(tmp_path):
     assert np.isnan(got).any()  # the premise: this candidate's model outputs NaN
     chosen = histocal.select_ranges(path, feeds, {"huge": huge, "minmax": good}, **kw)
     assert chosen.label == "minmax" and chosen.sqnr_db["huge"] == -math.inf and chosen.sqnr_db["minmax"] > 20
+    # Cross-validated with the default failing on the first fold: the others are still scored
+    # on every fold (none is stopped against a failed default) and one replaces it.
+    more = [{"X": rng.normal(size=(4, 8)).astype(np.float32)} for _ in range(6)]
+    folds = [({"minmax": huge, "good": good}, [f]) for f in more]
+    chosen = histocal.select_ranges_cross_validated(path, folds, {"minmax": huge, "good": good}, **kw)
+    assert chosen.label == "good" and chosen.stopped == {} and len(chosen.feed_sqnr_db["good"]) == 6
 
 
 def test_squared_sums_rules():
@@ -636,3 +670,45 @@ def test_a_candidate_the_state_cannot_give_is_left_out(tmp_path, caplog):
     assert "pow2 NonOverflow" in caplog.text and "left out" in caplog.text
     assert "pow2 NonOverflow" not in chosen.sqnr_db and "minmax" in chosen.sqnr_db
     assert chosen.label in chosen.sqnr_db and len(chosen.feed_sqnr_db[chosen.label]) == 4
+
+
+def test_cross_validation_computes_only_the_candidates_it_scores(cnn, monkeypatch):
+    """Per fold, every candidate but minmax and distribution (scored with their all-data ranges);
+    from all the data, those two and then only the candidates the rule compares (the qualifying
+    ones) and the chosen one."""
+    from histocal.quantize import candidates as candidates_module
+
+    asked = []
+    original = candidates_module.candidate_ranges
+    monkeypatch.setattr(
+        candidates_module,
+        "candidate_ranges",
+        lambda state, requests: asked.append([m for m, _ in requests]) or original(state, requests),
+    )
+    chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=4, folds=2)
+    per_fold = [m for _, m, o in methods.model_candidate_options("int8", False) if m not in ("minmax", "distribution")]
+    assert asked[:2] == [per_fold, per_fold]
+    assert asked[2] == ["minmax", "distribution"]
+    later = [m for requests in asked[3:] for m in requests]
+    assert len(later) == len(chosen.range_widths)  # one per qualifying candidate, nothing else
+
+
+def test_a_hopeless_candidate_stops_within_a_fold(cnn):
+    """Ranges 50 times too wide lose on the first feed; with 6 held-out feeds, 5 wins of 6 would
+    not pass the sign test (p = 0.11), so the candidate is not scored on the other 5 feeds, the
+    rest of its fold included; the choice is what the full scores give."""
+    mm = selection.state_candidates(cnn["state"], "int8", False)["minmax"]
+    wide = TensorsData(
+        CalibrationMethod.MinMax,
+        {
+            n: TensorData(lowest=np.asarray(d.lowest) * 50, highest=np.asarray(d.highest) * 50)
+            for n, d in mm.data.items()
+        },
+    )
+    candidates = {"minmax": mm, "wide": wide}
+    folds = [(candidates, cnn["feeds"][:3]), (candidates, cnn["feeds"][3:6])]
+    chosen = histocal.select_ranges_cross_validated(cnn["path"], folds, candidates)
+    assert chosen.label == "minmax" and chosen.stopped == {"wide": 1}
+    assert chosen.feed_sqnr_db["wide"][0] < chosen.feed_sqnr_db["minmax"][0] - 0.1
+    assert all(math.isnan(v) for v in chosen.feed_sqnr_db["wide"][1:])
+    assert "(scored on 1 of 6 feeds: it could no longer qualify)" in chosen.table()

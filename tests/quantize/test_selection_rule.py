@@ -95,6 +95,23 @@ def test_a_failed_feed_disqualifies(scores, worst):
     assert choose_robust(failed) != "great"
 
 
+@settings(max_examples=examples(100))
+@given(st.lists(st.sampled_from([-5.0, -0.05, 0.0, 0.05, 5.0]), min_size=1, max_size=16), st.data())
+def test_a_candidate_that_cannot_qualify_never_does(prefix, data):
+    """``cannot_qualify``: then no scores on the remaining feeds make it pass the sign test (so
+    auto may stop scoring it); when it can still qualify, winning every remaining feed does."""
+    remaining = data.draw(st.integers(0, 12))
+    rest = data.draw(st.lists(st.floats(-60.0, 60.0), min_size=remaining, max_size=remaining))
+    gains = prefix + rest
+    scores = {"minmax": [0.0] * len(gains), "c": gains}
+    e = selection.evidence(scores, "minmax")["c"]
+    if selection.cannot_qualify(prefix, remaining):
+        assert e.p_value > selection.SIGN_TEST_ALPHA
+    else:
+        best = selection.evidence({"minmax": [0.0] * len(gains), "c": prefix + [5.0] * remaining}, "minmax")["c"]
+        assert best.p_value <= selection.SIGN_TEST_ALPHA
+
+
 def test_the_default_is_kept_without_a_consistent_gain():
     # The issue's case, in small: percentile wins the pooled score on 8 feeds thanks to one
     # feed and loses on the others, so minmax stays.

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
-from ..quantize.selection import squared_sums
+from ..quantize.selection import PreparedOutput
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Reference:
     def __init__(self, float_session: Any, feeds: Sequence[Feed]) -> None:
         self.feeds = list(feeds)
         names = [o.name for o in float_session.get_outputs()]
-        self.outputs: list[list[np.ndarray]] = []
+        self.outputs: list[list[PreparedOutput]] = []
         numeric: list[str] | None = None
         for i, feed in enumerate(feeds):
             arrays = dict(zip(names, run_session(float_session, names, feed, i)))
@@ -72,9 +72,9 @@ class Reference:
                 numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind == "f"]
                 if not numeric:
                     raise ValueError(f"diagnose: the model has no float tensor output to compare (outputs {names})")
-            self.outputs.append([np.asarray(arrays[n], np.float64) for n in numeric])
+            self.outputs.append([PreparedOutput(np.asarray(arrays[n])) for n in numeric])
         self.names = numeric or []
-        self.signal = float(sum(np.sum(np.square(y[np.isfinite(y)])) for ys in self.outputs for y in ys))
+        self.signal = self.signal_of(None)
 
     def noise(self, model_session: Any, extra: Feed | None = None, limit: int | None = None) -> float:
         """sum (y - y_q)^2 of ``model_session``'s outputs over the first ``limit`` feeds (default
@@ -83,14 +83,14 @@ class Reference:
         for i, (feed, reference) in enumerate(zip(self.feeds[:limit], self.outputs[:limit])):
             got = run_session(model_session, self.names, {**feed, **extra} if extra else feed, i)
             for y, yq in zip(reference, got):
-                part = squared_sums(y, yq)
+                part = y.sums(yq)
                 if part is None:
                     return math.inf
                 total += part[1]
         return total
 
     def signal_of(self, limit: int | None) -> float:
-        return float(sum(np.sum(np.square(y[np.isfinite(y)])) for ys in self.outputs[:limit] for y in ys))
+        return float(sum(y.signal for ys in self.outputs[:limit] for y in ys))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ __all__ = [
     "check_cache",
     "load_tensors_data",
     "read_json_file",
+    "round_trip",
     "save_tensors_data",
 ]
 
@@ -261,6 +262,18 @@ def load_tensors_data(path: StrPath) -> TensorsData:
     """
     path = Path(path)
     return _to_tensors_data(_read_cache_document(path), path)
+
+
+def round_trip(tensors_data: TensorsData) -> TensorsData:
+    """``tensors_data`` as ``load_tensors_data`` reads back the cache ``save_tensors_data`` writes
+    of it (the values onnxruntime quantizes with), without a file."""
+    payload = tensors_data.to_dict()
+    payload["smooth_quant"] = False
+    document = json.loads(json.dumps(payload, cls=_CacheEncoder))
+    try:
+        return _tensors_data_from_json(document)
+    except ValueError as exc:
+        raise ValueError(f"Invalid calibration ranges: {exc}") from None
 
 
 def check_cache(path: StrPath, calibrate_method: CalibrationMethod, smooth_quant: bool) -> TensorsData | None:

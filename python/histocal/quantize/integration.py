@@ -239,8 +239,14 @@ def calibrate_and_select(
     """auto's model-level choice: calibrate once (one streaming pass over the reader, any kind of
     reader), keeping the first ``eval_samples`` feeds; choose among ``methods.MODEL_AUTO_CANDIDATES``
     the candidate whose quantized model's output is closest to the float model's, scored out of
-    sample by ``folds``-fold cross-validation on the kept feeds (in sample, with a warning, with
-    fewer than 2 kept feeds). How, and what it costs: docs/methods.md, "auto: the model-level choice".
+    sample by ``folds``-fold cross-validation on the kept feeds (each fold scored with candidates
+    calibrated on all the calibration data but that fold's feeds; in sample, with a warning, with
+    fewer than 2 kept feeds). Memory: the kept feeds plus the float model's outputs on one fold, and
+    one calibration state per fold. Cost: the augmented model runs once per feed, as in one
+    calibration (streaming states merge exactly, so each fold's training state and the full state are
+    merges); per fold the candidates are computed from its training state
+    (``candidates.cross_validation_candidates``), and each distinct candidate runs on the fold's feeds
+    while it can still be chosen. More: docs/methods.md, "auto: the model-level choice".
 
     Args:
         model_input: the float model (path or ModelProto).
@@ -320,33 +326,18 @@ def calibrate_and_select(
             fold_states.append(calibrator.state)
         calibrator = None  # its session's memory, before the candidates' sessions
 
-        def candidates_of(states: list[Any]) -> dict[str, TensorsData]:
-            merged = merge_states(*[s for s in states if s is not None])
-            return selection.state_candidates(merged, options["qtype"], options["symmetric"])
-
-        candidates = candidates_of([rest, *fold_states])
         cross_validate = len(fold_feeds) >= 2
-        cv_folds = (
-            [
-                (candidates_of([rest, *fold_states[:k], *fold_states[k + 1 :]]), feeds)
-                for k, feeds in enumerate(fold_feeds)
-            ]
-            if cross_validate
-            else []
-        )
-        # Only candidates every fold (and all the data) could give are compared.
-        common = [label for label in candidates if all(label in fold for fold, _ in cv_folds)]
-        if not common:
+        qtype, symmetric = options["qtype"], options["symmetric"]
+        candidates: Mapping[str, TensorsData]
+        if cross_validate:
+            candidates, fold_candidates = selection.cross_validation_candidates(rest, fold_states, qtype, symmetric)
+            cv_folds = list(zip(fold_candidates, fold_feeds))
+        else:
+            states = [s for s in [rest, *fold_states] if s is not None]
+            candidates = selection.state_candidates(merge_states(*states), qtype, symmetric)
+            cv_folds = []
+        if not candidates:
             raise ValueError("auto: no candidate range set could be computed from the calibration data")
-        candidates = {label: candidates[label] for label in common}
-        # The default (minmax) and distribution are scored with their ranges from all the data in
-        # every fold: a range that only grows with the data, fitted on a fold's fewer feeds, clips
-        # what the final ranges would not, and cross-validation would underrate it.
-        full = selection.ALL_DATA_CANDIDATES
-        cv_folds = [
-            ({label: candidates[label] if label in full else fold[label] for label in common}, feeds)
-            for fold, feeds in cv_folds
-        ]
         logger.info(
             "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
             len(candidates),

@@ -86,6 +86,23 @@ def min_informative(alpha: float = SIGN_TEST_ALPHA) -> int:
     return max(1, math.ceil(math.log2(1.0 / alpha)))
 
 
+def cannot_qualify(
+    gains_db: Sequence[float] | np.ndarray,
+    remaining: int,
+    min_gain_db: float = MIN_GAIN_DB,
+    alpha: float = SIGN_TEST_ALPHA,
+) -> bool:
+    """Whether a candidate with these per-feed gains over the default (``feed_gains_db``) so far
+    fails the sign test whatever it scores on the ``remaining`` feeds. Its best case is to win
+    every one of them: a win lowers the p-value, an uninformative feed leaves it, a loss raises
+    it (P(Bin(k+1) >= w+1) <= P(Bin(k) >= w) <= P(Bin(k+1) >= w)). So the feeds left need not be
+    scored for it: the choice is the same."""
+    g = np.asarray(gains_db, np.float64)
+    wins = int(np.count_nonzero(g > min_gain_db))
+    losses = int(np.count_nonzero(g < -min_gain_db))
+    return sign_test_p(wins + remaining, wins + losses + remaining) > alpha
+
+
 def evidence(
     feed_sqnr_db: Mapping[str, Sequence[float]], default: str, min_gain_db: float = MIN_GAIN_DB
 ) -> dict[str, Evidence]:

@@ -45,7 +45,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import TensorsData
 
-from ..io.cache import load_tensors_data, save_tensors_data
+from ..io.cache import round_trip
 from .ort import quantize_with_ranges
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def build_scoring_model(
         logger.info("auto: QOperator format: every candidate is quantized on its own")
         return None
     qdq_path = workdir / "qdq.onnx"
-    ranges = _through_cache(ranges, workdir)
+    ranges = round_trip(ranges)  # as ORT reads them back from the calibration cache
     quantize_with_ranges(model_path, qdq_path, ranges, **kwargs)
     qdq = onnx.load(qdq_path.as_posix())
     float_model = onnx.load(model_path.as_posix())
@@ -171,14 +171,6 @@ def build_scoring_model(
         )
         return None
     return scoring
-
-
-def _through_cache(ranges: TensorsData, workdir: Path) -> TensorsData:
-    path = workdir / "ranges.json"
-    save_tensors_data(ranges, path)
-    loaded = load_tensors_data(path)
-    path.unlink()
-    return loaded
 
 
 def _quantizer(float_model: onnx.ModelProto, ranges: TensorsData, kwargs: Mapping[str, Any]) -> Any:

@@ -20,8 +20,10 @@ candidates were fitted without that fold's feeds, and a candidate's SQNR is pool
 tight clipping (a percentile that clips exactly the outliers it saw), which new inputs punish.
 
 Cost, per set of feeds: one float-model run over them (whose outputs are kept while that set is
-scored), then per distinct candidate one ``quantize_static`` and one run over them; only running
-sums are kept per candidate.
+scored), then per distinct candidate one run over them on the shared scoring model
+(``scoring``; one ``quantize_static`` per candidate where it cannot express one); cross-validated,
+a candidate is run only while it can still pass the rule's sign test (``rule.cannot_qualify``).
+Only running sums are kept per candidate.
 
 ``state_candidates`` computes auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``)
 from one calibration state. ``histocal.quantize_static(calibrate_method="auto")`` and the CLI's
@@ -36,18 +38,17 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+from onnxruntime.quantization.calibrate import TensorsData
 
-from .. import methods
 from ..io.readers import Feed, run_session
-from .candidates import candidate_ranges
+from .candidates import LazyCandidates, cross_validation_candidates, state_candidates
 from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from .rule import (
     ALL_DATA_CANDIDATES,
@@ -58,6 +59,7 @@ from .rule import (
     STANDARD_ERRORS,
     Decision,
     Evidence,
+    cannot_qualify,
     choose_pooled,
     choose_robust,
     decide,
@@ -118,10 +120,14 @@ class Selection:
     # Per candidate, the output SQNR (dB) on each evaluation feed, in fold order (-inf where the
     # candidate failed); the cross-validated choice reads these (``choose_robust``).
     feed_sqnr_db: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    # Per candidate, ``range_widths``: how wide its ranges (from all the data) are.
+    # ``range_widths`` (how wide the ranges from all the data are) of the candidates the rule compares
+    # by width: cross-validated, those that qualify (the others' all-data ranges are not computed).
     range_widths: dict[str, float] = field(default_factory=dict)
     reason: str = ""  # why this candidate (``decide``'s reason)
     quantizations: int = 0  # onnxruntime quantize_static calls the scoring made
+    # Candidates scored on fewer feeds than ``eval_samples`` (it could no longer pass the sign test:
+    # ``rule.cannot_qualify``), and on how many; their SQNR is over those feeds, NaN on the rest.
+    stopped: dict[str, int] = field(default_factory=dict)
 
     @property
     def cross_validated(self) -> bool:
@@ -142,38 +148,13 @@ class Selection:
         width = max(len(label) for label in self.sqnr_db)
         return "\n".join(
             f"{'*' if label == self.label else ' '} {label:<{width}}  {sqnr:8.2f} dB"
+            + (
+                f"  (scored on {self.stopped[label]} of {self.eval_samples} feeds: it could no longer qualify)"
+                if label in self.stopped
+                else ""
+            )
             for label, sqnr in self.sqnr_db.items()
         )
-
-
-def state_candidates(state: Any, qtype: str, symmetric: bool) -> dict[str, TensorsData]:
-    """auto's model-level candidates (``methods.MODEL_AUTO_CANDIDATES``, with this qtype and
-    symmetry) computed from one ``CalibrationState``, by label, in tie-breaking order. Each is a
-    MinMax-style TensorsData (lowest/highest only), the way auto's ranges travel through ORT and
-    its cache whichever candidate wins. A candidate the state cannot give (pow2 without clipping on a
-    tensor whose range needs a scale its type cannot hold, such as a -3.4e38 attention-mask
-    sentinel) is left out with a warning: the others can still be chosen.
-
-    Args:
-        state: the ``CalibrationState``.
-        qtype: the activations' quantized type (e.g. ``"int8"``).
-        symmetric: symmetric activation ranges.
-
-    Returns:
-        The candidates' ranges by label.
-    """
-    out = {}
-    requested = methods.model_candidate_options(qtype, symmetric)
-    computed = candidate_ranges(state, [(method, options) for _, method, options in requested])
-    for (label, _, _), td in zip(requested, computed):
-        if isinstance(td, ValueError):
-            logger.warning("auto: candidate %r left out: %s", label, td)
-            continue
-        out[label] = TensorsData(
-            CalibrationMethod.MinMax,
-            {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()},
-        )
-    return out
 
 
 def select_ranges(
@@ -265,12 +246,33 @@ def _select(
     start = time.perf_counter()
     per_feed: dict[str, list[tuple[float, float]]] = {label: [] for label in candidates}  # (signal, noise)
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
+    n = sum(len(feeds) for _, feeds in folds)
+    default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
     with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
         model_path = model_file(model_input, Path(tmp))
         scorer = _Scorer(model_path, candidates, providers, quantize_kwargs, Path(tmp))
+        scored = 0
         for fold_candidates, feeds in folds:
+            # Cross-validated, a candidate that fails the sign test whatever the feeds left say is
+            # not scored on them (``cannot_qualify``): the choice is the same, at fewer runs.
+            # Checked before the fold and after each of its feeds; the default is scored first.
+            def hopeless(
+                label: str, fold_scores: list[tuple[float, float]], fold_default: Any, before: int = scored
+            ) -> bool:
+                if not cross_validated or label == default or default in failures or fold_default is None:
+                    return False  # a failed default: every candidate beats it
+                done = per_feed[label] + fold_scores
+                return _cannot_qualify(done, per_feed[default] + fold_default, n - before - len(fold_scores))
+
+            active = {default: fold_candidates[default]} if default in fold_candidates else {}
+            active.update(
+                (label, ranges)
+                for label, ranges in fold_candidates.items()
+                if label != default and label not in failures and not hopeless(label, [], [])
+            )
             # One fold's float outputs at a time: memory is that of the largest fold.
-            energies = scorer.energies(feeds, fold_candidates)
+            energies = scorer.energies(feeds, active, hopeless)
+            scored += len(feeds)
             for label, energy in energies.items():
                 if isinstance(energy, list):
                     per_feed[label].extend(energy)
@@ -280,22 +282,33 @@ def _select(
         label: -math.inf
         if label in failures
         else _sqnr_db(sum(s for s, _ in per_feed[label]), sum(e for _, e in per_feed[label]))
+        if per_feed[label]
+        else math.nan
         for label in candidates
     }
-    n = sum(len(feeds) for _, feeds in folds)
+    # NaN: a feed a candidate was not scored on (it could no longer qualify): no evidence either way.
     feed_sqnr = {
-        label: (-math.inf,) * n if label in failures else tuple(_sqnr_db(s, e) for s, e in per_feed[label])
+        label: (-math.inf,) * n
+        if label in failures
+        else tuple(_sqnr_db(s, e) for s, e in per_feed[label]) + (math.nan,) * (n - len(per_feed[label]))
         for label in candidates
     }
     raised = {label: exc for label, exc in failures.items() if exc is not None}
     if len(raised) == len(sqnr):
         first, exc = next(iter(raised.items()))
         raise ValueError(f"auto: every candidate failed to quantize or run; {first!r}: {exc}") from exc
-    widths = range_widths(candidates)
     if cross_validated:
-        decision = decide(feed_sqnr, widths=widths)
+        # Widths (and so the all-data ranges) only of the candidates the rule compares by them.
+        qualifying = [
+            label for label, e in evidence(feed_sqnr, default).items() if e.qualifies(SIGN_TEST_ALPHA, STANDARD_ERRORS)
+        ]
+        available = _computable(candidates, qualifying)
+        feed_sqnr_known = {k: v for k, v in feed_sqnr.items() if k not in qualifying or k in available}
+        widths = range_widths(available)
+        decision = decide(feed_sqnr_known, default=default, widths=widths)
         chosen, reason = decision.label, decision.reason
     else:
+        widths = range_widths(candidates)
         chosen, reason = choose_pooled(sqnr), "in sample: the highest pooled SQNR"
     selection = Selection(
         chosen,
@@ -308,6 +321,7 @@ def _select(
         widths,
         reason,
         scorer.quantizations,
+        {label: len(per_feed[label]) for label in candidates if label not in failures and len(per_feed[label]) < n},
     )
     logger.info(
         "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s: %s)\n%s",
@@ -355,11 +369,16 @@ class _Scorer:
             self.model = None
 
     def energies(
-        self, feeds: list[Feed], candidates: Mapping[str, TensorsData]
+        self,
+        feeds: list[Feed],
+        candidates: Mapping[str, TensorsData],
+        hopeless: Callable[[str, list[tuple[float, float]], Any], bool] | None = None,
     ) -> dict[str, list[tuple[float, float]] | BaseException | None]:
         """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed; the exception if its model
         failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
-        Candidates whose ranges equal an earlier one's are scored once."""
+        Candidates whose ranges equal an earlier one's are scored once. ``hopeless(label, its
+        energies so far, the first candidate's)``: stop scoring it on the rest of the feeds
+        (its list is then shorter)."""
         if self.float_session is None:  # one float session for every fold
             self.float_session = _session(self.model_path, self.providers)
         reference = _Reference(self.float_session, feeds)
@@ -373,26 +392,54 @@ class _Scorer:
                 out[label] = out[same]
                 continue
             seen.append((key, label))
+            first = next(iter(out.values()), None)
+
+            def until(done: list[tuple[float, float]], label: str = label, first: Any = first) -> bool:
+                return hopeless is not None and hopeless(label, done, first if isinstance(first, list) else None)
+
             try:
-                out[label] = self._score(reference, ranges, i)
+                out[label] = self._score(reference, ranges, i, until)
             except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
                 logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
                 out[label] = exc
         return out
 
-    def _score(self, reference: _Reference, ranges: TensorsData, i: int) -> list[tuple[float, float]] | None:
+    def _score(
+        self, reference: _Reference, ranges: TensorsData, i: int, until: Callable[[list[tuple[float, float]]], bool]
+    ) -> list[tuple[float, float]] | None:
         parameters = self.model.parameters(ranges) if self.model is not None else None
         if parameters is not None:
-            return reference.feed_energies(self.session, parameters)
+            return reference.feed_energies(self.session, parameters, until)
         workdir = self.tmp / f"candidate{i}"
         workdir.mkdir(exist_ok=True)
         try:
             quantized = workdir / "model.onnx"
             quantize_with_ranges(self.model_path, quantized, ranges, **self.quantize_kwargs)
             self.quantizations += 1
-            return reference.feed_energies(_session(quantized, self.providers, quantized=True), {})
+            return reference.feed_energies(_session(quantized, self.providers, quantized=True), {}, until)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
+
+
+def _computable(candidates: Mapping[str, TensorsData], labels: Sequence[str]) -> dict[str, TensorsData]:
+    """The ranges of these candidates (``LazyCandidates`` computes them now); one the data cannot
+    give is left out with a warning (it cannot be chosen)."""
+    out = {}
+    for label in labels:
+        try:
+            out[label] = candidates[label]
+        except ValueError as exc:
+            logger.warning("auto: candidate %r left out: %s", label, exc)
+    return out
+
+
+def _cannot_qualify(scores: list[tuple[float, float]], default: list[tuple[float, float]], remaining: int) -> bool:
+    """``rule.cannot_qualify`` on a candidate's (signal, noise) per feed so far against the default's."""
+    gains = feed_gains_db(
+        {"default": [_sqnr_db(*e) for e in default[: len(scores)]], "candidate": [_sqnr_db(*e) for e in scores]},
+        "default",
+    )["candidate"]
+    return cannot_qualify(gains, remaining)
 
 
 def _sqnr_db(signal: float, noise: float) -> float:
@@ -437,12 +484,13 @@ def _session(path: Path, providers: list[Any], *, quantized: bool = False) -> An
 
 
 class _Reference:
-    """The float model's outputs on the evaluation feeds, and the SQNR of a quantized model's."""
+    """The float model's outputs on the evaluation feeds, and the SQNR of a quantized model's.
+    (Stacking the feeds into one run was measured slower on a small CNN: one run per feed.)"""
 
     def __init__(self, session: Any, feeds: list[Feed]) -> None:
         self.feeds = feeds
         names = [o.name for o in session.get_outputs()]
-        self.outputs: list[list[np.ndarray]] = []
+        self.outputs: list[list[PreparedOutput]] = []
         numeric: list[str] | None = None
         for i, feed in enumerate(feeds):
             arrays = dict(zip(names, run_session(session, names, feed, i)))
@@ -451,18 +499,26 @@ class _Reference:
                 numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind in "biuf"]
                 if not numeric:
                     raise ValueError(f"auto: the model has no numeric tensor output to compare (outputs {names})")
-            self.outputs.append([arrays[n] for n in numeric])
+            self.outputs.append([PreparedOutput(np.asarray(arrays[n])) for n in numeric])
         self.names = numeric or []
 
-    def feed_energies(self, session: Any, parameters: Mapping[str, np.ndarray]) -> list[tuple[float, float]] | None:
+    def feed_energies(
+        self,
+        session: Any,
+        parameters: Mapping[str, np.ndarray],
+        until: Callable[[list[tuple[float, float]]], bool] | None = None,
+    ) -> list[tuple[float, float]] | None:
         """Per feed, (sum y^2, sum (y - y_q)^2) over a quantized model's outputs (``session``
-        fed each feed plus ``parameters``); None if they cannot be compared."""
-        out = []
+        fed each feed plus ``parameters``), stopping after a feed where ``until`` of those so
+        far is true; None if they cannot be compared."""
+        out: list[tuple[float, float]] = []
         for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
+            if out and until is not None and until(out):
+                break
             got = run_session(session, self.names, {**feed, **parameters} if parameters else feed, i)
             signal = noise = 0.0
             for name, y, yq in zip(self.names, reference, got):
-                part = squared_sums(y, yq)
+                part = y.sums(yq)
                 if part is None:
                     logger.debug("auto: output %r of sample %d differs where it must not", name, i)
                     return None
@@ -472,24 +528,45 @@ class _Reference:
         return out
 
 
+class PreparedOutput:
+    """One float output, prepared once (as float64, its non-finite values apart) for the squared
+    sums of every quantized output against it: ``signal`` is sum y^2 over its finite values."""
+
+    def __init__(self, reference: np.ndarray) -> None:
+        self.shape = reference.shape
+        y = np.asarray(reference, np.float64).ravel()
+        finite = np.isfinite(y)
+        self.nonfinite: np.ndarray | None = None  # where the reference is not finite
+        self.nonfinite_values = y[:0]
+        if not finite.all():
+            self.nonfinite = ~finite
+            self.nonfinite_values = y[self.nonfinite]
+            y = y[finite]
+        self.values = y
+        self.signal = float(np.dot(y, y))
+
+    def sums(self, quantized: Any) -> tuple[float, float] | None:
+        """``squared_sums`` of the reference and ``quantized``."""
+        yq = np.asarray(quantized)
+        if yq.shape != self.shape or yq.dtype.kind not in "biuf":
+            return None
+        yq = yq.ravel()
+        if self.nonfinite is not None:
+            if not np.array_equal(self.nonfinite_values, yq[self.nonfinite].astype(np.float64), equal_nan=True):
+                return None
+            yq = yq[~self.nonfinite]
+        diff = np.subtract(self.values, yq, dtype=np.float64)
+        noise = float(np.dot(diff, diff))
+        if not math.isfinite(noise) and not np.isfinite(yq).all():
+            return None  # a non-finite quantized value where the reference is finite
+        return self.signal, noise
+
+
 def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
     """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
     cannot be compared: another shape, a non-finite quantized value where the reference is finite,
     or a different value where the reference is not finite."""
-    y = np.asarray(reference, np.float64).ravel()
-    yq = np.asarray(quantized)
-    if yq.shape != reference.shape or yq.dtype.kind not in "biuf":
-        return None
-    yq = yq.astype(np.float64).ravel()
-    finite = np.isfinite(y)
-    if not finite.all():
-        if not np.array_equal(y[~finite], yq[~finite], equal_nan=True):
-            return None
-        y, yq = y[finite], yq[finite]
-    if not np.isfinite(yq).all():
-        return None
-    diff = y - yq
-    return float(np.dot(y, y)), float(np.dot(diff, diff))
+    return PreparedOutput(np.asarray(reference)).sums(quantized)
 
 
 __all__ = [
@@ -501,9 +578,13 @@ __all__ = [
     "STANDARD_ERRORS",
     "Decision",
     "Evidence",
+    "LazyCandidates",
+    "PreparedOutput",
     "Selection",
+    "cannot_qualify",
     "choose_pooled",
     "choose_robust",
+    "cross_validation_candidates",
     "decide",
     "evidence",
     "feed_gains_db",
