@@ -55,7 +55,6 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import _core, methods
 from .._version import __version__
 from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
-from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE, collects_votes
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
@@ -289,7 +288,7 @@ class CalibrationState:
         self.check_compatible(other)
         stream = None
         if self.stream is not None:
-            stream = _copy_stream(self.stream)
+            stream = self.stream.copy()
             stream.merge(other.stream)
         exact = None
         if self.exact is not None:
