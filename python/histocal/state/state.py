@@ -65,6 +65,7 @@ from .file_format import (
     FORMAT_VERSION,
     MAX_STATE_BYTES,
     MEMBERS,
+    SUMMARY_MEMBER_NAMES,
     Header,
     MemoryFile,
     StateError,
@@ -76,8 +77,8 @@ from .file_format import (
     read_members,
 )
 from .fingerprint import model_fingerprint
-from .isotone_members import ISOTONE_MEMBERS, isotone_members, restore_isotone
 from .merge import merge_exact
+from .summary_members import SUMMARY_MEMBERS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 
@@ -320,7 +321,9 @@ class CalibrationState:
     # -- files ----------------------------------------------------------------------------------
 
     def to_bytes(self, compress: bool = False) -> bytes:
-        arrays: dict[str, list[np.ndarray]] = {k: [] for k in MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
+        arrays: dict[str, list[np.ndarray]] = {
+            k: [] for k in MEMBERS if k != "header" and k not in SUMMARY_MEMBER_NAMES
+        }
         tensors: list[dict[str, Any]] = []
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
@@ -333,9 +336,6 @@ class CalibrationState:
                 arrays["stream_stats"].append(np.array(stats, np.float64))
                 arrays["stream_counts"].append(np.array([ex.counts], np.uint64))
                 entry["stream"] = {"level": ex.level, "start": start, "length": stop - start}
-                votes = self.stream.votes(name)
-                if votes:
-                    arrays["stream_votes"].append(np.array([(len(tensors), *v) for v in votes], np.int64))
             tensors.append(entry)
         exact_order = None
         if self.exact is not None:
@@ -351,9 +351,11 @@ class CalibrationState:
                 arrays["exact_flags"].append(np.array([[e.min[1], e.max[1], thr[1]]], np.uint8))
                 arrays["exact_counts"].append(np.array([e.counts], np.uint64))
                 entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
+        collected = [m for m in SUMMARY_MEMBERS if self.stream is not None and m.summary in self.stream.summaries]
+        summaries = {k: v for m in collected for k, v in m.write(self.stream, self.names).items()}
         header = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION if (isotone := isotone_members(self.stream, self.names)) else 1,
+            "version": max([1] + [m.version for m in collected]),
             "histocal_version": self.histocal_version,
             "model_fingerprint": self.model_fingerprint,
             "data_fingerprints": sorted(self.data_fingerprints),
@@ -372,9 +374,13 @@ class CalibrationState:
             except ValueError as exc:
                 raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
-        for key, parts in arrays.items():
-            dtype, ndim, cols = MEMBERS[key]
-            if parts:
+        for key, (dtype, ndim, cols) in MEMBERS.items():
+            parts = arrays.get(key)
+            if key in summaries:
+                members[key] = summaries[key]
+            elif key == "channels" and nested is not None:
+                members[key] = nested
+            elif parts:
                 joined = np.concatenate(parts)
                 if "|" in dtype:  # counts: the narrowest unsigned type that holds them (compact files)
                     top = int(joined.max()) if joined.size else 0
@@ -384,16 +390,8 @@ class CalibrationState:
                         else dtype.split("|")[0]
                     )
                 members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
-            elif cols is None:
-                pass  # an empty 1-D member is left out
-            elif key == "stream_votes":
-                if self.stream is not None and self.stream.pow2_votes:  # the member says votes were collected
-                    members[key] = np.zeros((0, cols), dtype)
-            elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
+            elif parts is not None and cols is not None and ndim == 2 and self._holds(key):
                 members[key] = np.zeros((0, cols), dtype)
-        if nested is not None:
-            members["channels"] = nested
-        members.update(isotone)
         check_readable(members)  # every state histocal writes it can read back
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
@@ -404,6 +402,10 @@ class CalibrationState:
                 with zf.open(info, "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, array, allow_pickle=False)
         return buf.getvalue()
+
+    def _holds(self, member: str) -> bool:
+        """Whether the state holds the histograms a file member stores (an empty member is then written)."""
+        return self.stream is not None if member.startswith("stream") else self.exact is not None
 
     def save(self, path: PathLike, compress: bool = False) -> None:
         """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches)."""
@@ -473,8 +475,8 @@ def _build(header: Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
             fail(f"missing member {key}")
         return arrays[key]
 
-    isotone = "isotone_tensors" in arrays
-    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays, isotone=isotone) if sbins else None
+    summaries = {m.summary: m.first in arrays for m in SUMMARY_MEMBERS}
+    stream = _core.StreamHistograms(sbins, **summaries) if sbins else None
     exact = None
     if kind is not None:
         if header.exact_num_bins is None:
@@ -505,19 +507,9 @@ def _build(header: Header, arrays: dict[str, np.ndarray]) -> CalibrationState:
                 fail(str(exc))
         if s_off != len(s_bins):
             fail("stream_bins: longer than the tensors' spans")
-        if stream.pow2_votes:
-            votes = arr("stream_votes")
-            if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
-                fail("stream_votes: tensor indices out of order or range")
-            for i, name in enumerate(names):
-                rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
-                if np.any(rows[:, 3] <= 0):
-                    fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
-                try:
-                    stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
-                except (ValueError, OverflowError) as exc:
-                    fail(f"stream_votes: {exc}")
-        restore_isotone(stream, names, arrays)
+        for m in SUMMARY_MEMBERS:
+            if m.summary in stream.summaries:
+                m.read(stream, names, arrays)
     if exact is not None:
         e_hist, e_scal, e_flags, e_counts = (
             arr(k) for k in ("exact_hist", "exact_scalars", "exact_flags", "exact_counts")
