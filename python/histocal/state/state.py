@@ -289,6 +289,8 @@ class CalibrationState:
         self.check_compatible(other)
         stream = None
         if self.stream is not None:
+            if other.stream is None:
+                raise ValueError("incompatible states: one holds streaming histograms, the other not")
             stream = self.stream.copy()
             stream.merge(other.stream)
         exact = None
