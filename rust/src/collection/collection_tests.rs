@@ -98,10 +98,13 @@ fn restored_summaries_are_checked_and_name_the_tensor() {
     // more votes than the histogram's batches
     let votes = s.export_summary("x", "pow2_votes").unwrap().unwrap();
     let mut doubled = parts(votes);
-    doubled[2].1 = Column::U64(vec![5; match &doubled[2].1 {
-        Column::U64(v) => v.len(),
-        _ => unreachable!(),
-    }]);
+    doubled[2].1 = Column::U64(vec![
+        5;
+        match &doubled[2].1 {
+            Column::U64(v) => v.len(),
+            _ => unreachable!(),
+        }
+    ]);
     let e = fresh.restore_summary("x", "pow2_votes", doubled).unwrap_err();
     assert_eq!(e.to_string(), "tensor \"x\": more pow2 votes than batches");
     let plain = StreamCollection::new(64, &[]).unwrap();

@@ -29,7 +29,8 @@ impl StreamState {
 
     /// Add each batch to the histogram, showing it to the summaries that watch batches.
     fn add(&mut self, batches: &Batches<'_>) {
-        let observers: Vec<usize> = (0..self.summaries.len()).filter(|&i| self.summaries[i].observes_batches()).collect();
+        let observers: Vec<usize> =
+            (0..self.summaries.len()).filter(|&i| self.summaries[i].observes_batches()).collect();
         let (h, summaries) = (&mut self.histogram, &mut self.summaries);
         let mut observe = |hist: &UniformHistogram<'_>, dtype_max: f64| {
             for &i in &observers {
@@ -57,7 +58,8 @@ impl StreamState {
 
     /// `Scans::of_streamed` for this state: the batches' scans, the batches added as [`StreamState::add`] does.
     pub fn scan_and_add(&mut self, batches: &Batches<'_>) -> crate::state::Scans {
-        let observers: Vec<usize> = (0..self.summaries.len()).filter(|&i| self.summaries[i].observes_batches()).collect();
+        let observers: Vec<usize> =
+            (0..self.summaries.len()).filter(|&i| self.summaries[i].observes_batches()).collect();
         let summaries = &mut self.summaries;
         let mut observe = |hist: &UniformHistogram<'_>, dtype_max: f64| {
             for &i in &observers {
@@ -65,7 +67,11 @@ impl StreamState {
             }
         };
         let watched = !observers.is_empty();
-        crate::state::Scans::of_streamed(batches, &mut self.histogram, watched.then_some(&mut observe as BatchObserver<'_>))
+        crate::state::Scans::of_streamed(
+            batches,
+            &mut self.histogram,
+            watched.then_some(&mut observe as BatchObserver<'_>),
+        )
     }
 }
 
@@ -140,7 +146,8 @@ impl StreamCollection {
         let Some(i) = i else {
             return Err(TensorError::invalid(name, format!("this collection holds no {kind} summaries")));
         };
-        let restored = st.summaries[i].restore(parts, st.histogram.batches).map_err(|e| TensorError::invalid(name, e))?;
+        let restored =
+            st.summaries[i].restore(parts, st.histogram.batches).map_err(|e| TensorError::invalid(name, e))?;
         st.summaries[i] = restored;
         Ok(())
     }
@@ -223,7 +230,11 @@ impl StreamCollection {
     /// row summaries are computed first, into copies: an error there changes nothing. Out of
     /// memory in the histograms: the batches added before it stay added (each batch whole or
     /// not at all), and the error names the tensor.
-    pub fn collect(&mut self, batches: &[(&str, Batches<'_>)], rows: &[(&str, RowBatch<'_>)]) -> Result<(), TensorError> {
+    pub fn collect(
+        &mut self,
+        batches: &[(&str, Batches<'_>)],
+        rows: &[(&str, RowBatch<'_>)],
+    ) -> Result<(), TensorError> {
         let updated = self.with_rows(rows)?;
         let states = self.take(batches)?;
         let mut work: Vec<(&(&str, Batches<'_>), StreamState)> = batches.iter().zip(states).collect();
@@ -346,7 +357,12 @@ impl StreamCollection {
 
     /// ORT-shaped histograms (what one collect over all the data gives) of `names` (default:
     /// all, in order), built in parallel.
-    pub fn to_exact(&self, kind: Kind, num_bins: usize, names: Option<Vec<String>>) -> Result<ExactCollection, TensorError> {
+    pub fn to_exact(
+        &self,
+        kind: Kind,
+        num_bins: usize,
+        names: Option<Vec<String>>,
+    ) -> Result<ExactCollection, TensorError> {
         let mut out = ExactCollection::new(kind, num_bins).map_err(TensorError::Collection)?;
         let states = self.tensors.selected(names)?;
         let mut seen = HashSet::with_capacity(states.len());

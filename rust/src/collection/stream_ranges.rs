@@ -40,9 +40,14 @@ pub fn isotone_result(t: &TopPairs, qtype: QType, symmetric: bool) -> Result<Iso
             let (low, high) = isotone::isotone_range(s, qtype, symmetric);
             IsotoneResult { low, high, satisfied: n, rows, skipped, fell_back: false }
         }
-        IsotoneChoice::None(m) => {
-            IsotoneResult { low: 0.0, high: m.unwrap_or(0.0).max(0.0), satisfied: 0, rows, skipped, fell_back: m.is_some() }
-        }
+        IsotoneChoice::None(m) => IsotoneResult {
+            low: 0.0,
+            high: m.unwrap_or(0.0).max(0.0),
+            satisfied: 0,
+            rows,
+            skipped,
+            fell_back: m.is_some(),
+        },
     })
 }
 
@@ -82,10 +87,12 @@ impl StreamCollection {
                         v.of_type(*qtype)
                     }
                     (_, None) if method.needs_votes() => {
-                        return Err("pow2 MinMSE's most-common choice needs per-batch votes, which this collection did \
+                        return Err(
+                            "pow2 MinMSE's most-common choice needs per-batch votes, which this collection did \
                                     not record (collect with the pow2 method and its most-common minmse_mode, or \
                                     StreamHistograms(..., pow2_votes=True))"
-                            .to_string())
+                                .to_string(),
+                        )
                     }
                     _ => Vec::new(),
                 };
@@ -114,7 +121,8 @@ impl StreamCollection {
             }
         }
         let selected = self.states(Some(names))?;
-        let work: Vec<((String, &StreamState), (f64, f64))> = selected.into_iter().zip(ranges.iter().copied()).collect();
+        let work: Vec<((String, &StreamState), (f64, f64))> =
+            selected.into_iter().zip(ranges.iter().copied()).collect();
         let out = par_map(&work, |((name, st), (low, high))| {
             named(name, || {
                 let q = Quantizer::for_range(*low, *high, qtype, symmetric, range_rule(ort, st.dtype));
@@ -148,4 +156,3 @@ impl StreamCollection {
         out.into_iter().collect()
     }
 }
-

@@ -39,7 +39,6 @@ pub(crate) fn out_of_memory(name: &str, oom: OutOfMemory) -> PyErr {
     PyMemoryError::new_err(format!("tensor {name:?}: {oom}"))
 }
 
-
 /// A core collection's error as an exception: running out of memory a `MemoryError`, anything
 /// else a `ValueError` (both naming the tensor where there is one).
 pub(crate) fn tensor_error(e: TensorError) -> PyErr {

@@ -5,6 +5,7 @@ use super::arrays::*;
 use super::errors::*;
 use super::records::{ScaleZeroPoint, TensorStats};
 use super::threads::*;
+use crate::collection::par_map;
 use crate::methods::pow2::{self};
 use crate::methods::qerror::{ErrorTable, Quantizer, UniformHistogram};
 use crate::methods::quark_pow2;
@@ -19,7 +20,6 @@ use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use crate::collection::par_map;
 
 pub(crate) fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResult<UniformHistogram<'_>> {
     UniformHistogram::new(counts, left, width, min, max).map_err(PyValueError::new_err)

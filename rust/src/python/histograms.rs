@@ -68,7 +68,9 @@ pub(crate) fn parse_kind(kind: &str) -> PyResult<Kind> {
 impl Histograms {
     #[new]
     pub(crate) fn new(kind: &str, num_bins: usize) -> PyResult<Self> {
-        guard(|| Ok(Histograms { inner: ExactCollection::new(parse_kind(kind)?, num_bins).map_err(PyValueError::new_err)? }))
+        guard(|| {
+            Ok(Histograms { inner: ExactCollection::new(parse_kind(kind)?, num_bins).map_err(PyValueError::new_err)? })
+        })
     }
 
     /// Collect `[(name, [arrays...]), ...]`: each tensor's arrays form one ORT collect call.
@@ -332,15 +334,15 @@ impl Histograms {
             }
             let out: Vec<PyResult<BinRange>> = run_stoppable(py, |stop| {
                 par_map(&states, |(name, st)| {
-                        let choice = for_tensor(name, || match &st.histogram {
-                            Histogram::Value(t) => {
-                                with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
-                            }
-                            Histogram::Abs(t) => {
-                                with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
-                            }
-                        });
-                        choice.map(|c| BinRange { name: (*name).clone(), start: c.start, end: c.end })
+                    let choice = for_tensor(name, || match &st.histogram {
+                        Histogram::Value(t) => {
+                            with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
+                        }
+                        Histogram::Abs(t) => {
+                            with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
+                        }
+                    });
+                    choice.map(|c| BinRange { name: (*name).clone(), start: c.start, end: c.end })
                 })
             })?;
             out.into_iter().collect()
@@ -353,18 +355,18 @@ impl Histograms {
             let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
             Ok(run(py, || {
                 par_map(&states, |(name, st)| {
-                        let hist = match &st.histogram {
-                            Histogram::Value(t) => with_typed!(t, |h, E| {
-                                let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                                &h.hist
-                            }),
-                            Histogram::Abs(t) => with_typed!(t, |h, E| {
-                                let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                                &h.hist
-                            }),
-                        };
-                        let (lo, hi) = percentile_indices(hist, percentile, symmetric);
-                        BinRange { name: (*name).clone(), start: lo, end: hi }
+                    let hist = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| {
+                            let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
+                            &h.hist
+                        }),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| {
+                            let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
+                            &h.hist
+                        }),
+                    };
+                    let (lo, hi) = percentile_indices(hist, percentile, symmetric);
+                    BinRange { name: (*name).clone(), start: lo, end: hi }
                 })
             }))
         })
@@ -377,11 +379,11 @@ impl Histograms {
             let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
             Ok(run(py, || {
                 par_map(&states, |(name, st)| {
-                        let (a, s) = match &st.histogram {
-                            Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
-                            Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
-                        };
-                        Moments { name: (*name).clone(), avg: a, std: s }
+                    let (a, s) = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
+                    };
+                    Moments { name: (*name).clone(), avg: a, std: s }
                 })
             }))
         })

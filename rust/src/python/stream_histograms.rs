@@ -1,8 +1,8 @@
 //! `StreamHistograms`: per-tensor streaming histograms, the summaries collected beside them, and
 //! the range methods over them. Borrow, call `collection::StreamCollection`, build the record.
 
-use super::arrays::*;
 use super::arrays::Borrowed;
+use super::arrays::*;
 use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::functions::method_options;
@@ -285,7 +285,9 @@ impl StreamHistograms {
     fn copy(&self, py: Python<'_>) -> PyResult<StreamHistograms> {
         guard(|| {
             let copied = run(py, || fallible::catch(|| self.inner.copied()));
-            Ok(StreamHistograms { inner: copied.map_err(|oom| pyo3::exceptions::PyMemoryError::new_err(oom.to_string()))? })
+            Ok(StreamHistograms {
+                inner: copied.map_err(|oom| pyo3::exceptions::PyMemoryError::new_err(oom.to_string()))?,
+            })
         })
     }
 
@@ -357,9 +359,7 @@ impl StreamHistograms {
             let bins = bins
                 .as_slice()
                 .map_err(|_| PyValueError::new_err(format!("tensor {name:?}: bins must be contiguous")))?;
-            self.inner
-                .restore(name, dtype, level, bins, finite_min, finite_max, abs_min, counts)
-                .map_err(tensor_error)
+            self.inner.restore(name, dtype, level, bins, finite_min, finite_max, abs_min, counts).map_err(tensor_error)
         })
     }
 

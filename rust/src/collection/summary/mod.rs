@@ -95,20 +95,29 @@ pub trait Summary: Send + Sync + std::fmt::Debug {
 
 /// `other` as a summary of type `S` (a merge or comparison of two summaries of one kind).
 pub fn same_kind<'a, S: 'static>(me: &dyn Summary, other: &'a dyn Summary) -> &'a S {
-    other.as_any().downcast_ref::<S>().unwrap_or_else(|| {
-        panic!("summaries of different kinds ({} and {}) combined", me.name(), other.name())
-    })
+    other
+        .as_any()
+        .downcast_ref::<S>()
+        .unwrap_or_else(|| panic!("summaries of different kinds ({} and {}) combined", me.name(), other.name()))
 }
 
 /// The column called `name` of a stored form read back, as `want` gives it (None: missing or of
 /// another type).
-pub fn column<'a, T>(parts: &'a ReadParts, name: &str, want: fn(&'a Column) -> Option<&'a Vec<T>>) -> Result<&'a [T], String> {
+pub fn column<'a, T>(
+    parts: &'a ReadParts,
+    name: &str,
+    want: fn(&'a Column) -> Option<&'a Vec<T>>,
+) -> Result<&'a [T], String> {
     let found = parts.iter().find(|(n, _)| n == name).ok_or_else(|| format!("missing column {name:?}"))?;
     want(&found.1).map(Vec::as_slice).ok_or_else(|| format!("column {name:?} has the wrong type"))
 }
 
 /// A one-value column of a stored form read back.
-pub fn scalar<'a, T: Copy>(parts: &'a ReadParts, name: &str, want: fn(&'a Column) -> Option<&'a Vec<T>>) -> Result<T, String> {
+pub fn scalar<'a, T: Copy>(
+    parts: &'a ReadParts,
+    name: &str,
+    want: fn(&'a Column) -> Option<&'a Vec<T>>,
+) -> Result<T, String> {
     match column(parts, name, want)? {
         [v] => Ok(*v),
         other => Err(format!("column {name:?} must hold one value, not {}", other.len())),

@@ -70,7 +70,8 @@ impl Summary for Pow2Votes {
         let mut votes = BTreeMap::new();
         let mut per_type = [0u128; Pow2Type::ALL.len()];
         for ((&t, &k), &n) in types.iter().zip(exponents).zip(counts) {
-            let known = (0..Pow2Type::ALL.len() as i64).contains(&t) && (MIN_EXPONENT as i64..=MAX_EXPONENT as i64).contains(&k);
+            let known = (0..Pow2Type::ALL.len() as i64).contains(&t)
+                && (MIN_EXPONENT as i64..=MAX_EXPONENT as i64).contains(&k);
             if !known || votes.insert((t as u8, k as i32), n).is_some() {
                 return Err(format!("bad or repeated pow2 vote ({t}, {k}, {n})"));
             }

@@ -30,7 +30,12 @@ impl<'a, D: Copy> Rows<'a, D> {
 
     pub fn from_slice(values: &'a [D], row_len: usize) -> Self {
         let rows = values.len().checked_div(row_len).unwrap_or(0);
-        Rows { ptr: values.as_ptr(), shape: vec![rows, row_len], strides: vec![row_len as isize, 1], _data: PhantomData }
+        Rows {
+            ptr: values.as_ptr(),
+            shape: vec![rows, row_len],
+            strides: vec![row_len as isize, 1],
+            _data: PhantomData,
+        }
     }
 
     /// The values in a row (the last axis; 1 for rank 0).
