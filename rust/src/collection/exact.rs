@@ -17,6 +17,9 @@ use std::collections::HashMap;
 /// finite_abs_max), (finite, nan, posinf, neginf), batches)`.
 pub type ScanParts<Dtype> = (String, Dtype, [Option<f64>; 4], [u64; 4], u64);
 
+/// One tensor's pass-1 work: its batches, its streaming state if streamed, and its scan once done.
+type ScanWork<'w, 'a> = (&'w (&'a str, Batches<'a>), &'w mut Option<StreamState>, Option<(Scans, u64)>);
+
 /// Per-tensor ORT histograms of one kind and bin count, in first-collected order.
 #[derive(Debug)]
 pub struct ExactCollection {
@@ -50,7 +53,7 @@ impl ExactCollection {
     /// A copy of the collected histograms, allocated by `fallible` (running out of memory unwinds
     /// rather than aborting the process); no two-pass collect is in progress in the copy.
     pub fn copied(&self) -> ExactCollection {
-        let mut tensors = TensorSet::default();
+        let mut tensors = TensorSet::with_capacity(self.tensors.len());
         for (name, st) in self.tensors.iter() {
             tensors.push_new(name, st.copied());
         }
@@ -98,7 +101,7 @@ impl ExactCollection {
             Some(s) => s.take(batches)?.into_iter().map(Some).collect(),
             None => batches.iter().map(|_| None).collect(),
         };
-        let mut work: Vec<(&(&str, Batches<'_>), &mut Option<StreamState>, Option<(Scans, u64)>)> =
+        let mut work: Vec<ScanWork<'_, '_>> =
             batches.iter().zip(streams.iter_mut()).map(|(b, st)| (b, st, None)).collect();
         let result = par_try_each(&mut work, |((name, b), st, out)| {
             on_tensor(name, || {

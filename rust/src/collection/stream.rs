@@ -152,10 +152,15 @@ impl StreamCollection {
         Ok(())
     }
 
-    fn new_state(&self, dtype: &'static str) -> StreamState {
+    /// An empty summary of each kind collected.
+    fn empty_summaries(&self) -> Vec<Box<dyn Summary>> {
         let mut summaries = fallible::with_capacity(self.kinds.len());
         summaries.extend(self.kinds.iter().map(|k| k.copied()));
-        StreamState { dtype, histogram: StreamHistogram::new(self.log_half), summaries }
+        summaries
+    }
+
+    fn new_state(&self, dtype: &'static str) -> StreamState {
+        StreamState { dtype, histogram: StreamHistogram::new(self.log_half), summaries: self.empty_summaries() }
     }
 
     /// Take out the states of these tensors (new ones for tensors not seen yet) to add batches
@@ -279,7 +284,7 @@ impl StreamCollection {
         let dtype = data_dtype(dtype).ok_or_else(|| TensorError::invalid(name, "unsupported dtype"))?;
         let h = StreamHistogram::from_parts(self.log_half, level, bins, finite_min, finite_max, abs_min, counts)
             .map_err(|why| TensorError::invalid(name, why))?;
-        let state = StreamState { histogram: h, ..self.new_state(dtype) };
+        let state = StreamState { dtype, histogram: h, summaries: self.empty_summaries() };
         self.tensors.insert(name, state);
         Ok(())
     }
@@ -287,7 +292,7 @@ impl StreamCollection {
     /// A copy, allocated by `fallible`: running out of memory unwinds (the bindings raise
     /// `MemoryError`) rather than aborting the process.
     pub fn copied(&self) -> StreamCollection {
-        let mut tensors = TensorSet::default();
+        let mut tensors = TensorSet::with_capacity(self.tensors.len());
         for (name, st) in self.tensors.iter() {
             tensors.push_new(name, st.copied());
         }

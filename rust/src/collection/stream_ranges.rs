@@ -121,9 +121,9 @@ impl StreamCollection {
             }
         }
         let selected = self.states(Some(names))?;
-        let work: Vec<((String, &StreamState), (f64, f64))> =
-            selected.into_iter().zip(ranges.iter().copied()).collect();
-        let out = par_map(&work, |((name, st), (low, high))| {
+        let work: Vec<(String, &StreamState, (f64, f64))> =
+            selected.into_iter().zip(ranges.iter().copied()).map(|((n, st), r)| (n, st, r)).collect();
+        let out = par_map(&work, |(name, st, (low, high))| {
             named(name, || {
                 let q = Quantizer::for_range(*low, *high, qtype, symmetric, range_rule(ort, st.dtype));
                 let counts = st.histogram.bins();

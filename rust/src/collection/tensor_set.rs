@@ -75,6 +75,16 @@ impl<S> Default for TensorSet<S> {
 }
 
 impl<S> TensorSet<S> {
+    /// An empty set with room for `n` tensors, unwinding with `OutOfMemory` (as `fallible`'s
+    /// helpers do) when the memory is not there: for copies.
+    pub fn with_capacity(n: usize) -> Self {
+        let mut states = HashMap::new();
+        if states.try_reserve(n).is_err() {
+            fallible::fail::<(String, S)>(n);
+        }
+        TensorSet { order: fallible::with_capacity(n), states }
+    }
+
     /// The tensors, in first-added order.
     pub fn names(&self) -> &[String] {
         &self.order

@@ -25,8 +25,10 @@ use std::any::Any;
 
 /// Every summary kind, by name: its empty summary. The order is the order summaries are kept,
 /// collected and listed in.
-pub const REGISTERED: &[(&str, fn() -> Box<dyn Summary>)] =
-    &[("pow2_votes", pow2_votes::empty), ("isotone", isotone::empty)];
+pub const REGISTERED: &[(&str, MakeSummary)] = &[("pow2_votes", pow2_votes::empty), ("isotone", isotone::empty)];
+
+/// A summary kind's constructor: its empty summary.
+pub type MakeSummary = fn() -> Box<dyn Summary>;
 
 /// The empty summary of the kind called `name`, if there is one.
 pub fn empty_summary(name: &str) -> Option<Box<dyn Summary>> {
