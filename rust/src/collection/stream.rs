@@ -3,11 +3,12 @@
 
 use super::exact::ExactCollection;
 use super::summary::{empty_summary, Parts, ReadParts, RowBatch, Summary, REGISTERED};
-use super::tensor_set::{on_tensor, par_map, par_try_each, TensorError, TensorSet};
+use super::tensor_set::{on_tensor, par_map, TensorError, TensorSet};
 use crate::methods::qerror::UniformHistogram;
 use crate::numeric::fallible;
 use crate::state::{ort_shaped, Batches, CollectError, Counts, Kind, TensorState, TypedBinning};
 use crate::stream::stream_histogram::{BatchObserver, StreamHistogram};
+use rayon::prelude::*;
 use std::collections::HashSet;
 
 /// One tensor's streaming histogram, its data dtype, and its summaries (one per kind the
@@ -241,18 +242,19 @@ impl StreamCollection {
         rows: &[(&str, RowBatch<'_>)],
     ) -> Result<(), TensorError> {
         let updated = self.with_rows(rows)?;
-        let states = self.take(batches)?;
-        let mut work: Vec<(&(&str, Batches<'_>), StreamState)> = batches.iter().zip(states).collect();
-        let result = par_try_each(&mut work, |((name, batches), st)| {
-            on_tensor(name, || {
-                st.add(batches);
-                Ok::<_, CollectError>(())
+        let mut states = self.take(batches)?;
+        let results: Vec<Result<(), TensorError>> = batches
+            .par_iter()
+            .zip(states.par_iter_mut())
+            .map(|((name, batches), st)| {
+                on_tensor(name, || {
+                    st.add(batches);
+                    Ok::<_, CollectError>(())
+                })
             })
-        });
-        for ((name, _), st) in work {
-            self.tensors.put_back(name, st);
-        }
-        result?;
+            .collect();
+        self.put(batches, states);
+        results.into_iter().collect::<Result<(), _>>()?;
         for (name, summaries) in updated {
             let st = self.tensors.get_mut(&name)?;
             for (i, s) in summaries {
