@@ -507,14 +507,8 @@ __all__ = ["HistogramCollector", "ValueCounts", "float_batches"]
 
 
 # ----------------------------------------------------------------------------------------------
-# Copies of collected histograms (the state and the calibrators use them)
+# Exported exact histograms (the state's merge and file use them; copies are ``Histograms.copy``)
 # ----------------------------------------------------------------------------------------------
-
-
-def copy_stream(stream: Any) -> Any:
-    out = _core.StreamHistograms(stream.num_bins, pow2_votes=stream.pow2_votes, isotone=stream.isotone)
-    out.merge(stream)
-    return out
 
 
 @dataclass
@@ -554,12 +548,6 @@ def restore_exact(hists: Any, name: str, e: ExactHistogram) -> None:
         e.threshold,
         e.counts,
     )
-
-
-def copy_histograms(source: Any, target: Any) -> None:
-    """Put every tensor of one ``_core.Histograms`` into another (empty, same kind and bins)."""
-    for name in source.names():
-        restore_exact(target, name, export_exact(source, name))
 
 
 @dataclass(frozen=True)

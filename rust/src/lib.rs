@@ -6,10 +6,13 @@
 //! - [`methods`]: quantization error, mse, TensorRT KL, power-of-two scales, method choice;
 //! - [`stream`]: the bounded-memory streaming histogram;
 //! - [`state`]: one tensor's collected state, whichever collector built it;
+//! - [`collection`]: the per-tensor collections the Python classes hold (order, two-pass
+//!   collects, merges, copies, untrusted state) and the summaries collected beside a histogram;
 //! - `python` (feature `python`): the PyO3 bindings, which only convert.
 //!
 //! Kernels are plain Rust over slices and strided views; `python` is the only PyO3 code.
 
+pub mod collection;
 pub mod methods;
 pub mod numeric;
 pub mod ort;

@@ -12,7 +12,7 @@ use crate::ort::abs_histogram::AbsHistogram;
 use crate::ort::binning::Binning;
 use crate::ort::histogram::HistError;
 use crate::ort::value_histogram::ValueHistogram;
-use crate::stream::stream_histogram::StreamHistogram;
+use crate::stream::stream_histogram::{BatchObserver, StreamHistogram};
 use half::f16;
 
 /// The batches of one collect, all of one dtype.
@@ -262,6 +262,29 @@ pub struct TensorState {
     pub counts: Counts,
 }
 
+impl TensorState {
+    /// A copy of the collected histogram and counts, allocated by `fallible` (running out of
+    /// memory unwinds rather than aborting); no collect is in progress in the copy.
+    pub fn copied(&self) -> TensorState {
+        use crate::numeric::fallible::copy;
+        fn value<E: Float>(h: &ValueHistogram<E>) -> ValueHistogram<E> {
+            ValueHistogram { hist: copy(&h.hist), edges: copy(&h.edges), ..*h }
+        }
+        fn abs<E: Float>(h: &AbsHistogram<E>) -> AbsHistogram<E> {
+            AbsHistogram { hist: copy(&h.hist), edges: copy(&h.edges), ..*h }
+        }
+        let histogram = match &self.histogram {
+            Histogram::Value(Typed::F16(h)) => Histogram::Value(Typed::F16(value(h))),
+            Histogram::Value(Typed::F32(h)) => Histogram::Value(Typed::F32(value(h))),
+            Histogram::Value(Typed::F64(h)) => Histogram::Value(Typed::F64(value(h))),
+            Histogram::Abs(Typed::F16(h)) => Histogram::Abs(Typed::F16(abs(h))),
+            Histogram::Abs(Typed::F32(h)) => Histogram::Abs(Typed::F32(abs(h))),
+            Histogram::Abs(Typed::F64(h)) => Histogram::Abs(Typed::F64(abs(h))),
+        };
+        TensorState { dtype: self.dtype, histogram, binning: TypedBinning::Nothing, counts: self.counts }
+    }
+}
+
 #[derive(Debug, PartialEq)]
 pub enum CollectError {
     DtypeChanged { before: &'static str, now: &'static str },
@@ -304,21 +327,31 @@ impl Scans {
 
     /// `Scans::of(batches)`, adding each batch to `stream` with its scan on the way (one scan
     /// serves both).
-    pub fn of_streamed(batches: &Batches<'_>, stream: &mut StreamHistogram) -> Self {
-        fn each<D: Float>(views: &[View<'_, D>], h: &mut StreamHistogram) -> Scan<D> {
-            views
-                .iter()
-                .map(|v| {
-                    let s = scan(v);
-                    h.add_scanned(v, &s);
-                    s
-                })
-                .fold(Scan::empty(), Scan::merge)
+    pub fn of_streamed(
+        batches: &Batches<'_>,
+        stream: &mut StreamHistogram,
+        mut observe: Option<BatchObserver<'_>>,
+    ) -> Self {
+        fn each<D: Float>(
+            views: &[View<'_, D>],
+            h: &mut StreamHistogram,
+            observe: &mut Option<BatchObserver<'_>>,
+        ) -> Scan<D> {
+            let mut all = Scan::empty();
+            for v in views {
+                let s = scan(v);
+                match observe {
+                    Some(o) => h.add_scanned_observed(v, &s, Some(&mut **o)),
+                    None => h.add_scanned(v, &s),
+                }
+                all = all.merge(s);
+            }
+            all
         }
         match batches {
-            Batches::F16(v) => Scans::F16(each(v, stream)),
-            Batches::F32(v) => Scans::F32(each(v, stream)),
-            Batches::F64(v) => Scans::F64(each(v, stream)),
+            Batches::F16(v) => Scans::F16(each(v, stream, &mut observe)),
+            Batches::F32(v) => Scans::F32(each(v, stream, &mut observe)),
+            Batches::F64(v) => Scans::F64(each(v, stream, &mut observe)),
         }
     }
 
@@ -599,7 +632,7 @@ mod tests {
         let b: Vec<f32> = vec![0.0, -0.0, f32::NAN, 40.0, -1e-30];
         let batches = Batches::F32(vec![View::from_slice(&a), View::from_slice(&b)]);
         let mut streamed = StreamHistogram::new(6);
-        let scans = Scans::of_streamed(&batches, &mut streamed);
+        let scans = Scans::of_streamed(&batches, &mut streamed, None);
         let mut direct = StreamHistogram::new(6);
         direct.add(&View::from_slice(&a));
         direct.add(&View::from_slice(&b));

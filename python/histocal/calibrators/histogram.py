@@ -41,7 +41,7 @@ import onnxruntime
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core
-from ..collector import CollectedData, HistogramCollector, copy_histograms, copy_stream
+from ..collector import CollectedData, HistogramCollector
 from ..io.readers import DataSource
 from ..methods.settings import CollectionSettings
 from ..state import CalibrationState, model_fingerprint
@@ -185,11 +185,8 @@ class HistogramCalibration:
             raise
 
     def _snapshot(self) -> tuple[Any, Any, Any, Any, Any]:
-        histograms = None
-        if self.collector is not None:
-            histograms = _core.Histograms(self.kind, self.collector.num_bins)
-            copy_histograms(self.collector.histograms, histograms)
-        stream = None if self._stream is None else copy_stream(self._stream)
+        histograms = None if self.collector is None else self.collector.histograms.copy()
+        stream = None if self._stream is None else self._stream.copy()
         return self._mode_used, self.collector, histograms, stream, self._channels and self._channels.copy()
 
     def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any, channels: Any) -> None:
@@ -413,12 +410,11 @@ class HistogramCalibration:
                 raise ValueError(_NOTHING_COLLECTED)
             stream = self._stream
             if stream is not None and copy:
-                stream = copy_stream(stream)
+                stream = stream.copy()
             exact = kind = num_bins = None
             if self._mode_used == "exact" and self.collector is not None and self.collector.histograms.names():
                 kind, num_bins = self.kind, int(self.num_bins)
-                exact = _core.Histograms(kind, num_bins)
-                copy_histograms(self.collector.histograms, exact)
+                exact = self.collector.histograms.copy()
             if stream is None and exact is None:
                 raise ValueError(_NOTHING_COLLECTED)
             channels = self._channels.copy() if copy and self._channels else self._channels
@@ -432,12 +428,12 @@ class HistogramCalibration:
         """
         with self._lock:
             self._mode_used = data.mode
-            self._stream = None if data.stream is None else copy_stream(data.stream)
+            self._stream = None if data.stream is None else data.stream.copy()
             self._channels = None if data.channels is None else data.channels.copy()
             if data.mode == "exact":
                 self.collector = self._new_collector()
                 if data.exact is not None:
-                    copy_histograms(data.exact, self.collector.histograms)
+                    self.collector.histograms = data.exact.copy()
 
     @property
     def model_fingerprint(self) -> str:

@@ -246,9 +246,7 @@ class ChannelHistograms:
             )
 
     def copy(self) -> ChannelHistograms:
-        stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)
-        stream.merge(self.stream)
-        return ChannelHistograms(self.num_bins, self.axis, self.max_bytes, dict(self.channels), stream)
+        return ChannelHistograms(self.num_bins, self.axis, self.max_bytes, dict(self.channels), self.stream.copy())
 
     def check_compatible(self, other: ChannelHistograms) -> None:
         if self.axis != other.axis:

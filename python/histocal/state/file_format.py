@@ -11,11 +11,15 @@ plain little-endian numeric ``.npy`` members, never pickles:
   length}`` (the non-zero span of the bins) or null, ``exact`` = ``{edge_dtype, bins}`` or null);
 * ``stream_bins`` (the spans concatenated, as the narrowest of uint8/16/32/64 that holds them), ``stream_stats`` (float64 (n, 3): finite min,
   finite max, min |x|; NaN when there are no finite values), ``stream_counts`` (uint64 (n, 5):
-  finite, NaN, +Inf, -Inf, batches), and, when pow2's per-batch votes were collected,
-  ``stream_votes`` (int64 (m, 4): tensor index, type (int8, uint8, int16), exponent, batches);
+  finite, NaN, +Inf, -Inf, batches);
 * ``exact_hist`` (concatenated, int64 or the narrowest of uint8/16/32 that holds the counts), ``exact_edges_float16/32/64`` (edges concatenated per edge
   dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
   (uint8 (n, 3): whether ORT holds each as a 0-d array), ``exact_counts`` (uint64 (n, 5)).
+
+The summaries collected beside the streaming histograms (pow2's votes, isotone's pairs) add their
+members, each as its :class:`~histocal.state.summary_format.SummaryMembers` in
+:mod:`histocal.state.summary_members` says (``stream_votes`` after ``stream_counts``, version 1;
+isotone's after ``channels``, version 2), present exactly when the summary was collected.
 
 Version 2 adds per-channel histograms (:mod:`histocal.state.channels`); a state without them is written
 as version 1, byte for byte as before, and both versions are read. A version-2 header has one more
@@ -32,8 +36,8 @@ parse it; members' count, names, compression, declared sizes), the JSON header m
 ``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
 (tensors x ``streaming_bins`` + exact bins + channels x ``streaming_bins`` at most ``MAX_STATE_BINS``, bins
 and ``num_bins`` settings at most ``_core.MAX_BINS``), then each other member's declared size against that
-content before it is decompressed, read in chunks (isotone's pairs against ``isotone_tensors``' counts,
-checked first). ``check_readable`` runs these checks on a state about to be written. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+content before it is decompressed, read in chunks (a summary's later members, such as isotone's pairs,
+against what its members read first declare). ``check_readable`` runs these checks on a state about to be written. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
 and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
 and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
 """
@@ -45,17 +49,20 @@ import math
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from .. import _core
 from ..io.files import READ_CHUNK, parse_bounded_json
 from ..methods.table import ALL_OPTIONS, QTYPES
+from .state_error import StateError, fail
+from .summary_format import MAX_HELD_BYTES
+from .summary_members import SUMMARY_MEMBERS
 
 FORMAT_NAME = "histocal-calibration-state"
 # Version 2 adds optional content: per-channel histograms (the header key and member ``channels``)
-# and isotone's summaries (state/isotone_members.py). A state with neither is written as version 1,
+# and summaries whose members need it (isotone's). A state with neither is written as version 1,
 # which earlier histocal versions read.
 FORMAT_VERSION = 2
 FORMAT_VERSIONS = (1, 2)
@@ -63,11 +70,7 @@ MAX_STATE_BYTES = 4 << 30  # file size, and the members' total uncompressed size
 MAX_HEADER_BYTES = 64 << 20  # the JSON header
 # Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
 # at the default 16384 streaming bins). A header declaring more is refused before anything is allocated.
-MAX_STATE_BINS = 1 << 28
-# isotone's summaries a loaded state holds, with its bins, in bytes: a pair is 24 bytes, a bin 8 (as the
-# per-channel limit counts them), so together at most the 2 GiB of MAX_STATE_BINS' counts.
-ISOTONE_PAIR_BYTES = 24
-MAX_HELD_BYTES = 8 * MAX_STATE_BINS
+MAX_STATE_BINS = MAX_HELD_BYTES // 8
 # A channels member is a state file compressed as its outer file is (histocal writes both with the same
 # ``compress``): a deflated one may declare at most this many times its compressed size (plus
 # MEMBER_SLACK), so that a small file cannot make the loader inflate gigabytes.
@@ -78,18 +81,17 @@ MAX_MEMBERS = 16
 MAX_NAME_CHARS = 1 << 16
 MAX_NPY_HEADER = 4096  # a member's .npy header (numpy writes 128 bytes)
 MAX_ZIP_DIRECTORY = 1 << 20  # what zipfile may read to find and parse the central directory
-POW2_EXPONENTS = _core.POW2_EXPONENTS  # the exponents a pow2 vote can have
 
 DTYPES = ("float16", "float32", "float64")
 _MODES = ("exact", "streaming")
 _KINDS = ("value", "abs")
-# zip members: name -> (dtype, ndim, columns)
-MEMBERS: dict[str, tuple[str, int, int | None]] = {
+# zip members: name -> (dtype, ndim, columns), in the order a file holds them (each summary's after the
+# member it names)
+_BASE_MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "header": ("u1", 1, None),
     "stream_bins": ("<u8|<u4|<u2|u1", 1, None),
     "stream_stats": ("<f8", 2, 3),
     "stream_counts": ("<u8", 2, 5),
-    "stream_votes": ("<i8", 2, 4),
     "exact_hist": ("<i8|<u4|<u2|u1", 1, None),
     "exact_edges_float16": ("<f2", 1, None),
     "exact_edges_float32": ("<f4", 1, None),
@@ -98,18 +100,14 @@ MEMBERS: dict[str, tuple[str, int, int | None]] = {
     "exact_flags": ("u1", 2, 3),
     "exact_counts": ("<u8", 2, 5),
     "channels": ("u1", 1, None),
-    "isotone_tensors": ("<u8", 2, 3),
-    "isotone_pairs": ("<f8", 2, 2),
-    "isotone_rows": ("<u8", 1, None),
 }
-
-
-class StateError(ValueError):
-    """A problem inside a state; ``load`` prefixes the file name."""
-
-
-def fail(problem: str) -> NoReturn:
-    raise StateError(problem)
+MEMBERS: dict[str, tuple[str, int, int | None]] = {}
+for _key, _spec in _BASE_MEMBERS.items():
+    MEMBERS[_key] = _spec
+    for _summary in SUMMARY_MEMBERS:
+        if _summary.after == _key:
+            MEMBERS.update(_summary.members)
+SUMMARY_MEMBER_NAMES = frozenset(k for m in SUMMARY_MEMBERS for k in m.members)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,10 +354,10 @@ class Header:
             limits["stream_bins"] = 8 * sum(t.stream[2] for t in self.tensors if t.stream)
             limits["stream_stats"] = 8 * 3 * n
             limits["stream_counts"] = 8 * 5 * n
-            # stream_votes: limited by the batch counts once they are read (_votes_limit)
-            if self.version >= 2:
-                limits["isotone_tensors"] = 8 * 3 * n
-                # isotone_pairs and isotone_rows: limited by isotone_tensors once it is read
+            # the summaries' later members: limited by what is read first (SummaryMembers.later_limits)
+            for m in SUMMARY_MEMBERS:
+                if self.version >= m.version and m.first not in m.later:
+                    limits[m.first] = m.first_limit(n)
         if self.exact_kind is not None:
             limits["exact_hist"] = 8 * sum(t.exact[1] for t in self.tensors if t.exact)
             for edt in DTYPES:
@@ -371,12 +369,12 @@ class Header:
             limits["exact_counts"] = 8 * 5 * n
         if self.channels is not None and self.streaming_bins is not None:
             # a state file of channel_count tensors (read with its own checks): its header, its members'
-            # .npy and zip headers, its bins and rows, and isotone's pairs within what the bins leave
+            # .npy and zip headers, its bins and rows, and its summaries within what the bins leave
             c = self.channel_count
             rows = 8 * self.streaming_bins * c + (24 + 40 + 24) * c
-            pairs = min(_core.ISOTONE_MAX_PAIRS * c, (MAX_HELD_BYTES - 8 * held) // ISOTONE_PAIR_BYTES)
+            summaries = sum(m.nested_bytes(c, MAX_HELD_BYTES - 8 * held) for m in SUMMARY_MEMBERS)
             overhead = MAX_MEMBERS * (MAX_NPY_HEADER + 30 + 46 + 2 * 64 + 40) + 22
-            limits["channels"] = MAX_HEADER_BYTES + rows + 24 * pairs + overhead
+            limits["channels"] = MAX_HEADER_BYTES + rows + summaries + overhead
         return limits
 
     @property
@@ -388,11 +386,6 @@ class Header:
     @property
     def channel_count(self) -> int:
         return sum(self.channels[1].values()) if self.channels else 0
-
-
-def _votes_limit(counts: np.ndarray) -> int:
-    """The most bytes of pow2 votes: per tensor and type at most one row per batch and exponent."""
-    return 8 * 4 * 3 * int(np.minimum(counts[:, 4], POW2_EXPONENTS).sum(dtype=np.uint64)) if counts.size else 0
 
 
 def _parse_header(text_bytes: bytes) -> Header:
@@ -517,45 +510,27 @@ def read_members(
             if info.compress_type == zipfile.ZIP_DEFLATED:
                 limits["channels"] = min(limits["channels"], MAX_NESTED_RATIO * info.compress_size + MEMBER_SLACK)
         arrays: dict[str, np.ndarray] = {}
-        if any(k.startswith("isotone") for k in infos) and (header.version < 2 or header.streaming_bins is None):
-            fail("isotone members in a version 1 state or without streaming histograms")
-        later = ("header", "stream_votes", "isotone_pairs", "isotone_rows")
+        for m in SUMMARY_MEMBERS:
+            given = [k for k in m.members if k in infos]
+            if given and header.streaming_bins is None:
+                fail(f"{given[0]}: given without streaming histograms")
+            if given and header.version < m.version:
+                fail(f"{given[0]}: given in a version {header.version} state")
+            if given and m.first not in infos:
+                fail(f"{'/'.join(given)}: given without {m.first}")
+        later = {"header", *(k for m in SUMMARY_MEMBERS for k in m.later)}
         for key, info in infos.items():
             if key == "channels" and header.channels is None:
                 fail("channels: given in a state without per-channel histograms")
             if key not in later:
                 arrays[key] = _read_member(zf, reads, info, limits[key])
-        if "isotone_tensors" in arrays:
-            pairs = _isotone_pairs(arrays["isotone_tensors"], len(header.tensors), header.held_bins)
-            for key in ("isotone_pairs", "isotone_rows"):
-                if key in infos:
-                    arrays[key] = _read_member(zf, reads, infos[key], pairs * (16 if key == "isotone_pairs" else 8))
-        elif "isotone_pairs" in infos or "isotone_rows" in infos:
-            fail("isotone_pairs/isotone_rows: given without isotone_tensors")
-        if "stream_votes" in infos:
-            if header.streaming_bins is None:
-                fail("stream_votes: given without streaming histograms")
-            counts = arrays.get("stream_counts")
-            if counts is None or len(counts) != len(header.tensors):
-                fail(f"stream_counts: expected {len(header.tensors)} rows")
-            arrays["stream_votes"] = _read_member(zf, reads, infos["stream_votes"], _votes_limit(counts))
+        for m in SUMMARY_MEMBERS:
+            if m.first in infos:
+                n, held = len(header.tensors), header.held_bins
+                for key, most in m.later_limits(arrays, n, held).items():
+                    if key in infos:
+                        arrays[key] = _read_member(zf, reads, infos[key], most)
     return header, arrays
-
-
-def _isotone_pairs(tensors: np.ndarray, n: int, held_bins: int) -> int:
-    """The pairs ``isotone_tensors`` declares, checked (per tensor at most ``ISOTONE_MAX_PAIRS``, with the
-    bins at most ``MAX_HELD_BYTES``) before the pairs are read."""
-    if len(tensors) != n:
-        fail(f"isotone_tensors: expected {n} rows")
-    if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
-        fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
-    pairs = int(tensors[:, 0].sum(dtype=np.uint64)) if tensors.size else 0
-    if ISOTONE_PAIR_BYTES * pairs + 8 * held_bins > MAX_HELD_BYTES:
-        fail(
-            f"isotone_tensors: {pairs} pairs ({ISOTONE_PAIR_BYTES} bytes each) with {held_bins} bins (8 bytes each) "
-            f"are more than the limit of {MAX_HELD_BYTES} bytes"
-        )
-    return pairs
 
 
 def check_readable(members: dict[str, np.ndarray]) -> None:
@@ -566,12 +541,11 @@ def check_readable(members: dict[str, np.ndarray]) -> None:
     try:
         if header.size > MAX_HEADER_BYTES:
             fail(f"its header of {header.size} bytes is over the limit of {MAX_HEADER_BYTES} bytes")
-        limits = _parse_header(header.tobytes()).member_limits()
-        if "isotone_tensors" in members:
-            pairs = _isotone_pairs(members["isotone_tensors"], len(members["isotone_tensors"]), 0)
-            limits["isotone_pairs"], limits["isotone_rows"] = 16 * pairs, 8 * pairs
-        if "stream_votes" in members:
-            limits["stream_votes"] = _votes_limit(members["stream_counts"])
+        parsed = _parse_header(header.tobytes())
+        limits = parsed.member_limits()
+        for m in SUMMARY_MEMBERS:
+            if m.first in members:
+                limits.update(m.later_limits(members, len(parsed.tensors), 0))
         for key, array in members.items():
             if key != "header" and array.nbytes > limits[key]:
                 fail(f"its member {key} of {array.nbytes} bytes is over the {limits[key]} its header allows")

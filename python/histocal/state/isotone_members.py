@@ -1,6 +1,7 @@
 """isotone's per-row top-two summaries in a state file (format version 2).
 
-Members, present exactly when the summaries were collected (``StreamHistograms(..., isotone=True)``):
+Members, present exactly when the summaries were collected (``StreamHistograms(..., isotone=True)``),
+written after ``channels``:
 
 * ``isotone_tensors``: uint64 (n, 3), per tensor in the header's order: its number of distinct
   pairs, its number of skipped rows, and 1 if its rows had more distinct pairs than a summary
@@ -9,57 +10,102 @@ Members, present exactly when the summaries were collected (``StreamHistograms(.
   order, each tensor's sorted and distinct; ``m`` is the sum of the first column above;
 * ``isotone_rows``: uint64 (m,), the number of rows that had each pair.
 
-The Rust ``restore_isotone`` checks each tensor's pairs (finite, ``l1 >= l2``, sorted, distinct, no
-``-0.0``, positive row counts, at most ``MAX_PAIRS``).
+``isotone_tensors`` is read first; the pairs' size is bounded by its counts (at most
+``ISOTONE_MAX_PAIRS`` per tensor, and with the state's bins within ``MAX_HELD_BYTES``) before they are
+read. The Rust ``restore_summary`` checks each tensor's pairs (finite, ``l1 >= l2``, sorted, distinct,
+no ``-0.0``, positive row counts, at most ``MAX_PAIRS``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .file_format import fail
+from .. import _core
+from .state_error import fail
+from .summary_format import MAX_HELD_BYTES, SummaryMembers
 
 ISOTONE_MEMBERS = ("isotone_tensors", "isotone_pairs", "isotone_rows")
+ISOTONE_PAIR_BYTES = 24  # one distinct (l1, l2, rows) pair, in memory
 
 
-def isotone_members(stream: Any, names: list[str]) -> dict[str, np.ndarray]:
-    """The isotone members of ``stream``'s tensors ``names`` (none when not collected)."""
-    if stream is None or not stream.isotone:
-        return {}
-    tensors, pairs, rows = [], [], []
-    for name in names:
-        p = stream.isotone_pairs(name)
-        tensors.append((len(p.l1), p.skipped, int(p.overflowed)))
-        pairs.append(np.stack([p.l1, p.l2], axis=1))
-        rows.append(p.rows)
-    return {
-        "isotone_tensors": np.array(tensors, np.uint64).reshape(-1, 3),
-        "isotone_pairs": np.ascontiguousarray(np.concatenate(pairs), np.float64).reshape(-1, 2),
-        "isotone_rows": np.concatenate(rows).astype(np.uint64),
+def _declared_pairs(tensors: np.ndarray, n: int, held_bins: int) -> int:
+    """The pairs ``isotone_tensors`` declares, checked before the pairs are read."""
+    if len(tensors) != n:
+        fail(f"isotone_tensors: expected {n} rows")
+    if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
+        fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
+    pairs = int(tensors[:, 0].sum(dtype=np.uint64)) if tensors.size else 0
+    if ISOTONE_PAIR_BYTES * pairs + 8 * held_bins > MAX_HELD_BYTES:
+        fail(
+            f"isotone_tensors: {pairs} pairs ({ISOTONE_PAIR_BYTES} bytes each) with {held_bins} bins (8 bytes each) "
+            f"are more than the limit of {MAX_HELD_BYTES} bytes"
+        )
+    return pairs
+
+
+class IsotoneMembers(SummaryMembers):
+    summary = "isotone"
+    members: ClassVar[dict[str, tuple[str, int, int | None]]] = {
+        "isotone_tensors": ("<u8", 2, 3),
+        "isotone_pairs": ("<f8", 2, 2),
+        "isotone_rows": ("<u8", 1, None),
     }
+    after = "channels"
+    version = 2
+    first = "isotone_tensors"
+    later = ("isotone_pairs", "isotone_rows")
+
+    def first_limit(self, tensors: int) -> int:
+        return 8 * 3 * tensors
+
+    def later_limits(self, arrays: dict[str, np.ndarray], tensors: int, held_bins: int) -> dict[str, int]:
+        pairs = _declared_pairs(arrays["isotone_tensors"], tensors, held_bins)
+        return {"isotone_pairs": 16 * pairs, "isotone_rows": 8 * pairs}
+
+    def nested_bytes(self, channels: int, bytes_left: int) -> int:
+        return ISOTONE_PAIR_BYTES * min(_core.ISOTONE_MAX_PAIRS * channels, bytes_left // ISOTONE_PAIR_BYTES)
+
+    def write(self, stream: Any, names: list[str]) -> dict[str, np.ndarray]:
+        tensors, pairs, rows = [], [], []
+        for name in names:
+            p = stream.export_summary(name, self.summary)
+            tensors.append((len(p["l1"]), int(p["skipped"][0]), int(p["overflowed"][0])))
+            pairs.append(np.stack([p["l1"], p["l2"]], axis=1))
+            rows.append(p["rows"])
+        return {
+            "isotone_tensors": np.array(tensors, np.uint64).reshape(-1, 3),
+            "isotone_pairs": np.ascontiguousarray(np.concatenate(pairs), np.float64).reshape(-1, 2),
+            "isotone_rows": np.concatenate(rows).astype(np.uint64),
+        }
+
+    def read(self, stream: Any, names: list[str], arrays: dict[str, np.ndarray]) -> None:
+        missing = [k for k in ISOTONE_MEMBERS if k not in arrays]
+        if missing:
+            fail(f"missing member {missing[0]}")
+        tensors, pairs, rows = (arrays[k] for k in ISOTONE_MEMBERS)
+        if len(tensors) != len(names):  # (read_members checked the counts before reading the pairs)
+            fail(f"isotone_tensors: expected {len(names)} rows")
+        if len(pairs) != len(rows) or len(pairs) != int(tensors[:, 0].sum(dtype=np.uint64)):
+            fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
+        offset = 0
+        if tensors.size and int(tensors[:, 2].max()) > 1:
+            fail("isotone_tensors: the overflow mark must be 0 or 1")
+        for name, (count, skipped, overflowed) in zip(names, tensors):
+            part = slice(offset, offset + int(count))
+            offset += int(count)
+            summary = {
+                "l1": np.ascontiguousarray(pairs[part, 0], np.float64),
+                "l2": np.ascontiguousarray(pairs[part, 1], np.float64),
+                "rows": np.ascontiguousarray(rows[part], np.uint64),
+                "skipped": np.array([skipped], np.uint64),
+                "overflowed": np.array([overflowed], np.uint64),
+            }
+            try:
+                stream.restore_summary(name, self.summary, summary)
+            except (ValueError, OverflowError) as exc:
+                fail(f"isotone: {exc}")
 
 
-def restore_isotone(stream: Any, names: list[str], arrays: dict[str, np.ndarray]) -> None:
-    """Put the members' summaries, if any, into ``stream`` (made with ``isotone=True``), checked."""
-    if "isotone_tensors" not in arrays:
-        return
-    missing = [k for k in ISOTONE_MEMBERS if k not in arrays]
-    if missing:
-        fail(f"missing member {missing[0]}")
-    tensors, pairs, rows = (arrays[k] for k in ISOTONE_MEMBERS)
-    if len(tensors) != len(names):  # (read_members checked the counts before reading the pairs)
-        fail(f"isotone_tensors: expected {len(names)} rows")
-    if len(pairs) != len(rows) or len(pairs) != int(tensors[:, 0].sum(dtype=np.uint64)):
-        fail("isotone_pairs/isotone_rows: lengths differ from what isotone_tensors declares")
-    offset = 0
-    if tensors.size and int(tensors[:, 2].max()) > 1:
-        fail("isotone_tensors: the overflow mark must be 0 or 1")
-    for name, (count, skipped, overflowed) in zip(names, tensors):
-        part = slice(offset, offset + int(count))
-        offset += int(count)
-        try:
-            stream.restore_isotone(name, pairs[part, 0], pairs[part, 1], rows[part], int(skipped), bool(overflowed))
-        except (ValueError, OverflowError) as exc:
-            fail(f"isotone: {exc}")
+ISOTONE = IsotoneMembers()

@@ -13,7 +13,7 @@ import numpy as np
 from .. import _core
 from .channels import ChannelHistograms
 from .file_format import DTYPES, Header, MemoryFile, StateError, fail, five_counts, read_members
-from .isotone_members import restore_isotone
+from .summary_members import SUMMARY_MEMBERS
 
 
 def read_state_fields(source: BinaryIO, size: int, what: str) -> dict[str, Any]:
@@ -76,8 +76,8 @@ def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> dict[str, Any
             fail(f"missing member {key}")
         return arrays[key]
 
-    isotone = "isotone_tensors" in arrays
-    stream = _core.StreamHistograms(sbins, pow2_votes="stream_votes" in arrays, isotone=isotone) if sbins else None
+    summaries = {m.summary: m.first in arrays for m in SUMMARY_MEMBERS}
+    stream = _core.StreamHistograms(sbins, **summaries) if sbins else None
     exact = None
     if kind is not None:
         if header.exact_num_bins is None:
@@ -108,19 +108,9 @@ def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> dict[str, Any
                 fail(str(exc))
         if s_off != len(s_bins):
             fail("stream_bins: longer than the tensors' spans")
-        if stream.pow2_votes:
-            votes = arr("stream_votes")
-            if votes.size and not (np.all(np.diff(votes[:, 0]) >= 0) and votes[0, 0] >= 0 and votes[-1, 0] < n):
-                fail("stream_votes: tensor indices out of order or range")
-            for i, name in enumerate(names):
-                rows = votes[np.searchsorted(votes[:, 0], i, "left") : np.searchsorted(votes[:, 0], i, "right")]
-                if np.any(rows[:, 3] <= 0):
-                    fail(f"stream_votes: tensor {name[:100]!r} has a non-positive vote count")
-                try:
-                    stream.restore_votes(name, [(int(t), int(k), int(c)) for _, t, k, c in rows])
-                except (ValueError, OverflowError) as exc:
-                    fail(f"stream_votes: {exc}")
-        restore_isotone(stream, names, arrays)
+        for m in SUMMARY_MEMBERS:
+            if m.summary in stream.summaries:
+                m.read(stream, names, arrays)
     if exact is not None:
         e_hist, e_scal, e_flags, e_counts = (
             arr(k) for k in ("exact_hist", "exact_scalars", "exact_flags", "exact_counts")

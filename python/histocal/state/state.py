@@ -34,7 +34,7 @@ with the second histogram's counts placed at its bin centres: the approximation 
 inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
 histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
 and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
-The file format and its checks: :mod:`histocal.state.file_format` (isotone's members: ``isotone_members``;
+The file format and its checks: :mod:`histocal.state.file_format` (each summary's members: ``summary_members``;
 reading a file back: ``reading``).
 """
 
@@ -55,7 +55,6 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import _core, methods
 from .._version import __version__
 from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
-from ..collector import copy_stream as _copy_stream
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE, collects_votes
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
@@ -65,14 +64,15 @@ from .file_format import (
     FORMAT_VERSION,
     MAX_STATE_BYTES,
     MEMBERS,
+    SUMMARY_MEMBER_NAMES,
     check_fingerprint,
     check_readable,
     plain_value,
 )
 from .fingerprint import model_fingerprint
-from .isotone_members import ISOTONE_MEMBERS, isotone_members
 from .merge import merge_exact
 from .reading import read_state_fields
+from .summary_members import SUMMARY_MEMBERS
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 
@@ -391,7 +391,9 @@ class CalibrationState:
         self.check_compatible(other)
         stream = None
         if self.stream is not None:
-            stream = _copy_stream(self.stream)
+            if other.stream is None:
+                raise ValueError("incompatible states: one holds streaming histograms, the other not")
+            stream = self.stream.copy()
             stream.merge(other.stream)
         exact = None
         if self.exact is not None:
@@ -434,7 +436,9 @@ class CalibrationState:
         Raises:
             ValueError: a state too large for the format.
         """
-        arrays: dict[str, list[np.ndarray]] = {k: [] for k in MEMBERS if k != "header" and k not in ISOTONE_MEMBERS}
+        arrays: dict[str, list[np.ndarray]] = {
+            k: [] for k in MEMBERS if k != "header" and k not in SUMMARY_MEMBER_NAMES
+        }
         tensors: list[dict[str, Any]] = []
         for name in self.names:
             entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
@@ -447,9 +451,6 @@ class CalibrationState:
                 arrays["stream_stats"].append(np.array(stats, np.float64))
                 arrays["stream_counts"].append(np.array([ex.counts], np.uint64))
                 entry["stream"] = {"level": ex.level, "start": start, "length": stop - start}
-                votes = self.stream.votes(name)
-                if votes:
-                    arrays["stream_votes"].append(np.array([(len(tensors), *v) for v in votes], np.int64))
             tensors.append(entry)
         exact_order = None
         if self.exact is not None:
@@ -465,9 +466,11 @@ class CalibrationState:
                 arrays["exact_flags"].append(np.array([[e.min[1], e.max[1], thr[1]]], np.uint8))
                 arrays["exact_counts"].append(np.array([e.counts], np.uint64))
                 entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
+        collected = [m for m in SUMMARY_MEMBERS if self.stream is not None and m.summary in self.stream.summaries]
+        summaries = {k: v for m in collected for k, v in m.write(self.stream, self.names).items()}
         header = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION if (isotone := isotone_members(self.stream, self.names)) else 1,
+            "version": max([1] + [m.version for m in collected]),
             "histocal_version": self.histocal_version,
             "model_fingerprint": self.model_fingerprint,
             "data_fingerprints": sorted(self.data_fingerprints),
@@ -486,9 +489,13 @@ class CalibrationState:
             except ValueError as exc:
                 raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
         members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
-        for key, parts in arrays.items():
-            dtype, ndim, cols = MEMBERS[key]
-            if parts:
+        for key, (dtype, ndim, cols) in MEMBERS.items():
+            parts = arrays.get(key)
+            if key in summaries:
+                members[key] = summaries[key]
+            elif key == "channels" and nested is not None:
+                members[key] = nested
+            elif parts:
                 joined = np.concatenate(parts)
                 if "|" in dtype:  # counts: the narrowest unsigned type that holds them (compact files)
                     top = int(joined.max()) if joined.size else 0
@@ -498,16 +505,8 @@ class CalibrationState:
                         else dtype.split("|")[0]
                     )
                 members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
-            elif cols is None:
-                pass  # an empty 1-D member is left out
-            elif key == "stream_votes":
-                if self.stream is not None and self.stream.pow2_votes:  # the member says votes were collected
-                    members[key] = np.zeros((0, cols), dtype)
-            elif ndim == 2 and (self.stream is not None if key.startswith("stream") else self.exact is not None):
+            elif parts is not None and cols is not None and ndim == 2 and self._holds(key):
                 members[key] = np.zeros((0, cols), dtype)
-        if nested is not None:
-            members["channels"] = nested
-        members.update(isotone)
         check_readable(members)  # every state histocal writes it can read back
         # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
         buf = io.BytesIO()
@@ -518,6 +517,10 @@ class CalibrationState:
                 with zf.open(info, "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, array, allow_pickle=False)
         return buf.getvalue()
+
+    def _holds(self, member: str) -> bool:
+        """Whether the state holds the histograms a file member stores (an empty member is then written)."""
+        return self.stream is not None if member.startswith("stream") else self.exact is not None
 
     def save(self, path: PathLike, compress: bool = False) -> None:
         """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches).

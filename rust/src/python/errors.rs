@@ -1,8 +1,8 @@
 //! Errors as Python exceptions: panics and memory exhaustion caught ([`guard`]), errors named
 //! by tensor.
 
+use crate::collection::TensorError;
 use crate::numeric::fallible::{self, OutOfMemory};
-use crate::state::CollectError;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -39,6 +39,11 @@ pub(crate) fn out_of_memory(name: &str, oom: OutOfMemory) -> PyErr {
     PyMemoryError::new_err(format!("tensor {name:?}: {oom}"))
 }
 
-pub(crate) fn named(name: &str, e: CollectError) -> PyErr {
-    PyValueError::new_err(format!("tensor {name:?}: {e}"))
+/// A core collection's error as an exception: running out of memory a `MemoryError`, anything
+/// else a `ValueError` (both naming the tensor where there is one).
+pub(crate) fn tensor_error(e: TensorError) -> PyErr {
+    match e {
+        TensorError::OutOfMemory { .. } => PyMemoryError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
 }

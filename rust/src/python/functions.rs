@@ -5,6 +5,7 @@ use super::arrays::*;
 use super::errors::*;
 use super::records::{ScaleZeroPoint, TensorStats};
 use super::threads::*;
+use crate::collection::par_map;
 use crate::methods::pow2::{self};
 use crate::methods::qerror::{ErrorTable, Quantizer, UniformHistogram};
 use crate::methods::quark_pow2;
@@ -19,7 +20,6 @@ use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use rayon::prelude::*;
 
 pub(crate) fn uniform(counts: &[u64], left: f64, width: f64, min: f64, max: f64) -> PyResult<UniformHistogram<'_>> {
     UniformHistogram::new(counts, left, width, min, max).map_err(PyValueError::new_err)
@@ -258,7 +258,7 @@ pub(crate) fn channel_min_max<'py>(
         ) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
             let views = channel_views(a, axis);
             let mut scans: Vec<Scan<T>> = fallible::with_capacity(views.len());
-            run(py, || views.par_iter().map(scan).collect_into_vec(&mut scans));
+            run(py, || scans.extend(par_map(&views, scan)));
             let nan = T::from_f64(f64::NAN);
             let mins: Vec<T> = fallible::collect(scans.iter().map(|s| s.nan_min().unwrap_or(nan)));
             let maxs: Vec<T> = fallible::collect(scans.iter().map(|s| s.nan_max().unwrap_or(nan)));

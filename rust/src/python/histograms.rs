@@ -2,26 +2,21 @@
 
 use super::arrays::Borrowed;
 use super::arrays::*;
-use super::classes::{Histograms, StreamHistograms, StreamState};
+use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::records::{BinRange, HistogramState, Moments, TensorCounts};
 use super::threads::*;
-use crate::numeric::fallible::{self};
+use crate::collection::{par_map, ExactCollection};
+use crate::numeric::fallible;
 use crate::numeric::float::Float;
 use crate::ort::distribution::avg_std;
 use crate::ort::entropy::{entropy_threshold, search_work as entropy_search_work};
-use crate::ort::histogram::MAX_BINS;
 use crate::ort::percentile::percentile_indices;
-use crate::state::{
-    collect, count, histogram_from_parts, plan, Batches, CollectError, Counts, Family, Histogram, Kind, Scans,
-    TensorState, Typed, TypedBinning,
-};
+use crate::state::{Batches, Counts, Family, Histogram, Kind, TensorState, Typed};
 use half::f16;
 use numpy::{Element, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use rayon::prelude::*;
-use std::collections::HashMap;
 
 /// Apply `f` to a typed histogram whatever its arithmetic type.
 macro_rules! with_typed {
@@ -60,20 +55,21 @@ pub(crate) fn held<E: Float>(h: crate::ort::value_histogram::Held<E>) -> (f64, b
     (h.value.to_f64(), h.is_array)
 }
 
+/// A histogram kind by name (`"value"` or `"abs"`).
+pub(crate) fn parse_kind(kind: &str) -> PyResult<Kind> {
+    match kind {
+        "value" => Ok(Kind::Value),
+        "abs" => Ok(Kind::Abs),
+        _ => Err(PyValueError::new_err(format!("unknown histogram kind {kind:?}"))),
+    }
+}
+
 #[pymethods]
 impl Histograms {
     #[new]
     pub(crate) fn new(kind: &str, num_bins: usize) -> PyResult<Self> {
         guard(|| {
-            let kind = match kind {
-                "value" => Kind::Value,
-                "abs" => Kind::Abs,
-                _ => return Err(PyValueError::new_err(format!("unknown histogram kind {kind:?}"))),
-            };
-            if !(1..=MAX_BINS).contains(&num_bins) {
-                return Err(PyValueError::new_err(format!("num_bins must be in [1, {MAX_BINS}], got {num_bins}")));
-            }
-            Ok(Histograms { kind, num_bins, order: Vec::new(), states: HashMap::new(), pending: HashMap::new() })
+            Ok(Histograms { inner: ExactCollection::new(parse_kind(kind)?, num_bins).map_err(PyValueError::new_err)? })
         })
     }
 
@@ -81,22 +77,8 @@ impl Histograms {
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
             let borrowed = borrow_items(&items)?;
-            let mut work: Vec<(&str, Batches<'_>, Option<TensorState>)> =
-                borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b), self.states.remove(n))).collect();
-            let (kind, n_bins) = (self.kind, self.num_bins);
-            let results: Vec<PyResult<()>> = run(py, || {
-                work.par_iter_mut()
-                    .map(|(name, batches, state)| for_tensor(name, || collect(state, kind, batches, n_bins)))
-                    .collect()
-            });
-            let mut first_error = None;
-            for ((name, _, state), r) in work.into_iter().zip(results) {
-                if let Some(s) = state {
-                    self.insert(name, s);
-                }
-                first_error = first_error.or(r.err());
-            }
-            first_error.map_or(Ok(()), Err)
+            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+            run(py, || self.inner.collect(&batches)).map_err(tensor_error)
         })
     }
 
@@ -113,45 +95,8 @@ impl Histograms {
         guard(|| {
             let borrowed = borrow_items(&items)?;
             let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            // Check every dtype before changing anything.
-            for (name, b) in &batches {
-                if let Some((p, _)) = self.pending.get(*name) {
-                    if p.dtype() != b.dtype() {
-                        return Err(named(name, CollectError::DtypeChanged { before: p.dtype(), now: b.dtype() }));
-                    }
-                }
-            }
-            let mut streams: Vec<Option<StreamState>> = match stream.as_deref_mut() {
-                Some(s) => s.take(&batches)?.into_iter().map(Some).collect(),
-                None => batches.iter().map(|_| None).collect(),
-            };
-            let scans: Vec<PyResult<(Scans, u64)>> = run(py, || {
-                batches
-                    .par_iter()
-                    .zip(streams.par_iter_mut())
-                    .map(|((name, b), st)| {
-                        for_tensor(name, || {
-                            let scan = match st {
-                                Some((_, h)) => Scans::of_streamed(b, h),
-                                None => Scans::of(b),
-                            };
-                            Ok::<_, CollectError>((scan, b.len() as u64))
-                        })
-                    })
-                    .collect()
-            });
-            if let Some(s) = stream.as_deref_mut() {
-                s.put(&batches, streams.into_iter().flatten().collect());
-            }
-            let scans = scans.into_iter().collect::<PyResult<Vec<_>>>()?;
-            for ((name, _), (scan, n)) in batches.iter().zip(scans) {
-                let merged = match self.pending.remove(*name) {
-                    None => (scan, n),
-                    Some((old, m)) => (old.merge(scan).map_err(|e| named(name, e))?, m + n),
-                };
-                self.pending.insert(name.to_string(), merged);
-            }
-            Ok(())
+            let stream = stream.as_deref_mut().map(|s| &mut s.inner);
+            run(py, || self.inner.scan(&batches, stream)).map_err(tensor_error)
         })
     }
 
@@ -159,16 +104,11 @@ impl Histograms {
     /// (what `scan` gathered), in name order, as
     /// `(name, dtype, (finite_min, finite_max, finite_abs_min, finite_abs_max), (finite, nan, posinf, neginf), batches)`.
     fn pending_scans(&self) -> Vec<ScanRecord<&'static str>> {
-        let mut out: Vec<_> = self
-            .pending
-            .iter()
-            .map(|(name, (scan, n))| {
-                let (dtype, [a, b, c, d], [e, f, g, h]) = scan.to_parts();
-                (name.clone(), dtype, (a, b, c, d), (e, f, g, h), *n)
-            })
-            .collect();
-        out.sort_by(|x, y| x.0.cmp(&y.0));
-        out
+        self.inner
+            .pending_scans()
+            .into_iter()
+            .map(|(name, dtype, [a, b, c, d], [e, f, g, h], n)| (name, dtype, (a, b, c, d), (e, f, g, h), n))
+            .collect()
     }
 
     /// Add scans `pending_scans` exported elsewhere (another process's pass 1) to the pending
@@ -176,87 +116,46 @@ impl Histograms {
     /// `Scans::from_parts`) before anything changes.
     fn add_scans(&mut self, scans: Vec<ScanRecord<String>>) -> PyResult<()> {
         guard(|| {
-            let mut merged: HashMap<String, (Scans, u64)> = HashMap::new();
-            for (name, dtype, (a, b, c, d), (e, f, g, h), n) in scans {
-                let scan = Scans::from_parts(&dtype, [a, b, c, d], [e, f, g, h])
-                    .map_err(|why| PyValueError::new_err(format!("tensor {name:?}: {why}")))?;
-                let before = merged.remove(&name).or_else(|| self.pending.get(&name).copied());
-                let next = match before {
-                    None => (scan, n),
-                    Some((old, m)) => (old.merge(scan).map_err(|e| named(&name, e))?, m + n),
-                };
-                merged.insert(name, next);
-            }
-            self.pending.extend(merged);
-            Ok(())
+            let parts = scans
+                .into_iter()
+                .map(|(name, dtype, (a, b, c, d), (e, f, g, h), n)| (name, dtype, [a, b, c, d], [e, f, g, h], n))
+                .collect();
+            self.inner.add_scans(parts).map_err(tensor_error)
         })
     }
 
     /// Two-pass collect, between the passes: start each scanned tensor's collect from its
     /// combined scan (ORT's ranges for the whole call). Pass 2 then `count`s every batch.
     fn plan(&mut self, py: Python<'_>) -> PyResult<()> {
-        guard(|| {
-            let mut work: Vec<(String, (Scans, u64), Option<TensorState>)> = self
-                .pending
-                .drain()
-                .map(|(n, p)| {
-                    let st = self.states.remove(&n);
-                    (n, p, st)
-                })
-                .collect();
-            work.sort_by(|a, b| a.0.cmp(&b.0));
-            let (kind, n_bins) = (self.kind, self.num_bins);
-            let results: Vec<PyResult<()>> = run(py, || {
-                work.par_iter_mut()
-                    .map(|(name, (scan, n), state)| for_tensor(name, || plan(state, kind, scan, *n, n_bins)))
-                    .collect()
-            });
-            let mut first_error = None;
-            for ((name, _, state), r) in work.into_iter().zip(results) {
-                if let Some(s) = state {
-                    self.insert(&name, s);
-                }
-                first_error = first_error.or(r.err());
-            }
-            first_error.map_or(Ok(()), Err)
-        })
+        guard(|| run(py, || self.inner.plan()).map_err(tensor_error))
     }
 
     /// Two-pass collect, pass 2: count batches with the binning `plan` fixed.
     fn count(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
             let borrowed = borrow_items(&items)?;
-            let mut work: Vec<(&str, Batches<'_>, TensorState)> = Vec::with_capacity(borrowed.len());
-            for (n, b) in &borrowed {
-                let st = self
-                    .states
-                    .remove(n)
-                    .ok_or_else(|| PyValueError::new_err(format!("tensor {n:?}: counted before it was planned")))?;
-                work.push((n.as_str(), batches_of(b), st));
-            }
-            // counting never runs out of memory (it falls back to counting without scratch)
-            let results: Vec<PyResult<()>> =
-                run(py, || work.par_iter_mut().map(|(name, b, st)| for_tensor(name, || count(st, b))).collect());
-            let mut first_error = None;
-            for ((name, _, state), r) in work.into_iter().zip(results) {
-                self.states.insert(name.to_string(), state);
-                first_error = first_error.or(r.err());
-            }
-            first_error.map_or(Ok(()), Err)
+            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+            run(py, || self.inner.count(&batches)).map_err(tensor_error)
+        })
+    }
+
+    /// A copy of the collected histograms (no two-pass collect in progress); `MemoryError`, the
+    /// original unchanged, when the memory is not there.
+    fn copy(&self, py: Python<'_>) -> PyResult<Histograms> {
+        guard(|| {
+            let copied = run(py, || fallible::catch(|| self.inner.copied()));
+            Ok(Histograms { inner: copied.map_err(|oom| pyo3::exceptions::PyMemoryError::new_err(oom.to_string()))? })
         })
     }
 
     fn names(&self) -> Vec<String> {
-        self.order.clone()
+        self.inner.tensors().names().to_vec()
     }
 
     /// `(hist, edges, (min, is_array), (max, is_array), threshold or None, data dtype)`.
     fn state(&self, py: Python<'_>, name: &str) -> PyResult<HistogramState> {
         guard(|| {
-            let st = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            let st = self.inner.tensors().get(name).map_err(tensor_error)?;
             Ok(match &st.histogram {
                 Histogram::Value(t) => with_typed!(t, |h, E| {
                     let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
@@ -319,7 +218,7 @@ impl Histograms {
                 Err(_) => a.as_array().iter().eq(b.iter()),
             }
         };
-        let Some(st) = self.states.get(name) else { return false };
+        let Some(st) = self.inner.tensors().find(name) else { return false };
         match &st.histogram {
             Histogram::Value(t) => with_typed!(t, |h, E| {
                 let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
@@ -356,64 +255,34 @@ impl Histograms {
         counts: (u64, u64, u64, u64, u64),
     ) -> PyResult<()> {
         guard(|| {
-            let bad = |why: String| PyValueError::new_err(format!("tensor {name:?}: {why}"));
-            let dtype: &'static str = match dtype {
-                "float16" => "float16",
-                "float32" => "float32",
-                "float64" => "float64",
-                _ => return Err(bad(format!("unsupported dtype {dtype:?}"))),
-            };
-            let hist = fallible::copy(hist.as_slice().map_err(|_| bad("hist must be contiguous".into()))?);
-            if hist.is_empty() || hist.iter().any(|&c| c < 0) {
-                return Err(bad("hist must be non-empty with counts >= 0".into()));
-            }
+            let bad = |why: &str| PyValueError::new_err(format!("tensor {name:?}: {why}"));
+            let hist = hist.as_slice().map_err(|_| bad("hist must be contiguous"))?;
             let (finite, nan, posinf, neginf, batches) = counts;
-            // An |x| histogram with an open top also bins infinities (see abs_histogram).
-            let binnable =
-                if self.kind == Kind::Abs { finite as u128 + posinf as u128 + neginf as u128 } else { finite as u128 };
-            if hist.iter().map(|&c| c as u128).sum::<u128>() > binnable {
-                return Err(bad("hist holds more values than were collected".into()));
-            }
-            if (self.kind == Kind::Value) != threshold.is_some() {
-                return Err(bad("threshold must be given for value histograms only".into()));
-            }
+            let counts = Counts { finite, nan, posinf, neginf, batches };
             let b = borrow_all(name, std::slice::from_ref(&edges))?;
-            let err = |e: String| bad(e);
-            let edge_slice =
-                |ok: bool| if ok { Ok(()) } else { Err(bad("edges must be a contiguous 1-D array".into())) };
-            let (histogram, edge_dtype) = match &b {
+            let contiguous = || bad("edges must be a contiguous 1-D array");
+            let restored = match &b {
                 Borrowed::F16(v) => {
-                    edge_slice(v[0].as_slice().is_ok())?;
-                    histogram_from_parts(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)?
+                    let edges = v[0].as_slice().map_err(|_| contiguous())?;
+                    self.inner.restore(name, dtype, hist, edges, min, max, threshold, counts)
                 }
                 Borrowed::F32(v) => {
-                    edge_slice(v[0].as_slice().is_ok())?;
-                    histogram_from_parts(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)?
+                    let edges = v[0].as_slice().map_err(|_| contiguous())?;
+                    self.inner.restore(name, dtype, hist, edges, min, max, threshold, counts)
                 }
                 Borrowed::F64(v) => {
-                    edge_slice(v[0].as_slice().is_ok())?;
-                    histogram_from_parts(self.kind, hist, v[0].as_slice().unwrap(), min, max, threshold).map_err(err)?
+                    let edges = v[0].as_slice().map_err(|_| contiguous())?;
+                    self.inner.restore(name, dtype, hist, edges, min, max, threshold, counts)
                 }
             };
-            let rank = |d: &str| ["float16", "float32", "float64"].iter().position(|x| *x == d);
-            if rank(edge_dtype) < rank(dtype) {
-                return Err(bad(format!("{edge_dtype} edges cannot hold {dtype} data")));
-            }
-            let counts = Counts { finite, nan, posinf, neginf, batches };
-            self.states.remove(name);
-            self.insert(name, TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts });
-            Ok(())
+            restored.map_err(tensor_error)
         })
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.
     fn counts(&self, name: &str) -> PyResult<TensorCounts> {
         guard(|| {
-            let c = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?
-                .counts;
+            let c = self.inner.tensors().get(name).map_err(tensor_error)?.counts;
             Ok(TensorCounts {
                 n_finite: c.finite,
                 n_nan: c.nan,
@@ -427,10 +296,7 @@ impl Histograms {
     /// The histogram's arithmetic dtype (the data dtype unless numpy would have failed).
     fn edge_dtype(&self, name: &str) -> PyResult<&'static str> {
         guard(|| {
-            let st = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            let st = self.inner.tensors().get(name).map_err(tensor_error)?;
             Ok(match &st.histogram {
                 Histogram::Value(t) => typed_dtype(t),
                 Histogram::Abs(t) => typed_dtype(t),
@@ -442,7 +308,7 @@ impl Histograms {
     /// Every tensor's search is checked against the work limit before any starts.
     fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<BinRange>> {
         guard(|| {
-            let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+            let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
             let limit = max_search_work()?;
             for (name, st) in &states {
                 let n = match &st.histogram {
@@ -455,10 +321,10 @@ impl Histograms {
                         h.hist.len()
                     }),
                 };
-                let grown = if n > self.num_bins {
+                let grown = if n > self.inner.num_bins() {
                     format!(
                         " (grown from {} bins: a later collect had a much wider range, such as an outlier)",
-                        self.num_bins
+                        self.inner.num_bins()
                     )
                 } else {
                     String::new()
@@ -467,20 +333,17 @@ impl Histograms {
                 check_search_work(&what, entropy_search_work(n, num_quantized_bins), limit)?;
             }
             let out: Vec<PyResult<BinRange>> = run_stoppable(py, |stop| {
-                states
-                    .par_iter()
-                    .map(|(name, st)| {
-                        let choice = for_tensor(name, || match &st.histogram {
-                            Histogram::Value(t) => {
-                                with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
-                            }
-                            Histogram::Abs(t) => {
-                                with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
-                            }
-                        });
-                        choice.map(|c| BinRange { name: (*name).clone(), start: c.start, end: c.end })
-                    })
-                    .collect()
+                par_map(&states, |(name, st)| {
+                    let choice = for_tensor(name, || match &st.histogram {
+                        Histogram::Value(t) => {
+                            with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
+                        }
+                        Histogram::Abs(t) => {
+                            with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
+                        }
+                    });
+                    choice.map(|c| BinRange { name: (*name).clone(), start: c.start, end: c.end })
+                })
             })?;
             out.into_iter().collect()
         })
@@ -489,25 +352,22 @@ impl Histograms {
     /// Percentile: `[(name, low_index, high_index)]` into each tensor's edges.
     fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> PyResult<Vec<BinRange>> {
         guard(|| {
-            let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+            let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
             Ok(run(py, || {
-                states
-                    .par_iter()
-                    .map(|(name, st)| {
-                        let hist = match &st.histogram {
-                            Histogram::Value(t) => with_typed!(t, |h, E| {
-                                let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                                &h.hist
-                            }),
-                            Histogram::Abs(t) => with_typed!(t, |h, E| {
-                                let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                                &h.hist
-                            }),
-                        };
-                        let (lo, hi) = percentile_indices(hist, percentile, symmetric);
-                        BinRange { name: (*name).clone(), start: lo, end: hi }
-                    })
-                    .collect()
+                par_map(&states, |(name, st)| {
+                    let hist = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| {
+                            let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
+                            &h.hist
+                        }),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| {
+                            let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
+                            &h.hist
+                        }),
+                    };
+                    let (lo, hi) = percentile_indices(hist, percentile, symmetric);
+                    BinRange { name: (*name).clone(), start: lo, end: hi }
+                })
             }))
         })
     }
@@ -516,18 +376,15 @@ impl Histograms {
     /// edge dtype.
     fn distribution(&self, py: Python<'_>) -> PyResult<Vec<Moments>> {
         guard(|| {
-            let states: Vec<(&String, &TensorState)> = self.order.iter().map(|n| (n, &self.states[n])).collect();
+            let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
             Ok(run(py, || {
-                states
-                    .par_iter()
-                    .map(|(name, st)| {
-                        let (a, s) = match &st.histogram {
-                            Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
-                            Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
-                        };
-                        Moments { name: (*name).clone(), avg: a, std: s }
-                    })
-                    .collect()
+                par_map(&states, |(name, st)| {
+                    let (a, s) = match &st.histogram {
+                        Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
+                        Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
+                    };
+                    Moments { name: (*name).clone(), avg: a, std: s }
+                })
             }))
         })
     }

@@ -1,84 +1,142 @@
-//! `StreamHistograms`: per-tensor streaming histograms and the range methods over them.
+//! `StreamHistograms`: per-tensor streaming histograms, the summaries collected beside them, and
+//! the range methods over them. Borrow, call `collection::StreamCollection`, build the record.
 
+use super::arrays::Borrowed;
 use super::arrays::*;
 use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::functions::method_options;
+use super::histograms::parse_kind;
 use super::records::{IsotonePairs, IsotoneRange, StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
-use crate::methods::isotone::{self, IsotoneChoice, TopPairs};
-use crate::methods::pow2::{self, Pow2Type};
-use crate::methods::qerror::{ErrorTable, Quantizer};
+use crate::collection::summary::pow2_votes::Pow2Votes;
+use crate::collection::summary::{Column, ReadParts, RowBatch, Rows, REGISTERED};
+use crate::collection::StreamCollection;
+use crate::methods::isotone::TopPairs;
 use crate::methods::range_method::*;
-use crate::numeric::fallible::{self};
-use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
-use crate::stream::stream_histogram::as_uniform;
-use crate::stream::stream_histogram::StreamHistogram;
-use numpy::ndarray::{ArrayViewD, Axis};
-use pyo3::exceptions::PyValueError;
+use crate::numeric::fallible;
+use crate::state::Batches;
+use numpy::ndarray::Axis;
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use rayon::prelude::*;
-use std::collections::HashMap;
+
+/// `isotone_pair_count`'s unit: the bytes of one distinct pair.
+const PAIR_BYTES: usize = std::mem::size_of::<(f64, f64, u64)>();
 
 #[pymethods]
 impl StreamHistograms {
-    /// `pow2_votes`: also collect the per-batch votes of pow2 MinMSE's most-common choice (costs one pow2
-    /// search per batch and tensor). `isotone`: also collect isotone's per-row top-two summaries.
+    /// `**summaries`: the summaries to collect beside the histograms, by name, each `True` or
+    /// `False` (see `summary_kinds()`): `pow2_votes`, the per-batch votes of pow2 MinMSE's
+    /// most-common choice (costs one pow2 search per batch and tensor); `isotone`, isotone's
+    /// per-row top-two summaries.
     #[new]
-    #[pyo3(signature = (num_bins, pow2_votes=false, isotone=false))]
-    fn new(num_bins: usize, pow2_votes: bool, isotone: bool) -> PyResult<Self> {
-        guard(|| {
-            if !num_bins.is_power_of_two() || !(8..=(1 << 25)).contains(&num_bins) {
-                return Err(PyValueError::new_err(format!(
-                    "streaming num_bins must be a power of two in [8, 2^25], got {num_bins}"
-                )));
+    #[pyo3(signature = (num_bins, **summaries))]
+    fn new(num_bins: usize, summaries: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut wanted: Vec<String> = Vec::new();
+        if let Some(d) = summaries {
+            for (k, v) in d.iter() {
+                let name: String = k.extract()?;
+                if !REGISTERED.iter().any(|(n, _)| *n == name) {
+                    return Err(PyTypeError::new_err(format!(
+                        "StreamHistograms() got an unexpected keyword argument {name:?} (summaries: {:?})",
+                        REGISTERED.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+                    )));
+                }
+                if v.extract::<bool>()? {
+                    wanted.push(name);
+                }
             }
-            Ok(StreamHistograms {
-                log_half: num_bins.trailing_zeros() - 1,
-                pow2_votes,
-                order: Vec::new(),
-                states: HashMap::new(),
-                isotone: isotone.then(HashMap::new),
-            })
+        }
+        guard(|| {
+            let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+            Ok(StreamHistograms { inner: StreamCollection::new(num_bins, &wanted).map_err(PyValueError::new_err)? })
         })
+    }
+
+    /// The names of the summaries a collection can collect.
+    #[staticmethod]
+    fn summary_kinds() -> Vec<&'static str> {
+        REGISTERED.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// The names of the summaries this collection collects.
+    #[getter]
+    fn summaries(&self) -> Vec<&'static str> {
+        self.inner.summary_names()
     }
 
     #[getter]
     fn pow2_votes(&self) -> bool {
-        self.pow2_votes
+        self.inner.collects("pow2_votes")
     }
 
     #[getter]
     fn isotone(&self) -> bool {
-        self.isotone.is_some()
+        self.inner.collects("isotone")
+    }
+
+    /// A tensor's summary `summary` in its stored form, `{column: 1-D array}` (a scalar is an array
+    /// of one value), or None when this collection does not collect it.
+    fn export_summary<'py>(&self, py: Python<'py>, name: &str, summary: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        guard(|| {
+            let Some(parts) = self.inner.export_summary(name, summary).map_err(tensor_error)? else { return Ok(None) };
+            let out = PyDict::new(py);
+            for (column, values) in parts {
+                match values {
+                    Column::F64(v) => out.set_item(column, PyArray1::from_vec(py, v))?,
+                    Column::U64(v) => out.set_item(column, PyArray1::from_vec(py, v))?,
+                    Column::I64(v) => out.set_item(column, PyArray1::from_vec(py, v))?,
+                }
+            }
+            Ok(Some(out))
+        })
+    }
+
+    /// Put back what `export_summary` gave (float64, uint64 or int64 arrays, as it gave them),
+    /// after checking it; the collection must collect `summary`.
+    fn restore_summary(&mut self, name: &str, summary: &str, parts: &Bound<'_, PyDict>) -> PyResult<()> {
+        guard(|| {
+            let mut read: ReadParts = Vec::with_capacity(parts.len());
+            for (k, v) in parts.iter() {
+                let column: String = k.extract()?;
+                let values = if let Ok(a) = v.cast::<PyArray1<f64>>() {
+                    Column::F64(fallible::collect(a.readonly().as_array().iter().copied()))
+                } else if let Ok(a) = v.cast::<PyArray1<u64>>() {
+                    Column::U64(fallible::collect(a.readonly().as_array().iter().copied()))
+                } else if let Ok(a) = v.cast::<PyArray1<i64>>() {
+                    Column::I64(fallible::collect(a.readonly().as_array().iter().copied()))
+                } else {
+                    return Err(PyTypeError::new_err(format!(
+                        "tensor {name:?}: {summary} column {column:?} must be a 1-D float64, uint64 or int64 array"
+                    )));
+                };
+                read.push((column, values));
+            }
+            self.inner.restore_summary(name, summary, read).map_err(tensor_error)
+        })
     }
 
     /// The distinct top-two pairs all isotone summaries hold together (0 without isotone): what
     /// their memory grows with (24 bytes a pair).
     fn isotone_pair_count(&self) -> usize {
-        self.isotone.as_ref().map_or(0, |held| held.values().map(|t| t.pairs.len()).sum())
+        self.inner.summary_bytes("isotone") / PAIR_BYTES
     }
 
     /// A tensor's isotone summary `(l1, l2, rows, skipped)` (float64, float64, uint64 arrays of its
     /// distinct top-two pairs, sorted), or None when it was not collected.
     fn isotone_pairs(&self, py: Python<'_>, name: &str) -> PyResult<Option<IsotonePairs>> {
         guard(|| {
-            if !self.states.contains_key(name) {
-                return Err(PyValueError::new_err(format!("no histogram for tensor {name:?}")));
-            }
-            Ok(self.isotone.as_ref().map(|held| {
-                let t = held.get(name).cloned().unwrap_or_default();
-                let l1: Vec<f64> = t.pairs.iter().map(|p| p.0).collect();
-                let l2: Vec<f64> = t.pairs.iter().map(|p| p.1).collect();
-                let rows: Vec<u64> = t.pairs.iter().map(|p| p.2).collect();
-                IsotonePairs {
-                    l1: array(py, &l1).into_any().unbind(),
-                    l2: array(py, &l2).into_any().unbind(),
-                    rows: array(py, &rows).into_any().unbind(),
-                    skipped: t.skipped,
-                    overflowed: t.overflowed,
-                }
+            let Some(s) = self.inner.summary(name, "isotone").map_err(tensor_error)? else { return Ok(None) };
+            let t: &TopPairs = s.as_any().downcast_ref().expect("isotone's summary");
+            let column = |f: fn(&(f64, f64, u64)) -> f64| fallible::collect(t.pairs.iter().map(f));
+            Ok(Some(IsotonePairs {
+                l1: PyArray1::from_vec(py, column(|p| p.0)).into_any().unbind(),
+                l2: PyArray1::from_vec(py, column(|p| p.1)).into_any().unbind(),
+                rows: PyArray1::from_vec(py, fallible::collect(t.pairs.iter().map(|p| p.2))).into_any().unbind(),
+                skipped: t.skipped,
+                overflowed: t.overflowed,
             }))
         })
     }
@@ -94,19 +152,14 @@ impl StreamHistograms {
         overflowed: bool,
     ) -> PyResult<()> {
         guard(|| {
-            let bad = |why: String| PyValueError::new_err(format!("tensor {name:?}: {why}"));
-            if !self.states.contains_key(name) {
-                return Err(PyValueError::new_err(format!("no histogram for tensor {name:?}")));
-            }
-            let Some(held) = self.isotone.as_mut() else {
-                return Err(bad("this collection holds no isotone summaries".into()));
-            };
-            if l1.len() != l2.len() || l1.len() != rows.len() {
-                return Err(bad("isotone l1, l2 and rows differ in length".into()));
-            }
-            let pairs = l1.into_iter().zip(l2).zip(rows).map(|((a, b), n)| (a, b, n)).collect();
-            held.insert(name.to_string(), TopPairs::from_parts(pairs, skipped, overflowed).map_err(bad)?);
-            Ok(())
+            let parts = vec![
+                ("l1".to_string(), Column::F64(l1)),
+                ("l2".to_string(), Column::F64(l2)),
+                ("rows".to_string(), Column::U64(rows)),
+                ("skipped".to_string(), Column::U64(vec![skipped])),
+                ("overflowed".to_string(), Column::U64(vec![overflowed as u64])),
+            ];
+            self.inner.restore_summary(name, "isotone", parts).map_err(tensor_error)
         })
     }
 
@@ -123,48 +176,18 @@ impl StreamHistograms {
     ) -> PyResult<Vec<IsotoneRange>> {
         guard(|| {
             let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
-            let selected = self.selected(names)?;
-            let Some(held) = self.isotone.as_ref() else {
-                let name = selected.first().map(|s| s.0.clone()).unwrap_or_default();
-                return Err(PyValueError::new_err(format!(
-                    "tensor {name:?}: isotone needs per-row top-two summaries, which this collection did not record \
-                     (collect with the isotone method, or StreamHistograms(..., isotone=True))"
-                )));
-            };
-            let empty = TopPairs::default();
-            let q = isotone::positive_levels(qtype, symmetric);
-            let out: Vec<PyResult<IsotoneRange>> = run(py, || {
-                selected
-                    .par_iter()
-                    .map(|(name, _)| {
-                        let t = held.get(name).unwrap_or(&empty);
-                        if t.overflowed {
-                            return Err(PyValueError::new_err(format!(
-                                "tensor {name:?}: its rows had more than {} distinct top-two pairs, more than isotone's \
-                                 summary holds (isotone is meant for classification outputs: calibrate only those with it)",
-                                isotone::MAX_PAIRS
-                            )));
-                        }
-                        let choose = || match isotone::isotone_scale(t, q, symmetric) {
-                            IsotoneChoice::Scale(s, n) => {
-                                let (low, high) = isotone::isotone_range(s, qtype, symmetric);
-                                let (rows, skipped) = (t.rows(), t.skipped);
-                                IsotoneRange { low, high, satisfied: n, rows, skipped, fell_back: false }
-                            }
-                            IsotoneChoice::None(m) => IsotoneRange {
-                                low: 0.0,
-                                high: m.unwrap_or(0.0).max(0.0),
-                                satisfied: 0,
-                                rows: t.rows(),
-                                skipped: t.skipped,
-                                fell_back: m.is_some(),
-                            },
-                        };
-                        fallible::catch(choose).map_err(|oom| out_of_memory(name, oom))
-                    })
-                    .collect()
-            });
-            out.into_iter().collect()
+            let out = run(py, || self.inner.isotone_ranges(names, qtype, symmetric)).map_err(tensor_error)?;
+            Ok(out
+                .into_iter()
+                .map(|r| IsotoneRange {
+                    low: r.low,
+                    high: r.high,
+                    satisfied: r.satisfied,
+                    rows: r.rows,
+                    skipped: r.skipped,
+                    fell_back: r.fell_back,
+                })
+                .collect())
         })
     }
 
@@ -172,50 +195,35 @@ impl StreamHistograms {
     /// batches)]`, or None when they were not collected.
     fn votes(&self, name: &str) -> PyResult<Option<Vec<(u8, i32, u64)>>> {
         guard(|| {
-            let (_, h) = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
-            Ok(h.pow2_votes.as_ref().map(|v| v.iter().map(|(&(t, k), &n)| (t, k, n)).collect()))
+            let Some(s) = self.inner.summary(name, "pow2_votes").map_err(tensor_error)? else { return Ok(None) };
+            let v: &Pow2Votes = s.as_any().downcast_ref().expect("pow2's votes");
+            Ok(Some(v.votes.iter().map(|(&(t, k), &n)| (t, k, n)).collect()))
         })
     }
 
-    /// Put back what `votes` gave (None: not collected).
+    /// Put back what `votes` gave, after checking it (None: not collected, for a collection
+    /// without votes).
     fn restore_votes(&mut self, name: &str, votes: Option<Vec<(u8, i32, u64)>>) -> PyResult<()> {
         guard(|| {
-            let (_, h) = self
-                .states
-                .get_mut(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
-            h.pow2_votes = match votes {
-                None => None,
-                Some(v) => {
-                    let mut map = std::collections::BTreeMap::new();
-                    let mut per_type = [0u128; 3];
-                    for (t, k, n) in v {
-                        if t > 2
-                            || !(pow2::MIN_EXPONENT..=pow2::MAX_EXPONENT).contains(&k)
-                            || map.insert((t, k), n).is_some()
-                        {
-                            return Err(PyValueError::new_err(format!(
-                                "tensor {name:?}: bad or repeated pow2 vote ({t}, {k}, {n})"
-                            )));
-                        }
-                        per_type[t as usize] += n as u128;
-                    }
-                    if per_type.iter().any(|&n| n > h.batches as u128) {
-                        return Err(PyValueError::new_err(format!("tensor {name:?}: more pow2 votes than batches")));
-                    }
-                    Some(map)
+            let Some(v) = votes else {
+                self.inner.tensors().get(name).map_err(tensor_error)?;
+                if self.inner.collects("pow2_votes") {
+                    return Err(PyValueError::new_err(format!("tensor {name:?}: this collection collects pow2 votes")));
                 }
+                return Ok(());
             };
-            Ok(())
+            let parts = vec![
+                ("type".to_string(), Column::I64(v.iter().map(|x| x.0 as i64).collect())),
+                ("exponent".to_string(), Column::I64(v.iter().map(|x| x.1 as i64).collect())),
+                ("batches".to_string(), Column::U64(v.iter().map(|x| x.2).collect())),
+            ];
+            self.inner.restore_summary(name, "pow2_votes", parts).map_err(tensor_error)
         })
     }
 
     #[getter]
     fn num_bins(&self) -> usize {
-        2 << self.log_half
+        self.inner.num_bins()
     }
 
     /// Add `[(name, [batch arrays...]), ...]`; how data is split into calls and batches, and
@@ -223,20 +231,12 @@ impl StreamHistograms {
     fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
         guard(|| {
             let borrowed = borrow_items(&items)?;
-            // isotone's summaries first, into copies: an error (out of memory) changes nothing
-            let tops = match &self.isotone {
-                Some(held) => {
-                    let inputs = borrowed.iter().map(|(n, b)| (n.as_str(), tops_input(b, None))).collect();
-                    Some(isotone_collect(py, held, inputs)?)
-                }
-                None => None,
-            };
             let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            self.add(py, batches)?;
-            if let (Some(held), Some(tops)) = (self.isotone.as_mut(), tops) {
-                held.extend(tops);
-            }
-            Ok(())
+            let rows: Vec<(&str, RowBatch<'_>)> = match self.inner.reads_rows() {
+                true => borrowed.iter().map(|(n, b)| (n.as_str(), row_batch(b, None))).collect(),
+                false => Vec::new(),
+            };
+            run(py, || self.inner.collect(&batches, &rows)).map_err(tensor_error)
         })
     }
 
@@ -263,29 +263,32 @@ impl StreamHistograms {
                 let per_channel = channel_batches(name, b, axis, keys.len())?;
                 batches.extend(keys.iter().map(String::as_str).zip(per_channel));
             }
-            // the shapes are checked (channel_batches): isotone's summaries, into copies, then the histograms
-            let tops = match &self.isotone {
-                Some(held) => {
-                    let mut inputs = Vec::new();
-                    for (keys, _, b) in &borrowed {
-                        for (c, key) in keys.iter().enumerate() {
-                            inputs.push((key.as_str(), tops_input(b, Some((axis, c)))));
-                        }
+            // the shapes are checked (channel_batches): each channel's slice as rows
+            let mut rows: Vec<(&str, RowBatch<'_>)> = Vec::new();
+            if self.inner.reads_rows() {
+                for (keys, _, b) in &borrowed {
+                    for (c, key) in keys.iter().enumerate() {
+                        rows.push((key.as_str(), row_batch(b, Some((axis, c)))));
                     }
-                    Some(isotone_collect(py, held, inputs)?)
                 }
-                None => None,
-            };
-            self.add(py, batches)?;
-            if let (Some(held), Some(tops)) = (self.isotone.as_mut(), tops) {
-                held.extend(tops);
             }
-            Ok(())
+            run(py, || self.inner.collect(&batches, &rows)).map_err(tensor_error)
         })
     }
 
     fn names(&self) -> Vec<String> {
-        self.order.clone()
+        self.inner.tensors().names().to_vec()
+    }
+
+    /// A copy (histograms and summaries); `MemoryError`, the original unchanged, when the memory
+    /// is not there.
+    fn copy(&self, py: Python<'_>) -> PyResult<StreamHistograms> {
+        guard(|| {
+            let copied = run(py, || fallible::catch(|| self.inner.copied()));
+            Ok(StreamHistograms {
+                inner: copied.map_err(|oom| pyo3::exceptions::PyMemoryError::new_err(oom.to_string()))?,
+            })
+        })
     }
 
     /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods, of
@@ -300,45 +303,18 @@ impl StreamHistograms {
         names: Option<Vec<String>>,
     ) -> PyResult<Histograms> {
         guard(|| {
-            let mut out = Histograms::new(kind, num_bins)?;
-            let kind = out.kind;
-            let states = self.selected(names)?;
-            let mut seen = std::collections::HashSet::with_capacity(states.len());
-            if let Some((name, _)) = states.iter().find(|(name, _)| !seen.insert(name.as_str())) {
-                return Err(PyValueError::new_err(format!("tensor {name:?} is named twice")));
-            }
-            let built: Vec<PyResult<TensorState>> = run(py, || {
-                states
-                    .par_iter()
-                    .map(|(name, (dtype, h))| {
-                        let histogram = for_tensor(name, || ort_shaped(dtype, h, kind, num_bins))?;
-                        let counts = Counts {
-                            finite: h.n_finite,
-                            nan: h.n_nan,
-                            posinf: h.n_posinf,
-                            neginf: h.n_neginf,
-                            batches: h.batches,
-                        };
-                        Ok(TensorState { dtype, histogram, binning: TypedBinning::Nothing, counts })
-                    })
-                    .collect()
-            });
-            for ((name, _), st) in states.iter().zip(built) {
-                out.insert_new(name, st?); // no repeats (checked above)
-            }
-            Ok(out)
+            let kind = parse_kind(kind)?;
+            Ok(Histograms { inner: run(py, || self.inner.to_exact(kind, num_bins, names)).map_err(tensor_error)? })
         })
     }
 
     /// `(dtype, level or None, bins (uint64), finite_min, finite_max, abs_min, counts)`.
     fn export(&self, py: Python<'_>, name: &str) -> PyResult<StreamExport> {
         guard(|| {
-            let (d, h) = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            let st = self.inner.tensors().get(name).map_err(tensor_error)?;
+            let h = &st.histogram;
             Ok(StreamExport {
-                dtype: d.to_string(),
+                dtype: st.dtype.to_string(),
                 level: h.level,
                 bins: array(py, &h.bins()).into_any().unbind(),
                 finite_min: h.finite_min,
@@ -352,12 +328,10 @@ impl StreamHistograms {
     /// `export` without the bins: `(dtype, level or None, finite_min, finite_max, abs_min, counts)`.
     fn summary(&self, name: &str) -> PyResult<StreamSummary> {
         guard(|| {
-            let (d, h) = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            let st = self.inner.tensors().get(name).map_err(tensor_error)?;
+            let h = &st.histogram;
             Ok(StreamSummary {
-                dtype: d.to_string(),
+                dtype: st.dtype.to_string(),
                 level: h.level,
                 finite_min: h.finite_min,
                 finite_max: h.finite_max,
@@ -382,70 +356,17 @@ impl StreamHistograms {
         counts: (u64, u64, u64, u64, u64),
     ) -> PyResult<()> {
         guard(|| {
-            let bad = |why: &str| PyValueError::new_err(format!("tensor {name:?}: {why}"));
-            let dtype: &'static str = match dtype {
-                "float16" => "float16",
-                "float32" => "float32",
-                "float64" => "float64",
-                _ => return Err(bad("unsupported dtype")),
-            };
-            let bins = bins.as_slice().map_err(|_| bad("bins must be contiguous"))?;
-            let h = StreamHistogram::from_parts(self.log_half, level, bins, finite_min, finite_max, abs_min, counts)
-                .map_err(|why| bad(&why))?;
-            // `order` holds exactly the tensors of `states` (between calls)
-            if self.states.insert(name.to_string(), (dtype, h)).is_none() {
-                self.order.push(name.to_string());
-            }
-            Ok(())
+            let bins = bins
+                .as_slice()
+                .map_err(|_| PyValueError::new_err(format!("tensor {name:?}: bins must be contiguous")))?;
+            self.inner.restore(name, dtype, level, bins, finite_min, finite_max, abs_min, counts).map_err(tensor_error)
         })
     }
 
     /// Add another run's histograms (same num_bins): the result equals one run over both
-    /// data sets, whatever the order of merging.
+    /// data sets, whatever the order of merging. A summary stays only when both collected it.
     fn merge(&mut self, other: &StreamHistograms) -> PyResult<()> {
-        guard(|| {
-            if other.log_half != self.log_half {
-                return Err(PyValueError::new_err(format!(
-                    "cannot merge streaming histograms of {} and {} bins",
-                    2usize << self.log_half,
-                    2usize << other.log_half
-                )));
-            }
-            for name in &other.order {
-                let (d, _) = &other.states[name];
-                if let Some((d0, _)) = self.states.get(name) {
-                    if d0 != d {
-                        return Err(named(name, CollectError::DtypeChanged { before: d0, now: d }));
-                    }
-                }
-            }
-            for name in &other.order {
-                let (d, h) = &other.states[name];
-                match self.states.get_mut(name) {
-                    Some((_, mine)) => mine.merge(h).map_err(PyValueError::new_err)?,
-                    None => {
-                        self.order.push(name.clone());
-                        self.states.insert(name.clone(), (d, h.copied()));
-                    }
-                }
-            }
-            // isotone's summaries, like pow2 votes, stay only when both sides collected them
-            self.isotone = match (self.isotone.take(), &other.isotone) {
-                (Some(mut mine), Some(theirs)) => {
-                    for (name, t) in theirs {
-                        mine.entry(name.clone()).or_default().merge(t);
-                    }
-                    Some(mine)
-                }
-                _ => None,
-            };
-            // pow2 votes stay only when both sides collected them (else some batches never voted)
-            self.pow2_votes &= other.pow2_votes;
-            if !self.pow2_votes {
-                self.states.values_mut().for_each(|(_, h)| h.pow2_votes = None);
-            }
-            Ok(())
-        })
+        guard(|| self.inner.merge(&other.inner).map_err(tensor_error))
     }
 
     /// `(low, high)` of `method` (options as for `histogram_range`) for each tensor of `names`
@@ -463,37 +384,11 @@ impl StreamHistograms {
         guard(|| {
             let method = RangeMethod::parse(method, &method_options(options)?).map_err(PyValueError::new_err)?;
             let ort = parse_ort_rule(scale_rule).map_err(PyValueError::new_err)?;
-            let selected = self.selected(names)?;
+            for name in names.iter().flatten() {
+                self.inner.tensors().get(name).map_err(tensor_error)?;
+            }
             check_method_work(&method)?;
-            let out: Vec<PyResult<(f64, f64)>> = run_stoppable(py, |stop| {
-                selected
-                .par_iter()
-                .map(|(name, (dtype, h))| {
-                        // the errors name the tensor already
-                        let range = || -> Result<(f64, f64), String> {
-                    let counts = h.bins();
-                    let Some(hist) = as_uniform(h, &counts).map_err(|e| format!("tensor {name:?}: {e}"))? else { return Ok((0.0, 0.0)) };
-                    let votes = match (&method, &h.pow2_votes) {
-                        (RangeMethod::Pow2 { qtype, .. }, Some(v)) if method.needs_votes() => {
-                            let t = Pow2Type::ALL.iter().position(|x| x == qtype).expect("a pow2 type") as u8;
-                            v.iter().filter(|((vt, _), _)| *vt == t).map(|(&(_, k), &n)| (k, n)).collect()
-                        }
-                        (_, None) if method.needs_votes() => {
-                            return Err(format!(
-                                "tensor {name:?}: pow2 MinMSE's most-common choice needs per-batch votes, which this collection did not \
-                                 record (collect with the pow2 method and its most-common minmse_mode, or \
-                                 StreamHistograms(..., pow2_votes=True))"
-                            ))
-                        }
-                        _ => Vec::new(),
-                    };
-                    method.range(hist, &votes, largest_finite(dtype), range_rule(ort, dtype), stop).map_err(|e| format!("tensor {name:?}: {e}"))
-                        };
-                        fallible::catch(range).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
-                    })
-                    .collect()
-            })?;
-            out.into_iter().collect()
+            run_stoppable(py, |stop| self.inner.ranges(&method, names, ort, stop))?.map_err(tensor_error)
         })
     }
 
@@ -516,39 +411,14 @@ impl StreamHistograms {
             }
             let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
             let ort = parse_ort_rule(scale_rule).map_err(PyValueError::new_err)?;
-            for (name, &(low, high)) in names.iter().zip(&ranges) {
-                if !(low.is_finite() && high.is_finite()) {
-                    return Err(PyValueError::new_err(format!("tensor {name:?}: range ({low}, {high}) is not finite")));
-                }
-            }
-            let selected = self.selected(Some(names))?;
-            let out: Vec<PyResult<f64>> = run(py, || {
-                selected
-                    .par_iter()
-                    .zip(&ranges)
-                    .map(|((name, (dtype, h)), &(low, high))| {
-                        let error = || -> Result<f64, String> {
-                            let q = Quantizer::for_range(low, high, qtype, symmetric, range_rule(ort, dtype));
-                            let counts = h.bins();
-                            Ok(as_uniform(h, &counts)
-                                .map_err(|e| format!("tensor {name:?}: {e}"))?
-                                .map_or(0.0, |hist| ErrorTable::new(hist).mean_squared_error(&q)))
-                        };
-                        fallible::catch(error).map_err(|oom| out_of_memory(name, oom))?.map_err(PyValueError::new_err)
-                    })
-                    .collect()
-            });
-            out.into_iter().collect()
+            run(py, || self.inner.qerrors(names, &ranges, qtype, symmetric, ort)).map_err(tensor_error)
         })
     }
 
     /// `(finite, nan, posinf, neginf, batches)`.
     fn counts(&self, name: &str) -> PyResult<TensorCounts> {
         guard(|| {
-            let (_, h) = self
-                .states
-                .get(name)
-                .ok_or_else(|| PyValueError::new_err(format!("no histogram for tensor {name:?}")))?;
+            let h = &self.inner.tensors().get(name).map_err(tensor_error)?.histogram;
             Ok(TensorCounts {
                 n_finite: h.n_finite,
                 n_nan: h.n_nan,
@@ -560,90 +430,27 @@ impl StreamHistograms {
     }
 }
 
-impl StreamHistograms {
-    /// Add each histogram's batches (see `collect`).
-    fn add(&mut self, py: Python<'_>, batches: Vec<(&str, Batches<'_>)>) -> PyResult<()> {
-        let mut states = self.take(&batches)?;
-        // Out of memory: the batches added before it stay added (each batch is added whole
-        // or not at all), and the error names the tensor.
-        let results: Vec<PyResult<()>> = run(py, || {
-            batches
-                .par_iter()
-                .zip(states.par_iter_mut())
-                .map(|((name, batches), (_, h))| {
-                    for_tensor(name, || {
-                        match batches {
-                            Batches::F16(v) => v.iter().for_each(|x| h.add(x)),
-                            Batches::F32(v) => v.iter().for_each(|x| h.add(x)),
-                            Batches::F64(v) => v.iter().for_each(|x| h.add(x)),
-                        }
-                        Ok::<_, CollectError>(())
-                    })
-                })
-                .collect()
-        });
-        self.put(&batches, states);
-        results.into_iter().collect()
-    }
-}
-
-/// One tensor's batches as ndarray views (shareable between threads, unlike the borrows).
-enum TopsInput<'a> {
-    F16(Vec<ArrayViewD<'a, half::f16>>),
-    F32(Vec<ArrayViewD<'a, f32>>),
-    F64(Vec<ArrayViewD<'a, f64>>),
-}
-
-/// One tensor's batches for isotone: each borrowed array's view, or with `channel = Some((axis, c))`
-/// channel `c`'s slice along `axis` (the view without that axis).
-fn tops_input<'a>(b: &'a super::arrays::Borrowed<'_>, channel: Option<(usize, usize)>) -> TopsInput<'a> {
-    use super::arrays::Borrowed as B;
-    fn part<'a, T: numpy::Element>(
+/// One tensor's borrowed batches as rows (each array in its own axis order), or with
+/// `channel = Some((axis, c))` channel `c`'s slice along `axis` (the array without that axis).
+fn row_batch<'a>(b: &'a Borrowed<'_>, channel: Option<(usize, usize)>) -> RowBatch<'a> {
+    fn part<'a, T: numpy::Element + Copy>(
         arrays: &'a [numpy::PyReadonlyArrayDyn<'_, T>],
         channel: Option<(usize, usize)>,
-    ) -> Vec<ArrayViewD<'a, T>> {
-        let view = |a: &'a numpy::PyReadonlyArrayDyn<'_, T>| match channel {
-            None => a.as_array(),
-            Some((axis, c)) => a.as_array().index_axis_move(Axis(axis), c),
+    ) -> Vec<Rows<'a, T>> {
+        let rows = |a: &'a numpy::PyReadonlyArrayDyn<'_, T>| {
+            let v = match channel {
+                None => a.as_array(),
+                Some((axis, c)) => a.as_array().index_axis_move(Axis(axis), c),
+            };
+            // SAFETY: the readonly borrow keeps the buffer alive and unmodified for 'a; the view's
+            // pointer (its first element) and shape/strides (in elements) describe it.
+            unsafe { Rows::from_raw(v.as_ptr(), v.shape(), v.strides()) }
         };
-        arrays.iter().map(view).collect()
+        arrays.iter().map(rows).collect()
     }
     match b {
-        B::F16(v) => TopsInput::F16(part(v, channel)),
-        B::F32(v) => TopsInput::F32(part(v, channel)),
-        B::F64(v) => TopsInput::F64(part(v, channel)),
+        Borrowed::F16(v) => RowBatch::F16(part(v, channel)),
+        Borrowed::F32(v) => RowBatch::F32(part(v, channel)),
+        Borrowed::F64(v) => RowBatch::F64(part(v, channel)),
     }
-}
-
-/// The summaries `held` with `inputs`' batches added, for the keys in `inputs` (copies: `held` is
-/// unchanged), computed in parallel.
-fn isotone_collect(
-    py: Python<'_>,
-    held: &HashMap<String, TopPairs>,
-    inputs: Vec<(&str, TopsInput<'_>)>,
-) -> PyResult<Vec<(String, TopPairs)>> {
-    fn add<T: crate::numeric::float::Float>(t: &mut TopPairs, arrays: &[numpy::ndarray::ArrayViewD<'_, T>]) {
-        for v in arrays {
-            // rank 0: one value, no row of two
-            let row_len = v.shape().last().copied().unwrap_or(1);
-            let contiguous = v.as_standard_layout();
-            t.merge(&isotone::top_pairs(contiguous.as_slice().expect("standard layout"), row_len));
-        }
-    }
-    let out: Vec<PyResult<(String, TopPairs)>> = run(py, || {
-        inputs
-            .par_iter()
-            .map(|(name, input)| {
-                let mut t = held.get(*name).cloned().unwrap_or_default();
-                let work = || match input {
-                    TopsInput::F16(v) => add(&mut t, v),
-                    TopsInput::F32(v) => add(&mut t, v),
-                    TopsInput::F64(v) => add(&mut t, v),
-                };
-                fallible::catch(work).map_err(|oom| out_of_memory(name, oom))?;
-                Ok((name.to_string(), t))
-            })
-            .collect()
-    });
-    out.into_iter().collect()
 }

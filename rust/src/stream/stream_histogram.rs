@@ -23,7 +23,6 @@ pub use crate::stream::levels::{level_for, raise_bins, MIN_LEVEL};
 use crate::stream::narrow::{add_narrow, count_narrow, narrow_len, settle};
 use crate::stream::stream_bins::{add_direct, batch_bins};
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 /// Batches from this many values on are counted by the direct kernel (`stream_bins::add_direct`):
 /// its flush over the batch's span costs little per value there, and its u16 scatter is faster
@@ -51,10 +50,12 @@ pub struct StreamHistogram {
     pub n_posinf: u64,
     pub n_neginf: u64,
     pub batches: u64,
-    /// the per-batch votes of pow2 MinMSE's most-common choice, when collected: `(type index in
-    /// Pow2Type::ALL, exponent) -> batches` (each batch votes for its own MinMSE exponent).
-    pub pow2_votes: Option<BTreeMap<(u8, i32), u64>>,
 }
+
+/// Watches each batch's own histogram (at the batch's own level, so independent of the batches
+/// before it) as the batch is counted, with the largest finite value of the data's dtype: how a
+/// collected summary such as pow2's per-batch votes sees a batch (`collection::summary`).
+pub type BatchObserver<'o> = &'o mut (dyn FnMut(&UniformHistogram<'_>, f64) + Send);
 
 fn pow2(k: i32) -> f64 {
     // exact for the exponent range used here (|k| < 1100), built in two steps to stay normal
@@ -72,7 +73,6 @@ impl PartialEq for StreamHistogram {
             && self.abs_min == o.abs_min
             && (self.n_finite, self.n_nan, self.n_posinf, self.n_neginf, self.batches)
                 == (o.n_finite, o.n_nan, o.n_posinf, o.n_neginf, o.batches)
-            && self.pow2_votes == o.pow2_votes
             && self.bins() == o.bins()
     }
 }
@@ -94,19 +94,16 @@ impl StreamHistogram {
             n_posinf: 0,
             n_neginf: 0,
             batches: 0,
-            pow2_votes: None,
         }
     }
 
     /// A copy with settled bins (allocated by `fallible`) and no narrow counts.
     pub fn copied(&self) -> Self {
-        StreamHistogram {
-            bins: self.bins().into_owned(),
-            narrow: Vec::new(),
-            unsettled: false,
-            pow2_votes: self.pow2_votes.clone(),
-            ..*self
-        }
+        let bins = match self.bins() {
+            Cow::Borrowed(b) => fallible::copy(b),
+            Cow::Owned(b) => b,
+        };
+        StreamHistogram { bins, narrow: Vec::new(), unsettled: false, ..*self }
     }
 
     /// The `2H` counts, bin `s` at index `s + H`: borrowed when settled, else the bins plus the
@@ -145,12 +142,6 @@ impl StreamHistogram {
         self.record(&sc);
     }
 
-    /// A histogram that also collects the per-batch votes of pow2's most-common choice (one pow2 MinMSE
-    /// search per batch and type: opt-in).
-    pub fn with_pow2_votes(log_half: u32) -> Self {
-        StreamHistogram { pow2_votes: Some(BTreeMap::new()), ..StreamHistogram::new(log_half) }
-    }
-
     pub fn half(&self) -> usize {
         1 << self.log_half
     }
@@ -175,9 +166,14 @@ impl StreamHistogram {
 
     /// Add one batch.
     pub fn add<D: Float>(&mut self, view: &View<'_, D>) {
-        if self.pow2_votes.is_some() || view.len() > PAR_CHUNK {
+        self.add_observed(view, None)
+    }
+
+    /// Add one batch, showing its own histogram to `observe` (see [`BatchObserver`]).
+    pub fn add_observed<D: Float>(&mut self, view: &View<'_, D>, observe: Option<BatchObserver<'_>>) {
+        if observe.is_some() || view.len() > PAR_CHUNK {
             let sc = scan(view);
-            self.add_scanned(view, &sc);
+            self.add_scanned_observed(view, &sc, observe);
             return;
         }
         if view.len() >= NARROW_MAX {
@@ -210,9 +206,20 @@ impl StreamHistogram {
         Some((mn, mx))
     }
 
-    /// Add one batch whose scan is already known. Everything that allocates (the batch's own
-    /// histogram, the pow2 votes) happens before the histogram changes.
+    /// Add one batch whose scan is already known.
     pub fn add_scanned<D: Float>(&mut self, view: &View<'_, D>, sc: &Scan<D>) {
+        self.add_scanned_observed(view, sc, None)
+    }
+
+    /// Add one batch whose scan is already known, showing its own histogram to `observe`.
+    /// Everything that allocates (the batch's own histogram, what `observe` adds) happens before
+    /// the histogram changes.
+    pub fn add_scanned_observed<D: Float>(
+        &mut self,
+        view: &View<'_, D>,
+        sc: &Scan<D>,
+        observe: Option<BatchObserver<'_>>,
+    ) {
         let (Some(lo), Some(hi), Some(_)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
             self.record(sc);
             return;
@@ -220,7 +227,7 @@ impl StreamHistogram {
         let (mn, mx) = (lo.to_f64() + 0.0, hi.to_f64() + 0.0); // as `record` sees them
         let own = level_for(mn.abs().max(mx.abs()));
         let level = self.level.map_or(own, |l| l.max(own));
-        if self.pow2_votes.is_none() {
+        let Some(observe) = observe else {
             if view.len() <= PAR_CHUNK {
                 self.allocate_narrow();
                 self.record(sc);
@@ -235,23 +242,17 @@ impl StreamHistogram {
                 batch.add_to(&mut self.bins);
             }
             return;
-        }
-        // The vote comes from the batch's histogram at its own level (not the running level,
+        };
+        // The observer sees the batch's histogram at its own level (not the running level,
         // which depends on the batches before it); folding it up to the running level is exact.
         let batch = batch_bins(view, sc, self.log_half, own);
         let w = pow2(own - self.log_half as i32);
         let left = -pow2(own) + batch.first as f64 * w;
         // the batch's values are finite and inside its level's range: a valid histogram
         let hist = UniformHistogram::new(&batch.counts, left, w, mn, mx).expect("a batch histogram is valid");
-        let batch_votes = pow2::batch_votes(hist, D::MAX);
+        observe(&hist, D::MAX);
         self.record(sc);
         self.raise(level);
-        let votes = self.pow2_votes.as_mut().expect("checked above");
-        for (t, k) in batch_votes.into_iter().enumerate() {
-            if let Some(k) = k {
-                *votes.entry((t as u8, k)).or_insert(0) += 1;
-            }
-        }
         let (h, shift) = (self.half() as i64, (level - own).min(62) as u32);
         for (i, &c) in batch.counts.iter().enumerate() {
             let s = (batch.first + i) as i64 - h;
@@ -290,16 +291,6 @@ impl StreamHistogram {
         self.n_posinf += o.n_posinf;
         self.n_neginf += o.n_neginf;
         self.batches += o.batches;
-        // votes survive only when both sides have them (otherwise some batches never voted)
-        self.pow2_votes = match (self.pow2_votes.take(), &o.pow2_votes) {
-            (Some(mut a), Some(b)) => {
-                for (key, n) in b {
-                    *a.entry(*key).or_insert(0) += n;
-                }
-                Some(a)
-            }
-            _ => None,
-        };
         Ok(())
     }
 

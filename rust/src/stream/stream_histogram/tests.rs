@@ -349,27 +349,29 @@ fn result_does_not_depend_on_split_or_order() {
 }
 
 #[test]
-fn pow2_votes_do_not_change_the_histogram_or_depend_on_order() {
+fn observing_batches_does_not_change_the_histogram_and_sees_each_batch_alone() {
+    use crate::methods::pow2::batch_votes;
     let big: Vec<f32> = (0..3000).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.37).collect();
     let small: Vec<f32> = (0..3000).map(|i| ((i * 31 % 997) as f32 - 498.0) * 1e-3).collect();
+    let votes_of = |batches: &[&Vec<f32>]| {
+        let mut votes = Vec::new();
+        let mut h = StreamHistogram::new(10);
+        for b in batches {
+            let mut observe = |hist: &UniformHistogram<'_>, largest: f64| votes.push(batch_votes(*hist, largest));
+            h.add_observed(&View::from_slice(b), Some(&mut observe as BatchObserver<'_>));
+        }
+        (h, votes)
+    };
     for order in [[&big, &small], [&small, &big]] {
-        let mut voting = StreamHistogram::with_pow2_votes(10);
+        let (observed, votes) = votes_of(&order);
         let mut plain = StreamHistogram::new(10);
         for b in order {
-            voting.add(&View::from_slice(b));
             plain.add(&View::from_slice(b));
         }
-        assert_eq!(voting.bins(), plain.bins());
-        // each batch votes as it would alone
-        let mut alone = StreamHistogram::with_pow2_votes(10);
-        alone.add(&View::from_slice(&small));
-        let mut want = alone.pow2_votes.clone().unwrap();
-        let mut other = StreamHistogram::with_pow2_votes(10);
-        other.add(&View::from_slice(&big));
-        for (k, n) in other.pow2_votes.unwrap() {
-            *want.entry(k).or_insert(0) += n;
-        }
-        assert_eq!(voting.pow2_votes.unwrap(), want);
+        assert_eq!(observed, plain);
+        // each batch is seen as it would be alone
+        let alone: Vec<_> = order.iter().map(|b| votes_of(&[b]).1[0]).collect();
+        assert_eq!(votes, alone);
     }
 }
 
