@@ -9,6 +9,7 @@ each round's ratios to the mean of the floors measured around it, as ``bench_flo
 * default: the adaptive schedule (list input, default memory budget);
 * one pass: every batch kept within the budget, as before the cost model (holding cost set to 0);
 * two passes: ``MemoryBudget`` 0 (nothing kept, every batch runs twice);
+* streaming: ``CollectionMode`` streaming (one pass, one batch of outputs alive at a time);
 
 for Entropy and Percentile (``collect_data`` + ``compute_data``; setup not counted), with W, C,
 R, B of ``bench_floor.py`` from the same run, and how many batches the default kept.
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_calibrate as bc
 import bench_floor as bf
 
-SCHEDULES = ("default (adaptive)", "one pass (keep all)", "two passes (budget 0)")
+SCHEDULES = ("default (adaptive)", "one pass (keep all)", "two passes (budget 0)", "streaming")
 
 
 def timed_collect(model: str, aug: str, feeds: list[dict], method: Any, schedule: str) -> tuple[float, int]:
@@ -44,7 +45,9 @@ def timed_collect(model: str, aug: str, feeds: list[dict], method: Any, schedule
     import histocal
     from histocal.calibrators import budget as hb
 
-    extra = {"MemoryBudget": 0} if schedule.startswith("two") else {}
+    extra: dict[str, Any] = {"MemoryBudget": 0} if schedule.startswith("two") else {}
+    if schedule == "streaming":
+        extra = {"CollectionMode": "streaming"}
     kept: list[int] = []
     original_drop = hb.KeptOutputs.drop
 
@@ -84,7 +87,7 @@ def bench_model(label: str, model: str, args: argparse.Namespace, work: Path) ->
     histocal.create_calibrator(model, augmented_model_path=aug, calibrate_method=CalibrationMethod.Entropy)
     floor = bf.Floor(aug, feeds)
     n = usable_cpus()
-    methods = {"Entropy": CalibrationMethod.Entropy, "Percentile": CalibrationMethod.Percentile}
+    methods = {m: getattr(CalibrationMethod, m) for m in args.methods}
     runs = [(m, s) for m in methods for s in SCHEDULES]
     for m, s in runs[: args.warmup * len(runs)]:
         timed_collect(model, mode_aug, feeds, methods[m], s)
@@ -127,6 +130,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--samples", type=int, default=32, help="feeds, one batch each (default 32)")
     ap.add_argument("--dim", type=int, default=1, help="value for symbolic input dims (default 1)")
     ap.add_argument("--shape", action="append", default=[], help="an input's shape, NAME=1x3x320x320 (repeatable)")
+    ap.add_argument(
+        "--methods", nargs="+", default=["Entropy", "Percentile"], help="methods (default Entropy Percentile)"
+    )
     ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are reported (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (default 1)")
     ap.add_argument("--out", help="write the markdown table to this file")
