@@ -214,6 +214,7 @@ def test_timed_batches_run_alone(paths, tmp_path):
 
     cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
     times: dict[int, float] = {}
+    systems: list[float] = []  # the system time's share of each timed batch's seconds
 
     def busy(i: int, items: list) -> None:
         end = time.process_time() + 0.2
@@ -228,11 +229,12 @@ def test_timed_batches_run_alone(paths, tmp_path):
             cal.fetch_names(),
             busy,
             "t",
-            timed=lambda i, s, faults, system: times.__setitem__(i, s),
+            timed=lambda i, s, faults, system: times.__setitem__(i, s) or systems.append(system / s if s else 0.0),
             wants_timing=lambda i: i < 3,
         )
     assert n == 4 and sorted(times) == [0, 1, 2]
     assert max(times.values()) < 0.1, times
+    assert all(0 <= share <= 1 for share in systems), systems
 
 
 @pytest.mark.parity

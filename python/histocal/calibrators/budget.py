@@ -121,9 +121,9 @@ class KeptOutputs:
         return i in TIMED_BATCHES and self.budget > 0 and self.hold_cost != 0 and not (self.full or self.unbounded)
 
     def timed(self, i: int, seconds: float, faults: int = 0, system: float = 0.0) -> None:
-        """Batch ``i`` took ``seconds`` to read and run alone, with ``faults`` page faults and
-        ``system`` seconds of system CPU time (``run_batches`` tells before ``offer``, for the
-        batches ``wants_timing``)."""
+        """Batch ``i`` took ``seconds`` to read and run alone, with ``faults`` page faults,
+        ``system`` of those seconds in system CPU time (``run_batches`` tells before ``offer``,
+        for the batches ``wants_timing``)."""
         self._timing = (seconds, faults, system)
 
     def offer(self, i: int, items: list[tuple[str, list[np.ndarray]]]) -> bool:

@@ -172,8 +172,8 @@ def run_batches(
     gets it: the previous batch's ``consume`` is waited for first (its work would be counted
     otherwise), then the lesser of the wall seconds and the process's CPU seconds (on a loaded
     machine the wall time is mostly waiting; on idle cores the CPU time is spread over them), the
-    page faults meanwhile and the system CPU seconds (mostly those faults: fresh memory for the
-    outputs). Returns the number of batches, skipped ones
+    page faults meanwhile, and the part of those seconds that was system CPU time, in
+    proportion (mostly those faults: fresh memory for the outputs). Returns the number of batches, skipped ones
     included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
@@ -201,7 +201,10 @@ def run_batches(
             if pending is not None:
                 pending.result()
             if timed is not None and alone:  # after the previous consume: it may read what timed records
-                timed(n, min(end[0] - start[0], end[1] - start[1]), end[2] - start[2], end[3] - start[3])
+                wall, cpu, faults, system = (e - s for e, s in zip(end, start))
+                # wall or CPU, the lesser, and the system time's share of it
+                seconds = min(wall, cpu)
+                timed(n, seconds, int(faults), seconds * min(1.0, system / cpu) if cpu > 0 else 0.0)
             pending = pool.submit(consume, n, items)
             n += 1
             alone = timed is not None and wants_timing(n)
