@@ -12,7 +12,9 @@ each round's ratios to the mean of the floors measured around it, as ``bench_flo
 * streaming: ``CollectionMode`` streaming (one pass, one batch of outputs alive at a time);
 
 for Entropy and Percentile (``collect_data`` + ``compute_data``; setup not counted), with W, C,
-R, B of ``bench_floor.py`` from the same run, and how many batches the default kept.
+R, B of ``bench_floor.py`` from the same run, the process CPU seconds of each schedule and their
+ratio to two passes' in the same round (the choice's cost, robust to the machine's load), and how
+many batches the default kept.
 
 Usage:
     python3 benches/bench_adaptive_exact.py --model det.onnx --shape x=1x3x320x320 --samples 32
@@ -40,8 +42,9 @@ import bench_floor as bf
 SCHEDULES = ("default (adaptive)", "one pass (keep all)", "two passes (budget 0)", "streaming")
 
 
-def timed_collect(model: str, aug: str, feeds: list[dict], method: Any, schedule: str) -> tuple[float, int]:
-    """Seconds of collect_data + compute_data, and the batches kept (counted from memory)."""
+def timed_collect(model: str, aug: str, feeds: list[dict], method: Any, schedule: str) -> tuple[float, float, int]:
+    """Wall and process CPU seconds of collect_data + compute_data, and the batches kept (counted
+    from memory)."""
     import histocal
     from histocal.calibrators import budget as hb
 
@@ -63,16 +66,16 @@ def timed_collect(model: str, aug: str, feeds: list[dict], method: Any, schedule
         if schedule.startswith("one"):
             hb._hold_seconds_per_byte = 0.0
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             cal.collect_data(feeds)
             cal.compute_data()
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
             hb._hold_seconds_per_byte = saved
             hb.KeptOutputs.drop = original_drop  # type: ignore[method-assign]
     del cal
     gc.collect()
-    return seconds, sum(kept)
+    return seconds, cpu, sum(kept)
 
 
 def bench_model(label: str, model: str, args: argparse.Namespace, work: Path) -> list[str]:
@@ -94,11 +97,13 @@ def bench_model(label: str, model: str, args: argparse.Namespace, work: Path) ->
     floors = [floor.measure(n)]
     times: dict[tuple[str, str], list[float]] = {r: [] for r in runs}
     ratios: dict[tuple[str, str], list[float]] = {r: [] for r in runs}
+    cpus: dict[tuple[str, str], list[float]] = {r: [] for r in runs}
     kept: dict[tuple[str, str], list[int]] = {r: [] for r in runs}
     for _ in range(args.repeat):
         for r in runs:
-            t, k = timed_collect(model, mode_aug, feeds, methods[r[0]], r[1])
+            t, c, k = timed_collect(model, mode_aug, feeds, methods[r[0]], r[1])
             times[r].append(t)
+            cpus[r].append(c)
             kept[r].append(k)
         floors.append(floor.measure(n))
         b = (floors[-2]["B"] + floors[-1]["B"]) / 2
@@ -109,16 +114,18 @@ def bench_model(label: str, model: str, args: argparse.Namespace, work: Path) ->
     print(f"{label}: W {f['W']:.3f} C {f['C']:.3f} R {f['R']:.3f} B {f['B']:.3f}", file=sys.stderr)
     rows = [
         f"| {label} | {floor.outputs} / {floor.values * 4 / 1e6:.0f} MB | {f['W']:.3f} s | {f['C']:.3f} s "
-        f"| {f['R']:.3f} s | {f['B']:.3f} s | {hold * 1e9:.2f} s/GB | | | | |"
+        f"| {f['R']:.3f} s | {f['B']:.3f} s | {hold * 1e9:.2f} s/GB | | | | | | |"
     ]
     for method in methods:
         two = statistics.median(ratios[(method, SCHEDULES[2])])
         for s in SCHEDULES:
             r = (method, s)
             rb = statistics.median(ratios[r])
+            # CPU seconds against two passes' in the same round (a load-robust check of the choice)
+            cpu = statistics.median(c / c2 for c, c2 in zip(cpus[r], cpus[(method, SCHEDULES[2])]))
             rows.append(
                 f"| | | | | | | | {method} {s} | {statistics.median(times[r]):.3f} s | **{rb:.2f}** "
-                f"| {rb / two:.2f} | {'/'.join(map(str, kept[r]))} |"
+                f"| {rb / two:.2f} | {statistics.median(cpus[r]):.3f} s | {cpu:.2f} | {'/'.join(map(str, kept[r]))} |"
             )
     return rows
 
@@ -151,8 +158,9 @@ def main(argv: list[str]) -> None:
         *[f"- {m}" for m in bc.machine_info()],
         f"- usable CPUs {usable_cpus()}; {args.samples} samples; load average at start {bc.loadavg()}",
         "",
-        "| model | outputs / size per sample | W | C | R | B | hold cost | schedule | time | x B | x two passes | batches kept |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
+        "| model | outputs / size per sample | W | C | R | B | hold cost | schedule | time | x B | x two passes "
+        "| CPU | CPU x two passes | batches kept |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     with tempfile.TemporaryDirectory(prefix="bench_adaptive.") as tmp:
         import onnx
