@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 import tracemalloc
 
 import numpy as np
@@ -172,27 +173,68 @@ def test_hold_cost_is_measured_unless_fixed():
         hb._hold_seconds_per_byte = saved
 
 
-def test_kept_outputs_hold_what_costs_less_than_a_rerun():
-    """A batch is kept while holding its bytes costs less than the median rerun time of the
-    recent batches (less what holding cost their own run); one slow batch does not decide."""
+def test_kept_outputs_judge_every_batch_by_the_cheapest_timed_rerun():
+    """Holding a byte costs ``hold_cost``; running it again what the cheapest timed batch took per
+    byte of its outputs, less what its page faults cost (a rerun reuses freed memory). Both stay
+    fixed once measured, so every batch is judged alike: the old per-batch median flipped between
+    keeping and not keeping as each batch's time (the previous batch's work in it) came and went."""
 
     def items(nbytes: int) -> list:
         return [("t", [np.zeros(nbytes // 4, np.float32)])]
 
+    size = 4000 + hb.KEPT_ARRAY_OVERHEAD
     kept = hb.KeptOutputs(1 << 30, hold_cost=1e-6)  # 1 ms per KB
-    offers = [(0.010, 4000), (0.010, 4000), (0.010, 40000), (0.5, 40000), (0.010, 4000), (0.010, 40000)]
-    for i, (seconds, nbytes) in enumerate(offers):
-        kept.timed(i, seconds)
-        kept.offer(i, items(nbytes))
-    # 4 ms to hold against ~10 ms to rerun: kept; 40 ms against 10 ms (the 0.5 s outlier aside): not
-    assert kept.kept == {0, 1, 4}
+    kept.timed(0, 0.5)  # a cold first run: ~117 us per byte
+    assert kept.offer(0, items(4000))
+    kept.timed(1, 0.020)  # ~4.7 us per byte: still worth holding
+    assert kept.offer(1, items(4000))
+    assert kept.offer(2, items(40000))  # untimed: judged per byte by the same measure
+    # 20 ms of which 16.4 ms system time (its page faults): 0.85 us per byte, under 1 us
+    kept.timed(3, 0.020, faults=4, system=0.0164)
+    assert not kept.offer(3, items(4000))
+    assert [kept.offer(i, items(4000)) for i in range(4, 7)] == [False] * 3
+    assert kept.kept == {0, 1, 2}
+    assert abs(kept._rerun - (0.020 - 0.0164) / size) < 1e-12
     free = hb.KeptOutputs(1 << 30)  # no cost: the budget alone decides
-    for i, (seconds, nbytes) in enumerate(offers):
-        free.timed(i, seconds)
-        assert free.offer(i, items(nbytes))
+    free.timed(0, 1e-9)
+    assert free.offer(0, items(4000)) and not free.wants_timing(1)
     tight = hb.KeptOutputs(2 * (4000 + hb.KEPT_ARRAY_OVERHEAD))
     assert [tight.offer(i, items(4000)) for i in range(3)] == [True, True, False]
     assert not tight.offer(3, items(4)) and tight.full  # nothing kept after a batch that did not fit
+    measured = hb.KeptOutputs(1 << 30, hold_cost=None)
+    assert [measured.wants_timing(i) for i in range(5)] == [True, False, True, False, False]
+    assert not hb.KeptOutputs(0, hold_cost=None).wants_timing(0)  # two passes whatever is measured
+
+
+def test_timed_batches_run_alone(paths, tmp_path):
+    """A timed batch runs after the previous batch's work is done: its time is inference alone,
+    not the CPU the previous batch's histogram work took meanwhile (0.2 s of it here)."""
+    from histocal.calibrators.common import run_batches
+    from histocal.io.readers import DataSource
+
+    cal = make_histocal(paths["passthrough"], PCT, {}, tmp_path / "a.onnx")
+    times: dict[int, float] = {}
+    systems: list[float] = []  # the system time's share of each timed batch's seconds
+
+    def busy(i: int, items: list) -> None:
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+
+    feeds = [{"X": np.ones((2, 4), np.float32)}] * 4
+    with quiet():
+        n = run_batches(
+            cal,
+            DataSource(feeds),
+            cal.fetch_names(),
+            busy,
+            "t",
+            timed=lambda i, s, faults, system: times.__setitem__(i, s) or systems.append(system / s if s else 0.0),
+            wants_timing=lambda i: i < 3,
+        )
+    assert n == 4 and sorted(times) == [0, 1, 2]
+    assert max(times.values()) < 0.1, times
+    assert all(0 <= share <= 1 for share in systems), systems
 
 
 @pytest.mark.parity

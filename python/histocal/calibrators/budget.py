@@ -14,9 +14,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import statistics
 import time
-from collections import deque
 
 import numpy as np
 
@@ -60,9 +58,12 @@ HOLD_PROBE_BYTES = 4 << 20
 # No machine holds memory slower than this (seconds per byte): a batch whose holding costs under
 # a tenth of its rerun even at this rate is kept without measuring.
 HOLD_COST_CEILING = 20e-9
-# Batches whose rerun cost is judged from the median of the last few batches' times (one slow or
-# fast batch, a first one warming up, does not decide alone).
-RERUN_WINDOW = 7
+# Batches whose read and run are timed alone (the previous batch's Rust work waited for first, so
+# that it is not counted): the cheapest of them, per byte of outputs, is what a rerun costs. The
+# first is the session's first run (cold, nothing to wait for); the third reuses the first's
+# memory where that was not kept (no page faults to discount) and costs the overlap of one
+# batch's work.
+TIMED_BATCHES = (0, 2)
 # Set (tests, benchmarks) to fix the cost of holding a byte instead of measuring it.
 _hold_seconds_per_byte: float | None = None
 
@@ -88,11 +89,19 @@ class KeptOutputs:
     stays within ``budget`` bytes and keeping them costs less than running them again: exact mode
     counts them from memory instead of running them a second time.
 
-    The choice is a cost model of what the pass measures: a batch of ``m`` bytes of outputs costs
-    ``hold_cost * m`` seconds to hold (``hold_seconds_per_byte``), and running it again costs
-    what reading and running it took (``timed``: CPU or wall seconds, the lesser; the median over
-    the last ``RERUN_WINDOW`` batches, less what the held memory cost their own run). Which batches are kept changes no
-    result: kept and re-run batches are counted alike."""
+    The choice is a cost model of what the pass measures, per byte of outputs: holding a byte
+    costs ``hold_cost`` seconds (``hold_seconds_per_byte``: faulting in and zeroing fresh
+    pages); running its batch again costs what reading and running the batches of
+    ``TIMED_BATCHES`` took alone (``timed``) less their system time (mostly their page faults: a
+    rerun reuses the memory of the batches before it), per byte, the cheapest of them. Both are
+    fixed once measured, so every batch is judged alike (kept while it fits, or none): the
+    schedule is one pass or two, the better by the model, never a mix that flips with the noise
+    of each batch (the median of recent batches' times it replaces counted the previous batch's
+    Rust work in them, which came and went). The system time of the faults themselves is not
+    used as the holding cost: it leaves out what holding gigabytes costs later (their release,
+    the memory taken from the page cache); on an OCR detector holding 4.9 GB it chose one pass,
+    1.3-1.6x the time of two, where the probe's figure chooses two. Which batches are kept changes no result: kept and re-run
+    batches are counted alike."""
 
     def __init__(self, budget: int, hold_cost: float | None = 0.0) -> None:
         self.budget = budget
@@ -103,13 +112,19 @@ class KeptOutputs:
         self.nbytes = 0
         self.full = False  # a batch did not fit: no later batch is kept
         self.unbounded = False  # keep every batch whatever the budget (exact mode, read-once data)
-        self._runs: deque[float] = deque(maxlen=RERUN_WINDOW)  # recent batches' rerun seconds
-        self._seconds: float | None = None  # the batch being offered: its read and run
-        self._held_before = False  # whether the previous batch was kept
+        self._rerun: float | None = None  # seconds per byte of output to run a batch again
+        self._timing: tuple[float, int, float] | None = None  # the batch being offered: see timed
 
-    def timed(self, i: int, seconds: float) -> None:
-        """Batch ``i`` took ``seconds`` to read and run (``_run_batches`` tells before ``offer``)."""
-        self._seconds = seconds
+    def wants_timing(self, i: int) -> bool:
+        """Whether batch ``i`` is to be timed alone (``run_batches``): one of ``TIMED_BATCHES``,
+        while the choice may still depend on it."""
+        return i in TIMED_BATCHES and self.budget > 0 and self.hold_cost != 0 and not (self.full or self.unbounded)
+
+    def timed(self, i: int, seconds: float, faults: int = 0, system: float = 0.0) -> None:
+        """Batch ``i`` took ``seconds`` to read and run alone, with ``faults`` page faults,
+        ``system`` of those seconds in system CPU time (``run_batches`` tells before ``offer``,
+        for the batches ``wants_timing``)."""
+        self._timing = (seconds, faults, system)
 
     def offer(self, i: int, items: list[tuple[str, list[np.ndarray]]]) -> bool:
         """Keep batch ``i`` if it fits and is worth holding; once one did not fit, no later
@@ -132,21 +147,19 @@ class KeptOutputs:
         """Whether holding ``size`` bytes costs less than running their batch again."""
         if self.hold_cost == 0:
             return True
-        held, seconds = self._held_before, self._seconds
-        self._seconds = None
-        if seconds is not None:
-            # a run after a kept batch faulted in fresh pages for its outputs: not a rerun's cost
-            extra = (self.hold_cost or 0.0) * size if held else 0.0
-            self._runs.append(max(0.0, seconds - extra))
-        if not self._runs:
-            self._held_before = True
-            return True
-        rerun = statistics.median(self._runs)
+        timing, self._timing = self._timing, None
+        if timing is not None:
+            seconds, _, system = timing
+            # less the faults of fresh memory for its outputs: a rerun's outputs reuse freed memory
+            run = max(0.0, seconds - system) / size
+            self._rerun = run if self._rerun is None else min(self._rerun, run)
+        if self._rerun is None:
+            return True  # never timed (a caller without timing): the budget decides
         pinned = _hold_seconds_per_byte is not None
-        if self.hold_cost is None and (pinned or HOLD_COST_CEILING * size >= 0.1 * rerun):
+        if self.hold_cost is None and (pinned or 0.1 * self._rerun <= HOLD_COST_CEILING):
             self.hold_cost = hold_seconds_per_byte()
-        self._held_before = (self.hold_cost or 0.0) * size < rerun
-        return self._held_before
+        hold = self.hold_cost or 0.0
+        return hold == 0 or hold < self._rerun
 
     def by_tensor(self) -> list[tuple[str, list[np.ndarray]]]:
         """Every kept batch's arrays per tensor (one call counts them all, tensors in parallel)."""

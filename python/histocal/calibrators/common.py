@@ -160,45 +160,71 @@ def run_batches(
     consume: Callable[[int, list[tuple[str, list[np.ndarray]]]], None],
     desc: str,
     skip: Container[int] = (),
-    timed: Callable[[int, float], None] | None = None,
+    timed: Callable[[int, float, int, float], None] | None = None,
+    wants_timing: Callable[[int], bool] = lambda i: False,
 ) -> int:
     """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
     batches of outputs are alive; its Rust pool is the calibrator's share of the cores
     (``calibrator.threads``). The feeds of the batches in ``skip`` are read but not run (their
-    outputs are known already). ``timed(i, seconds)``, where given, learns what reading and
-    running batch ``i`` cost before ``consume`` gets it: the lesser of its wall seconds and the
-    process's CPU seconds meanwhile (on a loaded machine the wall time is mostly waiting; on idle
-    cores the CPU time is spread over them). Returns the number of batches, skipped ones included."""
+    outputs are known already). For the batches where ``wants_timing(i)``, ``timed(i, seconds,
+    faults, system)`` learns what reading and running batch ``i`` alone cost before ``consume``
+    gets it: the previous batch's ``consume`` is waited for first (its work would be counted
+    otherwise), then the lesser of the wall seconds and the process's CPU seconds (on a loaded
+    machine the wall time is mostly waiting; on idle cores the CPU time is spread over them), the
+    page faults meanwhile, and the part of those seconds that was system CPU time, in
+    proportion (mostly those faults: fresh memory for the outputs). Returns the number of batches, skipped ones
+    included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
     pending: Future | None = None
     n = 0
     pool_threads = pool_threads_for(getattr(calibrator, "threads", None))
+
+    def clocks() -> tuple[float, float, int, float]:
+        return (time.perf_counter(), time.process_time(), *faults_and_system_time())
+
     with ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="histocal", initializer=_core.set_caller_threads, initargs=(pool_threads,)
     ) as pool:
-        start, cpu = time.perf_counter(), time.process_time()
+        start, alone = clocks(), timed is not None and wants_timing(0)
         for feed in progress(source.read(), desc, calibrator.show_progress):
             if n in skip:
                 n += 1
                 continue
             outputs = run_session(session, fetch, checker.check(feed, n), n)
-            seconds = min(time.perf_counter() - start, time.process_time() - cpu)
+            end = clocks()
             # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
             # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
             items = [(name, [a.copy() if name in inputs else a]) for name, a in zip(fetch, outputs)]
             if pending is not None:
                 pending.result()
-            if timed is not None:  # after the previous consume: it may read what timed records
-                timed(n, seconds)
+            if timed is not None and alone:  # after the previous consume: it may read what timed records
+                wall, cpu, faults, system = (e - s for e, s in zip(end, start))
+                # wall or CPU, the lesser, and the system time's share of it
+                seconds = min(wall, cpu)
+                timed(n, seconds, int(faults), seconds * min(1.0, system / cpu) if cpu > 0 else 0.0)
             pending = pool.submit(consume, n, items)
-            start, cpu = time.perf_counter(), time.process_time()
             n += 1
+            alone = timed is not None and wants_timing(n)
+            if alone:
+                pending.result()  # the next batch is timed alone
+            start = clocks()
         if pending is not None:
             pending.result()
     return n
+
+
+def faults_and_system_time() -> tuple[int, float]:
+    """The process's minor page faults and system CPU seconds so far ((0, 0.0) where
+    ``resource`` is missing: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return 0, 0.0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_stime
 
 
 def binned_and_binnable(hist: _core.Histograms) -> dict[str, tuple[int, int, int, bool]]:

@@ -270,7 +270,8 @@ class HistogramCalibration:
             rerun += 1
 
         before = binned_and_binnable(hist)
-        n = run_batches(self, source, fetch, scan, "histocal exact (ranges)", timed=kept.timed)
+        desc = "histocal exact (ranges)"
+        n = run_batches(self, source, fetch, scan, desc, timed=kept.timed, wants_timing=kept.wants_timing)
         if n == 0 or streaming:
             if streaming:
                 self._mode_used, self.collector = "streaming", None
