@@ -93,7 +93,7 @@ fn bins_impl<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) {
 
 /// The window index of value `x` at position `j` of its block (see `bins_impl`).
 #[inline(always)]
-fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
+pub(crate) fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
     let i = (p.bin(x) - p.first) as u32;
     let i = if x == T::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
     if x.abs() < T::INFINITY {

@@ -130,7 +130,7 @@ impl StreamHistogram {
     }
 
     /// Allocate the narrow counts on first use (before anything changes).
-    fn allocate_narrow(&mut self) {
+    pub(crate) fn allocate_narrow(&mut self) {
         if self.narrow.is_empty() {
             self.narrow = fallible::zeroed(narrow_len(self.log_half));
         }
@@ -257,6 +257,29 @@ impl StreamHistogram {
             let s = (batch.first + i) as i64 - h;
             self.bins[((s >> shift) + h) as usize] += c;
         }
+    }
+
+    /// Begin a batch whose scan `sc` is known and whose finite values the caller then counts into
+    /// `narrow_counts` at the returned level (`stream::channel_rows`): the scan recorded and the
+    /// level raised, as `add_scanned` does before counting a batch into the narrow counts (which
+    /// must be allocated: `allocate_narrow`). None, the scan recorded, without finite values.
+    pub(crate) fn begin_counted<D: Float>(&mut self, sc: &Scan<D>) -> Option<i32> {
+        let (Some(lo), Some(hi), Some(_)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
+            self.record(sc);
+            return None;
+        };
+        let own = level_for((lo.to_f64() + 0.0).abs().max((hi.to_f64() + 0.0).abs()));
+        let level = self.level.map_or(own, |l| l.max(own));
+        assert!(!self.narrow.is_empty(), "narrow counts allocated before the batch");
+        self.record(sc);
+        self.raise(level); // settles, where the level rises
+        self.unsettled = true;
+        Some(level)
+    }
+
+    /// The `2H` bins and the narrow counts, for counting at the level `begin_counted` gave.
+    pub(crate) fn narrow_counts(&mut self) -> (&mut [u64], &mut [u8]) {
+        (&mut self.bins, &mut self.narrow)
     }
 
     /// Add another streaming histogram's data (same `log_half`): the result equals one
