@@ -87,21 +87,9 @@ pub(crate) fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_,
     }))
 }
 
-/// The batches of each of `channels` channels along `axis`: channel `c`'s strided view of every
-/// borrowed array. An error (naming `name`) unless every array has `channels` channels there.
-pub(crate) fn channel_batches<'a>(
-    name: &str,
-    b: &'a Borrowed<'_>,
-    axis: usize,
-    channels: usize,
-) -> PyResult<Vec<Batches<'a>>> {
-    fn split<'a, T: Element + Copy>(
-        name: &str,
-        arrays: &'a [PyReadonlyArrayDyn<'_, T>],
-        axis: usize,
-        channels: usize,
-    ) -> PyResult<Vec<Vec<View<'a, T>>>> {
-        let mut per_channel: Vec<Vec<View<'a, T>>> = (0..channels).map(|_| Vec::with_capacity(arrays.len())).collect();
+/// An error (naming `name`) unless every borrowed array has `channels` channels along `axis`.
+pub(crate) fn check_channels(name: &str, b: &Borrowed<'_>, axis: usize, channels: usize) -> PyResult<()> {
+    fn check<T: Element>(name: &str, arrays: &[PyReadonlyArrayDyn<'_, T>], axis: usize, channels: usize) -> PyResult<()> {
         for a in arrays {
             let shape = a.as_array().shape().to_vec();
             if shape.get(axis) != Some(&channels) {
@@ -109,15 +97,12 @@ pub(crate) fn channel_batches<'a>(
                     "tensor {name:?}: expected {channels} channels along axis {axis}, got shape {shape:?}"
                 )));
             }
-            for (c, v) in channel_views(a, axis).into_iter().enumerate() {
-                per_channel[c].push(v);
-            }
         }
-        Ok(per_channel)
+        Ok(())
     }
-    Ok(match b {
-        Borrowed::F16(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F16).collect(),
-        Borrowed::F32(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F32).collect(),
-        Borrowed::F64(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F64).collect(),
-    })
+    match b {
+        Borrowed::F16(v) => check(name, v, axis, channels),
+        Borrowed::F32(v) => check(name, v, axis, channels),
+        Borrowed::F64(v) => check(name, v, axis, channels),
+    }
 }

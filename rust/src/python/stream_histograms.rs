@@ -12,6 +12,7 @@ use crate::methods::qerror::{ErrorTable, Quantizer};
 use crate::methods::range_method::*;
 use crate::numeric::fallible::{self};
 use crate::state::{ort_shaped, Batches, CollectError, Counts, TensorState, TypedBinning};
+use crate::stream::channel_rows::{add_channels, ChannelLayout};
 use crate::stream::stream_histogram::as_uniform;
 use crate::stream::stream_histogram::StreamHistogram;
 use numpy::ndarray::{ArrayViewD, Axis};
@@ -241,11 +242,12 @@ impl StreamHistograms {
     }
 
     /// Add batches channel by channel: `[(keys, [batch arrays...]), ...]`, where channel `c` along
-    /// `axis` of every array of an item (a strided view, read in place) is a batch of the histogram
-    /// named `keys[c]`, as `collect` would add it. Each array is borrowed once, however many
-    /// channels it has. Every array of an item must have `len(keys)` channels along `axis`.
-    /// With isotone on, channel `c`'s slice (the array without `axis`, its last axis the class
-    /// axis) adds its rows to the isotone summary of `keys[c]`, as `collect` would add the slice.
+    /// `axis` of every array of an item is a batch of the histogram named `keys[c]`, as `collect`
+    /// would add it. Each array is read in memory order, all its channels at once
+    /// (`stream::channel_rows`; a non-C-order array is copied first). Every array of an item must
+    /// have `len(keys)` channels along `axis`. With isotone on, channel `c`'s slice (the array
+    /// without `axis`, its last axis the class axis) adds its rows to the isotone summary of
+    /// `keys[c]`, as `collect` would add the slice.
     fn collect_channels(
         &mut self,
         py: Python<'_>,
@@ -256,14 +258,11 @@ impl StreamHistograms {
             let mut borrowed = Vec::with_capacity(items.len());
             for (keys, arrays) in &items {
                 let name = keys.first().map_or("", String::as_str);
-                borrowed.push((keys, name, borrow_all(name, arrays)?));
+                let b = borrow_all(name, arrays)?;
+                check_channels(name, &b, axis, keys.len())?;
+                borrowed.push((keys, name, b));
             }
-            let mut batches: Vec<(&str, Batches<'_>)> = Vec::new();
-            for (keys, name, b) in &borrowed {
-                let per_channel = channel_batches(name, b, axis, keys.len())?;
-                batches.extend(keys.iter().map(String::as_str).zip(per_channel));
-            }
-            // the shapes are checked (channel_batches): isotone's summaries, into copies, then the histograms
+            // the shapes are checked: isotone's summaries, into copies, then the histograms
             let tops = match &self.isotone {
                 Some(held) => {
                     let mut inputs = Vec::new();
@@ -276,7 +275,9 @@ impl StreamHistograms {
                 }
                 None => None,
             };
-            self.add(py, batches)?;
+            let channels: Vec<(&[String], &str, TopsInput<'_>)> =
+                borrowed.iter().map(|(keys, name, b)| (keys.as_slice(), *name, tops_input(b, None))).collect();
+            self.add_channels(py, channels, axis)?;
             if let (Some(held), Some(tops)) = (self.isotone.as_mut(), tops) {
                 held.extend(tops);
             }
@@ -587,11 +588,98 @@ impl StreamHistograms {
     }
 }
 
+impl StreamHistograms {
+    /// Add each item's arrays, channel `c` to the histogram `keys[c]` (see `collect_channels`),
+    /// items in parallel. The histograms are changed in place: each key is looked up once.
+    fn add_channels(&mut self, py: Python<'_>, items: Vec<(&[String], &str, TopsInput<'_>)>, axis: usize) -> PyResult<()> {
+        // dtypes first (an error changes nothing), then the new histograms, then one pointer per key
+        let mut missing = Vec::new();
+        for (keys, _, input) in &items {
+            let now = input.dtype();
+            for key in keys.iter() {
+                match self.states.get(key) {
+                    Some((before, _)) if *before != now => {
+                        return Err(named(key, CollectError::DtypeChanged { before, now }))
+                    }
+                    Some(_) => {}
+                    None => missing.push((key.as_str(), now)),
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let mut seen = std::collections::HashSet::with_capacity(missing.len());
+            if let Some((key, _)) = missing.iter().find(|(k, _)| !seen.insert(*k)) {
+                return Err(PyValueError::new_err(format!("tensor {key:?} is named twice")));
+            }
+            let fresh: Vec<StreamHistogram> = missing.iter().map(|_| self.new_histogram()).collect();
+            for ((key, dtype), h) in missing.into_iter().zip(fresh) {
+                self.order.push(key.to_string());
+                self.states.insert(key.to_string(), (dtype, h));
+            }
+        }
+        let mut pointers: Vec<*mut StreamHistogram> = Vec::new();
+        for (keys, _, _) in &items {
+            for key in keys.iter() {
+                pointers.push(&mut self.states.get_mut(key).expect("inserted above").1);
+            }
+        }
+        let mut sorted: Vec<usize> = pointers.iter().map(|&p| p as usize).collect();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(PyValueError::new_err("a channel key is named twice"));
+        }
+        // SAFETY: the pointers are to distinct entries of `self.states` (checked above), which is
+        // not touched while these references are alive.
+        let mut all = pointers.into_iter().map(|p| unsafe { &mut *p });
+        let mut work: Vec<(&str, TopsInput<'_>, Vec<&mut StreamHistogram>)> = Vec::with_capacity(items.len());
+        for (keys, name, input) in items {
+            work.push((name, input, all.by_ref().take(keys.len()).collect()));
+        }
+        let results: Vec<PyResult<()>> = run(py, || {
+            work.par_iter_mut()
+                .map(|(name, input, hists)| {
+                    for_tensor(name, || {
+                        match input {
+                            TopsInput::F16(v) => add_channel_views(v, axis, hists),
+                            TopsInput::F32(v) => add_channel_views(v, axis, hists),
+                            TopsInput::F64(v) => add_channel_views(v, axis, hists),
+                        }
+                        Ok::<_, CollectError>(())
+                    })
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+}
+
+/// Add every array's channels along `axis` to `hists` (one batch per array and channel).
+fn add_channel_views<T: crate::numeric::float::Float>(views: &[ArrayViewD<'_, T>], axis: usize, hists: &mut [&mut StreamHistogram]) {
+    for v in views {
+        let layout = ChannelLayout::new(v.shape(), axis);
+        let data = match v.as_slice() {
+            Some(s) => std::borrow::Cow::Borrowed(s),
+            None => std::borrow::Cow::Owned(fallible::collect(v.iter().copied())), // C order
+        };
+        add_channels(&data, layout, hists);
+    }
+}
+
 /// One tensor's batches as ndarray views (shareable between threads, unlike the borrows).
 enum TopsInput<'a> {
     F16(Vec<ArrayViewD<'a, half::f16>>),
     F32(Vec<ArrayViewD<'a, f32>>),
     F64(Vec<ArrayViewD<'a, f64>>),
+}
+
+impl TopsInput<'_> {
+    fn dtype(&self) -> &'static str {
+        match self {
+            TopsInput::F16(_) => "float16",
+            TopsInput::F32(_) => "float32",
+            TopsInput::F64(_) => "float64",
+        }
+    }
 }
 
 /// One tensor's batches for isotone: each borrowed array's view, or with `channel = Some((axis, c))`
