@@ -592,21 +592,28 @@ impl StreamHistograms {
     /// Add each item's arrays, channel `c` to the histogram `keys[c]` (see `collect_channels`),
     /// items in parallel. The histograms are changed in place: each key is looked up once.
     fn add_channels(&mut self, py: Python<'_>, items: Vec<(&[String], &str, TopsInput<'_>)>, axis: usize) -> PyResult<()> {
-        // dtypes first (an error changes nothing), then the new histograms, then one pointer per key
-        let mut missing = Vec::new();
-        for (keys, _, input) in &items {
-            let now = input.dtype();
-            for key in keys.iter() {
-                match self.states.get(key) {
-                    Some((before, _)) if *before != now => {
-                        return Err(named(key, CollectError::DtypeChanged { before, now }))
+        // One pointer per key, dtypes checked (an error changes nothing); new keys' histograms inserted
+        // first where there are any (inserting moves the entries: the pointers are then taken again).
+        let mut pointers: Vec<*mut StreamHistogram> = Vec::new();
+        for attempt in 0..2 {
+            let mut missing = Vec::new();
+            pointers.clear();
+            for (keys, _, input) in &items {
+                let now = input.dtype();
+                for key in keys.iter() {
+                    match self.states.get_mut(key) {
+                        Some((before, _)) if *before != now => {
+                            return Err(named(key, CollectError::DtypeChanged { before, now }))
+                        }
+                        Some((_, h)) => pointers.push(h),
+                        None => missing.push((key.as_str(), now)),
                     }
-                    Some(_) => {}
-                    None => missing.push((key.as_str(), now)),
                 }
             }
-        }
-        if !missing.is_empty() {
+            if missing.is_empty() {
+                break;
+            }
+            assert_eq!(attempt, 0, "the new histograms were inserted");
             let mut seen = std::collections::HashSet::with_capacity(missing.len());
             if let Some((key, _)) = missing.iter().find(|(k, _)| !seen.insert(*k)) {
                 return Err(PyValueError::new_err(format!("tensor {key:?} is named twice")));
@@ -615,12 +622,6 @@ impl StreamHistograms {
             for ((key, dtype), h) in missing.into_iter().zip(fresh) {
                 self.order.push(key.to_string());
                 self.states.insert(key.to_string(), (dtype, h));
-            }
-        }
-        let mut pointers: Vec<*mut StreamHistogram> = Vec::new();
-        for (keys, _, _) in &items {
-            for key in keys.iter() {
-                pointers.push(&mut self.states.get_mut(key).expect("inserted above").1);
             }
         }
         let mut sorted: Vec<usize> = pointers.iter().map(|&p| p as usize).collect();

@@ -123,6 +123,25 @@ struct Target<'a, T> {
     p: Pow2Bins<T>,
     bins: &'a mut [u64],
     narrow: &'a mut [u8],
+    /// The narrow counts its finite values fall in (indices of its min and max).
+    span: (usize, usize),
+}
+
+/// Ask for the cache lines of a channel's narrow counts its values fall in (`span`), while the run
+/// before it is counted: the channels' counts together are far beyond the caches, and a run's
+/// scattered increments would each wait for memory.
+#[inline(always)]
+fn prefetch<T>(t: &Target<'_, T>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (lo, hi) = t.span;
+        let base = t.narrow.as_ptr();
+        for i in (lo..=hi).step_by(64).chain([hi]) {
+            // SAFETY: a prefetch never faults; i < narrow.len() anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(i) as *const i8) };
+        }
+    }
 }
 
 fn group_lanes<D: Float, T: LaneFloat>(
@@ -150,14 +169,22 @@ fn group_lanes<D: Float, T: LaneFloat>(
         targets.push(h.begin_counted(&retype::<T, D>(*sc)).map(|level| {
             let half = 1i32 << log_half;
             let (bins, narrow) = h.narrow_counts();
-            Target { p: Pow2Bins::window(log_half, level, -half, half - 1), bins, narrow }
+            let p = Pow2Bins::window(log_half, level, -half, half - 1);
+            let at = |x: Option<T>| (p.bin(x.expect("finite values")) - p.first) as usize;
+            Target { p, bins, narrow, span: (at(sc.finite_min), at(sc.finite_max)) }
         }));
     }
     let inner = layout.inner;
     for o in 0..layout.outer {
         if inner >= SHORT_RUN {
-            for (k, t) in targets.iter_mut().enumerate() {
-                let Some(t) = t else { continue }; // nothing finite in this channel
+            for k in 0..n {
+                // the next run's counts, where it has fewer lines to fetch than values
+                if let Some(next) = &targets[(k + 1) % n] {
+                    if (next.span.1 - next.span.0) / 64 < inner / 2 {
+                        prefetch(next);
+                    }
+                }
+                let Some(t) = &mut targets[k] else { continue }; // nothing finite in this channel
                 let start = layout.run_start(o, first + k);
                 for piece in data[start..start + inner].chunks(BLOCK) {
                     let lanes: &[T] = lanes_of(piece, &mut wide);

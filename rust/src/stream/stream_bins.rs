@@ -46,7 +46,7 @@ pub(crate) struct Pow2Bins<T> {
     /// The window's end bins, as `T`.
     lo: T,
     hi: T,
-    first: i32,
+    pub(crate) first: i32,
     /// Bins in the window (the dummy index).
     len: u32,
 }
@@ -68,7 +68,7 @@ impl<T: Lane> Pow2Bins<T> {
 
     /// The bin of `x` (see the module doc), clamped to the window; NaN goes to `first`.
     #[inline(always)]
-    fn bin(&self, x: T) -> i32 {
+    pub(crate) fn bin(&self, x: T) -> i32 {
         let v = x * self.pre * self.scale;
         // Clamp first so the truncation is in range; floor commutes with clamping to integers.
         let c = if v > self.lo { v } else { self.lo };
