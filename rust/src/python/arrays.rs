@@ -89,7 +89,12 @@ pub(crate) fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_,
 
 /// An error (naming `name`) unless every borrowed array has `channels` channels along `axis`.
 pub(crate) fn check_channels(name: &str, b: &Borrowed<'_>, axis: usize, channels: usize) -> PyResult<()> {
-    fn check<T: Element>(name: &str, arrays: &[PyReadonlyArrayDyn<'_, T>], axis: usize, channels: usize) -> PyResult<()> {
+    fn check<T: Element>(
+        name: &str,
+        arrays: &[PyReadonlyArrayDyn<'_, T>],
+        axis: usize,
+        channels: usize,
+    ) -> PyResult<()> {
         for a in arrays {
             let shape = a.as_array().shape().to_vec();
             if shape.get(axis) != Some(&channels) {

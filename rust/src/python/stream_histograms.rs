@@ -591,7 +591,12 @@ impl StreamHistograms {
 impl StreamHistograms {
     /// Add each item's arrays, channel `c` to the histogram `keys[c]` (see `collect_channels`),
     /// items in parallel. The histograms are changed in place: each key is looked up once.
-    fn add_channels(&mut self, py: Python<'_>, items: Vec<(&[String], &str, TopsInput<'_>)>, axis: usize) -> PyResult<()> {
+    fn add_channels(
+        &mut self,
+        py: Python<'_>,
+        items: Vec<(&[String], &str, TopsInput<'_>)>,
+        axis: usize,
+    ) -> PyResult<()> {
         // One pointer per key, dtypes checked (an error changes nothing); new keys' histograms inserted
         // first where there are any (inserting moves the entries: the pointers are then taken again).
         let mut pointers: Vec<*mut StreamHistogram> = Vec::new();
@@ -655,7 +660,11 @@ impl StreamHistograms {
 }
 
 /// Add every array's channels along `axis` to `hists` (one batch per array and channel).
-fn add_channel_views<T: crate::numeric::float::Float>(views: &[ArrayViewD<'_, T>], axis: usize, hists: &mut [&mut StreamHistogram]) {
+fn add_channel_views<T: crate::numeric::float::Float>(
+    views: &[ArrayViewD<'_, T>],
+    axis: usize,
+    hists: &mut [&mut StreamHistogram],
+) {
     for v in views {
         let layout = ChannelLayout::new(v.shape(), axis);
         let data = match v.as_slice() {

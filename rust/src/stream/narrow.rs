@@ -59,7 +59,7 @@ fn carry(bins: &mut [u64], i: usize) {
 
 /// Count the values of window indices `idx` (all < `narrow.len()`) in the narrow counts.
 #[inline(always)]
-pub(crate) fn scatter(idx: &[u32], narrow: &mut [u8], bins: &mut [u64]) {
+fn scatter(idx: &[u32], narrow: &mut [u8], bins: &mut [u64]) {
     let p = narrow.as_mut_ptr();
     for &i in idx {
         // SAFETY: `Pow2Bins::bin` clamps every bin into the whole 2H window, so the indices (bins,

@@ -46,7 +46,7 @@ pub(crate) struct Pow2Bins<T> {
     /// The window's end bins, as `T`.
     lo: T,
     hi: T,
-    pub(crate) first: i32,
+    first: i32,
     /// Bins in the window (the dummy index).
     len: u32,
 }
@@ -68,7 +68,7 @@ impl<T: Lane> Pow2Bins<T> {
 
     /// The bin of `x` (see the module doc), clamped to the window; NaN goes to `first`.
     #[inline(always)]
-    pub(crate) fn bin(&self, x: T) -> i32 {
+    fn bin(&self, x: T) -> i32 {
         let v = x * self.pre * self.scale;
         // Clamp first so the truncation is in range; floor commutes with clamping to integers.
         let c = if v > self.lo { v } else { self.lo };
@@ -93,7 +93,7 @@ fn bins_impl<T: Lane>(p: &Pow2Bins<T>, block: &[T], idx: &mut [u32]) {
 
 /// The window index of value `x` at position `j` of its block (see `bins_impl`).
 #[inline(always)]
-pub(crate) fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
+fn window_index<T: Lane>(p: &Pow2Bins<T>, x: T, j: usize) -> u32 {
     let i = (p.bin(x) - p.first) as u32;
     let i = if x == T::ZERO { p.len + 1 + (j % ZERO_SLOTS) as u32 } else { i };
     if x.abs() < T::INFINITY {

@@ -130,7 +130,7 @@ impl StreamHistogram {
     }
 
     /// Allocate the narrow counts on first use (before anything changes).
-    pub(crate) fn allocate_narrow(&mut self) {
+    fn allocate_narrow(&mut self) {
         if self.narrow.is_empty() {
             self.narrow = fallible::zeroed(narrow_len(self.log_half));
         }
@@ -259,27 +259,25 @@ impl StreamHistogram {
         }
     }
 
-    /// Begin a batch whose scan `sc` is known and whose finite values the caller then counts into
-    /// `narrow_counts` at the returned level (`stream::channel_rows`): the scan recorded and the
-    /// level raised, as `add_scanned` does before counting a batch into the narrow counts (which
-    /// must be allocated: `allocate_narrow`). None, the scan recorded, without finite values.
-    pub(crate) fn begin_counted<D: Float>(&mut self, sc: &Scan<D>) -> Option<i32> {
-        let (Some(lo), Some(hi), Some(_)) = (sc.finite_min, sc.finite_max, sc.finite_abs_min) else {
-            self.record(sc);
-            return None;
-        };
-        let own = level_for((lo.to_f64() + 0.0).abs().max((hi.to_f64() + 0.0).abs()));
-        let level = self.level.map_or(own, |l| l.max(own));
-        assert!(!self.narrow.is_empty(), "narrow counts allocated before the batch");
-        self.record(sc);
-        self.raise(level); // settles, where the level rises
-        self.unsettled = true;
-        Some(level)
-    }
-
-    /// The `2H` bins and the narrow counts, for counting at the level `begin_counted` gave.
-    pub(crate) fn narrow_counts(&mut self) -> (&mut [u64], &mut [u8]) {
-        (&mut self.bins, &mut self.narrow)
+    /// Ask the caches for the narrow counts that a batch like the ones before will touch, those
+    /// between the bins of the finite minimum and maximum: a hint that changes nothing (used where
+    /// many histograms take a batch each in turn, `stream::channel_rows`).
+    pub fn prefetch_counts(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let (Some(level), Some(mn), Some(mx)) = (self.level, self.finite_min, self.finite_max) else { return };
+            if self.narrow.is_empty() {
+                return;
+            }
+            let h = self.half() as f64;
+            let at = |x: f64| ((x / pow2(level) * h).floor() + h).clamp(0.0, 2.0 * h - 1.0) as usize;
+            let base = self.narrow.as_ptr();
+            for i in (at(mn)..=at(mx)).step_by(64) {
+                // SAFETY: i < 2H < narrow.len(); a prefetch never faults anyway.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(i) as *const i8) };
+            }
+        }
     }
 
     /// Add another streaming histogram's data (same `log_half`): the result equals one

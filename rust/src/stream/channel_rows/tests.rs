@@ -1,7 +1,7 @@
 //! `add_channels` against the per-channel strided path it replaces (each channel's strided view
 //! added with `StreamHistogram::add`): the same histograms, bit for bit, for short and long runs,
 //! every float type, NaN and ±Inf, zeros and -0, empty tensors, levels raised by later batches,
-//! pow2 votes, and tensors split into parallel channel groups.
+//! pow2 votes, channels gathered in chunks, and tensors split into parallel channel groups.
 use super::{add_channels, channel_view, ChannelLayout};
 use crate::numeric::float::Float;
 use crate::stream::stream_histogram::StreamHistogram;
@@ -92,6 +92,16 @@ fn long_runs_match_the_strided_path() {
     all_types(5, &[vec![2, 3, 8, 8], vec![1, 3, 8, 8], vec![4, 3, 8, 8]], 1, 8, false);
     all_types(6, &[vec![3, 4, 2500], vec![1, 4, 2500]], 1, 11, false); // runs longer than a block
     all_types(7, &[vec![5, 16], vec![5, 16]], 0, 4, false);
+}
+
+#[test]
+fn channels_gathered_in_chunks_match() {
+    // 4000 values a channel: chunks of 16 channels, the last one partial
+    all_types(14, &[vec![40, 50, 100], vec![20, 50, 100]], 1, 8, false);
+    all_types(15, &[vec![40, 50, 100]], 1, 8, true);
+    // 90000 values a channel, more than a chunk holds: one channel a chunk
+    all_types(16, &[vec![3, 2, 30000], vec![1, 2, 30000]], 1, 9, false);
+    all_types(17, &[vec![70000, 3], vec![2, 3]], 1, 9, false);
 }
 
 #[test]
