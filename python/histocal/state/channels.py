@@ -23,7 +23,7 @@ onnxruntime's ``MinMaxCalibrater(per_channel=True)`` gives a 1-D tensor (its Red
 0 leave one value; onnxruntime refuses a scalar when it loads the augmented model).
 
 Memory is ``channels x bins x 8`` bytes per tensor (while collecting, one more byte per bin: the streaming kernel's
-narrow counts, not charged to ``max_bytes``; plus, for isotone, 24 bytes per distinct
+narrow counts, not charged to ``max_bytes``, and a 256 KiB gathering buffer per collection thread; plus, for isotone, 24 bytes per distinct
 top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel), within ``max_bytes``
 (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment variable ``HISTOCAL_MAX_CHANNEL_BYTES``). The
 bins are ``streaming_bins``, or fewer where the first batch's channels would not fit the limit: the

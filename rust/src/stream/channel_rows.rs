@@ -30,6 +30,7 @@ use crate::numeric::scan::PAR_CHUNK;
 use crate::numeric::view::View;
 use crate::stream::stream_histogram::StreamHistogram;
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// A C-order tensor's shape around its channel axis: `[outer, channels, inner]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,8 +114,45 @@ fn add_group<D: Float>(data: &[D], layout: ChannelLayout, first: usize, hists: &
     // a row scatters into the chunk's channels do not all fall in one cache set.
     let pitch = per_channel + 16;
     let chunk = (GATHER / pitch).clamp(1, hists.len());
-    let mut buffer: Vec<D> = fallible::with_capacity(chunk * pitch);
-    buffer.resize(chunk * pitch, D::ZERO); // within the capacity
+    let words = (chunk * pitch * std::mem::size_of::<D>()).div_ceil(8);
+    let mut gather = |held: &mut Vec<u64>| {
+        if held.len() < words {
+            held.clear();
+            fallible::resize(held, words, 0);
+        }
+        // SAFETY: `held` holds at least chunk * pitch values of D (f16, f32 or f64: any bits are a
+        // value, alignment at most 8), and is borrowed for this call only.
+        let buffer: &mut [D] = unsafe { std::slice::from_raw_parts_mut(held.as_mut_ptr() as *mut D, chunk * pitch) };
+        gather_and_add(data, layout, first, hists, chunk, pitch, buffer);
+    };
+    GATHERED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut held) => {
+            gather(&mut held);
+            if held.len() > GATHER {
+                *held = Vec::new(); // a channel bigger than a chunk: not kept
+            }
+        }
+        // this thread is inside another tensor's gathering (a big channel's `add` runs on the pool)
+        Err(_) => gather(&mut Vec::new()),
+    });
+}
+
+thread_local! {
+    /// Each thread's gathering buffer, kept between tensors (8-byte words: any float type fits).
+    static GATHERED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Gather chunks of `chunk` channels into `buffer` (channels `pitch` values apart) and add each.
+fn gather_and_add<D: Float>(
+    data: &[D],
+    layout: ChannelLayout,
+    first: usize,
+    hists: &mut [&mut StreamHistogram],
+    chunk: usize,
+    pitch: usize,
+    buffer: &mut [D],
+) {
+    let (outer, inner, per_channel) = (layout.outer, layout.inner, layout.outer * layout.inner);
     for (i, part) in hists.chunks_mut(chunk).enumerate() {
         let (k0, n) = (first + i * chunk, part.len());
         if inner >= SHORT_RUN {
