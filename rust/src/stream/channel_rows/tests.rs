@@ -51,7 +51,7 @@ fn check<D: Float>(rng: &mut Rng, shapes: &[Vec<usize>], axis: usize, log_half: 
         let layout = ChannelLayout::new(shape, axis);
         let scale = [1e-3, 1.0, 300.0, 1e6][rng.below(4) as usize];
         let mut data: Vec<D> = values(rng, layout.len(), scale, b % 2 == 0).into_iter().map(D::from_f64).collect();
-        if layout.len() > 0 && rng.below(3) == 0 {
+        if !layout.is_empty() && rng.below(3) == 0 {
             // one channel all NaN, another all zeros
             for o in 0..layout.outer {
                 for i in 0..layout.inner {
