@@ -51,7 +51,9 @@ def _tensor(draw, axis: int) -> list[np.ndarray]:
     base = draw(st.lists(st.integers(1, 20), min_size=rank, max_size=rank))
     batches = []
     for _ in range(draw(st.integers(1, 3))):
-        shape = [s if -rank <= axis < rank and i == axis % rank else draw(st.integers(0, 20)) for i, s in enumerate(base)]
+        shape = [
+            s if -rank <= axis < rank and i == axis % rank else draw(st.integers(0, 20)) for i, s in enumerate(base)
+        ]
         batches.append(draw(_batch(tuple(shape), dtype)))
     return batches
 
