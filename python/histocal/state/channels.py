@@ -3,9 +3,10 @@
 A tensor's channels are the slices along its channel axis (ORT's per-channel MinMax keeps axis 1;
 negative axes count from the end, as numpy's do). Channel ``c`` of tensor ``T`` is collected as if it
 were a tensor of its own, named ``T[c]`` (the last ``[`` of a key starts its channel index, so keys
-never collide), into one ``_core.StreamHistograms``: each batch feeds every channel its strided slice
-(a strided view of the batch, read in place by the Rust core, which borrows each batch once), so a per-channel histogram is exactly the per-tensor
-streaming histogram of that channel's values. It is therefore batch-invariant and merges exactly,
+never collide), into one ``_core.StreamHistograms``: each batch adds every channel's values as a batch of
+that channel's histogram (the Rust core reads the batch in memory order, all channels at once:
+``stream::channel_rows``; the keys are built once per tensor), so a per-channel histogram is exactly the
+per-tensor streaming histogram of that channel's values. It is therefore batch-invariant and merges exactly,
 in any order, and every method computed per channel equals the per-tensor method applied to that
 channel's values (``CalibrationState.compute`` assembles the per-channel results into arrays).
 
@@ -22,7 +23,7 @@ onnxruntime's ``MinMaxCalibrater(per_channel=True)`` gives a 1-D tensor (its Red
 0 leave one value; onnxruntime refuses a scalar when it loads the augmented model).
 
 Memory is ``channels x bins x 8`` bytes per tensor (while collecting, one more byte per bin: the streaming kernel's
-narrow counts, not charged to ``max_bytes``; plus, for isotone, 24 bytes per distinct
+narrow counts, not charged to ``max_bytes``, and a 256 KiB gathering buffer per collection thread; plus, for isotone, 24 bytes per distinct
 top-two pair of each channel, at most ``_core.ISOTONE_MAX_PAIRS`` pairs per channel), within ``max_bytes``
 (default ``DEFAULT_MAX_CHANNEL_BYTES``, or the environment variable ``HISTOCAL_MAX_CHANNEL_BYTES``). The
 bins are ``streaming_bins``, or fewer where the first batch's channels would not fit the limit: the
@@ -42,7 +43,6 @@ once, and the results keep one value per channel; the whole computation's memory
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,20 +96,8 @@ def max_channel_bytes(value: int | None = None) -> int:
     return int(value)
 
 
-# A channel whose values lie in runs shorter than this (e.g. the last axis of a (batch, tokens, hidden)
-# activation) is read from a channels-first copy of the batch: a strided read per channel would go over
-# the whole batch once per channel (bench_per_channel.py: 25x slower than one copy for 768 channels).
-MIN_CHANNEL_RUN = 256
 # The fewest bins per channel a collection is fitted down to (see ChannelHistograms._fit_bins).
 MIN_FITTED_BINS = 1024
-
-
-def _channels_first(a: np.ndarray, axis: int) -> np.ndarray:
-    """``a`` with its channel axis first: a view, or a contiguous copy where channels lie in short runs."""
-    moved = np.moveaxis(a, axis, 0)
-    if math.prod(a.shape[axis + 1 :]) < MIN_CHANNEL_RUN and a.size > a.shape[axis]:
-        return np.ascontiguousarray(moved)
-    return moved
 
 
 def _size(n: int) -> str:
@@ -130,6 +118,8 @@ class ChannelHistograms:
     channels: dict[str, int] = field(default_factory=dict)
     stream: Any = None  # _core.StreamHistograms keyed by channel_key
     isotone: bool = False
+    # each tensor's channel keys, built once (a collection passes them with every batch)
+    _keys: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):
@@ -149,14 +139,19 @@ class ChannelHistograms:
 
     def channel_keys(self, tensor: str | None = None) -> list[str]:
         """Every channel key, tensor by tensor (or only ``tensor``'s)."""
-        names = self.channels if tensor is None else {tensor: self.channels[tensor]}
-        return [channel_key(t, c) for t, n in names.items() for c in range(n)]
+        if tensor is not None:
+            keys = self._keys.get(tensor)
+            if keys is None or len(keys) != self.channels[tensor]:
+                keys = self._keys[tensor] = [channel_key(tensor, c) for c in range(self.channels[tensor])]
+            return keys
+        return [k for t in self.channels for k in self.channel_keys(t)]
 
     def collect(self, items: Sequence[tuple[str, Sequence[np.ndarray]]]) -> None:
         """Add ``[(tensor, [batch arrays...]), ...]``: every array's channels into their histograms.
-        Shapes and the memory limit are checked before anything is added; the tensors are then added one
-        at a time (an error there, such as a changed dtype, names the channel and leaves the tensors
-        before it added: the calibrators undo a failed call as a whole)."""
+        Shapes and the memory limit are checked before anything is added; the tensors are then added in
+        one call per channel axis, whose dtypes are checked first (an error names the channel; one
+        while adding, such as running out of memory, may leave some tensors added: the calibrators undo
+        a failed call as a whole)."""
         if not self.channels and not self.stream.names():
             self._fit_bins(items)
         held = self.held_bytes
@@ -196,11 +191,26 @@ class ChannelHistograms:
             feeds.append((tensor, moved))
         for tensor, count in new.items():
             self.channels[tensor] = count
-        for tensor, located in feeds:  # one tensor at a time: at most one tensor's transposed copy alive
-            views = [_channels_first(a, axis) for a, axis in located]
-            self.stream.collect_channels([(self.channel_keys(tensor), views)], 0)
-            if self.isotone:
+        if self.isotone:  # tensor by tensor: the summaries' memory is checked after each
+            for tensor, located in feeds:
+                for a, axis in located:
+                    self.stream.collect_channels([(self.channel_keys(tensor), [a])], axis)
                 self._check_isotone_bytes(tensor, held)
+            return
+        # The tensors in order, consecutive ones of one channel axis in one call (the order keeps new
+        # channels' keys in collection order). The arrays go as they are: the core reads each in memory
+        # order, all its channels at once, and copies only an array not in C order.
+        calls: list[tuple[int, list[tuple[list[str], list[np.ndarray]]]]] = []
+        for tensor, located in feeds:
+            by_axis: dict[int, list[np.ndarray]] = {}
+            for a, axis in located:
+                by_axis.setdefault(axis, []).append(a)
+            for axis, arrays in by_axis.items():
+                if not calls or calls[-1][0] != axis:
+                    calls.append((axis, []))
+                calls[-1][1].append((self.channel_keys(tensor), arrays))
+        for axis, call in calls:
+            self.stream.collect_channels(call, axis)
 
     def _fit_bins(self, items: Sequence[tuple[str, Sequence[np.ndarray]]]) -> None:
         """Before the first collection: fewer bins per channel (a power of two, at least

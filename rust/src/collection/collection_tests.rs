@@ -160,3 +160,33 @@ fn ranges_read_the_votes_of_their_type_and_isotone_its_pairs() {
     assert_eq!(iso[0], stream_ranges::isotone_result(&top_pairs(&a, 10), QType::Int8, false).unwrap());
     assert!(plain.isotone_ranges(None, QType::Int8, false).is_err());
 }
+
+#[test]
+fn collect_channels_equals_collecting_each_channels_view() {
+    use crate::stream::channel_rows::{channel_view, ChannelLayout};
+    use std::borrow::Cow;
+    // [outer 3, channels 4, inner 50], axis 1; with and without a summary that watches batches
+    let data = f32s(600, 0.21);
+    let layout = ChannelLayout::new(&[3, 4, 50], 1);
+    let keys: Vec<String> = (0..4).map(|c| format!("t[{c}]")).collect();
+    for summaries in [&[][..], &["pow2_votes"][..]] {
+        let mut rows = StreamCollection::new(512, summaries).unwrap();
+        let mut strided = StreamCollection::new(512, summaries).unwrap();
+        for _ in 0..2 {
+            let batches = stream::ChannelBatches::F32(vec![(layout, Cow::Borrowed(&data[..]))]);
+            rows.collect_channels(&[(&keys[..], batches)], &[]).unwrap();
+            let views: Vec<(&str, Batches<'_>)> =
+                (0..4).map(|c| (keys[c].as_str(), Batches::F32(vec![channel_view(&data, layout, c)]))).collect();
+            strided.collect(&views, &[]).unwrap();
+        }
+        assert_eq!(rows.tensors().names(), strided.tensors().names());
+        for k in &keys {
+            assert!(same(rows.tensors().get(k).unwrap(), strided.tensors().get(k).unwrap()), "{k} {summaries:?}");
+        }
+    }
+    // a batch with the wrong channel count changes nothing
+    let mut s = StreamCollection::new(64, &[]).unwrap();
+    let bad = stream::ChannelBatches::F32(vec![(layout, Cow::Borrowed(&data[..]))]);
+    assert!(s.collect_channels(&[(&keys[..3], bad)], &[]).is_err());
+    assert!(s.tensors().is_empty());
+}

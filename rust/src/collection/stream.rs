@@ -7,8 +7,11 @@ use super::tensor_set::{on_tensor, par_map, TensorError, TensorSet};
 use crate::methods::qerror::UniformHistogram;
 use crate::numeric::fallible;
 use crate::state::{ort_shaped, Batches, CollectError, Counts, Kind, TensorState, TypedBinning};
+use crate::stream::channel_rows::{add_channels, channel_view, ChannelLayout};
 use crate::stream::stream_histogram::{BatchObserver, StreamHistogram};
+use half::f16;
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// One tensor's streaming histogram, its data dtype, and its summaries (one per kind the
@@ -167,30 +170,36 @@ impl StreamCollection {
     /// Take out the states of these tensors (new ones for tensors not seen yet) to add batches
     /// to; an error, changing nothing, if a tensor's dtype changed. `put` puts them back.
     pub fn take(&mut self, batches: &[(&str, Batches<'_>)]) -> Result<Vec<StreamState>, TensorError> {
-        for (n, b) in batches {
+        let named: Vec<(&str, &'static str)> = batches.iter().map(|(n, b)| (*n, b.dtype())).collect();
+        self.take_named(&named)
+    }
+
+    /// `take` for tensors given as (name, dtype of their batches).
+    fn take_named(&mut self, batches: &[(&str, &'static str)]) -> Result<Vec<StreamState>, TensorError> {
+        for &(n, dtype) in batches {
             if let Some(st) = self.tensors.find(n) {
-                if st.dtype != b.dtype() {
-                    let e = CollectError::DtypeChanged { before: st.dtype, now: b.dtype() };
+                if st.dtype != dtype {
+                    let e = CollectError::DtypeChanged { before: st.dtype, now: dtype };
                     return Err(TensorError::invalid(n, e));
                 }
             }
         }
         // the new states first: running out of memory then changes nothing
         let fresh: Vec<Option<StreamState>> =
-            batches.iter().map(|(n, b)| (!self.tensors.contains(n)).then(|| self.new_state(b.dtype()))).collect();
+            batches.iter().map(|&(n, dtype)| (!self.tensors.contains(n)).then(|| self.new_state(dtype))).collect();
         // New tensors join the order here, where they are known to be new (`put` then only puts
         // the states back): searching the order would cost O(tensors) per tensor, which
         // per-channel collections (a histogram per channel) cannot afford.
         let mut added = HashSet::new();
         let mut out = Vec::with_capacity(batches.len());
-        for ((n, b), new) in batches.iter().zip(fresh) {
+        for (&(n, dtype), new) in batches.iter().zip(fresh) {
             let state = match self.tensors.take(n) {
                 Some(old) => old,
                 None => {
-                    if new.is_some() && added.insert(*n) {
+                    if new.is_some() && added.insert(n) {
                         self.tensors.push_taken(n);
                     }
-                    new.unwrap_or_else(|| self.new_state(b.dtype()))
+                    new.unwrap_or_else(|| self.new_state(dtype))
                 }
             };
             out.push(state);
@@ -254,6 +263,61 @@ impl StreamCollection {
             })
             .collect();
         self.put(batches, states);
+        results.into_iter().collect::<Result<(), _>>()?;
+        for (name, summaries) in updated {
+            let st = self.tensors.get_mut(&name)?;
+            for (i, s) in summaries {
+                st.summaries[i] = s;
+            }
+        }
+        Ok(())
+    }
+
+    /// Add batches channel by channel: channel `c` of every batch of an item is a batch of the
+    /// tensor `keys[c]`, as `collect` would add it (an error, changing nothing, unless every batch
+    /// of an item has `keys.len()` channels). Each batch is read in memory order, all its
+    /// channels at once (`stream::channel_rows`), items in parallel. Summaries that watch batches see each channel's strided view, as
+    /// `collect` shows them; `rows` and errors as in `collect`.
+    pub fn collect_channels(
+        &mut self,
+        items: &[(&[String], ChannelBatches<'_>)],
+        rows: &[(&str, RowBatch<'_>)],
+    ) -> Result<(), TensorError> {
+        for (keys, batches) in items {
+            if let Some(layout) = batches.layouts().find(|l| l.channels != keys.len()) {
+                let name = keys.first().map_or("", String::as_str);
+                let e = format!("expected {} channels, got a batch with {}", keys.len(), layout.channels);
+                return Err(TensorError::invalid(name, e));
+            }
+        }
+        let mut seen = HashSet::with_capacity(items.len());
+        if let Some((keys, _)) = items.iter().find(|(keys, _)| !keys.is_empty() && !seen.insert(&keys[0])) {
+            return Err(TensorError::invalid(&keys[0], "its channels are given twice in one call"));
+        }
+        let updated = self.with_rows(rows)?;
+        let named: Vec<(&str, &'static str)> =
+            items.iter().flat_map(|(keys, b)| keys.iter().map(move |k| (k.as_str(), b.dtype()))).collect();
+        let mut states = self.take_named(&named)?;
+        let watched = self.kinds.iter().any(|k| k.observes_batches());
+        let mut groups = Vec::with_capacity(items.len());
+        let mut rest = states.as_mut_slice();
+        for item in items {
+            let (head, tail) = rest.split_at_mut(item.0.len());
+            groups.push((item, head));
+            rest = tail;
+        }
+        let results: Vec<Result<(), TensorError>> = groups
+            .into_par_iter()
+            .map(|((keys, batches), states)| {
+                on_tensor(keys.first().map_or("", String::as_str), || {
+                    add_channel_batches(batches, states, watched);
+                    Ok::<_, CollectError>(())
+                })
+            })
+            .collect();
+        for (&(n, _), st) in named.iter().zip(states) {
+            self.tensors.put_back(n, st);
+        }
         results.into_iter().collect::<Result<(), _>>()?;
         for (name, summaries) in updated {
             let st = self.tensors.get_mut(&name)?;
@@ -397,3 +461,54 @@ pub fn data_dtype(dtype: &str) -> Option<&'static str> {
 
 /// One tensor's row-reading summaries with a collect's rows added: `(tensor, [(index, summary)])`.
 type RowSummaries = (String, Vec<(usize, Box<dyn Summary>)>);
+
+/// One tensor's batches for [`StreamCollection::collect_channels`]: each batch's values in C
+/// order, laid out around its channel axis.
+pub enum ChannelBatches<'a> {
+    F16(Vec<(ChannelLayout, Cow<'a, [f16]>)>),
+    F32(Vec<(ChannelLayout, Cow<'a, [f32]>)>),
+    F64(Vec<(ChannelLayout, Cow<'a, [f64]>)>),
+}
+
+impl ChannelBatches<'_> {
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            ChannelBatches::F16(_) => "float16",
+            ChannelBatches::F32(_) => "float32",
+            ChannelBatches::F64(_) => "float64",
+        }
+    }
+
+    fn layouts(&self) -> Box<dyn Iterator<Item = ChannelLayout> + '_> {
+        match self {
+            ChannelBatches::F16(v) => Box::new(v.iter().map(|(l, _)| *l)),
+            ChannelBatches::F32(v) => Box::new(v.iter().map(|(l, _)| *l)),
+            ChannelBatches::F64(v) => Box::new(v.iter().map(|(l, _)| *l)),
+        }
+    }
+}
+
+/// Add every batch's channels to `states` (one batch per array and channel): all channels in one
+/// read of the batch, or, with summaries watching batches, channel by channel as
+/// `StreamState::add` shows them.
+fn add_channel_batches(batches: &ChannelBatches<'_>, states: &mut [StreamState], watched: bool) {
+    macro_rules! each {
+        ($v:expr, $variant:path) => {
+            for (layout, data) in $v {
+                if watched {
+                    for (c, st) in states.iter_mut().enumerate() {
+                        st.add(&$variant(vec![channel_view(data, *layout, c)]));
+                    }
+                } else {
+                    let mut hists: Vec<&mut StreamHistogram> = states.iter_mut().map(|st| &mut st.histogram).collect();
+                    add_channels(data, *layout, &mut hists);
+                }
+            }
+        };
+    }
+    match batches {
+        ChannelBatches::F16(v) => each!(v, Batches::F16),
+        ChannelBatches::F32(v) => each!(v, Batches::F32),
+        ChannelBatches::F64(v) => each!(v, Batches::F64),
+    }
+}

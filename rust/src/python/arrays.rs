@@ -1,12 +1,15 @@
 //! numpy arrays in and out: borrowed read-only views of float arrays and copies handed back.
 
+use crate::collection::stream::ChannelBatches;
 use crate::numeric::fallible::{self};
 use crate::numeric::view::View;
 use crate::state::Batches;
+use crate::stream::channel_rows::ChannelLayout;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use std::borrow::Cow;
 
 /// A numpy array holding a copy of `values`.
 pub(crate) fn array<'py, T: Element + Clone>(py: Python<'py>, values: &[T]) -> Bound<'py, PyArray1<T>> {
@@ -57,6 +60,33 @@ pub(crate) fn batches_of<'a>(b: &'a Borrowed<'_>) -> Batches<'a> {
     }
 }
 
+/// Each borrowed array's values in C order (a copy where the array is not) with its layout
+/// around `axis` (`axis` < each array's dimensions: see `check_channels`).
+pub(crate) fn channel_batches_of<'a>(b: &'a Borrowed<'_>, axis: usize) -> ChannelBatches<'a> {
+    fn each<'a, T: Element + Copy>(
+        arrays: &'a [PyReadonlyArrayDyn<'_, T>],
+        axis: usize,
+    ) -> Vec<(ChannelLayout, Cow<'a, [T]>)> {
+        arrays
+            .iter()
+            .map(|a| {
+                let v = a.as_array();
+                let layout = ChannelLayout::new(v.shape(), axis);
+                let data = match (v.is_standard_layout(), a.as_slice()) {
+                    (true, Ok(s)) => Cow::Borrowed(s),
+                    _ => Cow::Owned(fallible::collect(v.iter().copied())), // C order
+                };
+                (layout, data)
+            })
+            .collect()
+    }
+    match b {
+        Borrowed::F16(v) => ChannelBatches::F16(each(v, axis)),
+        Borrowed::F32(v) => ChannelBatches::F32(each(v, axis)),
+        Borrowed::F64(v) => ChannelBatches::F64(each(v, axis)),
+    }
+}
+
 pub(crate) fn borrow_items<'py>(items: &[(String, Vec<Bound<'py, PyAny>>)]) -> PyResult<Vec<(String, Borrowed<'py>)>> {
     items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect()
 }
@@ -87,21 +117,14 @@ pub(crate) fn channel_views<'a, T: Element + Copy>(a: &'a PyReadonlyArrayDyn<'_,
     }))
 }
 
-/// The batches of each of `channels` channels along `axis`: channel `c`'s strided view of every
-/// borrowed array. An error (naming `name`) unless every array has `channels` channels there.
-pub(crate) fn channel_batches<'a>(
-    name: &str,
-    b: &'a Borrowed<'_>,
-    axis: usize,
-    channels: usize,
-) -> PyResult<Vec<Batches<'a>>> {
-    fn split<'a, T: Element + Copy>(
+/// An error (naming `name`) unless every borrowed array has `channels` channels along `axis`.
+pub(crate) fn check_channels(name: &str, b: &Borrowed<'_>, axis: usize, channels: usize) -> PyResult<()> {
+    fn check<T: Element>(
         name: &str,
-        arrays: &'a [PyReadonlyArrayDyn<'_, T>],
+        arrays: &[PyReadonlyArrayDyn<'_, T>],
         axis: usize,
         channels: usize,
-    ) -> PyResult<Vec<Vec<View<'a, T>>>> {
-        let mut per_channel: Vec<Vec<View<'a, T>>> = (0..channels).map(|_| Vec::with_capacity(arrays.len())).collect();
+    ) -> PyResult<()> {
         for a in arrays {
             let shape = a.as_array().shape().to_vec();
             if shape.get(axis) != Some(&channels) {
@@ -109,15 +132,12 @@ pub(crate) fn channel_batches<'a>(
                     "tensor {name:?}: expected {channels} channels along axis {axis}, got shape {shape:?}"
                 )));
             }
-            for (c, v) in channel_views(a, axis).into_iter().enumerate() {
-                per_channel[c].push(v);
-            }
         }
-        Ok(per_channel)
+        Ok(())
     }
-    Ok(match b {
-        Borrowed::F16(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F16).collect(),
-        Borrowed::F32(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F32).collect(),
-        Borrowed::F64(v) => split(name, v, axis, channels)?.into_iter().map(Batches::F64).collect(),
-    })
+    match b {
+        Borrowed::F16(v) => check(name, v, axis, channels),
+        Borrowed::F32(v) => check(name, v, axis, channels),
+        Borrowed::F64(v) => check(name, v, axis, channels),
+    }
 }

@@ -9,6 +9,7 @@ use super::functions::method_options;
 use super::histograms::parse_kind;
 use super::records::{IsotonePairs, IsotoneRange, StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
+use crate::collection::stream::ChannelBatches;
 use crate::collection::summary::pow2_votes::Pow2Votes;
 use crate::collection::summary::{Column, ReadParts, RowBatch, Rows, REGISTERED};
 use crate::collection::StreamCollection;
@@ -241,11 +242,12 @@ impl StreamHistograms {
     }
 
     /// Add batches channel by channel: `[(keys, [batch arrays...]), ...]`, where channel `c` along
-    /// `axis` of every array of an item (a strided view, read in place) is a batch of the histogram
-    /// named `keys[c]`, as `collect` would add it. Each array is borrowed once, however many
-    /// channels it has. Every array of an item must have `len(keys)` channels along `axis`.
-    /// With isotone on, channel `c`'s slice (the array without `axis`, its last axis the class
-    /// axis) adds its rows to the isotone summary of `keys[c]`, as `collect` would add the slice.
+    /// `axis` of every array of an item is a batch of the histogram named `keys[c]`, as `collect`
+    /// would add it. Each array is read in memory order, all its channels at once
+    /// (`stream::channel_rows`; a non-C-order array is copied first). Every array of an item must
+    /// have `len(keys)` channels along `axis`. With isotone on, channel `c`'s slice (the array
+    /// without `axis`, its last axis the class axis) adds its rows to the isotone summary of
+    /// `keys[c]`, as `collect` would add the slice.
     fn collect_channels(
         &mut self,
         py: Python<'_>,
@@ -256,14 +258,13 @@ impl StreamHistograms {
             let mut borrowed = Vec::with_capacity(items.len());
             for (keys, arrays) in &items {
                 let name = keys.first().map_or("", String::as_str);
-                borrowed.push((keys, name, borrow_all(name, arrays)?));
+                let b = borrow_all(name, arrays)?;
+                check_channels(name, &b, axis, keys.len())?;
+                borrowed.push((keys, name, b));
             }
-            let mut batches: Vec<(&str, Batches<'_>)> = Vec::new();
-            for (keys, name, b) in &borrowed {
-                let per_channel = channel_batches(name, b, axis, keys.len())?;
-                batches.extend(keys.iter().map(String::as_str).zip(per_channel));
-            }
-            // the shapes are checked (channel_batches): each channel's slice as rows
+            let batches: Vec<(&[String], ChannelBatches<'_>)> =
+                borrowed.iter().map(|(keys, _, b)| (keys.as_slice(), channel_batches_of(b, axis))).collect();
+            // the shapes are checked (check_channels): each channel's slice as rows
             let mut rows: Vec<(&str, RowBatch<'_>)> = Vec::new();
             if self.inner.reads_rows() {
                 for (keys, _, b) in &borrowed {
@@ -272,7 +273,7 @@ impl StreamHistograms {
                     }
                 }
             }
-            run(py, || self.inner.collect(&batches, &rows)).map_err(tensor_error)
+            run(py, || self.inner.collect_channels(&batches, &rows)).map_err(tensor_error)
         })
     }
 
