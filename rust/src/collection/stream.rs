@@ -276,8 +276,9 @@ impl StreamCollection {
     /// Add batches channel by channel: channel `c` of every batch of an item is a batch of the
     /// tensor `keys[c]`, as `collect` would add it (an error, changing nothing, unless every batch
     /// of an item has `keys.len()` channels). Each batch is read in memory order, all its
-    /// channels at once (`stream::channel_rows`), items in parallel. Summaries that watch batches see each channel's strided view, as
-    /// `collect` shows them; `rows` and errors as in `collect`.
+    /// channels at once (`stream::channel_rows`), items in parallel; the states are changed in
+    /// place (one lookup per key, nothing moved). Summaries that watch batches see each
+    /// channel's strided view, as `collect` shows them; `rows` and errors as in `collect`.
     pub fn collect_channels(
         &mut self,
         items: &[(&[String], ChannelBatches<'_>)],
@@ -290,14 +291,27 @@ impl StreamCollection {
                 return Err(TensorError::invalid(name, e));
             }
         }
-        let mut seen = HashSet::with_capacity(items.len());
-        if let Some((keys, _)) = items.iter().find(|(keys, _)| !keys.is_empty() && !seen.insert(&keys[0])) {
-            return Err(TensorError::invalid(&keys[0], "its channels are given twice in one call"));
-        }
         let updated = self.with_rows(rows)?;
         let named: Vec<(&str, &'static str)> =
             items.iter().flat_map(|(keys, b)| keys.iter().map(move |k| (k.as_str(), b.dtype()))).collect();
-        let mut states = self.take_named(&named)?;
+        // dtypes checked and new tensors' states made before anything changes
+        let mut fresh = Vec::new();
+        let mut new_names = HashSet::new();
+        for &(n, dtype) in &named {
+            match self.tensors.find(n) {
+                Some(st) if st.dtype != dtype => {
+                    return Err(TensorError::invalid(n, CollectError::DtypeChanged { before: st.dtype, now: dtype }))
+                }
+                Some(_) => {}
+                None if !new_names.insert(n) => return Err(TensorError::invalid(n, "named twice")),
+                None => fresh.push((n, self.new_state(dtype))),
+            }
+        }
+        for (n, st) in fresh {
+            self.tensors.push_new(n, st);
+        }
+        let names: Vec<&str> = named.iter().map(|&(n, _)| n).collect();
+        let mut states = self.tensors.get_disjoint_mut(&names)?;
         let watched = self.kinds.iter().any(|k| k.observes_batches());
         let mut groups = Vec::with_capacity(items.len());
         let mut rest = states.as_mut_slice();
@@ -315,9 +329,7 @@ impl StreamCollection {
                 })
             })
             .collect();
-        for (&(n, _), st) in named.iter().zip(states) {
-            self.tensors.put_back(n, st);
-        }
+        drop(states);
         results.into_iter().collect::<Result<(), _>>()?;
         for (name, summaries) in updated {
             let st = self.tensors.get_mut(&name)?;
@@ -491,7 +503,7 @@ impl ChannelBatches<'_> {
 /// Add every batch's channels to `states` (one batch per array and channel): all channels in one
 /// read of the batch, or, with summaries watching batches, channel by channel as
 /// `StreamState::add` shows them.
-fn add_channel_batches(batches: &ChannelBatches<'_>, states: &mut [StreamState], watched: bool) {
+fn add_channel_batches(batches: &ChannelBatches<'_>, states: &mut [&mut StreamState], watched: bool) {
     macro_rules! each {
         ($v:expr, $variant:path) => {
             for (layout, data) in $v {
