@@ -108,7 +108,9 @@ def single_run(model_path, method, options=None):
 def _plain(value):
     if isinstance(value, np.ndarray):
         return (value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, (tuple, list)) or hasattr(value, "_fields"):  # records read as tuples
+    if hasattr(value, "_fields"):  # records, read by field
+        return tuple((f, _plain(getattr(value, f))) for f in type(value)._fields)
+    if isinstance(value, (tuple, list)):
         return tuple(_plain(v) for v in value)
     return value
 
