@@ -13,6 +13,10 @@ use histocal::ort::value_histogram::ValueHistogram;
 use histocal::stream::stream_histogram::StreamHistogram;
 use std::time::Instant;
 
+#[path = "support/timing.rs"]
+mod timing;
+use timing::median;
+
 fn normal_data(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed;
     let mut u = || {
@@ -26,11 +30,6 @@ fn time(f: &mut dyn FnMut()) -> f64 {
     let t = Instant::now();
     f();
     t.elapsed().as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 /// The three kernels on one tensor, repeats interleaved; median ns per value of each.

@@ -6,22 +6,9 @@
 use histocal::numeric::view::View;
 use histocal::stream::stream_histogram::StreamHistogram;
 
-#[repr(C)]
-struct Timespec {
-    sec: i64,
-    nsec: i64,
-}
-extern "C" {
-    fn clock_gettime(clock: i32, t: *mut Timespec) -> i32;
-}
-
-/// This thread's CPU seconds (time descheduled on a shared machine is not counted).
-fn thread_cpu() -> f64 {
-    let mut t = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: a valid pointer; 3 is CLOCK_THREAD_CPUTIME_ID on Linux.
-    unsafe { clock_gettime(3, &mut t) };
-    t.sec as f64 + t.nsec as f64 * 1e-9
-}
+#[path = "support/timing.rs"]
+mod timing;
+use timing::{median, thread_cpu};
 
 fn normal_data(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed;
@@ -30,11 +17,6 @@ fn normal_data(n: usize, seed: u64) -> Vec<f32> {
         ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     };
     (0..n).map(|_| ((-2.0 * u().ln()).sqrt() * (2.0 * std::f64::consts::PI * u()).cos()) as f32).collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 fn main() {

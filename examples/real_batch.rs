@@ -9,26 +9,9 @@ use histocal::numeric::scan::scan;
 use histocal::numeric::view::View;
 use histocal::stream::stream_histogram::StreamHistogram;
 
-#[repr(C)]
-struct Timespec {
-    sec: i64,
-    nsec: i64,
-}
-extern "C" {
-    fn clock_gettime(clock: i32, t: *mut Timespec) -> i32;
-}
-
-fn thread_cpu() -> f64 {
-    let mut t = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: a valid pointer; 3 is CLOCK_THREAD_CPUTIME_ID on Linux.
-    unsafe { clock_gettime(3, &mut t) };
-    t.sec as f64 + t.nsec as f64 * 1e-9
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
+#[path = "support/timing.rs"]
+mod timing;
+use timing::{median, thread_cpu};
 
 fn main() {
     let path = std::env::args().nth(1).expect("a batch file");
