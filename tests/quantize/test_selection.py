@@ -23,6 +23,7 @@ import histocal
 from histocal import methods
 from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
 from histocal.io.cache import load_tensors_data, save_tensors_data
+from histocal.quantize import runs as scoring_runs
 from histocal.quantize import selection
 
 EVAL = 3  # evaluation samples in these tests
@@ -411,9 +412,11 @@ def test_per_tensor_estimate_keeps_the_state_method(cnn):
 def test_ties_go_to_candidate_order_and_equal_ranges_are_evaluated_once(cnn, monkeypatch):
     mm = selection.state_candidates(cnn["state"], "int8", False)["minmax"]
     runs = []
-    original = selection._Reference.feed_energies
+    original = scoring_runs.ReferenceOutputs.feed_energies
     monkeypatch.setattr(
-        selection._Reference, "feed_energies", lambda self, s, p, *a: runs.append(p) or original(self, s, p, *a)
+        scoring_runs.ReferenceOutputs,
+        "feed_energies",
+        lambda self, s, p, *a: runs.append(p) or original(self, s, p, *a),
     )
     chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], {"b": mm, "a": mm})
     assert chosen.label == "b" and chosen.sqnr_db["a"] == chosen.sqnr_db["b"] and len(runs) == 1
@@ -484,7 +487,7 @@ def test_a_candidate_with_nan_output_loses(tmp_path):
 
 
 def test_squared_sums_rules():
-    f = selection.squared_sums
+    f = scoring_runs.squared_sums
     y = np.array([1.0, -2.0, 3.0], np.float32)
     assert f(y, y) == (14.0, 0.0)
     assert f(y, np.array([1.0, -2.0, 2.0], np.float32)) == (14.0, 1.0)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
-from ..quantize.selection import PreparedOutput
+from ..quantize.runs import PreparedOutput
 
 logger = logging.getLogger(__name__)
 
