@@ -8,11 +8,8 @@ against each other (ddddocr's scoring model, 2 cores: 96 ms a run on 2 intra-op 
 one, 41 ms on two Python threads of one; BENCHMARKS.md). Every output is the same bit for bit
 whatever the threads (checked by tests/quantize/test_scoring.py on real and random models).
 
-A quantized session folds each weight's DequantizeLinear into a float constant when it is created
-(``session.disable_quant_qdq``: onnxruntime's constant folding then evaluates DequantizeLinear of
-constant inputs with its own kernel, so the values are those the graph computes at run time;
-the QDQ fusions that option disables are off at the basic level anyway); activation and bias
-parameters, graph inputs of the scoring model, are still computed every run.
+The scoring model's weights are dequantized once, not every run (``scoring``'s
+``_dequantized_weights``).
 """
 
 from __future__ import annotations
@@ -37,11 +34,10 @@ def run_threads() -> int:
     return max(1, get_num_threads())
 
 
-def session(path: Path, providers: Sequence[Any], *, quantized: bool = False, level: Any = None) -> Any:
+def session(path: Path, providers: Sequence[Any], *, quantized: bool = False) -> Any:
     """A session on one onnxruntime thread (the runs go in parallel instead: module docstring).
-    ``quantized``: a QDQ model run as its graph defines it, its weights dequantized once, at
-    ``level`` (default basic: constant folding only, since the extended optimizations fuse QDQ
-    groups into integer kernels for some scales-as-inputs and not others, which would make
+    ``quantized``: a QDQ model run as its graph defines it, with basic optimizations only
+    (constant folding), since the extended ones fuse QDQ groups into integer kernels for some scales-as-inputs and not others, which would make
     candidates scored on the shared model and on their own model incomparable: ``scoring``'s
     docstring)."""
     import onnxruntime as ort
@@ -50,8 +46,7 @@ def session(path: Path, providers: Sequence[Any], *, quantized: bool = False, le
     options.log_severity_level = 3
     options.intra_op_num_threads = 1
     if quantized:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if level is None else level
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(path.as_posix(), options, providers=list(providers))
 
 

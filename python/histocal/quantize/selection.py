@@ -364,11 +364,13 @@ class _Scorer:
         workdir.mkdir()
         self.model: ScoringModel | None = None
         self.session: Any = None
+        self.weights: dict[str, np.ndarray] = {}
         try:
             self.model = build_scoring_model(model_path, candidates[base], workdir, quantize_kwargs)
             self.quantizations += 1
             if self.model is not None:
                 self.session = runs.session(self.model.path, providers, quantized=True)
+                self.weights = self.model.weights
         except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
             logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
             self.model = None
@@ -442,7 +444,7 @@ class _Scorer:
                     finally:
                         shutil.rmtree(workdir, ignore_errors=True)  # disk: the session holds the model
             if parameters is not None:
-                return reference.feed_energies(self.session, parameters, until, pool)
+                return reference.feed_energies(self.session, {**parameters, **self.weights}, until, pool)
             return reference.feed_energies(session, {}, until, pool)
         except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
             logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
