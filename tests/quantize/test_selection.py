@@ -715,3 +715,20 @@ def test_a_hopeless_candidate_stops_within_a_fold(cnn):
     assert chosen.feed_sqnr_db["wide"][0] < chosen.feed_sqnr_db["minmax"][0] - 0.1
     assert all(math.isnan(v) for v in chosen.feed_sqnr_db["wide"][1:])
     assert "(scored on 1 of 6 feeds: it could no longer qualify)" in chosen.table()
+
+
+def test_scores_do_not_depend_on_the_thread_count(cnn):
+    """The runs go on histocal's threads (``runs``): same per-feed scores, same stops, same choice."""
+    candidates = dict(selection.state_candidates(cnn["state"], "int8", False))
+    folds = [(candidates, cnn["feeds"][k : k + 2]) for k in range(0, 6, 2)]
+    threads = histocal.get_num_threads()
+    try:
+        chosen = []
+        for n in (1, 2, 3):
+            histocal.set_num_threads(n)
+            chosen.append(histocal.select_ranges_cross_validated(cnn["path"], folds, candidates))
+    finally:
+        histocal.set_num_threads(threads)
+    for other in chosen[1:]:
+        assert other.feed_sqnr_db == chosen[0].feed_sqnr_db and other.stopped == chosen[0].stopped
+        assert other.label == chosen[0].label and other.sqnr_db == chosen[0].sqnr_db

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -50,12 +50,13 @@ def session(path: Path, providers: Sequence[Any], *, quantized: bool = False) ->
     return ort.InferenceSession(path.as_posix(), options, providers=list(providers))
 
 
-def run_all(pool: Executor | None, function: Callable[[int], Any], count: int) -> list[Any]:
-    """``function(i)`` for i in range(count), on ``pool`` if given; results in order (the first
-    exception in that order is raised)."""
+def run_all(pool: Executor | None, function: Callable[[int], Any], count: int) -> Iterator[Any]:
+    """``function(i)`` for i in range(count), on ``pool`` if given, yielded in order (an
+    exception where its result would be): a reader that stops early sees what one run after the
+    other would have given it."""
     if pool is None or count < 2:
-        return [function(i) for i in range(count)]
-    return list(pool.map(function, range(count)))
+        return (function(i) for i in range(count))
+    return pool.map(function, range(count))
 
 
 class ReferenceOutputs:
@@ -105,10 +106,8 @@ class ReferenceOutputs:
         feeds run on ``pool``; the result is the sequential one (read in feed order, the first
         None or exception decides)."""
         if until is None and pool is not None and len(self.feeds) > 1:
-            futures = [pool.submit(self.feed_energy, session, parameters, i) for i in range(len(self.feeds))]
             done = []
-            for future in futures:
-                energy = future.result()
+            for energy in run_all(pool, lambda i: self.feed_energy(session, parameters, i), len(self.feeds)):
                 if energy is None:
                     return None
                 done.append(energy)
