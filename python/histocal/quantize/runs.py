@@ -14,14 +14,18 @@ The scoring model's weights are dequantized once, not every run (``scoring``'s
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import helper
 
 from ..io.readers import Feed, run_session
 from ..threads import get_num_threads
@@ -48,6 +52,35 @@ def session(path: Path, providers: Sequence[Any], *, quantized: bool = False) ->
     if quantized:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(path.as_posix(), options, providers=list(providers))
+
+
+def dequantized(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict[str, np.ndarray]:
+    """The outputs of ``model``'s DequantizeLinear ``nodes``, whose inputs are initializers, as
+    onnxruntime's own kernel computes them (one small session, run once): the values those nodes
+    give at run time, bit for bit."""
+    import onnxruntime as ort
+
+    init = {t.name: t for t in model.graph.initializer}
+    tiny = helper.make_model(
+        helper.make_graph(
+            [copy.deepcopy(n) for n in nodes],
+            "dequantized",
+            [],
+            # a DequantizeLinear gives its scale's type
+            [helper.make_tensor_value_info(n.output[0], init[n.input[1]].data_type, None) for n in nodes],
+            [init[i] for i in sorted({i for n in nodes for i in n.input if i})],
+        ),
+        opset_imports=model.opset_import,
+        ir_version=model.ir_version,
+    )
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with tempfile.TemporaryDirectory(prefix="histocal.dequantized.") as tmp:
+        path = Path(tmp) / "weights.onnx"  # a file: the weights may pass protobuf's 2 GB
+        onnx.save_model(tiny, path.as_posix(), save_as_external_data=True, location="weights.data")
+        session = ort.InferenceSession(path.as_posix(), options, providers=["CPUExecutionProvider"])
+        return dict(zip([n.output[0] for n in nodes], session.run(None, {})))
 
 
 def run_all(pool: Executor | None, function: Callable[[int], Any], count: int) -> Iterator[Any]:
@@ -164,4 +197,4 @@ def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] |
     return PreparedOutput(np.asarray(reference)).sums(quantized)
 
 
-__all__ = ["PreparedOutput", "ReferenceOutputs", "run_all", "run_threads", "session", "squared_sums"]
+__all__ = ["PreparedOutput", "ReferenceOutputs", "dequantized", "run_all", "run_threads", "session", "squared_sums"]

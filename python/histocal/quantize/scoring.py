@@ -47,6 +47,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 
 from ..io.cache import round_trip
 from .ort import quantize_with_ranges
+from .runs import dequantized
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ def _inputs_model(
         if t.name in names:
             dtypes[t.name] = helper.tensor_dtype_to_np_dtype(t.data_type)
             graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    weights = _dequantized_weights(qdq, names, workdir)
+    weights = _dequantized_weights(qdq, names)
     used = {i for n in graph.node for i in n.input}
     kept = [t for t in graph.initializer if t.name not in names and t.name in used]
     del graph.initializer[:]
@@ -278,15 +279,13 @@ def _inputs_model(
     return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes, weights)
 
 
-def _dequantized_weights(qdq: onnx.ModelProto, inputs: set[str], workdir: Path) -> dict[str, np.ndarray]:
+def _dequantized_weights(qdq: onnx.ModelProto, inputs: set[str]) -> dict[str, np.ndarray]:
     """Every DequantizeLinear of initializers alone (the weights: the same for every candidate)
     leaves ``qdq``'s graph: its output becomes a graph input, whose value, computed here once by
     onnxruntime's own DequantizeLinear kernel, every run is fed. So the runs skip dequantizing the
     weights and compute the same outputs bit for bit. (Folding them into constants instead,
     ``session.disable_quant_qdq``, lets onnxruntime pick other kernels for constant weights, such
     as a prepacked Gemm, which round differently on a few feeds: measured on ddddocr.)"""
-    import onnxruntime as ort
-
     graph = qdq.graph
     init = {t.name: t for t in graph.initializer if t.name not in inputs}
     outputs = {o.name for o in graph.output}
@@ -297,27 +296,7 @@ def _dequantized_weights(qdq: onnx.ModelProto, inputs: set[str], workdir: Path) 
     ]
     if not weights:
         return {}
-    tiny = helper.make_model(
-        helper.make_graph(
-            [copy.deepcopy(n) for n in weights],
-            "weights",
-            [],
-            [
-                helper.make_tensor_value_info(n.output[0], init[n.input[1]].data_type, None) for n in weights
-            ],  # the scale's type
-            [init[i] for i in sorted({i for n in weights for i in n.input if i})],
-        ),
-        opset_imports=qdq.opset_import,
-        ir_version=qdq.ir_version,
-    )
-    tiny_path = workdir / "weights.onnx"
-    onnx.save_model(tiny, tiny_path.as_posix(), save_as_external_data=tiny.ByteSize() > 1 << 30)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(tiny_path.as_posix(), options, providers=["CPUExecutionProvider"])
-    values = dict(zip([n.output[0] for n in weights], session.run(None, {})))
-    tiny_path.unlink()
+    values = dequantized(qdq, weights)
     dropped = {id(n) for n in weights}
     kept = [n for n in graph.node if id(n) not in dropped]
     del graph.node[:]
