@@ -33,9 +33,15 @@ from ..threads import get_num_threads
 logger = logging.getLogger(__name__)
 
 
+# Each run holds its own intermediate tensors: at most this many at once, whatever the cores.
+MAX_RUNS_AT_ONCE = 4
+
+
 def run_threads() -> int:
-    """How many runs go at once: histocal's thread count (``histocal.set_num_threads``)."""
-    return max(1, get_num_threads())
+    """How many runs go at once: histocal's thread count (``histocal.set_num_threads``), at most
+    ``MAX_RUNS_AT_ONCE``. Each session runs on one onnxruntime thread whatever this is, so the
+    outputs do not depend on it."""
+    return max(1, min(get_num_threads(), MAX_RUNS_AT_ONCE))
 
 
 def session(path: Path, providers: Sequence[Any], *, quantized: bool = False) -> Any:
@@ -197,4 +203,13 @@ def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] |
     return PreparedOutput(np.asarray(reference)).sums(quantized)
 
 
-__all__ = ["PreparedOutput", "ReferenceOutputs", "dequantized", "run_all", "run_threads", "session", "squared_sums"]
+__all__ = [
+    "MAX_RUNS_AT_ONCE",
+    "PreparedOutput",
+    "ReferenceOutputs",
+    "dequantized",
+    "run_all",
+    "run_threads",
+    "session",
+    "squared_sums",
+]
