@@ -118,7 +118,8 @@ def real() -> dict[str, tuple[Callable[[Path], Path], Callable[[np.random.Genera
     for name, spec in r.MODELS.items():
 
         def make(tmp: Path, spec: Any = spec, name: str = name) -> Path:
-            return r.with_outputs(r.dist_file(spec.dist, spec.file), spec.outputs, tmp / f"{name}.onnx")
+            original = r.dist_file(spec.dist, spec.file) if spec.dist else r.onet_file()  # ONet: an sdist
+            return r.with_outputs(original, spec.outputs, tmp / f"{name}.onnx")
 
         out[name] = (make, spec.feeds, spec.what)
     return out

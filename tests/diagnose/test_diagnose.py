@@ -18,7 +18,7 @@ from support.models import padding_feeds, transformer, transformer_feeds
 import histocal
 from histocal.cli.main import main
 from histocal.diagnose import DEFAULTS, diagnose, name_nodes, range_findings
-from histocal.diagnose.switches import SWITCH_INPUT, quantized_nodes, switched_model
+from histocal.diagnose.switches import SWITCH_INPUT, SwitchedSession, quantized_nodes, switched_model
 
 
 def _state(model, feeds, tmp_path):
@@ -83,11 +83,16 @@ def test_switched_model_is_the_float_model_when_off_and_the_qdq_model_when_on(tm
     qdq_path = tmp_path / "q.onnx"
     histocal.quantize_static(model, qdq_path, tensors_range=ranges)
     qdq = onnx.load(str(qdq_path))
-    switched, tensors = switched_model(qdq, model)
+    switched, tensors, weights = switched_model(qdq, model)
     assert len({t.name for t in tensors}) == len(tensors)
     assert {"masked", "X", "Wq"} <= {t.name for t in tensors}
     assert next(t for t in tensors if t.name == "Wq").kind == "weight"
-    s, f, q = _session(switched), _session(model), _session(qdq)
+    assert {tensors[w.index].name for w in weights} == {t.name for t in tensors if t.kind == "weight"}
+    s, f, q = SwitchedSession(_session(switched), weights), _session(model), _session(qdq)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    defined = ort.InferenceSession(qdq.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert not {w.input[: -len("__histocal_switched")] for w in weights} & {t.name for t in switched.graph.initializer}
     for feed in feeds:
         off = s.run(["Y"], {**feed, SWITCH_INPUT: np.zeros(len(tensors), bool)})[0]
         # the float model, up to the graph optimizer's fusions (float rounding)
@@ -95,6 +100,8 @@ def test_switched_model_is_the_float_model_when_off_and_the_qdq_model_when_on(tm
         on = s.run(["Y"], {**feed, SWITCH_INPUT: np.ones(len(tensors), bool)})[0]
         # the same arithmetic as ORT's QDQ model, on float kernels instead of fused int8 ones
         np.testing.assert_allclose(on, q.run(["Y"], feed)[0], rtol=0, atol=0.05 * float(np.abs(off).max()))
+        # and bit for bit the QDQ model's graph as defined (its weights fed by SwitchedSession)
+        assert on.tobytes() == defined.run(["Y"], feed)[0].tobytes()
     # every quantized node of the QDQ model sits next to some switched tensor
     adjacent = {n for t in tensors for n in t.nodes}
     assert set(quantized_nodes(qdq)) == adjacent

@@ -77,3 +77,63 @@ def test_cell(model_dirs, tmp_path, model, feature):
         theirs()  # onnxruntime's counterpart gives a result on these models: histocal's must equal it
     detail = ours()  # raises on a refusal, a crash or a difference from onnxruntime's result
     assert "not finite" not in detail, detail
+
+
+@pytest.mark.slow
+@pytest.mark.parity
+@pytest.mark.parametrize("model", ["captcha_crnn", "ddddocr", "mtcnn_onet"])
+def test_scoring_runs_are_the_quantized_models_bit_for_bit(tmp_path, model):
+    """auto's scoring session (weights dequantized once and fed, one onnxruntime thread, runs on a
+    pool) gives onnxruntime's own quantized model's outputs, run as auto ran it before (basic
+    optimizations, onnxruntime's default threads), bit for bit, on a real model's feeds for several
+    range sets; and the selection's per-feed scores do not depend on histocal's thread count.
+    (captcha_crnn's LSTM biases do not follow ORT's bias rule: every candidate gets its own
+    quantize_static there, run on the pool as well.)"""
+    import numpy as np
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    import histocal
+    from histocal.quantize import runs, scoring, selection
+    from histocal.quantize.ort import quantize_with_ranges
+
+    spec = real_models.MODELS[model]
+    path = real_models.prepare(spec, tmp_path)
+    feeds = spec.feeds(np.random.default_rng(1), 3)
+    cal = histocal.create_calibrator(path, augmented_model_path=str(tmp_path / "aug.onnx"))
+    cal.collect_data(iter(feeds))
+    base = cal.compute_data()
+    (tmp_path / "w").mkdir()
+    shared = scoring.build_scoring_model(path, base, tmp_path / "w", {})
+    assert (shared is None) == (model == "captcha_crnn")
+    session = runs.session(shared.path, ["CPUExecutionProvider"], quantized=True) if shared else None
+    candidates = {}
+    for k, factor in enumerate((1.0, 0.5, 0.9)):
+        ranges = {
+            n: TensorData(lowest=np.asarray(d.lowest) * factor, highest=np.asarray(d.highest) * factor)
+            for n, d in base.data.items()
+        }
+        candidates[f"x{factor}"] = candidate = TensorsData(base.calibration_method, ranges)
+        if shared is None:
+            continue
+        parameters = shared.parameters(candidate)
+        assert parameters is not None and shared.weights
+        quantized = tmp_path / f"q{k}.onnx"
+        quantize_with_ranges(path, quantized, candidate)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        before = ort.InferenceSession(quantized.as_posix(), options, providers=["CPUExecutionProvider"])
+        for feed in feeds:
+            want = before.run(None, feed)
+            got = session.run(None, {**feed, **parameters, **shared.weights})
+            assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(want, got))
+    folds = [(candidates, feeds[:2]), (candidates, feeds[2:])]
+    threads = histocal.get_num_threads()
+    try:
+        scores = []
+        for n in (1, 2):
+            histocal.set_num_threads(n)
+            scores.append(selection.select_ranges_cross_validated(path, folds, candidates).feed_sqnr_db)
+    finally:
+        histocal.set_num_threads(threads)
+    assert scores[0] == scores[1]

@@ -23,6 +23,7 @@ import histocal
 from histocal import methods
 from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
 from histocal.io.cache import load_tensors_data, save_tensors_data
+from histocal.quantize import runs as scoring_runs
 from histocal.quantize import selection
 
 EVAL = 3  # evaluation samples in these tests
@@ -411,9 +412,11 @@ def test_per_tensor_estimate_keeps_the_state_method(cnn):
 def test_ties_go_to_candidate_order_and_equal_ranges_are_evaluated_once(cnn, monkeypatch):
     mm = selection.state_candidates(cnn["state"], "int8", False)["minmax"]
     runs = []
-    original = selection._Reference.feed_energies
+    original = scoring_runs.ReferenceOutputs.feed_energies
     monkeypatch.setattr(
-        selection._Reference, "feed_energies", lambda self, s, p, *a: runs.append(p) or original(self, s, p, *a)
+        scoring_runs.ReferenceOutputs,
+        "feed_energies",
+        lambda self, s, p, *a: runs.append(p) or original(self, s, p, *a),
     )
     chosen = histocal.select_ranges(cnn["path"], cnn["feeds"][:1], {"b": mm, "a": mm})
     assert chosen.label == "b" and chosen.sqnr_db["a"] == chosen.sqnr_db["b"] and len(runs) == 1
@@ -484,7 +487,7 @@ def test_a_candidate_with_nan_output_loses(tmp_path):
 
 
 def test_squared_sums_rules():
-    f = selection.squared_sums
+    f = scoring_runs.squared_sums
     y = np.array([1.0, -2.0, 3.0], np.float32)
     assert f(y, y) == (14.0, 0.0)
     assert f(y, np.array([1.0, -2.0, 2.0], np.float32)) == (14.0, 1.0)
@@ -712,3 +715,20 @@ def test_a_hopeless_candidate_stops_within_a_fold(cnn):
     assert chosen.feed_sqnr_db["wide"][0] < chosen.feed_sqnr_db["minmax"][0] - 0.1
     assert all(math.isnan(v) for v in chosen.feed_sqnr_db["wide"][1:])
     assert "(scored on 1 of 6 feeds: it could no longer qualify)" in chosen.table()
+
+
+def test_scores_do_not_depend_on_the_thread_count(cnn):
+    """The runs go on histocal's threads (``runs``): same per-feed scores, same stops, same choice."""
+    candidates = dict(selection.state_candidates(cnn["state"], "int8", False))
+    folds = [(candidates, cnn["feeds"][k : k + 2]) for k in range(0, 6, 2)]
+    threads = histocal.get_num_threads()
+    try:
+        chosen = []
+        for n in (1, 2, 3):
+            histocal.set_num_threads(n)
+            chosen.append(histocal.select_ranges_cross_validated(cnn["path"], folds, candidates))
+    finally:
+        histocal.set_num_threads(threads)
+    for other in chosen[1:]:
+        assert other.feed_sqnr_db == chosen[0].feed_sqnr_db and other.stopped == chosen[0].stopped
+        assert other.label == chosen[0].label and other.sqnr_db == chosen[0].sqnr_db

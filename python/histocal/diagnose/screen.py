@@ -27,6 +27,8 @@ import heapq
 import logging
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,16 +36,19 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
-from ..quantize.selection import PreparedOutput
+from ..quantize.runs import PreparedOutput, run_all, run_threads
 
 logger = logging.getLogger(__name__)
 
 
 def session(path: Path, providers: list[Any]) -> Any:
+    """A session on one onnxruntime thread: the feeds of a run go on histocal's threads instead
+    (``histocal.quantize.runs``); same outputs bit for bit."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.intra_op_num_threads = 1
     return ort.InferenceSession(path.as_posix(), options, providers=providers)
 
 
@@ -79,14 +84,22 @@ class Reference:
     def noise(self, model_session: Any, extra: Feed | None = None, limit: int | None = None) -> float:
         """sum (y - y_q)^2 of ``model_session``'s outputs over the first ``limit`` feeds (default
         all), each feed extended by ``extra``; inf when an output cannot be compared."""
+        feeds = self.feeds[:limit]
+
+        def noises_of(i: int) -> list[float] | None:
+            got = run_session(model_session, self.names, {**feeds[i], **extra} if extra else feeds[i], i)
+            parts = [y.sums(yq) for y, yq in zip(self.outputs[i], got)]
+            return None if any(part is None for part in parts) else [part[1] for part in parts if part is not None]
+
+        threads = min(run_threads(), len(feeds))
+        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+            noises = run_all(pool, noises_of, len(feeds))
         total = 0.0
-        for i, (feed, reference) in enumerate(zip(self.feeds[:limit], self.outputs[:limit])):
-            got = run_session(model_session, self.names, {**feed, **extra} if extra else feed, i)
-            for y, yq in zip(reference, got):
-                part = y.sums(yq)
-                if part is None:
-                    return math.inf
-                total += part[1]
+        for parts in noises:  # in feed and output order, as one run after the other adds them
+            if parts is None:
+                return math.inf
+            for noise in parts:
+                total += noise
         return total
 
     def signal_of(self, limit: int | None) -> float:

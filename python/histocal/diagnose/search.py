@@ -21,7 +21,7 @@ from ..quantize.ort import quantize_with_ranges
 from ..state import CalibrationState
 from . import screen as _screen
 from .findings import range_findings
-from .switches import SWITCH_INPUT, QuantizedTensor, quantized_nodes, switched_model
+from .switches import SWITCH_INPUT, QuantizedTensor, SwitchedSession, quantized_nodes, switched_model
 
 # a diagnosis logs through one logger, diagnosis's
 logger = logging.getLogger("histocal.diagnose.diagnosis")
@@ -110,7 +110,7 @@ class DiagnosisRun:
             )
             seconds["quantization"] = time.perf_counter() - t
             return [], [], sqnr, sqnr, {"nodes": 0, "tensors": [], "checks": 0}, 0, 0, [], []
-        switched, tensors = switched_model(qdq, self.float_model)
+        switched, tensors, weights = switched_model(qdq, self.float_model)
         del qdq
         if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:
             sqnr = _screen.sqnr_db(
@@ -127,7 +127,7 @@ class DiagnosisRun:
         )
 
         t = time.perf_counter()
-        switched_session = _screen.session(switched_path, self.providers)
+        switched_session = SwitchedSession(_screen.session(switched_path, self.providers), weights)
         result = _screen.screen_tensors(
             switched_session,
             SWITCH_INPUT,

@@ -12,6 +12,9 @@ where ``quantized`` is one extra boolean graph input (one entry per quantized te
 reader of x reads x' instead. With every entry false the model is the float model; with every
 entry true it computes what ORT's QDQ model computes, on float kernels (the QDQ model may also
 fold a Relu into the quantization's clamp at 0; the float model keeps the Relu, same values).
+A weight's switch is not in the graph: its readers read a graph input, which ``SwitchedSession``
+feeds DequantizeLinear(W_quantized) (computed once, by onnxruntime) or W, by the mask: the same
+values, without a Where and a DequantizeLinear over every weight each run.
 Any subset of tensors is left in float by feeding a different mask to the same session: no
 quantization and no new session per configuration, which is what makes a screen over hundreds of
 tensors affordable. Quantized biases (int32, which QuantizeLinear cannot produce) are switched
@@ -36,6 +39,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
+from ..quantize import runs
 from ..quantize.ort import model_ort_quantizes
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,36 @@ class QuantizedTensor:
     shared_scale: bool = False
 
 
+@dataclass(frozen=True)
+class SwitchedWeight:
+    """A switched weight: the graph input its readers read, fed ``quantized`` (its
+    DequantizeLinear's output, computed once by onnxruntime) where the mask's entry ``index`` is
+    true, else its float ``value``: what Where(mask[index], DequantizeLinear(W_quantized), W)
+    gives, without running that Where and DequantizeLinear over the weight every run (on ddddocr's
+    8210 x 1024 Gemm weight they were half of a run)."""
+
+    index: int
+    input: str
+    quantized: np.ndarray
+    value: np.ndarray
+
+
+class SwitchedSession:
+    """A session on the switched model that feeds each switched weight's value for the mask."""
+
+    def __init__(self, session: Any, weights: list[SwitchedWeight]) -> None:
+        self.session = session
+        self.weights = weights
+
+    def get_outputs(self) -> Any:
+        return self.session.get_outputs()
+
+    def run(self, output_names: list[str] | None, feed: Mapping[str, Any]) -> Any:
+        mask = feed[SWITCH_INPUT]
+        values = {w.input: w.quantized if mask[w.index] else w.value for w in self.weights}
+        return self.session.run(output_names, {**feed, **values})
+
+
 def quantized_nodes(qdq: onnx.ModelProto) -> list[str]:
     """The names of the QDQ model's nodes that compute on quantized values: every node other than
     QuantizeLinear/DequantizeLinear that reads a DequantizeLinear output or whose output is
@@ -78,10 +112,13 @@ def _float_name(name: str) -> str:
     return name[: -len(_OUTPUT_SUFFIX)] if name.endswith(_OUTPUT_SUFFIX) else name
 
 
-def switched_model(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[QuantizedTensor]]:
+def switched_model(
+    qdq: onnx.ModelProto, float_model: onnx.ModelProto
+) -> tuple[onnx.ModelProto, list[QuantizedTensor], list[SwitchedWeight]]:
     """The float model with one run-time switch per tensor the QDQ model quantizes (module
-    docstring), and those tensors in switch order (entry i of the ``SWITCH_INPUT`` mask switches
-    tensor i). A quantized value with no float counterpart under ORT's names is not switched."""
+    docstring), those tensors in switch order (entry i of the ``SWITCH_INPUT`` mask switches
+    tensor i), and the switched weights, which ``SwitchedSession`` feeds. A quantized value with
+    no float counterpart under ORT's names is not switched."""
     qgraph = qdq.graph
     qproducer = {o: n for n in qgraph.node for o in n.output}
     qreaders: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -143,8 +180,13 @@ def switched_model(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> tuple[
     renamed_outputs: dict[str, str] = {}  # activation produced by a node -> its float value's new name
     rewired_reads: dict[str, str] = {}  # graph input or weight -> its switched value's name
     new_nodes = []
+    weights: list[tuple[int, str, onnx.NodeProto]] = []  # (switch entry, float initializer, its DequantizeLinear)
     for name, i in order.items():
         q, dq = pairs[name]
+        if q is None:  # a weight: its readers read an input, fed its value for the mask (``SwitchedSession``)
+            rewired_reads[name] = f"{name}__histocal_switched"
+            weights.append((i, name, dq))
+            continue
         position = f"histocal_switch_index_{i}"
         graph.initializer.append(numpy_helper.from_array(np.array(i, np.int64), position))
         flag = f"histocal_switch_{i}"
@@ -185,6 +227,18 @@ def switched_model(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> tuple[
                 n.input[k] = rewired_reads[i]
     graph.node.extend(new_nodes)
     graph.input.append(helper.make_tensor_value_info(SWITCH_INPUT, TensorProto.BOOL, [len(order)]))
+    floats = {t.name: t for t in graph.initializer}
+    weight_dq = runs.dequantized(qdq, [dq for _, _, dq in weights]) if weights else {}
+    switched_weights = []
+    for i, name, dq in weights:
+        weight = numpy_helper.to_array(floats[name])
+        graph.input.append(helper.make_tensor_value_info(rewired_reads[name], floats[name].data_type, weight.shape))
+        switched_weights.append(SwitchedWeight(i, rewired_reads[name], weight_dq[dq.output[0]], weight))
+    read = _names_read(graph) | {o.name for o in graph.output}
+    unread = {name for _, name, _ in weights if name not in read}  # fed instead: not kept twice
+    kept_initializers = [t for t in graph.initializer if t.name not in unread]
+    del graph.initializer[:]
+    graph.initializer.extend(kept_initializers)
     kept = [v for v in graph.value_info if v.name not in renamed_outputs]
     del graph.value_info[:]
     graph.value_info.extend(kept)
@@ -202,7 +256,18 @@ def switched_model(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> tuple[
         )
         for name in order
     ]
-    return model, tensors
+    return model, tensors, switched_weights
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of ``graph`` or of its subgraphs reads."""
+    out: set[str] = set()
+    for n in graph.node:
+        out.update(n.input)
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                out |= _names_read(g)
+    return out
 
 
 def _sort_topologically(graph: onnx.GraphProto) -> None:

@@ -47,6 +47,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 
 from ..io.cache import round_trip
 from .ort import quantize_with_ranges
+from .runs import dequantized
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class ScoringModel:
         biases: list[_Bias],
         float_biases: dict[str, np.ndarray],
         dtypes: dict[str, Any],
+        weights: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.path = path
         self._quantizer = quantizer
@@ -88,6 +90,8 @@ class ScoringModel:
         self._biases = biases
         self._float_biases = float_biases
         self._dtypes = dtypes  # input name -> numpy dtype
+        # The dequantized weights, fed to every run (``_dequantized_weights``).
+        self.weights: dict[str, np.ndarray] = weights or {}
 
     @property
     def input_names(self) -> list[str]:
@@ -261,18 +265,47 @@ def _inputs_model(
     names = set(activations) | {s[: -len(_SCALE + w)] + _ZERO_POINT + w for s, (_, w) in activations.items()}
     names |= {b.quantized for b in biases} | {b.scale for b in biases}
     dtypes: dict[str, Any] = {}
-    kept = []
     for t in graph.initializer:
         if t.name in names:
             dtypes[t.name] = helper.tensor_dtype_to_np_dtype(t.data_type)
             graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            kept.append(t)
+    weights = _dequantized_weights(qdq, names)
+    used = {i for n in graph.node for i in n.input}
+    kept = [t for t in graph.initializer if t.name not in names and t.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     path = workdir / "scoring.onnx"
     onnx.save_model(qdq, path.as_posix(), save_as_external_data=qdq.ByteSize() > 1 << 30)
-    return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes)
+    return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes, weights)
+
+
+def _dequantized_weights(qdq: onnx.ModelProto, inputs: set[str]) -> dict[str, np.ndarray]:
+    """Every DequantizeLinear of initializers alone (the weights: the same for every candidate)
+    leaves ``qdq``'s graph: its output becomes a graph input, whose value, computed here once by
+    onnxruntime's own DequantizeLinear kernel, every run is fed. So the runs skip dequantizing the
+    weights and compute the same outputs bit for bit. (Folding them into constants instead,
+    ``session.disable_quant_qdq``, lets onnxruntime pick other kernels for constant weights, such
+    as a prepacked Gemm, which round differently on a few feeds: measured on ddddocr.)"""
+    graph = qdq.graph
+    init = {t.name: t for t in graph.initializer if t.name not in inputs}
+    outputs = {o.name for o in graph.output}
+    weights = [
+        n
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and all(i in init for i in n.input if i) and n.output[0] not in outputs
+    ]
+    if not weights:
+        return {}
+    values = dequantized(qdq, weights)
+    dropped = {id(n) for n in weights}
+    kept = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for name, value in values.items():
+        graph.input.append(
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+        )
+    return values
 
 
 def scoring_feed(feed: Mapping[str, Any], parameters: Mapping[str, np.ndarray]) -> dict[str, Any]:

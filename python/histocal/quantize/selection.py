@@ -37,8 +37,11 @@ import logging
 import math
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,8 @@ import numpy as np
 import onnx
 from onnxruntime.quantization.calibrate import TensorsData
 
-from ..io.readers import Feed, run_session
+from ..io.readers import Feed
+from . import runs
 from .candidates import LazyCandidates, cross_validation_candidates, state_candidates
 from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
 from .rule import (
@@ -354,16 +358,19 @@ class _Scorer:
         self.tmp = tmp
         self.quantizations = 0
         self.float_session: Any = None
+        self.lock = threading.Lock()
         base = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
         workdir = tmp / "scoring"
         workdir.mkdir()
         self.model: ScoringModel | None = None
         self.session: Any = None
+        self.weights: dict[str, np.ndarray] = {}
         try:
             self.model = build_scoring_model(model_path, candidates[base], workdir, quantize_kwargs)
             self.quantizations += 1
             if self.model is not None:
-                self.session = _session(self.model.path, providers, quantized=True)
+                self.session = runs.session(self.model.path, providers, quantized=True)
+                self.weights = self.model.weights
         except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
             logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
             self.model = None
@@ -378,47 +385,70 @@ class _Scorer:
         failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
         Candidates whose ranges equal an earlier one's are scored once. ``hopeless(label, its
         energies so far, the first candidate's)``: stop scoring it on the rest of the feeds
-        (its list is then shorter)."""
-        if self.float_session is None:  # one float session for every fold
-            self.float_session = _session(self.model_path, self.providers)
-        reference = _Reference(self.float_session, feeds)
-        out: dict[str, list[tuple[float, float]] | BaseException | None] = {}
-        seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
-        for i, (label, ranges) in enumerate(candidates.items()):
-            key = _ranges_key(ranges)
-            same = next((other for k, other in seen if k == key), None)
-            if same is not None:
-                logger.debug("auto: candidate %r has the ranges of %r", label, same)
-                out[label] = out[same]
-                continue
-            seen.append((key, label))
-            first = next(iter(out.values()), None)
+        (its list is then shorter). The runs go on ``runs.run_threads()`` threads: the first
+        candidate's feeds at once, then the others side by side, each over its feeds in order,
+        so that where it stops depends on its own energies and the first's alone."""
+        threads = runs.run_threads()
+        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+            if self.float_session is None:  # one float session for every fold
+                self.float_session = runs.session(self.model_path, self.providers)
+            reference = runs.ReferenceOutputs(self.float_session, feeds, pool)
+            distinct: dict[str, tuple[int, TensorsData]] = {}
+            same_as: dict[str, str] = {}
+            seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+            for i, (label, ranges) in enumerate(candidates.items()):
+                key = _ranges_key(ranges)
+                same = next((other for k, other in seen if k == key), None)
+                if same is not None:
+                    logger.debug("auto: candidate %r has the ranges of %r", label, same)
+                    same_as[label] = same
+                else:
+                    seen.append((key, label))
+                    distinct[label] = (i, ranges)
+            done: dict[str, list[tuple[float, float]] | BaseException | None] = {}
+            first_label = next(iter(distinct), None)
+            if first_label is not None:  # never stopped: there is no first candidate to compare it with
+                done[first_label] = self._score(reference, first_label, *distinct[first_label], None, pool)
+            first = done.get(first_label) if first_label is not None else None
+            rest = [label for label in distinct if label != first_label]
 
-            def until(done: list[tuple[float, float]], label: str = label, first: Any = first) -> bool:
-                return hopeless is not None and hopeless(label, done, first if isinstance(first, list) else None)
+            def score(label: str) -> list[tuple[float, float]] | BaseException | None:
+                def until(scores: list[tuple[float, float]]) -> bool:
+                    return hopeless is not None and hopeless(label, scores, first if isinstance(first, list) else None)
 
-            try:
-                out[label] = self._score(reference, ranges, i, until)
-            except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
-                logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
-                out[label] = exc
-        return out
+                return self._score(reference, label, *distinct[label], until, None)
+
+            done.update(zip(rest, runs.run_all(pool, lambda k: score(rest[k]), len(rest))))
+        return {label: done[same_as.get(label, label)] for label in candidates}
 
     def _score(
-        self, reference: _Reference, ranges: TensorsData, i: int, until: Callable[[list[tuple[float, float]]], bool]
-    ) -> list[tuple[float, float]] | None:
-        parameters = self.model.parameters(ranges) if self.model is not None else None
-        if parameters is not None:
-            return reference.feed_energies(self.session, parameters, until)
-        workdir = self.tmp / f"candidate{i}"
-        workdir.mkdir(exist_ok=True)
+        self,
+        reference: runs.ReferenceOutputs,
+        label: str,
+        i: int,
+        ranges: TensorsData,
+        until: Callable[[list[tuple[float, float]]], bool] | None,
+        pool: Executor | None,
+    ) -> list[tuple[float, float]] | BaseException | None:
         try:
-            quantized = workdir / "model.onnx"
-            quantize_with_ranges(self.model_path, quantized, ranges, **self.quantize_kwargs)
-            self.quantizations += 1
-            return reference.feed_energies(_session(quantized, self.providers, quantized=True), {}, until)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)  # disk: one quantized model at a time
+            with self.lock:  # the parameter arithmetic and onnxruntime's quantizer are not thread-safe
+                parameters = self.model.parameters(ranges) if self.model is not None else None
+                if parameters is None:
+                    workdir = self.tmp / f"candidate{i}"
+                    workdir.mkdir(exist_ok=True)
+                    try:
+                        quantized = workdir / "model.onnx"
+                        quantize_with_ranges(self.model_path, quantized, ranges, **self.quantize_kwargs)
+                        self.quantizations += 1
+                        session = runs.session(quantized, self.providers, quantized=True)
+                    finally:
+                        shutil.rmtree(workdir, ignore_errors=True)  # disk: the session holds the model
+            if parameters is not None:
+                return reference.feed_energies(self.session, {**parameters, **self.weights}, until, pool)
+            return reference.feed_energies(session, {}, until, pool)
+        except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
+            logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
+            return exc
 
 
 def _computable(candidates: Mapping[str, TensorsData], labels: Sequence[str]) -> dict[str, TensorsData]:
@@ -469,106 +499,6 @@ def _ranges_key(ranges: TensorsData) -> tuple:
     return (str(ranges.calibration_method), tuple(items))
 
 
-def _session(path: Path, providers: list[Any], *, quantized: bool = False) -> Any:
-    """A session on the float model, or (``quantized``) on a QDQ model run as its graph defines it:
-    basic optimizations only (constant folding), since the extended ones fuse QDQ groups into
-    integer kernels for some scales-as-inputs and not others, which would make candidates scored
-    on the shared model and on their own model incomparable (``scoring``'s docstring)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if quantized:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(path.as_posix(), options, providers=providers)
-
-
-class _Reference:
-    """The float model's outputs on the evaluation feeds, and the SQNR of a quantized model's.
-    (Stacking the feeds into one run was measured slower on a small CNN: one run per feed.)"""
-
-    def __init__(self, session: Any, feeds: list[Feed]) -> None:
-        self.feeds = feeds
-        names = [o.name for o in session.get_outputs()]
-        self.outputs: list[list[PreparedOutput]] = []
-        numeric: list[str] | None = None
-        for i, feed in enumerate(feeds):
-            arrays = dict(zip(names, run_session(session, names, feed, i)))
-            if numeric is None:
-                # Sequences, maps and strings have no SQNR: only numeric tensors count.
-                numeric = [n for n in names if isinstance(arrays[n], np.ndarray) and arrays[n].dtype.kind in "biuf"]
-                if not numeric:
-                    raise ValueError(f"auto: the model has no numeric tensor output to compare (outputs {names})")
-            self.outputs.append([PreparedOutput(np.asarray(arrays[n])) for n in numeric])
-        self.names = numeric or []
-
-    def feed_energies(
-        self,
-        session: Any,
-        parameters: Mapping[str, np.ndarray],
-        until: Callable[[list[tuple[float, float]]], bool] | None = None,
-    ) -> list[tuple[float, float]] | None:
-        """Per feed, (sum y^2, sum (y - y_q)^2) over a quantized model's outputs (``session``
-        fed each feed plus ``parameters``), stopping after a feed where ``until`` of those so
-        far is true; None if they cannot be compared."""
-        out: list[tuple[float, float]] = []
-        for i, (feed, reference) in enumerate(zip(self.feeds, self.outputs)):
-            if out and until is not None and until(out):
-                break
-            got = run_session(session, self.names, {**feed, **parameters} if parameters else feed, i)
-            signal = noise = 0.0
-            for name, y, yq in zip(self.names, reference, got):
-                part = y.sums(yq)
-                if part is None:
-                    logger.debug("auto: output %r of sample %d differs where it must not", name, i)
-                    return None
-                signal += part[0]
-                noise += part[1]
-            out.append((signal, noise))
-        return out
-
-
-class PreparedOutput:
-    """One float output, prepared once (as float64, its non-finite values apart) for the squared
-    sums of every quantized output against it: ``signal`` is sum y^2 over its finite values."""
-
-    def __init__(self, reference: np.ndarray) -> None:
-        self.shape = reference.shape
-        y = np.asarray(reference, np.float64).ravel()
-        finite = np.isfinite(y)
-        self.nonfinite: np.ndarray | None = None  # where the reference is not finite
-        self.nonfinite_values = y[:0]
-        if not finite.all():
-            self.nonfinite = ~finite
-            self.nonfinite_values = y[self.nonfinite]
-            y = y[finite]
-        self.values = y
-        self.signal = float(np.dot(y, y))
-
-    def sums(self, quantized: Any) -> tuple[float, float] | None:
-        """``squared_sums`` of the reference and ``quantized``."""
-        yq = np.asarray(quantized)
-        if yq.shape != self.shape or yq.dtype.kind not in "biuf":
-            return None
-        yq = yq.ravel()
-        if self.nonfinite is not None:
-            if not np.array_equal(self.nonfinite_values, yq[self.nonfinite].astype(np.float64), equal_nan=True):
-                return None
-            yq = yq[~self.nonfinite]
-        diff = np.subtract(self.values, yq, dtype=np.float64)
-        noise = float(np.dot(diff, diff))
-        if not math.isfinite(noise) and not np.isfinite(yq).all():
-            return None  # a non-finite quantized value where the reference is finite
-        return self.signal, noise
-
-
-def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
-    """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
-    cannot be compared: another shape, a non-finite quantized value where the reference is finite,
-    or a different value where the reference is not finite."""
-    return PreparedOutput(np.asarray(reference)).sums(quantized)
-
-
 __all__ = [
     "ALL_DATA_CANDIDATES",
     "DEFAULT_CANDIDATE",
@@ -579,7 +509,6 @@ __all__ = [
     "Decision",
     "Evidence",
     "LazyCandidates",
-    "PreparedOutput",
     "Selection",
     "cannot_qualify",
     "choose_pooled",
