@@ -206,10 +206,14 @@ fn prefetch<D>(values: &[D]) {
 
 /// The next histogram's counts into the caches while histogram `k` counts its batch: the channels'
 /// counts together are far beyond the caches, and each would otherwise be fetched line by line as
-/// its values hit them.
+/// its values hit them. The histogram after it is asked for too (its fields, which say where its
+/// counts are: read by the next call), the channels' histograms lying far apart.
 fn prefetch_next(hists: &[&mut StreamHistogram], k: usize) {
     if let Some(next) = hists.get(k + 1) {
         next.prefetch_counts();
+    }
+    if let Some(after) = hists.get(k + 2) {
+        prefetch(std::slice::from_ref::<StreamHistogram>(after));
     }
 }
 
