@@ -23,6 +23,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
+/// One item of `collect_channels`: the channels' keys and the tensor's batch arrays.
+type ChannelItem<'py> = (Vec<Bound<'py, PyString>>, Vec<Bound<'py, PyAny>>);
+
 /// `isotone_pair_count`'s unit: the bytes of one distinct pair.
 const PAIR_BYTES: usize = std::mem::size_of::<(f64, f64, u64)>();
 
@@ -248,12 +251,7 @@ impl StreamHistograms {
     /// have `len(keys)` channels along `axis`. With isotone on, channel `c`'s slice (the array
     /// without `axis`, its last axis the class axis) adds its rows to the isotone summary of
     /// `keys[c]`, as `collect` would add the slice.
-    fn collect_channels(
-        &mut self,
-        py: Python<'_>,
-        items: Vec<(Vec<Bound<'_, PyString>>, Vec<Bound<'_, PyAny>>)>,
-        axis: usize,
-    ) -> PyResult<()> {
+    fn collect_channels(&mut self, py: Python<'_>, items: Vec<ChannelItem<'_>>, axis: usize) -> PyResult<()> {
         guard(|| {
             // the keys borrowed from the Python strings: no copy of a hundred thousand keys a batch
             let mut borrowed = Vec::with_capacity(items.len());
