@@ -271,8 +271,10 @@ impl StreamHistogram {
             if self.narrow.is_empty() {
                 return;
             }
+            // x's bin, give or take one (a hint: truncation instead of floor, no division)
             let h = self.half() as f64;
-            let at = |x: f64| ((x / pow2(level) * h).floor() + h).clamp(0.0, 2.0 * h - 1.0) as usize;
+            let scale = pow2::pow2((self.log_half as i32 - level).clamp(-1000, 1000));
+            let at = |x: f64| (x * scale + h).clamp(0.0, 2.0 * h - 1.0) as usize;
             let base = self.narrow.as_ptr();
             for i in (at(mn)..=at(mx)).step_by(64) {
                 // SAFETY: i < 2H < narrow.len(); a prefetch never faults anyway.
