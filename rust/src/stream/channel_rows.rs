@@ -103,10 +103,12 @@ fn add_group<D: Float>(data: &[D], layout: ChannelLayout, first: usize, hists: &
     let (outer, inner) = (layout.outer, layout.inner);
     let per_channel = outer * inner;
     if outer <= 1 || per_channel == 0 {
-        // each channel one run (or none): in place
+        // each channel one run (or none): in place, as a slice (what `channel_view` holds, built
+        // without its strides)
         for k in 0..hists.len() {
             prefetch_next(hists, k);
-            hists[k].add(&channel_view(data, layout, first + k));
+            let run = if outer == 0 { &data[..0] } else { &data[layout.run_start(0, first + k)..][..inner] };
+            hists[k].add(&View::from_slice(run));
         }
         return;
     }
