@@ -169,6 +169,7 @@ fn collect_channels_equals_collecting_each_channels_view() {
     let data = f32s(600, 0.21);
     let layout = ChannelLayout::new(&[3, 4, 50], 1);
     let keys: Vec<String> = (0..4).map(|c| format!("t[{c}]")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     for summaries in [&[][..], &["pow2_votes"][..]] {
         let mut rows = StreamCollection::new(512, summaries).unwrap();
         let mut strided = StreamCollection::new(512, summaries).unwrap();
@@ -176,11 +177,11 @@ fn collect_channels_equals_collecting_each_channels_view() {
             let batches = stream::ChannelBatches::F32(vec![(layout, Cow::Borrowed(&data[..]))]);
             rows.collect_channels(&[(&keys[..], batches)], &[]).unwrap();
             let views: Vec<(&str, Batches<'_>)> =
-                (0..4).map(|c| (keys[c].as_str(), Batches::F32(vec![channel_view(&data, layout, c)]))).collect();
+                (0..4).map(|c| (keys[c], Batches::F32(vec![channel_view(&data, layout, c)]))).collect();
             strided.collect(&views, &[]).unwrap();
         }
         assert_eq!(rows.tensors().names(), strided.tensors().names());
-        for k in &keys {
+        for &k in &keys {
             assert!(same(rows.tensors().get(k).unwrap(), strided.tensors().get(k).unwrap()), "{k} {summaries:?}");
         }
     }

@@ -281,37 +281,33 @@ impl StreamCollection {
     /// channel's strided view, as `collect` shows them; `rows` and errors as in `collect`.
     pub fn collect_channels(
         &mut self,
-        items: &[(&[String], ChannelBatches<'_>)],
+        items: &[(&[&str], ChannelBatches<'_>)],
         rows: &[(&str, RowBatch<'_>)],
     ) -> Result<(), TensorError> {
         for (keys, batches) in items {
             if let Some(layout) = batches.layouts().find(|l| l.channels != keys.len()) {
-                let name = keys.first().map_or("", String::as_str);
+                let name = keys.first().copied().unwrap_or("");
                 let e = format!("expected {} channels, got a batch with {}", keys.len(), layout.channels);
                 return Err(TensorError::invalid(name, e));
             }
         }
         let updated = self.with_rows(rows)?;
         let named: Vec<(&str, &'static str)> =
-            items.iter().flat_map(|(keys, b)| keys.iter().map(move |k| (k.as_str(), b.dtype()))).collect();
-        // dtypes checked and new tensors' states made before anything changes
-        let mut fresh = Vec::new();
-        let mut new_names = HashSet::new();
-        for &(n, dtype) in &named {
-            match self.tensors.find(n) {
-                Some(st) if st.dtype != dtype => {
-                    return Err(TensorError::invalid(n, CollectError::DtypeChanged { before: st.dtype, now: dtype }))
-                }
-                Some(_) => {}
-                None if !new_names.insert(n) => return Err(TensorError::invalid(n, "named twice")),
-                None => fresh.push((n, self.new_state(dtype))),
-            }
-        }
-        for (n, st) in fresh {
-            self.tensors.push_new(n, st);
-        }
+            items.iter().flat_map(|(keys, b)| keys.iter().map(move |&k| (k, b.dtype()))).collect();
         let names: Vec<&str> = named.iter().map(|&(n, _)| n).collect();
-        let mut states = self.tensors.get_disjoint_mut(&names)?;
+        // After the first batch every channel is held: one lookup per key (a hundred thousand keys
+        // a batch, each lookup a miss or two in a table far beyond the caches), dtypes checked on
+        // what it found before anything changes. New channels: their states made first.
+        let mut states = match self.tensors.get_disjoint_mut(&names) {
+            Err(TensorError::Missing { .. }) => {
+                self.add_new_channels(&named)?;
+                self.tensors.get_disjoint_mut(&names)?
+            }
+            found => found?,
+        };
+        if let Some((st, &(n, dtype))) = states.iter().zip(&named).find(|(st, &(_, d))| st.dtype != d) {
+            return Err(TensorError::invalid(n, CollectError::DtypeChanged { before: st.dtype, now: dtype }));
+        }
         let watched = self.kinds.iter().any(|k| k.observes_batches());
         let mut groups = Vec::with_capacity(items.len());
         let mut rest = states.as_mut_slice();
@@ -323,7 +319,7 @@ impl StreamCollection {
         let results: Vec<Result<(), TensorError>> = groups
             .into_par_iter()
             .map(|((keys, batches), states)| {
-                on_tensor(keys.first().map_or("", String::as_str), || {
+                on_tensor(keys.first().copied().unwrap_or(""), || {
                     add_channel_batches(batches, states, watched);
                     Ok::<_, CollectError>(())
                 })
@@ -336,6 +332,27 @@ impl StreamCollection {
             for (i, s) in summaries {
                 st.summaries[i] = s;
             }
+        }
+        Ok(())
+    }
+
+    /// The states of `named`'s channels not held yet (`collect_channels`), after checking the
+    /// dtypes of those held: an error, changing nothing, for a changed dtype or a new name given twice.
+    fn add_new_channels(&mut self, named: &[(&str, &'static str)]) -> Result<(), TensorError> {
+        let mut fresh = Vec::new();
+        let mut new_names = HashSet::new();
+        for &(n, dtype) in named {
+            match self.tensors.find(n) {
+                Some(st) if st.dtype != dtype => {
+                    return Err(TensorError::invalid(n, CollectError::DtypeChanged { before: st.dtype, now: dtype }))
+                }
+                Some(_) => {}
+                None if !new_names.insert(n) => return Err(TensorError::invalid(n, "named twice")),
+                None => fresh.push((n, self.new_state(dtype))),
+            }
+        }
+        for (n, st) in fresh {
+            self.tensors.push_new(n, st);
         }
         Ok(())
     }

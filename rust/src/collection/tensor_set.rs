@@ -3,6 +3,7 @@
 use crate::numeric::fallible::{self, OutOfMemory};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher, RandomState};
 
 /// A failure on one tensor: the tensor is named in every message.
 #[derive(Debug, PartialEq)]
@@ -61,16 +62,79 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
     out
 }
 
-/// Per-tensor states, in the order tensors were first added.
+/// The names' hash: a multiply-rotate over 8-byte words with a per-set random seed and a final
+/// mix (std's SipHash costs several times as much on the 20-100-byte names of per-channel
+/// histograms, looked up a hundred thousand times a batch).
+#[derive(Clone, Debug)]
+pub struct NameHash {
+    seed: u64,
+}
+
+impl Default for NameHash {
+    fn default() -> Self {
+        NameHash { seed: RandomState::new().hash_one(0u64) }
+    }
+}
+
+impl BuildHasher for NameHash {
+    type Hasher = NameHasher;
+    fn build_hasher(&self) -> NameHasher {
+        NameHasher(self.seed)
+    }
+}
+
+pub struct NameHasher(u64);
+
+impl NameHasher {
+    fn word(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.word(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.word(u64::from_le_bytes(last) ^ ((rest.len() as u64) << 59));
+        }
+    }
+
+    fn write_u8(&mut self, b: u8) {
+        self.word(b as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // murmur3's finaliser: every input bit reaches the low bits (the table's bucket) and the
+        // top 7 (its tags)
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+/// Per-tensor states, in the order tensors were first added: held in that order (a tensor's
+/// channels, added one after another, lie side by side), found through an index by name.
 #[derive(Debug)]
 pub struct TensorSet<S> {
+    /// Distinct names (a name is pushed only where the index does not hold it).
     order: Vec<String>,
-    states: HashMap<String, S>,
+    /// `order[i]`'s state at `states[i]`; None while taken out (`take`).
+    states: Vec<Option<S>>,
+    index: HashMap<String, usize, NameHash>,
 }
 
 impl<S> Default for TensorSet<S> {
     fn default() -> Self {
-        TensorSet { order: Vec::new(), states: HashMap::new() }
+        TensorSet { order: Vec::new(), states: Vec::new(), index: HashMap::default() }
     }
 }
 
@@ -78,11 +142,11 @@ impl<S> TensorSet<S> {
     /// An empty set with room for `n` tensors, unwinding with `OutOfMemory` (as `fallible`'s
     /// helpers do) when the memory is not there: for copies.
     pub fn with_capacity(n: usize) -> Self {
-        let mut states = HashMap::new();
-        if states.try_reserve(n).is_err() {
-            fallible::fail::<(String, S)>(n);
+        let mut index = HashMap::default();
+        if index.try_reserve(n).is_err() {
+            fallible::fail::<(String, usize)>(n);
         }
-        TensorSet { order: fallible::with_capacity(n), states }
+        TensorSet { order: fallible::with_capacity(n), states: fallible::with_capacity(n), index }
     }
 
     /// The tensors, in first-added order.
@@ -99,54 +163,69 @@ impl<S> TensorSet<S> {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.states.contains_key(name)
+        self.find(name).is_some()
     }
 
     pub fn get(&self, name: &str) -> Result<&S, TensorError> {
-        self.states.get(name).ok_or_else(|| TensorError::Missing { name: name.to_string() })
+        self.find(name).ok_or_else(|| TensorError::Missing { name: name.to_string() })
     }
 
     pub fn get_mut(&mut self, name: &str) -> Result<&mut S, TensorError> {
-        self.states.get_mut(name).ok_or_else(|| TensorError::Missing { name: name.to_string() })
+        match self.index.get(name) {
+            Some(&i) => self.states[i].as_mut(),
+            None => None,
+        }
+        .ok_or_else(|| TensorError::Missing { name: name.to_string() })
     }
 
-    /// The states of `names`, each borrowed mutably at once (one lookup per name, nothing moved:
-    /// per-channel collections pass a hundred thousand names a batch); an error for a name not
-    /// held or named twice.
+    /// The states of `names`, each borrowed mutably at once (nothing moved); an error for a name
+    /// not held or named twice. Per-channel collections pass a hundred thousand names a batch,
+    /// a tensor's channels in the order they were added: a name is first compared with the name
+    /// after the one before it (a read in order), and looked up only where it differs (a lookup
+    /// is a chain of misses once the index has left the caches).
     pub fn get_disjoint_mut(&mut self, names: &[&str]) -> Result<Vec<&mut S>, TensorError> {
-        let mut pointers: Vec<*mut S> = Vec::with_capacity(names.len());
+        let mut at: Vec<usize> = Vec::with_capacity(names.len());
+        let mut seen = vec![false; self.states.len()];
+        let mut next = usize::MAX;
         for &name in names {
-            pointers.push(self.get_mut(name)? as *mut S);
+            let found = match self.order.get(next) {
+                Some(n) if n == name => Some(next), // the names are distinct: its index
+                _ => self.index.get(name).copied(),
+            };
+            let i = match found {
+                Some(i) if self.states[i].is_some() => i,
+                _ => return Err(TensorError::Missing { name: name.to_string() }),
+            };
+            next = i + 1;
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(TensorError::invalid(name, "named twice"));
+            }
+            at.push(i);
         }
-        let mut sorted: Vec<usize> = pointers.iter().map(|&p| p as usize).collect();
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            let name = names[pointers.iter().position(|&p| p as usize == w[0]).unwrap_or(0)];
-            return Err(TensorError::invalid(name, "named twice"));
-        }
-        // SAFETY: the pointers are to distinct entries of `self.states` (checked above), which
-        // stays borrowed mutably, so unchanged, while the references live.
-        Ok(pointers.into_iter().map(|p| unsafe { &mut *p }).collect())
+        let base = self.states.as_mut_ptr();
+        // SAFETY: the indices are distinct (checked above) and in bounds, their states held;
+        // `self.states` stays borrowed mutably, so unchanged, while the references live.
+        Ok(at.into_iter().map(|i| unsafe { (*base.add(i)).as_mut().expect("held") }).collect())
     }
 
     /// The state of `name`, if held (no error).
     pub fn find(&self, name: &str) -> Option<&S> {
-        self.states.get(name)
+        self.index.get(name).and_then(|&i| self.states[i].as_ref())
     }
 
     /// Every state, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&String, &S)> + '_ {
-        self.order.iter().map(|n| (n, &self.states[n]))
+        self.order.iter().zip(&self.states).map(|(n, s)| (n, s.as_ref().expect("every state is put back")))
     }
 
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut S> + '_ {
-        self.states.values_mut()
+        self.states.iter_mut().flatten()
     }
 
     /// The states of `names` (default: all, in order); an error for a tensor not held.
     pub fn selected(&self, names: Option<Vec<String>>) -> Result<Vec<(String, &S)>, TensorError> {
         match names {
-            None => Ok(self.order.iter().map(|n| (n.clone(), &self.states[n])).collect()),
+            None => Ok(self.iter().map(|(n, s)| (n.clone(), s)).collect()),
             Some(names) => names
                 .into_iter()
                 .map(|n| {
@@ -159,42 +238,43 @@ impl<S> TensorSet<S> {
 
     /// Take a state out to work on (its place in the order is kept: `put` it back).
     pub fn take(&mut self, name: &str) -> Option<S> {
-        self.states.remove(name)
+        let &i = self.index.get(name)?;
+        self.states[i].take()
     }
 
-    /// Put back a state taken out, or add a new tensor at the end of the order. Adding a new
-    /// tensor searches the order (O(tensors)): use [`TensorSet::push_new`] where the caller
-    /// knows it is new.
+    /// Put back a state taken out, or add a new tensor at the end of the order.
     pub fn put(&mut self, name: &str, state: S) {
-        if !self.states.contains_key(name) && !self.order.iter().any(|o| o == name) {
-            self.order.push(name.to_string());
+        match self.index.get(name) {
+            Some(&i) => self.states[i] = Some(state),
+            None => self.push(name, Some(state)),
         }
-        self.states.insert(name.to_string(), state);
     }
 
     /// Put back a state that `take` took out (the tensor is in the order already).
     pub fn put_back(&mut self, name: &str, state: S) {
-        debug_assert!(self.order.iter().any(|o| o == name));
-        self.states.insert(name.to_string(), state);
+        debug_assert!(self.index.contains_key(name));
+        self.put(name, state);
     }
 
     /// Add a new tensor to the order whose state is out being worked on (`put_back` puts it in).
     pub fn push_taken(&mut self, name: &str) {
-        self.order.push(name.to_string());
+        self.push(name, None);
     }
 
-    /// Add a tensor not held yet (the caller knows it is new: no search of the order).
+    /// Add a tensor not held yet (the caller knows it is new).
     pub fn push_new(&mut self, name: &str, state: S) {
-        self.order.push(name.to_string());
-        self.states.insert(name.to_string(), state);
+        self.push(name, Some(state));
     }
 
-    /// Add or replace a state, with its name known to be in the order exactly when it is in
-    /// the map (true between calls: a replaced state keeps its place).
+    /// Add or replace a state (a replaced state keeps its place).
     pub fn insert(&mut self, name: &str, state: S) {
-        if self.states.insert(name.to_string(), state).is_none() {
-            self.order.push(name.to_string());
-        }
+        self.put(name, state);
+    }
+
+    fn push(&mut self, name: &str, state: Option<S>) {
+        self.index.insert(name.to_string(), self.order.len());
+        self.order.push(name.to_string());
+        self.states.push(state);
     }
 }
 
@@ -231,6 +311,18 @@ mod tests {
         assert_eq!(set.iter().map(|(_, v)| *v).collect::<Vec<_>>(), [10, 2, 30]);
         assert!(matches!(set.get_disjoint_mut(&["a", "b", "a"]), Err(TensorError::Invalid { .. })));
         assert!(matches!(set.get_disjoint_mut(&["a", "z"]), Err(TensorError::Missing { .. })));
+        // in order, out of order, a name taken out
+        for names in [&["a", "b", "c"][..], &["b", "c", "a"], &["c", "b"], &["a", "c", "b"]] {
+            let got: Vec<i32> = set.get_disjoint_mut(names).unwrap().into_iter().map(|s| *s).collect();
+            let want: Vec<i32> = names.iter().map(|n| *set.get(n).unwrap()).collect();
+            assert_eq!(got, want, "{names:?}");
+        }
+        assert!(matches!(set.get_disjoint_mut(&["b", "c", "b"]), Err(TensorError::Invalid { .. })));
+        let b = set.take("b").unwrap();
+        assert!(matches!(set.get_disjoint_mut(&["a", "b"]), Err(TensorError::Missing { .. })));
+        assert!(!set.contains("b") && set.names().len() == 3);
+        set.put_back("b", b);
+        assert_eq!(set.iter().map(|(_, v)| *v).collect::<Vec<_>>(), [10, 2, 30]);
     }
 
     #[test]

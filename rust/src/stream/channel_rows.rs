@@ -103,10 +103,12 @@ fn add_group<D: Float>(data: &[D], layout: ChannelLayout, first: usize, hists: &
     let (outer, inner) = (layout.outer, layout.inner);
     let per_channel = outer * inner;
     if outer <= 1 || per_channel == 0 {
-        // each channel one run (or none): in place
+        // each channel one run (or none): in place, as a slice (what `channel_view` holds, built
+        // without its strides)
         for k in 0..hists.len() {
             prefetch_next(hists, k);
-            hists[k].add(&channel_view(data, layout, first + k));
+            let run = if outer == 0 { &data[..0] } else { &data[layout.run_start(0, first + k)..][..inner] };
+            hists[k].add(&View::from_slice(run));
         }
         return;
     }
@@ -206,10 +208,14 @@ fn prefetch<D>(values: &[D]) {
 
 /// The next histogram's counts into the caches while histogram `k` counts its batch: the channels'
 /// counts together are far beyond the caches, and each would otherwise be fetched line by line as
-/// its values hit them.
+/// its values hit them. The histogram after it is asked for too (its fields, which say where its
+/// counts are: read by the next call), the channels' histograms lying far apart.
 fn prefetch_next(hists: &[&mut StreamHistogram], k: usize) {
     if let Some(next) = hists.get(k + 1) {
         next.prefetch_counts();
+    }
+    if let Some(after) = hists.get(k + 2) {
+        prefetch(std::slice::from_ref::<StreamHistogram>(after));
     }
 }
 

@@ -271,12 +271,22 @@ impl StreamHistogram {
             if self.narrow.is_empty() {
                 return;
             }
+            // x's bin, give or take one (a hint: truncation instead of floor, no division)
             let h = self.half() as f64;
-            let at = |x: f64| ((x / pow2(level) * h).floor() + h).clamp(0.0, 2.0 * h - 1.0) as usize;
+            let scale = pow2::pow2((self.log_half as i32 - level).clamp(-1000, 1000));
+            let at = |x: f64| (x * scale + h).clamp(0.0, 2.0 * h - 1.0) as usize;
             let base = self.narrow.as_ptr();
             for i in (at(mn)..=at(mx)).step_by(64) {
                 // SAFETY: i < 2H < narrow.len(); a prefetch never faults anyway.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(i) as *const i8) };
+            }
+            // zeros (ReLU outputs: often most values) count in the zero slots after the 2H bytes,
+            // and their bytes carry into bin 0 every 256: those lines too
+            let h = self.half();
+            // SAFETY: 2H + 1 < narrow.len() and H < bins.len().
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(base.add(2 * h + 1) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(self.bins.as_ptr().add(h) as *const i8);
             }
         }
     }
