@@ -352,9 +352,11 @@ impl Scratch {
 /// `j % COPIES`, the copies summed at the flush (exact: integer counts, added in any order).
 /// On real activations 11-15 % of values fall in the bin of the value d places before, for
 /// each d from 1 to 8; in one set of u16 counters each such increment waits on the store of
-/// the one before it. With four copies the add on PaddleOCR's detector outputs takes 0.62x
-/// the time where the data is in cache, about the same where it streams from memory
-/// (`examples/real_batch.rs`, BENCHMARKS.md).
+/// the one before it. With four copies, and the next block asked into L1 during the scatter
+/// (`DirectCounter::scatter`), the add on PaddleOCR's detector outputs takes 0.90x the time
+/// of one copy without it over its tensors from 32K values (data from memory), 0.78x on
+/// tensors that stay in cache; the copies alone help only the latter (`examples/real_batch.rs`,
+/// BENCHMARKS.md).
 const COPIES: usize = 4;
 
 /// Histograms from this many bins on (`2H`) count in one copy: the copies' 8 bytes per bin would
