@@ -153,6 +153,65 @@ fn large_batches_and_streams_match_the_reference() {
     }
 }
 
+/// Activation-like batches for the direct kernel (32K values and more): about one value in
+/// four repeats one of the last eight (neighbouring values in one bin, which the direct kernel
+/// spreads over copies of its counters), a fifth are exact zeros, some sit on or next to bin
+/// edges, with NaN, ±Inf and -0.0; lengths not a multiple of the copies, beyond a u16 counter's
+/// reach between flushes, magnitudes growing from batch to batch and inside batches.
+fn activation_batches(log_half: u32, rng: &mut Rng) -> Vec<Vec<f64>> {
+    let mut batches = Vec::new();
+    for (b, &n) in [32768usize, 70001, 40003, 131075].iter().enumerate() {
+        let scale = pow2(3 * b as i32);
+        let w = pow2(level_for(scale) - log_half as i32);
+        let mut recent = [0.0f64; 8];
+        let mut v: Vec<f64> = (0..n)
+            .map(|i| {
+                let x = match rng.below(20) {
+                    0..=4 => recent[rng.below(8) as usize],
+                    5..=8 => 0.0,
+                    9 => {
+                        // a bin edge, or the float next to it
+                        let e = (rng.below(2 << log_half) as f64 - (1 << log_half) as f64) * w;
+                        let e = e as f32;
+                        f32::from_bits((e.to_bits() as i64 + rng.below(3) as i64 - 1).max(0) as u32) as f64
+                    }
+                    // the second half of a batch twice as large as its first
+                    _ => (rng.below(2001) as f64 - 1000.0) * 1e-3 * scale * if 2 * i > n { 2.0 } else { 1.0 },
+                };
+                recent[i % 8] = x;
+                x
+            })
+            .collect();
+        for (i, x) in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0].into_iter().enumerate() {
+            v[7 + 1000 * i] = x;
+        }
+        batches.push(v);
+    }
+    batches
+}
+
+#[test]
+fn direct_kernel_with_copies_matches_the_reference() {
+    let mut rng = Rng(0xC0FF_EE12_3456_789B);
+    // 2^14 bins: four copies of the counters; 2^17: one
+    for log_half in [13, 16] {
+        let batches = activation_batches(log_half, &mut rng);
+        let as_type = |f: fn(f64) -> f64| -> Vec<Vec<f64>> {
+            batches.iter().map(|b| b.iter().map(|&x| f(x)).collect()).collect()
+        };
+        let typed =
+            |t: &Vec<Vec<f64>>| -> Vec<Vec<f32>> { t.iter().map(|b| b.iter().map(|&x| x as f32).collect()).collect() };
+        check_stream::<f32>(&typed(&as_type(|x| x)), log_half);
+        let wide: Vec<Vec<f64>> = as_type(|x| x * (1.0 + 1e-9));
+        check_stream::<f64>(&wide, log_half);
+        let halves: Vec<Vec<f16>> =
+            batches.iter().map(|b| b.iter().map(|&x| f16::from_f64(x / 64.0)).collect()).collect();
+        check_stream::<f16>(&halves, log_half);
+        // a constant batch, then one all zeros, then empty
+        check_stream::<f32>(&[vec![0.75; 40000], vec![-0.0; 33333], vec![]], log_half);
+    }
+}
+
 fn hist_of(batches: &[Vec<f32>], log_half: u32) -> StreamHistogram {
     let mut h = StreamHistogram::new(log_half);
     for b in batches {
