@@ -105,11 +105,8 @@ fn add_group<D: Float>(data: &[D], layout: ChannelLayout, first: usize, hists: &
     if outer <= 1 || per_channel == 0 {
         // each channel one run (or none): in place, as a slice (what `channel_view` holds, built
         // without its strides)
-        for k in 0..hists.len() {
-            prefetch_next(hists, k);
-            let run = if outer == 0 { &data[..0] } else { &data[layout.run_start(0, first + k)..][..inner] };
-            hists[k].add(&View::from_slice(run));
-        }
+        let run = |k| if outer == 0 { &data[..0] } else { &data[layout.run_start(0, first + k)..][..inner] };
+        StreamHistogram::add_each(hists, run, prefetch_next);
         return;
     }
     // Channels lie `pitch` values apart in the buffer: not a multiple of 4 KiB, so that the runs
@@ -185,10 +182,7 @@ fn gather_and_add<D: Float>(
                 }
             }
         }
-        for k in 0..n {
-            prefetch_next(part, k);
-            part[k].add(&View::from_slice(&buffer[k * pitch..][..per_channel]));
-        }
+        StreamHistogram::add_each(part, |k| &buffer[k * pitch..][..per_channel], prefetch_next);
     }
 }
 

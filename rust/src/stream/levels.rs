@@ -30,3 +30,20 @@ pub fn raise_bins(bins: &mut [u64], shift: u32) {
         }
     }
 }
+
+/// `raise_bins` of bins that are zero outside indices `lo..=hi` (`lo <= H <= hi`): the same
+/// result, touching only that window (a level rise of a histogram whose values span a few of its
+/// bins' lines no longer reads and writes all `2H`).
+pub fn raise_bins_window(bins: &mut [u64], shift: u32, lo: usize, hi: usize) {
+    let h = bins.len() / 2;
+    assert!(lo <= h && h <= hi && hi < bins.len(), "a window holding bin 0");
+    let k = shift.min(62);
+    // the same walk as `raise_bins`, each side from zero to the window's end: every target lies
+    // between zero and its source, so inside the window
+    for i in (h..=hi).chain((lo..h).rev()) {
+        let c = std::mem::take(&mut bins[i]);
+        if c != 0 {
+            bins[(((i as i64 - h as i64) >> k) + h as i64) as usize] += c;
+        }
+    }
+}

@@ -23,8 +23,10 @@
 use crate::numeric::float::Float;
 use crate::numeric::scan::{retype, scan_lanes_block, Scan};
 use crate::numeric::view::View;
-use crate::stream::levels::{level_for, raise_bins};
-use crate::stream::stream_bins::{bins as bin_indices, bins_scan, lanes_of, LaneFloat, Pow2Bins, BLOCK, ZERO_SLOTS};
+use crate::stream::levels::{level_for, raise_bins, raise_bins_window};
+use crate::stream::stream_bins::{
+    bin_index, bins as bin_indices, bins_scan, lanes_of, LaneFloat, Pow2Bins, BLOCK, ZERO_SLOTS,
+};
 use std::any::TypeId;
 use std::cell::RefCell;
 
@@ -93,6 +95,37 @@ pub fn settle(bins: &mut [u64], narrow: &mut [u8]) {
     narrow.fill(0);
 }
 
+/// `settle`, then `raise_bins` by `shift` levels, where every count (bins and narrow counts, the
+/// zero slots counting in bin 0) lies at indices `window` (`lo..=hi`, holding `H`): only the
+/// window is touched (None: all `2H` bins). The same bins as `settle` and `raise_bins`: both
+/// leave every count outside the window where it is, and there are none.
+pub fn settle_and_raise(bins: &mut [u64], narrow: &mut [u8], shift: u32, window: Option<(usize, usize)>) {
+    let n = bins.len();
+    let Some((lo, hi)) = window else {
+        settle(bins, narrow);
+        raise_bins(bins, shift);
+        return;
+    };
+    if narrow.len() == n + 1 + ZERO_SLOTS {
+        add_u8(&mut bins[lo..=hi], &narrow[lo..=hi]);
+        bins[n / 2] += narrow[n + 1..].iter().map(|&c| c as u64).sum::<u64>();
+        narrow[lo..=hi].fill(0);
+        narrow[n..].fill(0); // the dummy (never carried) and the zero slots
+    }
+    raise_bins_window(bins, shift, lo, hi);
+}
+
+/// The indices `lo..=hi` (holding `H`) of the bins at `level` between finite values `min` and
+/// `max`: where a histogram whose values all lie in `[min, max]` holds its counts (binning is
+/// monotone).
+pub fn window_of(log_half: u32, level: i32, min: f64, max: f64) -> (usize, usize) {
+    let h = 1usize << log_half;
+    // a bin more on each side: a margin that costs nothing
+    let lo = bin_index(log_half, level, min).saturating_sub(1).min(h);
+    let hi = (bin_index(log_half, level, max) + 1).clamp(h, 2 * h - 1);
+    (lo, hi)
+}
+
 /// The mapping of `level` over all `2H` bins.
 fn whole<T: LaneFloat>(log_half: u32, level: i32) -> Pow2Bins<T> {
     let half = 1i32 << log_half;
@@ -100,7 +133,8 @@ fn whole<T: LaneFloat>(log_half: u32, level: i32) -> Pow2Bins<T> {
 }
 
 /// Add one batch to a streaming histogram (`bins`: its `2H` counts at `*level`, None before any
-/// finite value; `narrow`: its narrow counts, `narrow_len` bytes) in a single read of the data:
+/// finite value; `narrow`: its narrow counts, `narrow_len` bytes; `held`: where its counts lie)
+/// in a single read of the data:
 /// each block is scanned and binned while in L1, the level raised (on settled bins) when the
 /// block holds a value beyond it, and the block counted in the narrow counts. Returns the
 /// batch's scan. Sequential.
@@ -110,60 +144,138 @@ pub fn add_narrow<D: Float>(
     level: &mut Option<i32>,
     bins: &mut [u64],
     narrow: &mut [u8],
+    held: CountsAt,
 ) -> Scan<D> {
-    assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
-    assert_eq!(narrow.len(), narrow_len(log_half), "narrow counts hold 2H + 1 + ZERO_SLOTS bytes");
-    BLOCKS.with(|cell| {
-        let s = &mut *cell.borrow_mut();
-        s.idx.resize(BLOCK, 0);
-        s.wide.resize(BLOCK, 0.0);
-        if TypeId::of::<D>() == TypeId::of::<f64>() {
-            add_lanes::<D, f64>(view, log_half, level, bins, narrow, s)
-        } else {
-            add_lanes::<D, f32>(view, log_half, level, bins, narrow, s)
-        }
+    with_blocks(|blocks| {
+        let mut batch = blocks.batch::<D>(log_half, level, bins, narrow, held);
+        view.for_each_block(0..view.len(), |block| batch.add(block));
+        batch.total
     })
 }
 
-fn add_lanes<D: Float, T: LaneFloat>(
-    view: &View<'_, D>,
+/// The narrow kernel's block buffers, borrowed once for many batches (`NarrowBlocks::batch`):
+/// where thousands of channels take a few hundred values each, the per-batch setup weighs.
+pub struct NarrowBlocks<'s>(&'s mut Blocks);
+
+/// Run `f` with this thread's block buffers (fresh ones where they are already borrowed).
+pub fn with_blocks<R>(f: impl FnOnce(&mut NarrowBlocks<'_>) -> R) -> R {
+    BLOCKS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut NarrowBlocks(&mut s)),
+        Err(_) => f(&mut NarrowBlocks(&mut Blocks::default())),
+    })
+}
+
+impl NarrowBlocks<'_> {
+    /// One batch of a histogram, as `add_narrow` counts it: feed its values in order with
+    /// `NarrowBatch::add` (in pieces of any size), then read its scan (`total`).
+    pub fn batch<'b, D: Float>(
+        &'b mut self,
+        log_half: u32,
+        level: &'b mut Option<i32>,
+        bins: &'b mut [u64],
+        narrow: &'b mut [u8],
+        held: CountsAt,
+    ) -> NarrowBatch<'b, D> {
+        assert_eq!(bins.len(), 2 << log_half, "bins hold 2H counts");
+        assert_eq!(narrow.len(), narrow_len(log_half), "narrow counts hold 2H + 1 + ZERO_SLOTS bytes");
+        let s = &mut *self.0;
+        if s.idx.len() < BLOCK {
+            s.idx.resize(BLOCK, 0);
+            s.wide.resize(BLOCK, 0.0);
+        }
+        let wide_lanes = TypeId::of::<D>() == TypeId::of::<f64>();
+        let (map32, map64) = match *level {
+            Some(l) if wide_lanes => (None, Some(whole::<f64>(log_half, l))),
+            Some(l) => (Some(whole::<f32>(log_half, l)), None),
+            None => (None, None),
+        };
+        NarrowBatch { s, log_half, level, bins, narrow, held, map32, map64, total: Scan::empty() }
+    }
+}
+
+/// One batch being counted (`NarrowBlocks::batch`).
+pub struct NarrowBatch<'b, D: Float> {
+    s: &'b mut Blocks,
     log_half: u32,
-    level: &mut Option<i32>,
-    bins: &mut [u64],
-    narrow: &mut [u8],
-    s: &mut Blocks,
-) -> Scan<D> {
-    let mut total = Scan::<D>::empty();
-    let mut map: Option<Pow2Bins<T>> = level.map(|l| whole(log_half, l));
-    let (idx, wide) = (&mut s.idx, &mut s.wide);
-    view.for_each_block(0..view.len(), |block| {
-        for piece in block.chunks(BLOCK) {
+    level: &'b mut Option<i32>,
+    bins: &'b mut [u64],
+    narrow: &'b mut [u8],
+    held: CountsAt,
+    /// The mapping at the current level, in the data's lanes (f64 data: `map64`).
+    map32: Option<Pow2Bins<f32>>,
+    map64: Option<Pow2Bins<f64>>,
+    /// The scan of the values added so far.
+    pub total: Scan<D>,
+}
+
+/// What a histogram's counts before a batch are known to lie between: `Extremes(min, max)`, its
+/// finite extremes (None before any finite value), or `Anywhere` (a histogram restored with
+/// counts outside its extremes' bins).
+#[derive(Clone, Copy, Debug)]
+pub enum CountsAt {
+    Extremes(Option<(f64, f64)>),
+    Anywhere,
+}
+
+/// Where a histogram's counts lie at `level`: those before the batch (`held`) and the batch's
+/// blocks so far (`total`, which already holds the block that raises the level: a wider window
+/// is as exact). None: anywhere.
+fn window<D: Float>(held: CountsAt, total: &Scan<D>, log_half: u32, level: i32) -> Option<(usize, usize)> {
+    let CountsAt::Extremes(before) = held else { return None };
+    let now = match (total.finite_min, total.finite_max) {
+        (Some(a), Some(b)) => Some((a.to_f64(), b.to_f64())),
+        _ => None,
+    };
+    let (min, max) = match (before, now) {
+        (Some((a, b)), Some((c, d))) => (a.min(c), b.max(d)),
+        (Some(x), None) | (None, Some(x)) => x,
+        (None, None) => return None,
+    };
+    Some(window_of(log_half, level, min, max))
+}
+
+impl<D: Float> NarrowBatch<'_, D> {
+    /// Count the next values of the batch.
+    pub fn add(&mut self, values: &[D]) {
+        if TypeId::of::<D>() == TypeId::of::<f64>() {
+            let mut map = self.map64.take();
+            self.add_lanes::<f64>(values, &mut map);
+            self.map64 = map;
+        } else {
+            let mut map = self.map32.take();
+            self.add_lanes::<f32>(values, &mut map);
+            self.map32 = map;
+        }
+    }
+
+    fn add_lanes<T: LaneFloat>(&mut self, values: &[D], map: &mut Option<Pow2Bins<T>>) {
+        let (idx, wide) = (&mut self.s.idx, &mut self.s.wide);
+        for piece in values.chunks(BLOCK) {
             let lanes: &[T] = lanes_of(piece, wide);
             let n = lanes.len();
             // bin at the current level while scanning; a block beyond it is binned again
-            let sc = match &map {
+            let sc = match &*map {
                 Some(p) => bins_scan(p, lanes, &mut idx[..n]),
                 None => scan_lanes_block(lanes),
             };
-            total = total.merge(retype(sc));
+            self.total = self.total.merge(retype(sc));
             let (Some(min), Some(max)) = (sc.finite_min, sc.finite_max) else {
                 continue; // nothing finite to count
             };
             let need = level_for(min.to_f64().abs().max(max.to_f64().abs()));
-            if level.is_none_or(|l| need > l) {
-                if let Some(l) = *level {
-                    settle(bins, narrow);
-                    raise_bins(bins, (need - l) as u32);
+            if self.level.is_none_or(|l| need > l) {
+                if let Some(l) = *self.level {
+                    let window = window(self.held, &self.total, self.log_half, l);
+                    settle_and_raise(self.bins, self.narrow, (need - l) as u32, window);
                 }
-                *level = Some(need);
-                let p = whole(log_half, need);
+                *self.level = Some(need);
+                let p = whole(self.log_half, need);
                 bin_indices(&p, lanes, &mut idx[..n]);
-                map = Some(p);
+                *map = Some(p);
             }
-            scatter(&idx[..n], narrow, bins);
+            scatter(&idx[..n], self.narrow, self.bins);
         }
-    });
-    total
+    }
 }
 
 /// Count a batch whose finite values all lie inside `level`'s range into the narrow counts (the

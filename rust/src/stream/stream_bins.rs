@@ -81,6 +81,13 @@ impl<T: Lane> Pow2Bins<T> {
     }
 }
 
+/// The index (`bin + H`) of finite `x`'s bin at `level` over all `2H` bins, as the kernels bin it.
+pub(crate) fn bin_index(log_half: u32, level: i32, x: f64) -> usize {
+    let half = 1i32 << log_half;
+    let p = Pow2Bins::<f64>::window(log_half, level, -half, half - 1);
+    (p.bin(x) + half) as usize
+}
+
 /// Window indices of a block: bin - first. NaN and ±Inf get the dummy index `len`, exact zeros
 /// one of the `ZERO_SLOTS` indices after it, by position, so that a run of zeros (ReLU)
 /// increments several counters in turn instead of serialising on one.

@@ -20,7 +20,7 @@ use crate::numeric::view::View;
 use crate::ort::histogram::{HistError, UniformBins};
 use crate::ort::value_histogram::Held;
 pub use crate::stream::levels::{level_for, raise_bins, MIN_LEVEL};
-use crate::stream::narrow::{add_narrow, count_narrow, narrow_len, settle};
+use crate::stream::narrow::{add_narrow, count_narrow, narrow_len, settle, window_of, with_blocks, CountsAt};
 use crate::stream::stream_bins::{add_direct, batch_bins};
 use std::borrow::Cow;
 
@@ -41,6 +41,9 @@ pub struct StreamHistogram {
     narrow: Vec<u8>,
     /// Whether `narrow` may hold counts (`bins` alone is the histogram otherwise).
     unsettled: bool,
+    /// Whether every count lies between the bins of `finite_min` and `finite_max` (true unless
+    /// restored otherwise): a level rise then only touches those bins.
+    in_extremes: bool,
     /// Extremes over finite values, exact (the data's own values).
     pub finite_min: Option<f64>,
     pub finite_max: Option<f64>,
@@ -86,6 +89,7 @@ impl StreamHistogram {
             bins: fallible::zeroed(2 << log_half),
             narrow: Vec::new(),
             unsettled: false,
+            in_extremes: true,
             finite_min: None,
             finite_max: None,
             abs_min: None,
@@ -184,8 +188,46 @@ impl StreamHistogram {
         // one read of the data, into the narrow counts
         self.allocate_narrow();
         self.unsettled = true;
-        let sc = add_narrow(view, self.log_half, &mut self.level, &mut self.bins, &mut self.narrow);
+        let held = self.held();
+        let sc = add_narrow(view, self.log_half, &mut self.level, &mut self.bins, &mut self.narrow, held);
         self.record(&sc);
+    }
+
+    /// Add `values(k)` as one batch of `hists[k]`, for each `k` in turn, calling `before(hists, k)`
+    /// first: what `add` of each slice does, with the narrow kernel's setup (its buffers, the
+    /// view of each batch) done once for all, which weighs where each holds a few hundred values
+    /// (`stream::channel_rows`).
+    pub fn add_each<'v, D: Float + 'v>(
+        hists: &mut [&mut StreamHistogram],
+        values: impl Fn(usize) -> &'v [D],
+        before: impl Fn(&[&mut StreamHistogram], usize),
+    ) {
+        with_blocks(|blocks| {
+            for k in 0..hists.len() {
+                before(hists, k);
+                let (v, h) = (values(k), &mut *hists[k]);
+                if v.len() >= NARROW_MAX {
+                    h.add(&View::from_slice(v)); // the direct kernel or parallel chunks, as `add`
+                    continue;
+                }
+                h.allocate_narrow();
+                h.unsettled = true;
+                let held = h.held();
+                let mut batch = blocks.batch::<D>(h.log_half, &mut h.level, &mut h.bins, &mut h.narrow, held);
+                batch.add(v);
+                let sc = batch.total;
+                h.record(&sc);
+            }
+        })
+    }
+
+    /// Where the counts lie, for the narrow kernel's level rises.
+    fn held(&self) -> CountsAt {
+        match (self.in_extremes, self.finite_min, self.finite_max) {
+            (false, _, _) => CountsAt::Anywhere,
+            (true, Some(a), Some(b)) => CountsAt::Extremes(Some((a, b))),
+            _ => CountsAt::Extremes(None),
+        }
     }
 
     /// Count a batch's scan in the totals and extremes; its finite `(min, max)` if any.
@@ -322,6 +364,7 @@ impl StreamHistogram {
         self.n_posinf += o.n_posinf;
         self.n_neginf += o.n_neginf;
         self.batches += o.batches;
+        self.in_extremes &= o.in_extremes;
         Ok(())
     }
 
@@ -520,6 +563,11 @@ impl StreamHistogram {
         }
         h.level = level;
         h.bins.copy_from_slice(bins);
+        if let (Some(l), Some(mn), Some(mx)) = (level, finite_min, finite_max) {
+            // a state whose counts lie outside its extremes' bins is still read as it is
+            let (lo, hi) = window_of(log_half, l, mn, mx);
+            h.in_extremes = bins[..lo].iter().chain(&bins[hi + 1..]).all(|&c| c == 0);
+        }
         (h.finite_min, h.finite_max, h.abs_min) = (finite_min, finite_max, abs_min);
         (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches) = (n_finite, n_nan, n_posinf, n_neginf, batches);
         Ok(h)
