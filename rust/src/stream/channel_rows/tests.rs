@@ -45,6 +45,9 @@ fn fresh(channels: usize, log_half: u32) -> Vec<StreamHistogram> {
 fn check<D: Float>(rng: &mut Rng, shapes: &[Vec<usize>], axis: usize, log_half: u32) {
     let channels = shapes[0][axis];
     let (mut rows, mut strided) = (fresh(channels, log_half), fresh(channels, log_half));
+    // the direct kernel, whose level rises merge all 2H bins: the reference for the narrow
+    // kernel's rises over the extremes' bins only
+    let mut direct = fresh(channels, log_half);
     for (b, shape) in shapes.iter().enumerate() {
         let layout = ChannelLayout::new(shape, axis);
         let scale = [1e-3, 1.0, 300.0, 1e6][rng.below(4) as usize];
@@ -62,9 +65,11 @@ fn check<D: Float>(rng: &mut Rng, shapes: &[Vec<usize>], axis: usize, log_half: 
         add_channels(&data, layout, &mut refs);
         for (c, h) in strided.iter_mut().enumerate() {
             h.add(&channel_view(&data, layout, c));
+            direct[c].add_unbuffered(&channel_view(&data, layout, c));
         }
         for c in 0..channels {
             assert!(rows[c] == strided[c], "{} shape {shape:?} axis {axis} batch {b} channel {c}", D::NAME);
+            assert!(rows[c] == direct[c], "direct: {} shape {shape:?} axis {axis} batch {b} channel {c}", D::NAME);
         }
     }
 }
@@ -116,4 +121,31 @@ fn tensors_split_into_channel_groups_match() {
     let mut rng = Rng(13);
     check::<f32>(&mut rng, &[vec![2, 600, 1000], vec![1, 600, 1000]], 1, 8);
     check::<f32>(&mut rng, &[vec![1100, 1000], vec![1100, 1000]], 1, 8);
+}
+
+#[test]
+fn level_rises_in_later_batches_match_the_direct_kernel() {
+    // one-signed channels (ReLU-like, and their negatives) whose scale grows batch after batch:
+    // levels rise in most channels, the counts lying on one side of zero only
+    for (seed, sign) in [(21u64, 1.0), (22, -1.0)] {
+        let mut rng = Rng(seed);
+        let layout = ChannelLayout::new(&[1, 40, 300], 1);
+        let (mut rows, mut direct) = (fresh(40, 7), fresh(40, 7));
+        for b in 0..6 {
+            let data: Vec<f32> = (0..layout.len())
+                .map(|i| match i % 7 {
+                    0 => 0.0,
+                    _ => (sign * rng.unit() * 3f64.powi(b + (i / 300 % 5) as i32)) as f32,
+                })
+                .collect();
+            let mut refs: Vec<&mut StreamHistogram> = rows.iter_mut().collect();
+            add_channels(&data, layout, &mut refs);
+            for (c, h) in direct.iter_mut().enumerate() {
+                h.add_unbuffered(&channel_view(&data, layout, c));
+            }
+            for c in 0..40 {
+                assert!(rows[c] == direct[c], "sign {sign} batch {b} channel {c}");
+            }
+        }
+    }
 }

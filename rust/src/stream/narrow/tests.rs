@@ -4,6 +4,7 @@
 use crate::numeric::float::Float;
 use crate::numeric::scan::scan;
 use crate::numeric::view::View;
+use crate::stream::levels::{raise_bins, raise_bins_window};
 use crate::stream::stream_histogram::StreamHistogram;
 use half::f16;
 
@@ -129,4 +130,58 @@ fn merged_and_copied_histograms_read_the_narrow_counts() {
     assert!(narrow == direct);
     assert_eq!(narrow.to_value::<f32>(2048).unwrap().hist, direct.to_value::<f32>(2048).unwrap().hist);
     assert_eq!(narrow.to_abs::<f32>(2048).unwrap().hist, direct.to_abs::<f32>(2048).unwrap().hist);
+}
+
+#[test]
+fn raising_a_window_equals_raising_every_bin() {
+    let mut rng = Rng(31);
+    for log_half in [2u32, 4, 9] {
+        let h = 1usize << log_half;
+        for _ in 0..200 {
+            let lo = rng.below(h as u64 + 1) as usize;
+            let hi = h + rng.below(h as u64) as usize;
+            let mut bins = vec![0u64; 2 * h];
+            for b in &mut bins[lo..=hi] {
+                *b = rng.below(3) * rng.below(1000);
+            }
+            for shift in [1u32, 2, 5, 40, 62, 100] {
+                let (mut whole, mut window) = (bins.clone(), bins.clone());
+                raise_bins(&mut whole, shift);
+                raise_bins_window(&mut window, shift, lo, hi);
+                assert_eq!(whole, window, "log_half {log_half} window {lo}..={hi} shift {shift}");
+            }
+        }
+    }
+}
+
+#[test]
+fn restored_counts_outside_the_extremes_still_merge_on_a_rise() {
+    // a state whose bins hold counts beyond its extremes' bins (not what collection writes, but a
+    // file may say so): a level rise must still merge every bin
+    let log_half = 6;
+    let mut bins = vec![0u64; 128];
+    bins[64] = 5; // bin 0, as the extremes say
+    bins[1] = 3; // far below the extremes' bins
+    bins[127] = 2; // far above
+    let restored =
+        StreamHistogram::from_parts(log_half, Some(0), &bins, Some(0.0), Some(0.01), Some(0.0), (10, 0, 0, 0, 1))
+            .expect("a consistent state");
+    // a rise by one level whose batch lies near zero: the window misses bins 1 and 127
+    let batch: Vec<f32> = vec![0.5, 1.5, -0.25, 0.0, 0.25];
+    let v = View::from_slice(&batch);
+    let (mut narrow, mut direct) = (restored.clone(), restored.clone());
+    narrow.add(&v);
+    direct.add_unbuffered(&v);
+    assert!(narrow == direct);
+    let mut each = restored.clone();
+    StreamHistogram::add_each(&mut [&mut each], |_| &batch[..], |_, _| {});
+    assert!(each == direct);
+    // merged into a histogram whose counts lie inside its extremes, the same
+    let mut fresh = StreamHistogram::new(log_half);
+    fresh.add(&View::from_slice(&[0.001f32]));
+    fresh.merge(&restored).unwrap();
+    let mut fresh_direct = fresh.clone();
+    fresh.add(&v);
+    fresh_direct.add_unbuffered(&v);
+    assert!(fresh == fresh_direct);
 }
