@@ -18,7 +18,9 @@
 //! `bins[i] + narrow[i]` (plus, for bin 0, the zero slots) is the number of values counted in bin
 //! `i`, an integer sum that does not depend on when bytes carry. `settle` adds the bytes into the
 //! bins and zeroes them; the level rises only on settled bins (`raise_bins`, exact as before), so
-//! the settled bins equal, bit for bit, those of the direct kernel after the same batches.
+//! the settled bins equal, bit for bit, those of the direct kernel after the same batches. A rise
+//! settles and merges only the bins between those of the histogram's finite extremes
+//! (`settle_and_raise`): binning is monotone, so every count lies there, and the rest is zero.
 
 use crate::numeric::float::Float;
 use crate::numeric::scan::{retype, scan_lanes_block, Scan};
