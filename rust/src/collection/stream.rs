@@ -214,6 +214,17 @@ impl StreamCollection {
         }
     }
 
+    /// Put in the summaries `with_rows` updated, once the batch has been added without error.
+    fn put_row_summaries(&mut self, updated: Vec<RowSummaries>) -> Result<(), TensorError> {
+        for (name, summaries) in updated {
+            let st = self.tensors.get_mut(&name)?;
+            for (i, s) in summaries {
+                st.summaries[i] = s;
+            }
+        }
+        Ok(())
+    }
+
     /// The summaries that read rows, of `rows`' tensors, with those rows added (copies: nothing
     /// changes here), computed in parallel: `(tensor, [(summary index, summary)])`.
     fn with_rows(&self, rows: &[(&str, RowBatch<'_>)]) -> Result<Vec<RowSummaries>, TensorError> {
@@ -264,13 +275,7 @@ impl StreamCollection {
             .collect();
         self.put(batches, states);
         results.into_iter().collect::<Result<(), _>>()?;
-        for (name, summaries) in updated {
-            let st = self.tensors.get_mut(&name)?;
-            for (i, s) in summaries {
-                st.summaries[i] = s;
-            }
-        }
-        Ok(())
+        self.put_row_summaries(updated)
     }
 
     /// Add batches channel by channel: channel `c` of every batch of an item is a batch of the
@@ -327,13 +332,7 @@ impl StreamCollection {
             .collect();
         drop(states);
         results.into_iter().collect::<Result<(), _>>()?;
-        for (name, summaries) in updated {
-            let st = self.tensors.get_mut(&name)?;
-            for (i, s) in summaries {
-                st.summaries[i] = s;
-            }
-        }
-        Ok(())
+        self.put_row_summaries(updated)
     }
 
     /// The states of `named`'s channels not held yet (`collect_channels`), after checking the
