@@ -93,7 +93,8 @@ class KeptOutputs:
     costs ``hold_cost`` seconds (``hold_seconds_per_byte``: faulting in and zeroing fresh
     pages); running its batch again costs what reading and running the batches of
     ``TIMED_BATCHES`` took alone (``timed``) less their system time (mostly their page faults: a
-    rerun reuses the memory of the batches before it), per byte, the cheapest of them. Both are
+    rerun reuses the memory of the batches before it; at most ``HOLD_COST_CEILING`` per byte of
+    outputs, what the slowest faults cost), per byte, the cheapest of them. Both are
     fixed once measured, so every batch is judged alike (kept while it fits, or none): the
     schedule is one pass or two, the better by the model, never a mix that flips with the noise
     of each batch (the median of recent batches' times it replaces counted the previous batch's
@@ -150,8 +151,11 @@ class KeptOutputs:
         timing, self._timing = self._timing, None
         if timing is not None:
             seconds, _, system = timing
-            # less the faults of fresh memory for its outputs: a rerun's outputs reuse freed memory
-            run = max(0.0, seconds - system) / size
+            # less the faults of fresh memory for its outputs (a rerun's outputs reuse freed
+            # memory), at most what faulting in ``size`` bytes can cost: system time beyond that
+            # (thread-pool wakeups on a loaded machine) is paid by a rerun too, and discounting it
+            # made a few small batches look free to rerun, so they were read twice
+            run = max(0.0, seconds - min(system, size * HOLD_COST_CEILING)) / size
             self._rerun = run if self._rerun is None else min(self._rerun, run)
         if self._rerun is None:
             return True  # never timed (a caller without timing): the budget decides
