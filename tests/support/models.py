@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 from .graphs import F16, GraphBuilder, tensor
 
@@ -129,6 +130,45 @@ def passthrough(opset: int = 17) -> onnx.ModelProto:
     g.node("Identity", ["X"], output="Z")
     g.node("Relu", ["Z"], output="Y")
     return g.model("passthrough", [tensor("X", ["N", 4])], [tensor(n, ["N", 4]) for n in ("X", "Z", "Y")], opset)
+
+
+def paddle_detector(opset: int = 11, initializers_as_inputs: bool = False) -> onnx.ModelProto:
+    """A text detector shaped as paddle2onnx exports one (opset 11, DB head): X[N,3,16,16]
+    -Conv-Relu-> c1 -Conv(stride 2)-Relu-> c2 -Resize(x2, by ``sizes``)-> up; Y = Sigmoid(Conv(c1 + up)).
+    The Resizes' ``roi`` and ``scales`` inputs are empty float tensors from Constant nodes named
+    ``p2o.helper.constant.<n>`` (what paddle2onnx writes): calibrated, never quantized by ORT.
+    With ``initializers_as_inputs`` every weight is also a graph input (older exporters)."""
+    g = GraphBuilder(3)
+    rng = g.rng
+    g.const(rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32), "conv1.w")
+    g.const(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), "conv2.w")
+    g.const(rng.normal(0, 0.3, (1, 8, 1, 1)).astype(np.float32), "head.w")
+    for i, name in enumerate(("roi", "scales")):
+        empty = helper.make_tensor(f"p2o.helper.constant.{140 + i}", TensorProto.FLOAT, [0], [])
+        g.nodes.append(
+            helper.make_node("Constant", [], [f"p2o.helper.constant.{140 + i}"], name=f"p2o.{name}", value=empty)
+        )
+    g.const(np.array([1, 8, 16, 16], np.int64), "sizes")
+    g.node("Conv", ["X", "conv1.w"], output="c1", name="conv1", pads=[1, 1, 1, 1])
+    g.node("Relu", ["c1"], output="r1", name="relu1")
+    g.node("Conv", ["r1", "conv2.w"], output="c2", name="conv2", pads=[1, 1, 1, 1], strides=[2, 2])
+    g.node("Relu", ["c2"], output="r2", name="relu2")
+    g.node(
+        "Resize", ["r2", "p2o.helper.constant.140", "p2o.helper.constant.141", "sizes"], output="up",
+        name="resize", mode="nearest",
+    )  # fmt: skip
+    g.node("Add", ["r1", "up"], output="fused", name="add")
+    g.node("Conv", ["fused", "head.w"], output="logits", name="head")
+    g.node("Sigmoid", ["logits"], output="Y", name="sigmoid")
+    inputs = [tensor("X", ["N", 3, 16, 16])]
+    if initializers_as_inputs:
+        inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.inits]
+    return g.model("paddle_detector", inputs, [tensor("Y", ["N", 1, 16, 16])], opset)
+
+
+def detector_feeds(n: int, batch: int = 1, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"X": rng.uniform(0, 1, (batch, 3, 16, 16)).astype(np.float32)} for _ in range(n)]
 
 
 # ------------------------------------------------------------------------------------------ data

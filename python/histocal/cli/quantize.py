@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
 from .arguments import fold_count, positive_int
@@ -207,13 +206,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             check_ranges_fit(model, ranges, given, **quantization)
         except ValueError as exc:
             raise CliError(str(exc)) from None
-    check_finite_ranges(ranges)  # onnxruntime's own error ("scale issue") names no tensor
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        with scale_issue_named(model):
-            quantize_with_ranges(model, staged, ranges, **quantization)
+        quantize_with_ranges(model, staged, ranges, **quantization)
         if write_cache:
             write_outputs(ranges, cache, None, None)
         # Side files (external data) first, the model last: a reader never sees a model

@@ -50,7 +50,6 @@ from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import calibrators, methods
-from ..calibrators.range_checks import check_finite_ranges, scale_issue_named
 from ..io.readers import DataSource
 from ..quantize.integration import collect_unless_empty, default_method_options, withholding_first
 from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file
@@ -332,19 +331,17 @@ def diagnose(
             raise ValueError("diagnose: no evaluation feeds")
         seconds["calibration"] = time.perf_counter() - t
         ranges = _ranges(state, method, method_options, quantize_kwargs)
-        check_finite_ranges(ranges)  # onnxruntime's own error names no tensor
-        with scale_issue_named(float_model):
-            result = DiagnosisRun(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
-                state,
-                screen_samples,
-                max_screen_runs,
-                max_checks,
-                max_exact_checks,
-                min_gain_db,
-                target_sqnr_db,
-                max_excluded_fraction,
-                seconds,
-            )
+        result = DiagnosisRun(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
+            state,
+            screen_samples,
+            max_screen_runs,
+            max_checks,
+            max_exact_checks,
+            min_gain_db,
+            target_sqnr_db,
+            max_excluded_fraction,
+            seconds,
+        )
     seconds["total"] = time.perf_counter() - start
     impacts, excluded, sqnr, sqnr_excluded, counts, screen_runs, quantizations, unresolved, findings = result
     diagnosis = Diagnosis(

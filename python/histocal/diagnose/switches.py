@@ -239,6 +239,11 @@ def switched_model(
     kept_initializers = [t for t in graph.initializer if t.name not in unread]
     del graph.initializer[:]
     graph.initializer.extend(kept_initializers)
+    # a weight also listed as a graph input (older exporters) goes with its initializer: an input
+    # left behind would be required from every feed
+    kept_inputs = [i for i in graph.input if i.name not in unread]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
     kept = [v for v in graph.value_info if v.name not in renamed_outputs]
     del graph.value_info[:]
     graph.value_info.extend(kept)

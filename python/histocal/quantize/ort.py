@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
@@ -17,7 +18,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
-from ..calibrators.range_checks import scale_issue_named
+from ..calibrators.range_checks import check_quantized_ranges, check_ranges_before_ort, scale_issue_named
 from ..io.cache import save_tensors_data
 
 
@@ -285,14 +286,27 @@ def quantize_with_ranges(
         if smooth_quant:
             raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
         calibrate_method = ranges.calibration_method
-    # ORT's "scale issue" (a NaN range, a weight holding NaN/Inf) names no tensor: name them
-    with tempfile.TemporaryDirectory(prefix="histocal.") as tmp, scale_issue_named(model_input, ranges):
+    check_ranges_before_ort(ranges)
+    output = Path(model_output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # ORT writes into a folder beside the output, so that a model refused after ORT wrote it (an
+    # infinite scale) never replaces the output; side files (external data) move first, the model
+    # last: a reader never sees a model without its data.
+    with (
+        tempfile.TemporaryDirectory(prefix="histocal.") as tmp,
+        tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as staging,
+        scale_issue_named(model_input),  # ORT's "scale issue" from a weight holding NaN/Inf names none
+    ):
         cache = Path(tmp, "ranges.json")
         save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
+        staged = Path(staging, output.name)
         ort_quantize_static(
             model_input,
-            model_output,
+            staged,
             calibrate_method=calibrate_method,
             calibration_cache_path=cache,
             **replace(quantization, extra_options=extra).keywords(),
         )
+        check_quantized_ranges(staged, ranges)
+        for written in sorted(Path(staging).iterdir(), key=lambda f: f.name == output.name):
+            os.replace(written, output.parent / written.name)

@@ -128,8 +128,10 @@ def minmax_result(names: Sequence[str], stream: Any, exact: Any, symmetric: bool
             dtype_name = exact.state(name).dtype
             fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)
         dtype = np.dtype(dtype_name)
-        lo = -math.inf if neginf else (fmin if fmin is not None else (math.inf if posinf else math.nan))
-        hi = math.inf if posinf else (fmax if fmax is not None else (-math.inf if neginf else math.nan))
+        # no value at all: ORT's ReduceMin/ReduceMax of empty tensors, [inf, -inf]; only NaN: NaN
+        nothing = math.nan if c.n_nan else math.inf
+        lo = -math.inf if neginf else (fmin if fmin is not None else (math.inf if posinf else nothing))
+        hi = math.inf if posinf else (fmax if fmax is not None else (-math.inf if neginf else -nothing))
         lo_a, hi_a = np.array([lo], dtype), np.array([hi], dtype)
         if symmetric:
             m = np.max([np.abs(lo_a), np.abs(hi_a)], axis=0)
