@@ -9,12 +9,14 @@
 //! `numeric::fallible`, so that running out of memory is an error, not an abort.
 
 pub mod exact;
+pub mod exact_ranges;
 pub mod stream;
 pub mod stream_ranges;
 pub mod summary;
 pub mod tensor_set;
 
 pub use exact::ExactCollection;
+pub use exact_ranges::{EdgesRef, HistogramView};
 pub use stream::{StreamCollection, StreamState};
 pub use summary::Summary;
 pub use tensor_set::{on_tensor, par_map, par_try_each, TensorError, TensorSet};

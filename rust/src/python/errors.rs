@@ -2,7 +2,7 @@
 //! by tensor.
 
 use crate::collection::TensorError;
-use crate::numeric::fallible::{self, OutOfMemory};
+use crate::numeric::fallible::OutOfMemory;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -23,20 +23,6 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
             }
         })
     })
-}
-
-/// `f`'s work on tensor `name`: its error as a `ValueError`, running out of memory as a
-/// `MemoryError`, both naming the tensor.
-pub(crate) fn for_tensor<T, E: std::fmt::Display>(name: &str, f: impl FnOnce() -> Result<T, E>) -> PyResult<T> {
-    match fallible::catch(f) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(PyValueError::new_err(format!("tensor {name:?}: {e}"))),
-        Err(oom) => Err(out_of_memory(name, oom)),
-    }
-}
-
-pub(crate) fn out_of_memory(name: &str, oom: OutOfMemory) -> PyErr {
-    PyMemoryError::new_err(format!("tensor {name:?}: {oom}"))
 }
 
 /// A core collection's error as an exception: running out of memory a `MemoryError`, anything

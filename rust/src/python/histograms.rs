@@ -6,54 +6,18 @@ use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::records::{BinRange, HistogramState, Moments, TensorCounts};
 use super::threads::*;
-use crate::collection::{par_map, ExactCollection};
+use crate::collection::{EdgesRef, ExactCollection};
 use crate::numeric::fallible;
 use crate::numeric::float::Float;
-use crate::ort::distribution::avg_std;
-use crate::ort::entropy::{entropy_threshold, search_work as entropy_search_work};
-use crate::ort::percentile::percentile_indices;
-use crate::state::{Batches, Counts, Family, Histogram, Kind, TensorState, Typed};
-use half::f16;
+use crate::state::{Batches, Counts, Kind};
 use numpy::{Element, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-
-/// Apply `f` to a typed histogram whatever its arithmetic type.
-macro_rules! with_typed {
-    ($h:expr, |$x:ident, $E:ident| $body:expr) => {
-        match $h {
-            Typed::F16($x) => {
-                type $E = f16;
-                $body
-            }
-            Typed::F32($x) => {
-                type $E = f32;
-                $body
-            }
-            Typed::F64($x) => {
-                type $E = f64;
-                $body
-            }
-        }
-    };
-}
-
-pub(crate) fn typed_dtype<Fm: Family>(t: &Typed<Fm>) -> &'static str {
-    match t {
-        Typed::F16(_) => "float16",
-        Typed::F32(_) => "float32",
-        Typed::F64(_) => "float64",
-    }
-}
 
 /// A scan's `(finite_min, finite_max, finite_abs_min, finite_abs_max)`.
 type Extremes = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
 /// A pending scan as Python sees it: `(name, dtype, extremes, (finite, nan, posinf, neginf), batches)`.
 type ScanRecord<Dtype> = (String, Dtype, Extremes, (u64, u64, u64, u64), u64);
-
-pub(crate) fn held<E: Float>(h: crate::ort::value_histogram::Held<E>) -> (f64, bool) {
-    (h.value.to_f64(), h.is_array)
-}
 
 /// A histogram kind by name (`"value"` or `"abs"`).
 pub(crate) fn parse_kind(kind: &str) -> PyResult<Kind> {
@@ -156,29 +120,19 @@ impl Histograms {
     fn state(&self, py: Python<'_>, name: &str) -> PyResult<HistogramState> {
         guard(|| {
             let st = self.inner.tensors().get(name).map_err(tensor_error)?;
-            Ok(match &st.histogram {
-                Histogram::Value(t) => with_typed!(t, |h, E| {
-                    let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                    HistogramState {
-                        hist: array(py, &h.hist).into_any().unbind(),
-                        edges: array(py, &h.edges).into_any().unbind(),
-                        min: held(h.min),
-                        max: held(h.max),
-                        threshold: Some(held(h.threshold)),
-                        dtype: st.dtype.to_string(),
-                    }
-                }),
-                Histogram::Abs(t) => with_typed!(t, |h, E| {
-                    let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                    HistogramState {
-                        hist: array(py, &h.hist).into_any().unbind(),
-                        edges: array(py, &h.edges).into_any().unbind(),
-                        min: held(h.min),
-                        max: held(h.max),
-                        threshold: None,
-                        dtype: st.dtype.to_string(),
-                    }
-                }),
+            let v = st.histogram.view();
+            let edges = match v.edges {
+                EdgesRef::F16(e) => array(py, e).into_any().unbind(),
+                EdgesRef::F32(e) => array(py, e).into_any().unbind(),
+                EdgesRef::F64(e) => array(py, e).into_any().unbind(),
+            };
+            Ok(HistogramState {
+                hist: array(py, v.hist).into_any().unbind(),
+                edges,
+                min: v.min,
+                max: v.max,
+                threshold: v.threshold,
+                dtype: st.dtype.to_string(),
             })
         })
     }
@@ -219,24 +173,17 @@ impl Histograms {
             }
         };
         let Some(st) = self.inner.tensors().find(name) else { return false };
-        match &st.histogram {
-            Histogram::Value(t) => with_typed!(t, |h, E| {
-                let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                same_hist(&h.hist)
-                    && same_values::<E>(edges, &h.edges)
-                    && min.to_bits() == bits(h.min.value)
-                    && max.to_bits() == bits(h.max.value)
-                    && threshold.is_some_and(|t| t.to_bits() == bits(h.threshold.value))
-            }),
-            Histogram::Abs(t) => with_typed!(t, |h, E| {
-                let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                same_hist(&h.hist)
-                    && same_values::<E>(edges, &h.edges)
-                    && min.to_bits() == bits(h.min.value)
-                    && max.to_bits() == bits(h.max.value)
-                    && threshold.is_none()
-            }),
-        }
+        let v = st.histogram.view();
+        let same_edges = match v.edges {
+            EdgesRef::F16(e) => same_values(edges, e),
+            EdgesRef::F32(e) => same_values(edges, e),
+            EdgesRef::F64(e) => same_values(edges, e),
+        };
+        same_hist(v.hist)
+            && same_edges
+            && min.to_bits() == v.min.0.to_bits()
+            && max.to_bits() == v.max.0.to_bits()
+            && threshold.map(f64::to_bits) == v.threshold.map(|t| t.0.to_bits())
     }
 
     /// Put back a state `state()` and `counts()` exported (e.g. from a state file), after
@@ -295,80 +242,27 @@ impl Histograms {
 
     /// The histogram's arithmetic dtype (the data dtype unless numpy would have failed).
     fn edge_dtype(&self, name: &str) -> PyResult<&'static str> {
-        guard(|| {
-            let st = self.inner.tensors().get(name).map_err(tensor_error)?;
-            Ok(match &st.histogram {
-                Histogram::Value(t) => typed_dtype(t),
-                Histogram::Abs(t) => typed_dtype(t),
-            })
-        })
+        guard(|| Ok(self.inner.tensors().get(name).map_err(tensor_error)?.histogram.edge_dtype()))
     }
 
     /// Entropy: `[(name, start, end)]`, thresholds `(edges[start], edges[end])` before clipping.
     /// Every tensor's search is checked against the work limit before any starts.
     fn entropy(&self, py: Python<'_>, num_quantized_bins: usize) -> PyResult<Vec<BinRange>> {
         guard(|| {
-            let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
             let limit = max_search_work()?;
-            for (name, st) in &states {
-                let n = match &st.histogram {
-                    Histogram::Value(t) => with_typed!(t, |h, E| {
-                        let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                        h.hist.len()
-                    }),
-                    Histogram::Abs(t) => with_typed!(t, |h, E| {
-                        let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                        h.hist.len()
-                    }),
-                };
-                let grown = if n > self.inner.num_bins() {
-                    format!(
-                        " (grown from {} bins: a later collect had a much wider range, such as an outlier)",
-                        self.inner.num_bins()
-                    )
-                } else {
-                    String::new()
-                };
-                let what = format!("tensor {name:?}: the entropy search over its histogram of {n} bins{grown}");
-                check_search_work(&what, entropy_search_work(n, num_quantized_bins), limit)?;
+            for (_, what, work) in self.inner.entropy_work(num_quantized_bins) {
+                check_search_work(&what, work, limit)?;
             }
-            let out: Vec<PyResult<BinRange>> = run_stoppable(py, |stop| {
-                par_map(&states, |(name, st)| {
-                    let choice = for_tensor(name, || match &st.histogram {
-                        Histogram::Value(t) => {
-                            with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
-                        }
-                        Histogram::Abs(t) => {
-                            with_typed!(t, |h, E| entropy_threshold::<E>(&h.hist, num_quantized_bins, stop))
-                        }
-                    });
-                    choice.map(|c| BinRange { name: (*name).clone(), start: c.start, end: c.end })
-                })
-            })?;
-            out.into_iter().collect()
+            let out = run_stoppable(py, |stop| self.inner.entropy_thresholds(num_quantized_bins, stop))?;
+            Ok(out.map_err(tensor_error)?.into_iter().map(|(name, start, end)| BinRange { name, start, end }).collect())
         })
     }
 
     /// Percentile: `[(name, low_index, high_index)]` into each tensor's edges.
     fn percentile(&self, py: Python<'_>, percentile: f64, symmetric: bool) -> PyResult<Vec<BinRange>> {
         guard(|| {
-            let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
-            Ok(run(py, || {
-                par_map(&states, |(name, st)| {
-                    let hist = match &st.histogram {
-                        Histogram::Value(t) => with_typed!(t, |h, E| {
-                            let _: &crate::ort::value_histogram::ValueHistogram<E> = h;
-                            &h.hist
-                        }),
-                        Histogram::Abs(t) => with_typed!(t, |h, E| {
-                            let _: &crate::ort::abs_histogram::AbsHistogram<E> = h;
-                            &h.hist
-                        }),
-                    };
-                    let (lo, hi) = percentile_indices(hist, percentile, symmetric);
-                    BinRange { name: (*name).clone(), start: lo, end: hi }
-                })
-            }))
+            let out = run(py, || self.inner.percentile_indices(percentile, symmetric));
+            Ok(out.into_iter().map(|(name, start, end)| BinRange { name, start, end }).collect())
         })
     }
 
@@ -376,16 +270,10 @@ impl Histograms {
     /// edge dtype.
     fn distribution(&self, py: Python<'_>) -> PyResult<Vec<Moments>> {
         guard(|| {
-            let states: Vec<(&String, &TensorState)> = self.inner.tensors().iter().collect();
-            Ok(run(py, || {
-                par_map(&states, |(name, st)| {
-                    let (a, s) = match &st.histogram {
-                        Histogram::Value(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
-                        Histogram::Abs(t) => with_typed!(t, |h, E| avg_std::<E>(&h.hist, &h.edges)),
-                    };
-                    Moments { name: (*name).clone(), avg: a, std: s }
-                })
-            }))
+            Ok(run(py, || self.inner.distribution_moments())
+                .into_iter()
+                .map(|(name, avg, std)| Moments { name, avg, std })
+                .collect())
         })
     }
 }
