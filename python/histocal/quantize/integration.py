@@ -81,7 +81,7 @@ def _patch_class(name: str, original: type) -> type:
             return original(*args, **kwargs)  # not an instance of cls: Python skips our __init__
         return super(patch_class, cls).__new__(cls)
 
-    patch_class = type(
+    patch_class: type = type(
         name,
         (base,),
         {
