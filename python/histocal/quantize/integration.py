@@ -79,7 +79,7 @@ def _patch_class(name: str, original: type) -> type:
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         if cls is patch_class and not PATCH.active:
             return original(*args, **kwargs)  # not an instance of cls: Python skips our __init__
-        return super(patch_class, cls).__new__(cls)
+        return base.__new__(cls)
 
     patch_class: type = type(
         name,
