@@ -165,7 +165,25 @@ def ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
     from ..state.overrides import compute_with_overrides
 
     rules, model = getattr(args, "method_for", None), getattr(args, "model", None)
+    if model is None:
+        _refuse_op_rules(rules, state)
     return compute_with_overrides(state, args.method, rules, model=model, **compute_settings(args))
+
+
+def _refuse_op_rules(rules: Any, state: Any) -> None:
+    """Without the model (recompute takes a state only): a --method-for rule keyed by op type, or a
+    bare key that names no tensor of the state, is refused naming what the command can do. A state
+    records its tensors' names and its model's fingerprint, not which op type produced each tensor."""
+    from ..state.overrides import parse_method_overrides
+
+    for rule in parse_method_overrides(rules):
+        if rule.by == "op" or (rule.by == "any" and rule.target not in state.names):
+            bare = "" if rule.by == "op" else f" ({rule.target!r} is no tensor of the state, so an op type)"
+            raise UsageError(
+                f"--method-for {rule.key}={rule.method}{bare}: op:-keyed --method-for needs the model; recompute "
+                "works on a state only: name tensors instead (name:TENSOR=METHOD), or use calibrate or quantize "
+                "with the model"
+            )
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:
