@@ -1,9 +1,15 @@
 """Reversible, counted patches of other packages' module attributes (``patch_onnxruntime``,
 ``patch_quark``): the first use replaces the attributes, nested uses are counted, and the
-originals are back once every use is undone. Thread-safe."""
+originals are back once every use is undone. Thread-safe.
+
+What a patch installs goes through :meth:`CountedPatch.route`: a client may bind the installed
+function by name while patched (``from onnxruntime.quantization.calibrate import create_calibrator``
+in a module imported then) and keep it after the undo, which restores only the attributes the
+patch set; routed, that binding goes to the original again once the patch is undone."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -11,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 # (object, attribute, new value): one replacement
 Replacement = tuple[Any, str, Any]
 _Use = TypeVar("_Use", bound="PatchUse")
+_Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
 class CountedPatch:
@@ -51,6 +58,24 @@ class CountedPatch:
                 for target, attr, original in reversed(self._saved):
                     setattr(target, attr, original)
                 self._saved.clear()
+
+    def route(self, ours: _Function, original: Callable[..., Any]) -> _Function:
+        """A function to install in place of ``original``: ``ours`` while a use holds this patch,
+        ``original`` otherwise (so a name bound to it while patched follows the undo).
+
+        Args:
+            ours: what the patch calls while active.
+            original: what it replaces, called once the patch is undone.
+
+        Returns:
+            ``ours``'s name, docstring and signature (``__wrapped__``), routed by the patch's state.
+        """
+
+        @functools.wraps(ours)
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            return (ours if self.active else original)(*args, **kwargs)
+
+        return routed  # type: ignore[return-value]
 
     @property
     def active(self) -> bool:

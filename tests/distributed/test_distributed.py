@@ -36,6 +36,7 @@ import histocal
 from histocal import CalibrationState
 from histocal.cli import main as cli_main
 from histocal.distributed import ShardError, calibrate_distributed, driver
+from histocal.distributed.settings import check_seconds
 from histocal.distributed.shards import make_shards
 from histocal.distributed.worker import ShardWorker
 
@@ -271,13 +272,47 @@ class _RayMustNotStart:
         ("mse", {"extra_options": {"MethodOptions": {"qtype": "int5"}}}, r"qtype"),
         ("entropy", {"mode": None, "shard_timeout": 0}, r"^shard_timeout must be a number of seconds > 0, got 0$"),
         ("entropy", {"shard_timeout": True}, r"^shard_timeout must be a number of seconds > 0, got True$"),
-        ("entropy", {"num_workers": 0}, r"^num_workers must be an integer >= 1, got 0$"),
+        ("entropy", {"num_workers": 0}, r"^num_workers must be an integer in \[1, 2147483647\], got 0$"),
+        # every number bounded before Ray starts (past the bounds Ray's C++ overflows)
+        ("entropy", {"shard_timeout": float("nan")}, r"^shard_timeout must be a number of seconds > 0, got nan$"),
+        ("entropy", {"shard_timeout": -1.0}, r"^shard_timeout must be a number of seconds > 0, got -1.0$"),
+        ("entropy", {"shard_timeout": "10"}, r"^shard_timeout must be a number of seconds > 0, got '10'$"),
+        (
+            "entropy",
+            {"shard_timeout": 1e300},
+            r"^shard_timeout must be at most 1e\+09 seconds \(inf or None: no limit\)",
+        ),
+        (
+            "entropy",
+            {"num_workers": 2**40},
+            r"^num_workers must be an integer in \[1, 2147483647\], got 1099511627776$",
+        ),
+        ("entropy", {"cpus_per_worker": 2**40}, r"^cpus_per_worker must be an integer in \[1, 2147483647\]"),
+        ("entropy", {"max_shard_attempts": 2**63}, r"^max_shard_attempts must be an integer in \[1, 2147483647\]"),
+        ("entropy", {"max_restarts": 2**63}, r"^max_restarts must be an integer in \[-1, 2147483647\] \(-1: "),
+        ("entropy", {"max_restarts": -2}, r"^max_restarts must be an integer in \[-1, 2147483647\]"),
+        ("entropy", {"max_task_retries": 1.5}, r"^max_task_retries must be an integer in \[-1, 2147483647\]"),
+        ("entropy", {"max_task_retries": True}, r"^max_task_retries must be an integer in \[-1, 2147483647\]"),
     ],
 )
 def test_settings_are_refused_before_ray_starts(monkeypatch, model_path, method, kwargs, message):
     monkeypatch.setattr(driver, "import_ray", _RayMustNotStart)
     with pytest.raises(ValueError, match=message):
         calibrate_distributed(model_path, feed_shards([8]), calibrate_method=method, **kwargs)
+
+
+@pytest.mark.parametrize("no_limit", [None, float("inf")])
+def test_an_infinite_shard_timeout_is_no_limit(no_limit):
+    assert check_seconds("shard_timeout", no_limit) is None
+    assert check_seconds("shard_timeout", 2.5) == 2.5
+
+
+def test_a_model_that_is_no_model_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    monkeypatch.setattr(driver, "import_ray", _RayMustNotStart)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"^{bad}: not an ONNX model \(0 bytes\)$"):
+        calibrate_distributed(bad, feed_shards([8]), calibrate_method="entropy")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -537,16 +572,12 @@ def test_a_corrupt_shard_fails_the_run_naming_shard_and_file(local_ray, model_pa
     assert info.value.shard == 1
 
 
-def test_a_model_no_worker_can_load_stops_the_run_in_one_line_naming_the_file(local_ray, tmp_path):
+def test_a_model_no_worker_could_load_is_refused_naming_the_file_before_ray_starts(monkeypatch, tmp_path):
+    monkeypatch.setattr(driver, "import_ray", _RayMustNotStart)
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(ValueError, match=rf"^{bad}: not an ONNX model \(cannot be parsed: .*\)$"):
         calibrate_distributed(bad.as_posix(), feed_shards([8]), calibrate_method="entropy", num_workers=1)
-    message = str(info.value)
-    assert message.startswith(
-        f"the calibration workers could not start: ValidationError: Unable to parse proto from file: {bad}."
-    )
-    assert "\n" not in message.strip() and "histocal_worker_" not in message
 
 
 def test_cli_workers_writes_the_single_process_state(local_ray, model_path, tmp_path, capsys, monkeypatch):
@@ -569,6 +600,43 @@ def test_cli_shard_options_need_workers_or_an_address(model_path, tmp_path, caps
     argv = ["calibrate", model_path, "--data", data, "--cache", (tmp_path / "c.json").as_posix(), *flag]
     assert cli_main(argv) == 2
     assert f"{flag[0]} applies with --workers or --address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        (
+            ["--shard-timeout", "1e300"],
+            "--shard-timeout: expected seconds in (0, 1e+09] or inf (no limit), got '1e300'",
+        ),
+        (["--shard-timeout", "nan"], "--shard-timeout: expected seconds in (0, 1e+09] or inf (no limit), got 'nan'"),
+        (["--shard-timeout", "-5"], "--shard-timeout: expected seconds in (0, 1e+09] or inf (no limit), got '-5'"),
+        (["--shard-timeout", "soon"], "--shard-timeout: expected seconds in (0, 1e+09] or inf (no limit), got 'soon'"),
+        (["--workers", str(2**40)], "--workers: expected an integer in [1, 2147483647]"),
+    ],
+)
+def test_cli_distributed_numbers_are_bounded_before_ray_starts(
+    monkeypatch, model_path, tmp_path, capsys, flag, message
+):
+    monkeypatch.setattr(driver, "import_ray", _RayMustNotStart)
+    data = save_npy_shards(tmp_path, [8])[0]
+    argv = ["calibrate", model_path, "--data", data, "--cache", (tmp_path / "c.json").as_posix(), "--workers", "1"]
+    assert cli_main([*argv, *flag]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_an_infinite_shard_timeout_is_no_limit(monkeypatch, model_path, tmp_path):
+    seen = {}
+
+    def calibrate_distributed(model, shards, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(histocal.distributed, "calibrate_distributed", calibrate_distributed)
+    data = save_npy_shards(tmp_path, [8])[0]
+    argv = ["calibrate", model_path, "--data", data, "--cache", (tmp_path / "c.json").as_posix(), "--workers", "1"]
+    assert cli_main([*argv, "--shard-timeout", "inf"]) == 1
+    assert seen["shard_timeout"] == float("inf")
 
 
 def test_cli_workers_refuse_settings_as_one_process_before_ray_starts(monkeypatch, model_path, tmp_path, capsys):

@@ -48,3 +48,17 @@ def test_a_use_patches_on_construction_and_a_with_block_undoes_it():
     assert t.f == "ours"  # the first use still holds
     Use.PATCH.undo()
     assert t.f == "original"
+
+
+def test_a_routed_function_bound_while_patched_follows_the_undo():
+    t = types.SimpleNamespace(f=lambda: "original")
+    original = t.f
+    patch = CountedPatch(lambda: [(t, "f", patch.route(lambda: "ours", original))])
+    patch.apply()
+    bound = t.f  # a client's `from module import f` while patched
+    assert bound() == "ours"
+    patch.undo()
+    assert t.f is original and bound() == "original"
+    patch.apply()
+    assert bound() == "ours"  # patched again: the old binding follows
+    patch.undo()

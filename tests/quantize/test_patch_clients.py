@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib
+import types
 
 import onnx
 import pytest
@@ -141,3 +142,40 @@ def test_client_patch_of_orts_minmax_before_patching_is_not_used(paths, tmp_path
         with histocal.patch_onnxruntime():
             ORT_QUANTIZE.quantize_static(paths["cnn"], (tmp_path / "hc.onnx").as_posix(), RewindReader(feeds))
     assert (tmp_path / "ort.onnx").read_bytes() == (tmp_path / "hc.onnx").read_bytes()
+
+
+def _client_binding_while_patched():
+    """A client module imported while patched that binds ORT's names at import, as Optimum does."""
+    client = types.ModuleType("fake_client")
+    exec(
+        "from onnxruntime.quantization.calibrate import create_calibrator, EntropyCalibrater\n"
+        "from onnxruntime.quantization import create_calibrator as package_create_calibrator\n",
+        client.__dict__,
+    )
+    return client
+
+
+@pytest.mark.parity
+def test_names_bound_while_patched_go_back_to_ort_after_the_unpatch(paths, tmp_path):
+    aug = (tmp_path / "aug.onnx").as_posix()
+    histocal.patch_onnxruntime()
+    try:
+        client = _client_binding_while_patched()
+        for create in (client.create_calibrator, client.package_create_calibrator):
+            made = create(paths["cnn"], [], augmented_model_path=aug, calibrate_method=ENT)
+            assert type(made).__module__.startswith("histocal."), type(made)
+        assert isinstance(client.EntropyCalibrater(paths["cnn"], [], aug), calibrators.EntropyCalibrater)
+    finally:
+        histocal.unpatch_onnxruntime()
+    assert not histocal.is_patched()
+    for create in (client.create_calibrator, client.package_create_calibrator):
+        again = create(paths["cnn"], [], augmented_model_path=aug, calibrate_method=ENT)
+        assert type(again) is ORT_CLASSES["EntropyCalibrater"]
+    assert type(client.EntropyCalibrater(paths["cnn"], [], aug)) is ORT_CLASSES["EntropyCalibrater"]
+    # a client's own subclass of the bound class stays its own class
+    subclass = type("ClientEntropy", (client.EntropyCalibrater,), {})
+    assert type(subclass(paths["cnn"], [], aug)) is subclass
+    # patched again, the same bindings make histocal's calibrators again
+    with histocal.patch_onnxruntime():
+        made = client.create_calibrator(paths["cnn"], [], augmented_model_path=aug, calibrate_method=ENT)
+        assert type(made).__module__.startswith("histocal.")

@@ -355,8 +355,8 @@ def test_patch_quark_swaps_every_binding_and_undoes_it(stand_in_quark):
         with histocal.patch_quark():
             pass
         for name in STAND_IN[2:]:
-            assert mods[name].create_calibrator_power_of_two is quark.create_calibrator_power_of_two
-        assert mods["quark.onnx"].create_calibrator_float_scale is quark.create_calibrator_float_scale
+            assert mods[name].create_calibrator_power_of_two.__wrapped__ is quark.create_calibrator_power_of_two
+        assert mods["quark.onnx"].create_calibrator_float_scale.__wrapped__ is quark.create_calibrator_float_scale
     assert not histocal.is_quark_patched()
     for name in STAND_IN[2:]:
         assert mods[name].create_calibrator_power_of_two is power_of_two
@@ -365,6 +365,17 @@ def test_patch_quark_swaps_every_binding_and_undoes_it(stand_in_quark):
     histocal.unpatch_quark()
     histocal.unpatch_quark()  # one too many: a no-op
     assert mods["quark.onnx"].create_calibrator_float_scale is float_scale
+
+
+def test_patch_quark_names_bound_while_patched_go_back_to_quarks(stand_in_quark, monkeypatch):
+    _mods, power_of_two, float_scale = stand_in_quark
+    late = types.ModuleType("quark.onnx.late")  # a quark module (or a client) imported while patched
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    with histocal.patch_quark():
+        exec("from quark.onnx.calibration.calibrators import *", late.__dict__)
+        assert late.create_calibrator_power_of_two.__wrapped__ is quark.create_calibrator_power_of_two
+    assert late.create_calibrator_power_of_two() == power_of_two() == "quark pof2"
+    assert late.create_calibrator_float_scale() == float_scale() == "quark float"
 
 
 def test_patch_quark_without_quark_says_what_is_missing(monkeypatch):
@@ -393,7 +404,7 @@ def test_patch_quark_on_quark_013(cnn_path, tmp_path, monkeypatch):
     stock = run()
     with histocal.patch_quark():
         calibrate = sys.modules["quark.onnx.calibration.calibrate"]
-        assert calibrate.create_calibrator_power_of_two is quark.create_calibrator_power_of_two
+        assert calibrate.create_calibrator_power_of_two.__wrapped__ is quark.create_calibrator_power_of_two
         patched = run()
     assert patched == stock
 

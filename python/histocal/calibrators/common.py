@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.quant_utils import add_infer_metadata
 
 from .. import _core
+from ..io.models import load_model
 from ..io.readers import DataSource, FeedChecker, progress, run_session
 from ..methods.settings import (
     MEMORY_BUDGET,
@@ -74,13 +74,7 @@ def load_model_with_shape_infer(model_path: Path) -> onnx.ModelProto:
     cannot be calibrated. Inferred in memory instead: the graph without its external data (so
     models over 2 GB fit protobuf's limit, as ORT's file-to-file inference does), whose
     external data is then loaded from the model's folder, as ``onnx.load`` of ORT's file does."""
-    try:
-        model = onnx.load(model_path, load_external_data=False)
-    except DecodeError:
-        # ORT's file-to-file inference names the file; protobuf's own error does not
-        raise onnx.checker.ValidationError(
-            f"Unable to parse proto from file: {model_path}. Please check if it is a valid protobuf file of proto. "
-        ) from None
+    model = load_model(model_path, load_external_data=False)  # a file that is not a model: named
     inferred = onnx.shape_inference.infer_shapes(model)
     onnx.load_external_data_for_model(inferred, os.fspath(model_path.parent))
     add_infer_metadata(inferred)

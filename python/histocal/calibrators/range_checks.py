@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..io.models import load_model
+
 _SHOWN = 10
 
 
@@ -110,7 +112,7 @@ def scale_issue_named(model: onnx.ModelProto | str | os.PathLike[str]) -> Iterat
     except AssertionError as e:
         if "scale issue" not in str(e):
             raise
-        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model))
+        proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
         weights = nonfinite_weights(proto)
         where = f"weights holding NaN or infinite values: {_listed(weights)}" if weights else "no weight holds NaN/Inf"
         raise ValueError(

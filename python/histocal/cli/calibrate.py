@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..methods.settings import AXIS, MODE, PER_CHANNEL, CollectionSettings
 from ..methods.table import NON_OVERFLOW
-from .arguments import positive_int
+from .arguments import int_at_least, positive_int
 from .calibration import check_model, fingerprint_files, open_data, run_calibrator, write_outputs
 from .errors import CliError, UsageError
 from .options import (
@@ -56,14 +55,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def positive_seconds(text: str) -> float:
-    """--shard-timeout's value: a number of seconds > 0."""
+    """--shard-timeout's value: seconds > 0 within calibrate_distributed's bound, or inf (no limit)."""
+    from ..distributed.settings import MAX_TIMEOUT_S, check_seconds
+
     try:
         value = float(text)
+        check_seconds("--shard-timeout", value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected seconds in (0, {MAX_TIMEOUT_S:g}] or inf (no limit), got {text!r}"
+        ) from None
     return value
+
+
+def worker_count(text: str) -> int:
+    """--workers' value: what calibrate_distributed takes as num_workers."""
+    from ..distributed.settings import MAX_COUNT
+
+    return int_at_least(1, text, MAX_COUNT)
 
 
 def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> int:
@@ -156,7 +165,25 @@ def ranges_from_state(args: argparse.Namespace, state: Any) -> Any:
     from ..state.overrides import compute_with_overrides
 
     rules, model = getattr(args, "method_for", None), getattr(args, "model", None)
+    if model is None:
+        _refuse_op_rules(rules, state)
     return compute_with_overrides(state, args.method, rules, model=model, **compute_settings(args))
+
+
+def _refuse_op_rules(rules: Any, state: Any) -> None:
+    """Without the model (recompute takes a state only): a --method-for rule keyed by op type, or a
+    bare key that names no tensor of the state, is refused naming what the command can do. A state
+    records its tensors' names and its model's fingerprint, not which op type produced each tensor."""
+    from ..state.overrides import parse_method_overrides
+
+    for rule in parse_method_overrides(rules):
+        if rule.by == "op" or (rule.by == "any" and rule.target not in state.names):
+            bare = "" if rule.by == "op" else f" ({rule.target!r} is no tensor of the state, so an op type)"
+            raise UsageError(
+                f"--method-for {rule.key}={rule.method}{bare}: op:-keyed --method-for needs the model; recompute "
+                "works on a state only: name tensors instead (name:TENSOR=METHOD), or use calibrate or quantize "
+                "with the model"
+            )
 
 
 def cmd_recompute(args: argparse.Namespace) -> int:
@@ -195,7 +222,7 @@ def register_calibrate(sub: Any) -> None:
     g.add_argument("--state", metavar="STATE", help="write the histocal state here (histogram methods)")
     g = p.add_argument_group("distributed (needs Ray: shards of the data on Ray workers, merged exactly)")
     g.add_argument(
-        "--workers", type=positive_int, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
+        "--workers", type=worker_count, metavar="N", help="calibrate on N Ray workers (a local Ray unless --address)"
     )
     g.add_argument(
         "--address",
@@ -213,7 +240,7 @@ def register_calibrate(sub: Any) -> None:
         type=positive_seconds,
         metavar="SECONDS",
         help="a shard running longer is stopped (its worker killed) and redone elsewhere, at most 3 tries "
-        "in all (default: no limit)",
+        "in all (at most 1e9; default or inf: no limit)",
     )
     p.set_defaults(func=cmd_calibrate)
 

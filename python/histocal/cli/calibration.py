@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..io.models import check_model_file
 from .errors import CliError, UsageError
 from .options import calibrator_options
 
@@ -23,6 +24,7 @@ def check_model(path: str) -> Path:
     model = Path(path)
     if not model.is_file():
         raise CliError(f"{model}: no such model file" if not model.exists() else f"{model}: not a file")
+    check_model_file(model)  # an empty file, before the data is opened against it
     return model
 
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -18,11 +19,42 @@ from typing import Any
 import numpy as np
 
 from ..methods.settings import MODE
-from .arguments import positive_int
+from .arguments import int_at_least
 from .inspect import format_table
 from .options import HISTOGRAM_METHODS
 
 logger = logging.getLogger("histocal.cli")
+
+# The most samples (and batch size) the demo takes: 10000 samples are 120 MB of .npy files in its
+# temp folder, written before anything is printed.
+MAX_DEMO_SAMPLES = 10_000
+
+
+def demo_count(text: str) -> int:
+    """--samples' and --batch-size's value: an integer in [1, MAX_DEMO_SAMPLES]."""
+    return int_at_least(1, text, MAX_DEMO_SAMPLES)
+
+
+class _StoppedByTerm(KeyboardInterrupt):
+    """SIGTERM during the demo: raised as an interrupt, so that its temp folder is removed on the
+    way out (the default SIGTERM ends the process without running ``finally`` blocks)."""
+
+
+@contextlib.contextmanager
+def _term_interrupts() -> Any:
+    """SIGTERM raises ``_StoppedByTerm`` in the block (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _StoppedByTerm
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +215,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.methods:
         runs = [r for r in runs if r[0].lower() in args.methods]
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory(prefix="histocal-demo.") as tmp_name:
+    # the folder goes on Ctrl-C and on SIGTERM too (kill, a CI job's timeout)
+    with _term_interrupts(), tempfile.TemporaryDirectory(prefix="histocal-demo.") as tmp_name:
         tmp = Path(tmp_name)
         model = tmp / "cnn.onnx"
         onnx.save_model(_demo_model(), model.as_posix())
@@ -256,8 +289,20 @@ def register(sub: Any) -> None:
         "onnxruntime and with histocal (exact mode) and print time, peak memory and "
         "whether the ranges are identical.",
     )
-    p.add_argument("--samples", type=positive_int, default=64, metavar="N", help="calibration samples (default 64)")
-    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N", help="batch size (default 8)")
+    p.add_argument(
+        "--samples",
+        type=demo_count,
+        default=64,
+        metavar="N",
+        help=f"calibration samples (default 64, at most {MAX_DEMO_SAMPLES})",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=demo_count,
+        default=8,
+        metavar="N",
+        help=f"batch size (default 8, at most {MAX_DEMO_SAMPLES})",
+    )
     p.add_argument(
         "--methods",
         nargs="+",

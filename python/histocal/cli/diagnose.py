@@ -175,6 +175,7 @@ def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, 
     import onnx
 
     from ..diagnose import name_nodes
+    from ..io.models import load_model
 
     if args.data is None or args.state is not None or args.cache is not None:
         raise UsageError("--auto-exclude calibrates and measures on --data (not --cache or --state)")
@@ -183,7 +184,7 @@ def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, 
             "--auto-exclude takes one method's ranges: give --method (or --method auto --per-tensor-estimate)"
         )
     diagnosis = run_diagnosis(args, model, quantization)
-    named, count = name_nodes(onnx.load(str(model)))
+    named, count = name_nodes(load_model(model))
     if count:  # the names the diagnosis gave the unnamed nodes, on a copy
         copy = tmp / model.name
         onnx.save_model(named, copy.as_posix(), save_as_external_data=True, location=f"{model.name}.data")

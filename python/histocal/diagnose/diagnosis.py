@@ -50,6 +50,7 @@ from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import calibrators, methods
+from ..io.models import load_model
 from ..io.readers import DataSource
 from ..quantize.integration import collect_unless_empty, default_method_options, withholding_first
 from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file
@@ -305,7 +306,7 @@ def diagnose(
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="histocal.diagnose.") as tmp_name:
         tmp = Path(tmp_name)
-        float_model = model_input if isinstance(model_input, onnx.ModelProto) else onnx.load(str(model_input))
+        float_model = model_input if isinstance(model_input, onnx.ModelProto) else load_model(model_input)
         float_model, named = name_nodes(float_model)
         if named:
             logger.warning(

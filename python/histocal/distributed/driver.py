@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ..calibrators.split_exact import ExactScan
+from ..io.models import load_model
 from ..state import CalibrationState
 from .pool import RayPool
-from .settings import check_job, make_job
+from .settings import check_count, check_job, check_seconds, make_job
 from .shards import Shard, make_shards
 from .worker import Job
 
@@ -89,11 +90,12 @@ def calibrate_distributed(
         cpus_per_worker: default 1 (ORT's and histocal's threads per worker).
         data_options: how file shards are read (``batch_size``, ``preprocess``,
             ``input_shape``, ``layout``).
-        max_restarts, max_task_retries: Ray's actor options (default 0): Ray restarts a dead
-            worker and reruns its task in place first.
+        max_restarts, max_task_retries: Ray's actor options (default 0; -1: no limit): Ray
+            restarts a dead worker and reruns its task in place first.
         max_shard_attempts: a shard whose worker dies, or that outlasts ``shard_timeout``, is
             redone on another worker, at most this many times in all.
-        shard_timeout: seconds per shard (default: no limit; its worker is then killed).
+        shard_timeout: seconds per shard, at most 1e9 (default None or ``inf``: no limit; a
+            shard past it has its worker killed).
         show_progress: a progress bar (default: on a terminal).
 
     Returns:
@@ -104,23 +106,22 @@ def calibrate_distributed(
     Raises:
         ImportError: Ray is not installed (the message says how to install it).
         ValueError: bad settings (MinMax's moving average, which depends on batch order, or
-            per-channel MinMax), or data empty in every shard.
+            per-channel MinMax, a number out of its bounds, naming it), a model file that is not
+            an ONNX model (naming it), all found before Ray starts; or data empty in every shard.
         RuntimeError: a bad shard (``ShardError``, naming the shard and file), workers that
             cannot start, or a shard left without a result after its attempts.
     """
-    ray = import_ray()
-    if isinstance(max_shard_attempts, bool) or not isinstance(max_shard_attempts, int) or max_shard_attempts < 1:
-        raise ValueError(f"max_shard_attempts must be an integer >= 1, got {max_shard_attempts!r}")
-    if shard_timeout is not None and (
-        isinstance(shard_timeout, bool) or not isinstance(shard_timeout, (int, float)) or not shard_timeout > 0
-    ):
-        raise ValueError(f"shard_timeout must be a number of seconds > 0, got {shard_timeout!r}")
-    if num_workers is not None and (
-        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1
-    ):
-        raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    # every setting is checked before Ray is imported or started
+    max_shard_attempts = check_count("max_shard_attempts", max_shard_attempts, 1)
+    shard_timeout = check_seconds("shard_timeout", shard_timeout)
+    if num_workers is not None:
+        check_count("num_workers", num_workers, 1)
+    for name, value in (("max_restarts", max_restarts), ("max_task_retries", max_task_retries)):
+        check_count(name, value, -1, " (-1: no limit, as Ray takes it)")
     job = make_job(calibrate_method, extra_options, op_types_to_calibrate, providers, cpus_per_worker, mode)
     check_job(job)
+    load_model(model, load_external_data=False)  # a file no worker could load, named here
+    ray = import_ray()
     job = dataclasses.replace(job, model_name=os.fspath(model))
     shard_list = make_shards(shards, data_options)
     model_bytes = Path(model).read_bytes()

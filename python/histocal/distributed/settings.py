@@ -11,6 +11,7 @@ check is refused on the driver, with the calibrators' own message, before any wo
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -27,6 +28,32 @@ from .worker import Job, build_calibrator
 logger = logging.getLogger(__name__)
 
 PER_CHANNEL_OPTION = CHANNEL_EXTRA_OPTIONS["per_channel"]
+# The largest count a setting takes: Ray's actor options and ORT's thread counts are C ints, and a
+# larger number fails inside Ray (OverflowError) after it started.
+MAX_COUNT = 2**31 - 1
+# The longest finite timeout: Ray waits in whole milliseconds in a C long; longer is "no limit",
+# which inf (or None) says.
+MAX_TIMEOUT_S = 1e9
+
+
+def check_count(name: str, value: Any, minimum: int, meaning: str = "") -> int:
+    """``value`` as the integer setting ``name`` in ``[minimum, MAX_COUNT]``; a ValueError naming it
+    otherwise (``meaning``: what a special value means, added to the message)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+        raise ValueError(f"{name} must be an integer in [{minimum}, {MAX_COUNT}]{meaning}, got {value!r}")
+    return value
+
+
+def check_seconds(name: str, value: Any) -> float | None:
+    """The timeout ``name`` in seconds, None for no limit (None or inf given); a ValueError naming
+    it for NaN, a value <= 0, one longer than ``MAX_TIMEOUT_S`` or one that is not a number."""
+    if value is None or (isinstance(value, float) and value == math.inf):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    if value > MAX_TIMEOUT_S:
+        raise ValueError(f"{name} must be at most {MAX_TIMEOUT_S:g} seconds (inf or None: no limit), got {value!r}")
+    return float(value)
 
 
 def make_job(
@@ -39,9 +66,7 @@ def make_job(
 ) -> Job:
     """What every worker does for ``calibrate_method``, ``extra_options`` and ``mode`` (see
     calibrate_distributed); a ValueError naming the option for a setting no worker could use."""
-    threads = 1 if cpus_per_worker is None else cpus_per_worker
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"cpus_per_worker must be an integer >= 1, got {cpus_per_worker!r}")
+    threads = 1 if cpus_per_worker is None else check_count("cpus_per_worker", cpus_per_worker, 1)
     name = methods.canonical_name(calibrate_method)
     options = dict(extra_options or {})
     given, source = _given_mode(mode, options.pop(MODE_OPTION, None))

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .models import load_model
 from .readers import cast_to_input
 
 if TYPE_CHECKING:
@@ -57,12 +58,7 @@ class ModelInput:
 def model_inputs(model: PathLike | onnx.ModelProto) -> tuple[ModelInput, ...]:
     """The model's graph inputs that are not initializers, in graph order."""
     if not isinstance(model, onnx.ModelProto):
-        try:
-            model = onnx.load(str(model), load_external_data=False)
-        except OSError:
-            raise
-        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
-            raise ValueError(f"{model}: not an ONNX model ({' '.join(str(e).split())})") from None
+        model = load_model(model, load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
     inputs = []
     for vi in model.graph.input:

@@ -2,8 +2,8 @@
 
 * ``patch_onnxruntime()`` makes ``onnxruntime.quantization.quantize_static`` (and every other
   caller of ORT's ``create_calibrator``, also one that bound it before the patch) use histocal's
-  calibrators. It is reversible
-  (``unpatch_onnxruntime()``) and also a context manager.
+  calibrators. It is reversible (``unpatch_onnxruntime()``), also for a name a client bound while
+  patched, and also a context manager.
 * ``quantize_static(...)`` takes ORT's arguments and the histogram settings ORT's own
   ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
   nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
@@ -68,22 +68,47 @@ def _modules() -> list[Any]:
     return [importlib.import_module(m) for m in _TARGETS]
 
 
-def _patch_class(name: str) -> type:
+def _patch_class(name: str, original: type) -> type:
     """histocal's calibrator class ``name`` as a subclass of its own for this patch: a client that
     patches ORT's class through the module while histocal is patched (Olive replaces
     ``MinMaxCalibrater.augment_graph``) changes this subclass, which goes with the patch, and never
-    histocal's class."""
+    histocal's class. A client that bound the class while patched makes ORT's ``original`` again
+    once the patch is undone (a client's own subclass of it stays its own)."""
     base = getattr(calibrators, name)
-    return type(
-        name, (base,), {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if cls is patch_class and not PATCH.active:
+            return original(*args, **kwargs)  # not an instance of cls: Python skips our __init__
+        return base.__new__(cls)
+
+    patch_class: type = type(
+        name,
+        (base,),
+        {
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__,
+            "__new__": __new__,
+        },
     )
+    return patch_class
 
 
 def _replacements() -> list[Replacement]:
+    """ORT's create_calibrator in every module that binds it, and the classes it looks up, each
+    routed by the patch's state (a name a client binds while patched follows the undo)."""
     calibrate_module = importlib.import_module("onnxruntime.quantization.calibrate")
-    factories = [(m, "create_calibrator", calibrators.create_calibrator) for m in _modules()]
-    classes = [(calibrate_module, name, _patch_class(name)) for name in _CLASSES]
-    return [(m, name, new) for m, name, new in factories + classes if hasattr(m, name)]
+    factories = [
+        (m, "create_calibrator", PATCH.route(calibrators.create_calibrator, m.create_calibrator))
+        for m in _modules()
+        if hasattr(m, "create_calibrator")
+    ]
+    classes = [
+        (calibrate_module, name, _patch_class(name, getattr(calibrate_module, name)))
+        for name in _CLASSES
+        if hasattr(calibrate_module, name)
+    ]
+    return factories + classes
 
 
 PATCH = CountedPatch(_replacements)

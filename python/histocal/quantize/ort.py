@@ -20,6 +20,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from ..calibrators.range_checks import check_quantized_ranges, check_ranges_before_ort, scale_issue_named
 from ..io.cache import save_tensors_data
+from ..io.models import load_model
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ def _header(model_input: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     """The model without its external data (enough for its opsets and tensor names)."""
     if isinstance(model_input, onnx.ModelProto):
         return model_input
-    return onnx.load(Path(model_input).as_posix(), load_external_data=False)
+    return load_model(model_input, load_external_data=False)
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

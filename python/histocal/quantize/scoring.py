@@ -46,6 +46,7 @@ from onnxruntime.quantization import QuantFormat, QuantType
 from onnxruntime.quantization.calibrate import TensorsData
 
 from ..io.cache import round_trip
+from ..io.models import load_model
 from .ort import quantize_with_ranges
 from .runs import dequantized
 
@@ -155,7 +156,7 @@ def build_scoring_model(
     ranges = round_trip(ranges)  # as ORT reads them back from the calibration cache
     quantize_with_ranges(model_path, qdq_path, ranges, **kwargs)
     qdq = onnx.load(qdq_path.as_posix())
-    float_model = onnx.load(model_path.as_posix())
+    float_model = load_model(model_path)
     quantizer = _quantizer(float_model, ranges, kwargs)
     expected = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
     scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir)

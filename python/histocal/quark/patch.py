@@ -5,7 +5,8 @@ Quark 0.13 creates its calibrators through ``create_calibrator_power_of_two`` an
 ``create_calibrator_float_scale``, imported by name into several of its modules
 (``quark.onnx.calibration.calibrate`` among them). The patch replaces every reference to Quark's
 two factories in the loaded ``quark`` modules with histocal.quark's, and puts them back when
-undone; patches are counted, like ``patch_onnxruntime``. Quark must be importable (it needs torch).
+undone (a quark module or a client that binds them while patched gets Quark's back then too);
+patches are counted, like ``patch_onnxruntime``. Quark must be importable (it needs torch).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _replacements() -> list[Replacement]:
     """Every loaded quark module's reference to Quark's factories, by any name, to histocal.quark's
     (a later import of a quark module binds the patched one, as it reads the defining module)."""
     originals = _quark_factories()
-    ours = {name: getattr(calibrators, name) for name in FACTORIES}
+    # routed: a name bound to them while patched (a quark module imported then) follows the undo
+    ours = {name: PATCH.route(getattr(calibrators, name), originals[name]) for name in FACTORIES}
     return [
         (module, attr, ours[name])
         for module in [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "quark" and m]

@@ -24,14 +24,9 @@ def model_fingerprint(model: Any, num_outputs: int | None = None) -> str:
         OSError: the file cannot be read.
     """
     if isinstance(model, (str, os.PathLike)):
-        import onnx
+        from ..io.models import load_model
 
-        try:
-            model = onnx.load(os.fspath(model))
-        except OSError:
-            raise
-        except Exception as e:  # protobuf's DecodeError names neither the file nor what it expected
-            raise ValueError(f"{os.fspath(model)}: not an ONNX model ({' '.join(str(e).split())})") from None
+        model = load_model(model)
     graph = model.graph
     outputs = list(graph.output)[: num_outputs if num_outputs is not None else None]
     h = hashlib.sha256(b"histocal-model-fingerprint-v1\0")

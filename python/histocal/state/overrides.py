@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import onnx
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import methods
+from ..io.models import load_model
 from ..methods.settings import METHOD_OVERRIDES_KEY
 from ..methods.table import collects_isotone, collects_votes
 from .channels import ChannelHistograms
@@ -116,7 +116,7 @@ def collection_mode(rules: Sequence[MethodRule], mode: str, mode_used: str | Non
 def producer_op_types(model: Any) -> dict[str, str]:
     """Each node output of ``model`` (a ModelProto or a path) and its node's op type (subgraphs' too)."""
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(Path(model).as_posix(), load_external_data=False)
+        model = load_model(model, load_external_data=False)
     out: dict[str, str] = {}
 
     def walk(graph: onnx.GraphProto) -> None:

@@ -1,0 +1,64 @@
+"""Loading a model file the user named: the one place histocal parses a model path, so that a file
+that is not an ONNX model is refused by every route (Python API, CLI, diagnose, Ray's driver) with
+a message naming it, never protobuf's ``DecodeError`` (which names neither the file nor what was
+expected) nor an error further on about an empty graph (a 0-byte file parses as an empty model)."""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import onnx
+
+StrPath = Union[str, "os.PathLike[str]"]
+
+
+class ModelFileError(ValueError):
+    """A model file that is not an ONNX model; the message names the file."""
+
+
+def check_model_file(path: StrPath) -> None:
+    """The checks that need no parsing: ``path`` is an existing, non-empty regular file.
+
+    Raises:
+        FileNotFoundError: no such file (naming it).
+        ModelFileError: not a regular file, or 0 bytes.
+    """
+    name = os.fspath(path)
+    try:
+        info = os.stat(name)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name}: no such model file") from None
+    if not os.path.isfile(name):
+        raise ModelFileError(f"{name}: not a file")
+    if info.st_size == 0:
+        raise ModelFileError(f"{name}: not an ONNX model (0 bytes)")
+
+
+def load_model(path: StrPath, *, load_external_data: bool = True) -> onnx.ModelProto:
+    """The ONNX model in the file ``path``.
+
+    Args:
+        path: the model file.
+        load_external_data: also load the weights stored beside it (as ``onnx.load``).
+
+    Returns:
+        The parsed model, which has a graph.
+
+    Raises:
+        FileNotFoundError: no such file (naming it).
+        ModelFileError: a file that is empty, cannot be parsed as an ONNX model, or holds no graph.
+        OSError: the file (or its external data) cannot be read.
+    """
+    check_model_file(path)
+    name = os.fspath(path)
+    try:
+        model = onnx.load(name, load_external_data=load_external_data)
+    except OSError:
+        raise
+    except Exception as e:  # protobuf's DecodeError; onnx's own on a malformed header
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ModelFileError(f"{name}: not an ONNX model (cannot be parsed: {reason})") from None
+    if not model.HasField("graph"):
+        raise ModelFileError(f"{name}: not an ONNX model (no graph)")
+    return model
