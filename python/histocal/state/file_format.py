@@ -35,9 +35,15 @@ size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` byt
 parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
 ``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
 (tensors x ``streaming_bins`` + exact bins + channels x ``streaming_bins`` at most ``MAX_STATE_BINS``, bins
-and ``num_bins`` settings at most ``_core.MAX_BINS``), then each other member's declared size against that
-content before it is decompressed, read in chunks (a summary's later members, such as isotone's pairs,
-against what its members read first declare). ``check_readable`` runs these checks on a state about to be written. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+and ``num_bins`` settings at most ``_core.MAX_BINS``), then, from the zip directory alone, the members the
+header cannot pin down (the channels member, each summary's members): deflated, at most
+``MAX_NESTED_RATIO`` (channels) or ``MAX_SUMMARY_RATIO`` (a summary's members together) times their compressed
+size + ``MEMBER_SLACK``, and the summaries' declared bytes with the bins (8 bytes each) within
+``summary_format.MAX_HELD_BYTES``; then each other member's declared size against
+the content before it is decompressed, read in chunks (a summary's later members, such as isotone's pairs,
+against what its members read first declare). ``check_members`` is these checks, run by loading and by
+saving (``check_readable``, on the zip just written, so that every state histocal writes it reads back). Every
+``.npy`` header is checked (dtype, shape, size) before its data is used,
 and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
 and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
 """

@@ -12,8 +12,9 @@ written after ``channels``:
 
 ``isotone_tensors`` is read first; the pairs' size is bounded by its counts (at most
 ``ISOTONE_MAX_PAIRS`` per tensor, and with the state's bins within ``MAX_HELD_BYTES``) before they are
-read. The Rust ``restore_summary`` checks each tensor's pairs (finite, ``l1 >= l2``, sorted, distinct,
-no ``-0.0``, positive row counts, at most ``MAX_PAIRS``).
+read (and, like every summary's members, from the zip directory before any is read: see
+``file_format.check_members``). The Rust ``restore_summary`` checks each tensor's pairs (finite,
+``l1 >= l2``, sorted, distinct, no ``-0.0``, positive row counts, at most ``MAX_PAIRS``).
 """
 
 from __future__ import annotations
