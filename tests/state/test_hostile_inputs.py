@@ -144,15 +144,18 @@ def with_header(raw: bytes, header: dict) -> bytes:
     return rezip({**members(raw), "header.npy": npy(np.frombuffer(json.dumps(header).encode(), np.uint8))})
 
 
-def zip_with_deflate_bomb(stored: dict[str, bytes], name: str, zeros: int) -> bytes:
-    """A zip of ``stored`` members plus member ``name``: ``zeros`` (a multiple of 1 MiB) zero bytes deflated
-    ~1000:1, built from one compressed MiB repeated (each ends in a full flush, so none refers to another)
-    rather than by compressing them all. The CRC is not computed (nothing should get that far)."""
+def zip_with_deflate_bomb(stored: dict[str, bytes], name: str, zeros: int, prefix: bytes = b"") -> bytes:
+    """A zip of ``stored`` members plus member ``name``: ``prefix`` (a .npy header) and ``zeros`` (a multiple of
+    1 MiB) zero bytes deflated ~1000:1, built from one compressed MiB repeated (each ends in a full flush, so
+    none refers to another) rather than by compressing them all. The CRC is not computed (nothing should get
+    that far)."""
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = c.compress(prefix) + c.flush(zlib.Z_FULL_FLUSH)
     block = c.compress(bytes(MiB)) + c.flush(zlib.Z_FULL_FLUSH)
-    body = block * (zeros // MiB) + c.flush(zlib.Z_FINISH)
+    body = head + block * (zeros // MiB) + c.flush(zlib.Z_FINISH)
     out, central = io.BytesIO(), io.BytesIO()
-    entries = [(n, d, 0, zlib.crc32(d), len(d)) for n, d in stored.items()] + [(name, body, 8, 0, zeros)]
+    entries = [(n, d, 0, zlib.crc32(d), len(d)) for n, d in stored.items()]
+    entries.append((name, body, 8, 0, len(prefix) + zeros))
     for n, data, method, crc, size in entries:
         offset, fname = out.tell(), n.encode()
         out.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0x21, crc, len(data), size, len(fname), 0))

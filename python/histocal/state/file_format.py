@@ -35,9 +35,15 @@ size (``MAX_STATE_BYTES``), the zip directory (at most ``MAX_ZIP_DIRECTORY`` byt
 parse it; members' count, names, compression, declared sizes), the JSON header member (read first, at most
 ``MAX_HEADER_BYTES``, bounded nesting, every field's type and range validated), the content it declares
 (tensors x ``streaming_bins`` + exact bins + channels x ``streaming_bins`` at most ``MAX_STATE_BINS``, bins
-and ``num_bins`` settings at most ``_core.MAX_BINS``), then each other member's declared size against that
-content before it is decompressed, read in chunks (a summary's later members, such as isotone's pairs,
-against what its members read first declare). ``check_readable`` runs these checks on a state about to be written. Every ``.npy`` header is checked (dtype, shape, size) before its data is used,
+and ``num_bins`` settings at most ``_core.MAX_BINS``), then, from the zip directory alone, the members the
+header cannot pin down (the channels member, each summary's members): deflated, at most
+``MAX_NESTED_RATIO`` (channels) or ``MAX_SUMMARY_RATIO`` (a summary's members together) times their compressed
+size + ``MEMBER_SLACK``, and the summaries' declared bytes with the bins (8 bytes each) within
+``summary_format.MAX_HELD_BYTES``; then each other member's declared size against
+the content before it is decompressed, read in chunks (a summary's later members, such as isotone's pairs,
+against what its members read first declare). ``check_members`` is these checks, run by loading and by
+saving (``check_readable``, on the zip just written, so that every state histocal writes it reads back). Every
+``.npy`` header is checked (dtype, shape, size) before its data is used,
 and the arrays go through the Rust ``restore`` checks. Every problem is a ``ValueError`` naming the file
 and the problem (``FileNotFoundError`` for a missing path), running out of memory included.
 """
@@ -47,7 +53,7 @@ from __future__ import annotations
 import io
 import math
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -56,6 +62,8 @@ import numpy as np
 from .. import _core
 from ..io.files import READ_CHUNK, parse_bounded_json
 from ..methods.table import ALL_OPTIONS, QTYPES
+from . import summary_format
+from .bounded_io import BoundedReads, MemoryFile, deflate_bound
 from .state_error import StateError, fail
 from .summary_format import MAX_HELD_BYTES
 from .summary_members import SUMMARY_MEMBERS
@@ -71,10 +79,14 @@ MAX_HEADER_BYTES = 64 << 20  # the JSON header
 # Bins a loaded state holds in memory, tensors x streaming_bins + exact bins: 2 GiB of counts (16384 tensors
 # at the default 16384 streaming bins). A header declaring more is refused before anything is allocated.
 MAX_STATE_BINS = MAX_HELD_BYTES // 8
-# A channels member is a state file compressed as its outer file is (histocal writes both with the same
-# ``compress``): a deflated one may declare at most this many times its compressed size (plus
-# MEMBER_SLACK), so that a small file cannot make the loader inflate gigabytes.
+# Deflated members whose size the header cannot pin down may declare at most so many times their compressed
+# size (plus MEMBER_SLACK), so that a small file cannot make the loader inflate gigabytes (deflate reaches
+# 1032:1 on zeros). A channels member is a state file compressed as its outer file is (histocal writes both
+# with the same ``compress``): 4. A summary's members together (pow2's votes; isotone's pairs with their row
+# counts, which alone deflate up to 1000:1 when most pairs are seen once): histocal's reach about 15:1
+# (votes 9-14, isotone's 3 for float32 data to 15 for a grid of float16 pairs), so 64 leaves room.
 MAX_NESTED_RATIO = 4
+MAX_SUMMARY_RATIO = 64
 MEMBER_SLACK = 1 << 20
 MAX_JSON_DEPTH = 8
 MAX_MEMBERS = 16
@@ -115,57 +127,6 @@ SUMMARY_MEMBER_NAMES = frozenset(k for m in SUMMARY_MEMBERS for k in m.members)
 # ----------------------------------------------------------------------------------------------
 
 
-class _BoundedReads:
-    """A seekable file that hands out at most ``budget`` more bytes (reads past it return nothing), so that
-    zipfile reads (and allocates for) no more than the caller allows: its central directory, one member."""
-
-    def __init__(self, file: BinaryIO | MemoryFile, size: int) -> None:
-        self._file, self._size, self.budget = file, size, 0
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def read(self, n: int | None = -1) -> bytes:
-        allowed = max(0, min(self.budget, self._size - self._file.tell()))
-        data = self._file.read(allowed if n is None or n < 0 else min(n, allowed))
-        self.budget -= len(data)
-        return data
-
-
-class MemoryFile:
-    """A read-only seekable file over an array's bytes, without copying them (a channels member)."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        self._view, self._at = data.data.cast("B"), 0
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._at = max(0, offset + (0, self._at, len(self._view))[whence])
-        return self._at
-
-    def tell(self) -> int:
-        return self._at
-
-    def read(self, n: int | None = -1) -> bytes:
-        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._at + n)
-        data = bytes(self._view[self._at : end])
-        self._at = max(self._at, end)
-        return data
-
-
-def _deflate_bound(size: int) -> int:
-    """The largest deflate stream of ``size`` bytes of data (zlib's compressBound, with slack)."""
-    return size + (size >> 12) + (size >> 14) + (size >> 25) + 64
-
-
 def _zip_members(zf: zipfile.ZipFile, nested: bool) -> dict[str, zipfile.ZipInfo]:
     """The members by key (name without ``.npy``), checked from the central directory alone (``nested``: a
     channels member's state, which has no channels of its own)."""
@@ -185,7 +146,7 @@ def _zip_members(zf: zipfile.ZipFile, nested: bool) -> dict[str, zipfile.ZipInfo
             fail(f"zip member {info.filename!r}: unsupported compression {info.compress_type}")
         if info.flag_bits & 0x1:
             fail(f"zip member {info.filename!r} is encrypted")
-        stored_size = info.file_size if info.compress_type == zipfile.ZIP_STORED else _deflate_bound(info.file_size)
+        stored_size = info.file_size if info.compress_type == zipfile.ZIP_STORED else deflate_bound(info.file_size)
         if info.compress_size > stored_size:
             fail(f"zip member {info.filename!r}: {info.compress_size} compressed bytes for {info.file_size} bytes")
         out[key] = info
@@ -197,13 +158,18 @@ def _zip_members(zf: zipfile.ZipFile, nested: bool) -> dict[str, zipfile.ZipInfo
     return out
 
 
-def _read_member(zf: zipfile.ZipFile, reads: _BoundedReads, info: zipfile.ZipInfo, max_data: int) -> np.ndarray:
-    """One member, its size checked against ``max_data`` (+ a .npy header) before it is decompressed, then
-    read in chunks into a buffer of that size."""
-    key = info.filename[:-4]
+def _check_declared(info: zipfile.ZipInfo, max_data: int) -> None:
+    """A member's declared size against ``max_data`` (+ a .npy header), before anything of it is read."""
     limit = max_data + MAX_NPY_HEADER
     if info.file_size > limit:
         fail(f"zip member {info.filename!r} declares {info.file_size} bytes, more than the {limit} its header allows")
+
+
+def _read_member(zf: zipfile.ZipFile, reads: BoundedReads, info: zipfile.ZipInfo, max_data: int) -> np.ndarray:
+    """One member, its size checked against ``max_data`` (+ a .npy header) before it is decompressed, then
+    read in chunks into a buffer of that size."""
+    key = info.filename[:-4]
+    _check_declared(info, max_data)
     # the local header (fixed part, name and extra field of at most 64 KiB each), then the data
     reads.budget = 30 + 2 * 0xFFFF + info.compress_size
     data = bytearray(info.file_size)
@@ -372,7 +338,7 @@ class Header:
             # .npy and zip headers, its bins and rows, and its summaries within what the bins leave
             c = self.channel_count
             rows = 8 * self.streaming_bins * c + (24 + 40 + 24) * c
-            summaries = sum(m.nested_bytes(c, MAX_HELD_BYTES - 8 * held) for m in SUMMARY_MEMBERS)
+            summaries = sum(m.nested_bytes(c, summary_format.MAX_HELD_BYTES - 8 * held) for m in SUMMARY_MEMBERS)
             overhead = MAX_MEMBERS * (MAX_NPY_HEADER + 30 + 46 + 2 * 64 + 40) + 22
             limits["channels"] = MAX_HEADER_BYTES + rows + summaries + overhead
         return limits
@@ -477,13 +443,12 @@ def _parse_header(text_bytes: bytes) -> Header:
 def read_members(
     source: BinaryIO | MemoryFile, size: int, nested: tuple[int, int] | None = None
 ) -> tuple[Header, dict[str, np.ndarray]]:
-    """The validated header and members of a state file: an untrusted seekable file of ``size`` bytes. Every size is checked before the memory
-    for it is taken: the zip directory (bounded reads), the header member (``MAX_HEADER_BYTES``), the content
-    the header declares (``MAX_STATE_BINS``), then each member against that content before it is
-    decompressed. ``nested``: the file is a channels member, which must hold that many tensors of that
-    many streaming bins and no channels of its own (checked from its directory and header, before
+    """The validated header and members of a state file: an untrusted seekable file of ``size`` bytes. Every
+    size is checked before the memory for it is taken: the zip directory (bounded reads), then what
+    ``check_members`` checks. ``nested``: the file is a channels member, which must hold that many tensors of
+    that many streaming bins and no channels of its own (checked from its directory and header, before
     anything else is read)."""
-    reads = _BoundedReads(source, size)
+    reads = BoundedReads(source, size)
     reads.budget = MAX_ZIP_DIRECTORY
     try:
         zf = zipfile.ZipFile(reads)  # a file-like object (seek, tell, read)
@@ -491,67 +456,103 @@ def read_members(
         fail(f"not a zip/npz file ({exc})")
     with zf:
         infos = _zip_members(zf, nested is not None)
-        text = _read_member(zf, reads, infos["header"], MAX_HEADER_BYTES)
-        if text.size > MAX_HEADER_BYTES:
-            fail(f"header of {text.size} bytes, more than the limit of {MAX_HEADER_BYTES}")
-        header = _parse_header(text.tobytes())
-        del text
-        if nested is not None:
-            if header.channels is not None:
-                fail("a channels member's state has channels of its own (per-channel states do not nest)")
-            # (fewer bins where the channels' bins were fitted to the memory limit)
-            if header.mode != "streaming" or not 0 < (header.streaming_bins or 0) <= nested[1]:
-                fail("not a streaming state of at most the outer state's streaming_bins")
-            if len(header.tensors) != nested[0]:
-                fail(f"{len(header.tensors)} channel histograms, the outer header declares {nested[0]}")
-        limits = header.member_limits()
-        if "channels" in infos and header.channels is not None:
-            info = infos["channels"]
-            if info.compress_type == zipfile.ZIP_DEFLATED:
-                limits["channels"] = min(limits["channels"], MAX_NESTED_RATIO * info.compress_size + MEMBER_SLACK)
-        arrays: dict[str, np.ndarray] = {}
-        for m in SUMMARY_MEMBERS:
-            given = [k for k in m.members if k in infos]
-            if given and header.streaming_bins is None:
-                fail(f"{given[0]}: given without streaming histograms")
-            if given and header.version < m.version:
-                fail(f"{given[0]}: given in a version {header.version} state")
-            if given and m.first not in infos:
-                fail(f"{'/'.join(given)}: given without {m.first}")
-        later = {"header", *(k for m in SUMMARY_MEMBERS for k in m.later)}
-        for key, info in infos.items():
-            if key == "channels" and header.channels is None:
-                fail("channels: given in a state without per-channel histograms")
-            if key not in later:
-                arrays[key] = _read_member(zf, reads, info, limits[key])
-        for m in SUMMARY_MEMBERS:
-            if m.first in infos:
-                n, held = len(header.tensors), header.held_bins
-                for key, most in m.later_limits(arrays, n, held).items():
-                    if key in infos:
-                        arrays[key] = _read_member(zf, reads, infos[key], most)
+        return check_members(infos, lambda key, most: _read_member(zf, reads, infos[key], most), nested)
+
+
+def check_members(
+    infos: dict[str, zipfile.ZipInfo], read: Callable[[str, int], np.ndarray], nested: tuple[int, int] | None = None
+) -> tuple[Header, dict[str, np.ndarray]]:
+    """The checks of a state file's members, from its zip directory ``infos`` (checked by ``_zip_members``):
+    the one function both loading and saving run, so that every state histocal writes it reads back.
+    ``read(key, most)`` gives a member of at most ``most`` data bytes, its declared size checked first
+    (loading inflates it; saving hands over the array it wrote). The header member is read first (at most
+    ``MAX_HEADER_BYTES``), then the content it declares is checked (``MAX_STATE_BINS``), then, from the
+    directory alone, what the members that the header cannot pin down may inflate to and hold
+    (``_check_directory``), then each member is read against that content (a summary's later members, such
+    as isotone's pairs, against what its members read first declare)."""
+    declared = infos["header"].file_size
+    if declared > MAX_HEADER_BYTES + MAX_NPY_HEADER:
+        fail(f"header of {declared} bytes is over the limit of {MAX_HEADER_BYTES} bytes (with its .npy header)")
+    text = read("header", MAX_HEADER_BYTES)
+    if text.size > MAX_HEADER_BYTES:
+        fail(f"header of {text.size} bytes is over the limit of {MAX_HEADER_BYTES} bytes")
+    header = _parse_header(text.tobytes())
+    del text
+    if nested is not None:
+        if header.channels is not None:
+            fail("a channels member's state has channels of its own (per-channel states do not nest)")
+        # (fewer bins where the channels' bins were fitted to the memory limit)
+        if header.mode != "streaming" or not 0 < (header.streaming_bins or 0) <= nested[1]:
+            fail("not a streaming state of at most the outer state's streaming_bins")
+        if len(header.tensors) != nested[0]:
+            fail(f"{len(header.tensors)} channel histograms, the outer header declares {nested[0]}")
+    limits = header.member_limits()
+    for m in SUMMARY_MEMBERS:
+        given = [k for k in m.members if k in infos]
+        if given and header.streaming_bins is None:
+            fail(f"{given[0]}: given without streaming histograms")
+        if given and header.version < m.version:
+            fail(f"{given[0]}: given in a version {header.version} state")
+        if given and m.first not in infos:
+            fail(f"{'/'.join(given)}: given without {m.first}")
+    if "channels" in infos and header.channels is None:
+        fail("channels: given in a state without per-channel histograms")
+    _check_directory(header, infos)
+    arrays: dict[str, np.ndarray] = {}
+    later = {"header", *(k for m in SUMMARY_MEMBERS for k in m.later)}
+    for key in infos:
+        if key not in later:
+            arrays[key] = read(key, limits[key])
+    for m in SUMMARY_MEMBERS:
+        if m.first in infos:
+            for key, most in m.later_limits(arrays, len(header.tensors), header.held_bins).items():
+                if key in infos:
+                    arrays[key] = read(key, most)
     return header, arrays
 
 
-def check_readable(members: dict[str, np.ndarray]) -> None:
-    """ValueError unless ``read_members`` would accept a file of these members (about to be written): the
-    header's size and content (the loader's own checks), each member's size against what it allows, the
-    total: a state too large to load is refused before it is written."""
-    header = members["header"]
+def _check_directory(header: Header, infos: dict[str, zipfile.ZipInfo]) -> None:
+    """Before any of them is inflated, from the directory alone: the members the header cannot pin down (the
+    channels member's state, each summary's members), where deflated, declare at most their ratio times their
+    compressed size (+ MEMBER_SLACK); and the summaries' members, as declared, with the state's bins (8 bytes
+    each) fit the held-bytes limit (the summaries are held in memory about as large as they are stored)."""
+    groups = [(("channels",), MAX_NESTED_RATIO)] + [(tuple(m.members), MAX_SUMMARY_RATIO) for m in SUMMARY_MEMBERS]
+    for keys, ratio in groups:
+        deflated = [infos[k] for k in keys if k in infos and infos[k].compress_type == zipfile.ZIP_DEFLATED]
+        size, compressed = sum(i.file_size for i in deflated), sum(i.compress_size for i in deflated)
+        most = ratio * compressed + MEMBER_SLACK
+        if size > most:
+            names, one = ", ".join(repr(i.filename) for i in deflated), len(deflated) == 1
+            fail(
+                f"zip member{'' if one else 's'} {names} declare{'s' if one else ''} {size} bytes, more than the "
+                f"{most} that {'its' if one else 'their'} {compressed} compressed bytes allow (deflated at most "
+                f"{ratio}:1, + {MEMBER_SLACK})"
+            )
+    limit = summary_format.MAX_HELD_BYTES
+    held = 8 * header.held_bins
+    for key in MEMBERS:
+        if key in SUMMARY_MEMBER_NAMES and key in infos:
+            held += infos[key].file_size
+            if held > limit:
+                fail(
+                    f"zip member {infos[key].filename!r}: the summaries' members declare {held - 8 * header.held_bins} "
+                    f"bytes up to it, which with the state's {header.held_bins} bins (8 bytes each) are more than the "
+                    f"limit of {limit} bytes held in memory"
+                )
+
+
+def check_readable(zf: zipfile.ZipFile, members: dict[str, np.ndarray]) -> None:
+    """ValueError unless ``read_members`` would accept the zip ``zf`` just written of ``members``: its
+    directory, then ``check_members`` on the arrays in hand (a state too large to load, or whose members
+    would inflate too far, is refused before it is written)."""
     try:
-        if header.size > MAX_HEADER_BYTES:
-            fail(f"its header of {header.size} bytes is over the limit of {MAX_HEADER_BYTES} bytes")
-        parsed = _parse_header(header.tobytes())
-        limits = parsed.member_limits()
-        for m in SUMMARY_MEMBERS:
-            if m.first in members:
-                limits.update(m.later_limits(members, len(parsed.tensors), 0))
-        for key, array in members.items():
-            if key != "header" and array.nbytes > limits[key]:
-                fail(f"its member {key} of {array.nbytes} bytes is over the {limits[key]} its header allows")
-        total = sum(a.nbytes + MAX_NPY_HEADER for a in members.values())
-        if total > MAX_STATE_BYTES:
-            fail(f"its members of {total} bytes are over the limit of {MAX_STATE_BYTES} bytes")
+        infos = _zip_members(zf, False)
+
+        def handed(key: str, most: int) -> np.ndarray:
+            _check_declared(infos[key], most)
+            return members[key]
+
+        check_members(infos, handed)
     except StateError as exc:
         raise ValueError(
             f"this state is too large to be read back, so it is not written: {exc} (calibrate fewer tensors or "

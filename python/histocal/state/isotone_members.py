@@ -12,8 +12,9 @@ written after ``channels``:
 
 ``isotone_tensors`` is read first; the pairs' size is bounded by its counts (at most
 ``ISOTONE_MAX_PAIRS`` per tensor, and with the state's bins within ``MAX_HELD_BYTES``) before they are
-read. The Rust ``restore_summary`` checks each tensor's pairs (finite, ``l1 >= l2``, sorted, distinct,
-no ``-0.0``, positive row counts, at most ``MAX_PAIRS``).
+read (and, like every summary's members, from the zip directory before any is read: see
+``file_format.check_members``). The Rust ``restore_summary`` checks each tensor's pairs (finite,
+``l1 >= l2``, sorted, distinct, no ``-0.0``, positive row counts, at most ``MAX_PAIRS``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import _core
+from . import summary_format
 from .state_error import fail
-from .summary_format import MAX_HELD_BYTES, SummaryMembers
+from .summary_format import SummaryMembers
 
 ISOTONE_MEMBERS = ("isotone_tensors", "isotone_pairs", "isotone_rows")
 ISOTONE_PAIR_BYTES = 24  # one distinct (l1, l2, rows) pair, in memory
@@ -37,10 +39,11 @@ def _declared_pairs(tensors: np.ndarray, n: int, held_bins: int) -> int:
     if tensors.size and int(tensors[:, 0].max()) > _core.ISOTONE_MAX_PAIRS:
         fail(f"isotone_tensors: more than {_core.ISOTONE_MAX_PAIRS} pairs for one tensor")
     pairs = int(tensors[:, 0].sum(dtype=np.uint64)) if tensors.size else 0
-    if ISOTONE_PAIR_BYTES * pairs + 8 * held_bins > MAX_HELD_BYTES:
+    limit = summary_format.MAX_HELD_BYTES  # (read here: one limit for every check, file_format's too)
+    if ISOTONE_PAIR_BYTES * pairs + 8 * held_bins > limit:
         fail(
             f"isotone_tensors: {pairs} pairs ({ISOTONE_PAIR_BYTES} bytes each) with {held_bins} bins (8 bytes each) "
-            f"are more than the limit of {MAX_HELD_BYTES} bytes"
+            f"are more than the limit of {limit} bytes"
         )
     return pairs
 
@@ -65,7 +68,7 @@ class IsotoneMembers(SummaryMembers):
         return {"isotone_pairs": 16 * pairs, "isotone_rows": 8 * pairs}
 
     def nested_bytes(self, channels: int, bytes_left: int) -> int:
-        return ISOTONE_PAIR_BYTES * min(_core.ISOTONE_MAX_PAIRS * channels, bytes_left // ISOTONE_PAIR_BYTES)
+        return ISOTONE_PAIR_BYTES * min(_core.ISOTONE_MAX_PAIRS * channels, max(0, bytes_left) // ISOTONE_PAIR_BYTES)
 
     def write(self, stream: Any, names: list[str]) -> dict[str, np.ndarray]:
         tensors, pairs, rows = [], [], []

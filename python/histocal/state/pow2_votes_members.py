@@ -3,7 +3,9 @@
 Member ``stream_votes`` (int64 (m, 4): tensor index, type (int8, uint8, int16), exponent, batches), sorted
 by tensor index, present exactly when the votes were collected (empty when no batch voted). Written after
 ``stream_counts``, in format version 1. The Rust ``restore_summary`` checks each tensor's votes (types,
-exponents, no repeats, no more votes of a type than batches).
+exponents, no repeats, no more votes of a type than batches). The batch counts only narrow the member's
+size: what bounds its memory is checked from the zip directory (``file_format.check_members``: its deflate
+ratio, and its declared size with the bins within the held-bytes limit), whatever counts the file declares.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .. import _core
+from .bounded_io import MemoryFile
 from .channels import ChannelHistograms
-from .file_format import DTYPES, Header, MemoryFile, StateError, fail, five_counts, read_members
+from .file_format import DTYPES, Header, StateError, fail, five_counts, read_members
 from .summary_members import SUMMARY_MEMBERS
 
 

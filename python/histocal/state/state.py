@@ -35,21 +35,17 @@ inside a bin a value sits, and (like ORT's rule) the result depends on the order
 histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
 and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
 The file format and its checks: :mod:`histocal.state.file_format` (each summary's members: ``summary_members``;
-reading a file back: ``reading``).
+reading a file back: ``reading``; writing one: ``writing``).
 """
 
 from __future__ import annotations
 
 import io
-import json
-import math
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Union, cast
 
-import numpy as np
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core, methods
@@ -63,16 +59,13 @@ from .file_format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_STATE_BYTES,
-    MEMBERS,
-    SUMMARY_MEMBER_NAMES,
     check_fingerprint,
-    check_readable,
     plain_value,
 )
 from .fingerprint import model_fingerprint
 from .merge import merge_exact
 from .reading import read_state_fields
-from .summary_members import SUMMARY_MEMBERS
+from .writing import state_bytes
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 
@@ -436,91 +429,7 @@ class CalibrationState:
         Raises:
             ValueError: a state too large for the format.
         """
-        arrays: dict[str, list[np.ndarray]] = {
-            k: [] for k in MEMBERS if k != "header" and k not in SUMMARY_MEMBER_NAMES
-        }
-        tensors: list[dict[str, Any]] = []
-        for name in self.names:
-            entry: dict[str, Any] = {"name": name, "dtype": self.dtype(name), "stream": None, "exact": None}
-            if self.stream is not None:
-                ex = self.stream.export(name)
-                nz = np.flatnonzero(ex.bins)
-                start, stop = (int(nz[0]), int(nz[-1]) + 1) if nz.size else (0, 0)
-                arrays["stream_bins"].append(ex.bins[start:stop])
-                stats = [[ex.finite_min, ex.finite_max, ex.abs_min]]  # None (no such value) reads as NaN
-                arrays["stream_stats"].append(np.array(stats, np.float64))
-                arrays["stream_counts"].append(np.array([ex.counts], np.uint64))
-                entry["stream"] = {"level": ex.level, "start": start, "length": stop - start}
-            tensors.append(entry)
-        exact_order = None
-        if self.exact is not None:
-            index = {n: i for i, n in enumerate(self.names)}
-            exact_order = [index[n] for n in self.exact.names()]
-            for name in self.exact.names():
-                entry = tensors[index[name]]
-                e = export_exact(self.exact, name)
-                arrays["exact_hist"].append(np.asarray(e.hist, np.int64))
-                arrays[f"exact_edges_{e.edges.dtype}"].append(e.edges)
-                thr = e.threshold if e.threshold is not None else (math.nan, False)
-                arrays["exact_scalars"].append(np.array([[e.min[0], e.max[0], thr[0]]], np.float64))
-                arrays["exact_flags"].append(np.array([[e.min[1], e.max[1], thr[1]]], np.uint8))
-                arrays["exact_counts"].append(np.array([e.counts], np.uint64))
-                entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
-        collected = [m for m in SUMMARY_MEMBERS if self.stream is not None and m.summary in self.stream.summaries]
-        summaries = {k: v for m in collected for k, v in m.write(self.stream, self.names).items()}
-        header = {
-            "format": FORMAT_NAME,
-            "version": max([1] + [m.version for m in collected]),
-            "histocal_version": self.histocal_version,
-            "model_fingerprint": self.model_fingerprint,
-            "data_fingerprints": sorted(self.data_fingerprints),
-            "options": self.options,
-            "tensors": tensors,
-            "exact_order": exact_order,
-        }
-        nested = None
-        if self.channels is not None:  # version 2: the channel histograms as a state file of their own
-            ch = self.channels
-            header["version"] = FORMAT_VERSION
-            header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
-            inner = CalibrationState(ch.channel_keys(), "streaming", ch.stream, histocal_version=self.histocal_version)
-            try:
-                nested = np.frombuffer(inner.to_bytes(compress), np.uint8)
-            except ValueError as exc:
-                raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
-        members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
-        for key, (dtype, ndim, cols) in MEMBERS.items():
-            parts = arrays.get(key)
-            if key in summaries:
-                members[key] = summaries[key]
-            elif key == "channels" and nested is not None:
-                members[key] = nested
-            elif parts:
-                joined = np.concatenate(parts)
-                if "|" in dtype:  # counts: the narrowest unsigned type that holds them (compact files)
-                    top = int(joined.max()) if joined.size else 0
-                    dtype = (
-                        next(d for d in ("u1", "<u2", "<u4") if top <= np.iinfo(d).max)
-                        if top < 1 << 32
-                        else dtype.split("|")[0]
-                    )
-                members[key] = np.ascontiguousarray(joined.astype(dtype, copy=False))
-            elif parts is not None and cols is not None and ndim == 2 and self._holds(key):
-                members[key] = np.zeros((0, cols), dtype)
-        check_readable(members)  # every state histocal writes it can read back
-        # np.savez's layout (loadable with np.load), with fixed timestamps: equal states give equal bytes
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
-            for key, array in members.items():
-                info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zf.compression
-                with zf.open(info, "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, array, allow_pickle=False)
-        return buf.getvalue()
-
-    def _holds(self, member: str) -> bool:
-        """Whether the state holds the histograms a file member stores (an empty member is then written)."""
-        return self.stream is not None if member.startswith("stream") else self.exact is not None
+        return state_bytes(self, compress)
 
     def save(self, path: PathLike, compress: bool = False) -> None:
         """Write the state atomically (a temp file renamed over ``path``; mode 0600, like caches).

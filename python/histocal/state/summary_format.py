@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-# The most bytes a loaded state holds in memory, its bins (8 bytes each) and its summaries together: 2 GiB
-# (file_format.MAX_STATE_BINS is this in bins).
+# The most bytes a loaded state holds in memory, its bins (8 bytes each) and its summaries together (their
+# members' sizes as the zip directory declares them, checked before any is read): 2 GiB
+# (file_format.MAX_STATE_BINS is this in bins). Read at check time, as ``summary_format.MAX_HELD_BYTES``.
 MAX_HELD_BYTES = 8 << 28
 
 
