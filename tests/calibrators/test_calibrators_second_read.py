@@ -102,6 +102,7 @@ def _relu_model(path):
     return path
 
 
+@pytest.mark.parity
 def test_the_reported_shuffling_loader_is_refused_and_the_same_order_is_orts(tmp_path):
     """The report's case: 12 batches, an 8k budget that keeps some, a loader reshuffling on
     rewind() (it gave Distribution avg 2.4957 where onnxruntime gives 2.5649, without an error)."""
