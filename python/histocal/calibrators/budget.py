@@ -174,12 +174,3 @@ class KeptOutputs:
     def drop(self) -> None:
         self.batches.clear()
         self.nbytes = 0
-
-
-def second_read_differs(first: int, last: int) -> ValueError:
-    where = f"batch {last}" if first == last else f"batches {first} to {last}"
-    return ValueError(
-        f"{where}: the data reader returned different data on its second read "
-        "(exact mode reads again the batches over its memory budget; it must yield the same "
-        "batches each time, or use mode='streaming')"
-    )

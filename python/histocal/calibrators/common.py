@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -129,22 +129,70 @@ def is_checkpoint(i: int) -> bool:
 
 
 class ReadDigest:
-    """The output shapes and dtypes of one read's batches in O(log batches) memory: a running
-    digest, kept after batches 0, 1, 3, 7, ... (2^k - 1) for a second read to compare with. A
-    second read that differs is caught by twice the batch index where it starts differing, and
-    the error names the span of batches (between two kept digests) where it does."""
+    """One read's feeds in O(log batches) memory: a running blake2b digest of every feed (its
+    inputs' names, dtypes, shapes and bytes, as checked: cast where the model's input type
+    differs), kept after batches 0, 1, 3, 7, ... (2^k - 1). Feeds, not outputs: a reader that
+    yields the same batches in another order on its second read (a rewound shuffling loader)
+    gives outputs of the same shapes, and exact mode would count some batches twice and others
+    never. A second read is checked against it by :class:`ReadCheck`. Plain bytes, ints and a
+    dict: it travels (pickled) between the passes of histocal.distributed."""
 
     def __init__(self) -> None:
         self.digest = b""
         self.kept: dict[int, bytes] = {}
+        self.batches = 0
 
-    def add(self, items: list[tuple[str, list[np.ndarray]]]) -> None:
+    def add(self, feed: Mapping[str, np.ndarray]) -> None:
         h = hashlib.blake2b(self.digest, digest_size=16)
-        # by tensor name: the outputs' order is a set's order, which another process (a
-        # distributed worker reading the second time) may not share
-        for name, arrays in sorted(items, key=lambda item: item[0]):
-            h.update(f"{name}\0{arrays[0].dtype.str}{arrays[0].shape};".encode())
+        # by input name: two reads may build their dicts in different orders
+        for name in sorted(feed):
+            arr = feed[name]
+            h.update(f"{name}\0{arr.dtype.str}{arr.shape};".encode())
+            h.update(_hashable(arr))
         self.digest = h.digest()
+        if is_checkpoint(self.batches):
+            self.kept[self.batches] = self.digest
+        self.batches += 1
+
+    def finish(self) -> None:
+        """The end of the read (nothing to check on a first read)."""
+
+
+def _hashable(arr: np.ndarray) -> Any:
+    if arr.dtype.hasobject:  # no buffer of its own (pointers): its values' text stands for it
+        return repr(arr.tolist()).encode()
+    return np.ascontiguousarray(arr)  # hashlib reads the buffer in place; a copy only if strided
+
+
+class ReadCheck:
+    """A second read checked, as it goes, against the first read's :class:`ReadDigest`: at each
+    checkpoint (a difference is caught by twice the batch where it starts, before that batch
+    runs), on a batch past the first read's count, and at the end (the count, the final digest).
+    ``why`` says in the errors why the data is read again."""
+
+    def __init__(self, first: ReadDigest, why: str) -> None:
+        self.first, self.why, self.read = first, why, ReadDigest()
+
+    def add(self, feed: Mapping[str, np.ndarray]) -> None:
+        i, n = self.read.batches, self.first.batches
+        if i >= n:
+            raise ValueError(f"the data reader returned {n} batches on its first read and more on its second{self.why}")
+        self.read.add(feed)
+        if is_checkpoint(i) and self.read.digest != self.first.kept[i]:
+            # the reads match up to the previous checkpoint, (i - 1) // 2
+            raise second_read_differs((i + 1) // 2, i, self.why)
+
+    def finish(self) -> None:
+        n, n2 = self.first.batches, self.read.batches
+        if n2 != n:
+            raise ValueError(f"the data reader returned {n} batches on its first read and {n2} on its second{self.why}")
+        if self.read.digest != self.first.digest:
+            raise second_read_differs(max(self.first.kept) + 1, n - 1, self.why)
+
+
+def second_read_differs(first: int, last: int, why: str) -> ValueError:
+    where = f"batch {last}" if first == last else f"batches {first} to {last}"
+    return ValueError(f"{where}: the data reader returned different data on its second read{why}")
 
 
 def run_batches(
@@ -156,6 +204,7 @@ def run_batches(
     skip: Container[int] = (),
     timed: Callable[[int, float, int, float], None] | None = None,
     wants_timing: Callable[[int], bool] = lambda i: False,
+    digest: ReadDigest | ReadCheck | None = None,
 ) -> int:
     """Run every batch of one read and hand its outputs to ``consume``. ``consume`` (Rust work,
     GIL released) runs on a worker thread while ORT infers the next batch, so at most two
@@ -167,8 +216,10 @@ def run_batches(
     otherwise), then the lesser of the wall seconds and the process's CPU seconds (on a loaded
     machine the wall time is mostly waiting; on idle cores the CPU time is spread over them), the
     page faults meanwhile, and the part of those seconds that was system CPU time, in
-    proportion (mostly those faults: fresh memory for the outputs). Returns the number of batches, skipped ones
-    included."""
+    proportion (mostly those faults: fresh memory for the outputs). Every feed, a skipped one's
+    too, goes to ``digest`` as it is read: the one place every read of exact mode passes, its
+    first read recorded (``ReadDigest``), its second checked against it (``ReadCheck``, which
+    raises before the batch runs). Returns the number of batches, skipped ones included."""
     session = calibrator.infer_session
     checker = FeedChecker(session)
     inputs = set(checker.inputs)
@@ -184,10 +235,18 @@ def run_batches(
     ) as pool:
         start, alone = clocks(), timed is not None and wants_timing(0)
         for feed in progress(source.read(), desc, calibrator.show_progress):
-            if n in skip:
+            skipped = n in skip
+            if skipped and digest is None:
                 n += 1
                 continue
-            outputs = run_session(session, fetch, checker.check(feed, n), n)
+            checked = checker.check(feed, n)
+            if digest is not None:
+                # here, not on the worker thread: the reader may reuse the feed's buffers for the next batch
+                digest.add(checked)
+            if skipped:
+                n += 1
+                continue
+            outputs = run_session(session, fetch, checked, n)
             end = clocks()
             # ORT returns outputs that are also inputs as views of the feed (ORT issue #21922):
             # copy them, as ORT does, since the reader may reuse its buffers for the next batch.
@@ -207,6 +266,8 @@ def run_batches(
             start = clocks()
         if pending is not None:
             pending.result()
+    if digest is not None:
+        digest.finish()
     return n
 
 

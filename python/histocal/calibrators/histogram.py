@@ -48,19 +48,13 @@ from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
 from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
-from .budget import (
-    HOW_TO_SET,
-    KeptOutputs,
-    format_size,
-    resolve_memory_budget,
-    second_read_differs,
-)
+from .budget import HOW_TO_SET, KeptOutputs, format_size, resolve_memory_budget
 from .common import (
     METHODS,
+    ReadCheck,
     ReadDigest,
     binned_and_binnable,
     check_channels_loadable,
-    is_checkpoint,
     one_call_at_a_time,
     run_batches,
 )
@@ -69,6 +63,13 @@ from .cores import calibration_threads, session_options_for
 logger = logging.getLogger(__name__)
 
 _NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
+
+# Why exact mode reads data again, in the errors of a second read that differs from the first.
+_WHY_SECOND_READ = (
+    " (exact mode reads again the batches whose outputs it did not keep within its memory budget: the "
+    "reader must yield the same feeds in the same order on each read, so a shuffling loader must not "
+    f"reshuffle when rewound; or use mode='streaming', or a larger memory budget: {HOW_TO_SET})"
+)
 
 
 class HistogramCalibration:
@@ -245,33 +246,24 @@ class HistogramCalibration:
         # read-once data cannot run again: keep what fits; otherwise keep only what is worth it
         kept = KeptOutputs(budget, 0.0 if read_once else None)
         streaming = False  # auto mode, read-once data over the budget: streaming from then on
-        # Constant memory per batch (a long stream must not grow it): the second read is checked
-        # against digests of the first (the batches not kept, in order), not against a list of
-        # every batch's shapes; ``at`` names where each checkpoint's batch is in the read.
-        first, second = ReadDigest(), ReadDigest()
-        at: dict[int, int] = {}
-        rerun = 0  # batches not kept so far
+        # The second read is checked against a digest of the first read's feeds (every batch's,
+        # kept or not: each one's place in the read decides whether it is skipped), in constant
+        # memory per batch (a long stream must not grow it). Read-once data is never read again.
+        first = None if read_once else ReadDigest()
 
         def scan(i: int, items: list) -> None:
-            nonlocal streaming, rerun
+            nonlocal streaming
             if streaming:
                 stream.collect(items)
                 return
             # The state's streaming histogram (see histocal.state) is fed here, from the same scans.
             hist.scan(items, stream)
-            if kept.offer(i, items):
-                return
-            if read_once:
+            if not kept.offer(i, items) and read_once:
                 streaming = self._over_budget(kept, i, items)
-                return
-            first.add(items)
-            if is_checkpoint(rerun):
-                first.kept[rerun], at[rerun] = first.digest, i
-            rerun += 1
 
         before = binned_and_binnable(hist)
         desc = "histocal exact (ranges)"
-        n = run_batches(self, source, fetch, scan, desc, timed=kept.timed, wants_timing=kept.wants_timing)
+        n = run_batches(self, source, fetch, scan, desc, timed=kept.timed, wants_timing=kept.wants_timing, digest=first)
         if n == 0 or streaming:
             if streaming:
                 self._mode_used, self.collector = "streaming", None
@@ -281,37 +273,15 @@ class HistogramCalibration:
         if kept.batches:
             hist.count(kept.by_tensor())
             kept.drop()
-        if rerun:
-            j = 0  # the batches run again so far
-
-            def differs_from(j: int, i: int) -> ValueError:
-                # the data differs after the last checkpoint that matched
-                return second_read_differs(at[(j - 1) // 2] + 1 if j else i, i)
+        if first is not None and len(kept.kept) < n:  # read-once data keeps every batch (or streams)
 
             def count(i: int, items: list) -> None:
-                nonlocal j
-                if i >= n:
-                    raise ValueError(
-                        f"the data reader returned {n} batches on its first read and more on its second "
-                        "(exact mode reads again the batches it did not keep; it must yield the same "
-                        "batches each time)"
-                    )
-                second.add(items)
-                if is_checkpoint(j) and second.digest != first.kept[j]:
-                    raise differs_from(j, i)
-                j += 1
                 hist.count(items)
 
             desc = "histocal exact (batches not kept)"
-            n2 = run_batches(self, source, fetch, count, desc, skip=kept.kept)
-            if n2 != n:
-                raise ValueError(
-                    f"the data reader returned {n} batches on its first read and {n2} on its second "
-                    "(exact mode reads again the batches it did not keep; it must yield the same "
-                    "batches each time)"
-                )
-            if second.digest != first.digest:
-                raise second_read_differs(at[max(first.kept)] + 1, n - 1)
+            # each feed is checked against the first read's before it runs: a reader that yields
+            # the same batches in another order would count some twice and others never
+            run_batches(self, source, fetch, count, desc, skip=kept.kept, digest=ReadCheck(first, _WHY_SECOND_READ))
         self.collector.refresh()  # its histogram_dict, if handed out, shows this collect
         # Values outside the first read's ranges were not binned: the reader changed its data.
         for name, (binned, finite, infs, _) in binned_and_binnable(hist).items():
@@ -323,7 +293,7 @@ class HistogramCalibration:
                     f"tensor {name!r}: the data reader returned different data on its second read "
                     f"({binnable - (binned - b0)} values fell outside the ranges of the first read); "
                     "exact mode reads again the batches it did not keep and needs the same "
-                    "batches each time, or use mode='streaming'"
+                    "feeds each time, or use mode='streaming'"
                 )
         return n
 

@@ -18,8 +18,13 @@ from typing import Any
 from .. import _core
 from ..collector import CollectedData
 from ..io.readers import DataSource
-from .budget import second_read_differs
-from .common import ReadDigest, is_checkpoint, run_batches
+from .common import ReadCheck, ReadDigest, run_batches
+
+# Why a shard is read twice, in the errors of a second read that differs from the first.
+_WHY = (
+    " (histocal.distributed's exact mode reads each shard twice: the reader must yield the same feeds in the "
+    "same order on each read, so a shuffling loader must not reshuffle when opened again; or use mode='streaming')"
+)
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,11 @@ def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
         first = ReadDigest()
 
         def scan(i: int, items: list) -> None:
-            first.add(items)
-            if is_checkpoint(i):
-                first.kept[i] = first.digest
             hist.scan(items)
 
         source = DataSource(data_reader)
-        n = run_batches(calibrator, source, calibrator.fetch_names(), scan, "histocal pass 1/2 (ranges)")
+        desc = "histocal pass 1/2 (ranges)"
+        n = run_batches(calibrator, source, calibrator.fetch_names(), scan, desc, digest=first)
         return ExactScan(hist.pending_scans(), n, first)
 
 
@@ -59,29 +62,16 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
         hist, stream = _core.Histograms(calibrator.kind, calibrator.num_bins), calibrator.new_stream()
         hist.add_scans(planned_from)
         hist.plan()
-        n, first, second = part.batches, part.digest, ReadDigest()
 
         def count(i: int, items: list) -> None:
-            if i >= n:
-                raise ValueError(
-                    f"the data reader returned {n} batches on its first read and more on its second "
-                    "(exact mode reads the data twice; it must yield the same batches each time)"
-                )
-            second.add(items)
-            if is_checkpoint(i) and second.digest != first.kept[i]:
-                raise second_read_differs((i + 1) // 2, i)
             hist.count(items)
             stream.collect(items)
 
+        # the feeds are checked against pass 1's as they are read, each before it runs
+        check = ReadCheck(part.digest, _WHY)
         source = DataSource(data_reader)
-        n2 = run_batches(calibrator, source, calibrator.fetch_names(), count, "histocal pass 2/2 (histograms)")
-        if n2 != n:
-            raise ValueError(
-                f"the data reader returned {n} batches on its first read and {n2} on its second "
-                "(exact mode reads the data twice; it must yield the same batches each time)"
-            )
-        if second.digest != first.digest:
-            raise second_read_differs(max(first.kept) + 1, n - 1)
+        desc = "histocal pass 2/2 (histograms)"
+        run_batches(calibrator, source, calibrator.fetch_names(), count, desc, digest=check)
         for name, _, _, (finite, nan, posinf, neginf), batches in part.scans:
             st = hist.state(name)
             h = st.hist
@@ -89,7 +79,7 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
                 raise ValueError(
                     f"tensor {name!r}: the data reader returned different data on its second read "
                     f"({finite - int(h.sum())} values fell outside the ranges of the first read); "
-                    "exact mode reads the data twice and needs the same batches each time"
+                    "histocal.distributed's exact mode reads each shard twice and needs the same feeds each time"
                 )
             # this part's own counts: the planned ones are every part's
             hist.restore(
