@@ -153,3 +153,21 @@ def test_outputs_beside_the_inputs_still_work(ext, capsys):
     assert (ext["root"] / "q.onnx.data").is_file()
     _model_loads(output)
     _model_loads(ext["model"])
+
+
+def test_diagnose_report_over_images_it_reads(ext, capsys):
+    """The report replaces its tensors/ folder of .png images: images the --data folder feeds
+    from there are inputs."""
+    image = pytest.importorskip("PIL.Image")
+    data = ext["root"] / "images"
+    (data / "r" / "tensors").mkdir(parents=True)
+    pixels = np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    for path in (data / "a.png", data / "r" / "tensors" / "b.png"):
+        image.fromarray(pixels).save(path)
+    kept = data / "r" / "tensors" / "b.png"
+    before = _digest(kept)
+    argv = ["diagnose", ext["model"], "--data", data, "--report", data / "r", "--eval-samples", "1", "--no-progress"]
+    assert main([str(a) for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert f"--report {data / 'r'} would replace the input --data {kept}" in err, err
+    assert _digest(kept) == before and not (data / "r" / "index.html").exists()
