@@ -23,7 +23,7 @@ from .options import (
     display,
     method_key,
 )
-from .same_file import refuse_overwriting
+from .same_file import inputs, refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
 
@@ -35,9 +35,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if value is not None and args.workers is None and args.address is None:
             raise UsageError(f"{flag} applies with --workers or --address")
     model = check_model(args.model)
-    refuse_overwriting(
-        [("--cache", args.cache), ("--state", args.state)], [("MODEL", model), *(("--data", p) for p in args.data)]
-    )
+    refuse_overwriting([("--cache", args.cache), ("--state", args.state)], inputs(model, [("--data", args.data)]))
     data = open_data(args, model)
     if args.workers is not None or args.address is not None:
         return _calibrate_distributed(args, model, data)

@@ -14,7 +14,7 @@ from .calibration import check_model, open_data
 from .errors import UsageError
 from .options import add_data_options, add_method_options, compute_settings
 from .quantization import add_quantization_options, quantization_arguments
-from .same_file import report_inputs
+from .same_file import inputs, report_inputs
 
 logger = logging.getLogger("histocal.cli")
 
@@ -149,12 +149,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         from ..report import require_matplotlib
 
         require_matplotlib()
-        inputs = [
-            ("MODEL", model),
-            *(("--data", p) for p in args.data),
-            *(("--eval-data", p) for p in args.eval_data or ()),
-        ]
-        report_inputs(args.report, inputs)
+        report_inputs(args.report, inputs(model, [("--data", args.data), ("--eval-data", args.eval_data)]), "--report")
     diagnosis = run_diagnosis(args, model, quantization_arguments(args))
     if args.report is not None:
         from ..report import write_report

@@ -72,4 +72,8 @@ def add_quantization_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--nodes-to-quantize", nargs="+", metavar="NODE", help="quantize only these nodes")
     g.add_argument("--nodes-to-exclude", nargs="+", metavar="NODE", help="do not quantize these nodes")
-    g.add_argument("--external-data", action="store_true", help="write weights as external data")
+    g.add_argument(
+        "--external-data",
+        action="store_true",
+        help="write the weights as external data (quantize: OUTPUT.data beside OUTPUT)",
+    )

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
+from ..io.outputs import external_data_output
 from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
 from .arguments import fold_count, positive_int
 from .calibrate import load_state, ranges_from_state
@@ -31,6 +32,7 @@ from .options import (
     method_key,
 )
 from .quantization import add_quantization_options, quant_type, quantization_arguments
+from .same_file import inputs as command_inputs
 from .same_file import refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
@@ -141,10 +143,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     output = Path(args.output)
     cache = Path(args.cache) if args.cache else None
     # with --data, --cache is written (or reused); without, it is read
-    inputs: list[tuple[str, str | Path | None]] = [("MODEL", model), ("--state", args.state)]
-    inputs += [("--data", p) for p in args.data or ()]
+    read: list[tuple[str, str | Path | None]] = [("--state", args.state)]
     outputs: list[tuple[str, str | Path | None]] = [("OUTPUT", output)]
-    (outputs if args.data is not None else inputs).append(("--cache", cache))
+    if args.external_data:  # onnxruntime writes the weights next to OUTPUT, whatever the model's were called
+        outputs.append(("OUTPUT's external data (--external-data)", external_data_output(output)))
+    (outputs if args.data is not None else read).append(("--cache", cache))
+    inputs = command_inputs(model, [("--data", args.data)], read)
     refuse_overwriting(outputs, inputs)
     write_cache = False
     given = None  # the file the ranges come from, when not calibrated here
@@ -211,12 +215,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
         quantize_with_ranges(model, staged, ranges, **quantization)
+        # Side files (external data) first, the model last: a reader never sees a model
+        # without its data. The check above knows the external-data file onnxruntime names; any
+        # other side file is checked here, before anything (the cache too) is written.
+        written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
+        side = [("side file", output.parent / f.name) for f in written if f.name != output.name]
+        refuse_overwriting([s for s in side if s[1] not in {p for _, p in outputs}], [*inputs, *outputs])
         if write_cache:
             write_outputs(ranges, cache, None, None)
-        # Side files (external data) first, the model last: a reader never sees a model
-        # without its data. None of them may replace an input (e.g. the model's own data file).
-        written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
-        refuse_overwriting([("side file", output.parent / f.name) for f in written if f.name != output.name], inputs)
         for f in written:
             os.replace(f, output.parent / f.name)
     staging.cleanup()

@@ -226,17 +226,33 @@ def _quietly_skipped(path: Path) -> bool:
     return suffix == ".onnx" or (suffix == ".pb" and path.stem.startswith("output_"))
 
 
+def _folder_files(root: Path) -> list[Path]:
+    """The files under ``root`` a folder of data offers, in natural order: hidden entries left out."""
+    found = [
+        p for p in root.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)
+    ]
+    return sorted(found, key=_natural_key)
+
+
+def data_files(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    """Every file ``open_calibration_data(model, paths)`` would read, found the same way, quietly:
+    a missing path or an unsupported file in a folder is left out (opening the data reports them).
+    A file named explicitly is kept whatever its type. What commands keep their outputs off."""
+    files: list[Path] = []
+    for root in [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]:
+        if root.is_dir():
+            files += [p for p in _folder_files(root) if not _quietly_skipped(p) and _kind(p)]
+        elif root.is_file():
+            files.append(root)
+    return files
+
+
 def _list_files(paths: Sequence[PathLike]) -> list[Path]:
     files: list[Path] = []
     skipped: list[Path] = []
     for root in map(Path, paths):
         if root.is_dir():
-            found = [
-                p
-                for p in root.rglob("*")
-                if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)
-            ]
-            for p in sorted(found, key=_natural_key):
+            for p in _folder_files(root):
                 if _quietly_skipped(p):
                     logger.debug("skipping %s", p)
                 elif _kind(p):

@@ -51,6 +51,7 @@ from .ort import (
     model_ort_quantizes,
     ort_quantize_static,
     quantize_with_ranges,
+    refuse_overwriting_weights,
 )
 from .selection import Selection
 
@@ -445,9 +446,13 @@ def quantize_static(
     Raises:
         ValueError: bad options or data, or given ranges (a cache hit, ``tensors_range``) that
             do not fit the model (tensors it does not have, no range for a Softmax output ORT
-            quantizes), naming their source.
+            quantizes), naming their source; before any work, an ``OverwriteError`` (a
+            ``ValueError``) when ``model_output``, its external data (``<model_output>.data``) or
+            ``calibration_cache_path`` is one of ``model_input``'s external-data files, or the
+            cache is ``model_input`` or ``model_output``.
         MemoryError: calibration would not fit the memory the process can take.
     """
+    refuse_overwriting_weights(model_input, model_output, use_external_data_format, calibration_cache_path)
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method

@@ -21,6 +21,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from ..calibrators.range_checks import check_quantized_ranges, check_ranges_before_ort, scale_issue_named
 from ..io.cache import save_tensors_data
 from ..io.models import load_model
+from ..io.outputs import external_data_output, model_files, refuse_overwriting
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,30 @@ def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
         onnx.save_model(copy, path.as_posix(), save_as_external_data=True)
         return path
     return Path(model_input)
+
+
+def refuse_overwriting_weights(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    use_external_data_format: bool,
+    calibration_cache_path: str | Path | None,
+) -> None:
+    """OverwriteError (a ValueError) when quantize_static's outputs would land on the float
+    model's external-data files, or on each other. ORT writes ``model_output``'s external data
+    to ``<model_output>.data``, which a renamed export can use for its own weights. ORT's
+    in-place quantization (``model_output`` the ``model_input`` file) stays allowed: ORT reads
+    the whole model before writing, and what it replaces is what the caller named."""
+    if isinstance(model_input, onnx.ModelProto):
+        return  # its external data, if any, lies where the caller keeps it: no path to compare
+    inputs = model_files(model_input, "model_input")[1:]
+    data = external_data_output(model_output) if use_external_data_format else None
+    outputs = [
+        ("model_output", model_output),
+        ("model_output's external data (use_external_data_format)", data),
+        ("calibration_cache_path", calibration_cache_path),
+    ]
+    refuse_overwriting(outputs, inputs)
+    refuse_overwriting([("calibration_cache_path", calibration_cache_path)], [("model_input", model_input)])
 
 
 def _listed(names: list[str], limit: int = 5) -> str:
