@@ -338,6 +338,40 @@ def run_ort_one_thread(model_path, method, options, aug):
         return cal.compute_data()
 
 
+def _external_data_model(folder: Path, location: str) -> Path:
+    """The CNN saved with every weight in the file ``location`` (relative to ``folder``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "cnn_external.onnx"
+    onnx.save_model(models.cnn(), path.as_posix(), save_as_external_data=True, location=location, size_threshold=0)
+    return path
+
+
+def test_a_model_with_external_data_calibrates_on_the_workers(local_ray, tmp_path):
+    """The workers get the model's external-data files beside their copy of it (they got the
+    .onnx file alone and failed to start: "should be stored in ... but it is not regular file")."""
+    path = _external_data_model(tmp_path / "m", "cnn_weights.data")
+    assert (tmp_path / "m" / "cnn_weights.data").is_file()
+    options = {"CollectionMode": "streaming"}
+    merged = calibrate_distributed(
+        path, feed_shards([3, 5]), calibrate_method="entropy", num_workers=2, extra_options=options
+    )
+    assert_same_state(merged, single_run(path, "entropy", options))
+
+
+def test_external_data_outside_the_model_folder_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    path = _external_data_model(tmp_path / "m", "weights.data")
+    proto = onnx.load(path.as_posix(), load_external_data=False)
+    for t in proto.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../elsewhere.data"
+    onnx.save(proto, path.as_posix())
+    (tmp_path / "elsewhere.data").write_bytes((tmp_path / "m" / "weights.data").read_bytes())
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    with pytest.raises(ValueError, match=r"external data .*elsewhere.data is outside the model's folder"):
+        calibrate_distributed(path, feed_shards([8]), calibrate_method="entropy", num_workers=1)
+
+
 def test_streaming_mode_equals_one_streaming_run(local_ray, model_path):
     options = {"CollectionMode": "streaming"}
     reference = single_run(model_path, "entropy", options)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..calibrators.split_exact import ExactScan
 from ..io.models import load_model
+from ..io.outputs import external_data_files
 from ..state import CalibrationState
 from .pool import RayPool
 from .settings import check_count, check_job, check_seconds, make_job
@@ -124,7 +125,7 @@ def calibrate_distributed(
     ray = import_ray()
     job = dataclasses.replace(job, model_name=os.fspath(model))
     shard_list = make_shards(shards, data_options)
-    model_bytes = Path(model).read_bytes()
+    model_bytes, external_data = Path(model).read_bytes(), model_external_data(model)
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
@@ -132,7 +133,9 @@ def calibrate_distributed(
         logger.warning("Ray is already initialized; address %r is ignored", address)
     pool = None
     try:
-        pool = RayPool(ray, model_bytes, job, len(shard_list), num_workers, max_restarts, max_task_retries)
+        pool = RayPool(
+            ray, model_bytes, job, len(shard_list), num_workers, max_restarts, max_task_retries, external_data
+        )
         pool.max_shard_attempts, pool.shard_timeout = max_shard_attempts, shard_timeout
         pool.show_progress = show_progress
         return collect(pool, shard_list, job)
@@ -141,6 +144,23 @@ def calibrate_distributed(
             pool.close()
         if started:
             ray.shutdown()
+
+
+def model_external_data(model: str | os.PathLike[str]) -> dict[str, bytes]:
+    """The bytes of ``model``'s external-data files, by their location relative to its folder
+    (the workers write them beside their copy of the model); a location outside that folder is
+    refused, naming it."""
+    folder = Path(model).resolve().parent
+    out = {}
+    for path in external_data_files(model):
+        try:
+            location = path.resolve().relative_to(folder).as_posix()
+        except ValueError:
+            raise ValueError(f"{model}: external data {path} is outside the model's folder") from None
+        if not path.is_file():
+            raise ValueError(f"{model}: its external data file {path} does not exist")
+        out[location] = path.read_bytes()
+    return out
 
 
 def collect(pool: Any, shards: list[Shard], job: Job) -> CalibrationState:

@@ -14,7 +14,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ..io.readers import progress
@@ -52,6 +52,7 @@ class RayPool:
         num_workers: int | None,
         max_restarts: int,
         max_task_retries: int,
+        external_data: Mapping[str, bytes] | None = None,
     ) -> None:
         if num_workers is None:
             cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -66,8 +67,11 @@ class RayPool:
             num_cpus=job.threads, max_restarts=max_restarts, max_task_retries=max_task_retries
         )
         self._model = ray.put(model)
+        self._external_data = ray.put(dict(external_data or {}))
         self._job = job
-        self.actors = [self._actor_class.remote(self._model, job) for _ in range(min(num_workers, num_shards))]
+        self.actors = [
+            self._actor_class.remote(self._model, job, self._external_data) for _ in range(min(num_workers, num_shards))
+        ]
         self._ready = list(self.actors)  # started (replacements join once they answer)
         self._starting: dict[Any, Any] = {}  # a replacement's ready() call -> the replacement
         try:
@@ -212,7 +216,7 @@ class RayPool:
     def _replace(self, actor: Any) -> None:
         """Kill ``actor`` (if alive) and start another in its place (it joins once it answers)."""
         self._drop(actor)
-        replacement = self._actor_class.remote(self._model, self._job)
+        replacement = self._actor_class.remote(self._model, self._job, self._external_data)
         self.actors.append(replacement)
         self._starting[replacement.ready.remote()] = replacement
 

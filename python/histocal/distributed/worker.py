@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +62,9 @@ def build_calibrator(model_path: str, folder: str, job: Job, providers: Any = No
 class ShardWorker:
     """Collects shards of the data for one :class:`Job` (a Ray actor runs one; tests call it directly)."""
 
-    def __init__(self, model: bytes, job: Job) -> None:
+    def __init__(self, model: bytes, job: Job, external_data: Mapping[str, bytes] | None = None) -> None:
+        """``model``: the model file's bytes; ``external_data``: its external-data files' bytes, by
+        the ``location`` its tensors give (relative to the model's folder, as onnx resolves it)."""
         self.job = job
         self.error: str | None = None  # why the calibrator could not be built (see ready)
         _core.set_num_threads(job.threads)
@@ -72,6 +75,13 @@ class ShardWorker:
                 model_path = os.path.join(folder, "model.onnx")
                 with open(model_path, "wb") as f:
                     f.write(model)
+                for location, data in (external_data or {}).items():
+                    path = os.path.join(folder, location)
+                    if os.path.commonpath([folder, os.path.normpath(path)]) != folder:  # the driver refuses these
+                        raise ValueError(f"external data location {location!r} is outside the model's folder")
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "wb") as f:
+                        f.write(data)
                 self.calibrator = build_calibrator(model_path, folder, job, job.providers)
         except Exception as exc:  # reported by ready(): raised here, Ray would print its traceback
             self.error = f"{type(exc).__name__}: {exc}".replace(model_path, job.model_name)
