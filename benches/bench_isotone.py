@@ -34,7 +34,7 @@ def median_time(fn, repeat: int) -> float:
 
 def case(label: str, batches: list[np.ndarray], repeat: int) -> str:
     def collect(isotone: bool):
-        s = _core.StreamHistograms(16384, isotone=isotone)
+        s = _core.StreamHistograms(16384, summaries=["isotone"] if isotone else [])
         for b in batches:
             s.collect([("t", [b])])
         return s
@@ -42,11 +42,11 @@ def case(label: str, batches: list[np.ndarray], repeat: int) -> str:
     plain = median_time(lambda: collect(False), repeat)
     with_tops = median_time(lambda: collect(True), repeat)
     s = collect(True)
-    pairs = s.isotone_pairs("t")
+    pairs = s.export_summary("t", "isotone")
     choose = median_time(lambda: s.isotone_ranges(qtype="int8"), 5)
-    rows = int(pairs.rows.sum())
+    rows = int(pairs["rows"].sum())
     return (
-        f"| {label} | {rows:,} | {len(pairs.l1):,} | {24 * len(pairs.l1) / 2**20:.2f} | {plain:.3f} | "
+        f"| {label} | {rows:,} | {len(pairs['l1']):,} | {24 * len(pairs['l1']) / 2**20:.2f} | {plain:.3f} | "
         f"{with_tops:.3f} | {choose * 1e3:.1f} |"
     )
 

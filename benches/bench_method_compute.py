@@ -71,7 +71,7 @@ def votes_cost(tensors: int = 200, batches_count: int = 8) -> str:
     ]
 
     def collect(votes: bool) -> None:
-        stream = _core.StreamHistograms(16384, pow2_votes=votes)
+        stream = _core.StreamHistograms(16384, summaries=["pow2_votes"] if votes else [])
         for b in batches:
             stream.collect(b)
 

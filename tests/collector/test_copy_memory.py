@@ -51,7 +51,11 @@ print("intact")
     "make, make_small, copy_mib",
     [
         # two tensors of 2^25 streaming bins: 2 x 256 MiB
-        ("_core.StreamHistograms(1 << 25, pow2_votes=True)", "_core.StreamHistograms(64, isotone=True)", 512),
+        (
+            "_core.StreamHistograms(1 << 25, summaries=['pow2_votes'])",
+            "_core.StreamHistograms(64, summaries=['isotone'])",
+            512,
+        ),
         # two tensors of 2^24 exact bins: 2 x (128 MiB of counts + 64 MiB of float32 edges)
         ("_core.Histograms('value', 1 << 24)", "_core.Histograms('abs', 64)", 384),
     ],

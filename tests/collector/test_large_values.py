@@ -492,7 +492,7 @@ def test_pow2_float16_ranges_stay_finite():
     """float16 data up to 60000: int8 pow2 at scale 2^9 would be (-65536, 65024), past float16's
     65504 (it came out as -inf). MinMSE keeps to scales float16 holds; NonOverflow says why not."""
     x = np.linspace(-50000, 60000, 1000).astype(np.float16)
-    stream = histocal._core.StreamHistograms(1 << 14, pow2_votes=True)
+    stream = histocal._core.StreamHistograms(1 << 14, summaries=["pow2_votes"])
     stream.collect([("t", [x[:500], x[500:]])])
     state = histocal.CalibrationState(names=["t"], mode="streaming", stream=stream)
     for options in ({}, {"qtype": "uint8"}, {"minmse_mode": "MostCommon"}):

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from support import models
 from support.calibrator_runs import DIST, ENT, MM, ORT_CREATE, PCT, RewindReader, assert_tensors_same
 from support.parity import quiet
+from support.summaries import pow2_votes
 
 import histocal
 from histocal import CalibrationState
@@ -121,7 +122,7 @@ def state_parts(state: CalibrationState):
     differs between processes, so states are compared as maps."""
     tensors = {}
     for name in state.names:
-        stream = None if state.stream is None else (state.stream.export(name), state.stream.votes(name))
+        stream = None if state.stream is None else (state.stream.export(name), pow2_votes(state.stream, name))
         exact = None
         if state.exact is not None:
             exact = (state.exact.state(name), state.exact.counts(name), state.exact.edge_dtype(name))

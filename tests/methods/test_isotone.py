@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from support import isotone_refs as I
 from support.method_refs import ort_scale_zp
 from support.profiles import examples
+from support.summaries import isotone_pairs, restore_isotone
 
 QTYPES = ["int8", "uint8", "int16", "uint16"]
 DTYPES = [np.float16, np.float32, np.float64]
@@ -29,7 +30,7 @@ def _core():
 
 
 def collected(batches: list[np.ndarray], name: str = "t"):
-    s = _core().StreamHistograms(8, isotone=True)
+    s = _core().StreamHistograms(8, summaries=["isotone"])
     if batches:
         s.collect([(name, batches)])
     return s
@@ -37,7 +38,7 @@ def collected(batches: list[np.ndarray], name: str = "t"):
 
 def pairs_of(stream, name: str = "t") -> tuple[list[tuple[float, float]], int]:
     """The summary expanded back to one pair per row."""
-    p = stream.isotone_pairs(name)
+    p = isotone_pairs(stream, name)
     l1, l2, rows, skipped = p.l1, p.l2, p.rows, p.skipped
     return [(a, b) for a, b, n in zip(l1.tolist(), l2.tolist(), rows.tolist()) for _ in range(n)], skipped
 
@@ -79,7 +80,7 @@ def test_summary_and_range_match_the_reference(batches, qtype, symmetric):
 
 
 def same_summary(a, b, name: str = "t") -> bool:
-    x, y = a.isotone_pairs(name), b.isotone_pairs(name)
+    x, y = isotone_pairs(a, name), isotone_pairs(b, name)
     return x.skipped == y.skipped and all(np.array_equal(getattr(x, k), getattr(y, k)) for k in ("l1", "l2", "rows"))
 
 
@@ -91,7 +92,7 @@ def test_batching_order_and_merge_do_not_change_the_summary(batches, seed):
     singles = [r[None] for b in batches if b.ndim >= 1 and b.size for r in b.reshape(-1, b.shape[-1])]
     singles += [b for b in batches if b.ndim == 0 or not b.size]
     np.random.default_rng(seed).shuffle(singles)
-    split = _core().StreamHistograms(8, isotone=True)
+    split = _core().StreamHistograms(8, summaries=["isotone"])
     for b in singles:
         split.collect([("t", [b])])
     assert same_summary(split, one)
@@ -125,15 +126,15 @@ def test_limits_and_missing_summaries():
     plain.collect([("t", [np.ones((2, 3), np.float32)])])
     with pytest.raises(ValueError, match='"t".*isotone needs per-row top-two summaries'):
         plain.isotone_ranges()
-    assert plain.isotone_pairs("t") is None
+    assert isotone_pairs(plain, "t") is None
     s = collected([np.ones((2, 3), np.float32)])
     with pytest.raises(ValueError, match='"t".*not sorted'):
-        s.restore_isotone("t", [2.0, 1.0], [0.0, 0.0], [1, 1], 0, False)
+        restore_isotone(s, "t", [2.0, 1.0], [0.0, 0.0], [1, 1], 0, False)
     with pytest.raises(ValueError, match='"t".*finite'):
-        s.restore_isotone("t", [1.0], [2.0], [1], 0, False)
+        restore_isotone(s, "t", [1.0], [2.0], [1], 0, False)
     # a merge with a collection that has no summaries drops them (some rows were never summarised)
     s.merge(plain)
-    assert not s.isotone
+    assert "isotone" not in s.summaries
 
 
 def test_more_distinct_pairs_than_the_summary_holds():
@@ -145,16 +146,16 @@ def test_more_distinct_pairs_than_the_summary_holds():
     halves = collected([rows[: n // 2]])
     halves.merge(collected([rows[n // 2 :]]))
     for s in (whole, halves):
-        assert s.isotone_pairs("t").overflowed and not s.isotone_pairs("t").l1.size
+        assert isotone_pairs(s, "t").overflowed and not isotone_pairs(s, "t").l1.size
         with pytest.raises(ValueError, match='"t".*more than'):
             s.isotone_ranges()
     assert whole.isotone_ranges is not None and whole.counts("t").n_finite == 2 * n
-    assert not collected([rows[: n - 1]]).isotone_pairs("t").overflowed
+    assert not isotone_pairs(collected([rows[: n - 1]]), "t").overflowed
     # the mark survives the state file
     from histocal.state import CalibrationState
 
     loaded = CalibrationState.from_bytes(CalibrationState(names=["t"], mode="streaming", stream=whole).to_bytes())
-    assert loaded.stream.isotone_pairs("t").overflowed
+    assert isotone_pairs(loaded.stream, "t").overflowed
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from support import isotone_refs as I
 from support.profiles import examples
+from support.summaries import isotone_pairs
 
 from histocal import _core
 from histocal.state import CalibrationState
@@ -30,7 +31,7 @@ def _state(items, axis=1, isotone=True) -> CalibrationState:
     """A streaming state of ``items`` ([(name, [arrays])]) with per-channel histograms (and, with
     ``isotone``, per-channel and per-tensor isotone summaries) along ``axis``."""
     ch = ChannelHistograms(BINS, axis, isotone=isotone)
-    stream = _core.StreamHistograms(BINS, isotone=isotone)
+    stream = _core.StreamHistograms(BINS, summaries=["isotone"] if isotone else [])
     for name, arrays in items:
         ch.collect([(name, arrays)])
         stream.collect([(name, arrays)])
@@ -38,7 +39,7 @@ def _state(items, axis=1, isotone=True) -> CalibrationState:
 
 
 def _summary(stream, key: str) -> tuple:
-    r = stream.isotone_pairs(key)
+    r = isotone_pairs(stream, key)
     return r.l1.tolist(), r.l2.tolist(), r.rows.tolist(), r.skipped, r.overflowed
 
 
@@ -94,7 +95,7 @@ def test_each_channel_equals_the_reference_on_its_slice(tensor, qtype, symmetric
     assert got.lowest.shape == got.highest.shape == (channels,)
     for c in range(channels):
         # per channel equals the per-tensor method on the channel's slice: same value and type
-        alone = _core.StreamHistograms(BINS, isotone=True)
+        alone = _core.StreamHistograms(BINS, summaries=["isotone"])
         alone.collect([("s", [np.ascontiguousarray(np.take(b, c, axis)) for b in batches])])
         want = CalibrationState(["s"], "streaming", alone).compute("isotone", qtype=qtype, symmetric=symmetric)
         for values, part in zip((got.lowest, got.highest), want.data["s"].range_value):
@@ -120,7 +121,7 @@ def test_batching_order_and_merging_never_change_the_summaries():
     # a merge with channels that hold no summaries drops them, as per tensor
     plain = _state([("a", batches[:1])], axis=1, isotone=False)
     dropped = whole.merge(plain)
-    assert not dropped.channels.isotone and not dropped.channels.stream.isotone
+    assert not dropped.channels.isotone and "isotone" not in dropped.channels.stream.summaries
     with pytest.raises(ValueError, match=r'"a\[0\]".*isotone needs per-row'):
         dropped.compute("isotone")
 
@@ -141,7 +142,7 @@ def test_save_load_keeps_the_per_channel_summaries(tmp_path):
     with np.load(tmp_path / "s.npz") as outer:
         nested = outer["channels"].tobytes()
     inner = CalibrationState.from_bytes(nested)
-    assert inner.stream.isotone and inner.names == state.channels.channel_keys()
+    assert "isotone" in inner.stream.summaries and inner.names == state.channels.channel_keys()
     # the copy a calibrator takes keeps the summaries
     assert state.channels.copy().isotone
 
@@ -191,10 +192,10 @@ def test_a_channel_axis_that_is_the_class_axis_is_refused_naming_the_tensor():
 
 def test_collect_channels_adds_each_channel_slice_as_collect_would():
     x = np.random.default_rng(7).normal(0, 1, (3, 4, 2, 5)).astype(np.float32)
-    s = _core.StreamHistograms(BINS, isotone=True)
+    s = _core.StreamHistograms(BINS, summaries=["isotone"])
     s.collect_channels([(["c0", "c1", "c2", "c3"], [x])], 1)
     for c in range(4):
-        one = _core.StreamHistograms(BINS, isotone=True)
+        one = _core.StreamHistograms(BINS, summaries=["isotone"])
         one.collect([(f"c{c}", [np.ascontiguousarray(x[:, c])])])
         assert _summary(s, f"c{c}") == _summary(one, f"c{c}")
     with pytest.raises(ValueError, match="expected 3 channels"):
@@ -310,9 +311,9 @@ def test_isotone_summaries_count_against_the_per_channel_limit():
     hist_bytes = 2 * BINS * 8
     roomy = ChannelHistograms(BINS, 0, max_bytes=hist_bytes + 24 * 100, isotone=True)
     roomy.collect([("logits", [x])])
-    assert roomy.stream.isotone_pair_count() == 100  # distinct normal draws: one pair per row
+    assert roomy.stream.summary_bytes("isotone") == 24 * 100  # distinct normal draws: one pair per row
     tight = ChannelHistograms(BINS, 0, max_bytes=hist_bytes + 24 * 99, isotone=True)
     with pytest.raises(ValueError, match=r"tensor 'logits'.*isotone summaries now hold 100 distinct.*over the limit"):
         tight.collect([("logits", [x])])
     # the histograms alone never trigger it
-    assert ChannelHistograms(BINS, 0, max_bytes=hist_bytes).stream.isotone_pair_count() == 0
+    assert ChannelHistograms(BINS, 0, max_bytes=hist_bytes).stream.summary_bytes("isotone") == 0

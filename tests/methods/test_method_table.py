@@ -44,9 +44,11 @@ def test_command_line_choices_come_from_the_table():
 
 def test_votes_are_collected_only_for_the_voting_setting():
     key, value = table.POW2_VOTING
-    assert table.collects_votes("pow2", {key: value})
-    assert not table.collects_votes("pow2", table.TABLE["pow2"].defaults)
-    assert not table.collects_votes("mse", {key: value})
+    assert table.summaries_for("pow2", {key: value}) == {table.POW2_VOTES}
+    assert not table.summaries_for("pow2", table.TABLE["pow2"].defaults)
+    assert not table.summaries_for("mse", {key: value})
+    assert table.summaries_for("isotone", {}) == {table.ISOTONE}
+    assert not table.summaries_for("a registered method", {key: value})
 
 
 def test_each_option_value_is_spelled_in_one_source_file():
@@ -94,7 +96,6 @@ def test_each_collection_key_and_flag_is_spelled_in_one_source_file():
         settings.METHOD_OVERRIDES_KEY,
         settings.QUANTIZE_METHOD_OVERRIDES_KEY,
         *(s.extra_key for s in settings.SETTINGS if s.extra_key and s.extra_key != s.name),
-        *(s.quantize_key for s in settings.SETTINGS if s.quantize_key),
         # (`quantize --per-channel` is also ORT's own weight argument of that name)
         *(s.flag for s in settings.SETTINGS if s.flag and s is not settings.PER_CHANNEL),
         *(s.env for s in settings.SETTINGS if s.env),

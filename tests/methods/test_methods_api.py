@@ -19,6 +19,7 @@ from support.method_checks import (
     check_choice,
 )
 from support.method_refs import Hist
+from support.summaries import pow2_votes
 
 # ----------------------------------------------------------------------------------------------
 # The Python layer: CalibrationState.compute, register_method, quantize_static(tensors_range=)
@@ -374,7 +375,7 @@ def test_pow2_votes_merge_like_one_run(api):
     whole = collect(batches, "w")
     merged = collect(batches[:2], "a").merge(collect(batches[2:], "b"))
     for name in whole.names:
-        assert merged.stream.votes(name) == whole.stream.votes(name)
+        assert pow2_votes(merged.stream, name) == pow2_votes(whole.stream, name)
     assert _ranges(merged.compute("pow2", **options)) == _ranges(whole.compute("pow2", **options))
     without = merged.merge(collect(batches, "c", method="mse"))
     with pytest.raises(ValueError, match="needs per-batch votes"):

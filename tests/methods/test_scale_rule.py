@@ -156,7 +156,7 @@ def _small_values_stream() -> _core.StreamHistograms:
     """The same small values (|x| < 0.004: int8 scales below 2^-14) as float16 and float32 tensors."""
     rng = np.random.default_rng(3)
     batches = [rng.normal(0.0, 0.001, 4096) for _ in range(4)]
-    stream = _core.StreamHistograms(2048, pow2_votes=True)
+    stream = _core.StreamHistograms(2048, summaries=["pow2_votes"])
     stream.collect([("h", [b.astype(np.float16) for b in batches]), ("f", [b.astype(np.float32) for b in batches])])
     return stream
 

@@ -294,7 +294,7 @@ def test_members_beyond_what_the_header_declares_are_refused():
         ):
             CalibrationState.from_bytes(rezip({**parts, f"{key}.npy": npy(array)}))
     # votes: at most one row per batch, type and exponent
-    s = _core.StreamHistograms(64, pow2_votes=True)
+    s = _core.StreamHistograms(64, summaries=["pow2_votes"])
     s.collect([("t", [np.arange(5, dtype=np.float32)])])
     voted = CalibrationState(names=["t"], mode="streaming", stream=s).to_bytes()
     rows = np.array([(0, t, k, 1) for t in range(3) for k in range(60)], np.int64)
@@ -505,7 +505,7 @@ def check_state(raw):
     # (entropy with the state's own num_bins: its search is quadratic in the bins, a matter of time, not memory)
     methods = [lambda: state.compute("entropy", num_bins=128, num_quantized_bins=128),
                lambda: state.compute(rng.choice(["percentile", "distribution", "minmax"]))]
-    if state.stream is not None and state.stream.isotone:
+    if state.stream is not None and "isotone" in state.stream.summaries:
         methods.append(lambda: state.compute("isotone"))
     for work in (rng.choice(methods), state.to_bytes):
         try:
@@ -556,7 +556,7 @@ def channel_state(channels: int, tensors: int = 1, isotone: bool = False) -> Cal
     items = [(f"t{i}", [rng.normal(size=(2, channels, 3)).astype(np.float32)]) for i in range(tensors)]
     ch = ChannelHistograms(16, axis=1, isotone=isotone)
     ch.collect(items)
-    stream = _core.StreamHistograms(16, isotone=isotone)
+    stream = _core.StreamHistograms(16, summaries=["isotone"] if isotone else [])
     stream.collect(items)
     return CalibrationState(names=[n for n, _ in items], mode="streaming", stream=stream, channels=ch)
 
@@ -564,7 +564,7 @@ def channel_state(channels: int, tensors: int = 1, isotone: bool = False) -> Cal
 def isotone_state() -> CalibrationState:
     """isotone's per-tensor summaries (format version 2's isotone members)."""
     rng = np.random.default_rng(3)
-    stream = _core.StreamHistograms(64, isotone=True)
+    stream = _core.StreamHistograms(64, summaries=["isotone"])
     stream.collect([(f"t{i}", [rng.normal(size=(20, 5)).astype(np.float32)]) for i in range(3)])
     return CalibrationState(names=stream.names(), mode="streaming", stream=stream, method="isotone")
 

@@ -174,7 +174,7 @@ def test_quantize_static_with_calib_method_overrides(model, tmp_path):
 
 
 def _isotone(tensors: dict[str, np.ndarray], **options):
-    s = _core.StreamHistograms(64, isotone=True)
+    s = _core.StreamHistograms(64, summaries=["isotone"])
     s.collect([(n, [x]) for n, x in tensors.items()])
     return CalibrationState(list(tensors), "streaming", s).compute("isotone", **options)
 

@@ -114,13 +114,13 @@ def test_a_tensor_without_the_channel_axis_gets_its_per_tensor_range_as_one_chan
     name, options = method
     isotone = name == "isotone"
     ch = ChannelHistograms(256, axis, isotone=isotone)
-    stream = _core.StreamHistograms(256, isotone=isotone)
+    stream = _core.StreamHistograms(256, summaries=["isotone"] if isotone else [])
     ch.collect([("t", [x])])
     stream.collect([("t", [x])])
     assert ch.channels == {"t": 1}
     got = CalibrationState(["t"], "streaming", stream, channels=ch).compute(name, **options).data["t"]
     if isotone:
-        s = _core.StreamHistograms(256, isotone=True)
+        s = _core.StreamHistograms(256, summaries=["isotone"])
         s.collect([("t", [np.ascontiguousarray(x)])])
         ref = CalibrationState(["t"], "streaming", s).compute(name, **options).data["t"].range_value
     else:

@@ -45,7 +45,7 @@ def channel_state(channels: int, tensors: int = 1, bins: int = 8, isotone: bool 
     items = [(f"t{i}", [rng.normal(size=shape).astype(np.float32)]) for i in range(tensors)]
     ch = ChannelHistograms(bins, axis=1, isotone=isotone)
     ch.collect(items)
-    stream = _core.StreamHistograms(bins, isotone=isotone)
+    stream = _core.StreamHistograms(bins, summaries=["isotone"] if isotone else [])
     stream.collect(items)
     return CalibrationState(names=[n for n, _ in items], mode="streaming", stream=stream, channels=ch)
 
@@ -188,7 +188,7 @@ def test_isotone_pair_counts_are_checked_before_the_pairs_are_read(tmp_path):
     """isotone's 2^20 pairs per tensor was checked after reading the pairs (3.15 MB file: 14-25 s, 3.2 GB). Such
     a deflated bomb is now refused from the zip directory (what its compressed bytes can inflate to); the pair
     counts are still checked before the pairs are read (here a pairs member that is no .npy array at all)."""
-    s = _core.StreamHistograms(64, isotone=True)
+    s = _core.StreamHistograms(64, summaries=["isotone"])
     s.collect([("t", [np.arange(12, dtype=np.float32).reshape(4, 3)])])
     raw = CalibrationState(names=["t"], mode="streaming", stream=s).to_bytes()
     parts = members(raw)

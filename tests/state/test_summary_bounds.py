@@ -32,7 +32,7 @@ def npy_header(shape: tuple[int, ...], descr: str) -> bytes:
 
 def voted_state(n: int, bins: int = 8) -> bytes:
     """A state of ``n`` tensors with no finite value, saved with pow2's votes (an empty stream_votes)."""
-    s = _core.StreamHistograms(bins, pow2_votes=True)
+    s = _core.StreamHistograms(bins, summaries=["pow2_votes"])
     s.collect([(f"t{i}", [np.zeros(0, np.float32)]) for i in range(n)])
     return CalibrationState(names=s.names(), mode="streaming", stream=s).to_bytes()
 
@@ -68,7 +68,7 @@ def test_isotone_pairs_bomb_is_refused_from_the_directory(tmp_path):
     """80 tensors each declaring the most pairs a tensor may hold, and 1.3 GB of pairs as deflated zeros
     (1.3 MB): the pairs were inflated (2 MB -> 2.2 GB) before anything refused them."""
     rng = np.random.default_rng(3)
-    s = _core.StreamHistograms(64, isotone=True)
+    s = _core.StreamHistograms(64, summaries=["isotone"])
     s.collect([(f"t{i}", [rng.normal(size=(20, 5)).astype(np.float32)]) for i in range(80)])
     parts = members(CalibrationState(names=s.names(), mode="streaming", stream=s).to_bytes())
     pairs = 80 * _core.ISOTONE_MAX_PAIRS
@@ -93,7 +93,7 @@ def problem(exc: pytest.ExceptionInfo) -> str:
 def test_summaries_count_inside_the_held_bytes_on_save_and_load(monkeypatch):
     """The votes' bytes count with the bins against the held-bytes limit: a state over it is refused by load
     and by save with the same problem; one within it saves and loads."""
-    s = _core.StreamHistograms(1024, pow2_votes=True)
+    s = _core.StreamHistograms(1024, summaries=["pow2_votes"])
     rng = np.random.default_rng(0)
     for _ in range(20):
         s.collect([(f"t{i}", [rng.normal(0, 10.0 ** rng.uniform(-3, 3), 200).astype(np.float32)]) for i in range(50)])
@@ -115,7 +115,7 @@ def test_isotone_state_at_the_held_limit_saves_what_loads(monkeypatch):
     """Save checked isotone's pairs with 0 bins, load with the state's: a state near the limit was written,
     then refused on load. Now save refuses it with load's problem, and one just within it round-trips."""
     rng = np.random.default_rng(5)
-    s = _core.StreamHistograms(4096, isotone=True)
+    s = _core.StreamHistograms(4096, summaries=["isotone"])
     s.collect([(f"t{i}", [rng.normal(size=(400, 6)).astype(np.float32)]) for i in range(4)])
     state = CalibrationState(names=s.names(), mode="streaming", stream=s, method="isotone")
     raw = state.to_bytes()

@@ -23,27 +23,11 @@ from onnxruntime.quantization.quant_utils import add_infer_metadata
 from .. import _core
 from ..io.models import load_model
 from ..io.readers import DataSource, FeedChecker, progress, run_session
-from ..methods.settings import (
-    MEMORY_BUDGET,
-    METHOD_OPTIONS_KEY,
-    MODE,
-    NUM_THREADS,
-    SESSION_OPTIONS,
-    STREAMING_BINS,
-)
 from ..methods.table import ORT_TABLE
 from .cores import pool_threads_for
 
 logger = logging.getLogger(__name__)
 
-
-# The extra_options keys, under the names this package has exported (the table is methods.settings).
-MODE_OPTION = MODE.extra_key
-STREAMING_BINS_OPTION = STREAMING_BINS.extra_key
-METHOD_OPTIONS_OPTION = METHOD_OPTIONS_KEY
-MEMORY_BUDGET_OPTION = MEMORY_BUDGET.extra_key
-NUM_THREADS_OPTION = NUM_THREADS.extra_key
-SESSION_OPTIONS_OPTION = SESSION_OPTIONS.extra_key
 
 METHODS = {m.name: m.ort for m in ORT_TABLE if m.histogram == "exact"}
 

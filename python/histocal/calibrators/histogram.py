@@ -47,7 +47,13 @@ from ..methods.settings import CollectionSettings
 from ..state import CalibrationState, model_fingerprint
 from ..state.channels import ChannelHistograms
 from ..state.compute import check_calibration_memory
-from ..state.overrides import MethodRule, collection_mode, collects_for, compute_with_overrides, parse_method_overrides
+from ..state.overrides import (
+    MethodRule,
+    collection_mode,
+    compute_with_overrides,
+    parse_method_overrides,
+    rule_summaries,
+)
 from .budget import HOW_TO_SET, KeptOutputs, format_size, resolve_memory_budget
 from .common import (
     METHODS,
@@ -341,11 +347,12 @@ class HistogramCalibration:
         Returns:
             Histograms that collect what this calibrator's methods need (pow2 votes, isotone pairs).
         """
-        isotone, votes = collects_for(self.method_overrides)
-        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
+        return _core.StreamHistograms(self.streaming_bins, summaries=sorted(rule_summaries(self.method_overrides)))
 
     def _new_channels(self) -> ChannelHistograms:
-        return ChannelHistograms(self.streaming_bins, self.axis, isotone=collects_for(self.method_overrides)[0])
+        return ChannelHistograms(
+            self.streaming_bins, self.axis, isotone="isotone" in rule_summaries(self.method_overrides)
+        )
 
     def _exact_stream(self) -> Any:
         """Exact mode also feeds a streaming histogram, so that its state serves every method."""

@@ -11,9 +11,9 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 
 from .. import _core, methods
 from ..methods.settings import CollectionSettings
-from ..methods.table import collects_isotone, collects_votes
+from ..methods.table import ISOTONE, POW2_VOTES, summaries_for
 from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
-from ..state.overrides import collects_for
+from ..state.overrides import rule_summaries
 from .common import PrivateShapeInference, augmented_path_for
 from .histogram import HistogramCalibration
 
@@ -82,9 +82,10 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
         )
 
     def _check_settings(self) -> None:
-        if self.per_channel and collects_votes(self.method, self.method_options):
+        summaries = summaries_for(self.method, self.method_options)
+        if self.per_channel and POW2_VOTES in summaries:
             raise ValueError(NO_CHANNEL_VOTES)
-        if self.per_channel and collects_isotone(self.method) and self.axis == -1:
+        if self.per_channel and ISOTONE in summaries and self.axis == -1:
             raise ValueError(ISOTONE_CLASS_AXIS)
 
     def new_stream(self) -> _core.StreamHistograms:
@@ -94,11 +95,9 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
             Histograms that collect what its method and overrides need (pow2 votes, isotone pairs).
         """
         # a method choosing per batch needs every batch's vote, collected as the batches come
-        isotone, votes = collects_for(self.method_overrides)
-        votes = votes or collects_votes(self.method, self.method_options)
-        isotone = isotone or collects_isotone(self.method)
-        return _core.StreamHistograms(self.streaming_bins, pow2_votes=votes, isotone=isotone)
+        summaries = summaries_for(self.method, self.method_options) | rule_summaries(self.method_overrides)
+        return _core.StreamHistograms(self.streaming_bins, summaries=sorted(summaries))
 
     def _new_channels(self) -> ChannelHistograms:
-        isotone = collects_isotone(self.method) or collects_for(self.method_overrides)[0]
-        return ChannelHistograms(self.streaming_bins, self.axis, isotone=isotone)
+        summaries = summaries_for(self.method, self.method_options) | rule_summaries(self.method_overrides)
+        return ChannelHistograms(self.streaming_bins, self.axis, isotone=ISOTONE in summaries)

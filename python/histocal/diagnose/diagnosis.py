@@ -52,6 +52,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from .. import calibrators, methods
 from ..io.models import load_model
 from ..io.readers import DataSource
+from ..methods.settings import STREAMING_BINS
 from ..quantize.integration import collect_unless_empty, default_method_options, withholding_first
 from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file
 from ..state import CalibrationState
@@ -203,7 +204,7 @@ def _calibrate(
             calibrate_method="auto",
             use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
             providers=quantize_kwargs.get("calibration_providers"),
-            extra_options={calibrators.STREAMING_BINS_OPTION: streaming_bins},
+            extra_options={STREAMING_BINS.extra_key: streaming_bins},
         )
         if show_progress is not None:
             calibrator.show_progress = show_progress

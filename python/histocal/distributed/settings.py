@@ -21,13 +21,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from .. import methods
-from ..calibrators import MODE_OPTION, MODES
-from ..methods.table import CHANNEL_EXTRA_OPTIONS
+from ..methods.settings import MODE, MODES, PER_CHANNEL
 from .worker import Job, build_calibrator
 
 logger = logging.getLogger(__name__)
 
-PER_CHANNEL_OPTION = CHANNEL_EXTRA_OPTIONS["per_channel"]
 # The largest count a setting takes: Ray's actor options and ORT's thread counts are C ints, and a
 # larger number fails inside Ray (OverflowError) after it started.
 MAX_COUNT = 2**31 - 1
@@ -69,7 +67,7 @@ def make_job(
     threads = 1 if cpus_per_worker is None else check_count("cpus_per_worker", cpus_per_worker, 1)
     name = methods.canonical_name(calibrate_method)
     options = dict(extra_options or {})
-    given, source = _given_mode(mode, options.pop(MODE_OPTION, None))
+    given, source = _given_mode(mode, options.pop(MODE.extra_key, None))
     common: dict[str, Any] = {
         "op_types": None if op_types is None else list(op_types),
         "providers": None if providers is None else list(providers),
@@ -96,7 +94,7 @@ def make_job(
     if name not in methods.ORT_METHODS:
         _ignored_mode(name, given, source)
         return Job(name, "streaming", name, extra_options=options, **common)
-    if options.get(PER_CHANNEL_OPTION) is True:
+    if options.get(PER_CHANNEL.extra_key) is True:
         # per-channel histograms are streaming ones: auto collects them so, in one process too
         if given == "exact":
             raise ValueError(f"per-channel histograms are collected in streaming mode only ({source}='exact' given)")
@@ -108,8 +106,8 @@ def make_job(
 def _given_mode(mode: Any, option: Any) -> tuple[str, str]:
     """The collection mode asked for (``auto`` unless given) and the name it was given by."""
     if mode is not None and option is not None and mode != option:
-        raise ValueError(f"mode={mode!r} and extra_options[{MODE_OPTION!r}]={option!r} disagree: give one of them")
-    source, value = ("mode", mode) if mode is not None else (f"extra_options[{MODE_OPTION!r}]", option)
+        raise ValueError(f"mode={mode!r} and extra_options[{MODE.extra_key!r}]={option!r} disagree: give one of them")
+    source, value = ("mode", mode) if mode is not None else (f"extra_options[{MODE.extra_key!r}]", option)
     if value is None:
         return "auto", source
     if value not in MODES:

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _core
-from ..calibrators import MODE_OPTION, create_calibrator
-from ..calibrators.common import NUM_THREADS_OPTION
+from ..calibrators import create_calibrator
 from ..calibrators.split_exact import ExactScan, count_exact, scan_exact
 from ..collector import CollectedData
 from ..io.readers import DataSource
+from ..methods.settings import MODE, NUM_THREADS
 from ..state import CalibrationState
 from .shards import Shard
 
@@ -55,7 +55,7 @@ def build_calibrator(model_path: str, folder: str, job: Job, providers: Any = No
         calibrate_method=job.collect_method,
         providers=providers,
         # the worker's share of its machine, unless the user's extra_options say otherwise
-        extra_options={NUM_THREADS_OPTION: job.threads, **job.extra_options, MODE_OPTION: job.mode},
+        extra_options={NUM_THREADS.extra_key: job.threads, **job.extra_options, MODE.extra_key: job.mode},
     )
 
 

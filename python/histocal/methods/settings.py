@@ -1,11 +1,11 @@
 """The collection settings, declared once: how the calibrators collect, whatever the method.
 
 Each :class:`Setting` row gives one setting's keyword (the calibrators', ``quantize_static``'s),
-its ``create_calibrator`` ``extra_options`` key, its ``quantize_static`` ``extra_options`` key where
-ORT's spelling differs, its command-line flag, its environment fallback and its help. A
-:class:`CollectionSettings` is built once from whichever of these the caller used
-(``from_keywords``, ``from_extra_options``, ``from_cli``), checked then, and passed down to the
-calibrator; ``to_extra_options`` turns it back into ``create_calibrator``'s keys.
+its ``create_calibrator`` ``extra_options`` key, its command-line flag, its environment fallback and
+its help. A :class:`CollectionSettings` is built from whichever of these the caller used
+(``from_keywords``, ``from_extra_options``; the command line's flags become keys through
+``extra_options_from_cli``) and checked then; ``to_extra_options`` turns it back into
+``create_calibrator``'s keys.
 
 The environment fallbacks (``HISTOCAL_MEMORY_BUDGET``, ``HISTOCAL_NUM_THREADS``) are read where the
 value is used (each ``collect_data`` call, each calibrator), so a setting left unset here follows
@@ -44,7 +44,6 @@ class Setting:
     help: str
     flag: str = ""  # the command line's flag ("": not on the command line)
     env: str = ""  # the environment variable read where the setting is left unset
-    quantize_key: str = ""  # quantize_static's extra_options key, where ORT's naming differs
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     cli_dest: str | None = None  # where argparse stores the flag, where not under ``name``
@@ -84,7 +83,6 @@ PER_CHANNEL = Setting(
     "per_channel",  # ORT's own MinMax key
     "per-channel ranges (minmax: ORT's, along axis 1; histogram methods: per-channel histograms along --axis)",
     flag="--per-channel",
-    quantize_key="CalibPerChannel",
     cli_dest="calib_per_channel",  # `quantize --per-channel` is ORT's per-channel weights
 )
 AXIS = Setting(
@@ -92,7 +90,6 @@ AXIS = Setting(
     "channel_axis",
     "with --per-channel, histogram methods: the channel axis (default 1; negative counts from the end)",
     flag="--axis",
-    quantize_key="CalibChannelAxis",
     metavar="N",
     cli_dest="calib_axis",
 )
@@ -117,8 +114,6 @@ SETTINGS: tuple[Setting, ...] = (
     SESSION_OPTIONS,
     SHOW_PROGRESS,
 )
-# The settings of histocal's own methods' calibrator: always streaming, so no mode nor budget.
-STREAMING_SETTINGS = tuple(s for s in SETTINGS if s not in (MODE, MEMORY_BUDGET))
 # The extra_options keys of the settings, and the command-line flag of each key.
 EXTRA_KEYS: dict[str, Setting] = {s.extra_key: s for s in SETTINGS if s.extra_key}
 

@@ -16,6 +16,7 @@ common choice (``MostCommon``, which needs every batch's vote collected as the b
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,6 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .._core import MAX_BINS
-from .settings import AXIS, PER_CHANNEL
 
 QTYPES = ("int8", "uint8", "int16", "uint16")
 POW2_QTYPES = ("int8", "uint8", "int16")
@@ -35,6 +35,8 @@ NON_OVERFLOW, MIN_MSE = POW2_METHODS
 # The pow2 setting that collects per-batch votes.
 ALL_DATA, MOST_COMMON = MINMSE_MODES
 POW2_VOTING = ("minmse_mode", MOST_COMMON)
+# The summaries the core collects beside a streaming histogram (rust/src/collection/summary), by name.
+POW2_VOTES, ISOTONE = "pow2_votes", "isotone"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,14 @@ class Method:
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
+
+    def summaries(self, options: Mapping[str, Any]) -> frozenset[str]:
+        """The summaries this method with ``options`` reads beside the streaming histogram: isotone's
+        per-row pairs, or pow2's per-batch votes for its most-common choice."""
+        if self.histogram == ISOTONE:
+            return frozenset({ISOTONE})
+        key, value = POW2_VOTING
+        return frozenset({POW2_VOTES}) if self.name == "pow2" and options.get(key) == value else frozenset()
 
 
 def _symmetric(default: bool) -> Option:
@@ -194,22 +204,16 @@ HISTOCAL_METHODS = tuple(m.name for m in HISTOCAL_TABLE)
 ALL_OPTIONS: dict[str, Option] = {o.name: o for m in TABLE.values() for o in m.options}
 
 
-# Per-channel collection (the histogram methods): a calibrator keyword each, and the extra_options keys of
-# create_calibrator (``per_channel`` is ORT's own MinMax key) and quantize_static.
-CHANNEL_OPTIONS = (
-    Option(PER_CHANNEL.name, bool, False, "per-channel ranges (streaming histograms per channel)"),
-    Option(AXIS.name, int, 1, "the channel axis (negative counts from the end)"),
-)
-CHANNEL_EXTRA_OPTIONS: dict[str, str] = {s.name: s.extra_key for s in (PER_CHANNEL, AXIS) if s.extra_key}
-CHANNEL_QUANTIZE_OPTIONS: dict[str, str] = {s.name: s.quantize_key for s in (PER_CHANNEL, AXIS) if s.quantize_key}
+def summaries_for(method: str, options: Mapping[str, Any]) -> frozenset[str]:
+    """The summaries ``method`` with ``options`` needs collected beside the streaming histogram
+    (none for a method outside the table, such as a registered one).
 
+    Args:
+        method: a method's canonical name.
+        options: its options as given (a default is not a vote).
 
-def collects_votes(method: str, options: dict[str, Any]) -> bool:
-    """Whether ``method`` with ``options`` needs per-batch votes collected with the histogram."""
-    key, value = POW2_VOTING
-    return method == "pow2" and options.get(key) == value
-
-
-def collects_isotone(method: str) -> bool:
-    """Whether ``method`` needs isotone's per-row top-two summaries collected with the histogram."""
-    return method in TABLE and TABLE[method].histogram == "isotone"
+    Returns:
+        Summary names, each registered in the core (``pow2_votes``, ``isotone``).
+    """
+    row = TABLE.get(method)
+    return row.summaries(options) if row is not None else frozenset()

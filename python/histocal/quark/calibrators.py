@@ -27,13 +27,12 @@ from onnxruntime.quantization.quant_utils import QuantType
 
 from .. import calibrators as hc
 from ..calibrators.common import (
-    MODE_OPTION,
-    STREAMING_BINS_OPTION,
     PrivateShapeInference,
     augmented_path_for,
     run_batches,
 )
 from ..io.readers import DataSource
+from ..methods.settings import MODE, STREAMING_BINS
 from . import types
 from .collector import PowOfTwoCollector
 from .types import CalibrationMethodLike, Pow2MethodLike, PowerOfTwoMethod, QuantTypeLike
@@ -491,8 +490,8 @@ def create_calibrator_float_scale(
         )
     opts = dict(extra_options or {})
     histocal = {
-        "mode": opts.get(MODE_OPTION),
-        "streaming_bins": opts.get(STREAMING_BINS_OPTION),
+        "mode": opts.get(MODE.extra_key),
+        "streaming_bins": opts.get(STREAMING_BINS.extra_key),
         "merge_per_batch": opts.get(MERGE_PER_BATCH_OPTION, True),
         "optimize_mem": opts.get("optimize_mem", True),
         "worker_num": opts.get("worker_num", 1),

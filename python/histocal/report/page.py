@@ -377,7 +377,7 @@ def write_report(
     source = "in-memory state" if source is None else str(source)
     if state.stream is None:
         raise ValueError("the report needs the streaming histogram, and this state holds only exact histograms")
-    if default_methods and not state.stream.isotone:
+    if default_methods and "isotone" not in state.stream.summaries:
         # isotone's summaries are collected only for isotone
         methods = [m for m in methods if TABLE[m].histogram != "isotone"]
     out_dir = Path(out_dir)

@@ -125,8 +125,8 @@ class ChannelHistograms:
         if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):
             raise ValueError(f"the channel axis must be an integer, got {self.axis!r}")
         if self.stream is None:
-            self.stream = _core.StreamHistograms(self.num_bins, isotone=self.isotone)
-        self.isotone = bool(self.stream.isotone)
+            self.stream = _core.StreamHistograms(self.num_bins, summaries=["isotone"] if self.isotone else [])
+        self.isotone = "isotone" in self.stream.summaries
         self.max_bytes = max_channel_bytes(self.max_bytes)
 
     @property
@@ -228,7 +228,10 @@ class ChannelHistograms:
         if bins == self.num_bins:
             return
         if 8 * bins * total > self.max_bytes:  # not even at the fewest bins: collect() refuses naming the tensor
-            self.num_bins, self.stream = bins, _core.StreamHistograms(bins, isotone=self.isotone)
+            self.num_bins, self.stream = (
+                bins,
+                _core.StreamHistograms(bins, summaries=["isotone"] if self.isotone else []),
+            )
             return
         top = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
         logger.warning(
@@ -241,10 +244,10 @@ class ChannelHistograms:
             MAX_CHANNEL_BYTES_ENV,
         )  # fmt: skip
         self.num_bins = bins
-        self.stream = _core.StreamHistograms(bins, isotone=self.isotone)
+        self.stream = _core.StreamHistograms(bins, summaries=["isotone"] if self.isotone else [])
 
     def _check_isotone_bytes(self, tensor: str, histogram_bytes: int) -> None:
-        pairs = self.stream.isotone_pair_count()
+        pairs = self.stream.summary_bytes("isotone") // ISOTONE_PAIR_BYTES
         total = histogram_bytes + ISOTONE_PAIR_BYTES * pairs
         assert self.max_bytes is not None
         if total > self.max_bytes:
@@ -275,7 +278,7 @@ class ChannelHistograms:
         self.check_compatible(other)
         out = self.copy()
         out.stream.merge(other.stream)
-        out.isotone = bool(out.stream.isotone)  # kept only when both collected it, as per tensor
+        out.isotone = "isotone" in out.stream.summaries  # kept only when both collected it, as per tensor
         for tensor, count in other.channels.items():
             out.channels.setdefault(tensor, count)
         return out

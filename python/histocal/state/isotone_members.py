@@ -1,6 +1,6 @@
 """isotone's per-row top-two summaries in a state file (format version 2).
 
-Members, present exactly when the summaries were collected (``StreamHistograms(..., isotone=True)``),
+Members, present exactly when the summaries were collected (``StreamHistograms(..., summaries=["isotone"])``),
 written after ``channels``:
 
 * ``isotone_tensors``: uint64 (n, 3), per tensor in the header's order: its number of distinct

@@ -26,13 +26,10 @@ from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import methods
 from ..io.models import load_model
-from ..methods.settings import METHOD_OVERRIDES_KEY
-from ..methods.table import collects_isotone, collects_votes
+from ..methods.table import summaries_for
 from .channels import ChannelHistograms
 
 logger = logging.getLogger(__name__)
-
-METHOD_OVERRIDES_OPTION = METHOD_OVERRIDES_KEY  # create_calibrator's extra_options key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,19 +88,16 @@ def parse_method_overrides(value: Any) -> tuple[MethodRule, ...]:
     return tuple(rules)
 
 
-def collects_for(rules: Sequence[MethodRule]) -> tuple[bool, bool]:
-    """Whether the rules' methods need isotone's summaries, pow2's per-batch votes collected."""
-    return (
-        any(collects_isotone(r.method) for r in rules),
-        any(collects_votes(r.method, dict(r.options)) for r in rules),
-    )
+def rule_summaries(rules: Sequence[MethodRule]) -> frozenset[str]:
+    """The summaries the rules' methods need collected beside the streaming histogram."""
+    return frozenset().union(*(summaries_for(r.method, dict(r.options)) for r in rules))
 
 
 def collection_mode(rules: Sequence[MethodRule], mode: str, mode_used: str | None) -> str:
     """The collection mode a calibrator set to ``mode`` (having used ``mode_used``) takes for ``rules``:
     streaming where a rule's method needs data collected beside the streaming histogram (isotone's
     summaries, pow2's votes); ValueError where exact mode was asked for or already used."""
-    if not any(collects_for(rules)) or mode == "streaming":
+    if not rule_summaries(rules) or mode == "streaming":
         return mode
     if mode == "exact" or mode_used == "exact":
         raise ValueError(

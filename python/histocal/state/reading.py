@@ -77,8 +77,8 @@ def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> dict[str, Any
             fail(f"missing member {key}")
         return arrays[key]
 
-    summaries = {m.summary: m.first in arrays for m in SUMMARY_MEMBERS}
-    stream = _core.StreamHistograms(sbins, **summaries) if sbins else None
+    summaries = [m.summary for m in SUMMARY_MEMBERS if m.first in arrays]
+    stream = _core.StreamHistograms(sbins, summaries) if sbins else None
     exact = None
     if kind is not None:
         if header.exact_num_bins is None:

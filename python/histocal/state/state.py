@@ -52,7 +52,7 @@ from .. import _core, methods
 from .._version import __version__
 from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
 from ..io.files import atomic_write_bytes, open_untrusted_file
-from ..methods.table import ORT_TABLE, collects_votes
+from ..methods.table import ORT_TABLE, POW2_VOTES, summaries_for
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
 from .file_format import (
@@ -268,7 +268,7 @@ class CalibrationState:
             ch = self.channels
             if ch is None:
                 raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
-            if collects_votes(name, {**(self.settings if name == self.method else {}), **settings}):
+            if POW2_VOTES in summaries_for(name, {**(self.settings if name == self.method else {}), **settings}):
                 raise ValueError(NO_CHANNEL_VOTES)
 
             def keyed(keys: list[str]) -> TensorsData:

@@ -23,7 +23,7 @@ MAX_HELD_BYTES = 8 << 28
 class SummaryMembers(ABC):
     """One summary's members in the state file."""
 
-    #: the Rust summary's name (``StreamHistograms(..., name=True)``, ``export_summary``)
+    #: the Rust summary's name (``StreamHistograms(..., summaries=[name])``, ``export_summary``)
     summary: str
     #: its members: name -> (dtype, ndim, columns), as ``file_format.MEMBERS``
     members: ClassVar[dict[str, tuple[str, int, int | None]]]

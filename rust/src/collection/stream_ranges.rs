@@ -90,7 +90,7 @@ impl StreamCollection {
                         return Err(
                             "pow2 MinMSE's most-common choice needs per-batch votes, which this collection did \
                                     not record (collect with the pow2 method and its most-common minmse_mode, or \
-                                    StreamHistograms(..., pow2_votes=True))"
+                                    StreamHistograms(..., summaries=[\"pow2_votes\"]))"
                                 .to_string(),
                         )
                     }
@@ -146,7 +146,7 @@ impl StreamCollection {
             return Err(TensorError::invalid(
                 &name,
                 "isotone needs per-row top-two summaries, which this collection did not record (collect with the \
-                 isotone method, or StreamHistograms(..., isotone=True))",
+                 isotone method, or StreamHistograms(..., summaries=[\"isotone\"]))",
             ));
         };
         let out = par_map(&selected, |(name, st)| {

@@ -127,13 +127,6 @@ record! {
 }
 
 record! {
-    /// A tensor's isotone summary: its distinct top-two pairs `(l1[k], l2[k])` (float64 arrays,
-    /// sorted), how many rows had each (`rows`, uint64), the rows left out (`skipped`), and whether
-    /// the rows had more distinct pairs than the summary holds (`overflowed`: then no pairs).
-    IsotonePairs { l1: Py<PyAny>, l2: Py<PyAny>, rows: Py<PyAny>, skipped: u64, overflowed: bool }
-}
-
-record! {
     /// A tensor's isotone result: its range, the rows the scale keeps in order (`satisfied`, weighted
     /// by their counts), the rows summarised and skipped, and whether it fell back to `(0, max)`.
     IsotoneRange { low: f64, high: f64, satisfied: u128, rows: u128, skipped: u64, fell_back: bool }
@@ -149,7 +142,6 @@ pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Moments>()?;
     m.add_class::<TensorStats>()?;
     m.add_class::<ScaleZeroPoint>()?;
-    m.add_class::<IsotonePairs>()?;
     m.add_class::<IsotoneRange>()?;
     Ok(())
 }

@@ -7,13 +7,11 @@ use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::functions::method_options;
 use super::histograms::parse_kind;
-use super::records::{IsotonePairs, IsotoneRange, StreamExport, StreamSummary, TensorCounts};
+use super::records::{IsotoneRange, StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
 use crate::collection::stream::ChannelBatches;
-use crate::collection::summary::pow2_votes::Pow2Votes;
 use crate::collection::summary::{Column, ReadParts, RowBatch, Rows, REGISTERED};
 use crate::collection::StreamCollection;
-use crate::methods::isotone::TopPairs;
 use crate::methods::range_method::*;
 use crate::numeric::fallible;
 use crate::state::Batches;
@@ -26,59 +24,33 @@ use pyo3::types::{PyDict, PyString};
 /// One item of `collect_channels`: the channels' keys and the tensor's batch arrays.
 type ChannelItem<'py> = (Vec<Bound<'py, PyString>>, Vec<Bound<'py, PyAny>>);
 
-/// `isotone_pair_count`'s unit: the bytes of one distinct pair.
-const PAIR_BYTES: usize = std::mem::size_of::<(f64, f64, u64)>();
-
 #[pymethods]
 impl StreamHistograms {
-    /// `**summaries`: the summaries to collect beside the histograms, by name, each `True` or
-    /// `False` (see `summary_kinds()`): `pow2_votes`, the per-batch votes of pow2 MinMSE's
-    /// most-common choice (costs one pow2 search per batch and tensor); `isotone`, isotone's
-    /// per-row top-two summaries.
+    /// `summaries`: the names of the summaries to collect beside the histograms (each a
+    /// registered one: `pow2_votes`, the per-batch votes of pow2 MinMSE's most-common choice,
+    /// which cost one pow2 search per batch and tensor; `isotone`, isotone's per-row top-two
+    /// summaries).
     #[new]
-    #[pyo3(signature = (num_bins, **summaries))]
-    fn new(num_bins: usize, summaries: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let mut wanted: Vec<String> = Vec::new();
-        if let Some(d) = summaries {
-            for (k, v) in d.iter() {
-                let name: String = k.extract()?;
-                if !REGISTERED.iter().any(|(n, _)| *n == name) {
-                    return Err(PyTypeError::new_err(format!(
-                        "StreamHistograms() got an unexpected keyword argument {name:?} (summaries: {:?})",
+    #[pyo3(signature = (num_bins, summaries=Vec::new()))]
+    fn new(num_bins: usize, summaries: Vec<String>) -> PyResult<Self> {
+        guard(|| {
+            for name in &summaries {
+                if !REGISTERED.iter().any(|(n, _)| n == name) {
+                    return Err(PyValueError::new_err(format!(
+                        "unknown summary {name:?} (summaries: {:?})",
                         REGISTERED.iter().map(|(n, _)| *n).collect::<Vec<_>>()
                     )));
                 }
-                if v.extract::<bool>()? {
-                    wanted.push(name);
-                }
             }
-        }
-        guard(|| {
-            let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+            let wanted: Vec<&str> = summaries.iter().map(String::as_str).collect();
             Ok(StreamHistograms { inner: StreamCollection::new(num_bins, &wanted).map_err(PyValueError::new_err)? })
         })
-    }
-
-    /// The names of the summaries a collection can collect.
-    #[staticmethod]
-    fn summary_kinds() -> Vec<&'static str> {
-        REGISTERED.iter().map(|(n, _)| *n).collect()
     }
 
     /// The names of the summaries this collection collects.
     #[getter]
     fn summaries(&self) -> Vec<&'static str> {
         self.inner.summary_names()
-    }
-
-    #[getter]
-    fn pow2_votes(&self) -> bool {
-        self.inner.collects("pow2_votes")
-    }
-
-    #[getter]
-    fn isotone(&self) -> bool {
-        self.inner.collects("isotone")
     }
 
     /// A tensor's summary `summary` in its stored form, `{column: 1-D array}` (a scalar is an array
@@ -122,49 +94,10 @@ impl StreamHistograms {
         })
     }
 
-    /// The distinct top-two pairs all isotone summaries hold together (0 without isotone): what
-    /// their memory grows with (24 bytes a pair).
-    fn isotone_pair_count(&self) -> usize {
-        self.inner.summary_bytes("isotone") / PAIR_BYTES
-    }
-
-    /// A tensor's isotone summary `(l1, l2, rows, skipped)` (float64, float64, uint64 arrays of its
-    /// distinct top-two pairs, sorted), or None when it was not collected.
-    fn isotone_pairs(&self, py: Python<'_>, name: &str) -> PyResult<Option<IsotonePairs>> {
-        guard(|| {
-            let Some(s) = self.inner.summary(name, "isotone").map_err(tensor_error)? else { return Ok(None) };
-            let t: &TopPairs = s.as_any().downcast_ref().expect("isotone's summary");
-            let column = |f: fn(&(f64, f64, u64)) -> f64| fallible::collect(t.pairs.iter().map(f));
-            Ok(Some(IsotonePairs {
-                l1: PyArray1::from_vec(py, column(|p| p.0)).into_any().unbind(),
-                l2: PyArray1::from_vec(py, column(|p| p.1)).into_any().unbind(),
-                rows: PyArray1::from_vec(py, fallible::collect(t.pairs.iter().map(|p| p.2))).into_any().unbind(),
-                skipped: t.skipped,
-                overflowed: t.overflowed,
-            }))
-        })
-    }
-
-    /// Put back what `isotone_pairs` gave, after checking it (the collection must be an isotone one).
-    fn restore_isotone(
-        &mut self,
-        name: &str,
-        l1: Vec<f64>,
-        l2: Vec<f64>,
-        rows: Vec<u64>,
-        skipped: u64,
-        overflowed: bool,
-    ) -> PyResult<()> {
-        guard(|| {
-            let parts = vec![
-                ("l1".to_string(), Column::F64(l1)),
-                ("l2".to_string(), Column::F64(l2)),
-                ("rows".to_string(), Column::U64(rows)),
-                ("skipped".to_string(), Column::U64(vec![skipped])),
-                ("overflowed".to_string(), Column::U64(vec![overflowed as u64])),
-            ];
-            self.inner.restore_summary(name, "isotone", parts).map_err(tensor_error)
-        })
+    /// The bytes the summaries named `summary` of all tensors hold together (0 when not
+    /// collected): what their memory grows with.
+    fn summary_bytes(&self, summary: &str) -> usize {
+        self.inner.summary_bytes(summary)
     }
 
     /// isotone's ranges for `names` (default: all): `(low, high, satisfied rows, summarised rows,
@@ -192,36 +125,6 @@ impl StreamHistograms {
                     fell_back: r.fell_back,
                 })
                 .collect())
-        })
-    }
-
-    /// A tensor's pow2 votes (for the most-common choice), `[(type index (int8, uint8, int16), exponent,
-    /// batches)]`, or None when they were not collected.
-    fn votes(&self, name: &str) -> PyResult<Option<Vec<(u8, i32, u64)>>> {
-        guard(|| {
-            let Some(s) = self.inner.summary(name, "pow2_votes").map_err(tensor_error)? else { return Ok(None) };
-            let v: &Pow2Votes = s.as_any().downcast_ref().expect("pow2's votes");
-            Ok(Some(v.votes.iter().map(|(&(t, k), &n)| (t, k, n)).collect()))
-        })
-    }
-
-    /// Put back what `votes` gave, after checking it (None: not collected, for a collection
-    /// without votes).
-    fn restore_votes(&mut self, name: &str, votes: Option<Vec<(u8, i32, u64)>>) -> PyResult<()> {
-        guard(|| {
-            let Some(v) = votes else {
-                self.inner.tensors().get(name).map_err(tensor_error)?;
-                if self.inner.collects("pow2_votes") {
-                    return Err(PyValueError::new_err(format!("tensor {name:?}: this collection collects pow2 votes")));
-                }
-                return Ok(());
-            };
-            let parts = vec![
-                ("type".to_string(), Column::I64(v.iter().map(|x| x.0 as i64).collect())),
-                ("exponent".to_string(), Column::I64(v.iter().map(|x| x.1 as i64).collect())),
-                ("batches".to_string(), Column::U64(v.iter().map(|x| x.2).collect())),
-            ];
-            self.inner.restore_summary(name, "pow2_votes", parts).map_err(tensor_error)
         })
     }
 
