@@ -7,7 +7,8 @@ silently drops data, histocal returns a result instead (docs/deviations.md).
 ``histogram_dict`` behaves like ORT's plain attribute: the same dict object every time, updated
 in place by ``collect``, assignable, and edits to it (entries set, replaced or deleted, arrays
 changed in place) are what the next ``collect`` / ``compute_collection_result`` works from. The
-histograms themselves live in Rust; the dict is a view kept in step with them.
+histograms themselves live in Rust; the dict is a view kept in step with them. The results are
+``histocal.ort_results``' (which also serves a calibration state), on this collector's histograms.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnxruntime.quantization.calibrate import CalibrationDataCollector, TensorData
+from onnxruntime.quantization.calibrate import CalibrationDataCollector
 
 from . import _core
+from .ort_results import OrtSettings, histogram_entry, ort_results, ort_settings
 
 logger = logging.getLogger(__name__)
-
-METHODS = ("entropy", "percentile", "distribution")
-SCENARIOS = ("same", "p3")
 
 
 @dataclass(frozen=True)
@@ -52,14 +51,6 @@ def _value_counts(c: _core.TensorCounts) -> ValueCounts:
     return ValueCounts(c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def float_batches(name: str, data: Any) -> list[np.ndarray]:
     """One tensor's data (an array or a list of per-batch arrays) as float arrays Rust can read.
 
@@ -75,11 +66,6 @@ def float_batches(name: str, data: Any) -> list[np.ndarray]:
         common = np.result_type(*arrays)
         arrays = [a.astype(common) for a in arrays]
     return [a if a.dtype.isnative and a.flags.aligned else a.astype(a.dtype.newbyteorder("=")) for a in arrays]
-
-
-def _held(value: float, is_array: bool, dtype: np.dtype) -> Any:
-    """ORT holds some values as numpy scalars and others as 0-d arrays; mirror which."""
-    return np.array(value, dtype=dtype) if is_array else dtype.type(value)
 
 
 class HistogramCollector(CalibrationDataCollector):
@@ -109,25 +95,16 @@ class HistogramCollector(CalibrationDataCollector):
         *,
         lock: threading.RLock | None = None,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError("Only 'entropy', 'percentile' or 'distribution' methods are supported")
-        num_bins = _check_int("num_bins", num_bins, 1)
-        if method == "entropy":
-            num_quantized_bins = _check_int("num_quantized_bins", num_quantized_bins, 1)
-            if num_bins < num_quantized_bins:
-                raise ValueError(f"num_bins ({num_bins}) must be >= num_quantized_bins ({num_quantized_bins})")
-        if method == "percentile" and (percentile is None or not 0 <= percentile <= 100 or np.isnan(percentile)):
-            raise ValueError("Invalid percentile. Must be in range 0 <= percentile <= 100.")
-        if method == "distribution" and scenario not in SCENARIOS:
-            raise ValueError("Invalid scenario. Must be in {'same', 'p3'}.")
-        self.method = method
-        self.symmetric = symmetric
-        self.num_bins = num_bins
-        self.num_quantized_bins = num_quantized_bins
-        self.percentile = percentile
-        self.scenario = scenario
-        self._kind = "abs" if method == "percentile" and symmetric else "value"
-        self._hists = _core.Histograms(self._kind, num_bins)
+        checked = ort_settings(method, symmetric, num_bins, num_quantized_bins, percentile, scenario)
+        # plain attributes, as ORT's: the settings at compute time are these
+        self.method = checked.method
+        self.symmetric = checked.symmetric
+        self.num_bins = checked.num_bins
+        self.num_quantized_bins = checked.num_quantized_bins
+        self.percentile = checked.percentile
+        self.scenario = checked.scenario
+        self._kind = checked.kind
+        self._hists = _core.Histograms(self._kind, checked.num_bins)
         # The histogram_dict handed out or assigned (None until asked for), and per tensor the
         # tuple object last put in it that matches the Rust state.
         self._dict: MutableMapping[str, tuple] | None = None
@@ -206,12 +183,6 @@ class HistogramCollector(CalibrationDataCollector):
             hists = self.histograms
             return {n: _value_counts(hists.counts(n)) for n in hists.names()}
 
-    def _entry(self, name: str) -> tuple:
-        st = self._hists.state(name)
-        dtype = st.edges.dtype
-        entry = (st.hist, st.edges, _held(*st.min, dtype), _held(*st.max, dtype))
-        return entry if st.threshold is None else (*entry, _held(*st.threshold, dtype))
-
     def refresh(self, names: Iterable[str] | None = None) -> None:
         """Write the Rust state into the exposed ``histogram_dict``, in place, as ORT's
         ``collect`` writes its dict.
@@ -224,7 +195,7 @@ class HistogramCollector(CalibrationDataCollector):
         held = set(self._hists.names())
         for name in self._hists.names() if names is None else list(names):
             if name in held:
-                self._dict[name] = self._handed[name] = self._entry(name)
+                self._dict[name] = self._handed[name] = histogram_entry(self._hists, name)
 
     def roll_back_to(self, hists: _core.Histograms) -> None:
         """Put back the Rust state a failed calibrator call started from; a histogram_dict
@@ -288,122 +259,11 @@ class HistogramCollector(CalibrationDataCollector):
             if not self.histograms.names():  # (synced with histogram_dict here, once)
                 raise ValueError("Histogram has not been collected. Please run collect() first.")
             logger.info("Finding optimal threshold for each tensor using %r algorithm", self.method)
-            if self.method == "entropy":
-                result: dict[str, Any] = self._entropy()
-            elif self.method == "percentile":
-                result = self._percentile()
-            else:
-                result = self._distribution()
-            self._warn_nothing_binned(result)
-            return result
-
-    def _warn_nothing_binned(self, result: Mapping[str, Any]) -> None:
-        """Name the tensors whose histogram holds no value (empty, or every value NaN or
-        infinite): their range is a placeholder, not a measurement. onnxruntime raises on
-        NaN/Inf-only data, and on empty data gives an inverted asymmetric-Percentile range."""
-        empty = []
-        for name in self._hists.names():
-            counts = self._hists.counts(name)
-            if counts.n_finite == 0 and not self._hists.state(name).hist.any():
-                lo, hi = result[name].range_value if isinstance(result[name], TensorData) else result[name][:2]
-                kinds = zip((counts.n_nan, counts.n_posinf, counts.n_neginf), ("NaN", "+inf", "-inf"))
-                held = ", ".join(f"{n} {kind}" for n, kind in kinds if n) or "no values"
-                empty.append(f"{name!r} ({held}: range [{float(lo):g}, {float(hi):g}])")
-        if empty:
-            shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-            logger.warning(
-                "%s: %d tensor(s) without a finite value to calibrate on (empty, or all NaN/Inf): %s. "
-                "Their ranges are placeholders; check the model and the calibration data.",
-                self.method,
-                len(empty),
-                shown,
+            settings = OrtSettings(
+                self.method, self.symmetric, self.num_bins, self.num_quantized_bins, self.percentile, self.scenario
             )
-
-    def _narrowed(self, name: str) -> bool:
-        """Whether this tensor's histogram was widened to float64 from float16/float32 data
-        (numpy could not build its bins in the data's type, e.g. a range of +-3.4e38): its
-        results then go out as float32, which onnxruntime's TensorData holds."""
-        edges = self.histogram_dict[name][1]
-        return edges.dtype == np.float64 and self._hists.state(name).dtype != "float64"
-
-    def _entropy(self) -> dict[str, tuple]:
-        hd = self.histogram_dict
-        out = {}
-        for r in self._hists.entropy(self.num_quantized_bins):
-            name = r.name
-            hist, edges, mn, mx = hd[name][:4]
-            lo, hi = _clip(edges[r.start], edges[r.end], mn, mx)
-            if self._narrowed(name):
-                lo, hi = _outward_f32(lo, hi)
-            out[name] = (lo, hi, hist, edges)
-        return out
-
-    def _percentile(self) -> dict[str, tuple]:
-        hd = self.histogram_dict
-        out = {}
-        for r in self._hists.percentile(float(self.percentile), self.symmetric):
-            name, i_lo, i_hi = r.name, r.start, r.end
-            hist, edges, mn, mx = hd[name][:4]
-            if self.symmetric:
-                lo, hi = -np.array(edges[i_hi], edges.dtype), np.array(edges[i_hi], edges.dtype)
-            else:
-                lo, hi = np.array(edges[i_lo], edges.dtype), np.array(edges[i_hi], edges.dtype)
-            lo, hi = _clip(lo, hi, mn, mx)
-            if hi < lo and not np.any(hist):
-                # Nothing binned (an empty tensor; NaN/Inf only, where ORT raises): ORT's cdf is
-                # NaN and its range comes out inverted, e.g. (0, -0.5). histocal's is [lo, lo]
-                # (docs/deviations.md), ``hi`` of ORT's kind. A constant tensor's range comes out
-                # inverted from ORT too, (c, c - w): that one is ORT's result and stays.
-                hi = np.array(lo, hi.dtype) if isinstance(hi, np.ndarray) else hi.dtype.type(lo)
-            if self._narrowed(name):
-                lo, hi = _outward_f32(lo, hi)
-            out[name] = (lo, hi, *hist[:2])
-        return out
-
-    def _distribution(self) -> dict[str, TensorData]:
-        if self.num_bins < 512:
-            raise ValueError("Invalid num_bins. Must be in range 512 <= num_bins.")
-        hd = self.histogram_dict
-        moments: dict[str, tuple[Any, Any]]  # floats from Rust, numpy scalars from numpy
-        if self.scenario == "same":
-            moments = {m.name: (m.avg, m.std) for m in self._hists.distribution()}
-        else:
-            moments = {n: _p3_avg_std(*hd[n][:2]) for n in hd}
-        out = {}
-        for name, (avg, std) in moments.items():
-            hist, edges = hd[name][:2]
-            if self._narrowed(name):
-                edges = _edges_f32(edges)
-                avg, std = _nearest_f32(name, "avg", avg), _nearest_f32(name, "std", std)
-            elif edges.dtype == np.float64:
-                raise ValueError(
-                    f"tensor {name!r}: float64 data has no Distribution result "
-                    "(onnxruntime's TensorData holds float16/float32 only)"
-                )
-            out[name] = TensorData(
-                avg=np.array(avg, dtype=edges.dtype),
-                std=np.array(std, dtype=edges.dtype),
-                hist=hist,
-                hist_edges=edges,
-                lowest=edges.min(),
-                highest=edges.max(),
-            )
-        return out
-
-
-def _p3_avg_std(hist: np.ndarray, edges: np.ndarray) -> tuple[Any, Any]:
-    """ORT's ``_avg_std(power=1/3)``, on the histogram (a few thousand values), with numpy's own
-    float ``power``: its SIMD kernel differs from libm and between CPUs, so only numpy itself
-    gives ORT's bits on every machine."""
-    with np.errstate(all="ignore"):
-        values = (edges[:-1] + edges[1:]) * 0.5
-        fact = np.abs(values) / values
-        fact[np.isnan(fact)] = 1
-        fact[np.isinf(fact)] = 1
-        values = np.abs(values) ** (1.0 / 3.0) * fact
-        avg = (hist * values).sum() / hist.sum()
-        std = ((hist * values**2).sum() / hist.sum() - avg**2) ** 0.5
-    return avg, std
+            entries = self.histogram_dict  # ORT's results share its arrays
+            return ort_results(self._hists, settings, entries)
 
 
 _ENTRY_SHAPES = {"value": "(hist, edges, min, max, threshold)", "abs": "(hist, edges, min, max)"}
@@ -448,59 +308,6 @@ def _restore_entry(hists: _core.Histograms, kind: str, name: str, entry: Any) ->
         threshold,
         counts,
     )
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _f32_outward(x: float, direction: float) -> np.float32:
-    """The float32 nearest ``x`` in ``direction`` (-inf: the largest float32 <= x, +inf: the
-    smallest >= x), saturating at float32's largest magnitude: no float32 value lies beyond it,
-    so the result still bounds every value of a float32 tensor on that side."""
-    x = min(max(x, -_F32_MAX), _F32_MAX)
-    r = np.float32(x)
-    if float(r) != x and (float(r) > x) == (direction < 0):
-        r = np.nextafter(r, np.float32(direction))
-    return r
-
-
-def _as_held(value: Any, r: np.float32) -> Any:
-    """``r`` held like ``value`` (numpy scalar or 0-d array, as ORT holds each result)."""
-    return np.array(r) if isinstance(value, np.ndarray) else r
-
-
-def _outward_f32(lo: Any, hi: Any) -> tuple[Any, Any]:
-    """A float64 range as a float32 one that still covers it (see ``_f32_outward``)."""
-    return _as_held(lo, _f32_outward(float(lo), -np.inf)), _as_held(hi, _f32_outward(float(hi), np.inf))
-
-
-def _edges_f32(edges: np.ndarray) -> np.ndarray:
-    """float64 edges as float32: the outer two outward (so they still span the float64 ones:
-    Distribution's lowest/highest are their min/max), the inner ones to nearest, all within
-    float32's range (bins past it, which an ORT-style merge can add, hold no float32 value)."""
-    out = np.clip(edges, -_F32_MAX, _F32_MAX).astype(np.float32)
-    out[0] = _f32_outward(float(edges[0]), -np.inf)
-    out[-1] = _f32_outward(float(edges[-1]), np.inf)
-    return out
-
-
-def _nearest_f32(name: str, what: str, x: Any) -> np.ndarray:
-    """``x`` rounded to the nearest float32 (0-d array); an error naming the tensor past
-    float32's range."""
-    with np.errstate(over="ignore"):
-        r = np.array(x, dtype=np.float32)
-    if np.isinf(r) and not np.isinf(x):
-        raise ValueError(f"tensor {name!r}: Distribution {what} {float(x)!r} is beyond float32's range")
-    return r
-
-
-def _clip(lo: Any, hi: Any, mn: Any, mx: Any) -> tuple[Any, Any]:
-    """ORT's clipping of a threshold pair to the data's min/max (keeping whichever object)."""
-    if lo < mn:
-        lo = mn
-    if hi > mx:
-        hi = mx
-    return lo, hi
 
 
 __all__ = ["HistogramCollector", "ValueCounts", "float_batches"]

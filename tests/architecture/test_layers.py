@@ -16,6 +16,7 @@ LAYERS = (
     ("histocal._core", "histocal._version", "histocal.patching", "histocal.threads"),
     ("histocal.io",),
     ("histocal.methods",),
+    ("histocal.ort_results",),
     ("histocal.collector",),
     ("histocal.stats",),
     ("histocal.state",),

@@ -1,7 +1,9 @@
 """ORT's methods from a state's histograms, in bounded memory, checked against the memory left first.
 
-ORT's entropy, percentile and distribution work on ORT-shaped histograms of ``num_bins`` bins, which a
-streaming state builds from its streaming histograms (``to_histograms``). They are built a chunk of
+ORT's entropy, percentile and distribution (``histocal.ort_results``: the code the drop-in collector
+computes with, so an exact state's results are its calibrator's, bit for bit) work on ORT-shaped
+histograms of ``num_bins`` bins: an exact state's own when they have the kind and bins asked for, else
+built from the streaming histograms (``to_histograms``). Those are built a chunk of
 tensors at a time (``CONVERT_CHUNK_BYTES`` of them, at least one per thread) and dropped once that
 chunk is computed, so only a chunk's Rust histograms are alive at once; per-channel results go through
 the same chunks (``ChannelHistograms.compute``), so the channels' histograms are never all alive either.
@@ -24,8 +26,9 @@ import numpy as np
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import _core
-from ..collector import HistogramCollector, export_exact
+from ..collector import export_exact
 from ..io.memory import check_memory, format_size
+from ..ort_results import OrtSettings, ort_results
 
 # One ORT histogram's bytes per bin: its counts (int64) and its edges (at most float64).
 HISTOGRAM_BIN_BYTES = 16
@@ -88,28 +91,22 @@ def check_calibration_memory(method: str, num_bins: int, count: int, exact: bool
         check_compute_memory(method, num_bins, count, count, size, size)
 
 
-def ort_result(
-    collector: HistogramCollector,
-    names: Sequence[str],
-    stream: Any,
-    exact: Any,
-) -> dict[str, Any]:
-    """``collector``'s method (its settings) on ``names``: from ``exact`` (ORT histograms of the kind and
-    bins needed, or None) in place, else from ``stream``'s histograms converted a chunk at a time."""
-    method, num_bins = collector.method, collector.num_bins
+def ort_result(settings: OrtSettings, names: Sequence[str], stream: Any, exact: Any) -> dict[str, Any]:
+    """ORT's result of ``settings``' method on ``names`` (``ort_results``): from ``exact`` (ORT histograms
+    of the kind and bins needed, or None) in place, else from ``stream``'s histograms converted a chunk at
+    a time."""
+    method, num_bins = settings.method, settings.num_bins
     if exact is not None:
         # the histograms exist already; the results hold numpy copies of them
         check_compute_memory(method, num_bins, len(names), len(names), 0, len(names))
-        collector.histograms = exact
-        return collector.compute_collection_result()
+        return ort_results(exact, settings)
     size = chunk_size(num_bins, len(names))
     check_compute_memory(method, num_bins, len(names), len(names), size, size)
     out: dict[str, Any] = {}
     for start in range(0, len(names), size):
-        part = list(names[start : start + size])
-        collector.histograms = stream.to_histograms(collector.kind, num_bins, part)
-        out.update(collector.compute_collection_result())
-    collector.histograms = _core.Histograms(collector.kind, num_bins)  # the last chunk's, dropped
+        chunk = stream.to_histograms(settings.kind, num_bins, list(names[start : start + size]))
+        out.update(ort_results(chunk, settings))
+        del chunk  # before the next chunk is built
     return out
 
 
@@ -125,7 +122,7 @@ def minmax_result(names: Sequence[str], stream: Any, exact: Any, symmetric: bool
             dtype_name, fmin, fmax = s.dtype, s.finite_min, s.finite_max
         else:
             e = export_exact(exact, name)
-            dtype_name = exact.state(name).dtype
+            dtype_name = e.dtype
             fmin, fmax = (e.min[0], e.max[0]) if finite else (None, None)
         dtype = np.dtype(dtype_name)
         # no value at all: ORT's ReduceMin/ReduceMax of empty tensors, [inf, -inf]; only NaN: NaN

@@ -50,9 +50,10 @@ from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import _core, methods
 from .._version import __version__
-from ..collector import CollectedData, HistogramCollector, export_exact, restore_exact
+from ..collector import CollectedData, export_exact, restore_exact
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE, POW2_VOTES, summaries_for
+from ..ort_results import ort_settings
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
 from .file_format import (
@@ -323,18 +324,18 @@ class CalibrationState:
         s = {**_FULL, **allowed, **base, **settings}
         if method == "minmax":
             return minmax_result(self.names, self.stream, self.exact, bool(s["symmetric"]))
-        collector = HistogramCollector(
+        checked = ort_settings(
             method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
         )
-        kind = collector.kind
-        if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == collector.num_bins:
-            result = ort_result(collector, self.names, None, self.exact)
+        kind, num_bins = checked.kind, checked.num_bins
+        if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == num_bins:
+            result = ort_result(checked, self.names, None, self.exact)
         elif self.stream is not None:
-            result = ort_result(collector, self.names, self.stream, None)
+            result = ort_result(checked, self.names, self.stream, None)
         else:
             raise ValueError(
                 f"this state holds only exact {self.exact_kind} histograms of {self.exact_num_bins} bins; "
-                f"{method} with num_bins={collector.num_bins} needs {kind} histograms of {collector.num_bins} bins: "
+                f"{method} with num_bins={num_bins} needs {kind} histograms of {num_bins} bins: "
                 "collect with those settings, or keep the streaming histogram (histocal calibrators do)"
             )
         return TensorsData(_ORT_METHODS[method], result)
