@@ -31,6 +31,7 @@ from support.profiles import examples
 from histocal import _core, methods
 from histocal.methods import scale_rule
 from histocal.methods.scale_rule import SCALE_RULE
+from histocal.state.auto import ORT_AUTO_CANDIDATES, auto_ranges
 
 QTYPES = ["int8", "uint8", "int16", "uint16"]
 
@@ -177,7 +178,7 @@ def test_pow2_ranges_keep_a_power_of_two_scale_in_onnxruntime(options, qtype):
     stream = _small_values_stream()
     names = ["h", "f"]
     opts = methods.check_options("pow2", {"qtype": qtype, **options})
-    pairs, _ = methods.ranges(stream, names, "pow2", opts, ort_ranges=None)
+    pairs = methods.ranges(stream, names, "pow2", opts)
     td = methods.to_tensors_data(names, pairs, {"h": "float16", "f": "float32"})
     qmin, qmax = get_qmin_qmax_for_qType(R.QTYPES[qtype], reduce_range=False, symmetric=False)
     for name, (_low, high) in zip(names, pairs):
@@ -204,10 +205,11 @@ def test_error_estimates_are_the_errors_of_onnxruntimes_parameters(method, symme
     }
     opts = methods.check_options(method, options)
 
-    def ort_ranges(name, settings):  # auto's onnxruntime candidates: not what this test is about
-        return methods.to_tensors_data(names, [(0.0, 0.0)] * 2, {"h": "float16", "f": "float32"})
-
-    pairs, _ = methods.ranges(stream, names, method, opts, ort_ranges)
+    if method == "auto":  # auto's onnxruntime candidates: not what this test is about
+        zero = methods.to_tensors_data(names, [(0.0, 0.0)] * 2, {"h": "float16", "f": "float32"})
+        pairs, _ = auto_ranges(stream, names, opts, {label: zero for label, _, _ in ORT_AUTO_CANDIDATES})
+    else:
+        pairs = methods.ranges(stream, names, method, opts)
     errors = stream.qerrors(names, pairs, scale_rule=SCALE_RULE, qtype="int8", symmetric=symmetric)
     for name, (low, high), err in zip(names, pairs, errors):
         h = R.hist_from_export(stream.export(name))

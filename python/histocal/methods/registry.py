@@ -16,7 +16,8 @@ bins over ``[-2^level, 2^level)`` plus the finite min/max). From it, without run
 * ``"isotone"``: PPQ's order-preserving scale for classification outputs, from the per-row top-two
   summaries an isotone collection keeps beside the histogram (:mod:`histocal.methods.isotone`);
 * ``"auto"``: per tensor, whichever of minmax, percentile (99.99 and 99.999), ORT entropy, kl and
-  mse has the least estimated quantization error (the ``mse`` error model). This is what
+  mse has the least estimated quantization error (the ``mse`` error model); its candidates
+  (``AUTO_CANDIDATES``) include ORT's methods, so the state computes it (``histocal.state.auto``). This is what
   ``CalibrationState.compute("auto")`` (and ``calibrate``, ``create_calibrator``) return: a state
   has no model to run. The least error per tensor is not always the best model output, so
   ``histocal.quantize_static(calibrate_method="auto")`` and ``histocal quantize --method auto
@@ -301,43 +302,14 @@ def _custom_ranges(stream: Any, names: Sequence[str], method: str) -> list[tuple
     return out
 
 
-def ranges(
-    stream: Any,
-    names: Sequence[str],
-    method: str,
-    options: Mapping[str, Any],
-    ort_ranges: Callable[[str, dict], TensorsData],
-) -> tuple[list[tuple[float, float]], list[str] | None]:
-    """Per-tensor ``(low, high)`` of a histocal or registered method, and for ``auto`` the
-    label of the candidate chosen per tensor. ``ort_ranges(method, settings)`` computes an ORT
-    method's TensorsData from the same state (auto's candidates)."""
+def ranges(stream: Any, names: Sequence[str], method: str, options: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """Per-tensor ``(low, high)`` of a histocal method but ``auto`` (whose candidates include ORT's
+    methods: ``histocal.state.auto``) or of a registered method, from the streaming histograms."""
     if method in _registry:
-        return _custom_ranges(stream, names, method), None
+        return _custom_ranges(stream, names, method)
     if method == "isotone":
-        return isotone_ranges(stream, names, options), None
-    if method != "auto":
-        return list(stream.ranges(method, list(names), scale_rule=SCALE_RULE, **options)), None
-    qtype, symmetric = options["qtype"], bool(options["symmetric"])
-    best = [(math.inf, (0.0, 0.0), "mse")] * len(names)
-    for label, cand, settings in AUTO_CANDIDATES:
-        if cand in ORT_METHODS:
-            td = ort_ranges(cand, settings)
-            cand_ranges = [_pair(td[n]) for n in names]
-        else:
-            cand_options = {k: v for k, v in options.items() if k in METHOD_OPTIONS[cand]}
-            cand_ranges = list(stream.ranges(cand, list(names), scale_rule=SCALE_RULE, **cand_options))
-        finite = [i for i, r in enumerate(cand_ranges) if math.isfinite(r[0]) and math.isfinite(r[1])]
-        errors = stream.qerrors(
-            [names[i] for i in finite],
-            [cand_ranges[i] for i in finite],
-            scale_rule=SCALE_RULE,
-            qtype=qtype,
-            symmetric=symmetric,
-        )
-        for i, err in zip(finite, errors):
-            if err < best[i][0]:
-                best[i] = (err, cand_ranges[i], label)
-    return [b[1] for b in best], [b[2] for b in best]
+        return isotone_ranges(stream, names, options)
+    return list(stream.ranges(method, list(names), scale_rule=SCALE_RULE, **options))
 
 
 def model_candidate_options(qtype: str, symmetric: bool) -> list[tuple[str, str, dict[str, Any]]]:
@@ -374,10 +346,6 @@ def check_selection_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(out["per_tensor_estimate"], (bool, np.bool_)):
         raise ValueError(f"auto: per_tensor_estimate must be a boolean, got {out['per_tensor_estimate']!r}")
     return {"eval_samples": int(n), "folds": int(k), "per_tensor_estimate": bool(out["per_tensor_estimate"])}
-
-
-def _pair(td: TensorData) -> tuple[float, float]:
-    return float(np.asarray(td.range_value[0]).reshape(-1)[0]), float(np.asarray(td.range_value[1]).reshape(-1)[0])
 
 
 def to_tensors_data(

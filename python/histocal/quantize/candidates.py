@@ -1,6 +1,6 @@
 """auto's model-level candidates from one calibration state, each shared computation done once.
 
-The per-tensor estimate (``methods.ranges(..., "auto", ...)``) computes minmax, percentile, ORT
+The per-tensor estimate (``state.auto.auto_ranges``) computes minmax, percentile, ORT
 entropy, kl and mse itself, and several of them are model-level candidates of their own with the
 same options: computed one after the other through ``CalibrationState.compute``, the costliest
 (entropy, kl, mse) ran twice per state. ``candidate_ranges`` routes every candidate through one
@@ -21,6 +21,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from .. import methods
 from ..methods.table import TABLE
 from ..state import merge_states
+from ..state.auto import ORT_AUTO_CANDIDATES, auto_ranges
 from .rule import ALL_DATA_CANDIDATES
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,11 @@ def candidate_ranges(state: Any, requests: Sequence[tuple[str, dict[str, Any]]])
             allowed = methods.METHOD_OPTIONS.get(name, ())
             options = {**{k: state.settings[k] for k in allowed if k in state.settings}, **options}
         options = methods.check_options(name, options)
-        pairs, _ = methods.ranges(stream, names, name, options, ort_ranges)
+        if name == "auto":
+            ort = {label: ort_ranges(m, dict(settings)) for label, m, settings in ORT_AUTO_CANDIDATES}
+            pairs, _ = auto_ranges(stream, names, options, ort)
+        else:
+            pairs = methods.ranges(stream, names, name, options)
         return methods.to_tensors_data(names, pairs, dtypes)
 
     out: list[TensorsData | ValueError] = []

@@ -54,6 +54,7 @@ from ..collector import CollectedData, export_exact, restore_exact
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from ..methods.table import ORT_TABLE, POW2_VOTES, summaries_for
 from ..ort_results import ort_settings
+from .auto import ORT_AUTO_CANDIDATES, auto_ranges
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
 from .file_format import (
@@ -313,7 +314,10 @@ class CalibrationState:
         options = methods.check_options(name, options)
         if self.stream is None:
             raise ValueError(f"{name} needs the streaming histogram, and this state holds only exact histograms")
-        return methods.ranges(self.stream, self.names, name, options, self._compute_ort)
+        if name == "auto":
+            ort = {label: self._compute_ort(m, dict(settings)) for label, m, settings in ORT_AUTO_CANDIDATES}
+            return auto_ranges(self.stream, self.names, options, ort)
+        return methods.ranges(self.stream, self.names, name, options), None
 
     def _compute_ort(self, method: str, settings: dict[str, Any]) -> TensorsData:
         allowed = _DEFAULTS[method]
