@@ -55,6 +55,12 @@ class Setting:
     def dest(self) -> str:
         return self.cli_dest or self.name
 
+    @property
+    def how_to_set(self) -> str:
+        """Every way to give it, for messages."""
+        ways = [f"{self.name}=", f"extra_options[{self.extra_key!r}]" if self.extra_key else "", self.env]
+        return ", ".join(w for w in ways[:-1] if w) + (f" or {self.env}" if self.env else "")
+
 
 MODE = Setting(
     "mode",
