@@ -98,8 +98,9 @@ def single_run(model_path, method, options=None):
     at the workers' thread count (1 by default): onnxruntime's float outputs, so the histograms,
     can change with its intra-op thread count."""
     job = driver.make_job(method, options, None, None, 1)
-    extra = {**job.extra_options, "CollectionMode": job.mode, "NumThreads": job.threads}
-    cal = histocal.create_calibrator(model_path, calibrate_method=job.collect_method, extra_options=extra)
+    cal = histocal.create_calibrator(
+        model_path, calibrate_method=job.collect_method, extra_options=job.extra_options, settings=job.settings
+    )
     cal.collect_data(FEEDS)
     settings_ = cal.collection_settings if job.state_settings is None else job.state_settings
     return CalibrationState.from_collected(

@@ -113,7 +113,7 @@ def test_each_method_option_flag_is_derived_from_the_table():
     # Every option of every method reaches the command line from its table row: no module spells its flag
     # (but `histocal report`'s own --qtype and --symmetric: what the report's errors are computed for).
     literals = _string_literals()
-    for option in table.ALL_OPTIONS.values():
+    for option in (*table.ALL_OPTIONS.values(), *table.COLLECT_OPTIONS.values()):
         spelled = [p for p, values in literals.items() if option.flag in values and p != "cli/report.py"]
         assert spelled == [], option.flag
 
@@ -132,13 +132,22 @@ def test_command_line_parses_an_int_option_from_the_table(name):
         methods.check_options("kl", {name: int(high) + 1})
 
 
-def test_collection_settings_round_trip_and_refuse_bad_values():
-    from histocal.methods.settings import CollectionSettings
+def test_collection_settings_from_each_spelling_and_refuse_bad_values():
+    from histocal.methods.settings import CollectionSettings, settings_for
 
     given = {"CollectionMode": "exact", "StreamingBins": 1024, "MemoryBudget": "2KiB", "channel_axis": 2}
     settings = CollectionSettings.from_extra_options({**given, "num_bins": 7})
     assert (settings.mode, settings.streaming_bins, settings.memory_budget, settings.axis) == ("exact", 1024, 2048, 2)
-    assert CollectionSettings.from_extra_options(settings.to_extra_options()) == settings
+    assert settings == CollectionSettings.from_keywords(mode="exact", streaming_bins=1024, memory_budget=2048, axis=2)
+    # a calibrator reads its own settings: mse (streaming) neither the mode nor the budget, MinMax no bins
+    mse = CollectionSettings.from_extra_options({**given, "MemoryBudget": "bad"}, settings_for("mse"))
+    assert (mse.mode, mse.memory_budget, mse.streaming_bins) == ("auto", None, 1024)
+    minmax = CollectionSettings.from_extra_options({**given, "StreamingBins": 1000}, settings_for("minmax"))
+    assert minmax == CollectionSettings()
+    # a calibrator takes the object or the keywords, not both
+    with pytest.raises(TypeError, match="not both"):
+        CollectionSettings.of(settings, mode="exact")
+    assert CollectionSettings.of(settings) is settings
     # per-channel histograms are streaming ones: the drift the distributed driver once had is refused here
     with pytest.raises(ValueError, match="streaming mode only"):
         CollectionSettings.from_keywords(mode="exact", per_channel=True)

@@ -117,7 +117,7 @@ def test_scoring_runs_are_the_quantized_models_bit_for_bit(tmp_path, model):
 
     import histocal
     from histocal.quantize import runs, scoring, selection
-    from histocal.quantize.ort import quantize_with_ranges
+    from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 
     spec = real_models.MODELS[model]
     path = real_models.prepare(spec, tmp_path)
@@ -126,7 +126,7 @@ def test_scoring_runs_are_the_quantized_models_bit_for_bit(tmp_path, model):
     cal.collect_data(iter(feeds))
     base = cal.compute_data()
     (tmp_path / "w").mkdir()
-    shared = scoring.build_scoring_model(path, base, tmp_path / "w", {})
+    shared = scoring.build_scoring_model(path, base, tmp_path / "w", QuantizationArgs())
     assert (shared is None) == (model == "captcha_crnn")
     session = runs.session(shared.path, ["CPUExecutionProvider"], quantized=True) if shared else None
     candidates = {}

@@ -22,7 +22,7 @@ from support.profiles import examples
 
 import histocal
 from histocal.quantize import runs, scoring
-from histocal.quantize.ort import quantize_with_ranges
+from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 
 
 def _gemm(seed: int = 0) -> onnx.ModelProto:
@@ -94,7 +94,7 @@ def test_parameters_are_ort_s_initializers_and_outputs_match(
     }
     workdir = built["tmp"] / f"w_{name}_{activation_type}_{symmetric}_{per_channel}"
     workdir.mkdir(exist_ok=True)
-    model = scoring.build_scoring_model(m["path"], m["ranges"], workdir, kwargs)
+    model = scoring.build_scoring_model(m["path"], m["ranges"], workdir, QuantizationArgs(**kwargs))
     assert model is not None
     ranges = {}
     for tensor_name in m["ranges"].data:
@@ -141,7 +141,9 @@ def test_qoperator_format_has_no_shared_model(built):
 
     m = built["cnn"]
     assert (
-        scoring.build_scoring_model(m["path"], m["ranges"], built["tmp"], {"quant_format": QuantFormat.QOperator})
+        scoring.build_scoring_model(
+            m["path"], m["ranges"], built["tmp"], QuantizationArgs(quant_format=QuantFormat.QOperator)
+        )
         is None
     )
 

@@ -244,12 +244,12 @@ def test_folds_are_round_robin_and_fitted_on_everything_else(cnn, monkeypatch):
     every other feed (kept or not), the returned ones those of a pass over all feeds: the merged
     streaming states are exact."""
     seen = []
-    original = selection.select_ranges_cross_validated
+    original = selection.select
     monkeypatch.setattr(
         selection,
-        "select_ranges_cross_validated",
-        lambda model, folds, candidates, **kw: (
-            seen.append((folds, candidates)) or original(model, folds, candidates, **kw)
+        "select",
+        lambda model, folds, candidates, *args: (
+            seen.append((folds, candidates)) or original(model, folds, candidates, *args)
         ),
     )
     histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=5, folds=3)

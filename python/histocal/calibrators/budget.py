@@ -33,7 +33,7 @@ UNKNOWN_MEMORY_BUDGET = 1 << 30
 KEPT_ARRAY_OVERHEAD = 256
 
 # Where a message tells how to raise the budget.
-HOW_TO_SET = f"{MEMORY_BUDGET.name}=, extra_options['{MEMORY_BUDGET.extra_key}'] or {MEMORY_BUDGET_ENV}"
+HOW_TO_SET = MEMORY_BUDGET.how_to_set
 
 
 def resolve_memory_budget(keyword: int | None) -> int:

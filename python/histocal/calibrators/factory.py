@@ -1,4 +1,13 @@
-"""``create_calibrator``: ORT's factory, returning histocal's calibrators."""
+"""``create_calibrator``: ORT's factory, returning histocal's calibrators.
+
+ORT's boundary: ``extra_options`` (ORT's keys, and histocal's, as ORT-style callers spell them)
+are parsed here and nowhere else: the method's options from the method table, the collection
+settings by ``CollectionSettings.from_extra_options`` (only those the method's calibrator reads,
+``settings_for``: the keys of other settings are ignored, as ORT ignores the keys of other
+methods). histocal's own entry points (``quantize_static``, the command line, the distributed
+workers, ``diagnose``) build their ``CollectionSettings`` once and pass the object as
+``settings=``; their ``extra_options`` then hold the method's options alone.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +19,7 @@ from typing import Any
 from onnxruntime.quantization.calibrate import CalibrationMethod
 
 from .. import methods
-from ..methods.settings import (
-    AXIS,
-    MEMORY_BUDGET,
-    METHOD_OPTIONS_KEY,
-    METHOD_OVERRIDES_KEY,
-    MODE,
-    NUM_THREADS,
-    PER_CHANNEL,
-    SESSION_OPTIONS,
-    STREAMING_BINS,
-    CollectionSettings,
-)
+from ..methods.settings import EXTRA_KEYS, METHOD_OPTIONS_KEY, METHOD_OVERRIDES_KEY, CollectionSettings, settings_for
 from ..methods.table import ORT_TABLE
 from .method import MethodCalibrater
 from .minmax import MinMaxCalibrater
@@ -38,6 +36,8 @@ def create_calibrator(
     use_external_data_format: bool = False,
     providers: Sequence[Any] | None = None,
     extra_options: dict[str, Any] | None = None,
+    *,
+    settings: CollectionSettings | None = None,
 ) -> Any:
     """onnxruntime's ``create_calibrator`` with histocal's calibrators.
 
@@ -69,6 +69,8 @@ def create_calibrator(
             methods for chosen tensors, by name or by the op type of their producing node, e.g.
             ``{"op:Softmax": "isotone", "name:logits": "isotone"}``; every method but MinMax's
             in-graph calibrator; docs/methods.md).
+        settings: the collection settings as an object (``histocal.methods.settings``), for
+            histocal's callers, instead of their ``extra_options`` keys (not both).
 
     Returns:
         The calibrator (``MinMaxCalibrater``, ``EntropyCalibrater``, ``PercentileCalibrater``,
@@ -76,56 +78,46 @@ def create_calibrator(
 
     Raises:
         ValueError: an unknown method, option or option value, or a model that cannot be read.
+        TypeError: ``settings`` and settings' ``extra_options`` keys both given.
     """
     opts = dict(extra_options or {})
     overrides = opts.get(METHOD_OVERRIDES_KEY)
-    # extra_options values are untyped (ORT's API); the calibrators check them
-    common: dict[str, Any] = dict(
-        use_external_data_format=use_external_data_format,
-        **CollectionSettings.keywords_from_extra_options(opts, (NUM_THREADS, SESSION_OPTIONS)),
-    )
-    channels = CollectionSettings.keywords_from_extra_options(opts, (PER_CHANNEL, AXIS))
     if isinstance(calibrate_method, str):
         name = methods.canonical_name(calibrate_method)
-        if name not in methods.ORT_METHODS:
-            calibrator: Any = MethodCalibrater(
-                model,
-                op_types_to_calibrate,
-                augmented_model_path,
-                **common,
-                method=name,
-                method_options=opts.get(METHOD_OPTIONS_KEY),
-                **CollectionSettings.keywords_from_extra_options(opts, (STREAMING_BINS, PER_CHANNEL, AXIS)),
-            )
-            return _prepare(calibrator, providers, overrides)
-        calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
-    method = next((m for m in ORT_TABLE if m.ort == calibrate_method), None)
-    if method is None:
-        raise ValueError(f"Unsupported calibration method {calibrate_method}")
-    # ORT's options and defaults, as onnxruntime's create_calibrator reads them
-    method_options = {o.name: opts.get(o.name, o.default) for o in method.options}
-    if method.name == "minmax":
-        calibrator = MinMaxCalibrater(
-            model,
-            op_types_to_calibrate,
-            augmented_model_path,
-            **common,
-            **method_options,
-            moving_average=opts.get("moving_average", False),
-            averaging_constant=opts.get("averaging_constant", 0.01),
-            max_intermediate_outputs=opts.get("max_intermediate_outputs"),
-            per_channel=opts.get(PER_CHANNEL.extra_key, False),
-        )
+        if name in methods.ORT_METHODS:
+            calibrate_method = CalibrationMethod[{m.name.lower(): m.name for m in CalibrationMethod}[name]]
     else:
-        calibrator = _HISTOGRAM_CALIBRATORS[method.name](
+        name = next((m.name for m in ORT_TABLE if m.ort == calibrate_method), "")
+        if not name:
+            raise ValueError(f"Unsupported calibration method {calibrate_method}")
+    if settings is None:
+        settings = CollectionSettings.from_extra_options(opts, settings_for(name))
+    elif given := sorted(k for k in opts if k in EXTRA_KEYS):
+        raise TypeError(f"settings= and the settings' extra_options keys {given} given: pass one of them")
+    calibrator: Any
+    if name not in methods.ORT_METHODS:
+        calibrator = MethodCalibrater(
             model,
             op_types_to_calibrate,
             augmented_model_path,
-            **common,
-            **method_options,
-            **CollectionSettings.keywords_from_extra_options(opts, (MODE, STREAMING_BINS, MEMORY_BUDGET)),
-            **channels,
+            use_external_data_format,
+            method=name,
+            method_options=opts.get(METHOD_OPTIONS_KEY),
+            settings=settings,
         )
+        return _prepare(calibrator, providers, overrides)
+    method = next(m for m in ORT_TABLE if m.name == name)
+    # ORT's options and defaults, as onnxruntime's create_calibrator reads them
+    method_options = {name: opts.get(name, default) for name, default in method.calibrator_defaults.items()}
+    cls = MinMaxCalibrater if method.name == "minmax" else _HISTOGRAM_CALIBRATORS[method.name]
+    calibrator = cls(
+        model,
+        op_types_to_calibrate,
+        augmented_model_path,
+        use_external_data_format=use_external_data_format,
+        **method_options,
+        settings=settings,
+    )
     return _prepare(calibrator, providers, overrides)
 
 

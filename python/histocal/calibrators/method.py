@@ -17,6 +17,12 @@ from ..state.overrides import rule_summaries
 from .common import PrivateShapeInference, augmented_path_for
 from .histogram import HistogramCalibration
 
+# The collection keywords' defaults (compared by identity: a keyword given with its default's value
+# alongside ``settings`` is left unnoticed, which is harmless).
+_KEYWORD_DEFAULTS: dict[str, Any] = dict(
+    streaming_bins=None, show_progress=None, per_channel=False, axis=1, num_threads=None, session_options=None
+)
+
 
 class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, PrivateShapeInference):
     """histocal's own methods (mse, kl, pow2, auto) and registered ones, from one streaming
@@ -37,9 +43,12 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
         axis: their channel axis.
         num_threads: histocal's worker threads (None: the default).
         session_options: onnxruntime SessionOptions for the calibration session.
+        settings: these collection settings as one ``methods.settings.CollectionSettings`` (what
+            histocal's entry points pass), instead of the keywords; its mode is streaming here.
 
     Raises:
         ValueError: an onnxruntime method, an unknown method or option.
+        TypeError: ``settings`` and collection keywords both given.
     """
 
     def __init__(
@@ -57,6 +66,7 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
         axis: int = 1,
         num_threads: int | None = None,
         session_options: Any = None,
+        settings: CollectionSettings | None = None,
     ) -> None:
         name = methods.canonical_name(method)
         if name in methods.ORT_METHODS:
@@ -69,17 +79,17 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
             use_external_data_format,
             method=name,
         )
-        self._init_histocal(
-            CollectionSettings.from_keywords(
-                mode="streaming",
-                streaming_bins=streaming_bins,
-                show_progress=show_progress,
-                per_channel=per_channel,
-                axis=axis,
-                num_threads=num_threads,
-                session_options=session_options,
-            )
+        keywords = dict(
+            streaming_bins=streaming_bins,
+            show_progress=show_progress,
+            per_channel=per_channel,
+            axis=axis,
+            num_threads=num_threads,
+            session_options=session_options,
         )
+        given = {k: v for k, v in keywords.items() if v is not _KEYWORD_DEFAULTS[k]}
+        # its methods read the streaming histogram, whatever mode the settings name
+        self._init_histocal(CollectionSettings.of(settings, **given).replace(mode="streaming"))
 
     def _check_settings(self) -> None:
         summaries = summaries_for(self.method, self.method_options)

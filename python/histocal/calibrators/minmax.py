@@ -15,6 +15,7 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization.calibrate import TensorData
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
+from ..methods.settings import CollectionSettings
 from .common import PrivateShapeInference, augmented_path_for, one_call_at_a_time
 from .cores import CalibrationThreads, calibration_threads, session_options_for
 
@@ -96,9 +97,13 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         show_progress: a progress bar (None: when the output is a terminal).
         num_threads: onnxruntime's threads (None: the default).
         session_options: onnxruntime SessionOptions for the calibration session.
+        settings: ``per_channel``, ``show_progress``, ``num_threads`` and ``session_options`` as one
+            ``methods.settings.CollectionSettings`` (what histocal's entry points pass), instead of
+            those arguments.
 
     Raises:
         ValueError: a bad ``max_intermediate_outputs``.
+        TypeError: ``settings`` and those arguments both given.
     """
 
     # set by ORT's untyped base class
@@ -120,7 +125,19 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         show_progress: bool | None = None,
         num_threads: int | None = None,
         session_options: Any = None,
+        settings: CollectionSettings | None = None,
     ) -> None:
+        if settings is not None:
+            # ORT's per_channel is given as ORT gives it (any truth value); settings' is checked
+            keywords = dict(
+                per_channel=per_channel,
+                show_progress=show_progress,
+                num_threads=num_threads,
+                session_options=session_options,
+            )
+            CollectionSettings.of(settings, **{k: v for k, v in keywords.items() if v not in (None, False)})
+            per_channel, show_progress = settings.per_channel, settings.show_progress
+            num_threads, session_options = settings.num_threads, settings.session_options
         super().__init__(
             model_path,
             op_types_to_calibrate,

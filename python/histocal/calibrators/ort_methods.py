@@ -29,12 +29,16 @@ class EntropyCalibrater(HistogramCalibration, ort_calibrate.EntropyCalibrater, P
         symmetric: symmetric ranges.
         num_bins: histogram bins.
         num_quantized_bins: the quantized distribution's bins.
-        **collection: the collection settings (``methods.settings.CollectionKwargs``): ``mode``
-            (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``, ``memory_budget``,
-            ``per_channel``, ``axis``, ``num_threads``, ``session_options``, ``show_progress``.
+        settings: the collection settings as one ``methods.settings.CollectionSettings`` (what
+            histocal's entry points pass), instead of the keywords.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``):
+            ``mode`` (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``,
+            ``memory_budget``, ``per_channel``, ``axis``, ``num_threads``, ``session_options``,
+            ``show_progress``.
 
     Raises:
         ValueError: a bad setting (naming it).
+        TypeError: ``settings`` and collection keywords both given.
     """
 
     def __init__(
@@ -47,6 +51,8 @@ class EntropyCalibrater(HistogramCalibration, ort_calibrate.EntropyCalibrater, P
         symmetric: bool = False,
         num_bins: int = 128,
         num_quantized_bins: int = 128,
+        *,
+        settings: CollectionSettings | None = None,
         **collection: Unpack[CollectionKwargs],
     ) -> None:
         super().__init__(
@@ -59,7 +65,7 @@ class EntropyCalibrater(HistogramCalibration, ort_calibrate.EntropyCalibrater, P
             num_bins=num_bins,
             num_quantized_bins=num_quantized_bins,
         )
-        self._init_histocal(CollectionSettings.from_keywords(**collection))
+        self._init_histocal(CollectionSettings.of(settings, **collection))
 
 
 class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibrater, PrivateShapeInference):
@@ -74,12 +80,16 @@ class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibra
         symmetric: ranges symmetric about 0 (then the histograms are of |x|).
         num_bins: histogram bins.
         percentile: the percentile of the values the range holds.
-        **collection: the collection settings (``methods.settings.CollectionKwargs``): ``mode``
-            (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``, ``memory_budget``,
-            ``per_channel``, ``axis``, ``num_threads``, ``session_options``, ``show_progress``.
+        settings: the collection settings as one ``methods.settings.CollectionSettings`` (what
+            histocal's entry points pass), instead of the keywords.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``):
+            ``mode`` (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``,
+            ``memory_budget``, ``per_channel``, ``axis``, ``num_threads``, ``session_options``,
+            ``show_progress``.
 
     Raises:
         ValueError: a bad setting (naming it).
+        TypeError: ``settings`` and collection keywords both given.
     """
 
     def __init__(
@@ -92,6 +102,8 @@ class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibra
         symmetric: bool = False,
         num_bins: int = 2048,
         percentile: float = 99.999,
+        *,
+        settings: CollectionSettings | None = None,
         **collection: Unpack[CollectionKwargs],
     ) -> None:
         super().__init__(
@@ -104,7 +116,7 @@ class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibra
             num_bins=num_bins,
             percentile=percentile,
         )
-        self._init_histocal(CollectionSettings.from_keywords(**collection))
+        self._init_histocal(CollectionSettings.of(settings, **collection))
 
 
 class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCalibrater, PrivateShapeInference):
@@ -119,12 +131,16 @@ class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCal
         method: ``"distribution"``.
         num_bins: histogram bins (at least 512 when computing).
         scenario: ``"same"`` or ``"p3"``.
-        **collection: the collection settings (``methods.settings.CollectionKwargs``): ``mode``
-            (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``, ``memory_budget``,
-            ``per_channel``, ``axis``, ``num_threads``, ``session_options``, ``show_progress``.
+        settings: the collection settings as one ``methods.settings.CollectionSettings`` (what
+            histocal's entry points pass), instead of the keywords.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``):
+            ``mode`` (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``,
+            ``memory_budget``, ``per_channel``, ``axis``, ``num_threads``, ``session_options``,
+            ``show_progress``.
 
     Raises:
         ValueError: a bad setting (naming it).
+        TypeError: ``settings`` and collection keywords both given.
     """
 
     def __init__(
@@ -136,6 +152,8 @@ class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCal
         method: str = "distribution",
         num_bins: int = 128,
         scenario: str = "same",
+        *,
+        settings: CollectionSettings | None = None,
         **collection: Unpack[CollectionKwargs],
     ) -> None:
         super().__init__(
@@ -147,4 +165,4 @@ class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCal
             num_bins=num_bins,
             scenario=scenario,
         )
-        self._init_histocal(CollectionSettings.from_keywords(**collection))
+        self._init_histocal(CollectionSettings.of(settings, **collection))

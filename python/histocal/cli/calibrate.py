@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..methods.settings import AXIS, MODE, PER_CHANNEL, CollectionSettings
+from ..methods.settings import AXIS, PER_CHANNEL, CollectionSettings
 from ..methods.table import NON_OVERFLOW
 from .arguments import int_at_least, positive_int
 from .calibration import check_model, fingerprint_files, open_data, run_calibrator, write_outputs
@@ -89,13 +89,13 @@ def _calibrate_distributed(args: argparse.Namespace, model: Path, data: Any) -> 
         "input_shape": args.input_shape,
         "layout": args.layout,
     }
-    options = calibrator_options(args)
+    options, settings = calibrator_options(args)
     state = calibrate_distributed(
         model,
         shards,
         calibrate_method=args.method,
         extra_options=options,
-        mode=options.pop(MODE.extra_key, None),
+        settings=settings,
         num_workers=workers,
         address=args.address,
         op_types_to_calibrate=args.op_types,

@@ -65,7 +65,7 @@ def run_calibrator(args: argparse.Namespace, model: Path, data: Any, *, want_sta
     quark = getattr(args, "quark", False)
     if quark and want_state:
         raise CliError("--state: --quark calibration keeps no histocal state; write --cache")
-    options = calibrator_options(args) if not (quark and args.method == "pow2") else {}
+    options, settings = calibrator_options(args) if not (quark and args.method == "pow2") else ({}, None)
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         augmented = Path(tmp, "augmented_model.onnx").as_posix()
         if quark:
@@ -73,7 +73,7 @@ def run_calibrator(args: argparse.Namespace, model: Path, data: Any, *, want_sta
 
             if args.method not in QUARK_METHODS:
                 raise UsageError(f"--quark takes --method {', '.join(QUARK_METHODS)}; got {args.method}")
-            calibrator = quark_calibrator(args, model, augmented, options)
+            calibrator = quark_calibrator(args, model, augmented, options, settings)
         else:
             calibrator = calibrators.create_calibrator(
                 model,
@@ -82,6 +82,7 @@ def run_calibrator(args: argparse.Namespace, model: Path, data: Any, *, want_sta
                 calibrate_method=args.method,
                 providers=args.providers,
                 extra_options=options,
+                settings=settings,
             )
         if args.no_progress:
             calibrator.show_progress = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.settings import MODE
+from ..methods.settings import CollectionSettings
 from .arguments import int_at_least
 from .inspect import format_table
 from .options import HISTOGRAM_METHODS
@@ -236,7 +237,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         all_same = True
         for label, method, options in runs:
             ours, t_ours, m_ours = _run_calibrator(
-                calibrators.create_calibrator, model, tmp, method, {**options, MODE.extra_key: "exact"}, data
+                functools.partial(calibrators.create_calibrator, settings=CollectionSettings(mode="exact")),
+                model,
+                tmp,
+                method,
+                options,
+                data,
             )
             ort, t_ort, m_ort = _run_calibrator(ort_calibrate.create_calibrator, model, tmp, method, options, data)
             same = _same_ranges(ort, ours)

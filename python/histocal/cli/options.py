@@ -1,6 +1,6 @@
 """The options several commands share: the calibration method and its options (their flags from
 the method table), the calibration data, and what they become (create_calibrator's
-``extra_options``, ``CalibrationState.compute``'s settings)."""
+``extra_options`` and ``CollectionSettings``, ``CalibrationState.compute``'s settings)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,19 @@ import logging
 from typing import Any
 
 from ..methods.settings import (
-    AXIS,
     MEMORY_BUDGET,
     METHOD_OPTIONS_KEY,
     METHOD_OVERRIDES_KEY,
     MODE,
     PER_CHANNEL,
+    SETTINGS,
     STREAMING_BINS,
     CollectionSettings,
     flag_of,
+    settings_for,
 )
-from ..methods.table import ALL_OPTIONS, HISTOCAL_METHODS, ORT_METHODS, ORT_TABLE, TABLE, Option
-from .arguments import MAX_INT, bin_count, finite_float, input_shape, int_at_least, number_in, positive_int
+from ..methods.table import ALL_OPTIONS, COLLECT_OPTIONS, HISTOCAL_METHODS, ORT_METHODS, ORT_TABLE, TABLE, Option
+from .arguments import MAX_INT, bin_count, input_shape, int_at_least, number_in, positive_int
 from .errors import CliError, UsageError, did_you_mean
 
 logger = logging.getLogger("histocal.cli")
@@ -30,9 +31,8 @@ logger = logging.getLogger("histocal.cli")
 METHODS = ORT_METHODS
 HISTOGRAM_METHODS = tuple(m.name for m in ORT_TABLE if m.histogram == "exact")
 METHOD_NAMES = {m.name: m.ort.name for m in ORT_TABLE if m.ort is not None}
-# Every method option's flag comes from the table; MinMax's other ORT options (not in a state) are the CLI's own.
+# Every method option's flag comes from the table, also those a state does not hold (MinMax's others).
 _TABLE_OPTIONS: dict[str, Option] = ALL_OPTIONS
-_MINMAX_OPTIONS = ("moving_average", "averaging_constant", "max_intermediate_outputs")
 # histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] and ["folds"] (not imported: fast --help)
 AUTO_EVAL_SAMPLES = 16
 AUTO_FOLDS = 4
@@ -124,16 +124,8 @@ def add_method_options(
     for option in _TABLE_OPTIONS.values():
         _add_option(g, option)
     if minmax:
-        g.add_argument("--moving-average", action="store_true", default=None, help="minmax: moving average of ranges")
-        g.add_argument(
-            "--averaging-constant",
-            type=finite_float,
-            metavar="C",
-            help="minmax: moving-average constant (default 0.01)",
-        )
-        g.add_argument(
-            "--max-intermediate-outputs", type=positive_int, metavar="K", help="minmax: fold ranges every K batches"
-        )
+        for option in COLLECT_OPTIONS.values():
+            _add_option(g, option)
         if per_channel:
             g.add_argument(PER_CHANNEL.flag, action="store_true", default=None, help="minmax: per-channel ranges")
     if collection:
@@ -152,8 +144,8 @@ def _option_type(option: Option) -> Any:
 
 def _add_option(g: Any, option: Option) -> None:
     """One table option's flag: its users and defaults in the help, its kind and bounds or choices as the type."""
-    users = [m for m in TABLE.values() if any(o.name == option.name for o in m.options)]
-    defaults = {m.name: m.option(option.name).default for m in users}
+    users = [m for m in TABLE.values() if option.name in m.calibrator_defaults]
+    defaults = {m.name: m.calibrator_defaults[option.name] for m in users}
     if len(set(map(str, defaults.values()))) == 1:
         default = f"default {_shown(option.default)}"
     else:
@@ -173,7 +165,7 @@ def _add_option(g: Any, option: Option) -> None:
 
 
 def _shown(value: Any) -> str:
-    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+    return ("yes" if value else "no") if isinstance(value, bool) else "none" if value is None else str(value)
 
 
 def add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
@@ -211,35 +203,29 @@ def add_data_options(p: argparse.ArgumentParser, *, required: bool) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def calibrator_options(args: argparse.Namespace) -> dict[str, Any]:
-    """create_calibrator extra_options for the chosen method (options for other methods are
-    ignored with a warning)."""
+def calibrator_options(args: argparse.Namespace) -> tuple[dict[str, Any], CollectionSettings]:
+    """create_calibrator's ``extra_options`` for the chosen method (its options: ORT's keys, or
+    histocal's under ``MethodOptions``; ``MethodOverrides``) and the ``CollectionSettings`` of the
+    flags given. Options and settings that do not apply to the method are ignored with a warning."""
     method = args.method
-    given = {
-        **{name: getattr(args, name, None) for name in (*_TABLE_OPTIONS, *_MINMAX_OPTIONS)},
-        **CollectionSettings.extra_options_from_cli(args),
-    }
-    channels = {s.extra_key for s in (PER_CHANNEL, AXIS)}  # per-channel histograms: every histogram method
-    if method == "minmax":
-        applies = {*TABLE[method].defaults, *_MINMAX_OPTIONS, PER_CHANNEL.extra_key}
-    elif method in HISTOGRAM_METHODS:
-        applies = {*TABLE[method].defaults, *(s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)), *channels}
-    else:
-        applies = {STREAMING_BINS.extra_key, *channels, *histocal_option_names(method)}
+    ort = method in METHOD_NAMES
+    applies = TABLE[method].calibrator_defaults if ort else histocal_option_names(method)
+    reads = settings_for(method)
     options: dict[str, Any] = {}
-    for key, value in given.items():
-        if value is None:
-            continue
-        if key in applies:
-            options[key] = value
-        else:
-            logger.warning("option %s does not apply to --method %s; ignored", flag_of(key), method)
-    if method not in METHOD_NAMES:
-        kept = {STREAMING_BINS.extra_key, *channels}
-        options[METHOD_OPTIONS_KEY] = {k: options.pop(k) for k in list(options) if k not in kept}
+    for name in (*_TABLE_OPTIONS, *COLLECT_OPTIONS):
+        value = getattr(args, name, None)
+        if value is not None and name in applies:
+            options[name] = value
+        elif value is not None:
+            logger.warning("option %s does not apply to --method %s; ignored", flag_of(name), method)
+    for s in SETTINGS:
+        if s.flag and s not in reads and getattr(args, s.dest, None) is not None:
+            logger.warning("option %s does not apply to --method %s; ignored", s.flag, method)
+    if not ort:
+        options = {METHOD_OPTIONS_KEY: options}
     if getattr(args, "method_for", None):
         options[METHOD_OVERRIDES_KEY] = args.method_for
-    return options
+    return options, CollectionSettings.from_cli(args, reads)
 
 
 def histocal_option_names(method: str) -> tuple[str, ...]:
@@ -252,7 +238,7 @@ def compute_settings(args: argparse.Namespace) -> dict[str, Any]:
     """CalibrationState.compute keyword settings for the chosen histogram method."""
     applies = tuple(TABLE[args.method].defaults) if args.method in ORT_METHODS else histocal_option_names(args.method)
     settings = {}
-    for key in (*_TABLE_OPTIONS, *_MINMAX_OPTIONS, MODE.name, STREAMING_BINS.name):
+    for key in (*_TABLE_OPTIONS, *COLLECT_OPTIONS, MODE.name, STREAMING_BINS.name):
         value = getattr(args, key, None)
         if value is None:
             continue

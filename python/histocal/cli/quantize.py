@@ -13,7 +13,7 @@ from typing import Any
 
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..io.outputs import external_data_output
-from ..methods.settings import METHOD_OPTIONS_KEY, STREAMING_BINS
+from ..methods.settings import METHOD_OPTIONS_KEY
 from .arguments import fold_count, positive_int
 from .calibrate import load_state, ranges_from_state
 from .calibration import check_model, open_data, run_calibrator, write_outputs
@@ -66,7 +66,7 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
     from .. import methods
     from ..quantize.integration import calibrate_and_select
 
-    options = calibrator_options(args)  # warns about options that do not apply to auto
+    options, settings = calibrator_options(args)  # warns about options that do not apply to auto
     eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
     folds = args.folds or methods.AUTO_SELECTION_OPTIONS["folds"]
     start = time.perf_counter()
@@ -76,7 +76,7 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
         eval_samples=eval_samples,
         folds=folds,
         method_options=options.get(METHOD_OPTIONS_KEY),
-        streaming_bins=options.get(STREAMING_BINS.extra_key),
+        streaming_bins=settings.streaming_bins,
         show_progress=False if args.no_progress else None,
         **quantization,
     )

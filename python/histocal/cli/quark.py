@@ -14,16 +14,21 @@ logger = logging.getLogger("histocal.cli")
 QUARK_METHODS = ("minmax", "entropy", "percentile", "distribution", "pow2")
 _QUANT_TYPES = {"int8": "QInt8", "uint8": "QUInt8", "int16": "QInt16", "uint16": "QUInt16"}
 # options Quark's calibrators do not have
-_NOT_IN_QUARK = ("max_intermediate_outputs", "per_channel")
+_NOT_IN_QUARK = ("max_intermediate_outputs",)
 
 
-def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, options: dict[str, Any]) -> Any:
+def quark_calibrator(
+    args: argparse.Namespace, model: Path, augmented: str, options: dict[str, Any], settings: Any
+) -> Any:
     """Quark's factory for ``args.method``: ``pow2`` -> ``create_calibrator_power_of_two``
     (``--pow2-method``, default Quark's, the non-overflow one; ``--minmse-mode``; ``--symmetric``; ``--qtype``
     as the activation type; ``--num-bins``, default Quark 0.13's 2048, or 0 with ``--no-symmetric``), the others -> ``create_calibrator_float_scale`` with ``options``
-    (the ``extra_options`` histocal's own calibrator would get). ``args.method`` is one of
+    (the ``extra_options`` histocal's own calibrator would get) and the collection settings Quark's
+    factory reads (``settings``: histocal's calibrator's). ``args.method`` is one of
     ``QUARK_METHODS`` (the caller checks)."""
     from .. import quark
+    from ..methods.settings import PER_CHANNEL, CollectionSettings
+    from ..quark.calibrators import QUARK_SETTINGS
 
     if args.method == "pow2":
         extra: dict[str, Any] = {}
@@ -49,6 +54,8 @@ def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, opti
     for key in _NOT_IN_QUARK:
         if options.pop(key, None) is not None:
             logger.warning("option --%s does not apply to --quark; ignored", key.replace("_", "-"))
+    if settings.per_channel:
+        logger.warning("option %s does not apply to --quark; ignored", PER_CHANNEL.flag)
     return quark.create_calibrator_float_scale(
         model,
         args.op_types,
@@ -56,4 +63,5 @@ def quark_calibrator(args: argparse.Namespace, model: Path, augmented: str, opti
         calibrate_method=args.method,
         execution_providers=args.providers,
         extra_options=options,
+        settings=CollectionSettings.from_cli(args, QUARK_SETTINGS),
     )

@@ -46,15 +46,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
 from .. import calibrators, methods
 from ..io.models import load_model
 from ..io.readers import DataSource
-from ..methods.settings import STREAMING_BINS
+from ..methods.settings import CollectionSettings
 from ..quantize.integration import collect_unless_empty, default_method_options, withholding_first
-from ..quantize.ort import QUANTIZE_ARGUMENTS, model_file
+from ..quantize.ort import QUANTIZE_ARGUMENTS, QuantizationArgs, model_file
 from ..state import CalibrationState
 from .findings import RangeFinding
 from .report_text import summary_text
@@ -189,9 +188,8 @@ def _calibrate(
     model_path: Path,
     data: Any,
     hold_back: int,
-    streaming_bins: int | None,
-    show_progress: bool | None,
-    quantize_kwargs: Mapping[str, Any],
+    settings: CollectionSettings,
+    quantization: QuantizationArgs,
 ) -> tuple[CalibrationState, list[dict[str, np.ndarray]]]:
     """One streaming collection over ``data`` (every method can be computed from its state),
     keeping its first ``hold_back`` feeds out of it; (state, the kept feeds)."""
@@ -199,15 +197,13 @@ def _calibrate(
     with tempfile.TemporaryDirectory(prefix="histocal.diagnose.") as tmp:
         calibrator = calibrators.create_calibrator(
             model_path,
-            quantize_kwargs.get("op_types_to_quantize"),
+            quantization.op_types_to_quantize,
             augmented_model_path=Path(tmp, "augmented_model.onnx").as_posix(),
             calibrate_method="auto",
-            use_external_data_format=quantize_kwargs.get("use_external_data_format", False),
-            providers=quantize_kwargs.get("calibration_providers"),
-            extra_options={STREAMING_BINS.extra_key: streaming_bins},
+            use_external_data_format=quantization.use_external_data_format,
+            providers=quantization.calibration_providers,
+            settings=settings,
         )
-        if show_progress is not None:
-            calibrator.show_progress = show_progress
         if not collect_unless_empty(calibrator, withholding_first(data, kept, hold_back)):
             raise ValueError(
                 f"diagnose: no calibration data left after holding back {len(kept)} feeds for evaluation; "
@@ -216,12 +212,14 @@ def _calibrate(
         return calibrator.state, kept
 
 
-def _ranges(state: CalibrationState, method: str, method_options: dict[str, Any] | None, kwargs: Mapping) -> Any:
+def _ranges(
+    state: CalibrationState, method: str, method_options: dict[str, Any] | None, quantization: QuantizationArgs
+) -> Any:
     name = methods.canonical_name(method)
     options = dict(method_options or {})
     if name not in methods.ORT_METHODS:
-        extra = dict(kwargs.get("extra_options") or {})
-        options = default_method_options(name, options, kwargs.get("activation_type", QuantType.QInt8), extra)
+        extra = dict(quantization.extra_options or {})
+        options = default_method_options(name, options, quantization.activation_type, extra)
     return _as_minmax(state.compute(name, **options))
 
 
@@ -288,6 +286,8 @@ def diagnose(
     unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
     if unknown:
         raise TypeError(f"diagnose: unknown quantize_static arguments {unknown}")
+    quantization = QuantizationArgs(**quantize_kwargs)
+    settings = CollectionSettings.from_keywords(streaming_bins=streaming_bins, show_progress=show_progress)
     max_excluded_fraction = _check_fraction(max_excluded_fraction)
     for label, value in (
         ("eval_samples", eval_samples),
@@ -315,14 +315,14 @@ def diagnose(
                 "--auto-exclude applies the same names)",
                 named,
             )
-        float_model = model_ort_converts(float_model, quantize_kwargs)  # 16-bit types: opset 21
+        float_model = model_ort_converts(float_model, quantization)  # 16-bit types: opset 21
         model_path = model_file(float_model, tmp)
         t = time.perf_counter()
         feeds: list[dict[str, np.ndarray]]
         if state is None:
             state, feeds = _calibrate(
                 model_path, calibration_data, 0 if eval_data is not None else eval_samples,
-                streaming_bins, show_progress, quantize_kwargs,
+                settings, quantization,
             )  # fmt: skip
         else:
             feeds = []
@@ -332,8 +332,8 @@ def diagnose(
         if not feeds:
             raise ValueError("diagnose: no evaluation feeds")
         seconds["calibration"] = time.perf_counter() - t
-        ranges = _ranges(state, method, method_options, quantize_kwargs)
-        result = DiagnosisRun(model_path, float_model, ranges, feeds, providers, quantize_kwargs, tmp).diagnose(
+        ranges = _ranges(state, method, method_options, quantization)
+        result = DiagnosisRun(model_path, float_model, ranges, feeds, providers, quantization, tmp).diagnose(
             state,
             screen_samples,
             max_screen_runs,

@@ -7,8 +7,8 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization.calibrate import TensorsData
 
-from ..quantize.ort import quantize_with_ranges
+from ..quantize.ort import QuantizationArgs, quantize_with_ranges
 from ..state import CalibrationState
 from . import screen as _screen
 from .findings import range_findings
@@ -55,25 +55,25 @@ class DiagnosisRun:
         ranges: TensorsData,
         feeds: list[dict[str, np.ndarray]],
         providers: list[Any],
-        quantize_kwargs: Mapping[str, Any],
+        quantization: QuantizationArgs,
         tmp: Path,
     ) -> None:
         self.model_path = model_path
         self.float_model = float_model
         self.ranges = ranges
         self.providers = providers
-        self.kwargs = dict(quantize_kwargs)
-        self.user_excluded = list(self.kwargs.pop("nodes_to_exclude", None) or [])
+        # the models here are run by ``providers``: calibration's are not used
+        self.quantization = replace(quantization, nodes_to_exclude=None, calibration_providers=None)
+        self.user_excluded = list(quantization.nodes_to_exclude or [])
         self.tmp = tmp
         self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
         self.checks = 0  # candidate checks on the switched model
         self.quantizations = 0  # onnxruntime quantizations beyond the first
 
     def _quantize(self, path: Path, exclude: Sequence[str], **override: Any) -> None:
-        kwargs = {**self.kwargs, **override}
-        kwargs.pop("calibration_providers", None)
+        excluded = [*self.user_excluded, *exclude] or None
         quantize_with_ranges(
-            self.model_path, path, self.ranges, nodes_to_exclude=[*self.user_excluded, *exclude] or None, **kwargs
+            self.model_path, path, self.ranges, self.quantization, nodes_to_exclude=excluded, **override
         )
 
     def exact_sqnr(self, exclude: Sequence[str]) -> float:
@@ -112,7 +112,7 @@ class DiagnosisRun:
             return [], [], sqnr, sqnr, {"nodes": 0, "tensors": [], "checks": 0}, 0, 0, [], []
         switched, tensors, weights = switched_model(qdq, self.float_model)
         del qdq
-        if self.kwargs.get("quant_format", QuantFormat.QDQ) == QuantFormat.QDQ:
+        if self.quantization.quant_format == QuantFormat.QDQ:
             sqnr = _screen.sqnr_db(
                 self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
             )

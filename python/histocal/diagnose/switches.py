@@ -37,10 +37,9 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import QuantType
 
 from ..quantize import runs
-from ..quantize.ort import model_ort_quantizes
+from ..quantize.ort import QuantizationArgs, model_ort_quantizes
 
 logger = logging.getLogger(__name__)
 
@@ -337,15 +336,15 @@ def name_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return named, count
 
 
-def model_ort_converts(model: onnx.ModelProto, quantize_kwargs: Mapping[str, Any]) -> onnx.ModelProto:
-    """The float model onnxruntime quantizes with ``quantize_kwargs`` (quantize_static's): ``model``,
+def model_ort_converts(model: onnx.ModelProto, quantization: QuantizationArgs) -> onnx.ModelProto:
+    """The float model onnxruntime quantizes with ``quantization`` (quantize_static's): ``model``,
     or where its opset cannot express the quantization (16-bit types: opset 21) ORT's conversion of
     it, which can add tensors, and whose opset takes the switches' QuantizeLinear types. Nodes the
     conversion adds have no name (nor in ORT's conversion): they cannot be left in float."""
     converted = model_ort_quantizes(
         model,
-        quantize_kwargs.get("weight_type", QuantType.QInt8),
-        quantize_kwargs.get("activation_type", QuantType.QInt8),
-        quantize_kwargs.get("extra_options"),
+        quantization.weight_type,
+        quantization.activation_type,
+        quantization.extra_options,
     )
     return model if converted is None else converted

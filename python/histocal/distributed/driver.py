@@ -27,6 +27,7 @@ from typing import Any
 from ..calibrators.split_exact import ExactScan
 from ..io.models import load_model
 from ..io.outputs import external_data_files
+from ..methods.settings import CollectionSettings
 from ..state import CalibrationState
 from .pool import RayPool
 from .settings import check_count, check_job, check_seconds, make_job
@@ -57,6 +58,7 @@ def calibrate_distributed(
     calibrate_method: Any,
     extra_options: dict[str, Any] | None = None,
     mode: str | None = None,
+    settings: CollectionSettings | None = None,
     num_workers: int | None = None,
     address: str | None = None,
     cpus_per_worker: int | None = None,
@@ -85,6 +87,8 @@ def calibrate_distributed(
         calibrate_method, extra_options, op_types_to_calibrate, providers: ``create_calibrator``'s.
         mode: its ``CollectionMode`` (auto, exact, streaming; here or in ``extra_options``, not
             two different values).
+        settings: the collection settings as one ``methods.settings.CollectionSettings``,
+            instead of ``mode`` and the settings' ``extra_options`` keys.
         num_workers: default the cluster's CPUs / ``cpus_per_worker``, at most one per shard.
         address: an existing cluster (``"ray://host:10001"``, ``"auto"``); without it, and
             without ``ray.init`` called before, a local Ray instance is started and shut down.
@@ -119,7 +123,7 @@ def calibrate_distributed(
         check_count("num_workers", num_workers, 1)
     for name, value in (("max_restarts", max_restarts), ("max_task_retries", max_task_retries)):
         check_count(name, value, -1, " (-1: no limit, as Ray takes it)")
-    job = make_job(calibrate_method, extra_options, op_types_to_calibrate, providers, cpus_per_worker, mode)
+    job = make_job(calibrate_method, extra_options, op_types_to_calibrate, providers, cpus_per_worker, mode, settings)
     check_job(job)
     load_model(model, load_external_data=False)  # a file no worker could load, named here
     ray = import_ray()

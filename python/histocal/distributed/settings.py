@@ -1,8 +1,9 @@
 """The job every worker runs, resolved and checked on the driver before Ray starts.
 
-``make_job`` turns ``calibrate_distributed``'s arguments into a :class:`Job`: the collection mode
-each method uses (``mode`` / ``CollectionMode`` with ``create_calibrator``'s values: ``auto`` is
-exact for ORT's histogram methods, whose shards can be read twice, and streaming where
+``make_job`` turns ``calibrate_distributed``'s arguments into a :class:`Job`: its
+``CollectionSettings``, built once here (from ``settings``, or from ``mode`` / ``extra_options``
+as ``create_calibrator`` reads them) with the collection mode each method uses (``auto`` is exact
+for ORT's histogram methods, whose shards can be read twice, and streaming where
 ``create_calibrator`` collects streaming: per-channel histograms, MinMax, histocal's methods), then
 ``check_job`` builds the job's calibrator on a stand-in model, so every option the calibrators
 check is refused on the driver, with the calibrators' own message, before any worker starts.
@@ -21,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .. import methods
-from ..methods.settings import MODE, MODES, PER_CHANNEL
+from ..methods.settings import EXTRA_KEYS, MODE, PER_CHANNEL, CollectionSettings, mode_given, settings_for
 from .worker import Job, build_calibrator
 
 logger = logging.getLogger(__name__)
@@ -61,58 +62,69 @@ def make_job(
     providers: Sequence[Any] | None,
     cpus_per_worker: int | None,
     mode: str | None = None,
+    settings: CollectionSettings | None = None,
 ) -> Job:
-    """What every worker does for ``calibrate_method``, ``extra_options`` and ``mode`` (see
-    calibrate_distributed); a ValueError naming the option for a setting no worker could use."""
+    """What every worker does for ``calibrate_method``, ``extra_options`` and ``mode``, or
+    ``settings`` (see calibrate_distributed); a ValueError naming the option for a setting no
+    worker could use."""
     threads = 1 if cpus_per_worker is None else check_count("cpus_per_worker", cpus_per_worker, 1)
     name = methods.canonical_name(calibrate_method)
     options = dict(extra_options or {})
-    given, source = _given_mode(mode, options.pop(MODE.extra_key, None))
+    reads = settings_for(name)
+    if settings is None:
+        given, source = mode_given(mode, options)
+        # the mode is decided here, per method (the calibrators' own would refuse exact per channel)
+        settings = CollectionSettings.from_extra_options(options, tuple(s for s in reads if s is not MODE))
+    elif mode is not None or any(k in EXTRA_KEYS for k in options):
+        raise TypeError("give the collection settings as settings= or as mode and extra_options keys, not both")
+    else:
+        given, source = settings.mode, "mode"
+    # the method's own options: the settings travel as the object
+    method_options = {k: v for k, v in options.items() if k not in EXTRA_KEYS}
     common: dict[str, Any] = {
         "op_types": None if op_types is None else list(op_types),
         "providers": None if providers is None else list(providers),
         "threads": threads,
     }
+    # the worker's share of its machine, unless the user's settings say otherwise
+    settings = settings.replace(num_threads=threads if settings.num_threads is None else settings.num_threads)
     if name == "minmax":
-        refused = [k for k in ("moving_average", "per_channel") if options.get(k)]
+        refused = [
+            k
+            for k, on in (("moving_average", options.get("moving_average")), (PER_CHANNEL.name, settings.per_channel))
+            if on
+        ]
         if refused:
             raise ValueError(
                 f"distributed MinMax supports neither {' nor '.join(refused)}: a moving average depends on the "
                 "order of the batches, which sharding changes, and per-channel ranges are not kept in a state"
             )
-        unknown = set(options) - {"symmetric", "moving_average", "per_channel", "max_intermediate_outputs"}
+        ignored = (*reads, MODE)  # the settings MinMax reads, and the mode it has no use for
+        unknown = {k for k in options if EXTRA_KEYS.get(k) not in ignored} - {
+            "symmetric",
+            "moving_average",
+            "max_intermediate_outputs",
+        }
         if unknown:
             raise ValueError(f"unknown extra_options for minmax: {sorted(unknown)}")
         _ignored_mode(name, given, source)
         return Job(
-            "entropy",
-            "streaming",
-            "minmax",
+            collect_method="entropy",
+            state_method="minmax",
+            settings=settings.replace(mode="streaming"),
             state_settings={"symmetric": bool(options.get("symmetric", False))},
             **common,
         )
     if name not in methods.ORT_METHODS:
         _ignored_mode(name, given, source)
-        return Job(name, "streaming", name, extra_options=options, **common)
-    if options.get(PER_CHANNEL.extra_key) is True:
+        return Job(name, name, settings.replace(mode="streaming"), method_options, **common)
+    if settings.per_channel:
         # per-channel histograms are streaming ones: auto collects them so, in one process too
         if given == "exact":
             raise ValueError(f"per-channel histograms are collected in streaming mode only ({source}='exact' given)")
-        return Job(name, "streaming", name, extra_options=options, **common)
+        return Job(name, name, settings.replace(mode="streaming"), method_options, **common)
     # shards are read twice where needed (files and callables can be), so auto means exact
-    return Job(name, "exact" if given == "auto" else given, name, extra_options=options, **common)
-
-
-def _given_mode(mode: Any, option: Any) -> tuple[str, str]:
-    """The collection mode asked for (``auto`` unless given) and the name it was given by."""
-    if mode is not None and option is not None and mode != option:
-        raise ValueError(f"mode={mode!r} and extra_options[{MODE.extra_key!r}]={option!r} disagree: give one of them")
-    source, value = ("mode", mode) if mode is not None else (f"extra_options[{MODE.extra_key!r}]", option)
-    if value is None:
-        return "auto", source
-    if value not in MODES:
-        raise ValueError(f"{source} must be one of {', '.join(MODES)}, got {value!r}")
-    return value, source
+    return Job(name, name, settings.replace(mode="exact" if given == "auto" else given), method_options, **common)
 
 
 def _ignored_mode(method: str, given: str, source: str) -> None:

@@ -24,7 +24,7 @@ from ..calibrators import create_calibrator
 from ..calibrators.split_exact import ExactScan, count_exact, scan_exact
 from ..collector import CollectedData
 from ..io.readers import DataSource
-from ..methods.settings import MODE, NUM_THREADS
+from ..methods.settings import CollectionSettings
 from ..state import CalibrationState
 from .shards import Shard
 
@@ -36,14 +36,19 @@ class Job:
     """How every worker calibrates: the calibrator to build and the state to report."""
 
     collect_method: str  # the calibrator's method (minmax collects streaming histograms)
-    mode: str  # "streaming" or "exact"
     state_method: str  # the method the states record
-    extra_options: dict[str, Any] = field(default_factory=dict)
+    settings: CollectionSettings  # its mode "streaming" or "exact"; Ray pickles the frozen dataclass
+    extra_options: dict[str, Any] = field(default_factory=dict)  # the method's options
     state_settings: dict[str, Any] | None = None  # None: the calibrator's own settings
     op_types: list[str] | None = None
     providers: list[Any] | None = None
     threads: int = 1
     model_name: str = "model.onnx"  # the user's model file, named in errors instead of the worker's copy
+
+    @property
+    def mode(self) -> str:
+        """``"streaming"`` or ``"exact"``."""
+        return self.settings.mode
 
 
 def build_calibrator(model_path: str, folder: str, job: Job, providers: Any = None) -> Any:
@@ -54,8 +59,8 @@ def build_calibrator(model_path: str, folder: str, job: Job, providers: Any = No
         augmented_model_path=os.path.join(folder, "augmented_model.onnx"),
         calibrate_method=job.collect_method,
         providers=providers,
-        # the worker's share of its machine, unless the user's extra_options say otherwise
-        extra_options={NUM_THREADS.extra_key: job.threads, **job.extra_options, MODE.extra_key: job.mode},
+        extra_options=job.extra_options,
+        settings=job.settings,
     )
 
 

@@ -2,10 +2,13 @@
 
 Each :class:`Setting` row gives one setting's keyword (the calibrators', ``quantize_static``'s),
 its ``create_calibrator`` ``extra_options`` key, its command-line flag, its environment fallback and
-its help. A :class:`CollectionSettings` is built from whichever of these the caller used
-(``from_keywords``, ``from_extra_options``; the command line's flags become keys through
-``extra_options_from_cli``) and checked then; ``to_extra_options`` turns it back into
-``create_calibrator``'s keys.
+its help. A :class:`CollectionSettings` is built once, where the caller's spelling comes in, and
+checked then: ``from_keywords`` (the calibrators' and ``quantize_static``'s keywords),
+``from_extra_options`` (ORT-style ``extra_options``: ``create_calibrator`` and Quark's factory, the
+boundaries that take them), ``from_cli`` (the command line's flags). The object is what travels
+from there on: histocal's entry points hand it to ``create_calibrator(settings=...)`` or a
+calibrator's ``settings=``, and a distributed job carries it to its workers (a frozen dataclass:
+Ray pickles it). ``settings_for`` says which settings each kind of calibrator reads.
 
 The environment fallbacks (``HISTOCAL_MEMORY_BUDGET``, ``HISTOCAL_NUM_THREADS``) are read where the
 value is used (each ``collect_data`` call, each calibrator), so a setting left unset here follows
@@ -51,6 +54,12 @@ class Setting:
     @property
     def dest(self) -> str:
         return self.cli_dest or self.name
+
+    @property
+    def how_to_set(self) -> str:
+        """Every way to give it, for messages."""
+        ways = [f"{self.name}=", f"extra_options[{self.extra_key!r}]" if self.extra_key else "", self.env]
+        return ", ".join(w for w in ways[:-1] if w) + (f" or {self.env}" if self.env else "")
 
 
 MODE = Setting(
@@ -116,6 +125,35 @@ SETTINGS: tuple[Setting, ...] = (
 )
 # The extra_options keys of the settings, and the command-line flag of each key.
 EXTRA_KEYS: dict[str, Setting] = {s.extra_key: s for s in SETTINGS if s.extra_key}
+# The settings each kind of calibrator reads (what the others are given does not apply to it):
+# MinMax's in-graph ranges collect no histogram; histocal's methods always collect streaming ones.
+MINMAX_SETTINGS = (PER_CHANNEL, NUM_THREADS, SESSION_OPTIONS, SHOW_PROGRESS)
+STREAMING_SETTINGS = (STREAMING_BINS, PER_CHANNEL, AXIS, NUM_THREADS, SESSION_OPTIONS, SHOW_PROGRESS)
+
+
+def settings_for(method: str) -> tuple[Setting, ...]:
+    """The settings the calibrator of ``method`` (a canonical name) reads: MinMax's, ORT's
+    histogram methods' (every one) or a streaming method's (histocal's, registered ones)."""
+    from .table import TABLE
+
+    row = TABLE.get(method)
+    histogram = row.histogram if row is not None else "stream"
+    return MINMAX_SETTINGS if histogram == "minmax" else SETTINGS if histogram == "exact" else STREAMING_SETTINGS
+
+
+def mode_given(mode: Any, extra_options: Mapping[str, Any]) -> tuple[str, str]:
+    """The collection mode asked for by the ``mode`` keyword or ``extra_options``'s key (``auto``
+    unless given; ValueError where both are given and disagree, or for a mode that is none), and
+    the name it was given by, for messages."""
+    option = extra_options.get(MODE.extra_key)
+    if mode is not None and option is not None and mode != option:
+        raise ValueError(f"mode={mode!r} and extra_options[{MODE.extra_key!r}]={option!r} disagree: give one of them")
+    source, value = ("mode", mode) if mode is not None else (f"extra_options[{MODE.extra_key!r}]", option)
+    if value is None:
+        return "auto", source
+    if value not in MODES:
+        raise ValueError(f"{source} must be one of {', '.join(MODES)}, got {value!r}")
+    return value, source
 
 
 class CollectionKwargs(TypedDict, total=False):
@@ -190,26 +228,25 @@ class CollectionSettings:
             show_progress=keywords.get("show_progress"),
         )
 
-    @staticmethod
-    def keywords_from_extra_options(
-        extra_options: Mapping[str, Any], settings: tuple[Setting, ...] = SETTINGS
-    ) -> dict[str, Any]:
-        """The keywords ``extra_options`` gives for ``settings`` (values unchecked: ORT's API is untyped)."""
-        return {s.name: extra_options[s.extra_key] for s in settings if s.extra_key in extra_options}
+    @classmethod
+    def of(cls, settings: CollectionSettings | None, **keywords: Any) -> CollectionSettings:
+        """A calibrator's settings: ``settings`` as built by histocal's entry points, or those of
+        the keywords an ORT-style caller gave; TypeError for both."""
+        if settings is None:
+            return cls.from_keywords(**keywords)
+        if keywords:
+            raise TypeError(f"give settings= or the keywords {sorted(keywords)}, not both")
+        return settings
 
     @classmethod
-    def from_extra_options(cls, extra_options: Mapping[str, Any]) -> CollectionSettings:
-        """From ``create_calibrator``'s ``extra_options`` keys (other keys are left alone)."""
-        return cls.from_keywords(**cls.keywords_from_extra_options(extra_options))
-
-    def to_extra_options(self) -> dict[str, Any]:
-        """``create_calibrator``'s keys for the settings that differ from the defaults."""
-        default = CollectionSettings()
-        return {
-            s.extra_key: getattr(self, s.name)
-            for s in SETTINGS
-            if s.extra_key and getattr(self, s.name) != getattr(default, s.name)
-        }
+    def from_extra_options(
+        cls, extra_options: Mapping[str, Any], settings: tuple[Setting, ...] = SETTINGS
+    ) -> CollectionSettings:
+        """From ORT-style ``extra_options``: the keys of ``settings`` (those a calibrator reads; its
+        other keys, and keys of other settings, are left alone). The values are checked here: ORT's
+        API is untyped."""
+        given = {s.name: extra_options[s.extra_key] for s in settings if s.extra_key in extra_options}
+        return cls.from_keywords(**given)
 
     def replace(self, **changes: Any) -> CollectionSettings:
         return dataclasses.replace(self, **changes)
@@ -233,19 +270,17 @@ class CollectionSettings:
                 )
             group.add_argument(s.flag, **kwargs)
 
-    @staticmethod
-    def extra_options_from_cli(args: argparse.Namespace, settings: tuple[Setting, ...] = SETTINGS) -> dict[str, Any]:
-        """``create_calibrator``'s keys for the flags given on the command line."""
-        given = {s.extra_key: getattr(args, s.dest, None) for s in settings if s.flag and s.extra_key}
-        return {k: v for k, v in given.items() if v is not None}
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace, settings: tuple[Setting, ...] = SETTINGS) -> CollectionSettings:
+        """From the command line's flags of ``settings`` (those not given: the defaults)."""
+        given = {s.name: getattr(args, s.dest, None) for s in settings if s.flag}
+        return cls.from_keywords(**{k: v for k, v in given.items() if v is not None})
 
 
 AXIS_TYPES: dict[str, Callable[[str], Any]] = {"axis": int}
 
 
-def flag_of(key: str) -> str:
-    """The command-line flag of an ``extra_options`` key or an option name."""
-    setting = EXTRA_KEYS.get(key)
-    if setting is not None and setting.flag:
-        return setting.flag
-    return "--" + key.replace("_", "-")
+def flag_of(name: str) -> str:
+    """The command-line flag of a setting's or an option's name."""
+    setting = next((s for s in SETTINGS if s.name == name and s.flag), None)
+    return setting.flag if setting is not None else "--" + name.replace("_", "-")

@@ -89,6 +89,9 @@ class Method:
     # (the per-row top-two summaries collected beside the stream)
     histogram: str = "stream"
     options: tuple[Option, ...] = field(default_factory=tuple)
+    # ORT's options that change what its calibrator collects, which no state holds (MinMax's
+    # averaging and chunking): create_calibrator and the command line take them, compute does not
+    collect_options: tuple[Option, ...] = field(default_factory=tuple)
     colour: str | None = None  # its colour in ``histocal report``; None: not in the report
     label: str | None = None  # its name in the report, if not ``name``
 
@@ -99,6 +102,11 @@ class Method:
     @property
     def defaults(self) -> dict[str, Any]:
         return {o.name: o.default for o in self.options}
+
+    @property
+    def calibrator_defaults(self) -> dict[str, Any]:
+        """Every option its calibrator takes, with ORT's defaults (``create_calibrator``'s)."""
+        return {o.name: o.default for o in (*self.options, *self.collect_options)}
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
@@ -129,7 +137,17 @@ _NUM_QUANTIZED_BINS = Option("num_quantized_bins", int, 128, "quantized bins", b
 # ORT's methods: options and defaults as onnxruntime's create_calibrator (what quantize_static uses).
 ORT_TABLE = (
     Method(
-        "minmax", "the data's min and max", CalibrationMethod.MinMax, "minmax", (_symmetric(False),), colour="#6b6b6b"
+        "minmax",
+        "the data's min and max",
+        CalibrationMethod.MinMax,
+        "minmax",
+        (_symmetric(False),),
+        collect_options=(
+            Option("moving_average", bool, False, "moving average of the batches' ranges"),
+            Option("averaging_constant", float, 0.01, "moving-average constant"),
+            Option("max_intermediate_outputs", int, None, "fold the ranges every N batches (default: at the end)"),
+        ),
+        colour="#6b6b6b",
     ),
     Method(
         "entropy",
@@ -202,6 +220,8 @@ ORT_METHODS = tuple(m.name for m in ORT_TABLE)
 HISTOCAL_METHODS = tuple(m.name for m in HISTOCAL_TABLE)
 # Every option of every built-in method, as the state file and the command line know them.
 ALL_OPTIONS: dict[str, Option] = {o.name: o for m in TABLE.values() for o in m.options}
+# The options only a calibrator takes (no state holds them), as the command line knows them.
+COLLECT_OPTIONS: dict[str, Option] = {o.name: o for m in TABLE.values() for o in m.collect_options}
 
 
 def summaries_for(method: str, options: Mapping[str, Any]) -> frozenset[str]:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -32,12 +32,12 @@ from .. import calibrators, methods
 from ..io.cache import check_cache, save_tensors_data
 from ..io.readers import DataSource
 from ..methods.settings import (
-    MEMORY_BUDGET,
     METHOD_OPTIONS_KEY,
     METHOD_OVERRIDES_KEY,
-    MODE,
     QUANTIZE_METHOD_OVERRIDES_KEY,
-    STREAMING_BINS,
+    CollectionKwargs,
+    CollectionSettings,
+    settings_for,
 )
 from ..methods.table import TABLE
 from ..patching import CountedPatch, PatchUse, Replacement
@@ -54,6 +54,9 @@ from .ort import (
     refuse_overwriting_weights,
 )
 from .selection import Selection
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +163,13 @@ def calibrate(
     extra_options: dict[str, Any] | None = None,
     calibration_providers: list[Any] | None = None,
     use_external_data_format: bool = False,
-    **histogram_options: Any,
+    *,
+    num_bins: int | None = None,
+    num_quantized_bins: int | None = None,
+    scenario: str | None = None,
+    method_options: dict[str, Any] | None = None,
+    settings: CollectionSettings | None = None,
+    **collection: Unpack[CollectionKwargs],
 ) -> TensorsData:
     """Calibrate as ORT's ``quantize_static`` does, with histocal's calibrators.
 
@@ -177,9 +186,13 @@ def calibrate(
         extra_options: ORT's ``quantize_static`` extra_options (``Calib*`` keys).
         calibration_providers: onnxruntime execution providers for calibration.
         use_external_data_format: as ORT's.
-        **histogram_options: num_bins, num_quantized_bins, scenario, per_channel,
-            CollectionMode (or mode), StreamingBins, MemoryBudget (or memory_budget),
-            method_options (a dict for the histocal methods).
+        num_bins, num_quantized_bins, scenario: the histogram methods' settings (None: ORT's).
+        method_options: a histocal method's options.
+        settings: the collection settings as one ``methods.settings.CollectionSettings``, instead
+            of their keywords.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``:
+            mode, streaming_bins, memory_budget, per_channel, axis, ...; None: the default); those
+            the method's calibrator does not read are ignored.
 
     Returns:
         onnxruntime ``TensorsData`` of the calibrated tensors.
@@ -190,15 +203,15 @@ def calibrate(
     """
     extra = dict(extra_options or {})
     options = {key: extra[name] for name, key in _CALIB_KEYS if name in extra}
-    # the keywords to create_calibrator's keys (methods.settings)
-    keys = {
-        "method_options": METHOD_OPTIONS_KEY,
-        **{s.name: s.extra_key for s in (MODE, STREAMING_BINS, MEMORY_BUDGET)},
-    }
-    for key, option in keys.items():
-        if key in histogram_options:
-            histogram_options[option] = histogram_options.pop(key)
-    options.update({k: v for k, v in histogram_options.items() if v is not None})
+    histogram = dict(num_bins=num_bins, num_quantized_bins=num_quantized_bins, scenario=scenario)
+    options.update({k: v for k, v in {**histogram, METHOD_OPTIONS_KEY: method_options}.items() if v is not None})
+    if settings is None:
+        # the keywords the method's calibrator reads (create_calibrator ignores the others' keys)
+        reads = {s.name for s in settings_for(methods.canonical_name(calibrate_method))}
+        given = {k: v for k, v in collection.items() if v is not None and k in reads}
+        settings = CollectionSettings.from_keywords(**given)
+    else:
+        settings = CollectionSettings.of(settings, **{k: v for k, v in collection.items() if v is not None})
     with tempfile.TemporaryDirectory(prefix="histocal.") as tmp:
         model_input = model_file(model_input, Path(tmp))
         calibrator = calibrators.create_calibrator(
@@ -209,6 +222,7 @@ def calibrate(
             use_external_data_format=use_external_data_format,
             providers=calibration_providers,
             extra_options=options,
+            settings=settings,
         )
         _collect(calibrator, calibration_data_reader, extra.get("CalibStridedMinMax"))
         result = calibrator.compute_data()
@@ -295,8 +309,25 @@ def calibrate_and_select(
         ValueError: bad options, SmoothQuant, no data, or no candidate computable from the data.
         TypeError: an unknown quantization argument.
     """
-    selection.check_quantize_arguments(quantize_kwargs)  # before the calibration pass, not after
-    quantization = QuantizationArgs(**quantize_kwargs)
+    quantization = selection.selection_arguments(quantize_kwargs)  # before the calibration pass, not after
+    settings = CollectionSettings.from_keywords(streaming_bins=streaming_bins, show_progress=show_progress)
+    return choose_by_model(
+        model_input, calibration_data_reader, quantization, settings, eval_samples=eval_samples, folds=folds,
+        method_options=method_options,
+    )  # fmt: skip
+
+
+def choose_by_model(
+    model_input: str | Path | onnx.ModelProto,
+    calibration_data_reader: Any,
+    quantization: QuantizationArgs,
+    settings: CollectionSettings,
+    *,
+    eval_samples: int = methods.AUTO_SELECTION_OPTIONS["eval_samples"],
+    folds: int = methods.AUTO_SELECTION_OPTIONS["folds"],
+    method_options: dict[str, Any] | None = None,
+) -> Selection:
+    """``calibrate_and_select`` on its arguments built and checked once (``quantize_static``'s)."""
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
     eval_samples, folds = select["eval_samples"], select["folds"]
     extra = dict(quantization.extra_options or {})
@@ -324,13 +355,9 @@ def calibrate_and_select(
             calibrate_method="auto",
             use_external_data_format=quantization.use_external_data_format,
             providers=quantization.calibration_providers,
-            extra_options={
-                METHOD_OPTIONS_KEY: options,
-                STREAMING_BINS.extra_key: streaming_bins,
-            },
+            extra_options={METHOD_OPTIONS_KEY: options},
+            settings=settings,
         )
-        if show_progress is not None:
-            calibrator.show_progress = show_progress
         start = time.perf_counter()
         rest_collected = []  # per read: whether feeds beyond the kept ones reached the calibrator
         _collect(
@@ -377,10 +404,8 @@ def calibrate_and_select(
                 "sample, on the feed they were fitted on (which favours tight clipping)",
                 len(kept),
             )
-            return selection.select_ranges(model_input, kept, candidates, providers=providers, **quantize_kwargs)
-        return selection.select_ranges_cross_validated(
-            model_input, cv_folds, candidates, providers=providers, **quantize_kwargs
-        )
+            return selection.select(model_input, [(candidates, kept)], candidates, providers, quantization, False)
+        return selection.select(model_input, cv_folds, candidates, providers, quantization, True)
 
 
 def quantize_static(
@@ -476,6 +501,7 @@ def quantize_static(
         calibrate_method = TABLE[name].ort or calibrate_method  # a name ("percentile") as ORT's enum
     if smooth_quant and (tensors_range is not None or name not in methods.ORT_METHODS):
         raise ValueError(SMOOTH_QUANT_NEEDS_ORT)
+    settings = CollectionSettings.from_keywords(mode=mode, streaming_bins=streaming_bins, memory_budget=memory_budget)
     quantization = QuantizationArgs(
         quant_format=quant_format,
         op_types_to_quantize=op_types_to_quantize,
@@ -517,14 +543,14 @@ def quantize_static(
                     "Either calibration_data_reader or an existing calibration_cache_path must be provided."
                 )
             if select is not None:
-                ranges = calibrate_and_select(
+                ranges = choose_by_model(
                     model_input,
                     calibration_data_reader,
+                    quantization,
+                    settings,
                     eval_samples=select["eval_samples"],
                     folds=select["folds"],
                     method_options=method_options,
-                    streaming_bins=streaming_bins,
-                    **quantization.keywords(),
                 ).ranges
             else:
                 # ORT calibrates the model it quantizes: converted to another opset, if it converts it.
@@ -540,10 +566,8 @@ def quantize_static(
                     num_bins=num_bins,
                     num_quantized_bins=num_quantized_bins,
                     scenario=scenario,
-                    mode=mode,
-                    streaming_bins=streaming_bins,
                     method_options=method_options,
-                    memory_budget=memory_budget,
+                    settings=settings,
                 )
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)

@@ -42,12 +42,12 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnxruntime.quantization import QuantFormat, QuantType
+from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization.calibrate import TensorsData
 
 from ..io.cache import round_trip
 from ..io.models import load_model
-from .ort import quantize_with_ranges
+from .ort import QuantizationArgs, quantize_with_ranges
 from .runs import dequantized
 
 logger = logging.getLogger(__name__)
@@ -143,21 +143,30 @@ class ScoringModel:
 
 
 def build_scoring_model(
-    model_path: Path, ranges: TensorsData, workdir: Path, quantize_kwargs: Mapping[str, Any]
+    model_path: Path, ranges: TensorsData, workdir: Path, quantization: QuantizationArgs
 ) -> ScoringModel | None:
     """Quantize ``model_path`` once with ``ranges`` and make its range-dependent initializers
     inputs; None (with the reason logged) where the model or the arguments need one
-    ``quantize_static`` per range set."""
-    kwargs = dict(quantize_kwargs)
-    if kwargs.get("quant_format", QuantFormat.QDQ) not in (QuantFormat.QDQ, "QDQ"):
+    ``quantize_static`` per range set.
+
+    Args:
+        model_path: the float model.
+        ranges: the base candidate's ranges.
+        workdir: where the models are written.
+        quantization: ``quantize_static``'s quantization arguments.
+
+    Returns:
+        The scoring model, or None.
+    """
+    if quantization.quant_format not in (QuantFormat.QDQ, "QDQ"):
         logger.info("auto: QOperator format: every candidate is quantized on its own")
         return None
     qdq_path = workdir / "qdq.onnx"
     ranges = round_trip(ranges)  # as ORT reads them back from the calibration cache
-    quantize_with_ranges(model_path, qdq_path, ranges, **kwargs)
+    quantize_with_ranges(model_path, qdq_path, ranges, quantization)
     qdq = onnx.load(qdq_path.as_posix())
     float_model = load_model(model_path)
-    quantizer = _quantizer(float_model, ranges, kwargs)
+    quantizer = _quantizer(float_model, ranges, quantization)
     expected = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
     scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir)
     if scoring is None:
@@ -178,23 +187,23 @@ def build_scoring_model(
     return scoring
 
 
-def _quantizer(float_model: onnx.ModelProto, ranges: TensorsData, kwargs: Mapping[str, Any]) -> Any:
+def _quantizer(float_model: onnx.ModelProto, ranges: TensorsData, quantization: QuantizationArgs) -> Any:
     """onnxruntime's QDQQuantizer as its quantize_static makes it, for its parameter arithmetic."""
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-    op_types = kwargs.get("op_types_to_quantize") or list(set(QLinearOpsRegistry) | set(QDQRegistry))
+    op_types = quantization.op_types_to_quantize or list(set(QLinearOpsRegistry) | set(QDQRegistry))
     return QDQQuantizer(
         copy.deepcopy(float_model),
-        kwargs.get("per_channel", False),
-        kwargs.get("reduce_range", False),
-        kwargs.get("weight_type", QuantType.QInt8),
-        kwargs.get("activation_type", QuantType.QInt8),
+        quantization.per_channel,
+        quantization.reduce_range,
+        quantization.weight_type,
+        quantization.activation_type,
         TensorsData(ranges.calibration_method, dict(ranges.data)),
-        kwargs.get("nodes_to_quantize") or [],
-        kwargs.get("nodes_to_exclude") or [],
+        quantization.nodes_to_quantize or [],
+        quantization.nodes_to_exclude or [],
         op_types,
-        dict(kwargs.get("extra_options") or {}),
+        dict(quantization.extra_options or {}),
     )
 
 

@@ -53,7 +53,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 from ..io.readers import Feed
 from . import runs
 from .candidates import LazyCandidates, cross_validation_candidates, state_candidates
-from .ort import QUANTIZE_ARGUMENTS, model_file, quantize_with_ranges
+from .ort import QUANTIZE_ARGUMENTS, QuantizationArgs, model_file, quantize_with_ranges
 from .rule import (
     ALL_DATA_CANDIDATES,
     DEFAULT_CANDIDATE,
@@ -194,7 +194,8 @@ def select_ranges(
     feeds = list(feeds)
     if not feeds:
         raise ValueError("select_ranges needs at least one evaluation feed")
-    return _select(model_input, [(candidates, feeds)], candidates, providers, quantize_kwargs, cross_validated=False)
+    quantization = selection_arguments(quantize_kwargs)
+    return select(model_input, [(candidates, feeds)], candidates, providers, quantization, cross_validated=False)
 
 
 def select_ranges_cross_validated(
@@ -232,18 +233,20 @@ def select_ranges_cross_validated(
     for fold_candidates, _ in fold_feeds:
         if list(fold_candidates) != list(candidates):
             raise ValueError(f"a fold's candidates {list(fold_candidates)} are not the candidates {list(candidates)}")
-    return _select(model_input, fold_feeds, candidates, providers, quantize_kwargs, cross_validated=True)
+    quantization = selection_arguments(quantize_kwargs)
+    return select(model_input, fold_feeds, candidates, providers, quantization, cross_validated=True)
 
 
-def _select(
+def select(
     model_input: str | Path | onnx.ModelProto,
-    folds: list[tuple[Mapping[str, TensorsData], list[Feed]]],
+    folds: Sequence[Fold],
     candidates: Mapping[str, TensorsData],
     providers: Sequence[Any] | None,
-    quantize_kwargs: Mapping[str, Any],
+    quantization: QuantizationArgs,
     cross_validated: bool,
 ) -> Selection:
-    check_quantize_arguments(quantize_kwargs)
+    """``select_ranges``'s and ``select_ranges_cross_validated``'s selection, with the quantization
+    arguments checked (``selection_arguments``): ``folds`` are (candidates, feeds) pairs."""
     if not candidates:
         raise ValueError("select_ranges needs at least one candidate range set")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
@@ -254,7 +257,7 @@ def _select(
     default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
     with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
         model_path = model_file(model_input, Path(tmp))
-        scorer = _Scorer(model_path, candidates, providers, quantize_kwargs, Path(tmp))
+        scorer = _Scorer(model_path, candidates, providers, quantization, Path(tmp))
         scored = 0
         for fold_candidates, feeds in folds:
             # Cross-validated, a candidate that fails the sign test whatever the feeds left say is
@@ -275,7 +278,7 @@ def _select(
                 if label != default and label not in failures and not hopeless(label, [], [])
             )
             # One fold's float outputs at a time: memory is that of the largest fold.
-            energies = scorer.energies(feeds, active, hopeless)
+            energies = scorer.energies(list(feeds), active, hopeless)
             scored += len(feeds)
             for label, energy in energies.items():
                 if isinstance(energy, list):
@@ -349,12 +352,12 @@ class _Scorer:
         model_path: Path,
         candidates: Mapping[str, TensorsData],
         providers: list[Any],
-        quantize_kwargs: Mapping[str, Any],
+        quantization: QuantizationArgs,
         tmp: Path,
     ) -> None:
         self.model_path = model_path
         self.providers = providers
-        self.quantize_kwargs = quantize_kwargs
+        self.quantization = quantization
         self.tmp = tmp
         self.quantizations = 0
         self.float_session: Any = None
@@ -366,7 +369,7 @@ class _Scorer:
         self.session: Any = None
         self.weights: dict[str, np.ndarray] = {}
         try:
-            self.model = build_scoring_model(model_path, candidates[base], workdir, quantize_kwargs)
+            self.model = build_scoring_model(model_path, candidates[base], workdir, quantization)
             self.quantizations += 1
             if self.model is not None:
                 self.session = runs.session(self.model.path, providers, quantized=True)
@@ -438,7 +441,7 @@ class _Scorer:
                     workdir.mkdir(exist_ok=True)
                     try:
                         quantized = workdir / "model.onnx"
-                        quantize_with_ranges(self.model_path, quantized, ranges, **self.quantize_kwargs)
+                        quantize_with_ranges(self.model_path, quantized, ranges, self.quantization)
                         self.quantizations += 1
                         session = runs.session(quantized, self.providers, quantized=True)
                     finally:
@@ -480,14 +483,16 @@ def _sqnr_db(signal: float, noise: float) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-def check_quantize_arguments(quantize_kwargs: Mapping[str, Any]) -> None:
-    """TypeError unless these are quantize_static arguments a selection may pass through."""
+def selection_arguments(quantize_kwargs: Mapping[str, Any]) -> QuantizationArgs:
+    """The quantization arguments a selection passes through, checked once (TypeError for a
+    quantize_static argument the selection sets itself, or one that is none)."""
     own = sorted(set(quantize_kwargs) & set(_OWN_ARGUMENTS))
     if own:
         raise TypeError(f"auto's model-level choice sets {own} itself (the ranges come from the candidates)")
     unknown = sorted(set(quantize_kwargs) - set(QUANTIZE_ARGUMENTS))
     if unknown:
         raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
+    return QuantizationArgs(**quantize_kwargs)
 
 
 def _ranges_key(ranges: TensorsData) -> tuple:

@@ -32,7 +32,7 @@ from ..calibrators.common import (
     run_batches,
 )
 from ..io.readers import DataSource
-from ..methods.settings import MODE, STREAMING_BINS
+from ..methods.settings import MODE, STREAMING_BINS, CollectionSettings
 from . import types
 from .collector import PowOfTwoCollector
 from .types import CalibrationMethodLike, Pow2MethodLike, PowerOfTwoMethod, QuantTypeLike
@@ -43,6 +43,8 @@ DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 # extra_options key of the float-scale factory: False collects each call's batches at once (Quark
 # 0.9, onnxruntime) instead of one at a time (Quark 0.13)
 MERGE_PER_BATCH_OPTION = "MergePerBatch"
+# The collection settings Quark's float-scale factory reads from its extra_options.
+QUARK_SETTINGS = (MODE, STREAMING_BINS)
 
 ModelInput = str | Path | onnx.ModelProto
 
@@ -474,13 +476,16 @@ def create_calibrator_float_scale(
     use_external_data_format: bool = False,
     execution_providers: Sequence[str] | None = DEFAULT_PROVIDERS,
     extra_options: Mapping[str, Any] | None = None,
+    *,
+    settings: CollectionSettings | None = None,
 ) -> MinMaxCalibrater | EntropyCalibrater | PercentileCalibrater | DistributionCalibrater:
     """Quark 0.13's factory for float scales: onnxruntime's four calibrators with Quark's
     ``extra_options`` keys and defaults, plus histocal's ``CollectionMode``, ``StreamingBins`` and
     ``MergePerBatch`` (default True: Quark 0.13 adds each batch to the histograms as it comes;
     False: each call's batches at once, as Quark 0.9 and onnxruntime). ``activation_type`` (used
     by Quark only for LayerWisePercentile, not supported here), ``optimize_mem`` and
-    ``worker_num`` have no effect on the result."""
+    ``worker_num`` have no effect on the result. ``settings``: histocal's callers' collection
+    settings as one object, instead of the ``CollectionMode`` and ``StreamingBins`` keys."""
     if getattr(activation_type, "name", None) in CalibrationMethod.__members__ or isinstance(
         activation_type, CalibrationMethod
     ):
@@ -489,9 +494,10 @@ def create_calibrator_float_scale(
             "of create_calibrator_float_scale; pass calibrate_method by keyword"
         )
     opts = dict(extra_options or {})
+    if settings is None:
+        settings = CollectionSettings.from_extra_options(opts, QUARK_SETTINGS)
     histocal = {
-        "mode": opts.get(MODE.extra_key),
-        "streaming_bins": opts.get(STREAMING_BINS.extra_key),
+        "settings": settings,
         "merge_per_batch": opts.get(MERGE_PER_BATCH_OPTION, True),
         "optimize_mem": opts.get("optimize_mem", True),
         "worker_num": opts.get("worker_num", 1),
