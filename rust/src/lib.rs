@@ -5,8 +5,8 @@
 //! - [`ort`]: ORT's histograms and its entropy / percentile / distribution / minmax methods;
 //! - [`methods`]: quantization error, mse, TensorRT KL, power-of-two scales, method choice;
 //! - [`stream`]: the bounded-memory streaming histogram;
-//! - [`state`]: one tensor's collected state, whichever collector built it;
-//! - [`collection`]: the per-tensor collections the Python classes hold (order, two-pass
+//! - [`collection`]: one tensor's collected state, whichever collector built it
+//!   (`collection::tensor`), the per-tensor collections the Python classes hold (order, two-pass
 //!   collects, merges, copies, untrusted state) and the summaries collected beside a histogram;
 //! - `python` (feature `python`): the PyO3 bindings, which only convert.
 //!
@@ -16,7 +16,6 @@ pub mod collection;
 pub mod methods;
 pub mod numeric;
 pub mod ort;
-pub mod state;
 pub mod stream;
 
 #[cfg(feature = "python")]

@@ -11,7 +11,7 @@ import histocal
 from histocal import methods
 from histocal.cli.main import build_parser
 from histocal.methods import table
-from histocal.state.file_format import _settings
+from histocal.state.file.header import _settings
 
 PACKAGE = Path(histocal.__file__).parent
 STR_OPTIONS = [(m.name, o) for m in table.HISTOCAL_TABLE for o in m.options if o.kind is str and o.name != "qtype"]

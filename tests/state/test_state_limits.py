@@ -32,8 +32,8 @@ from test_hostile_inputs import (
 )
 
 from histocal import CalibrationState, _core
-from histocal.state import file_format
 from histocal.state.channels import ChannelHistograms
+from histocal.state.file import format as file_format
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_AS and /proc")
 

@@ -18,7 +18,7 @@ import pytest
 from test_hostile_inputs import GiB, MiB, members, npy, outcome, rezip, run_capped, zip_with_deflate_bomb
 
 from histocal import CalibrationState, _core
-from histocal.state import summary_format
+from histocal.state.file import format as file_format
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_AS and /proc")
 
@@ -101,13 +101,13 @@ def test_summaries_count_inside_the_held_bytes_on_save_and_load(monkeypatch):
     raw = state.to_bytes()
     votes = members(raw)["stream_votes.npy"]
     assert len(votes) > 10_000
-    monkeypatch.setattr(summary_format, "MAX_HELD_BYTES", 8 * 1024 * 50 + len(votes) - 1)
+    monkeypatch.setattr(file_format, "MAX_HELD_BYTES", 8 * 1024 * 50 + len(votes) - 1)
     with pytest.raises(ValueError) as loaded:
         CalibrationState.from_bytes(raw)
     with pytest.raises(ValueError, match="too large to be read back") as saved:
         state.to_bytes()
     assert problem(loaded) == problem(saved) and "stream_votes" in problem(saved), (loaded.value, saved.value)
-    monkeypatch.setattr(summary_format, "MAX_HELD_BYTES", 8 * 1024 * 50 + len(votes))
+    monkeypatch.setattr(file_format, "MAX_HELD_BYTES", 8 * 1024 * 50 + len(votes))
     assert CalibrationState.from_bytes(state.to_bytes()).to_bytes() == raw
 
 
@@ -123,20 +123,19 @@ def test_isotone_state_at_the_held_limit_saves_what_loads(monkeypatch):
     summary = sum(len(parts[k]) for k in ("isotone_tensors.npy", "isotone_pairs.npy", "isotone_rows.npy"))
     bins, pairs = 8 * 4096 * 4, int(np.load(io.BytesIO(parts["isotone_tensors.npy"]))[:, 0].sum())
     # room for the pairs alone (what save checked), not for the pairs and the bins (what load checked)
-    monkeypatch.setattr(summary_format, "MAX_HELD_BYTES", bins + 24 * pairs - 1)
+    monkeypatch.setattr(file_format, "MAX_HELD_BYTES", bins + 24 * pairs - 1)
     with pytest.raises(ValueError) as loaded:
         CalibrationState.from_bytes(raw)
     with pytest.raises(ValueError, match="too large to be read back") as saved:
         state.to_bytes()
     assert problem(loaded) == problem(saved), (loaded.value, saved.value)
-    monkeypatch.setattr(summary_format, "MAX_HELD_BYTES", bins + summary)
+    monkeypatch.setattr(file_format, "MAX_HELD_BYTES", bins + summary)
     assert CalibrationState.from_bytes(state.to_bytes()).to_bytes() == raw
 
 
 def test_deflated_summaries_inflating_beyond_the_ratio_are_refused_on_save_and_load():
     """A deflated summary member may declare at most MAX_SUMMARY_RATIO times its compressed bytes (+ 1 MiB):
     far beyond what histocal's members reach (votes ~14:1, isotone's members together ~15:1)."""
-    from histocal.state import file_format
 
     raw = voted_state(3)
     parts = members(raw)

@@ -1,6 +1,7 @@
 """The calibration state: what a calibration collected, reusable and mergeable, and its file format."""
 
-from .file_format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BINS, MAX_STATE_BYTES, StateError
+from .file.errors import StateError
+from .file.format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BINS, MAX_STATE_BYTES
 from .overrides import compute_with_overrides, parse_method_overrides
 from .state import CalibrationState, merge_states, model_fingerprint
 

@@ -55,7 +55,7 @@ from .. import _core
 
 logger = logging.getLogger(__name__)
 
-# 2^28 bins of uint64 counts: what a state file may hold (file_format.MAX_STATE_BINS), so that
+# 2^28 bins of uint64 counts: what a state file may hold (file.format.MAX_STATE_BINS), so that
 # every collection within the default limit can be saved and loaded.
 DEFAULT_MAX_CHANNEL_BYTES = 2 << 30
 ISOTONE_PAIR_BYTES = 24  # one distinct (top, second, rows) pair of an isotone summary

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..collector import ExactHistogram as _Exact
-from .state_error import fail
+from .file.errors import fail
 
 
 def _held_min(old: tuple[float, bool], new: tuple[float, bool]) -> tuple[float, bool]:

@@ -34,8 +34,8 @@ with the second histogram's counts placed at its bin centres: the approximation 
 inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
 histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
 and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
-The file format and its checks: :mod:`histocal.state.file_format` (each summary's members: ``summary_members``;
-reading a file back: ``reading``; writing one: ``writing``).
+The file format and its checks: :mod:`histocal.state.file` (its spec and limits: ``file.format``; each
+summary's members: ``file.summaries``; reading a file back: ``file.read``; writing one: ``file.write``).
 """
 
 from __future__ import annotations
@@ -57,17 +57,12 @@ from ..ort_results import ort_settings
 from .auto import ORT_AUTO_CANDIDATES, auto_ranges
 from .channels import NO_CHANNEL_VOTES, ChannelHistograms
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
-from .file_format import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MAX_STATE_BYTES,
-    check_fingerprint,
-    plain_value,
-)
+from .file.format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BYTES
+from .file.header import check_fingerprint, plain_value
+from .file.read import read_state_fields
+from .file.write import state_bytes
 from .fingerprint import model_fingerprint
 from .merge import merge_exact
-from .reading import read_state_fields
-from .writing import state_bytes
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 

@@ -2,9 +2,9 @@
 
 use super::summary::{Column, RowBatch, Rows};
 use super::*;
+use crate::collection::tensor::{Batches, Kind};
 use crate::methods::isotone::{top_pairs, TopPairs};
 use crate::numeric::view::View;
-use crate::state::{Batches, Kind};
 
 fn f32s(n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * scale).collect()

@@ -4,13 +4,13 @@
 
 use super::stream::{data_dtype, StreamCollection, StreamState};
 use super::tensor_set::{on_tensor, par_try_each, TensorError, TensorSet};
-use crate::numeric::fallible;
-use crate::numeric::float::Float;
-use crate::ort::histogram::MAX_BINS;
-use crate::state::{
+use crate::collection::tensor::{
     collect, count, histogram_from_parts, plan, AbsFamily, Batches, CollectError, Counts, Kind, Scans, TensorState,
     Typed, TypedBinning, ValueFamily,
 };
+use crate::numeric::fallible;
+use crate::numeric::float::Float;
+use crate::ort::histogram::MAX_BINS;
 use std::collections::HashMap;
 
 /// A pending scan in its stored form: `(name, dtype, (finite_min, finite_max, finite_abs_min,

@@ -7,12 +7,12 @@
 
 use super::exact::ExactCollection;
 use super::tensor_set::{on_tensor, par_map, TensorError};
+use crate::collection::tensor::{Family, Histogram, TensorState, Typed};
 use crate::numeric::float::Float;
 use crate::ort::distribution::avg_std;
 use crate::ort::entropy::{entropy_threshold, search_work, EntropyChoice, EntropyError};
 use crate::ort::percentile::percentile_indices;
 use crate::ort::value_histogram::Held;
-use crate::state::{Family, Histogram, TensorState, Typed};
 use half::f16;
 use std::sync::atomic::AtomicBool;
 
@@ -200,8 +200,8 @@ impl ExactCollection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collection::tensor::{Batches, Kind};
     use crate::numeric::view::View;
-    use crate::state::{Batches, Kind};
 
     fn collection(kind: Kind, values: &[f32]) -> ExactCollection {
         let mut c = ExactCollection::new(kind, 64).unwrap();

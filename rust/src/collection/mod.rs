@@ -1,4 +1,5 @@
-//! The per-tensor collections the Python classes hold, and the rules over them: which tensors
+//! The per-tensor collections the Python classes hold, and the rules over them: one tensor's
+//! exact state, whichever collector built it ([`tensor`]), which tensors
 //! are held and in what order ([`TensorSet`]), ORT's exact histograms with their two-pass
 //! collects ([`ExactCollection`]), and the streaming histograms with the summaries collected
 //! beside them ([`StreamCollection`], [`summary`]). Plain Rust: the bindings borrow the arrays,
@@ -13,6 +14,7 @@ pub mod exact_ranges;
 pub mod stream;
 pub mod stream_ranges;
 pub mod summary;
+pub mod tensor;
 pub mod tensor_set;
 
 pub use exact::ExactCollection;

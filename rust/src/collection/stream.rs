@@ -4,9 +4,9 @@
 use super::exact::ExactCollection;
 use super::summary::{empty_summary, Parts, ReadParts, RowBatch, Summary, REGISTERED};
 use super::tensor_set::{on_tensor, par_map, TensorError, TensorSet};
+use crate::collection::tensor::{ort_shaped, Batches, CollectError, Counts, Kind, TensorState, TypedBinning};
 use crate::methods::qerror::UniformHistogram;
 use crate::numeric::fallible;
-use crate::state::{ort_shaped, Batches, CollectError, Counts, Kind, TensorState, TypedBinning};
 use crate::stream::channel_rows::{add_channels, channel_view, ChannelLayout};
 use crate::stream::stream_histogram::{BatchObserver, StreamHistogram};
 use half::f16;
@@ -61,7 +61,7 @@ impl StreamState {
     }
 
     /// `Scans::of_streamed` for this state: the batches' scans, the batches added as [`StreamState::add`] does.
-    pub fn scan_and_add(&mut self, batches: &Batches<'_>) -> crate::state::Scans {
+    pub fn scan_and_add(&mut self, batches: &Batches<'_>) -> crate::collection::tensor::Scans {
         let observers: Vec<usize> =
             (0..self.summaries.len()).filter(|&i| self.summaries[i].observes_batches()).collect();
         let summaries = &mut self.summaries;
@@ -71,7 +71,7 @@ impl StreamState {
             }
         };
         let watched = !observers.is_empty();
-        crate::state::Scans::of_streamed(
+        crate::collection::tensor::Scans::of_streamed(
             batches,
             &mut self.histogram,
             watched.then_some(&mut observe as BatchObserver<'_>),

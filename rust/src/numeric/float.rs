@@ -65,120 +65,83 @@ macro_rules! floor_divide_impl {
     }};
 }
 
-impl Float for f32 {
-    const NAME: &'static str = "float32";
-    const ZERO: Self = 0.0;
-    const MAX: f64 = f32::MAX as f64;
-    #[inline(always)]
-    fn from_f64(x: f64) -> Self {
-        x as f32
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    #[inline(always)]
-    fn div(self, o: Self) -> Self {
-        self / o
-    }
-    fn floor_divide(self, o: Self) -> Self {
-        floor_divide_impl!(self, o, f32)
-    }
-    #[inline(always)]
-    fn abs(self) -> Self {
-        f32::abs(self)
-    }
-    #[inline(always)]
-    fn neg(self) -> Self {
-        -self
-    }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
-    #[inline(always)]
-    fn is_finite(self) -> bool {
-        f32::is_finite(self)
-    }
+/// `Float` for a native type (f32, f64): each operation is the type's own IEEE operation, which
+/// is numpy's for that dtype (one rounding per operation); `floor_divide` is numpy's `npy_divmod`
+/// in the type itself. The conversions are given per type (`as` rounds to nearest even).
+macro_rules! native_float {
+    (
+        $t:ident, $name:literal, max: $max:expr,
+        from_f64: |$a:ident| $from_f64:expr, to_f64: |$b:ident| $to_f64:expr,
+        from_f32: |$c:ident| $from_f32:expr, to_f32: |$d:ident| $to_f32:expr $(,)?
+    ) => {
+        impl Float for $t {
+            const NAME: &'static str = $name;
+            const ZERO: Self = 0.0;
+            const MAX: f64 = $max;
+            #[inline(always)]
+            fn from_f64($a: f64) -> Self {
+                $from_f64
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                let $b = self;
+                $to_f64
+            }
+            #[inline(always)]
+            fn from_f32($c: f32) -> Self {
+                $from_f32
+            }
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                let $d = self;
+                $to_f32
+            }
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            fn floor_divide(self, o: Self) -> Self {
+                floor_divide_impl!(self, o, $t)
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                $t::abs(self)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                -self
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                $t::is_nan(self)
+            }
+            #[inline(always)]
+            fn is_finite(self) -> bool {
+                $t::is_finite(self)
+            }
+        }
+    };
 }
 
-impl Float for f64 {
-    const NAME: &'static str = "float64";
-    const ZERO: Self = 0.0;
-    const MAX: f64 = f64::MAX;
-    #[inline(always)]
-    fn from_f64(x: f64) -> Self {
-        x
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x as f64
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    #[inline(always)]
-    fn div(self, o: Self) -> Self {
-        self / o
-    }
-    fn floor_divide(self, o: Self) -> Self {
-        floor_divide_impl!(self, o, f64)
-    }
-    #[inline(always)]
-    fn abs(self) -> Self {
-        f64::abs(self)
-    }
-    #[inline(always)]
-    fn neg(self) -> Self {
-        -self
-    }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        f64::is_nan(self)
-    }
-    #[inline(always)]
-    fn is_finite(self) -> bool {
-        f64::is_finite(self)
-    }
-}
+native_float!(f32, "float32", max: f32::MAX as f64,
+    from_f64: |x| x as f32, to_f64: |x| x as f64, from_f32: |x| x, to_f32: |x| x);
+native_float!(f64, "float64", max: f64::MAX,
+    from_f64: |x| x, to_f64: |x| x, from_f32: |x| x as f64, to_f32: |x| x as f32);
 
+/// f16: numpy computes `+ - * /` in f32 and rounds once to f16 (exact, see the module documentation);
+/// conversions from f64 round once (`f64_to_f16_bits`), never through f32.
 impl Float for f16 {
     const NAME: &'static str = "float16";
     const ZERO: Self = f16::ZERO;

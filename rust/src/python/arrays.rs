@@ -1,9 +1,9 @@
 //! numpy arrays in and out: borrowed read-only views of float arrays and copies handed back.
 
 use crate::collection::stream::ChannelBatches;
+use crate::collection::tensor::Batches;
 use crate::numeric::fallible::{self};
 use crate::numeric::view::View;
-use crate::state::Batches;
 use crate::stream::channel_rows::ChannelLayout;
 use half::f16;
 use numpy::{Element, PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};

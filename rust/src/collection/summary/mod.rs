@@ -12,11 +12,13 @@
 //!
 //! **Adding a summary**: a file in this folder implementing [`Summary`], and its line in
 //! [`REGISTERED`] (with its `mod`). Python then knows it by name (`StreamHistograms(..., name=True)`,
-//! `export_summary`, `restore_summary`), and the state file stores it through its file-format
-//! members (`histocal.state.summary_members`).
+//! `export_summary`, `restore_summary`), and the state file stores it through its members class
+//! (`histocal.state.file.summaries`). `row_count` (compiled into tests only) is such a summary.
 
 pub mod isotone;
 pub mod pow2_votes;
+#[cfg(test)]
+pub mod row_count;
 pub mod rows;
 
 use crate::methods::qerror::UniformHistogram;
@@ -25,7 +27,13 @@ use std::any::Any;
 
 /// Every summary kind, by name: its empty summary. The order is the order summaries are kept,
 /// collected and listed in.
-pub const REGISTERED: &[(&str, MakeSummary)] = &[("pow2_votes", pow2_votes::empty), ("isotone", isotone::empty)];
+pub const REGISTERED: &[(&str, MakeSummary)] = &[
+    ("pow2_votes", pow2_votes::empty),
+    ("isotone", isotone::empty),
+    // a throwaway third summary, in tests only: what adding one takes (see `row_count`)
+    #[cfg(test)]
+    ("row_count", row_count::empty),
+];
 
 /// A summary kind's constructor: its empty summary.
 pub type MakeSummary = fn() -> Box<dyn Summary>;

@@ -57,42 +57,43 @@ pub trait Family {
     fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64];
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct ValueFamily;
-#[derive(Clone, Debug, PartialEq)]
-pub struct AbsFamily;
+/// A [`Family`] marker for one of ORT's histogram types: both delegate to the histogram's own
+/// `first`, `merge` and `widen` (so each family's arithmetic is its histogram's, see `crate::ort`).
+macro_rules! family {
+    ($(#[$doc:meta])* $family:ident => $hist:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct $family;
 
-impl Family for ValueFamily {
-    type H<E: Float> = ValueHistogram<E>;
-    fn first<E: Float, D: Float + Widen<E>>(s: &Scan<D>, n: usize) -> Result<(Self::H<E>, Binning<E>), HistError> {
-        ValueHistogram::first(s, n)
-    }
-    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, s: &Scan<D>) -> Result<Binning<E>, HistError> {
-        h.merge(s)
-    }
-    fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F> {
-        h.widen()
-    }
-    fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64] {
-        &mut h.hist
-    }
+        impl Family for $family {
+            type H<E: Float> = $hist<E>;
+            fn first<E: Float, D: Float + Widen<E>>(
+                s: &Scan<D>,
+                n: usize,
+            ) -> Result<(Self::H<E>, Binning<E>), HistError> {
+                $hist::first(s, n)
+            }
+            fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, s: &Scan<D>) -> Result<Binning<E>, HistError> {
+                h.merge(s)
+            }
+            fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F> {
+                h.widen()
+            }
+            fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64] {
+                &mut h.hist
+            }
+        }
+    };
 }
 
-impl Family for AbsFamily {
-    type H<E: Float> = AbsHistogram<E>;
-    fn first<E: Float, D: Float + Widen<E>>(s: &Scan<D>, n: usize) -> Result<(Self::H<E>, Binning<E>), HistError> {
-        AbsHistogram::first(s, n)
-    }
-    fn merge<E: Float, D: Float + Widen<E>>(h: &mut Self::H<E>, s: &Scan<D>) -> Result<Binning<E>, HistError> {
-        h.merge(s)
-    }
-    fn widen<E: Float, F: Float>(h: &Self::H<E>) -> Self::H<F> {
-        h.widen()
-    }
-    fn hist_mut<E: Float>(h: &mut Self::H<E>) -> &mut [i64] {
-        &mut h.hist
-    }
-}
+family!(
+    /// ORT's `collect_value` histogram (Entropy, Distribution, non-symmetric Percentile).
+    ValueFamily => ValueHistogram
+);
+family!(
+    /// ORT's `collect_absolute_value` histogram of |x| (symmetric Percentile).
+    AbsFamily => AbsHistogram
+);
 
 /// A histogram in one of the three arithmetic types.
 #[derive(Clone, Debug, PartialEq)]

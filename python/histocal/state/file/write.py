@@ -1,6 +1,6 @@
 """Writing a calibration state file: its members from a state's histograms and summaries, checked by the
-loader's own checks (``file_format.check_members``) before the bytes are handed back (the file format
-itself: ``file_format``; reading it back: ``reading``).
+loader's own checks (``read.check_members``) before the bytes are handed back (the file format itself:
+:mod:`~histocal.state.file.format`; reading it back: :mod:`~histocal.state.file.read`).
 
 Memory: each tensor's exported histogram is alive only while its span is copied out (in the narrowest type
 that holds the span's counts), and each member's parts only until the member is joined, so that writing
@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..collector import export_exact
-from .file_format import FORMAT_NAME, FORMAT_VERSION, MEMBERS, SUMMARY_MEMBER_NAMES, check_readable
-from .summary_members import SUMMARY_MEMBERS
+from ...collector import export_exact
+from . import summaries
+from .format import FORMAT_NAME, FORMAT_VERSION
+from .read import check_readable
 
 _NARROW = ("u1", "<u2", "<u4")
 
@@ -39,7 +40,8 @@ def _narrowed(counts: np.ndarray) -> np.ndarray:
 def state_bytes(state: Any, compress: bool) -> bytes:
     """The bytes of ``state``'s file (a ``CalibrationState``; equal states give equal bytes), deflated with
     ``compress``. ValueError: a state the loader would refuse (nothing is returned)."""
-    arrays: dict[str, list[np.ndarray]] = {k: [] for k in MEMBERS if k != "header" and k not in SUMMARY_MEMBER_NAMES}
+    table, summary_names = summaries.members(), summaries.summary_member_names()
+    arrays: dict[str, list[np.ndarray]] = {k: [] for k in table if k != "header" and k not in summary_names}
     tensors: list[dict[str, Any]] = []
     for name in state.names:
         entry: dict[str, Any] = {"name": name, "dtype": state.dtype(name), "stream": None, "exact": None}
@@ -68,8 +70,10 @@ def state_bytes(state: Any, compress: bool) -> bytes:
             arrays["exact_flags"].append(np.array([[e.min[1], e.max[1], thr[1]]], np.uint8))
             arrays["exact_counts"].append(np.array([e.counts], np.uint64))
             entry["exact"] = {"edge_dtype": str(e.edges.dtype), "bins": len(e.hist)}
-    collected = [m for m in SUMMARY_MEMBERS if state.stream is not None and m.summary in state.stream.summaries]
-    summaries = {k: v for m in collected for k, v in m.write(state.stream, state.names).items()}
+    collected = [
+        m for m in summaries.SUMMARY_MEMBERS if state.stream is not None and m.summary in state.stream.summaries
+    ]
+    summary_members = {k: v for m in collected for k, v in m.write(state.stream, state.names).items()}
     header = {
         "format": FORMAT_NAME,
         "version": max([1] + [m.version for m in collected]),
@@ -92,10 +96,10 @@ def state_bytes(state: Any, compress: bool) -> bytes:
             raise ValueError(f"{exc} (in its per-channel histograms: {ch.count} channels)") from None
     members = {"header": np.frombuffer(json.dumps(header, allow_nan=False).encode("utf-8"), np.uint8)}
     del header, tensors
-    for key, (dtype, ndim, cols) in MEMBERS.items():
+    for key, (dtype, ndim, cols) in table.items():
         parts = arrays.pop(key, None)  # (each member's parts released once it is joined)
-        if key in summaries:
-            members[key] = summaries.pop(key)
+        if key in summary_members:
+            members[key] = summary_members.pop(key)
         elif key == "channels" and nested is not None:
             members[key], nested = nested, None
         elif parts:

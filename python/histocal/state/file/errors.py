@@ -1,4 +1,4 @@
-"""The error of a bad state file (``file_format`` and the summaries' members raise it)."""
+"""The error of a bad state file (reading it and the summaries' members raise it)."""
 
 from __future__ import annotations
 
