@@ -1,12 +1,97 @@
-"""Merging two tensors' exact ORT histograms (see :mod:`histocal.state.state`: exact parts add their
-counts when the edges are identical, else ORT's rule between two ``collect_data`` calls)."""
+"""Merging two calibration states (``CalibrationState.merge``, ``merge_states``): their compatibility,
+and their histograms merged.
+
+The model fingerprint, the tensor names, the mode and the collection options must match. Streaming
+parts merge exactly and in any order (the result is the state of one run over all the data). Exact
+parts add their counts when the two histograms have identical edges (then the result equals one
+exact run over all the data); otherwise the second state's histogram is merged into the first one by
+ORT's rule between two ``collect_data`` calls (``merge_histogram`` for value histograms, bin
+extension for |x| histograms), with the second histogram's counts placed at its bin centres: the
+approximation is only in where inside a bin a value sits, and (like ORT's rule) the result depends
+on the order. A float16 |x| histogram whose edges end in +inf (ORT's extension past 65504) places a
+bin ``[e, inf)`` at ``e`` and its ``[inf, inf]`` infinities at inf, kept only where the merged edges
+end in +inf too.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
+from .. import _core
 from ..collector import ExactHistogram as _Exact
+from ..collector import export_exact, restore_exact
+from .channels import ChannelHistograms
 from .file.errors import fail
+
+
+class MergedState(Protocol):
+    """What merging reads of a state (``CalibrationState`` is one)."""
+
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def model_fingerprint(self) -> str | None: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def stream(self) -> _core.StreamHistograms | None: ...
+    @property
+    def exact(self) -> _core.Histograms | None: ...
+    @property
+    def exact_kind_and_bins(self) -> tuple[str | None, int | None]: ...
+    @property
+    def channels(self) -> ChannelHistograms | None: ...
+
+
+def check_compatible(a: MergedState, b: MergedState) -> None:
+    """``CalibrationState.check_compatible``: ValueError naming the difference unless ``b`` can be
+    merged into ``a``."""
+    if a.model_fingerprint != b.model_fingerprint:
+        raise ValueError(
+            f"the states come from different models (fingerprints {a.model_fingerprint} and {b.model_fingerprint})"
+        )
+    if set(a.names) != set(b.names):
+        diff = sorted(set(a.names) ^ set(b.names))[:5]
+        raise ValueError(f"the states calibrate different tensors (e.g. {diff})")
+    b_options = b.options
+    for key, value in a.options.items():
+        if key not in ("method", "settings") and value != b_options[key]:
+            raise ValueError(
+                f"incompatible collection options: {key} is {value!r} in one state and {b_options[key]!r} in the other"
+            )
+    if (a.channels is None) != (b.channels is None):
+        raise ValueError("incompatible collection options: one state holds per-channel histograms, the other not")
+    if a.channels is not None and b.channels is not None:
+        a.channels.check_compatible(b.channels)
+
+
+def merge_histograms(
+    a: MergedState, b: MergedState
+) -> tuple[_core.StreamHistograms | None, _core.Histograms | None, ChannelHistograms | None]:
+    """The streaming, exact and per-channel histograms of two compatible states merged (see the
+    module; ``a`` and ``b`` are not changed)."""
+    stream = None
+    if a.stream is not None:
+        if b.stream is None:
+            raise ValueError("incompatible states: one holds streaming histograms, the other not")
+        stream = a.stream.copy()
+        stream.merge(b.stream)
+    exact = None
+    if a.exact is not None:
+        kind, num_bins = a.exact_kind_and_bins
+        if kind is None or num_bins is None:
+            raise ValueError("the state holds exact histograms without their kind and bin count")
+        exact = _core.Histograms(kind, num_bins)
+        for name in a.exact.names():
+            try:
+                merged = merge_exact(export_exact(a.exact, name), export_exact(b.exact, name), kind)
+                restore_exact(exact, name, merged)
+            except ValueError as exc:
+                raise ValueError(f"cannot merge tensor {name!r}: {exc}") from None
+    channels = None if a.channels is None or b.channels is None else a.channels.merge(b.channels)
+    return stream, exact, channels
 
 
 def _held_min(old: tuple[float, bool], new: tuple[float, bool]) -> tuple[float, bool]:

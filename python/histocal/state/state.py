@@ -9,31 +9,10 @@ A :class:`CalibrationState` holds, per calibrated tensor:
 * in exact mode also the **exact ORT histogram** (``_core.Histograms`` of kind ``value`` or ``abs``
   with the calibrator's ``num_bins``: the histogram onnxruntime itself would hold).
 
-``state.compute(method, **settings)`` returns onnxruntime's ``TensorsData`` for ``"minmax"``,
-``"entropy"``, ``"percentile"`` or ``"distribution"``, without running the model:
-
-* from the exact histogram when it has the kind and ``num_bins`` the request needs: then the result
-  is identical to the exact calibrator's own ``compute_data``;
-* otherwise from the streaming histogram (``to_histograms(kind, num_bins)``), identical to a
-  streaming-mode calibrator with those settings (for an exact-mode state this is the streaming
-  approximation, not ORT's exact histogram);
-* ``"minmax"`` gives ORT's MinMax (non per-channel, no moving average) ranges: ``lowest``/``highest``
-  as shape-(1,) arrays of the data dtype, NaN ignored, ±Inf included, ``symmetric`` supported.
-
-Settings not given default to the state's own recorded settings when the method is the one it was
-collected with, else to ``create_calibrator``'s defaults (entropy 128/128, percentile 2048 bins
-99.999 symmetric, distribution 2048 bins "same").
-
-Merging (:meth:`CalibrationState.merge`, :func:`merge_states`): the model fingerprint, the tensor
-names, the mode and the collection options must match. Streaming parts merge exactly and in any
-order (the result is the state of one run over all the data). Exact parts add their counts when
-the two histograms have identical edges (then the result equals one exact run over all the data);
-otherwise the second state's histogram is merged into the first one by ORT's rule between two
-``collect_data`` calls (``merge_histogram`` for value histograms, bin extension for |x| histograms),
-with the second histogram's counts placed at its bin centres: the approximation is only in where
-inside a bin a value sits, and (like ORT's rule) the result depends on the order. A float16 |x|
-histogram whose edges end in +inf (ORT's extension past 65504) places a bin ``[e, inf)`` at ``e``
-and its ``[inf, inf]`` infinities at inf, kept only where the merged edges end in +inf too.
+``state.compute(method, **settings)`` gives onnxruntime's ``TensorsData`` of any method without
+running the model (which histograms and which code: :mod:`histocal.state.results`); states of the
+same model and options merge (:meth:`CalibrationState.merge`, :func:`merge_states`; the rules:
+:mod:`histocal.state.merge`).
 The file format and its checks: :mod:`histocal.state.file` (its spec and limits: ``file.format``; each
 summary's members: ``file.summaries``; reading a file back: ``file.read``; writing one: ``file.write``).
 """
@@ -42,36 +21,26 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Union, cast
 
-from onnxruntime.quantization.calibrate import TensorsData
-
-from .. import _core, methods
+from .. import _core
 from .._version import __version__
-from ..collector import CollectedData, export_exact, restore_exact
+from ..collector import CollectedData
 from ..io.files import atomic_write_bytes, open_untrusted_file
-from ..methods.table import ORT_TABLE, POW2_VOTES, summaries_for
-from ..ort_results import ort_settings
-from .auto import ORT_AUTO_CANDIDATES, auto_ranges
-from .channels import NO_CHANNEL_VOTES, ChannelHistograms
-from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
+from .channels import ChannelHistograms
 from .file.format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BYTES
 from .file.header import check_fingerprint, plain_value
 from .file.read import read_state_fields
 from .file.write import state_bytes
 from .fingerprint import model_fingerprint
-from .merge import merge_exact
+from .merge import check_compatible, merge_histograms
+from .results import StateResults
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-_ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
-# create_calibrator's defaults (what quantize_static uses); _FULL: every ORT option at its first table default
-_DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
-_FULL = {o.name: o.default for m in reversed(ORT_TABLE) for o in m.options}
 
 
 def _version() -> str:
@@ -79,7 +48,7 @@ def _version() -> str:
 
 
 @dataclass
-class CalibrationState:
+class CalibrationState(StateResults):
     """Reusable, mergeable histogram state of a calibration (see the module docstring).
 
     Build it with ``calibrator.state`` / ``CalibrationState.from_calibrator`` or ``load``; use it
@@ -196,6 +165,11 @@ class CalibrationState:
         return self.data_fingerprints[0] if len(self.data_fingerprints) == 1 else None
 
     @property
+    def exact_kind_and_bins(self) -> tuple[str | None, int | None]:
+        """The exact histograms' kind and bin count, as one pair (``(None, None)`` without them)."""
+        return self.exact_kind, self.exact_num_bins
+
+    @property
     def options(self) -> dict[str, Any]:
         """How the state was collected: mode, bins, exact histograms' kind and bins, method, settings."""
         return {
@@ -238,107 +212,6 @@ class CalibrationState:
             return self.stream.summary(name).dtype
         return cast(_core.Histograms, self.exact).state(name).dtype
 
-    # -- results --------------------------------------------------------------------------------
-
-    def compute(self, method: Any, *, per_channel: bool | None = None, **settings: Any) -> TensorsData:
-        """onnxruntime ``TensorsData`` for ``method`` and its settings: ORT's four methods (name or
-        CalibrationMethod), histocal's mse/kl/pow2/auto and registered methods (see
-        ``histocal.methods``; their ranges travel as MinMax-style TensorsData).
-
-        Args:
-            method: the method (name or CalibrationMethod).
-            per_channel: per-channel results (arrays, from the per-channel histograms); default:
-                per channel when they were collected.
-            **settings: the method's settings (num_bins, percentile, symmetric, qtype, ...);
-                those not given: the state's own when ``method`` is the one it was collected
-                with, else ``create_calibrator``'s defaults.
-
-        Returns:
-            onnxruntime ``TensorsData`` of every tensor.
-
-        Raises:
-            ValueError: an unknown method or setting, or a result the state's histograms cannot
-                give (e.g. per channel without per-channel histograms).
-        """
-        name = methods.canonical_name(method)
-        if per_channel or (per_channel is None and self.channels is not None):
-            ch = self.channels
-            if ch is None:
-                raise ValueError("per-channel results need per-channel histograms, which this state does not hold")
-            if POW2_VOTES in summaries_for(name, {**(self.settings if name == self.method else {}), **settings}):
-                raise ValueError(NO_CHANNEL_VOTES)
-
-            def keyed(keys: list[str]) -> TensorsData:
-                part = CalibrationState(keys, "streaming", ch.stream, method=self.method, settings=self.settings)
-                return part.compute(name, per_channel=False, **settings)
-
-            # the channels' ORT histograms (2048 bins for auto's candidates) a chunk at a time
-            bins = settings.get("num_bins", self.settings.get("num_bins") if name == self.method else None)
-            num_bins = max(bins, 2048) if isinstance(bins, int) and 1 <= bins <= _core.MAX_BINS else 2048
-            size = chunk_size(num_bins, ch.count)
-            check_compute_memory(name, num_bins, ch.count, size, size, size, ch.count, "channels")
-            return ch.compute(keyed, size)
-        if name in methods.ORT_METHODS:
-            return self._compute_ort(name, settings)
-        pairs, _ = self.method_ranges(name, **settings)
-        return methods.to_tensors_data(self.names, pairs, {n: self.dtype(n) for n in self.names})
-
-    def method_ranges(self, method: Any, **options: Any) -> tuple[list[tuple[float, float]], list[str] | None]:
-        """The ranges of a histocal or registered method.
-
-        Args:
-            method: the method's name.
-            **options: its options (default: the state's own, then the method's).
-
-        Returns:
-            Per-tensor ``(low, high)`` (in ``names`` order), and for ``auto`` the candidate
-            chosen for each tensor (else None).
-
-        Raises:
-            ValueError: an onnxruntime method (use ``compute``), an unknown option, or a state
-                without streaming histograms.
-        """
-        name = methods.canonical_name(method)
-        if name in methods.ORT_METHODS:
-            raise ValueError(f"{name} is an onnxruntime method: use compute()")
-        if name == self.method:
-            options = {
-                **{k: self.settings[k] for k in methods.METHOD_OPTIONS.get(name, ()) if k in self.settings},
-                **options,
-            }
-        options = methods.check_options(name, options)
-        if self.stream is None:
-            raise ValueError(f"{name} needs the streaming histogram, and this state holds only exact histograms")
-        if name == "auto":
-            ort = {label: self._compute_ort(m, dict(settings)) for label, m, settings in ORT_AUTO_CANDIDATES}
-            return auto_ranges(self.stream, self.names, options, ort)
-        return methods.ranges(self.stream, self.names, name, options), None
-
-    def _compute_ort(self, method: str, settings: dict[str, Any]) -> TensorsData:
-        allowed = _DEFAULTS[method]
-        unknown = set(settings) - set(allowed)
-        if unknown:
-            raise ValueError(f"unknown settings for {method}: {sorted(unknown)} (allowed: {sorted(allowed)})")
-        base = {k: self.settings[k] for k in allowed if k in self.settings} if method == self.method else {}
-        s = {**_FULL, **allowed, **base, **settings}
-        if method == "minmax":
-            return minmax_result(self.names, self.stream, self.exact, bool(s["symmetric"]))
-        checked = ort_settings(
-            method, s["symmetric"], s["num_bins"], s["num_quantized_bins"], s["percentile"], s["scenario"]
-        )
-        kind, num_bins = checked.kind, checked.num_bins
-        if self.exact is not None and self.exact_kind == kind and self.exact_num_bins == num_bins:
-            result = ort_result(checked, self.names, None, self.exact)
-        elif self.stream is not None:
-            result = ort_result(checked, self.names, self.stream, None)
-        else:
-            raise ValueError(
-                f"this state holds only exact {self.exact_kind} histograms of {self.exact_num_bins} bins; "
-                f"{method} with num_bins={num_bins} needs {kind} histograms of {num_bins} bins: "
-                "collect with those settings, or keep the streaming histogram (histocal calibrators do)"
-            )
-        return TensorsData(_ORT_METHODS[method], result)
-
     # -- merging --------------------------------------------------------------------------------
 
     def check_compatible(self, other: CalibrationState) -> None:
@@ -351,25 +224,10 @@ class CalibrationState:
             ValueError: ``other`` comes from another model or tensors, or was collected with other
                 options (naming the difference).
         """
-        if self.model_fingerprint != other.model_fingerprint:
-            raise ValueError(
-                f"the states come from different models (fingerprints {self.model_fingerprint} and "
-                f"{other.model_fingerprint})"
-            )
-        if set(self.names) != set(other.names):
-            diff = sorted(set(self.names) ^ set(other.names))[:5]
-            raise ValueError(f"the states calibrate different tensors (e.g. {diff})")
-        for key in ("mode", "streaming_bins", "exact_kind", "exact_num_bins"):
-            a, b = getattr(self, key), getattr(other, key)
-            if a != b:
-                raise ValueError(f"incompatible collection options: {key} is {a!r} in one state and {b!r} in the other")
-        if (self.channels is None) != (other.channels is None):
-            raise ValueError("incompatible collection options: one state holds per-channel histograms, the other not")
-        if self.channels is not None and other.channels is not None:
-            self.channels.check_compatible(other.channels)
+        check_compatible(self, other)
 
     def merge(self, other: CalibrationState) -> CalibrationState:
-        """Combine two states (see the module docstring).
+        """Combine two states (see :mod:`histocal.state.merge`).
 
         Args:
             other: a compatible state (``check_compatible``).
@@ -382,37 +240,16 @@ class CalibrationState:
                 the tensor).
         """
         self.check_compatible(other)
-        stream = None
-        if self.stream is not None:
-            if other.stream is None:
-                raise ValueError("incompatible states: one holds streaming histograms, the other not")
-            stream = self.stream.copy()
-            stream.merge(other.stream)
-        exact = None
-        if self.exact is not None:
-            if self.exact_kind is None or self.exact_num_bins is None:
-                raise ValueError("the state holds exact histograms without their kind and bin count")
-            exact = _core.Histograms(self.exact_kind, self.exact_num_bins)
-            for name in self.exact.names():
-                try:
-                    merged = merge_exact(
-                        export_exact(self.exact, name), export_exact(other.exact, name), self.exact_kind
-                    )
-                    restore_exact(exact, name, merged)
-                except ValueError as exc:
-                    raise ValueError(f"cannot merge tensor {name!r}: {exc}") from None
-        return CalibrationState(
+        stream, exact, channels = merge_histograms(self, other)
+        return replace(
+            self,
             names=list(self.names),
-            mode=self.mode,
             stream=stream,
             exact=exact,
-            exact_kind=self.exact_kind,
-            exact_num_bins=self.exact_num_bins,
-            model_fingerprint=self.model_fingerprint,
             data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
-            method=self.method,
             settings=dict(self.settings),
-            channels=None if self.channels is None or other.channels is None else self.channels.merge(other.channels),
+            histocal_version=_version(),
+            channels=channels,
         )
 
     # -- files ----------------------------------------------------------------------------------
