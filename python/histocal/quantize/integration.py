@@ -190,9 +190,9 @@ def calibrate(
         method_options: a histocal method's options.
         settings: the collection settings as one ``methods.settings.CollectionSettings``, instead
             of their keywords.
-        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``:
-            mode, streaming_bins, memory_budget, per_channel, axis, ...; None: the default); those
-            the method's calibrator does not read are ignored.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``,
+            one per row of ``methods.settings.SETTINGS``; None: the default); those the method's
+            calibrator does not read are ignored.
 
     Returns:
         onnxruntime ``TensorsData`` of the calibrated tensors.
