@@ -119,7 +119,7 @@ def add_method_options(
         action="append",
         metavar="KEY=METHOD",
         help="another method for chosen tensors; KEY: name:TENSOR, op:OPTYPE (the op type of the node producing "
-        "them; needs the model) or either; repeatable (e.g. --method-for name:logits=isotone)",
+        "them; needs the model) or either; repeatable (e.g. --method-for op:Softmax=mse)",
     )
     for option in _TABLE_OPTIONS.values():
         _add_option(g, option)

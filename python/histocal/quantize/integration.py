@@ -450,8 +450,8 @@ def quantize_static(
             per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize,
             nodes_to_exclude, use_external_data_format, calibration_providers, extra_options,
             calibration_cache_path: as ORT's ``quantize_static``.
-        calibrate_method: an ORT ``CalibrationMethod``, or a histocal (mse, kl, pow2, isotone,
-            auto) or registered method's name. ``"auto"`` chooses one method for the model by
+        calibrate_method: an ORT ``CalibrationMethod``, or a histocal method's name (the rows of
+            ``methods.table.TABLE``) or a registered one's. ``"auto"`` chooses one method for the model by
             the quantized model's output, cross-validated (docs/methods.md, "auto: the
             model-level choice"); the chosen ranges are written to ``calibration_cache_path``, and
             a cache hit is reused either way.
