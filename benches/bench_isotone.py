@@ -7,7 +7,7 @@ size, and the time to choose the scale.
   with ``StreamHistograms(16384)`` and with ``isotone=True``; median of 5 runs;
 * a dense activation (what isotone sees when every tensor of a CNN is calibrated with it): 8 batches
   of float32 ``[8, 64, 56, 56]`` (229,376 rows of 56), same comparison, median of 3 runs;
-* ``isotone_ranges`` (int8, asymmetric) on each summary; median of 5 runs.
+* ``summary_ranges("isotone")`` (int8, asymmetric) on each summary; median of 5 runs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def case(label: str, batches: list[np.ndarray], repeat: int) -> str:
     with_tops = median_time(lambda: collect(True), repeat)
     s = collect(True)
     pairs = s.export_summary("t", "isotone")
-    choose = median_time(lambda: s.isotone_ranges(qtype="int8"), 5)
+    choose = median_time(lambda: s.summary_ranges("isotone", qtype="int8"), 5)
     rows = int(pairs["rows"].sum())
     return (
         f"| {label} | {rows:,} | {len(pairs['l1']):,} | {24 * len(pairs['l1']) / 2**20:.2f} | {plain:.3f} | "
@@ -74,7 +74,7 @@ def main() -> None:
         f"- {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; Python "
         f"{platform.python_version()}, numpy {np.__version__}, histocal threads {_core.get_num_threads()}",
         "- collect: one `StreamHistograms(16384)` fed batch by batch, without and with `isotone=True` "
-        '(median wall time); choose: `isotone_ranges(qtype="int8")` (median)',
+        '(median wall time); choose: `summary_ranges("isotone", qtype="int8")` (median)',
         "",
         "| data | rows | distinct pairs | summary (MiB) | collect (s) | collect with isotone (s) | choose (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|",

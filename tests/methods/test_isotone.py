@@ -72,8 +72,8 @@ def test_summary_and_range_match_the_reference(batches, qtype, symmetric):
     want_pairs, want_skipped = I.top_two(batches)
     got_pairs, got_skipped = pairs_of(s)
     assert sorted(got_pairs) == sorted(want_pairs) and got_skipped == want_skipped
-    r = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
-    low, high, rows, skipped, fell_back = r.low, r.high, r.rows, r.skipped, r.fell_back
+    low, high, notes = s.summary_ranges("isotone", qtype=qtype, symmetric=symmetric)[0]
+    rows, skipped, fell_back = notes["rows"], notes["skipped"], bool(notes["fell_back"])
     assert (low, high) == I.isotone_range(batches, qtype, symmetric)
     assert rows == len(want_pairs) and skipped == want_skipped
     assert fell_back == (I.isotone_scale(want_pairs, qtype, symmetric) is None and bool(want_pairs))
@@ -111,8 +111,7 @@ def test_onnxruntime_maps_the_range_to_the_scale(qtype, symmetric):
     rng = np.random.default_rng(3)
     logits = rng.normal(0, 2, (64, 10)).astype(np.float32)
     s = collected([logits])
-    r = s.isotone_ranges(qtype=qtype, symmetric=symmetric)[0]
-    low, high = r.low, r.high
+    low, high, _ = s.summary_ranges("isotone", qtype=qtype, symmetric=symmetric)[0]
     pairs, _ = I.top_two([logits])
     scale = I.isotone_scale(pairs, qtype, symmetric)
     ort_scale, zp = ort_scale_zp(low, high, qtype, symmetric)
@@ -125,7 +124,7 @@ def test_limits_and_missing_summaries():
     plain = _core().StreamHistograms(8)
     plain.collect([("t", [np.ones((2, 3), np.float32)])])
     with pytest.raises(ValueError, match='"t".*isotone needs per-row top-two summaries'):
-        plain.isotone_ranges()
+        plain.summary_ranges("isotone")
     assert isotone_pairs(plain, "t") is None
     s = collected([np.ones((2, 3), np.float32)])
     with pytest.raises(ValueError, match='"t".*not sorted'):
@@ -148,8 +147,8 @@ def test_more_distinct_pairs_than_the_summary_holds():
     for s in (whole, halves):
         assert isotone_pairs(s, "t").overflowed and not isotone_pairs(s, "t").l1.size
         with pytest.raises(ValueError, match='"t".*more than'):
-            s.isotone_ranges()
-    assert whole.isotone_ranges is not None and whole.counts("t").n_finite == 2 * n
+            s.summary_ranges("isotone")
+    assert whole.summary_ranges is not None and whole.counts("t").n_finite == 2 * n
     assert not isotone_pairs(collected([rows[: n - 1]]), "t").overflowed
     # the mark survives the state file
     from histocal.state import CalibrationState

@@ -2,7 +2,6 @@
 and ``create_calibrator``."""
 
 from ..methods.settings import DEFAULT_STREAMING_BINS, MODES
-from .budget import MEMORY_BUDGET_ENV
 from .factory import create_calibrator
 from .method import MethodCalibrater
 from .minmax import MinMaxCalibrater
@@ -10,7 +9,6 @@ from .ort_methods import DistributionCalibrater, EntropyCalibrater, PercentileCa
 
 __all__ = [
     "DEFAULT_STREAMING_BINS",
-    "MEMORY_BUDGET_ENV",
     "MODES",
     "DistributionCalibrater",
     "EntropyCalibrater",

@@ -48,8 +48,8 @@ def create_calibrator(
         op_types_to_calibrate: op types whose outputs are calibrated (default: all).
         augmented_model_path: where to write the augmented model (default: a temporary folder
             of the calibrator's own).
-        calibrate_method: an ORT ``CalibrationMethod``, or a histocal (mse, kl, pow2, isotone,
-            auto) or registered method's name (then a ``MethodCalibrater``).
+        calibrate_method: an ORT ``CalibrationMethod``, or a histocal method's name (the rows of
+            ``methods.table.TABLE``) or a registered one's (then a ``MethodCalibrater``).
         use_external_data_format: as ORT's.
         providers: onnxruntime execution providers for the calibration session.
         extra_options: a dict of:
@@ -58,17 +58,12 @@ def create_calibrator(
             ``per_channel`` (False), ``num_bins`` (Entropy 128, Percentile and Distribution
             2048), ``num_quantized_bins`` (128), ``percentile`` (99.999), ``scenario``
             (``"same"``).
-            histocal's keys: ``CollectionMode`` (``"auto"``, ``"exact"`` or ``"streaming"``),
-            ``StreamingBins`` (16384), ``MemoryBudget`` (bytes, or e.g. ``"2GiB"``; default
-            ``HISTOCAL_MEMORY_BUDGET``, else a quarter of the available memory, at most 8 GiB)
-            for the histogram methods; ``channel_axis`` (1) with ``per_channel`` for per-channel
-            histograms; ``NumThreads`` (the CPUs calibration may use; default
-            ``HISTOCAL_NUM_THREADS``, else the usable CPUs); ``SessionOptions`` (an
-            ``onnxruntime.SessionOptions`` for the calibration session, used as given);
-            ``MethodOptions`` (a dict: a histocal method's options); ``MethodOverrides`` (other
-            methods for chosen tensors, by name or by the op type of their producing node, e.g.
-            ``{"op:Softmax": "isotone", "name:logits": "isotone"}``; every method but MinMax's
-            in-graph calibrator; docs/methods.md).
+            histocal's keys: the collection settings' (``CollectionMode``, ``StreamingBins``,
+            ...: each row of ``methods.settings.SETTINGS`` gives its key, default and
+            environment fallback); ``MethodOptions`` (a dict: a histocal method's options);
+            ``MethodOverrides`` (other methods for chosen tensors, by name or by the op type of
+            their producing node, e.g. ``{"op:Softmax": "mse", "name:logits": "kl"}``; every method
+            but MinMax's in-graph calibrator; docs/methods.md).
         settings: the collection settings as an object (``histocal.methods.settings``), for
             histocal's callers, instead of their ``extra_options`` keys (not both).
 

@@ -11,8 +11,8 @@ from onnxruntime.quantization import calibrate as ort_calibrate
 
 from .. import _core, methods
 from ..methods.settings import CollectionSettings
-from ..methods.table import ISOTONE, POW2_VOTES, summaries_for
-from ..state.channels import ISOTONE_CLASS_AXIS, NO_CHANNEL_VOTES, ChannelHistograms
+from ..methods.table import summaries_for
+from ..state.channels import ChannelHistograms
 from ..state.overrides import rule_summaries
 from .common import PrivateShapeInference, augmented_path_for
 from .histogram import HistogramCalibration
@@ -92,17 +92,14 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
         self._init_histocal(CollectionSettings.of(settings, **given).replace(mode="streaming"))
 
     def _check_settings(self) -> None:
-        summaries = summaries_for(self.method, self.method_options)
-        if self.per_channel and POW2_VOTES in summaries:
-            raise ValueError(NO_CHANNEL_VOTES)
-        if self.per_channel and ISOTONE in summaries and self.axis == -1:
-            raise ValueError(ISOTONE_CLASS_AXIS)
+        if self.per_channel:
+            ChannelHistograms.check_summaries(summaries_for(self.method, self.method_options), self.axis)
 
     def new_stream(self) -> _core.StreamHistograms:
         """An empty streaming histogram set for this calibrator.
 
         Returns:
-            Histograms that collect what its method and overrides need (pow2 votes, isotone pairs).
+            Histograms that collect the summaries its method and overrides need.
         """
         # a method choosing per batch needs every batch's vote, collected as the batches come
         summaries = summaries_for(self.method, self.method_options) | rule_summaries(self.method_overrides)
@@ -110,4 +107,4 @@ class MethodCalibrater(HistogramCalibration, ort_calibrate.HistogramCalibrater, 
 
     def _new_channels(self) -> ChannelHistograms:
         summaries = summaries_for(self.method, self.method_options) | rule_summaries(self.method_overrides)
-        return ChannelHistograms(self.streaming_bins, self.axis, isotone=ISOTONE in summaries)
+        return ChannelHistograms.collecting(self.streaming_bins, self.axis, summaries)

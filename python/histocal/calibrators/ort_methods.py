@@ -31,10 +31,8 @@ class EntropyCalibrater(HistogramCalibration, ort_calibrate.EntropyCalibrater, P
         num_quantized_bins: the quantized distribution's bins.
         settings: the collection settings as one ``methods.settings.CollectionSettings`` (what
             histocal's entry points pass), instead of the keywords.
-        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``):
-            ``mode`` (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``,
-            ``memory_budget``, ``per_channel``, ``axis``, ``num_threads``, ``session_options``,
-            ``show_progress``.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``,
+            one per row of ``methods.settings.SETTINGS``).
 
     Raises:
         ValueError: a bad setting (naming it).
@@ -82,10 +80,8 @@ class PercentileCalibrater(HistogramCalibration, ort_calibrate.PercentileCalibra
         percentile: the percentile of the values the range holds.
         settings: the collection settings as one ``methods.settings.CollectionSettings`` (what
             histocal's entry points pass), instead of the keywords.
-        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``):
-            ``mode`` (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``,
-            ``memory_budget``, ``per_channel``, ``axis``, ``num_threads``, ``session_options``,
-            ``show_progress``.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``,
+            one per row of ``methods.settings.SETTINGS``).
 
     Raises:
         ValueError: a bad setting (naming it).
@@ -133,10 +129,8 @@ class DistributionCalibrater(HistogramCalibration, ort_calibrate.DistributionCal
         scenario: ``"same"`` or ``"p3"``.
         settings: the collection settings as one ``methods.settings.CollectionSettings`` (what
             histocal's entry points pass), instead of the keywords.
-        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``):
-            ``mode`` (``"auto"``, ``"exact"`` or ``"streaming"``), ``streaming_bins``,
-            ``memory_budget``, ``per_channel``, ``axis``, ``num_threads``, ``session_options``,
-            ``show_progress``.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``,
+            one per row of ``methods.settings.SETTINGS``).
 
     Raises:
         ValueError: a bad setting (naming it).

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .arguments import finite_float, positive_int
 from .calibration import check_model, open_data
@@ -15,6 +16,9 @@ from .errors import UsageError
 from .options import add_data_options, add_method_options, compute_settings
 from .quantization import add_quantization_options, quantization_arguments
 from .same_file import inputs, report_inputs
+
+if TYPE_CHECKING:
+    from ..quantize.ort import QuantizationArgs
 
 logger = logging.getLogger("histocal.cli")
 
@@ -105,7 +109,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_diagnose)
 
 
-def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str, Any]) -> Any:
+def run_diagnosis(args: argparse.Namespace, model: Path, quantization: QuantizationArgs) -> Any:
     """``histocal.diagnose.diagnose`` with the command line's data, method and limits."""
     from ..diagnose import DEFAULTS, diagnose
     from ..io.data import open_calibration_data
@@ -139,7 +143,7 @@ def run_diagnosis(args: argparse.Namespace, model: Path, quantization: dict[str,
         target_sqnr_db=args.target_sqnr,
         show_progress=False if args.no_progress else None,
         **{k: v for k, v in limits.items() if v is not None},
-        **quantization,
+        **quantization.keywords(),
     )
 
 
@@ -163,10 +167,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, Any], tmp: Path) -> tuple[Any, Path]:
-    """``quantize --auto-exclude``: the diagnosis's ranges, its nodes_to_exclude added to
-    ``quantization``, and the model to quantize (the given one, or a copy whose unnamed nodes got
-    the diagnosis's names)."""
+def auto_exclude(
+    args: argparse.Namespace, model: Path, quantization: QuantizationArgs, tmp: Path
+) -> tuple[Any, Path, QuantizationArgs]:
+    """``quantize --auto-exclude``: the diagnosis's ranges, the model to quantize (the given one, or
+    a copy whose unnamed nodes got the diagnosis's names), and ``quantization`` with the diagnosis's
+    nodes_to_exclude added."""
     import onnx
 
     from ..diagnose import name_nodes
@@ -184,7 +190,8 @@ def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, 
         copy = tmp / model.name
         onnx.save_model(named, copy.as_posix(), save_as_external_data=True, location=f"{model.name}.data")
         model = copy
-    quantization["nodes_to_exclude"] = [*(quantization.get("nodes_to_exclude") or []), *diagnosis.nodes_to_exclude]
+    excluded = [*(quantization.nodes_to_exclude or []), *diagnosis.nodes_to_exclude]
+    quantization = dataclasses.replace(quantization, nodes_to_exclude=excluded)
     target = "" if diagnosis.target_sqnr_db is None else (
         f", target {diagnosis.target_sqnr_db:g} dB {'reached' if diagnosis.target_reached else 'not reached'}"
     )  # fmt: skip
@@ -195,4 +202,4 @@ def auto_exclude(args: argparse.Namespace, model: Path, quantization: dict[str, 
     )
     if diagnosis.nodes_to_exclude:
         sys.stdout.write("auto-exclude: nodes_to_exclude " + " ".join(diagnosis.nodes_to_exclude) + "\n")
-    return diagnosis.ranges, model
+    return diagnosis.ranges, model, quantization

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from ..methods.settings import (
-    MEMORY_BUDGET,
+    COLLECTION_FLAGS,
     METHOD_OPTIONS_KEY,
     METHOD_OVERRIDES_KEY,
     MODE,
@@ -119,7 +119,7 @@ def add_method_options(
         action="append",
         metavar="KEY=METHOD",
         help="another method for chosen tensors; KEY: name:TENSOR, op:OPTYPE (the op type of the node producing "
-        "them; needs the model) or either; repeatable (e.g. --method-for name:logits=isotone)",
+        "them; needs the model) or either; repeatable (e.g. --method-for op:Softmax=mse)",
     )
     for option in _TABLE_OPTIONS.values():
         _add_option(g, option)
@@ -129,7 +129,7 @@ def add_method_options(
         if per_channel:
             g.add_argument(PER_CHANNEL.flag, action="store_true", default=None, help="minmax: per-channel ranges")
     if collection:
-        CollectionSettings.add_cli_arguments(g, (MODE, MEMORY_BUDGET, STREAMING_BINS), {STREAMING_BINS.name: bin_count})
+        CollectionSettings.add_cli_arguments(g, COLLECTION_FLAGS, {STREAMING_BINS.name: bin_count})
 
 
 def _option_type(option: Option) -> Any:

@@ -4,7 +4,10 @@ the parser offers and the onnxruntime ``quantize_static`` keywords they become."
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..quantize.ort import QuantizationArgs
 
 QUANT_TYPES = ("qint8", "quint8", "qint16", "quint16", "qint4", "quint4", "qfloat8e4m3fn")
 FORMATS = ("qdq", "qoperator")
@@ -17,17 +20,19 @@ def quant_type(name: str) -> Any:
     return QuantType[members[name]]
 
 
-def quantization_arguments(args: argparse.Namespace) -> dict[str, Any]:
+def quantization_arguments(args: argparse.Namespace) -> QuantizationArgs:
     """quantize_static's quantization arguments from the command line (also those auto's
     model-level choice quantizes its candidates with)."""
     from onnxruntime.quantization import QuantFormat
+
+    from ..quantize.ort import QuantizationArgs
 
     extra_options = {}
     if args.symmetric_activations is not None:
         extra_options["ActivationSymmetric"] = args.symmetric_activations
     if args.symmetric_weights is not None:
         extra_options["WeightSymmetric"] = args.symmetric_weights
-    return dict(
+    return QuantizationArgs(
         quant_format=QuantFormat.QDQ if args.format == "qdq" else QuantFormat.QOperator,
         op_types_to_quantize=args.op_types,
         per_channel=args.per_channel,

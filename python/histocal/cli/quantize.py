@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..diagnose import DEFAULTS as DIAGNOSE_DEFAULTS
 from ..io.outputs import external_data_output
@@ -34,6 +34,9 @@ from .options import (
 from .quantization import add_quantization_options, quant_type, quantization_arguments
 from .same_file import inputs as command_inputs
 from .same_file import refuse_overwriting
+
+if TYPE_CHECKING:
+    from ..quantize.ort import QuantizationArgs
 
 logger = logging.getLogger("histocal.cli")
 
@@ -61,24 +64,23 @@ def _model_level_auto(args: argparse.Namespace) -> bool:
     return args.method == "auto" and not args.per_tensor_estimate
 
 
-def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization: dict[str, Any]) -> Any:
+def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization: QuantizationArgs) -> Any:
     """auto's model-level choice (see histocal.quantize.selection): the chosen candidate's ranges."""
     from .. import methods
-    from ..quantize.integration import calibrate_and_select
+    from ..quantize.integration import choose_by_model
 
     options, settings = calibrator_options(args)  # warns about options that do not apply to auto
     eval_samples = args.eval_samples or methods.AUTO_SELECTION_OPTIONS["eval_samples"]
     folds = args.folds or methods.AUTO_SELECTION_OPTIONS["folds"]
     start = time.perf_counter()
-    chosen = calibrate_and_select(
+    chosen = choose_by_model(
         model,
         data,
+        quantization,
+        settings.replace(show_progress=False if args.no_progress else None),
         eval_samples=eval_samples,
         folds=folds,
         method_options=options.get(METHOD_OPTIONS_KEY),
-        streaming_bins=settings.streaming_bins,
-        show_progress=False if args.no_progress else None,
-        **quantization,
     )
     logger.info(
         "auto chose %s (output SQNR %.2f dB, %s on %d batches) in %.2f s",
@@ -92,7 +94,7 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
     return chosen.ranges
 
 
-def _model_to_calibrate(model: Path, quantization: dict[str, Any], tmp: str) -> Path:
+def _model_to_calibrate(model: Path, quantization: QuantizationArgs, tmp: str) -> Path:
     """``model``, or the model onnxruntime converts it to (another opset) before it quantizes,
     saved in ``tmp``: ranges must name that model's tensors."""
     import onnx
@@ -100,7 +102,7 @@ def _model_to_calibrate(model: Path, quantization: dict[str, Any], tmp: str) -> 
     from ..quantize.ort import model_ort_quantizes
 
     converted = model_ort_quantizes(
-        model, quantization["weight_type"], quantization["activation_type"], quantization["extra_options"]
+        model, quantization.weight_type, quantization.activation_type, quantization.extra_options
     )
     if converted is None:
         return model
@@ -110,7 +112,7 @@ def _model_to_calibrate(model: Path, quantization: dict[str, Any], tmp: str) -> 
     return path
 
 
-def _state_of(model: Path, path: str, quantization: dict[str, Any]) -> Any:
+def _state_of(model: Path, path: str, quantization: QuantizationArgs) -> Any:
     """The state in ``path``, refused when it was collected on another model than ``model`` (or
     than the model onnxruntime converts it to for this quantization)."""
     from ..quantize.ort import model_ort_quantizes
@@ -121,7 +123,7 @@ def _state_of(model: Path, path: str, quantization: dict[str, Any]) -> Any:
     if state.model_fingerprint in (None, expected):
         return state
     converted = model_ort_quantizes(
-        model, quantization["weight_type"], quantization["activation_type"], quantization["extra_options"]
+        model, quantization.weight_type, quantization.activation_type, quantization.extra_options
     )
     if converted is None or model_fingerprint(converted) != state.model_fingerprint:
         raise CliError(
@@ -158,7 +160,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     staging = tempfile.TemporaryDirectory(prefix="histocal.")
     if args.auto_exclude:
         args.method = args.method or "minmax"
-        ranges, model = auto_exclude(args, model, quantization, Path(staging.name))
+        ranges, model, quantization = auto_exclude(args, model, quantization, Path(staging.name))
     elif args.state is not None:
         given = args.state
         ranges = ranges_from_state(args, _state_of(model, args.state, quantization))
@@ -207,14 +209,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     if given is not None:
         try:
-            check_ranges_fit(model, ranges, given, **quantization)
+            check_ranges_fit(model, ranges, given, **quantization.keywords())
         except ValueError as exc:
             raise CliError(str(exc)) from None
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
         staged = Path(tmp, "out", output.name)
         staged.parent.mkdir()
-        quantize_with_ranges(model, staged, ranges, **quantization)
+        quantize_with_ranges(model, staged, ranges, quantization)
         # Side files (external data) first, the model last: a reader never sees a model
         # without its data. The check above knows the external-data file onnxruntime names; any
         # other side file is checked here, before anything (the cache too) is written.

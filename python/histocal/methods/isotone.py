@@ -45,18 +45,21 @@ def isotone_ranges(stream: Any, names: Sequence[str], options: Mapping[str, Any]
     tensor of that kind (a model-wide isotone may have hundreds)."""
     out = []
     undefined: dict[str, list[str]] = {NO_ROWS: [], NOT_SEPARABLE: [], ZERO_SCALE: []}
-    results = stream.isotone_ranges(list(names), qtype=options["qtype"], symmetric=bool(options["symmetric"]))
-    for name, r in zip(names, results):
-        if r.rows == 0:
-            undefined[NO_ROWS].append(f"{name!r} ({r.skipped} rows skipped)" if r.skipped else repr(name))
-        elif r.fell_back:
+    results = stream.summary_ranges(
+        "isotone", list(names), qtype=options["qtype"], symmetric=bool(options["symmetric"])
+    )
+    for name, (low, high, notes) in zip(names, results):
+        rows, skipped = notes["rows"], notes["skipped"]
+        if rows == 0:
+            undefined[NO_ROWS].append(f"{name!r} ({skipped} rows skipped)" if skipped else repr(name))
+        elif notes["fell_back"]:
             undefined[NOT_SEPARABLE].append(repr(name))
-        elif r.high == 0:
+        elif high == 0:
             undefined[ZERO_SCALE].append(repr(name))
         logger.debug(
-            "isotone: tensor %r: %d of %d rows kept in order (%d skipped)", name, r.satisfied, r.rows, r.skipped
+            "isotone: tensor %r: %d of %d rows kept in order (%d skipped)", name, notes["satisfied"], rows, skipped
         )
-        out.append((r.low, r.high))
+        out.append((low, high))
     for why, tensors in undefined.items():
         if tensors:
             logger.warning("isotone: %d tensor(s) with %s: %s. %s", len(tensors), why, ", ".join(tensors), ADVICE)

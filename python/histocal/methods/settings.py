@@ -129,6 +129,8 @@ EXTRA_KEYS: dict[str, Setting] = {s.extra_key: s for s in SETTINGS if s.extra_ke
 # MinMax's in-graph ranges collect no histogram; histocal's methods always collect streaming ones.
 MINMAX_SETTINGS = (PER_CHANNEL, NUM_THREADS, SESSION_OPTIONS, SHOW_PROGRESS)
 STREAMING_SETTINGS = (STREAMING_BINS, PER_CHANNEL, AXIS, NUM_THREADS, SESSION_OPTIONS, SHOW_PROGRESS)
+# The collection flags of the commands that calibrate on data (per-channel ones are each command's).
+COLLECTION_FLAGS = (MODE, MEMORY_BUDGET, STREAMING_BINS)
 
 
 def settings_for(method: str) -> tuple[Setting, ...]:

@@ -190,9 +190,9 @@ def calibrate(
         method_options: a histocal method's options.
         settings: the collection settings as one ``methods.settings.CollectionSettings``, instead
             of their keywords.
-        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``:
-            mode, streaming_bins, memory_budget, per_channel, axis, ...; None: the default); those
-            the method's calibrator does not read are ignored.
+        **collection: the collection settings as keywords (``methods.settings.CollectionKwargs``,
+            one per row of ``methods.settings.SETTINGS``; None: the default); those the method's
+            calibrator does not read are ignored.
 
     Returns:
         onnxruntime ``TensorsData`` of the calibrated tensors.
@@ -450,8 +450,8 @@ def quantize_static(
             per_channel, reduce_range, activation_type, weight_type, nodes_to_quantize,
             nodes_to_exclude, use_external_data_format, calibration_providers, extra_options,
             calibration_cache_path: as ORT's ``quantize_static``.
-        calibrate_method: an ORT ``CalibrationMethod``, or a histocal (mse, kl, pow2, isotone,
-            auto) or registered method's name. ``"auto"`` chooses one method for the model by
+        calibrate_method: an ORT ``CalibrationMethod``, or a histocal method's name (the rows of
+            ``methods.table.TABLE``) or a registered one's. ``"auto"`` chooses one method for the model by
             the quantized model's output, cross-validated (docs/methods.md, "auto: the
             model-level choice"); the chosen ranges are written to ``calibration_cache_path``, and
             a cache hit is reused either way.

@@ -13,8 +13,9 @@
 
 Methods: ``minmax``, ``entropy`` and ``percentile`` (onnxruntime's, computed by
 ``CalibrationState.compute``: the state's own settings for the method it was collected with,
-onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (its default options), ``auto`` and,
-for a state collected for it, ``isotone`` (``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
+onnxruntime's defaults otherwise), ``mse``, ``kl``, ``pow2`` (its default options), ``auto`` and
+the table's other methods with a report colour whose summaries the state holds
+(``CalibrationState.method_ranges``). ``qtype`` and ``symmetric`` apply to every method that takes
 them and to the error estimate (``state.stream.qerrors``: the mean squared error of quantizing and
 dequantizing the histogram's values with the range, under the installed onnxruntime's
 scale/zero-point rule, see ``histocal.methods.scale_rule``). SQNR is
@@ -377,9 +378,8 @@ def write_report(
     source = "in-memory state" if source is None else str(source)
     if state.stream is None:
         raise ValueError("the report needs the streaming histogram, and this state holds only exact histograms")
-    if default_methods and "isotone" not in state.stream.summaries:
-        # isotone's summaries are collected only for isotone
-        methods = [m for m in methods if TABLE[m].histogram != "isotone"]
+    if default_methods:  # a method reading summaries (with its default options) needs them collected
+        methods = [m for m in methods if TABLE[m].summaries({}) <= set(state.stream.summaries)]
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
 

@@ -16,8 +16,8 @@ from ..methods.table import TABLE
 logger = logging.getLogger(__name__)
 
 
-# The methods with a report colour, in table order (isotone is shown only for states that hold its
-# summaries, collected for isotone).
+# The methods with a report colour, in table order (a method reading summaries beside the histogram
+# is shown only for states that hold them: report.page).
 REPORT_METHODS = tuple(m.name for m in TABLE.values() if m.colour is not None)
 LABELS = {m.name: m.report_label for m in TABLE.values() if m.label is not None}
 COLOURS: dict[str, str] = {m.name: m.colour for m in TABLE.values() if m.colour is not None}

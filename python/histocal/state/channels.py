@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +120,20 @@ class ChannelHistograms:
     isotone: bool = False
     # each tensor's channel keys, built once (a collection passes them with every batch)
     _keys: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def collecting(cls, num_bins: int, axis: int, summaries: Collection[str]) -> ChannelHistograms:
+        """Per-channel histograms that also collect, of ``summaries`` (``methods.table.summaries_for``),
+        those kept per channel (see ``check_summaries``)."""
+        return cls(num_bins, axis, isotone="isotone" in summaries)
+
+    @staticmethod
+    def check_summaries(summaries: Collection[str], axis: int) -> None:
+        """ValueError when ``summaries`` cannot be collected per channel on ``axis``."""
+        if "pow2_votes" in summaries:
+            raise ValueError(NO_CHANNEL_VOTES)
+        if "isotone" in summaries and axis == -1:
+            raise ValueError(ISOTONE_CLASS_AXIS)
 
     def __post_init__(self) -> None:
         if isinstance(self.axis, bool) or not isinstance(self.axis, (int, np.integer)):

@@ -1,5 +1,5 @@
-"""Per-tensor method assignment: another method for chosen tensors, e.g. isotone for a classifier's
-logits and percentile everywhere else (PPQ's use of isotone).
+"""Per-tensor method assignment: another method for chosen tensors, e.g. one for a classifier's
+logits (PPQ's use of its order-preserving method) and percentile everywhere else.
 
 A rule names its tensors by the tensor's name (``"name:logits"``) or by the op type of the node that
 produces them (``"op:Gemm"``); a bare key is a calibrated tensor's name when there is one, else an op
@@ -10,8 +10,8 @@ be silently ignored); an op type that produces no calibrated tensor logs a warni
 
 Rules are given as a mapping ``{key: method}`` or ``{key: (method, {options})}``, or as ``"KEY=METHOD"``
 strings (the CLI's ``--method-for``). The results of the assigned methods replace the main method's for
-those tensors, in the same TensorsData (per channel too). A method needing data collected for it (isotone's
-summaries, pow2's per-batch votes) needs it collected: the calibrators collect it when a rule asks.
+those tensors, in the same TensorsData (per channel too). A method needing data collected for it (its
+summaries, ``methods.table.summaries_for``) needs it collected: the calibrators collect it when a rule asks.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def parse_method_overrides(value: Any) -> tuple[MethodRule, ...]:
         entries = []
         for item in value:
             if not isinstance(item, str) or "=" not in item:
-                raise ValueError(f"a method override is KEY=METHOD (e.g. op:Softmax=isotone), got {item!r}")
+                raise ValueError(f"a method override is KEY=METHOD (e.g. op:Softmax=mse), got {item!r}")
             key, _, method = item.rpartition("=")
             entries.append((key, method))
     else:
@@ -95,13 +95,14 @@ def rule_summaries(rules: Sequence[MethodRule]) -> frozenset[str]:
 
 def collection_mode(rules: Sequence[MethodRule], mode: str, mode_used: str | None) -> str:
     """The collection mode a calibrator set to ``mode`` (having used ``mode_used``) takes for ``rules``:
-    streaming where a rule's method needs data collected beside the streaming histogram (isotone's
-    summaries, pow2's votes); ValueError where exact mode was asked for or already used."""
+    streaming where a rule's method needs data collected beside the streaming histogram (its
+    summaries); ValueError where exact mode was asked for or already used."""
     if not rule_summaries(rules) or mode == "streaming":
         return mode
     if mode == "exact" or mode_used == "exact":
+        needing = sorted({r.method for r in rules if summaries_for(r.method, dict(r.options))})
         raise ValueError(
-            "method overrides using isotone or pow2's most-common choice need the streaming collection "
+            f"method overrides using {', '.join(needing)} need the streaming collection "
             "(their data is collected beside the streaming histogram): use mode='streaming' or 'auto'"
         )
     return "streaming"
@@ -183,7 +184,7 @@ def compute_with_overrides(
         method: the main method (ORT's enum, or any method name).
         method_overrides: rules ``{"name:TENSOR" or "op:OPTYPE" or a bare key: method or
             (method, options)}``, or ``KEY=METHOD`` strings; a bare key is a tensor name, else
-            an op type (docs/methods.md, "Isotone for chosen tensors").
+            an op type (docs/methods.md).
         model: the model (ModelProto or path), needed for op-type rules.
         base: the main method's result, already computed (then not computed again).
         per_channel: per-channel results (default: when the state holds per-channel histograms).

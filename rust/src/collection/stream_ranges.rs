@@ -10,6 +10,7 @@ use crate::methods::qerror::{ErrorTable, OrtRule, QType, Quantizer};
 use crate::methods::range_method::{largest_finite, range_rule, RangeMethod};
 use crate::numeric::fallible;
 use crate::stream::stream_histogram::as_uniform;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 
 /// A tensor's isotone result: its range, the rows the scale keeps in order (`satisfied`, weighted
@@ -23,6 +24,17 @@ pub struct IsotoneResult {
     pub skipped: u64,
     pub fell_back: bool,
 }
+
+impl IsotoneResult {
+    /// The counts beside the range, by name (`fell_back` as 0 or 1).
+    pub fn notes(&self) -> BTreeMap<&'static str, u128> {
+        let (rows, skipped, fell_back) = (self.rows, u128::from(self.skipped), u128::from(self.fell_back));
+        BTreeMap::from([("satisfied", self.satisfied), ("rows", rows), ("skipped", skipped), ("fell_back", fell_back)])
+    }
+}
+
+/// A range from a summary and the counts, by name, of how it was reached.
+pub type SummaryRange = (f64, f64, BTreeMap<&'static str, u128>);
 
 /// isotone's range from a tensor's pairs: without a separable row `(0, max(largest top value,
 /// 0))` (`fell_back`), and `(0, 0)` without any row; an error when its rows overflowed.
@@ -131,6 +143,24 @@ impl StreamCollection {
             })
         });
         out.into_iter().collect()
+    }
+
+    /// The ranges of the method that reads summary `summary` alone (isotone's) for `names`
+    /// (default: all), with their notes ([`IsotoneResult::notes`]).
+    pub fn summary_ranges(
+        &self,
+        summary: &str,
+        names: Option<Vec<String>>,
+        qtype: QType,
+        symmetric: bool,
+    ) -> Result<Vec<SummaryRange>, TensorError> {
+        match summary {
+            "isotone" => {
+                let out = self.isotone_ranges(names, qtype, symmetric)?;
+                Ok(out.into_iter().map(|r| (r.low, r.high, r.notes())).collect())
+            }
+            _ => Err(TensorError::Collection(format!("no range method reads the summary {summary:?} alone"))),
+        }
     }
 
     /// isotone's results for `names` (default: all); see [`isotone_result`].

@@ -87,8 +87,18 @@ pub(crate) fn channel_batches_of<'a>(b: &'a Borrowed<'_>, axis: usize) -> Channe
     }
 }
 
-pub(crate) fn borrow_items<'py>(items: &[(String, Vec<Bound<'py, PyAny>>)]) -> PyResult<Vec<(String, Borrowed<'py>)>> {
-    items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect()
+/// A collect's items `[(name, [arrays...]), ...]`.
+pub(crate) type Items<'py> = Vec<(String, Vec<Bound<'py, PyAny>>)>;
+
+/// `f` on the items borrowed, and as each tensor's batches.
+pub(crate) fn with_batches<R>(
+    items: &Items<'_>,
+    f: impl FnOnce(&[(String, Borrowed<'_>)], &[(&str, Batches<'_>)]) -> R,
+) -> PyResult<R> {
+    let borrowed: Vec<(String, Borrowed<'_>)> =
+        items.iter().map(|(n, a)| Ok((n.clone(), borrow_all(n, a)?))).collect::<PyResult<_>>()?;
+    let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
+    Ok(f(&borrowed, &batches))
 }
 
 pub(crate) fn counts_array<'py>(counts: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, u64>> {

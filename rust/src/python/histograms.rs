@@ -6,7 +6,7 @@ use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::records::{BinRange, HistogramState, Moments, TensorCounts};
 use super::threads::*;
-use crate::collection::tensor::{Batches, Counts, Kind};
+use crate::collection::tensor::{Counts, Kind};
 use crate::collection::{EdgesRef, ExactCollection};
 use crate::numeric::fallible;
 use crate::numeric::float::Float;
@@ -38,12 +38,8 @@ impl Histograms {
     }
 
     /// Collect `[(name, [arrays...]), ...]`: each tensor's arrays form one ORT collect call.
-    fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
-        guard(|| {
-            let borrowed = borrow_items(&items)?;
-            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            run(py, || self.inner.collect(&batches)).map_err(tensor_error)
-        })
+    fn collect(&mut self, py: Python<'_>, items: Items<'_>) -> PyResult<()> {
+        guard(|| with_batches(&items, |_, batches| run(py, || self.inner.collect(batches)))?.map_err(tensor_error))
     }
 
     /// Two-pass collect, pass 1: add batches to each tensor's pending scan (nothing is binned
@@ -53,15 +49,11 @@ impl Histograms {
     fn scan(
         &mut self,
         py: Python<'_>,
-        items: Vec<(String, Vec<Bound<'_, PyAny>>)>,
+        items: Items<'_>,
         mut stream: Option<PyRefMut<'_, StreamHistograms>>,
     ) -> PyResult<()> {
-        guard(|| {
-            let borrowed = borrow_items(&items)?;
-            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            let stream = stream.as_deref_mut().map(|s| &mut s.inner);
-            run(py, || self.inner.scan(&batches, stream)).map_err(tensor_error)
-        })
+        let stream = stream.as_deref_mut().map(|s| &mut s.inner);
+        guard(|| with_batches(&items, |_, batches| run(py, || self.inner.scan(batches, stream)))?.map_err(tensor_error))
     }
 
     /// Two-pass collect split across processes: the pending scans of the collect in progress
@@ -95,12 +87,8 @@ impl Histograms {
     }
 
     /// Two-pass collect, pass 2: count batches with the binning `plan` fixed.
-    fn count(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
-        guard(|| {
-            let borrowed = borrow_items(&items)?;
-            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            run(py, || self.inner.count(&batches)).map_err(tensor_error)
-        })
+    fn count(&mut self, py: Python<'_>, items: Items<'_>) -> PyResult<()> {
+        guard(|| with_batches(&items, |_, batches| run(py, || self.inner.count(batches)))?.map_err(tensor_error))
     }
 
     /// A copy of the collected histograms (no two-pass collect in progress); `MemoryError`, the
@@ -208,21 +196,17 @@ impl Histograms {
             let counts = Counts { finite, nan, posinf, neginf, batches };
             let b = borrow_all(name, std::slice::from_ref(&edges))?;
             let contiguous = || bad("edges must be a contiguous 1-D array");
+            macro_rules! restore {
+                ($v:expr) => {
+                    $v[0].as_slice().map(|e| self.inner.restore(name, dtype, hist, e, min, max, threshold, counts))
+                };
+            }
             let restored = match &b {
-                Borrowed::F16(v) => {
-                    let edges = v[0].as_slice().map_err(|_| contiguous())?;
-                    self.inner.restore(name, dtype, hist, edges, min, max, threshold, counts)
-                }
-                Borrowed::F32(v) => {
-                    let edges = v[0].as_slice().map_err(|_| contiguous())?;
-                    self.inner.restore(name, dtype, hist, edges, min, max, threshold, counts)
-                }
-                Borrowed::F64(v) => {
-                    let edges = v[0].as_slice().map_err(|_| contiguous())?;
-                    self.inner.restore(name, dtype, hist, edges, min, max, threshold, counts)
-                }
+                Borrowed::F16(v) => restore!(v),
+                Borrowed::F32(v) => restore!(v),
+                Borrowed::F64(v) => restore!(v),
             };
-            restored.map_err(tensor_error)
+            restored.map_err(|_| contiguous())?.map_err(tensor_error)
         })
     }
 
@@ -230,13 +214,7 @@ impl Histograms {
     fn counts(&self, name: &str) -> PyResult<TensorCounts> {
         guard(|| {
             let c = self.inner.tensors().get(name).map_err(tensor_error)?.counts;
-            Ok(TensorCounts {
-                n_finite: c.finite,
-                n_nan: c.nan,
-                n_posinf: c.posinf,
-                n_neginf: c.neginf,
-                batches: c.batches,
-            })
+            Ok(TensorCounts::new([c.finite, c.nan, c.posinf, c.neginf, c.batches]))
         })
     }
 

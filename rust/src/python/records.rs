@@ -57,6 +57,12 @@ record! {
     TensorCounts { n_finite: u64, n_nan: u64, n_posinf: u64, n_neginf: u64, batches: u64 }
 }
 
+impl TensorCounts {
+    pub(crate) fn new([n_finite, n_nan, n_posinf, n_neginf, batches]: [u64; 5]) -> Self {
+        TensorCounts { n_finite, n_nan, n_posinf, n_neginf, batches }
+    }
+}
+
 record! {
     /// One ORT-shaped histogram: counts and edges (numpy arrays), the extremes and threshold as
     /// `(value, is_array)` (ORT keeps some as numpy scalars, some as 0-d arrays; None: no
@@ -126,12 +132,6 @@ record! {
     ScaleZeroPoint { scale: f64, zero_point: i64 }
 }
 
-record! {
-    /// A tensor's isotone result: its range, the rows the scale keeps in order (`satisfied`, weighted
-    /// by their counts), the rows summarised and skipped, and whether it fell back to `(0, max)`.
-    IsotoneRange { low: f64, high: f64, satisfied: u128, rows: u128, skipped: u64, fell_back: bool }
-}
-
 /// Register the record classes on the module.
 pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TensorCounts>()?;
@@ -142,6 +142,5 @@ pub(crate) fn add_records(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Moments>()?;
     m.add_class::<TensorStats>()?;
     m.add_class::<ScaleZeroPoint>()?;
-    m.add_class::<IsotoneRange>()?;
     Ok(())
 }

@@ -7,11 +7,11 @@ use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::functions::method_options;
 use super::histograms::parse_kind;
-use super::records::{IsotoneRange, StreamExport, StreamSummary, TensorCounts};
+use super::records::{StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
 use crate::collection::stream::ChannelBatches;
+use crate::collection::stream_ranges::SummaryRange;
 use crate::collection::summary::{Column, ReadParts, RowBatch, Rows, REGISTERED};
-use crate::collection::tensor::Batches;
 use crate::collection::StreamCollection;
 use crate::methods::range_method::*;
 use crate::numeric::fallible;
@@ -100,31 +100,21 @@ impl StreamHistograms {
         self.inner.summary_bytes(summary)
     }
 
-    /// isotone's ranges for `names` (default: all): `(low, high, satisfied rows, summarised rows,
-    /// skipped rows, fell_back)` per tensor; see `methods::isotone`. Without a separable row the
-    /// range is `(0, max(largest top value, 0))` (`fell_back`), and `(0, 0)` without any row.
-    #[pyo3(signature = (names=None, *, qtype="int8", symmetric=false))]
-    fn isotone_ranges(
+    /// The ranges of the method that reads summary `summary` alone (`isotone`) for `names`
+    /// (default: all): `(low, high, notes)` per tensor, `notes` its counts by name
+    /// (`collection::stream_ranges`).
+    #[pyo3(signature = (summary, names=None, *, qtype="int8", symmetric=false))]
+    fn summary_ranges(
         &self,
         py: Python<'_>,
+        summary: &str,
         names: Option<Vec<String>>,
         qtype: &str,
         symmetric: bool,
-    ) -> PyResult<Vec<IsotoneRange>> {
+    ) -> PyResult<Vec<SummaryRange>> {
         guard(|| {
             let qtype = parse_qtype(qtype).map_err(PyValueError::new_err)?;
-            let out = run(py, || self.inner.isotone_ranges(names, qtype, symmetric)).map_err(tensor_error)?;
-            Ok(out
-                .into_iter()
-                .map(|r| IsotoneRange {
-                    low: r.low,
-                    high: r.high,
-                    satisfied: r.satisfied,
-                    rows: r.rows,
-                    skipped: r.skipped,
-                    fell_back: r.fell_back,
-                })
-                .collect())
+            run(py, || self.inner.summary_ranges(summary, names, qtype, symmetric)).map_err(tensor_error)
         })
     }
 
@@ -135,15 +125,17 @@ impl StreamHistograms {
 
     /// Add `[(name, [batch arrays...]), ...]`; how data is split into calls and batches, and
     /// their order, never changes the result.
-    fn collect(&mut self, py: Python<'_>, items: Vec<(String, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+    fn collect(&mut self, py: Python<'_>, items: Items<'_>) -> PyResult<()> {
+        let reads_rows = self.inner.reads_rows();
         guard(|| {
-            let borrowed = borrow_items(&items)?;
-            let batches: Vec<(&str, Batches<'_>)> = borrowed.iter().map(|(n, b)| (n.as_str(), batches_of(b))).collect();
-            let rows: Vec<(&str, RowBatch<'_>)> = match self.inner.reads_rows() {
-                true => borrowed.iter().map(|(n, b)| (n.as_str(), row_batch(b, None))).collect(),
-                false => Vec::new(),
-            };
-            run(py, || self.inner.collect(&batches, &rows)).map_err(tensor_error)
+            with_batches(&items, |borrowed, batches| {
+                let rows: Vec<(&str, RowBatch<'_>)> = match reads_rows {
+                    true => borrowed.iter().map(|(n, b)| (n.as_str(), row_batch(b, None))).collect(),
+                    false => Vec::new(),
+                };
+                run(py, || self.inner.collect(batches, &rows))
+            })?
+            .map_err(tensor_error)
         })
     }
 
@@ -323,13 +315,7 @@ impl StreamHistograms {
     fn counts(&self, name: &str) -> PyResult<TensorCounts> {
         guard(|| {
             let h = &self.inner.tensors().get(name).map_err(tensor_error)?.histogram;
-            Ok(TensorCounts {
-                n_finite: h.n_finite,
-                n_nan: h.n_nan,
-                n_posinf: h.n_posinf,
-                n_neginf: h.n_neginf,
-                batches: h.batches,
-            })
+            Ok(TensorCounts::new([h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches]))
         })
     }
 }

@@ -3,7 +3,7 @@
 File format (``.npz``-compatible zip, written atomically with ``cache.atomic_write_bytes``): only
 plain little-endian numeric ``.npy`` members, never pickles:
 
-* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1, or 2 with isotone's members),
+* ``header.npy``: uint8, UTF-8 JSON: ``format`` (``"histocal-calibration-state"``), ``version`` (1, or 2 with a summary's members that need it),
   ``histocal_version``, ``model_fingerprint`` (sha256 hex of the graph, see
   :func:`model_fingerprint`), ``data_fingerprints`` (sorted list of the runs' data fingerprints),
   ``options`` (``mode``, ``streaming_bins``, ``exact_kind``, ``exact_num_bins``, ``method``,
@@ -16,15 +16,15 @@ plain little-endian numeric ``.npy`` members, never pickles:
   dtype), ``exact_scalars`` (float64 (n, 3): min, max, threshold (NaN for |x|)), ``exact_flags``
   (uint8 (n, 3): whether ORT holds each as a 0-d array), ``exact_counts`` (uint64 (n, 5)).
 
-The summaries collected beside the streaming histograms (pow2's votes, isotone's pairs) add their
-members, each as its :class:`SummaryMembers` in :mod:`histocal.state.file.summaries` says (``stream_votes`` after ``stream_counts``, version 1;
-isotone's after ``channels``, version 2), present exactly when the summary was collected.
+The summaries collected beside the streaming histograms add their members, each as its
+:class:`SummaryMembers` in :mod:`histocal.state.file.summaries` says (the member it follows, the version
+it needs), present exactly when the summary was collected.
 
 Version 2 adds per-channel histograms (:mod:`histocal.state.channels`); a state without them is written
 as version 1, byte for byte as before, and both versions are read. A version-2 header has one more
 key, ``channels``: ``{axis, tensors: [[name, channels], ...]}``, and the member ``channels`` (uint8)
 holds a complete state file of the channel histograms (streaming mode, one tensor per channel key
-``name[c]``, in order; version 1, or 2 with isotone's members when they were collected per channel, but
+``name[c]``, in order; version 1, or 2 with a summary's members when they were collected per channel, but
 never with channels of its own), read with the same checks as the outer file, in place: its directory and
 header are checked first (no channels member or key, exactly the declared channel count of the outer
 ``streaming_bins``), and its declared size is bounded by the header (and, deflated, by ``MAX_NESTED_RATIO``).
@@ -39,7 +39,7 @@ header cannot pin down (the channels member, each summary's members): deflated, 
 ``MAX_NESTED_RATIO`` (channels) or ``MAX_SUMMARY_RATIO`` (a summary's members together) times their compressed
 size + ``MEMBER_SLACK``, and the summaries' declared bytes with the bins (8 bytes each) within
 ``MAX_HELD_BYTES``; then each other member's declared size against
-the content before it is decompressed, read in chunks (a summary's later members, such as isotone's pairs,
+the content before it is decompressed, read in chunks (a summary's later members
 against what its members read first declare). ``check_members`` is these checks, run by loading and by
 saving (``check_readable``, on the zip just written, so that every state histocal writes it reads back). Every
 ``.npy`` header is checked (dtype, shape, size) before its data is used,
@@ -60,7 +60,7 @@ import numpy as np
 
 FORMAT_NAME = "histocal-calibration-state"
 # Version 2 adds optional content: per-channel histograms (the header key and member ``channels``)
-# and summaries whose members need it (isotone's). A state with neither is written as version 1,
+# and summaries whose members need it (``SummaryMembers.version``). A state with neither is written as version 1,
 # which earlier histocal versions read.
 FORMAT_VERSION = 2
 FORMAT_VERSIONS = (1, 2)
@@ -75,9 +75,9 @@ MAX_STATE_BINS = MAX_HELD_BYTES // 8
 # Deflated members whose size the header cannot pin down may declare at most so many times their compressed
 # size (plus MEMBER_SLACK), so that a small file cannot make the loader inflate gigabytes (deflate reaches
 # 1032:1 on zeros). A channels member is a state file compressed as its outer file is (histocal writes both
-# with the same ``compress``): 4. A summary's members together (pow2's votes; isotone's pairs with their row
-# counts, which alone deflate up to 1000:1 when most pairs are seen once): histocal's reach about 15:1
-# (votes 9-14, isotone's 3 for float32 data to 15 for a grid of float16 pairs), so 64 leaves room.
+# with the same ``compress``): 4. A summary's members together (their ratios: state/file/summaries.py; a
+# summary's row counts alone deflate up to 1000:1 when most rows are seen once): histocal's reach about
+# 15:1, so 64 leaves room.
 MAX_NESTED_RATIO = 4
 MAX_SUMMARY_RATIO = 64
 MEMBER_SLACK = 1 << 20
@@ -112,8 +112,8 @@ BASE_MEMBERS: dict[str, MemberSpec] = {
 
 
 class SummaryMembers(ABC):
-    """How one summary collected beside the streaming histograms (the Rust ``collection::summary``: pow2's
-    per-batch votes, isotone's top-two pairs) is stored in a state file: the zip members it writes, where they
+    """How one summary collected beside the streaming histograms (the Rust ``collection::summary``; the
+    registered ones in :mod:`histocal.state.file.summaries`) is stored in a state file: the zip members it writes, where they
     go in the file, the file-format version they need, how their sizes are bounded before they are read, and
     how they are written from and read back into a ``_core.StreamHistograms`` (whose ``restore_summary``
     checks what is read). The instances are registered in :mod:`histocal.state.file.summaries`; reading and

@@ -194,8 +194,8 @@ def check_members(
     (loading inflates it; saving hands over the array it wrote). The header member is read first (at most
     ``spec.MAX_HEADER_BYTES``), then the content it declares is checked (``MAX_STATE_BINS``), then, from the
     directory alone, what the members that the header cannot pin down may inflate to and hold
-    (``_check_directory``), then each member is read against that content (a summary's later members, such
-    as isotone's pairs, against what its members read first declare)."""
+    (``_check_directory``), then each member is read against that content (a summary's later members
+    against what its members read first declare)."""
     declared = infos["header"].file_size
     if declared > spec.MAX_HEADER_BYTES + spec.MAX_NPY_HEADER:
         fail(f"header of {declared} bytes is over the limit of {spec.MAX_HEADER_BYTES} bytes (with its .npy header)")
