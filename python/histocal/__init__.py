@@ -20,14 +20,8 @@ from .methods import (
     registered_methods,
     unregister_method,
 )
-from .quantize.integration import (
-    calibrate,
-    calibrate_and_select,
-    is_patched,
-    patch_onnxruntime,
-    quantize_static,
-    unpatch_onnxruntime,
-)
+from .quantize.integration import calibrate, calibrate_and_select, quantize_static
+from .quantize.patch import is_patched, patch_onnxruntime, unpatch_onnxruntime
 from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
 from .quark import is_quark_patched, patch_quark, unpatch_quark
 from .state import CalibrationState, compute_with_overrides, merge_states, model_fingerprint

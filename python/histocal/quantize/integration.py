@@ -1,9 +1,7 @@
-"""Using histocal from onnxruntime's quantization entry points.
+"""Using histocal in place of onnxruntime's quantization entry points (patching ORT's own:
+``histocal.quantize.patch``).
 
-* ``patch_onnxruntime()`` makes ``onnxruntime.quantization.quantize_static`` (and every other
-  caller of ORT's ``create_calibrator``, also one that bound it before the patch) use histocal's
-  calibrators. It is reversible (``unpatch_onnxruntime()``), also for a name a client bound while
-  patched, and also a context manager.
+* ``calibrate(...)`` calibrates as ORT's ``quantize_static`` does, with histocal's calibrators.
 * ``quantize_static(...)`` takes ORT's arguments and the histogram settings ORT's own
   ``quantize_static`` cannot pass (num_bins, num_quantized_bins, scenario, mode, ...), patches
   nothing: it calibrates with histocal, hands the ranges to ORT's ``quantize_static`` through an
@@ -14,7 +12,6 @@
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import tempfile
@@ -40,7 +37,6 @@ from ..methods.settings import (
     settings_for,
 )
 from ..methods.table import TABLE
-from ..patching import CountedPatch, PatchUse, Replacement
 from ..state import merge_states
 from . import selection
 from .ort import (
@@ -53,97 +49,13 @@ from .ort import (
     quantize_with_ranges,
     refuse_overwriting_weights,
 )
+from .patch import patch_onnxruntime
 from .selection import Selection
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
     from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
-
-# Every module that binds ORT's create_calibrator by name.
-_TARGETS = ("onnxruntime.quantization", "onnxruntime.quantization.calibrate", "onnxruntime.quantization.quantize")
-# The classes ORT's create_calibrator looks up in its module when it is called: replaced too, so
-# the patch holds for a caller that bound ORT's create_calibrator before patching (Optimum's
-# ORTQuantizer imports it at module level).
-_CLASSES = ("MinMaxCalibrater", "EntropyCalibrater", "PercentileCalibrater", "DistributionCalibrater")
-
-
-def _modules() -> list[Any]:
-    return [importlib.import_module(m) for m in _TARGETS]
-
-
-def _patch_class(name: str, original: type) -> type:
-    """histocal's calibrator class ``name`` as a subclass of its own for this patch: a client that
-    patches ORT's class through the module while histocal is patched (Olive replaces
-    ``MinMaxCalibrater.augment_graph``) changes this subclass, which goes with the patch, and never
-    histocal's class. A client that bound the class while patched makes ORT's ``original`` again
-    once the patch is undone (a client's own subclass of it stays its own)."""
-    base = getattr(calibrators, name)
-
-    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if cls is patch_class and not PATCH.active:
-            return original(*args, **kwargs)  # not an instance of cls: Python skips our __init__
-        return base.__new__(cls)
-
-    patch_class: type = type(
-        name,
-        (base,),
-        {
-            "__module__": base.__module__,
-            "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__,
-            "__new__": __new__,
-        },
-    )
-    return patch_class
-
-
-def _replacements() -> list[Replacement]:
-    """ORT's create_calibrator in every module that binds it, and the classes it looks up, each
-    routed by the patch's state (a name a client binds while patched follows the undo)."""
-    calibrate_module = importlib.import_module("onnxruntime.quantization.calibrate")
-    factories = [
-        (m, "create_calibrator", PATCH.route(calibrators.create_calibrator, m.create_calibrator))
-        for m in _modules()
-        if hasattr(m, "create_calibrator")
-    ]
-    classes = [
-        (calibrate_module, name, _patch_class(name, getattr(calibrate_module, name)))
-        for name in _CLASSES
-        if hasattr(calibrate_module, name)
-    ]
-    return factories + classes
-
-
-PATCH = CountedPatch(_replacements)
-
-
-def unpatch_onnxruntime() -> None:
-    """Undo one ``patch_onnxruntime()`` made outside a ``with`` block. Patches are counted: ORT's
-    own ``create_calibrator`` is back once every patch is undone. Without a patch, a no-op."""
-    PATCH.undo()
-
-
-class patch_onnxruntime(PatchUse):
-    """Route onnxruntime's calibrator creation to histocal.
-
-    Takes effect on construction, so ``patch_onnxruntime()`` alone patches until
-    ``unpatch_onnxruntime()``; ``with patch_onnxruntime(): ...`` patches for the block only.
-    Nested uses are counted. It holds in any import order, also for tools that bound
-    ``create_calibrator`` earlier (docs/clients.md).
-    """
-
-    PATCH = PATCH
-
-
-def is_patched() -> bool:
-    """Whether onnxruntime's calibrator creation goes to histocal now.
-
-    Returns:
-        True while at least one ``patch_onnxruntime()`` holds.
-    """
-    return PATCH.active
-
 
 _CALIB_KEYS = (
     ("CalibTensorRangeSymmetric", "symmetric"),
@@ -586,11 +498,4 @@ def default_method_options(
     return options
 
 
-__all__ = [
-    "calibrate",
-    "calibrate_and_select",
-    "is_patched",
-    "patch_onnxruntime",
-    "quantize_static",
-    "unpatch_onnxruntime",
-]
+__all__ = ["calibrate", "calibrate_and_select", "choose_by_model", "quantize_static"]
