@@ -11,6 +11,25 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::borrow::Cow;
 
+/// `$e` on the value `$v` of whichever float variant (`F16`, `F32`, `F64`) of enum `$in` `$b` is,
+/// wrapped in the same variant of `$out` when given: one arm per dtype, written once.
+macro_rules! per_dtype {
+    ($in:ident => $out:ident, $b:expr, |$v:ident| $e:expr) => {
+        per_dtype!($in, $b, |$v| $out::F16($e), $out::F32($e), $out::F64($e))
+    };
+    ($in:ident, $b:expr, |$v:ident| $e:expr) => {
+        per_dtype!($in, $b, |$v| $e, $e, $e)
+    };
+    ($in:ident, $b:expr, |$v:ident| $e16:expr, $e32:expr, $e64:expr) => {
+        match $b {
+            $in::F16($v) => $e16,
+            $in::F32($v) => $e32,
+            $in::F64($v) => $e64,
+        }
+    };
+}
+pub(crate) use per_dtype;
+
 /// A numpy array holding a copy of `values`.
 pub(crate) fn array<'py, T: Element + Clone>(py: Python<'py>, values: &[T]) -> Bound<'py, PyArray1<T>> {
     PyArray1::from_vec(py, fallible::copy(values))
@@ -53,11 +72,7 @@ pub(crate) fn borrow_all<'py>(name: &str, arrays: &[Bound<'py, PyAny>]) -> PyRes
 }
 
 pub(crate) fn batches_of<'a>(b: &'a Borrowed<'_>) -> Batches<'a> {
-    match b {
-        Borrowed::F16(v) => Batches::F16(v.iter().map(view_of).collect()),
-        Borrowed::F32(v) => Batches::F32(v.iter().map(view_of).collect()),
-        Borrowed::F64(v) => Batches::F64(v.iter().map(view_of).collect()),
-    }
+    per_dtype!(Borrowed => Batches, b, |v| v.iter().map(view_of).collect())
 }
 
 /// Each borrowed array's values in C order (a copy where the array is not) with its layout
@@ -80,11 +95,7 @@ pub(crate) fn channel_batches_of<'a>(b: &'a Borrowed<'_>, axis: usize) -> Channe
             })
             .collect()
     }
-    match b {
-        Borrowed::F16(v) => ChannelBatches::F16(each(v, axis)),
-        Borrowed::F32(v) => ChannelBatches::F32(each(v, axis)),
-        Borrowed::F64(v) => ChannelBatches::F64(each(v, axis)),
-    }
+    per_dtype!(Borrowed => ChannelBatches, b, |v| each(v, axis))
 }
 
 /// A collect's items `[(name, [arrays...]), ...]`.
@@ -145,9 +156,5 @@ pub(crate) fn check_channels(name: &str, b: &Borrowed<'_>, axis: usize, channels
         }
         Ok(())
     }
-    match b {
-        Borrowed::F16(v) => check(name, v, axis, channels),
-        Borrowed::F32(v) => check(name, v, axis, channels),
-        Borrowed::F64(v) => check(name, v, axis, channels),
-    }
+    per_dtype!(Borrowed, b, |v| check(name, v, axis, channels))
 }

@@ -15,7 +15,6 @@ use crate::numeric::fallible::{self};
 use crate::numeric::float::Float;
 use crate::numeric::scan::{scan, Scan};
 use crate::ort::minmax;
-use half::f16;
 use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -235,11 +234,7 @@ pub(crate) fn tensor_stats(py: Python<'_>, arr: Bound<'_, PyAny>) -> PyResult<Te
     guard(|| {
         let b = borrow_all("array", std::slice::from_ref(&arr))?;
         let batches = batches_of(&b);
-        Ok(run(py, || match &batches {
-            Batches::F16(v) => stats_of(&scan(&v[0])),
-            Batches::F32(v) => stats_of(&scan(&v[0])),
-            Batches::F64(v) => stats_of(&scan(&v[0])),
-        }))
+        Ok(run(py, || per_dtype!(Batches, &batches, |v| stats_of(&scan(&v[0])))))
     })
 }
 /// Per-channel `(nanmin, nanmax)` along `axis` (NaN for an all-NaN channel), as arrays of the
@@ -270,52 +265,27 @@ pub(crate) fn channel_min_max<'py>(
                 "axis {axis} is out of range for an array of {ndim} dimensions"
             )));
         }
-        Ok(match borrow_all("array", std::slice::from_ref(&arr))? {
-            Borrowed::F16(v) => go(py, &v[0], axis),
-            Borrowed::F32(v) => go(py, &v[0], axis),
-            Borrowed::F64(v) => go(py, &v[0], axis),
-        })
+        Ok(per_dtype!(Borrowed, borrow_all("array", std::slice::from_ref(&arr))?, |v| go(py, &v[0], axis)))
     })
 }
 
-/// Apply a per-dtype function to a 1-D contiguous float array, returning a scalar as f64.
-pub(crate) fn reduce_1d(
-    arr: &Bound<'_, PyAny>,
-    f16f: fn(&[f16]) -> f64,
-    f32f: fn(&[f32]) -> f64,
-    f64f: fn(&[f64]) -> f64,
-) -> PyResult<f64> {
-    let b = borrow_all("values", std::slice::from_ref(arr))?;
-    let err = || PyValueError::new_err("values must be a contiguous 1-D array");
-    Ok(match &b {
-        Borrowed::F16(v) => f16f(v[0].as_slice().map_err(|_| err())?),
-        Borrowed::F32(v) => f32f(v[0].as_slice().map_err(|_| err())?),
-        Borrowed::F64(v) => f64f(v[0].as_slice().map_err(|_| err())?),
-    })
+/// `$f` (generic over the float type) on a 1-D contiguous float array, its result as f64.
+macro_rules! reduce_1d {
+    ($arr:expr, $f:path) => {{
+        let b = borrow_all("values", std::slice::from_ref($arr))?;
+        let err = || PyValueError::new_err("values must be a contiguous 1-D array");
+        Ok(per_dtype!(Borrowed, &b, |v| $f(v[0].as_slice().map_err(|_| err())?).to_f64()))
+    }};
 }
 
 /// ORT's per-tensor `np.nanmean` of per-batch values (pairwise order), as f64 of the dtype.
 #[pyfunction]
 pub(crate) fn nanmean_pairwise(values: Bound<'_, PyAny>) -> PyResult<f64> {
-    guard(|| {
-        reduce_1d(
-            &values,
-            |v| minmax::nanmean_pairwise(v).to_f64(),
-            |v| minmax::nanmean_pairwise(v).to_f64(),
-            |v| minmax::nanmean_pairwise(v).to_f64(),
-        )
-    })
+    guard(|| reduce_1d!(&values, minmax::nanmean_pairwise))
 }
 
 /// ORT's per-channel `np.nanmean(axis=0)` of one column (sequential order).
 #[pyfunction]
 pub(crate) fn nanmean_sequential(values: Bound<'_, PyAny>) -> PyResult<f64> {
-    guard(|| {
-        reduce_1d(
-            &values,
-            |v| minmax::nanmean_sequential(v).to_f64(),
-            |v| minmax::nanmean_sequential(v).to_f64(),
-            |v| minmax::nanmean_sequential(v).to_f64(),
-        )
-    })
+    guard(|| reduce_1d!(&values, minmax::nanmean_sequential))
 }

@@ -109,11 +109,7 @@ impl Histograms {
         guard(|| {
             let st = self.inner.tensors().get(name).map_err(tensor_error)?;
             let v = st.histogram.view();
-            let edges = match v.edges {
-                EdgesRef::F16(e) => array(py, e).into_any().unbind(),
-                EdgesRef::F32(e) => array(py, e).into_any().unbind(),
-                EdgesRef::F64(e) => array(py, e).into_any().unbind(),
-            };
+            let edges = per_dtype!(EdgesRef, v.edges, |e| array(py, e).into_any().unbind());
             Ok(HistogramState {
                 hist: array(py, v.hist).into_any().unbind(),
                 edges,
@@ -162,11 +158,7 @@ impl Histograms {
         };
         let Some(st) = self.inner.tensors().find(name) else { return false };
         let v = st.histogram.view();
-        let same_edges = match v.edges {
-            EdgesRef::F16(e) => same_values(edges, e),
-            EdgesRef::F32(e) => same_values(edges, e),
-            EdgesRef::F64(e) => same_values(edges, e),
-        };
+        let same_edges = per_dtype!(EdgesRef, v.edges, |e| same_values(edges, e));
         same_hist(v.hist)
             && same_edges
             && min.to_bits() == v.min.0.to_bits()
@@ -196,16 +188,9 @@ impl Histograms {
             let counts = Counts { finite, nan, posinf, neginf, batches };
             let b = borrow_all(name, std::slice::from_ref(&edges))?;
             let contiguous = || bad("edges must be a contiguous 1-D array");
-            macro_rules! restore {
-                ($v:expr) => {
-                    $v[0].as_slice().map(|e| self.inner.restore(name, dtype, hist, e, min, max, threshold, counts))
-                };
-            }
-            let restored = match &b {
-                Borrowed::F16(v) => restore!(v),
-                Borrowed::F32(v) => restore!(v),
-                Borrowed::F64(v) => restore!(v),
-            };
+            let restored = per_dtype!(Borrowed, &b, |v| {
+                v[0].as_slice().map(|e| self.inner.restore(name, dtype, hist, e, min, max, threshold, counts))
+            });
             restored.map_err(|_| contiguous())?.map_err(tensor_error)
         })
     }

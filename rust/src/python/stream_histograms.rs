@@ -77,17 +77,14 @@ impl StreamHistograms {
             let mut read: ReadParts = Vec::with_capacity(parts.len());
             for (k, v) in parts.iter() {
                 let column: String = k.extract()?;
-                let values = if let Ok(a) = v.cast::<PyArray1<f64>>() {
-                    Column::F64(fallible::collect(a.readonly().as_array().iter().copied()))
-                } else if let Ok(a) = v.cast::<PyArray1<u64>>() {
-                    Column::U64(fallible::collect(a.readonly().as_array().iter().copied()))
-                } else if let Ok(a) = v.cast::<PyArray1<i64>>() {
-                    Column::I64(fallible::collect(a.readonly().as_array().iter().copied()))
-                } else {
-                    return Err(PyTypeError::new_err(format!(
+                let values = read_column(&v, Column::F64)
+                    .or_else(|| read_column(&v, Column::U64))
+                    .or_else(|| read_column(&v, Column::I64));
+                let values = values.ok_or_else(|| {
+                    PyTypeError::new_err(format!(
                         "tensor {name:?}: {summary} column {column:?} must be a 1-D float64, uint64 or int64 array"
-                    )));
-                };
+                    ))
+                })?;
                 read.push((column, values));
             }
             self.inner.restore_summary(name, summary, read).map_err(tensor_error)
@@ -206,19 +203,10 @@ impl StreamHistograms {
 
     /// `(dtype, level or None, bins (uint64), finite_min, finite_max, abs_min, counts)`.
     fn export(&self, py: Python<'_>, name: &str) -> PyResult<StreamExport> {
-        guard(|| {
-            let st = self.inner.tensors().get(name).map_err(tensor_error)?;
-            let h = &st.histogram;
-            Ok(StreamExport {
-                dtype: st.dtype.to_string(),
-                level: h.level,
-                bins: array(py, &h.bins()).into_any().unbind(),
-                finite_min: h.finite_min,
-                finite_max: h.finite_max,
-                abs_min: h.abs_min,
-                counts: (h.n_finite, h.n_nan, h.n_posinf, h.n_neginf, h.batches),
-            })
-        })
+        let StreamSummary { dtype, level, finite_min, finite_max, abs_min, counts } = self.summary(name)?;
+        let bins = guard(|| Ok(self.inner.tensors().get(name).map_err(tensor_error)?.histogram.bins()))?;
+        let bins = array(py, &bins).into_any().unbind();
+        Ok(StreamExport { dtype, level, bins, finite_min, finite_max, abs_min, counts })
     }
 
     /// `export` without the bins: `(dtype, level or None, finite_min, finite_max, abs_min, counts)`.
@@ -338,9 +326,10 @@ fn row_batch<'a>(b: &'a Borrowed<'_>, channel: Option<(usize, usize)>) -> RowBat
         };
         arrays.iter().map(rows).collect()
     }
-    match b {
-        Borrowed::F16(v) => RowBatch::F16(part(v, channel)),
-        Borrowed::F32(v) => RowBatch::F32(part(v, channel)),
-        Borrowed::F64(v) => RowBatch::F64(part(v, channel)),
-    }
+    per_dtype!(Borrowed => RowBatch, b, |v| part(v, channel))
+}
+
+/// `v` as a `Column` (`wrap` of its values) when it is a 1-D array of `T`.
+fn read_column<T: numpy::Element + Copy>(v: &Bound<'_, PyAny>, wrap: fn(Vec<T>) -> Column) -> Option<Column> {
+    v.cast::<PyArray1<T>>().ok().map(|a| wrap(fallible::collect(a.readonly().as_array().iter().copied())))
 }
