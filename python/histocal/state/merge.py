@@ -26,15 +26,11 @@ from .channels import ChannelHistograms
 from .file.errors import fail
 
 
-class MergedState(Protocol):
-    """What merging reads of a state (``CalibrationState`` is one)."""
+class HeldHistograms(Protocol):
+    """The histograms a state holds, by tensor (``CalibrationState`` is one)."""
 
     @property
     def names(self) -> list[str]: ...
-    @property
-    def model_fingerprint(self) -> str | None: ...
-    @property
-    def options(self) -> dict[str, Any]: ...
     @property
     def stream(self) -> _core.StreamHistograms | None: ...
     @property
@@ -43,6 +39,15 @@ class MergedState(Protocol):
     def exact_kind_and_bins(self) -> tuple[str | None, int | None]: ...
     @property
     def channels(self) -> ChannelHistograms | None: ...
+
+
+class MergedState(HeldHistograms, Protocol):
+    """What merging reads of a state: its histograms, the model they come from and its options."""
+
+    @property
+    def model_fingerprint(self) -> str | None: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
 
 
 def check_compatible(a: MergedState, b: MergedState) -> None:

@@ -32,8 +32,9 @@ from .. import _core, methods
 from ..methods.table import ORT_TABLE, POW2_VOTES, summaries_for
 from ..ort_results import ort_settings
 from .auto import ORT_AUTO_CANDIDATES, auto_ranges
-from .channels import NO_CHANNEL_VOTES, ChannelHistograms
+from .channels import NO_CHANNEL_VOTES
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
+from .merge import HeldHistograms
 
 _ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
 # create_calibrator's defaults (what quantize_static uses); _FULL: every ORT option at its first table default
@@ -41,19 +42,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
 _FULL = {o.name: o.default for m in reversed(ORT_TABLE) for o in m.options}
 
 
-class StateHistograms(Protocol):
+class StateHistograms(HeldHistograms, Protocol):
     """What results are computed from: a state's histograms and the method they were collected for."""
 
-    @property
-    def names(self) -> list[str]: ...
-    @property
-    def stream(self) -> _core.StreamHistograms | None: ...
-    @property
-    def exact(self) -> _core.Histograms | None: ...
-    @property
-    def exact_kind_and_bins(self) -> tuple[str | None, int | None]: ...
-    @property
-    def channels(self) -> ChannelHistograms | None: ...
     @property
     def method(self) -> str | None: ...
     @property
