@@ -111,7 +111,7 @@ def main() -> int:
             cal.collect_data(all_feeds)
             single = time.perf_counter() - t
             histocal.set_num_threads(default_threads)
-            tensors = len(cal.collected().names)
+            tensors = len(cal.collection.names)
             rows.append((mode, f"single process, {threads or default_threads} thread(s)", single, None))
         ray.init(num_cpus=args.max_workers, include_dashboard=False, logging_level=logging.WARNING)
         try:

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from histocal import _core
-from histocal.state import CalibrationState
+from histocal.state import CalibrationState, Collection
 from histocal.state.channels import ChannelHistograms
 
 # (label, batch shape, channel axis)
@@ -86,7 +86,9 @@ def main() -> None:
         t_channel = median_time(per_channel, args.runs)
         grown = rss() - before
         ch = holder[0]
-        state = CalibrationState(["t"], "streaming", _core.StreamHistograms(args.streaming_bins), channels=ch)
+        state = CalibrationState(
+            Collection("streaming", _core.StreamHistograms(args.streaming_bins), channels=ch, only=("t",))
+        )
         state.stream.collect([("t", batches[:1])])
         t_methods = {m: median_time(lambda m=m: state.compute(m), 1) for m in METHODS}
         methods = ", ".join(f"{m} {1e6 * t / channels:.0f} µs" for m, t in t_methods.items())
@@ -107,7 +109,7 @@ def main() -> None:
         ch.collect([(f"t{i}", [x]) for i, x in enumerate(xs)])
         t_batch = median_time(lambda: ch.collect([(f"t{i}", [x]) for i, x in enumerate(xs)]), args.runs)
         names = [f"t{i}" for i in range(n)]
-        state = CalibrationState(names, "streaming", _core.StreamHistograms(256), channels=ch)
+        state = CalibrationState(Collection("streaming", _core.StreamHistograms(256), channels=ch, only=tuple(names)))
         state.stream.collect([(name, [x]) for name, x in zip(names, xs)])
         t_pct = median_time(lambda: state.compute("percentile"), 1)
         raw = state.to_bytes()
@@ -140,7 +142,9 @@ def main() -> None:
         t_isotone = median_time(lambda: collect(True), args.runs)
         ch = held[0]
         pairs = ch.stream.summary_bytes("isotone") // 24  # 24 bytes a distinct pair
-        state = CalibrationState(["t"], "streaming", _core.StreamHistograms(args.streaming_bins), channels=ch)
+        state = CalibrationState(
+            Collection("streaming", _core.StreamHistograms(args.streaming_bins), channels=ch, only=("t",))
+        )
         state.stream.collect([("t", batches[:1])])
         t_choose = median_time(lambda: state.compute("isotone"), args.runs)
         rows = args.batches * int(np.prod(shape)) // channels // shape[-1]

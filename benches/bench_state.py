@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from histocal import _core
-from histocal.state import CalibrationState
+from histocal.state import CalibrationState, Collection
 
 
 def build(n_tensors: int, bins: int, streaming_bins: int, seed: int = 0) -> CalibrationState:
@@ -33,14 +33,8 @@ def build(n_tensors: int, bins: int, streaming_bins: int, seed: int = 0) -> Cali
             items.append((f"tensor_{k:04d}", [rng.normal(0, scale, 20000).astype(np.float32) for _ in range(2)]))
         exact.collect(items)
         stream.collect(items)
-    names = list(stream.names())
     return CalibrationState(
-        names=names,
-        mode="exact",
-        stream=stream,
-        exact=exact,
-        exact_kind="value",
-        exact_num_bins=bins,
+        Collection("exact", stream, exact),
         model_fingerprint="0" * 64,
         method="percentile",
         settings={

@@ -48,6 +48,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
         "States",
         [
             "histocal.CalibrationState",
+            "histocal.Collection",
             "histocal.merge_states",
             "histocal.model_fingerprint",
             "histocal.compute_with_overrides",

@@ -24,7 +24,7 @@ from .quantize.integration import calibrate, calibrate_and_select, quantize_stat
 from .quantize.patch import is_patched, patch_onnxruntime, unpatch_onnxruntime
 from .quantize.selection import Selection, select_ranges, select_ranges_cross_validated, state_candidates
 from .quark import is_quark_patched, patch_quark, unpatch_quark
-from .state import CalibrationState, compute_with_overrides, merge_states, model_fingerprint
+from .state import CalibrationState, Collection, compute_with_overrides, merge_states, model_fingerprint
 from .stats import (
     TensorStats,
     channel_min_max,
@@ -41,6 +41,7 @@ __all__ = [
     "MODEL_AUTO_CANDIDATES",
     "MODES",
     "CalibrationState",
+    "Collection",
     "DistributionCalibrater",
     "EntropyCalibrater",
     "HistogramCollector",

@@ -355,23 +355,3 @@ def restore_exact(hists: Any, name: str, e: ExactHistogram) -> None:
         e.threshold,
         e.counts,
     )
-
-
-@dataclass(frozen=True)
-class CollectedData:
-    """What a histogram calibrator has collected (``calibrator.collected()``): the calibration
-    state is built from it, and ``calibrator.restore_collected`` puts one back."""
-
-    mode: str  # how it was collected: "exact" or "streaming"
-    stream: _core.StreamHistograms | None = None  # exact mode feeds one too, so every method can be served
-    exact: _core.Histograms | None = None  # ORT's exact histograms (exact mode only)
-    exact_kind: str | None = None  # "value" or "abs"
-    exact_num_bins: int | None = None
-    channels: Any = None  # state.channels.ChannelHistograms: per-channel streaming histograms, when collected
-
-    @property
-    def names(self) -> list[str]:
-        """The tensors collected, in collection order."""
-        if self.stream is not None:
-            return list(self.stream.names())
-        return [] if self.exact is None else list(self.exact.names())

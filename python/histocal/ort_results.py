@@ -170,9 +170,9 @@ def _warn_nothing_binned(
 def _narrowed(hists: _core.Histograms, name: str) -> bool:
     """Whether this tensor's histogram was widened to float64 from float16/float32 data
     (numpy could not build its bins in the data's type, e.g. a range of +-3.4e38): its
-    results then go out as float32, which onnxruntime's TensorData holds. The data's dtype is
-    read (a whole export) only for float64 edges."""
-    return hists.edge_dtype(name) == "float64" and hists.state(name).dtype != "float64"
+    results then go out as float32, which onnxruntime's TensorData holds."""
+    data, edges = hists.dtypes(name)
+    return edges == "float64" and data != "float64"
 
 
 def _entropy(hists: _core.Histograms, entries: Mapping[str, tuple], num_quantized_bins: int) -> dict[str, tuple]:

@@ -121,7 +121,7 @@ def test_any_budget_gives_orts_result(paths, tmp_path_factory, cfg, plan, form, 
             expected_runs += nb + (0 if form == "once" else nb - fit)
         ours = cal.compute_data()
     assert session.runs == expected_runs
-    assert cal._mode_used == "exact"
+    assert cal.collection.mode == "exact"
     deviating = frozenset()
     if method == PCT and opts.get("symmetric", True) and len(chunks) > 1:
         deviating = _symmetric_merge_drops(ref, cal)  # ORT's merge drops values: docs/deviations.md
@@ -340,7 +340,7 @@ def test_read_once_auto_exact_within_budget_streaming_beyond(paths, tmp_path, ca
         cal = make_histocal(paths["cnn"], PCT, {}, tmp_path / "a.onnx", mode=None)
         cal.collect_data(OnceReader(chunks[0]))
         within = cal.compute_data()
-    assert cal._mode_used == "exact" and messages() == []
+    assert cal.collection.mode == "exact" and messages() == []
     assert_tensors_same(ref.td, within, "auto, read once, within the budget")
 
     streaming = make_histocal(paths["cnn"], PCT, {}, tmp_path / "s.onnx", mode="streaming")
@@ -356,7 +356,7 @@ def test_read_once_auto_exact_within_budget_streaming_beyond(paths, tmp_path, ca
                 cal.memory_budget = 0 if i >= over_from_call else None
                 cal.collect_data(OnceReader(chunk))
             got = cal.compute_data()
-        assert cal._mode_used == "streaming"
+        assert cal.collection.mode == "streaming"
         (warning,) = messages()
         for part in ("read only once", "memory budget", "HISTOCAL_MEMORY_BUDGET", "streaming mode", "read again"):
             assert part in warning, warning
@@ -375,7 +375,7 @@ def test_read_once_exact_over_budget_keeps_everything(paths, tmp_path, caplog):
         for chunk in chunks:
             cal.collect_data(OnceReader(chunk))
         ours = cal.compute_data()
-    assert cal._mode_used == "exact"
+    assert cal.collection.mode == "exact"
     assert len(messages()) == 3 and all("like onnxruntime does" in m and "1 KiB" in m for m in messages())
     assert_tensors_same(ref.td, ours, "exact, read once, over the budget")
 

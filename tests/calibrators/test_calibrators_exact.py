@@ -267,7 +267,7 @@ def test_reads_and_auto_mode(paths, tmp_path):
             cal = make_histocal(paths["cnn"], PCT, opts, tmp_path / "a.onnx", mode=None)
             cal.collect_data(reader)
             auto = cal.compute_data()
-        assert reader.reads == reads and cal._mode_used == "exact", budget
+        assert reader.reads == reads and cal.collection.mode == "exact", budget
         assert_tensors_same(ref.td, auto, f"auto/rewind/{budget}")
     for budget, mode in ((None, "exact"), (0, "streaming")):
         opts = {} if budget is None else {"MemoryBudget": budget}
@@ -275,7 +275,7 @@ def test_reads_and_auto_mode(paths, tmp_path):
             cal = make_histocal(paths["cnn"], PCT, opts, tmp_path / "b.onnx", mode=None)
             cal.collect_data(OnceReader(chunks[0]))
             once = cal.compute_data()
-        assert cal._mode_used == mode, budget
+        assert cal.collection.mode == mode, budget
         if mode == "exact":
             assert_tensors_same(ref.td, once, "auto/once")
     # A callable returning a fresh iterable can be read twice, a generator once; within the

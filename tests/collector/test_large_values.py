@@ -494,7 +494,7 @@ def test_pow2_float16_ranges_stay_finite():
     x = np.linspace(-50000, 60000, 1000).astype(np.float16)
     stream = histocal._core.StreamHistograms(1 << 14, summaries=["pow2_votes"])
     stream.collect([("t", [x[:500], x[500:]])])
-    state = histocal.CalibrationState(names=["t"], mode="streaming", stream=stream)
+    state = histocal.CalibrationState(histocal.Collection("streaming", stream))
     for options in ({}, {"qtype": "uint8"}, {"minmse_mode": "MostCommon"}):
         td = state.compute("pow2", **options)
         lo, hi = np.asarray(td["t"].lowest), np.asarray(td["t"].highest)

@@ -103,8 +103,8 @@ def single_run(model_path, method, options=None):
     )
     cal.collect_data(FEEDS)
     settings_ = cal.collection_settings if job.state_settings is None else job.state_settings
-    return CalibrationState.from_collected(
-        cal.collected(), model_fingerprint=cal.model_fingerprint, method=job.state_method, settings=settings_
+    return CalibrationState.from_collection(
+        cal.collection.held(), model_fingerprint=cal.model_fingerprint, method=job.state_method, settings=settings_
     )
 
 
@@ -126,7 +126,7 @@ def state_parts(state: CalibrationState):
         stream = None if state.stream is None else (state.stream.export(name), pow2_votes(state.stream, name))
         exact = None
         if state.exact is not None:
-            exact = (state.exact.state(name), state.exact.counts(name), state.exact.edge_dtype(name))
+            exact = (state.exact.state(name), state.exact.counts(name), state.exact.dtypes(name))
         tensors[name] = _plain((stream, exact))
     channels = None
     if state.channels is not None:
@@ -389,8 +389,8 @@ def test_per_channel_with_default_settings_equals_one_process(local_ray, model_p
     options = {"per_channel": True}
     one = histocal.create_calibrator(model_path, calibrate_method=method, extra_options={**options, "NumThreads": 1})
     one.collect_data(FEEDS)
-    reference = CalibrationState.from_collected(
-        one.collected(), model_fingerprint=one.model_fingerprint, method=method, settings=one.collection_settings
+    reference = CalibrationState.from_collection(
+        one.collection.held(), model_fingerprint=one.model_fingerprint, method=method, settings=one.collection_settings
     )
     merged = calibrate_distributed(
         model_path, feed_shards([3, 5]), calibrate_method=method, extra_options=options, num_workers=2

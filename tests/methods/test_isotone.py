@@ -151,9 +151,9 @@ def test_more_distinct_pairs_than_the_summary_holds():
     assert whole.summary_ranges is not None and whole.counts("t").n_finite == 2 * n
     assert not isotone_pairs(collected([rows[: n - 1]]), "t").overflowed
     # the mark survives the state file
-    from histocal.state import CalibrationState
+    from histocal.state import CalibrationState, Collection
 
-    loaded = CalibrationState.from_bytes(CalibrationState(names=["t"], mode="streaming", stream=whole).to_bytes())
+    loaded = CalibrationState.from_bytes(CalibrationState(Collection("streaming", whole)).to_bytes())
     assert isotone_pairs(loaded.stream, "t").overflowed
 
 

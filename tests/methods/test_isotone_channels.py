@@ -20,7 +20,7 @@ from support.profiles import examples
 from support.summaries import isotone_pairs
 
 from histocal import _core
-from histocal.state import CalibrationState
+from histocal.state import CalibrationState, Collection
 from histocal.state.channels import ChannelHistograms
 
 BINS = 64
@@ -35,7 +35,7 @@ def _state(items, axis=1, isotone=True) -> CalibrationState:
     for name, arrays in items:
         ch.collect([(name, arrays)])
         stream.collect([(name, arrays)])
-    return CalibrationState([n for n, _ in items], "streaming", stream, channels=ch)
+    return CalibrationState(Collection("streaming", stream, channels=ch))
 
 
 def _summary(stream, key: str) -> tuple:
@@ -97,7 +97,7 @@ def test_each_channel_equals_the_reference_on_its_slice(tensor, qtype, symmetric
         # per channel equals the per-tensor method on the channel's slice: same value and type
         alone = _core.StreamHistograms(BINS, summaries=["isotone"])
         alone.collect([("s", [np.ascontiguousarray(np.take(b, c, axis)) for b in batches])])
-        want = CalibrationState(["s"], "streaming", alone).compute("isotone", qtype=qtype, symmetric=symmetric)
+        want = CalibrationState(Collection("streaming", alone)).compute("isotone", qtype=qtype, symmetric=symmetric)
         for values, part in zip((got.lowest, got.highest), want.data["s"].range_value):
             part = np.asarray(part).reshape(())
             assert values.dtype == part.dtype and values[c] == part
@@ -273,8 +273,9 @@ def test_method_calibrater_per_channel(model):
     late.create_inference_session()
     with pytest.raises(ValueError, match="tensor '(X|logits)'.*single class column"):
         late.collect_data(iter(_feeds()))
+    assert late.collection is None
     with pytest.raises(ValueError, match="collected"):
-        late.collected()
+        late.save_state(model["tmp"] / "late.state")
     # the per-tensor result is still there
     per_tensor = cal.state.compute("isotone", per_channel=False, qtype="uint8").data["logits"]
     assert float(per_tensor.highest[0]) == np.float32(I.isotone_range(model["logits"], "uint8")[1])

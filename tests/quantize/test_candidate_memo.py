@@ -80,6 +80,6 @@ def test_shared_work_is_done_once(cnn_path, tmp_path, monkeypatch):
         def __getattr__(self, name):
             return getattr(self.stream, name)
 
-    monkeypatch.setattr(state, "stream", Counting(state.stream))
+    monkeypatch.setattr(state.collection, "stream", Counting(state.stream))
     selection.state_candidates(state, "int8", False)
     assert sorted(calls) == ["kl", "mse", "pow2", "pow2"]

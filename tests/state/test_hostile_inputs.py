@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from histocal import CalibrationState, _core
+from histocal import CalibrationState, Collection, _core
 from histocal.state import MAX_STATE_BINS
 
 HERE = Path(__file__).parent  # the bodies of test_state_limits.py import that module
@@ -46,7 +46,7 @@ def run_capped(body: str, headroom: int, timeout: float = 120) -> dict:
     ``report``s what happened; the result is the report, and an abort, a crash or a hang fails the test."""
     code = (
         f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(HERE)!r}]\n"
-        "import json\nimport numpy as np\nimport histocal\nfrom histocal import _core, CalibrationState\n"
+        "import json\nimport numpy as np\nimport histocal\nfrom histocal import _core, CalibrationState, Collection\n"
         "from support.parity import bounded_address_space\n"
         "_core.get_num_threads()\n"  # the pool's threads (their stacks) exist before the cap
         "out = {}\n"
@@ -93,9 +93,7 @@ def stream_state(
         for i in range(n_tensors)
     ]
     stream.collect(items)
-    return CalibrationState(
-        names=[n for n, _ in items], mode="streaming", stream=stream, method="percentile", settings=settings or {}
-    )
+    return CalibrationState(Collection("streaming", stream), method="percentile", settings=settings or {})
 
 
 def exact_state(n_tensors: int, kind: str = "value", num_bins: int = 64) -> CalibrationState:
@@ -106,12 +104,7 @@ def exact_state(n_tensors: int, kind: str = "value", num_bins: int = 64) -> Cali
         stream.collect(items)
         exact.collect(items)
     return CalibrationState(
-        names=[n for n, _ in items],
-        mode="exact",
-        stream=stream,
-        exact=exact,
-        exact_kind=kind,
-        exact_num_bins=num_bins,
+        Collection("exact", stream, exact),
         method="entropy",
         settings={"num_bins": num_bins},
     )
@@ -296,7 +289,7 @@ def test_members_beyond_what_the_header_declares_are_refused():
     # votes: at most one row per batch, type and exponent
     s = _core.StreamHistograms(64, summaries=["pow2_votes"])
     s.collect([("t", [np.arange(5, dtype=np.float32)])])
-    voted = CalibrationState(names=["t"], mode="streaming", stream=s).to_bytes()
+    voted = CalibrationState(Collection("streaming", s)).to_bytes()
     rows = np.array([(0, t, k, 1) for t in range(3) for k in range(60)], np.int64)
     with pytest.raises(ValueError, match="zip member 'stream_votes.npy' declares"):
         CalibrationState.from_bytes(rezip({**members(voted), "stream_votes.npy": npy(rows)}))
@@ -367,7 +360,7 @@ stream = _core.StreamHistograms(1 << 25)  # 256 MiB of bins, already in the addr
 stream.collect([("t", [np.linspace(-3, 3, 101, dtype=np.float32)])])
 exact = _core.Histograms("value", _core.MAX_BINS)
 exact.collect([("t", [np.linspace(-3, 3, 101, dtype=np.float32)])])
-state = CalibrationState(names=["t"], mode="streaming", stream=stream)
+state = CalibrationState(Collection("streaming", stream))
 with bounded_address_space(64 << 20):
 """
         + textwrap.indent(
@@ -558,7 +551,7 @@ def channel_state(channels: int, tensors: int = 1, isotone: bool = False) -> Cal
     ch.collect(items)
     stream = _core.StreamHistograms(16, summaries=["isotone"] if isotone else [])
     stream.collect(items)
-    return CalibrationState(names=[n for n, _ in items], mode="streaming", stream=stream, channels=ch)
+    return CalibrationState(Collection("streaming", stream, channels=ch))
 
 
 def isotone_state() -> CalibrationState:
@@ -566,7 +559,7 @@ def isotone_state() -> CalibrationState:
     rng = np.random.default_rng(3)
     stream = _core.StreamHistograms(64, summaries=["isotone"])
     stream.collect([(f"t{i}", [rng.normal(size=(20, 5)).astype(np.float32)]) for i in range(3)])
-    return CalibrationState(names=stream.names(), mode="streaming", stream=stream, method="isotone")
+    return CalibrationState(Collection("streaming", stream), method="isotone")
 
 
 @pytest.mark.subprocess

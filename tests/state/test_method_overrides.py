@@ -20,7 +20,7 @@ import histocal
 from histocal import _core
 from histocal.calibrators import create_calibrator
 from histocal.cli.main import main
-from histocal.state import CalibrationState, compute_with_overrides
+from histocal.state import CalibrationState, Collection, compute_with_overrides
 
 
 def _model() -> onnx.ModelProto:
@@ -176,7 +176,7 @@ def test_quantize_static_with_calib_method_overrides(model, tmp_path):
 def _isotone(tensors: dict[str, np.ndarray], **options):
     s = _core.StreamHistograms(64, summaries=["isotone"])
     s.collect([(n, [x]) for n, x in tensors.items()])
-    return CalibrationState(list(tensors), "streaming", s).compute("isotone", **options)
+    return CalibrationState(Collection("streaming", s)).compute("isotone", **options)
 
 
 def test_isotone_warns_once_naming_every_tensor_without_a_row(caplog):

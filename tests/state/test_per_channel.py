@@ -22,7 +22,7 @@ from histocal import _core
 from histocal.calibrators import PercentileCalibrater, create_calibrator
 from histocal.cli import main
 from histocal.collector import HistogramCollector
-from histocal.state import CalibrationState
+from histocal.state import CalibrationState, Collection
 from histocal.state.channels import MAX_CHANNEL_BYTES_ENV, ChannelHistograms
 
 BINS = 256
@@ -48,13 +48,13 @@ def _state(items, axis=1, bins=BINS) -> CalibrationState:
     for name, arrays in items:
         ch.collect([(name, arrays)])
         stream.collect([(name, arrays)])
-    return CalibrationState([n for n, _ in items], "streaming", stream, channels=ch)
+    return CalibrationState(Collection("streaming", stream, channels=ch))
 
 
 def _per_tensor(values: np.ndarray, method: str, options: dict, bins=BINS):
     stream = _core.StreamHistograms(bins)
     stream.collect([("t", [np.ascontiguousarray(values)])])
-    return CalibrationState(["t"], "streaming", stream).compute(method, **options).data["t"]
+    return CalibrationState(Collection("streaming", stream)).compute(method, **options).data["t"]
 
 
 def _same(a, b) -> bool:
@@ -181,7 +181,7 @@ def test_states_save_load_and_keep_version_1_for_per_tensor(tmp_path):
     header = json.loads(np.load(tmp_path / "s.npz")["header"].tobytes())
     assert header["version"] == 2 and header["channels"] == {"axis": 1, "tensors": [["a", 5], ["b", 2]]}
     # a state without channels is written as version 1, as before, and per_channel=False reads the per-tensor part
-    plain = CalibrationState(state.names, "streaming", state.stream)
+    plain = CalibrationState(Collection("streaming", state.stream, only=tuple(state.names)))
     plain.save(tmp_path / "p.npz")
     assert json.loads(np.load(tmp_path / "p.npz")["header"].tobytes())["version"] == 1
     assert CalibrationState.load(tmp_path / "p.npz").channels is None

@@ -20,7 +20,7 @@ from test_per_channel import METHODS, _per_tensor, _same
 from histocal import _core
 from histocal.calibrators import PercentileCalibrater, create_calibrator
 from histocal.cli import main
-from histocal.state import CalibrationState
+from histocal.state import CalibrationState, Collection
 from histocal.state.channels import MAX_CHANNEL_BYTES_ENV, ChannelHistograms
 
 
@@ -118,11 +118,11 @@ def test_a_tensor_without_the_channel_axis_gets_its_per_tensor_range_as_one_chan
     ch.collect([("t", [x])])
     stream.collect([("t", [x])])
     assert ch.channels == {"t": 1}
-    got = CalibrationState(["t"], "streaming", stream, channels=ch).compute(name, **options).data["t"]
+    got = CalibrationState(Collection("streaming", stream, channels=ch)).compute(name, **options).data["t"]
     if isotone:
         s = _core.StreamHistograms(256, summaries=["isotone"])
         s.collect([("t", [np.ascontiguousarray(x)])])
-        ref = CalibrationState(["t"], "streaming", s).compute(name, **options).data["t"].range_value
+        ref = CalibrationState(Collection("streaming", s)).compute(name, **options).data["t"].range_value
     else:
         ref = _per_tensor(x, name, options, bins=256).range_value
     assert got.lowest.shape == got.highest.shape == (1,)
@@ -211,7 +211,7 @@ def test_a_transformer_sized_collection_fits_its_bins_to_the_limit(monkeypatch, 
     ch.collect(items)  # later calls keep the fitted bins
     stream = _core.StreamHistograms(16384)
     stream.collect(items)
-    state = CalibrationState([n for n, _ in items], "streaming", stream, channels=ch)
+    state = CalibrationState(Collection("streaming", stream, channels=ch))
     got = state.compute("percentile").data["t3"]
     x = np.concatenate([items[3][1][0]] * 2)
     for c in range(16):

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import TensorsData
 
 import histocal
-from histocal import CalibrationState, merge_states
+from histocal import CalibrationState, Collection, merge_states
 
 # ----------------------------------------------------------------------------------------------
 # model, data, helpers
@@ -227,14 +227,7 @@ def _saved(cal, path):
 def test_compute_errors(model_path, tmp_path):
     cal = _calibrate("percentile", model_path, tmp_path, DATA, mode="exact", num_bins=512)
     state = cal.state
-    exact_only = CalibrationState(
-        names=state.names,
-        mode="exact",
-        exact=state.exact,
-        exact_kind=state.exact_kind,
-        exact_num_bins=state.exact_num_bins,
-        model_fingerprint=state.model_fingerprint,
-    )
+    exact_only = CalibrationState(Collection("exact", exact=state.exact), model_fingerprint=state.model_fingerprint)
     with pytest.raises(ValueError, match="needs value histograms of 128 bins"):
         exact_only.compute("entropy")
     _assert_same(exact_only.compute("percentile", num_bins=512, symmetric=False, percentile=99.999), cal.compute_data())

@@ -31,7 +31,7 @@ from test_hostile_inputs import (
     zip_with_deflate_bomb,
 )
 
-from histocal import CalibrationState, _core
+from histocal import CalibrationState, Collection, _core
 from histocal.state.channels import ChannelHistograms
 from histocal.state.file import format as file_format
 
@@ -47,7 +47,7 @@ def channel_state(channels: int, tensors: int = 1, bins: int = 8, isotone: bool 
     ch.collect(items)
     stream = _core.StreamHistograms(bins, summaries=["isotone"] if isotone else [])
     stream.collect(items)
-    return CalibrationState(names=[n for n, _ in items], mode="streaming", stream=stream, channels=ch)
+    return CalibrationState(Collection("streaming", stream, channels=ch))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ state = channel_state(40_000, tensors=3)
         + outcome("result = state.compute('percentile')", "compute")
         + """
 keys = [state.channels.channel_keys("t1")[c] for c in (0, 39_999)]
-one = CalibrationState(keys, "streaming", state.channels.stream).compute("percentile", per_channel=False)
+one = CalibrationState(Collection("streaming", state.channels.stream, only=tuple(keys))).compute("percentile", per_channel=False)
 report(same=[float(result["t1"].range_value[1][c]) == float(one[k].range_value[1]) for c, k in zip((0, 39_999), keys)])
 report(shape=list(result["t2"].range_value[0].shape))
 """,
@@ -190,7 +190,7 @@ def test_isotone_pair_counts_are_checked_before_the_pairs_are_read(tmp_path):
     counts are still checked before the pairs are read (here a pairs member that is no .npy array at all)."""
     s = _core.StreamHistograms(64, summaries=["isotone"])
     s.collect([("t", [np.arange(12, dtype=np.float32).reshape(4, 3)])])
-    raw = CalibrationState(names=["t"], mode="streaming", stream=s).to_bytes()
+    raw = CalibrationState(Collection("streaming", s)).to_bytes()
     parts = members(raw)
     pairs = 1 << 26  # 1 GiB of pairs, 64 times the limit for one tensor
     parts["isotone_tensors.npy"] = npy(np.array([[pairs, 0, 0]], np.uint64))

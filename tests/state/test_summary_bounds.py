@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from test_hostile_inputs import GiB, MiB, members, npy, outcome, rezip, run_capped, zip_with_deflate_bomb
 
-from histocal import CalibrationState, _core
+from histocal import CalibrationState, Collection, _core
 from histocal.state.file import format as file_format
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs RLIMIT_AS and /proc")
@@ -34,7 +34,7 @@ def voted_state(n: int, bins: int = 8) -> bytes:
     """A state of ``n`` tensors with no finite value, saved with pow2's votes (an empty stream_votes)."""
     s = _core.StreamHistograms(bins, summaries=["pow2_votes"])
     s.collect([(f"t{i}", [np.zeros(0, np.float32)]) for i in range(n)])
-    return CalibrationState(names=s.names(), mode="streaming", stream=s).to_bytes()
+    return CalibrationState(Collection("streaming", s)).to_bytes()
 
 
 def votes_bomb(finite: int) -> bytes:
@@ -70,7 +70,7 @@ def test_isotone_pairs_bomb_is_refused_from_the_directory(tmp_path):
     rng = np.random.default_rng(3)
     s = _core.StreamHistograms(64, summaries=["isotone"])
     s.collect([(f"t{i}", [rng.normal(size=(20, 5)).astype(np.float32)]) for i in range(80)])
-    parts = members(CalibrationState(names=s.names(), mode="streaming", stream=s).to_bytes())
+    parts = members(CalibrationState(Collection("streaming", s)).to_bytes())
     pairs = 80 * _core.ISOTONE_MAX_PAIRS
     parts["isotone_tensors.npy"] = npy(np.array([[_core.ISOTONE_MAX_PAIRS, 0, 0]] * 80, np.uint64))
     del parts["isotone_pairs.npy"]
@@ -97,7 +97,7 @@ def test_summaries_count_inside_the_held_bytes_on_save_and_load(monkeypatch):
     rng = np.random.default_rng(0)
     for _ in range(20):
         s.collect([(f"t{i}", [rng.normal(0, 10.0 ** rng.uniform(-3, 3), 200).astype(np.float32)]) for i in range(50)])
-    state = CalibrationState(names=s.names(), mode="streaming", stream=s)
+    state = CalibrationState(Collection("streaming", s))
     raw = state.to_bytes()
     votes = members(raw)["stream_votes.npy"]
     assert len(votes) > 10_000
@@ -117,7 +117,7 @@ def test_isotone_state_at_the_held_limit_saves_what_loads(monkeypatch):
     rng = np.random.default_rng(5)
     s = _core.StreamHistograms(4096, summaries=["isotone"])
     s.collect([(f"t{i}", [rng.normal(size=(400, 6)).astype(np.float32)]) for i in range(4)])
-    state = CalibrationState(names=s.names(), mode="streaming", stream=s, method="isotone")
+    state = CalibrationState(Collection("streaming", s), method="isotone")
     raw = state.to_bytes()
     parts = members(raw)
     summary = sum(len(parts[k]) for k in ("isotone_tensors.npy", "isotone_pairs.npy", "isotone_rows.npy"))
@@ -154,7 +154,7 @@ def test_saving_keeps_no_whole_export_alive():
         """
 stream = _core.StreamHistograms(1 << 20)
 stream.collect([(f"t{i}", [np.full(10, 1.0 + i, np.float32)]) for i in range(32)])
-state = CalibrationState(names=stream.names(), mode="streaming", stream=stream)
+state = CalibrationState(Collection("streaming", stream))
 with bounded_address_space(96 << 20):
 """
         + "\n".join("    " + line for line in outcome("raw = state.to_bytes()", "save").splitlines())

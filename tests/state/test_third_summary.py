@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from histocal import CalibrationState, _core
+from histocal import CalibrationState, Collection, _core
 from histocal.state.file import summaries
 from histocal.state.file.errors import fail
 from histocal.state.file.format import MemberSpec, SummaryMembers
@@ -76,7 +76,7 @@ def collected() -> CalibrationState:
         s.collect(
             [(f"t{i}", [rng.normal(0, 10.0 ** rng.uniform(-2, 2), (40, 8)).astype(np.float32)]) for i in range(3)]
         )
-    return CalibrationState(names=s.names(), mode="streaming", stream=s)
+    return CalibrationState(Collection("streaming", s))
 
 
 def names_and_version(raw: bytes) -> tuple[list[str], int]:

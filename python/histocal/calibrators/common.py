@@ -271,7 +271,7 @@ def binned_and_binnable(hist: _core.Histograms) -> dict[str, tuple[int, int, int
     the edges end in +inf (an |x| histogram past float16's range: like ORT, it then bins later
     infinities in its last bin)."""
     out = {}
-    for n in hist.names():
-        st, c = hist.state(n), hist.counts(n)
-        out[n] = (int(st.hist.sum()), c.n_finite, c.n_posinf + c.n_neginf, bool(np.isposinf(st.edges[-1])))
+    for n, binned, open_top in hist.binned_totals():  # (no histogram exported)
+        c = hist.counts(n)
+        out[n] = (binned, c.n_finite, c.n_posinf + c.n_neginf, open_top)
     return out

@@ -45,6 +45,7 @@ from ..io.readers import DataSource
 from ..methods.settings import CollectionSettings
 from ..state import CalibrationState
 from ..state.channels import ChannelHistograms
+from ..state.collection import Collection
 from ..state.compute import check_calibration_memory
 from ..state.overrides import (
     MethodRule,
@@ -94,10 +95,8 @@ class HistogramCalibration(CollectedState):
         self.session_options = settings.session_options
         self.streaming_bins = settings.streaming_bins
         self.show_progress = settings.show_progress
-        self._stream: _core.StreamHistograms | None = None
         self.per_channel, self.axis, self.mode = settings.per_channel, settings.axis, settings.mode
-        self._channels: ChannelHistograms | None = None
-        self._mode_used: str | None = None
+        self._collection: Collection | None = None  # what has been collected (``collection``)
         self._model_fingerprint: str | None = None
         self._check_settings()
 
@@ -167,36 +166,33 @@ class HistogramCalibration(CollectedState):
                 two reads of exact mode.
             MemoryError: the histograms would not fit the memory the process can take.
         """
-        saved = self._snapshot()
+        collection, collector = self.collection, self.collector
+        saved = None if collection is None else collection.copy()
         try:
             self._collect_call(data_reader)
         except BaseException:
-            self._restore(*saved)
+            self._roll_back(saved, collector)
             raise
 
     def _collect_call(self, data_reader: Any) -> None:
         source = DataSource(data_reader)
-        if self._mode_used is None:
+        if self._collection is None:
             # auto starts exact; a read-once source over the memory budget turns it to streaming
-            self._mode_used = "streaming" if self.mode == "streaming" else "exact"
-            logger.info("collection mode: %s", self._mode_used)
+            self._collection = Collection("streaming" if self.mode == "streaming" else "exact")
+            logger.info("collection mode: %s", self._collection.mode)
         fetch = self.fetch_names()
+        exact = self._collection.mode == "exact"
         if self.method in METHODS:  # the histograms of num_bins bins it will hold, refused up front
-            check_calibration_memory(self.method, self.num_bins, len(fetch), self._mode_used == "exact")
-        if self._mode_used == "streaming":
-            n = self._collect_streaming(source, fetch)
-        else:
-            n = self._collect_exact(source, fetch)
+            check_calibration_memory(self.method, self.num_bins, len(fetch), exact)
+        n = self._collect_exact(source, fetch) if exact else self._collect_streaming(source, fetch)
         if n == 0:
             raise ValueError("No data is collected.")
 
     def _collect_streaming(self, source: DataSource, fetch: list[str]) -> int:
-        if self._stream is None:
-            self._stream = self.new_stream()
-        stream = self._stream
-        if self.per_channel and self._channels is None:
-            self._channels = self._new_channels()
-        channels = self._channels
+        collection, stream = self._held()
+        if self.per_channel and collection.channels is None:
+            collection.channels = self._new_channels()
+        channels = collection.channels
 
         def consume(_: int, items: list) -> None:
             if channels is not None:  # first: its checks refuse a batch before any of it is added
@@ -218,7 +214,7 @@ class HistogramCalibration(CollectedState):
         if self.collector is None:
             self.collector = self._new_collector()
         hist = self.collector.histograms
-        stream = self._exact_stream()
+        collection, stream = self._held()
         read_once = not source.rereadable
         # read-once data cannot run again: keep what fits; otherwise keep only what is worth it
         kept = KeptOutputs(budget, 0.0 if read_once else None)
@@ -243,7 +239,7 @@ class HistogramCalibration(CollectedState):
         n = run_batches(self, source, fetch, scan, desc, timed=kept.timed, wants_timing=kept.wants_timing, digest=first)
         if n == 0 or streaming:
             if streaming:
-                self._mode_used, self.collector = "streaming", None
+                collection.mode, collection.exact, self.collector = "streaming", None, None
             return n
         hist.plan()
         logger.debug("exact mode: %d of %d batches counted from memory", len(kept.kept), n)
@@ -310,7 +306,8 @@ class HistogramCalibration(CollectedState):
     @method_overrides.setter
     def method_overrides(self, rules: Any) -> None:
         self._method_overrides = parse_method_overrides(rules)
-        self.mode = collection_mode(self._method_overrides, self.mode, self._mode_used)
+        used = None if self._collection is None else self._collection.mode
+        self.mode = collection_mode(self._method_overrides, self.mode, used)
 
     def new_stream(self) -> _core.StreamHistograms:
         """An empty streaming histogram set for this calibrator.
@@ -325,11 +322,14 @@ class HistogramCalibration(CollectedState):
             self.streaming_bins, self.axis, isotone="isotone" in rule_summaries(self.method_overrides)
         )
 
-    def _exact_stream(self) -> Any:
-        """Exact mode also feeds a streaming histogram, so that its state serves every method."""
-        if self._stream is None:
-            self._stream = self.new_stream()
-        return self._stream
+    def _held(self) -> tuple[Collection, _core.StreamHistograms]:
+        """The collection this call collects into, and its streaming histograms (exact mode feeds
+        them too, from the same scans, so that its state serves every method)."""
+        collection = self._collection
+        assert collection is not None  # set by the call's first step
+        if collection.stream is None:
+            collection.stream = self.new_stream()
+        return collection, collection.stream
 
     @one_call_at_a_time
     def restart(self) -> None:
@@ -337,8 +337,8 @@ class HistogramCalibration(CollectedState):
         already settled on (so that new data is collected the way the first was). ORT's
         ``clear_collected_data`` only drops buffered outputs, and keeps that meaning here."""
         self.collector = None
-        self._stream = None
-        self._channels = None
+        if self._collection is not None:
+            self._collection = Collection(self._collection.mode)
 
     @one_call_at_a_time
     def compute_data(self) -> TensorsData:
@@ -353,16 +353,17 @@ class HistogramCalibration(CollectedState):
             ValueError: nothing collected yet.
         """
         result = None
-        if self._mode_used == "exact":
+        collection = self.collection
+        if collection is not None and collection.mode == "exact":
             if self.collector is None:
                 raise ValueError("No collector created and can't generate calibration data.")
             result = TensorsData(METHODS[self.method], self.collector.compute_collection_result())
             if not self.method_overrides:
                 return result
-        elif self._stream is None:
+        elif collection is None or collection.stream is None:
             raise ValueError("No collector created and can't generate calibration data.")
-        state = CalibrationState.from_collected(
-            self.collected(copy=False), model_fingerprint=None, method=self.method, settings=self.collection_settings
+        state = CalibrationState.from_collection(
+            collection.held(), model_fingerprint=None, method=self.method, settings=self.collection_settings
         )
         options = getattr(self, "method_options", {})
         if result is None:

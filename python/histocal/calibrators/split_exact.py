@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _core
-from ..collector import CollectedData
 from ..io.readers import DataSource
+from ..state.collection import Collection
 from .common import ReadCheck, ReadDigest, run_batches
 
 # Why a shard is read twice, in the errors of a second read that differs from the first.
@@ -54,7 +54,7 @@ def scan_exact(calibrator: Any, data_reader: Any) -> ExactScan:
         return ExactScan(hist.pending_scans(), n, first)
 
 
-def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from: Sequence[Any]) -> CollectedData:
+def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from: Sequence[Any]) -> Collection:
     """Exact mode's pass 2 over the part ``part`` scanned: its batches counted on the binning that
     ``planned_from`` (every part's scans, in order) plans, and its streaming histogram. The result
     holds this part's counts only, on the edges every part shares."""
@@ -85,4 +85,4 @@ def count_exact(calibrator: Any, data_reader: Any, part: ExactScan, planned_from
             hist.restore(
                 name, st.dtype, h, st.edges, st.min, st.max, st.threshold, (finite, nan, posinf, neginf, batches)
             )
-        return CollectedData("exact", stream, hist, calibrator.kind, int(calibrator.num_bins))
+        return Collection("exact", stream, hist)

@@ -1,7 +1,7 @@
 """What a histogram calibrator has collected, in and out (``CollectedState``, a base of
-``histogram.HistogramCalibration``): copies of it (``collected``) and putting one back
-(``restore_collected``), the calibration state (``state``, ``save_state``, ``load_state`` and the
-checks a loaded state must pass), and the snapshot ``collect_data`` rolls back to when a call fails.
+``histogram.HistogramCalibration``): its one ``Collection`` (``collection``), the calibration state
+(``state``, ``save_state``, ``load_state`` and the checks a loaded state must pass), and putting back
+the copy ``collect_data`` rolls back to when a call fails (``_roll_back``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
-from ..collector import CollectedData, HistogramCollector
+from ..collector import HistogramCollector
 from ..state import CalibrationState, model_fingerprint
-from ..state.channels import ChannelHistograms
+from ..state.collection import Collection
 from .common import check_channels_loadable, one_call_at_a_time
-
-_NOTHING_COLLECTED = "the calibrator has not collected any data yet (call collect_data first)"
 
 
 class CollectedState:
@@ -41,9 +39,7 @@ class CollectedState:
     fetch_names: Callable[[], list[str]]
     _new_collector: Callable[[], HistogramCollector]
     _lock: threading.RLock
-    _mode_used: str | None
-    _stream: _core.StreamHistograms | None
-    _channels: ChannelHistograms | None
+    _collection: Collection | None
     _model_fingerprint: str | None
 
     @property
@@ -51,47 +47,26 @@ class CollectedState:
         """The histograms' kind: ``"abs"`` (|x|, symmetric percentile) or ``"value"``."""
         return "abs" if self.method == "percentile" and self.symmetric else "value"
 
-    def collected(self, *, copy: bool = True) -> CollectedData:
-        """What has been collected: the streaming histograms and, in exact mode, ORT's exact ones.
-
-        Args:
-            copy: a copy; False: the streaming histograms are shared (only for reading them at once).
-
-        Returns:
-            The collected histograms.
-
-        Raises:
-            ValueError: nothing was collected yet.
-        """
+    @property
+    def collection(self) -> Collection | None:
+        """What has been collected (shared, not copied; None before the first ``collect_data``). In
+        exact mode its exact part is the histograms ORT's ``collector`` holds: edits of
+        ``collector.histogram_dict`` are part of what was collected."""
         with self._lock:  # not while another thread collects
-            if self._mode_used is None:
-                raise ValueError(_NOTHING_COLLECTED)
-            stream = self._stream
-            if stream is not None and copy:
-                stream = stream.copy()
-            exact = kind = num_bins = None
-            if self._mode_used == "exact" and self.collector is not None and self.collector.histograms.names():
-                kind, num_bins = self.kind, int(self.num_bins)
-                exact = self.collector.histograms.copy()
-            if stream is None and exact is None:
-                raise ValueError(_NOTHING_COLLECTED)
-            channels = self._channels.copy() if copy and self._channels else self._channels
-            return CollectedData(self._mode_used, stream, exact, kind, num_bins, channels)
+            c = self._collection
+            if c is not None and c.mode == "exact":
+                c.exact = None if self.collector is None else self.collector.histograms
+            return c
 
-    def restore_collected(self, data: CollectedData) -> None:
-        """Replace what has been collected.
-
-        Args:
-            data: the histograms to hold instead (copied).
-        """
+    def _hold(self, collection: Collection) -> None:
+        """Hold ``collection`` (not copied) as what has been collected: in exact mode, a new
+        ``collector`` holds its exact histograms."""
         with self._lock:
-            self._mode_used = data.mode
-            self._stream = None if data.stream is None else data.stream.copy()
-            self._channels = None if data.channels is None else data.channels.copy()
-            if data.mode == "exact":
+            self._collection = collection
+            if collection.mode == "exact":
                 self.collector = self._new_collector()
-                if data.exact is not None:
-                    self.collector.histograms = data.exact.copy()
+                if collection.exact is not None:
+                    self.collector.histograms = collection.exact
 
     @property
     def model_fingerprint(self) -> str:
@@ -141,9 +116,10 @@ class CollectedState:
         if not isinstance(state, CalibrationState):
             state = CalibrationState.load(state)
         self._check_loadable(state)
-        if self._mode_used is not None:
+        held = self.collection
+        if held is not None and held.names:
             state = CalibrationState.from_calibrator(self).merge(state)
-        self.restore_collected(state.collected())
+        self._hold(state.collection.copy())
 
     def _check_loadable(self, state: CalibrationState) -> None:
         fp = self.model_fingerprint
@@ -178,14 +154,11 @@ class CollectedState:
                 "serve these settings)"
             )
 
-    def _snapshot(self) -> tuple[Any, Any, Any, Any, Any]:
-        histograms = None if self.collector is None else self.collector.histograms.copy()
-        stream = None if self._stream is None else self._stream.copy()
-        return self._mode_used, self.collector, histograms, stream, self._channels and self._channels.copy()
-
-    def _restore(self, mode_used: Any, collector: Any, histograms: Any, stream: Any, channels: Any) -> None:
-        # The same collector object, with its histograms as they were: a caller holding
-        # ``calibrator.collector`` sees no trace of the failed call either.
-        self._mode_used, self.collector, self._stream, self._channels = mode_used, collector, stream, channels
+    def _roll_back(self, saved: Collection | None, collector: HistogramCollector | None) -> None:
+        """Put back what a failed call started from: ``saved``, a copy of the collection then, and
+        the collector then (the same object, holding ``saved``'s exact histograms, so that a caller
+        holding ``calibrator.collector`` sees no trace of the failed call either)."""
+        self._collection, self.collector = saved, collector
         if collector is not None:
-            collector.roll_back_to(histograms)
+            held = None if saved is None else saved.exact
+            collector.roll_back_to(_core.Histograms(collector.kind, collector.num_bins) if held is None else held)

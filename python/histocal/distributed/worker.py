@@ -22,10 +22,9 @@ from typing import Any
 from .. import _core
 from ..calibrators import create_calibrator
 from ..calibrators.split_exact import ExactScan, count_exact, scan_exact
-from ..collector import CollectedData
 from ..io.readers import DataSource
 from ..methods.settings import CollectionSettings
-from ..state import CalibrationState
+from ..state import CalibrationState, Collection
 from .shards import Shard
 
 WORKER_FOLDER_PREFIX = "histocal_worker_"
@@ -100,11 +99,11 @@ class ShardWorker:
     def _open(self, shard: Shard) -> Any:
         return shard.open(self.calibrator.model)
 
-    def _state(self, data: CollectedData) -> bytes:
+    def _state(self, collection: Collection) -> bytes:
         cal, job = self.calibrator, self.job
         settings = cal.collection_settings if job.state_settings is None else job.state_settings
-        state = CalibrationState.from_collected(
-            data, model_fingerprint=cal.model_fingerprint, method=job.state_method, settings=settings
+        state = CalibrationState.from_collection(
+            collection, model_fingerprint=cal.model_fingerprint, method=job.state_method, settings=settings
         )
         return state.to_bytes()
 
@@ -119,7 +118,7 @@ class ShardWorker:
                 return None
             self.calibrator.restart()
             self.calibrator.collect_data(itertools.chain([first], feeds))
-            return self._state(self.calibrator.collected())
+            return self._state(self.calibrator.collection.held())
 
         return shard.run(work)
 

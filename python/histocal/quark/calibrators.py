@@ -40,9 +40,6 @@ from .types import CalibrationMethodLike, Pow2MethodLike, PowerOfTwoMethod, Quan
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
-# extra_options key of the float-scale factory: False collects each call's batches at once (Quark
-# 0.9, onnxruntime) instead of one at a time (Quark 0.13)
-MERGE_PER_BATCH_OPTION = "MergePerBatch"
 # The collection settings Quark's float-scale factory reads from its extra_options.
 QUARK_SETTINGS = (MODE, STREAMING_BINS)
 
@@ -498,7 +495,8 @@ def create_calibrator_float_scale(
         settings = CollectionSettings.from_extra_options(opts, QUARK_SETTINGS)
     histocal = {
         "settings": settings,
-        "merge_per_batch": opts.get(MERGE_PER_BATCH_OPTION, True),
+        # False collects each call's batches at once (Quark 0.9, onnxruntime), not one at a time (0.13)
+        "merge_per_batch": opts.get("MergePerBatch", True),
         "optimize_mem": opts.get("optimize_mem", True),
         "worker_num": opts.get("worker_num", 1),
     }

@@ -1,5 +1,6 @@
 """The calibration state: what a calibration collected, reusable and mergeable, and its file format."""
 
+from .collection import Collection
 from .file.errors import StateError
 from .file.format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BINS, MAX_STATE_BYTES
 from .overrides import compute_with_overrides, parse_method_overrides
@@ -11,6 +12,7 @@ __all__ = [
     "MAX_STATE_BINS",
     "MAX_STATE_BYTES",
     "CalibrationState",
+    "Collection",
     "StateError",
     "compute_with_overrides",
     "merge_states",

@@ -1,4 +1,4 @@
-"""Merging two calibration states (``CalibrationState.merge``, ``merge_states``): their compatibility,
+"""Merging two collections (``CalibrationState.merge``, ``merge_states``): their compatibility,
 and their histograms merged.
 
 The model fingerprint, the tensor names, the mode and the collection options must match. Streaming
@@ -15,54 +15,24 @@ end in +inf too.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import numpy as np
 
 from .. import _core
 from ..collector import ExactHistogram as _Exact
 from ..collector import export_exact, restore_exact
-from .channels import ChannelHistograms
+from .collection import Collection
 from .file.errors import fail
 
 
-class HeldHistograms(Protocol):
-    """The histograms a state holds, by tensor (``CalibrationState`` is one)."""
-
-    @property
-    def names(self) -> list[str]: ...
-    @property
-    def stream(self) -> _core.StreamHistograms | None: ...
-    @property
-    def exact(self) -> _core.Histograms | None: ...
-    @property
-    def exact_kind_and_bins(self) -> tuple[str | None, int | None]: ...
-    @property
-    def channels(self) -> ChannelHistograms | None: ...
-
-
-class MergedState(HeldHistograms, Protocol):
-    """What merging reads of a state: its histograms, the model they come from and its options."""
-
-    @property
-    def model_fingerprint(self) -> str | None: ...
-    @property
-    def options(self) -> dict[str, Any]: ...
-
-
-def check_compatible(a: MergedState, b: MergedState) -> None:
-    """``CalibrationState.check_compatible``: ValueError naming the difference unless ``b`` can be
-    merged into ``a``."""
-    if a.model_fingerprint != b.model_fingerprint:
-        raise ValueError(
-            f"the states come from different models (fingerprints {a.model_fingerprint} and {b.model_fingerprint})"
-        )
+def check_compatible(a: Collection, b: Collection) -> None:
+    """ValueError naming the difference unless collection ``b`` can be merged into ``a`` (the
+    states' model fingerprints are ``CalibrationState.check_compatible``'s)."""
     if set(a.names) != set(b.names):
         diff = sorted(set(a.names) ^ set(b.names))[:5]
         raise ValueError(f"the states calibrate different tensors (e.g. {diff})")
     b_options = b.options
     for key, value in a.options.items():
-        if key not in ("method", "settings") and value != b_options[key]:
+        if value != b_options[key]:
             raise ValueError(
                 f"incompatible collection options: {key} is {value!r} in one state and {b_options[key]!r} in the other"
             )
@@ -72,11 +42,8 @@ def check_compatible(a: MergedState, b: MergedState) -> None:
         a.channels.check_compatible(b.channels)
 
 
-def merge_histograms(
-    a: MergedState, b: MergedState
-) -> tuple[_core.StreamHistograms | None, _core.Histograms | None, ChannelHistograms | None]:
-    """The streaming, exact and per-channel histograms of two compatible states merged (see the
-    module; ``a`` and ``b`` are not changed)."""
+def merge(a: Collection, b: Collection) -> Collection:
+    """Two compatible collections merged (see the module; ``a`` and ``b`` are not changed)."""
     stream = None
     if a.stream is not None:
         if b.stream is None:
@@ -85,18 +52,15 @@ def merge_histograms(
         stream.merge(b.stream)
     exact = None
     if a.exact is not None:
-        kind, num_bins = a.exact_kind_and_bins
-        if kind is None or num_bins is None:
-            raise ValueError("the state holds exact histograms without their kind and bin count")
-        exact = _core.Histograms(kind, num_bins)
+        exact = _core.Histograms(a.exact.kind, a.exact.num_bins)
         for name in a.exact.names():
             try:
-                merged = merge_exact(export_exact(a.exact, name), export_exact(b.exact, name), kind)
+                merged = merge_exact(export_exact(a.exact, name), export_exact(b.exact, name), a.exact.kind)
                 restore_exact(exact, name, merged)
             except ValueError as exc:
                 raise ValueError(f"cannot merge tensor {name!r}: {exc}") from None
     channels = None if a.channels is None or b.channels is None else a.channels.merge(b.channels)
-    return stream, exact, channels
+    return Collection(a.mode, stream, exact, channels, a.only)
 
 
 def _held_min(old: tuple[float, bool], new: tuple[float, bool]) -> tuple[float, bool]:

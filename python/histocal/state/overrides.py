@@ -27,7 +27,6 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import methods
 from ..io.models import load_model
 from ..methods.table import summaries_for
-from .channels import ChannelHistograms
 
 logger = logging.getLogger(__name__)
 
@@ -159,14 +158,6 @@ def assign_methods(
     return out
 
 
-def _subset(state: Any, tensors: list[str]) -> Any:
-    """``state`` restricted to ``tensors`` (its histograms shared, not copied)."""
-    ch = state.channels
-    if ch is not None:
-        ch = ChannelHistograms(ch.num_bins, ch.axis, ch.max_bytes, {t: ch.channels[t] for t in tensors}, ch.stream)
-    return dataclasses.replace(state, names=tensors, channels=ch)
-
-
 def compute_with_overrides(
     state: Any,
     method: Any,
@@ -209,7 +200,7 @@ def compute_with_overrides(
     data = dict(result.data)
     for (m, frozen), tensors in groups.items():
         logger.info("method %s for %d tensor(s): %s", m, len(tensors), ", ".join(map(repr, tensors)))
-        sub = _subset(state, tensors)
+        sub = dataclasses.replace(state, collection=state.collection.subset(tensors))
         if sub.method != m:
             sub = dataclasses.replace(sub, method=None, settings={})  # the collection's settings are for its method
         part = sub.compute(m, per_channel=per_channel, **dict(frozen))

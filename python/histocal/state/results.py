@@ -34,7 +34,6 @@ from ..ort_results import ort_settings
 from .auto import ORT_AUTO_CANDIDATES, auto_ranges
 from .channels import NO_CHANNEL_VOTES
 from .compute import check_compute_memory, chunk_size, minmax_result, ort_result
-from .merge import HeldHistograms
 
 _ORT_METHODS = {m.name: m.ort for m in ORT_TABLE}
 # create_calibrator's defaults (what quantize_static uses); _FULL: every ORT option at its first table default
@@ -42,9 +41,20 @@ _DEFAULTS: dict[str, dict[str, Any]] = {m.name: m.defaults for m in ORT_TABLE}
 _FULL = {o.name: o.default for m in reversed(ORT_TABLE) for o in m.options}
 
 
-class StateHistograms(HeldHistograms, Protocol):
-    """What results are computed from: a state's histograms and the method they were collected for."""
+class StateHistograms(Protocol):
+    """What results are computed from: a state's histograms (its collection's parts) and the method
+    they were collected for."""
 
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def stream(self) -> _core.StreamHistograms | None: ...
+    @property
+    def exact(self) -> _core.Histograms | None: ...
+    @property
+    def exact_kind_and_bins(self) -> tuple[str | None, int | None]: ...
+    @property
+    def channels(self) -> Any: ...
     @property
     def method(self) -> str | None: ...
     @property

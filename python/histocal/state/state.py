@@ -1,6 +1,8 @@
 """Calibration state: everything a histogram calibration collected, saved once, reusable and mergeable.
 
-A :class:`CalibrationState` holds, per calibrated tensor:
+A :class:`CalibrationState` is a :class:`~histocal.state.collection.Collection` (what was collected)
+and its provenance (model and data fingerprints, method, settings, version). It holds, per
+calibrated tensor:
 
 * the **streaming histogram** (``_core.StreamHistograms``: a power-of-two-aligned histogram of
   ``streaming_bins`` bins, finite min/max, min |x|, counts of finite/NaN/+Inf/-Inf values and the
@@ -23,19 +25,19 @@ import io
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Union, cast
+from typing import Any, BinaryIO, Union
 
 from .. import _core
 from .._version import __version__
-from ..collector import CollectedData
 from ..io.files import atomic_write_bytes, open_untrusted_file
 from .channels import ChannelHistograms
+from .collection import NOTHING_COLLECTED, Collection
 from .file.format import FORMAT_NAME, FORMAT_VERSION, MAX_STATE_BYTES
 from .file.header import check_fingerprint, plain_value
-from .file.read import read_state_fields
+from .file.read import read_state
 from .file.write import state_bytes
 from .fingerprint import model_fingerprint
-from .merge import check_compatible, merge_histograms
+from .merge import check_compatible, merge
 from .results import StateResults
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
@@ -49,45 +51,35 @@ def _version() -> str:
 
 @dataclass
 class CalibrationState(StateResults):
-    """Reusable, mergeable histogram state of a calibration (see the module docstring).
+    """Reusable, mergeable histogram state of a calibration (see the module docstring): a
+    :class:`~histocal.state.collection.Collection` and where it came from.
 
     Build it with ``calibrator.state`` / ``CalibrationState.from_calibrator`` or ``load``; use it
     with ``compute``, ``merge``, ``save`` and ``calibrator.load_state``.
 
     Args:
-        names: the calibrated tensors, in calibration order.
-        mode: the collection mode, ``"streaming"`` or ``"exact"``.
-        stream: the streaming histograms (every histocal state has them).
-        exact: exact mode's ORT histograms.
-        exact_kind: their kind, ``"value"`` or ``"abs"``.
-        exact_num_bins: their bin count.
+        collection: the histograms collected.
         model_fingerprint: the calibrated model's fingerprint (``model_fingerprint``).
         data_fingerprints: the fingerprints of the data of each run merged into the state.
         method: the method it was collected for.
         settings: that method's settings.
         histocal_version: the histocal version that collected it.
-        channels: per-channel streaming histograms, when collected.
     """
 
-    names: list[str]
-    mode: str
-    stream: _core.StreamHistograms | None = None
-    exact: _core.Histograms | None = None
-    exact_kind: str | None = None
-    exact_num_bins: int | None = None
+    collection: Collection
     model_fingerprint: str | None = None
     data_fingerprints: tuple[str, ...] = ()
     method: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     histocal_version: str = field(default_factory=_version)
-    channels: ChannelHistograms | None = None  # per-channel streaming histograms, when collected
 
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
     def from_calibrator(cls, cal: Any, data_fingerprint: str | None = None) -> CalibrationState:
         """A copy of what a histocal Entropy/Percentile/Distribution/Method calibrator has collected
-        (through its public interface: ``collected()``, ``model_fingerprint``, ``collection_settings``).
+        (through its public interface: ``collection``, ``lock``, ``model_fingerprint``,
+        ``collection_settings``).
 
         Args:
             cal: the calibrator, after ``collect_data``.
@@ -97,10 +89,14 @@ class CalibrationState(StateResults):
             The state.
 
         Raises:
-            ValueError: a malformed ``data_fingerprint``.
+            ValueError: nothing collected yet, or a malformed ``data_fingerprint``.
         """
-        return cls.from_collected(
-            cal.collected(),
+        with cal.lock:  # not while another thread collects
+            if cal.collection is None:
+                raise ValueError(NOTHING_COLLECTED)
+            collection = cal.collection.held().copy()
+        return cls.from_collection(
+            collection,
             model_fingerprint=cal.model_fingerprint,
             method=cal.method,
             settings=cal.collection_settings,
@@ -108,19 +104,19 @@ class CalibrationState(StateResults):
         )
 
     @classmethod
-    def from_collected(
+    def from_collection(
         cls,
-        data: CollectedData,
+        collection: Collection,
         *,
         model_fingerprint: str | None,
         method: str | None,
         settings: dict[str, Any],
         data_fingerprint: str | None = None,
     ) -> CalibrationState:
-        """The state holding ``data`` (shared, not copied) and how it was collected.
+        """The state holding ``collection`` (shared, not copied) and how it was collected.
 
         Args:
-            data: the collected histograms.
+            collection: the collected histograms.
             model_fingerprint: the calibrated model's fingerprint.
             method: the method they were collected for.
             settings: that method's settings.
@@ -133,31 +129,49 @@ class CalibrationState(StateResults):
             ValueError: a malformed ``data_fingerprint``.
         """
         return cls(
-            names=data.names,
-            mode=data.mode,
-            stream=data.stream,
-            exact=data.exact,
-            exact_kind=data.exact_kind,
-            exact_num_bins=data.exact_num_bins,
+            collection,
             model_fingerprint=model_fingerprint,
             data_fingerprints=() if data_fingerprint is None else (check_fingerprint(data_fingerprint),),
             method=method,
             settings={k: plain_value(v) for k, v in settings.items()},
-            channels=data.channels,
         )
 
-    def collected(self) -> CollectedData:
-        """The state's histograms as a calibrator holds them.
+    # -- the collection's parts -----------------------------------------------------------------
 
-        Returns:
-            The state's histograms (shared, not copied).
-        """
-        return CollectedData(self.mode, self.stream, self.exact, self.exact_kind, self.exact_num_bins, self.channels)
+    @property
+    def names(self) -> list[str]:
+        """The calibrated tensors, in calibration order."""
+        return self.collection.names
+
+    @property
+    def mode(self) -> str:
+        """The collection mode, ``"streaming"`` or ``"exact"``."""
+        return self.collection.mode
+
+    @property
+    def stream(self) -> _core.StreamHistograms | None:
+        """The streaming histograms (every histocal state has them)."""
+        return self.collection.stream
+
+    @property
+    def exact(self) -> _core.Histograms | None:
+        """Exact mode's ORT histograms."""
+        return self.collection.exact
+
+    @property
+    def channels(self) -> ChannelHistograms | None:
+        """The per-channel streaming histograms, when collected."""
+        return self.collection.channels
 
     @property
     def streaming_bins(self) -> int | None:
         """The streaming histograms' bin count (None: no streaming histograms)."""
-        return None if self.stream is None else int(self.stream.num_bins)
+        return self.collection.streaming_bins
+
+    @property
+    def exact_kind_and_bins(self) -> tuple[str | None, int | None]:
+        """The exact histograms' kind and bin count, as one pair (``(None, None)`` without them)."""
+        return self.collection.exact_kind_and_bins
 
     @property
     def data_fingerprint(self) -> str | None:
@@ -165,21 +179,9 @@ class CalibrationState(StateResults):
         return self.data_fingerprints[0] if len(self.data_fingerprints) == 1 else None
 
     @property
-    def exact_kind_and_bins(self) -> tuple[str | None, int | None]:
-        """The exact histograms' kind and bin count, as one pair (``(None, None)`` without them)."""
-        return self.exact_kind, self.exact_num_bins
-
-    @property
     def options(self) -> dict[str, Any]:
         """How the state was collected: mode, bins, exact histograms' kind and bins, method, settings."""
-        return {
-            "mode": self.mode,
-            "streaming_bins": self.streaming_bins,
-            "exact_kind": self.exact_kind,
-            "exact_num_bins": self.exact_num_bins,
-            "method": self.method,
-            "settings": dict(self.settings),
-        }
+        return {**self.collection.options, "method": self.method, "settings": dict(self.settings)}
 
     def counts(self, name: str) -> tuple[int, int, int, int, int]:
         """A tensor's value counts.
@@ -193,8 +195,7 @@ class CalibrationState(StateResults):
         Raises:
             KeyError: no such tensor.
         """
-        c = (self.stream if self.stream is not None else cast(_core.Histograms, self.exact)).counts(name)
-        return (c.n_finite, c.n_nan, c.n_posinf, c.n_neginf, c.batches)
+        return self.collection.counts(name)
 
     def dtype(self, name: str) -> str:
         """A tensor's data type.
@@ -208,9 +209,7 @@ class CalibrationState(StateResults):
         Raises:
             KeyError: no such tensor.
         """
-        if self.stream is not None:
-            return self.stream.summary(name).dtype
-        return cast(_core.Histograms, self.exact).state(name).dtype
+        return self.collection.dtype(name)
 
     # -- merging --------------------------------------------------------------------------------
 
@@ -224,7 +223,12 @@ class CalibrationState(StateResults):
             ValueError: ``other`` comes from another model or tensors, or was collected with other
                 options (naming the difference).
         """
-        check_compatible(self, other)
+        if self.model_fingerprint != other.model_fingerprint:
+            raise ValueError(
+                f"the states come from different models (fingerprints {self.model_fingerprint} and "
+                f"{other.model_fingerprint})"
+            )
+        check_compatible(self.collection, other.collection)
 
     def merge(self, other: CalibrationState) -> CalibrationState:
         """Combine two states (see :mod:`histocal.state.merge`).
@@ -240,16 +244,12 @@ class CalibrationState(StateResults):
                 the tensor).
         """
         self.check_compatible(other)
-        stream, exact, channels = merge_histograms(self, other)
         return replace(
             self,
-            names=list(self.names),
-            stream=stream,
-            exact=exact,
+            collection=merge(self.collection, other.collection),
             data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
             settings=dict(self.settings),
             histocal_version=_version(),
-            channels=channels,
         )
 
     # -- files ----------------------------------------------------------------------------------
@@ -319,7 +319,8 @@ class CalibrationState(StateResults):
 
     @classmethod
     def _read(cls, source: BinaryIO, size: int, what: str) -> CalibrationState:
-        return cls(**read_state_fields(source, size, what))
+        collection, provenance = read_state(source, size, what)
+        return cls(collection, **provenance)
 
 
 def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:

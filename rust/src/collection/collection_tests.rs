@@ -191,3 +191,21 @@ fn collect_channels_equals_collecting_each_channels_view() {
     assert!(s.collect_channels(&[(&keys[..3], bad)], &[]).is_err());
     assert!(s.tensors().is_empty());
 }
+
+#[test]
+fn binned_totals_count_what_the_histograms_hold_and_see_an_open_top() {
+    let a = f32s(1000, 0.5);
+    let mut exact = ExactCollection::new(Kind::Value, 64).unwrap();
+    exact.collect(&one("x", &a)).unwrap();
+    assert_eq!(exact.binned_totals(), [("x".to_string(), 1000, false)]);
+    assert_eq!(Kind::parse(Kind::Abs.name()), Ok(Kind::Abs));
+    assert!(Kind::parse("values").is_err());
+    // float16 |x| data past 65504 grows ORT's edges to +inf: later infinities go in the last bin
+    let big = [half::f16::from_f32(1.0), half::f16::MAX, half::f16::INFINITY];
+    let mut abs = ExactCollection::new(Kind::Abs, 8).unwrap();
+    abs.collect(&[("h", Batches::F16(vec![View::from_slice(&big[..2])]))]).unwrap();
+    abs.collect(&[("h", Batches::F16(vec![View::from_slice(&big)]))]).unwrap();
+    let (_, binned, open_top) = abs.binned_totals().remove(0);
+    let counts = abs.tensors().get("h").unwrap().counts;
+    assert_eq!(binned, counts.finite + if open_top { counts.posinf } else { 0 });
+}

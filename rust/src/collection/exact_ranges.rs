@@ -116,6 +116,18 @@ impl Histogram {
         }
     }
 
+    /// The values binned (the counts' sum) and whether the edges end in +inf (an |x| histogram
+    /// past float16's range, which bins later infinities in its last bin, as ORT's does).
+    pub fn binned_and_open_top(&self) -> (u64, bool) {
+        let v = self.view();
+        let open_top = match v.edges {
+            EdgesRef::F16(e) => e.last().is_some_and(|x| x.to_f64() == f64::INFINITY),
+            EdgesRef::F32(e) => e.last().is_some_and(|x| *x == f32::INFINITY),
+            EdgesRef::F64(e) => e.last().is_some_and(|x| *x == f64::INFINITY),
+        };
+        (v.hist.iter().map(|&c| c as u64).sum(), open_top)
+    }
+
     /// ORT's entropy threshold over this histogram, in its arithmetic type.
     pub fn entropy_threshold(
         &self,
@@ -139,6 +151,12 @@ impl Histogram {
 }
 
 impl ExactCollection {
+    /// Per tensor `(name, values binned, whether the edges end in +inf)` (`binned_and_open_top`).
+    pub fn binned_totals(&self) -> Vec<(String, u64, bool)> {
+        let totals = self.tensors().iter().map(|(n, st)| (n, st.histogram.binned_and_open_top()));
+        totals.map(|(n, (binned, open_top))| (n.clone(), binned, open_top)).collect()
+    }
+
     fn states(&self) -> Vec<(&String, &TensorState)> {
         self.tensors().iter().collect()
     }

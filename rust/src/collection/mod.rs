@@ -1,5 +1,6 @@
 //! The per-tensor collections the Python classes hold, and the rules over them: one tensor's
-//! exact state, whichever collector built it ([`tensor`]), which tensors
+//! exact state, whichever collector built it ([`tensor`]), in the arithmetic type it could be
+//! held in ([`widening`]), which tensors
 //! are held and in what order ([`TensorSet`]), ORT's exact histograms with their two-pass
 //! collects ([`ExactCollection`]), and the streaming histograms with the summaries collected
 //! beside them ([`StreamCollection`], [`summary`]). Plain Rust: the bindings borrow the arrays,
@@ -16,6 +17,7 @@ pub mod stream_ranges;
 pub mod summary;
 pub mod tensor;
 pub mod tensor_set;
+pub mod widening;
 
 pub use exact::ExactCollection;
 pub use exact_ranges::{EdgesRef, HistogramView};

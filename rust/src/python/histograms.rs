@@ -8,7 +8,6 @@ use super::records::{BinRange, HistogramState, Moments, TensorCounts};
 use super::threads::*;
 use crate::collection::tensor::{Counts, Kind};
 use crate::collection::{EdgesRef, ExactCollection};
-use crate::numeric::fallible;
 use crate::numeric::float::Float;
 use numpy::{Element, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -19,22 +18,24 @@ type Extremes = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
 /// A pending scan as Python sees it: `(name, dtype, extremes, (finite, nan, posinf, neginf), batches)`.
 type ScanRecord<Dtype> = (String, Dtype, Extremes, (u64, u64, u64, u64), u64);
 
-/// A histogram kind by name (`"value"` or `"abs"`).
-pub(crate) fn parse_kind(kind: &str) -> PyResult<Kind> {
-    match kind {
-        "value" => Ok(Kind::Value),
-        "abs" => Ok(Kind::Abs),
-        _ => Err(PyValueError::new_err(format!("unknown histogram kind {kind:?}"))),
-    }
-}
-
 #[pymethods]
 impl Histograms {
     #[new]
     pub(crate) fn new(kind: &str, num_bins: usize) -> PyResult<Self> {
-        guard(|| {
-            Ok(Histograms { inner: ExactCollection::new(parse_kind(kind)?, num_bins).map_err(PyValueError::new_err)? })
-        })
+        let inner = Kind::parse(kind).and_then(|kind| ExactCollection::new(kind, num_bins));
+        guard(|| Ok(Histograms { inner: inner.map_err(PyValueError::new_err)? }))
+    }
+
+    /// The histograms' kind, `"value"` or `"abs"`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.inner.kind().name()
+    }
+
+    /// Their bin count.
+    #[getter]
+    fn num_bins(&self) -> usize {
+        self.inner.num_bins()
     }
 
     /// Collect `[(name, [arrays...]), ...]`: each tensor's arrays form one ORT collect call.
@@ -94,10 +95,7 @@ impl Histograms {
     /// A copy of the collected histograms (no two-pass collect in progress); `MemoryError`, the
     /// original unchanged, when the memory is not there.
     fn copy(&self, py: Python<'_>) -> PyResult<Histograms> {
-        guard(|| {
-            let copied = run(py, || fallible::catch(|| self.inner.copied()));
-            Ok(Histograms { inner: copied.map_err(|oom| pyo3::exceptions::PyMemoryError::new_err(oom.to_string()))? })
-        })
+        guard(|| Ok(Histograms { inner: run(py, || self.inner.copied()) }))
     }
 
     fn names(&self) -> Vec<String> {
@@ -203,9 +201,15 @@ impl Histograms {
         })
     }
 
-    /// The histogram's arithmetic dtype (the data dtype unless numpy would have failed).
-    fn edge_dtype(&self, name: &str) -> PyResult<&'static str> {
-        guard(|| Ok(self.inner.tensors().get(name).map_err(tensor_error)?.histogram.edge_dtype()))
+    /// `(data dtype, edge dtype)`: the histogram's arithmetic dtype is the data's unless numpy
+    /// would have failed.
+    fn dtypes(&self, name: &str) -> PyResult<(&'static str, &'static str)> {
+        guard(|| self.inner.tensors().get(name).map(|st| (st.dtype, st.histogram.edge_dtype())).map_err(tensor_error))
+    }
+
+    /// Per tensor `(name, values binned, edges end in +inf)`, without exporting the histograms.
+    fn binned_totals(&self) -> Vec<(String, u64, bool)> {
+        self.inner.binned_totals()
     }
 
     /// Entropy: `[(name, start, end)]`, thresholds `(edges[start], edges[end])` before clipping.

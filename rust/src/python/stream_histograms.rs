@@ -6,12 +6,12 @@ use super::arrays::*;
 use super::classes::{Histograms, StreamHistograms};
 use super::errors::*;
 use super::functions::method_options;
-use super::histograms::parse_kind;
 use super::records::{StreamExport, StreamSummary, TensorCounts};
 use super::threads::*;
 use crate::collection::stream::ChannelBatches;
 use crate::collection::stream_ranges::SummaryRange;
 use crate::collection::summary::{Column, ReadParts, RowBatch, Rows, REGISTERED};
+use crate::collection::tensor::Kind;
 use crate::collection::StreamCollection;
 use crate::methods::range_method::*;
 use crate::numeric::fallible;
@@ -176,12 +176,7 @@ impl StreamHistograms {
     /// A copy (histograms and summaries); `MemoryError`, the original unchanged, when the memory
     /// is not there.
     fn copy(&self, py: Python<'_>) -> PyResult<StreamHistograms> {
-        guard(|| {
-            let copied = run(py, || fallible::catch(|| self.inner.copied()));
-            Ok(StreamHistograms {
-                inner: copied.map_err(|oom| pyo3::exceptions::PyMemoryError::new_err(oom.to_string()))?,
-            })
-        })
+        guard(|| Ok(StreamHistograms { inner: run(py, || self.inner.copied()) }))
     }
 
     /// ORT-shaped histograms (what one collect over all the data gives) for ORT's methods, of
@@ -196,7 +191,7 @@ impl StreamHistograms {
         names: Option<Vec<String>>,
     ) -> PyResult<Histograms> {
         guard(|| {
-            let kind = parse_kind(kind)?;
+            let kind = Kind::parse(kind).map_err(PyValueError::new_err)?;
             Ok(Histograms { inner: run(py, || self.inner.to_exact(kind, num_bins, names)).map_err(tensor_error)? })
         })
     }

@@ -102,7 +102,7 @@ class Header:
     mode: str
     streaming_bins: int | None
     exact_kind: str | None
-    exact_num_bins: int | None
+    exact_bins: int | None
     method: str | None
     settings: dict[str, Any]
     tensors: list[_Tensor]

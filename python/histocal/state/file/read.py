@@ -19,6 +19,7 @@ import numpy as np
 from ... import _core
 from ...io.files import READ_CHUNK
 from ..channels import ChannelHistograms
+from ..collection import Collection
 from . import format as spec
 from . import summaries
 from .errors import StateError, fail
@@ -295,9 +296,9 @@ def five_counts(row: Any) -> tuple[int, int, int, int, int]:
     return finite, nan, posinf, neginf, batches
 
 
-def read_state_fields(source: BinaryIO, size: int, what: str) -> dict[str, Any]:
-    """Read a state file's ``CalibrationState`` keyword arguments (untrusted input: every failure
-    is a ValueError naming ``what``).
+def read_state(source: BinaryIO, size: int, what: str) -> tuple[Collection, dict[str, Any]]:
+    """Read a state file's collection and provenance (``CalibrationState``'s other keyword
+    arguments; untrusted input: every failure is a ValueError naming ``what``).
 
     Args:
         source: the file, positioned at its start.
@@ -305,7 +306,7 @@ def read_state_fields(source: BinaryIO, size: int, what: str) -> dict[str, Any]:
         what: the file's name for messages.
 
     Returns:
-        The state's fields by name.
+        The collection, and the provenance by name.
 
     Raises:
         ValueError: the file is no valid calibration state (the message says why).
@@ -334,16 +335,16 @@ def read_state_fields(source: BinaryIO, size: int, what: str) -> dict[str, Any]:
         raise ValueError(f"Invalid calibration state {what}: internal error ({type(exc).__name__}: {exc})") from None
 
 
-def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The ``CalibrationState`` keyword arguments of a validated header and its members, every
-    array checked against the header and by the Rust ``restore`` checks.
+def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> tuple[Collection, dict[str, Any]]:
+    """The collection and provenance of a validated header and its members, every array checked
+    against the header and by the Rust ``restore`` checks.
 
     Args:
         header: the state file's validated header.
         arrays: its members by name (``channels`` is taken out when read).
 
     Returns:
-        The state's fields by name.
+        The collection, and the provenance by name.
 
     Raises:
         StateError: a member that does not match the header, or that the Rust checks refuse.
@@ -359,9 +360,9 @@ def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> dict[str, Any
     stream = _core.StreamHistograms(sbins, collected) if sbins else None
     exact = None
     if kind is not None:
-        if header.exact_num_bins is None:
-            fail("exact_num_bins: missing for exact histograms")
-        exact = _core.Histograms(kind, header.exact_num_bins)
+        if header.exact_bins is None:
+            fail("the exact histograms' bin count is missing")
+        exact = _core.Histograms(kind, header.exact_bins)
     n = len(tensors)
     names = [t.name for t in tensors]
     if stream is not None and sbins is not None:
@@ -447,25 +448,19 @@ def state_fields(header: Header, arrays: dict[str, np.ndarray]) -> dict[str, Any
         if raw is None or sbins is None:  # (a header with channels has streaming histograms)
             fail("missing member channels")
         try:  # read in place (no copy); its count, bins and no nesting are checked from its header first
-            inner = state_fields(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
+            inner, _ = state_fields(*read_members(MemoryFile(raw), raw.size, (header.channel_count, sbins)))
         except StateError as exc:
             fail(f"channels member: {exc}")
         del raw
         try:
-            channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner["stream"])
+            channels = ChannelHistograms.from_stream(header.channels[0], header.channels[1], inner.stream)
         except ValueError as exc:
             fail(f"channels: {exc}")
-    return dict(
-        names=names,
-        mode=header.mode,
-        stream=stream,
-        exact=exact,
-        exact_kind=kind,
-        exact_num_bins=header.exact_num_bins,
+    provenance = dict(
         model_fingerprint=header.model_fingerprint,
         data_fingerprints=header.data_fingerprints,
         method=header.method,
         settings=header.settings,
         histocal_version=header.histocal_version,
-        channels=channels,
     )
+    return Collection(header.mode, stream, exact, channels), provenance

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...collector import export_exact
+from ..collection import Collection
 from . import summaries
 from .format import FORMAT_NAME, FORMAT_VERSION
 from .read import check_readable
@@ -89,7 +90,8 @@ def state_bytes(state: Any, compress: bool) -> bytes:
         ch = state.channels
         header["version"] = FORMAT_VERSION
         header["channels"] = {"axis": ch.axis, "tensors": [[t, n] for t, n in ch.channels.items()]}
-        inner = type(state)(ch.channel_keys(), "streaming", ch.stream, histocal_version=state.histocal_version)
+        keys = Collection("streaming", ch.stream, only=tuple(ch.channel_keys()))
+        inner = type(state)(keys, histocal_version=state.histocal_version)
         try:
             nested = np.frombuffer(state_bytes(inner, compress), np.uint8)
         except ValueError as exc:
