@@ -114,3 +114,18 @@ fn the_reader_finds_grouped_and_written_out_paths() {
     assert_eq!(crate_paths("let x = crate::stream::levels(1); // crate::python"), ["stream"]);
     assert_eq!(documented_layers().first().map(String::as_str), Some("numeric"));
 }
+
+/// No source file grows past 600 lines, as in the Python package: a file that long does two jobs.
+#[test]
+fn no_source_file_is_longer_than_600_lines() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|p| {
+            let n = fs::read_to_string(p).expect("a source file").lines().count();
+            (n > 600).then(|| format!("{}: {n} lines", p.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by what they compute:\n{}", long.join("\n"));
+}

@@ -5,6 +5,7 @@
 pub mod isotone;
 pub mod kl_tensorrt;
 pub mod mse;
+pub mod ort_scale;
 pub mod pow2;
 pub mod qerror;
 pub mod quark_pow2;
