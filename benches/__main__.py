@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     overrides = dict(item.split("=", 1) for item in args.set)
     out = args.out or (None if args.smoke else RESULTS)
-    options = [a for a in argv if a not in args.names]
+    # The command as recorded: what was measured (--out says only where the records went).
+    options = [a for i, a in enumerate(argv) if a not in args.names and "--out" not in (a, argv[i - 1] if i else "")]
     for name in args.names:
         module = bench_module(name)
         settings = {**module.SIZES[size_name], **{k: parse_value(v) for k, v in overrides.items()}}

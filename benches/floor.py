@@ -136,9 +136,7 @@ def plot(result: dict[str, Any], folder: Path | None) -> list[tuple[str, str]]:
     width = 0.8 / len(floors)
     for i, case in enumerate(floors):
         values = {r["subject"]: r["x_B"] for r in result["records"] if r["case"] == case and "x_B" in r}
-        ax.barh(
-            np.arange(len(modes)) + i * width, [values.get(m, 0) for m in modes], width, label=f"{case['model']}"
-        )
+        ax.barh(np.arange(len(modes)) + i * width, [values.get(m, 0) for m in modes], width, label=f"{case['model']}")
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(np.arange(len(modes)) + width * (len(floors) - 1) / 2, modes, fontsize=7)
     ax.set_xlabel("time / floor B (1 = the floor)")

@@ -96,7 +96,9 @@ def section(result: dict[str, Any]) -> list[str]:
     for kernel, key, unit in (("collect", "gb_per_s", "GB/s"), ("entropy compute", "ms_per_tensor", "ms per tensor")):
         ours, theirs = _find(result, "histocal", kernel), _find(result, "onnxruntime", kernel)
         speedup = _find(result, "histocal vs onnxruntime", kernel)["speedup"]
-        size = f"{ours['case']['values']:,} values" if "values" in ours["case"] else f"{ours['case']['tensors']} tensors"
+        size = (
+            f"{ours['case']['values']:,} values" if "values" in ours["case"] else f"{ours['case']['tensors']} tensors"
+        )
         rows.append([kernel, size, f"{fmt(ours[key])} {unit}", f"{fmt(theirs[key])} {unit}", f"**{fmt(speedup)}x**"])
     rust = [r for r in result["records"] if r["subject"] == "rust" and "value" in r]
     return [
@@ -109,7 +111,10 @@ def section(result: dict[str, Any]) -> list[str]:
         "",
         *table(
             ["kernel", "case", "threads", "result"],
-            [[r["case"]["kernel"], r["case"]["case"], r["case"]["threads"], f"{fmt(r['value'])} {r['unit']}"] for r in rust],
+            [
+                [r["case"]["kernel"], r["case"]["case"], r["case"]["threads"], f"{fmt(r['value'])} {r['unit']}"]
+                for r in rust
+            ],
             "llrr",
         ),
     ]

@@ -29,7 +29,13 @@ QUESTION = (
 )
 SIZES = {
     "smoke": {"shared_bins": 2048, "large_bins": [4096], "repeat": 1, "tensors": 4, "batches": [10, 100]},
-    "quick": {"shared_bins": 5000, "large_bins": [47536, 144456], "repeat": 3, "tensors": 100, "batches": [1000, 10000]},
+    "quick": {
+        "shared_bins": 5000,
+        "large_bins": [47536, 144456],
+        "repeat": 3,
+        "tensors": 100,
+        "batches": [1000, 10000],
+    },
     "full": {
         "shared_bins": 20000,
         "large_bins": [47536, 144456, 346000],
@@ -100,11 +106,20 @@ def run(run: Run, settings: dict[str, Any]) -> None:
     )
     for subject in ("histocal", "onnxruntime"):
         s = rounds.median(subject)
-        run.add(subject, {"search": "entropy", "bins": bins}, median_s=s, ns_per_evaluation=s / entropy_work(bins) * 1e9)
-    run.add("histocal vs onnxruntime", {"search": "entropy", "bins": bins}, speedup=rounds.ratio("onnxruntime", "histocal"))
+        run.add(
+            subject, {"search": "entropy", "bins": bins}, median_s=s, ns_per_evaluation=s / entropy_work(bins) * 1e9
+        )
+    run.add(
+        "histocal vs onnxruntime", {"search": "entropy", "bins": bins}, speedup=rounds.ratio("onnxruntime", "histocal")
+    )
     for large in settings["large_bins"]:
         s = search_seconds(histocal.HistogramCollector, large, data)
-        run.add("histocal", {"search": "entropy", "bins": large}, median_s=s, ns_per_evaluation=s / entropy_work(large) * 1e9)
+        run.add(
+            "histocal",
+            {"search": "entropy", "bins": large},
+            median_s=s,
+            ns_per_evaluation=s / entropy_work(large) * 1e9,
+        )
 
     collector = histocal.HistogramCollector("entropy", False, 128, 128, 99.999, "same")
     collector.collect({"x": data[:4000].astype(np.float16)})
@@ -129,7 +144,11 @@ def run(run: Run, settings: dict[str, Any]) -> None:
         for mode in ("exact", "streaming"):
             for batches in settings["batches"]:
                 point = isolated(long_stream, model, mode, batches)
-                run.add(f"histocal {mode}", {"stream": "1x4 feeds", "tensors": settings["tensors"], "batches": batches}, **point)
+                run.add(
+                    f"histocal {mode}",
+                    {"stream": "1x4 feeds", "tensors": settings["tensors"], "batches": batches},
+                    **point,
+                )
 
 
 def _records(result: dict[str, Any], key: str) -> list[dict[str, Any]]:
@@ -144,7 +163,13 @@ def section(result: dict[str, Any]) -> list[str]:
         *table(
             ["search", "bins", "bin evaluations", "time", "ns per evaluation"],
             [
-                [r["subject"], f"{r['case']['bins']:,}", f"{entropy_work(r['case']['bins']):.3g}", f"{r['median_s']:.2f} s", fmt(r["ns_per_evaluation"])]
+                [
+                    r["subject"],
+                    f"{r['case']['bins']:,}",
+                    f"{entropy_work(r['case']['bins']):.3g}",
+                    f"{r['median_s']:.2f} s",
+                    fmt(r["ns_per_evaluation"]),
+                ]
                 for r in searches
             ],
             "llrrr",
@@ -158,7 +183,10 @@ def section(result: dict[str, Any]) -> list[str]:
         "",
         *table(
             ["mode", "batches", "peak above start", "collect_data"],
-            [[r["subject"], f"{r['case']['batches']:,}", f"{r['above_start_mb']:.1f} MB", f"{r['seconds']:.1f} s"] for r in streams],
+            [
+                [r["subject"], f"{r['case']['batches']:,}", f"{r['above_start_mb']:.1f} MB", f"{r['seconds']:.1f} s"]
+                for r in streams
+            ],
             "lrrr",
         ),
     ]
@@ -166,7 +194,11 @@ def section(result: dict[str, Any]) -> list[str]:
 
 def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
     vs = next(r for r in result["records"] if r["subject"] == "histocal vs onnxruntime")
-    ns = [r["ns_per_evaluation"] for r in _records(result, "search") if r["subject"] == "histocal" and "ns_per_evaluation" in r]
+    ns = [
+        r["ns_per_evaluation"]
+        for r in _records(result, "search")
+        if r["subject"] == "histocal" and "ns_per_evaluation" in r
+    ]
     ort = next(r for r in _records(result, "search") if r["subject"] == "onnxruntime")
     refusal = next(r for r in _records(result, "search") if "outcome" in r)
     streams = _records(result, "stream")

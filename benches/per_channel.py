@@ -86,14 +86,28 @@ def run(run: Run, settings: dict[str, Any]) -> None:
 def section(result: dict[str, Any]) -> list[str]:
     rows = []
     for r in [r for r in result["records"] if r["subject"] == "per channel / per tensor"]:
-        t, c = (next(x for x in result["records"] if x["case"] == r["case"] and x["subject"] == s) for s in ("per tensor", "per channel"))
+        t, c = (
+            next(x for x in result["records"] if x["case"] == r["case"] and x["subject"] == s)
+            for s in ("per tensor", "per channel")
+        )
         rows.append([r["case"]["model"], r["case"]["outputs"], r["case"]["samples"], f"{t['median_s']:.3f} s ({fmt(t['x_B'])} B)",
                      f"{c['median_s']:.3f} s ({fmt(c['x_B'])} B)", f"**{fmt(r['ratio'])}x**",
                      f"{t['compute_s']:.3f} / {c['compute_s']:.3f} s"])  # fmt: skip
     return [
         f"MethodCalibrater, mse, streaming histograms of {result['settings']['bins']} bins; B: the floor (see the ratio-to-the-floor section).",
         "",
-        *table(["model", "tensors", "samples", "collect per tensor", "collect per channel", "ratio", "mse compute: tensor / channel"], rows),
+        *table(
+            [
+                "model",
+                "tensors",
+                "samples",
+                "collect per tensor",
+                "collect per channel",
+                "ratio",
+                "mse compute: tensor / channel",
+            ],
+            rows,
+        ),
     ]
 
 
@@ -102,6 +116,7 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         (
             "per-channel histograms, " + " / ".join(r["case"]["model"] for r in ratios),
-            " / ".join(f"{fmt(r['ratio'])}x" for r in ratios) + " a per-tensor collection's time (onnxruntime: per-channel MinMax only)",
+            " / ".join(f"{fmt(r['ratio'])}x" for r in ratios)
+            + " a per-tensor collection's time (onnxruntime: per-channel MinMax only)",
         )
     ]

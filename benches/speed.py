@@ -170,7 +170,11 @@ def plot(result: dict[str, Any], folder: Path | None) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     rows = comparisons(result)
-    labels = [f"{r['case']['model']}\n{r['case']['method']}" + (f" {r['case']['bins']}" if r["case"]["method"] != "MinMax" else "") for r in rows]
+    labels = [
+        f"{r['case']['model']}\n{r['case']['method']}"
+        + (f" {r['case']['bins']}" if r["case"]["method"] != "MinMax" else "")
+        for r in rows
+    ]
     ours = [_time(result, "histocal", r["case"])["median_s"] for r in rows]
     theirs = [_time(result, "ort", r["case"])["median_s"] for r in rows]
     x = np.arange(len(rows))

@@ -60,7 +60,9 @@ def run(run: Run, settings: dict[str, Any]) -> None:
 def section(result: dict[str, Any]) -> list[str]:
     rows: dict[str, list[Any]] = {}
     for r in result["records"]:
-        row = rows.setdefault(r["case"]["state"], [r["case"]["state"], r["case"]["tensors"], "", "", f"{fmt(r['file_mb'])} MB"])
+        row = rows.setdefault(
+            r["case"]["state"], [r["case"]["state"], r["case"]["tensors"], "", "", f"{fmt(r['file_mb'])} MB"]
+        )
         row[2 if r["subject"] == "save" else 3] = f"{r['median_s'] * 1e3:.0f} ms"
     return table(["state", "tensors", "save", "load", "file"], list(rows.values()))
 

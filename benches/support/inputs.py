@@ -5,6 +5,7 @@ two float-model checks that need them (ddddocr reads the captchas, MiniLM ranks 
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import runpy
 import unicodedata
 from pathlib import Path
@@ -25,8 +26,6 @@ def dist_file(dist: str, path: str) -> Path:
     if not Path(str(found)).is_file():
         raise SystemExit(f"{dist} has no {path}")
     return Path(str(found))
-
-
 
 
 def natural_image(rng: np.random.Generator, h: int, w: int) -> Image.Image:
@@ -283,5 +282,3 @@ def check_minilm(path: Path, original: Path) -> str:
     para = [float(emb(a) @ emb(b)) for a, b in pairs]
     other = [float(emb(pairs[i][0]) @ emb(pairs[(i + 1) % 3][1])) for i in range(3)]
     return f"cosine of paraphrases {np.mean(para):.2f}, of unrelated pairs {np.mean(other):.2f}"
-
-

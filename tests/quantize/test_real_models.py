@@ -24,8 +24,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benches is a package
 
-from benches import model_matrix as matrix  # noqa: E402
-from benches.support import real_models  # noqa: E402
+from benches import model_matrix as matrix
+from benches.support import real_models
 
 CELLS = {
     "mtcnn_onet": [
