@@ -47,7 +47,9 @@ fn normal_data(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn record(kernel: &str, case: &str, value: f64, unit: &str, threads: usize) {
-    println!(r#"{{"kernel": "{kernel}", "case": "{case}", "value": {value:.4}, "unit": "{unit}", "threads": {threads}}}"#);
+    println!(
+        r#"{{"kernel": "{kernel}", "case": "{case}", "value": {value:.4}, "unit": "{unit}", "threads": {threads}}}"#
+    );
 }
 
 fn stream_add(reps: usize, total: usize) {
@@ -92,7 +94,13 @@ fn ort_count(reps: usize, n: usize) {
                     .collect();
                 let what = if abs { "absolute values" } else { "values" };
                 let gb = (n * 4) as f64 / 1e9;
-                record("ort histogram count", &format!("{n} float32 {what}, 2048 bins"), gb / median(times), "GB/s", threads);
+                record(
+                    "ort histogram count",
+                    &format!("{n} float32 {what}, 2048 bins"),
+                    gb / median(times),
+                    "GB/s",
+                    threads,
+                );
             }
         });
     }
