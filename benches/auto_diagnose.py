@@ -133,7 +133,11 @@ def section(result: dict[str, Any]) -> list[str]:
         by = _by(result, model)
         d = by["diagnose result"]
         rows = [
-            [s, f"{r['median_s']:.2f} s" if "median_s" in r else "fails: " + r["error"], fmt(r.get("sqnr_db"))]
+            [
+                s,
+                f"{r['median_s']:.2f} s" if "median_s" in r else "fails: " + r["error"].split(".")[0],
+                fmt(r.get("sqnr_db")),
+            ]
             for s, r in by.items()
             if "seconds" in r
         ]

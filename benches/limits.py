@@ -213,7 +213,7 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
             f"({fmt(vs['speedup'])}x at {vs['case']['bins']:,} bins)",
         ),
         (
-            f"hostile inputs: search refusal, {first:,} -> {last:,} batches",
+            f"search refusal; long streams, {first:,} -> {last:,} batches",
             f"float16 outlier ({refusal['evaluations']:.2g} evaluations) {refusal['outcome']} in {refusal['ms']:.1f} ms; "
             f"long stream peak {growth:+.1f} MB",
         ),

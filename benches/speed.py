@@ -144,22 +144,26 @@ def _span(values: list[float]) -> str:
 
 
 def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """One row per histogram size: each method's span over the models, ranges identical or not."""
     rows = comparisons(result)
     names = sorted({r["case"]["model"] for r in rows})
     out = []
     for bins in sorted({r["case"]["bins"] for r in rows}):
-        at = [r for r in rows if r["case"]["bins"] == bins and r["case"]["method"] != "MinMax"]
-        same = all(r["identical"] == r["tensors"] for r in at)
+        at = [r for r in rows if r["case"]["bins"] == bins]
+        spans = {}
+        for method in METHODS:
+            of = [r["speedup"] for r in at if r["case"]["method"] == method]
+            if of:
+                spans.setdefault(_span(of), []).append(method)
+        identical = all(r["identical"] == r["tensors"] for r in at)
         out.append(
             (
-                f"histogram methods at {bins} bins, {len(names)} real models",
-                f"{_span([r['speedup'] for r in at])} faster than onnxruntime; ranges "
-                + ("identical" if same else "identical in most tensors (see the section)"),
+                f"{bins} bins{' (onnxruntime default)' if bins == 128 else ''}, {len(names)} real models",
+                "; ".join(f"{' '.join(methods)} {span}" for span, methods in spans.items())
+                + " faster; ranges "
+                + ("identical" if identical else "not all identical (see the section)"),
             )
         )
-    minmax = [r for r in rows if r["case"]["method"] == "MinMax"]
-    if minmax:
-        out.append(("MinMax, same models", f"{_span([r['speedup'] for r in minmax])} onnxruntime's speed"))
     return out
 
 

@@ -38,3 +38,14 @@ def test_plots_are_committed_small_and_shown():
     assert len(shown) >= 3
     for path in shown:
         assert (ROOT / path).stat().st_size < 150_000, path
+
+
+def test_readme_figures_are_those_of_the_summary():
+    """The README's headline figures are quoted from BENCHMARKS.md's summary, so a new
+    measurement that changes them fails here until the README says what the records say."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## What it gives\n", 1)[1].split("\n## ", 1)[0]
+    figures = re.findall(r"[+-]?\d[\d.,]*(?:-\d[\d.,]*)?(?:x|%)", section)
+    summary = TEXT.split("\n## Summary\n", 1)[1].split("\n## ", 1)[0]
+    assert figures
+    assert [f for f in figures if f not in summary] == []
