@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     size.add_argument("--quick", action="store_true", help="the quick size (minutes on a 2-core machine)")
     size.add_argument("--smoke", action="store_true", help="the smallest size (seconds; records not kept)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
-    parser.add_argument("--out", type=Path, help=f"folder for the records (default {RESULTS.relative_to(Path.cwd())})")
+    parser.add_argument("--out", type=Path, help="folder for the records (default benches/results)")
     parser.add_argument("--no-plots", action="store_true", help="report: leave the PNGs as they are")
     args = parser.parse_args(argv)
 

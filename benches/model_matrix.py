@@ -131,7 +131,7 @@ QUESTION = (
 _CELL = {"timeout": 420, "mem_gb": 12}
 SIZES = {
     "smoke": {"models": ["mtcnn_onet"], "features": ["minmax"], "samples": 2, **_CELL},
-    "quick": {"models": ["mtcnn_onet", "ppocr_det"], "features": STRUCTURE_FEATURES, "samples": 6, **_CELL},
+    "quick": {"models": ["mtcnn_onet", "nudenet", "ppocr_det"], "features": STRUCTURE_FEATURES, "samples": 6, **_CELL},
     "full": {"models": DEFAULT_MODELS, "features": FEATURES, "samples": 6, **_CELL},
 }
 

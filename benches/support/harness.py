@@ -8,7 +8,7 @@ Why our own layer rather than pytest-benchmark: the figures this project reports
 within one run* (histocal over onnxruntime, a mode over the floor measured around the same
 round) on a shared, loaded machine. pytest-benchmark times one callable at a time in isolation
 and compares runs across sessions; it has no notion of rounds interleaving several subjects, of a
-floor measured between them, or of peak RSS per subject. The layer here is about 250 lines.
+floor measured between them, or of peak RSS per subject. The layer here is about 300 lines.
 """
 
 from __future__ import annotations
