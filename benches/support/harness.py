@@ -43,6 +43,20 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (rounded
+    down, at least 1), as histocal's thread pool counts them (n of the floor's B)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    return max(1, n)
+
+
 def environment() -> dict[str, Any]:
     """The machine and the versions a result was measured with."""
     import numpy
@@ -50,7 +64,6 @@ def environment() -> dict[str, Any]:
     import onnxruntime
 
     import histocal
-    from histocal.calibrators.cores import usable_cpus
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
@@ -177,8 +190,6 @@ class Floor:
 
     def __init__(self, augmented: str, feeds: list[dict[str, Any]]) -> None:
         import onnxruntime
-
-        from histocal.calibrators.cores import usable_cpus
 
         def session(spinning: bool) -> Any:
             options = onnxruntime.SessionOptions()
