@@ -1,7 +1,7 @@
-"""tests/support under its own name, for the benchmarks: a script run as ``python3 benches/bench_x.py``
-has benches/ first on its import path, so ``from support import graphs`` finds this package, whose
-modules are those of tests/support (the ONNX model builder and helpers the tests use) and the
-benchmarks' own shared code here (``floor_rounds``)."""
+"""What the benchmarks share: the harness (timing, floor, memory, records), the report that
+generates BENCHMARKS.md, the synthetic model and the real models with their inputs. Its modules
+also include those of tests/support (``benches.support.graphs``: the ONNX graph builder the tests
+use), so the benchmarks build models the way the tests do."""
 
 from pathlib import Path
 

