@@ -130,8 +130,7 @@ class CalibrationThreads:
 
 
 def _split(total: int) -> CalibrationThreads:
-    """Measured with ``benches/bench_floor.py --splits`` (BENCHMARKS.md, "Ratio to the
-    floor"): on 2 CPUs both pools on every core with onnxruntime's threads sleeping between
+    """Measured by the former thread-split benchmark (benches/NOTES.md keeps its results): on 2 CPUs both pools on every core with onnxruntime's threads sleeping between
     operators was the fastest streaming split and within 13% of the fastest exact one (a
     spinning onnxruntime takes the cycles the binning needs: 2.3x slower streaming). On 16
     CPUs (issue 15's measurement; no such machine was at hand to repeat it), 12 spinning

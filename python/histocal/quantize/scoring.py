@@ -27,7 +27,7 @@ Outputs: scales given as inputs keep onnxruntime from fusing DequantizeLinear â†
 QuantizeLinear into its integer kernels, so the scoring session computes the QDQ graph's
 definition (float ops on dequantized values), which is what the real quantized model computes
 with graph optimizations off; with them on, ORT's integer kernels round intermediate results
-slightly differently (measured in benches/RESULTS_auto_real.md).
+slightly differently (measured by the former real-model auto benchmark: benches/NOTES.md).
 """
 
 from __future__ import annotations

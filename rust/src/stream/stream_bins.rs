@@ -362,8 +362,8 @@ impl Scratch {
 /// the one before it. With four copies, and the next block asked into L1 during the scatter
 /// (`DirectCounter::scatter`), the add on PaddleOCR's detector outputs takes 0.90x the time
 /// of one copy without it over its tensors from 32K values (data from memory), 0.78x on
-/// tensors that stay in cache; the copies alone help only the latter (`examples/real_batch.rs`,
-/// BENCHMARKS.md).
+/// tensors that stay in cache; the copies alone help only the latter (measured by the
+/// former `examples/real_batch.rs`; benches/NOTES.md).
 const COPIES: usize = 4;
 
 /// Histograms from this many bins on (`2H`) count in one copy: the copies' 8 bytes per bin would

@@ -26,7 +26,8 @@ use std::borrow::Cow;
 
 /// Batches from this many values on are counted by the direct kernel (`stream_bins::add_direct`):
 /// its flush over the batch's span costs little per value there, and its u16 scatter is faster
-/// than the narrow kernel's byte scatter with carries (`examples/many_tensors.rs`).
+/// than the narrow kernel's byte scatter with carries (measured by the former `examples/many_tensors.rs`;
+/// `cargo bench --bench kernels` times the add today).
 const NARROW_MAX: usize = 32768;
 
 #[derive(Clone, Debug)]
