@@ -47,8 +47,9 @@ __all__ = [
     "tensor_stats",
 ]
 
-#: The most bins a histogram may have (ORT-shaped histograms: ``num_bins`` and growth).
+#: The most distinct top-two pairs a tensor's isotone summary may hold (24 bytes each).
 ISOTONE_MAX_PAIRS: int
+#: The most bins a histogram may have (ORT-shaped histograms: ``num_bins`` and growth).
 MAX_BINS: int
 #: How many exponents a pow2 vote can have.
 POW2_EXPONENTS: int

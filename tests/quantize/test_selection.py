@@ -21,7 +21,7 @@ from support import models
 
 import histocal
 from histocal import methods
-from histocal.cli import AUTO_EVAL_SAMPLES, AUTO_FOLDS, main
+from histocal.cli import main
 from histocal.io.cache import load_tensors_data, save_tensors_data
 from histocal.quantize import runs as scoring_runs
 from histocal.quantize import selection
@@ -630,11 +630,6 @@ def test_cli_quantize_auto_chooses_by_the_model(cnn, tmp_path, capsys):
     )
     cal.collect_data(feeds)
     assert _ranges(load_tensors_data(estimate)) == _ranges(cal.state.compute("auto", qtype="int8", symmetric=False))
-
-
-def test_cli_defaults_are_the_library_defaults():
-    assert methods.AUTO_SELECTION_OPTIONS["eval_samples"] == AUTO_EVAL_SAMPLES
-    assert methods.AUTO_SELECTION_OPTIONS["folds"] == AUTO_FOLDS
 
 
 def _masked_softmax_model() -> onnx.ModelProto:

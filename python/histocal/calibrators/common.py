@@ -1,4 +1,4 @@
-"""What the calibrators share: collection modes and options, the batch loop, one call at a time."""
+"""What the calibrators share: the batch loop (with its read digests), the method names, one call at a time."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The ``histocal`` command line: calibrate, quantize, recompute, inspect, report, demo."""
+"""The ``histocal`` command line: calibrate, recompute, quantize, diagnose, inspect, report, demo (and Quark's)."""
 
 from .main import main
-from .options import AUTO_EVAL_SAMPLES, AUTO_FOLDS
 
-__all__ = ["AUTO_EVAL_SAMPLES", "AUTO_FOLDS", "main"]
+__all__ = ["main"]

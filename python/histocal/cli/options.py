@@ -9,6 +9,7 @@ import functools
 import logging
 from typing import Any
 
+from ..methods.registry import AUTO_SELECTION_OPTIONS
 from ..methods.settings import (
     COLLECTION_FLAGS,
     METHOD_OPTIONS_KEY,
@@ -33,9 +34,9 @@ HISTOGRAM_METHODS = tuple(m.name for m in ORT_TABLE if m.histogram == "exact")
 METHOD_NAMES = {m.name: m.ort.name for m in ORT_TABLE if m.ort is not None}
 # Every method option's flag comes from the table, also those a state does not hold (MinMax's others).
 _TABLE_OPTIONS: dict[str, Option] = ALL_OPTIONS
-# histocal.methods.AUTO_SELECTION_OPTIONS["eval_samples"] and ["folds"] (not imported: fast --help)
-AUTO_EVAL_SAMPLES = 16
-AUTO_FOLDS = 4
+# model-level auto's defaults, shown in --help
+AUTO_EVAL_SAMPLES = AUTO_SELECTION_OPTIONS["eval_samples"]
+AUTO_FOLDS = AUTO_SELECTION_OPTIONS["folds"]
 
 
 def display(method: str) -> str:

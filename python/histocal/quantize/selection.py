@@ -1,8 +1,7 @@
 """Choosing calibration ranges by the quantized model's output.
 
-A candidate range set is scored by quantizing the model with it (onnxruntime's ``quantize_static``
-through ``histocal.quantize_static(tensors_range=...)``, with the caller's quantization settings),
-running the quantized model on evaluation feeds, and comparing its outputs with the float
+A candidate range set is scored by the model quantized with it (the caller's quantization settings;
+computed on one shared scoring model, see Cost below), run on evaluation feeds, and comparing its outputs with the float
 model's: the output SQNR
 
     10 log10(sum y^2 / sum (y - y_q)^2)
