@@ -2,7 +2,7 @@
 # The one test command (README; .ci/run runs it too). It installs what the tests need into the
 # current Python environment, then runs the Rust kernel tests and the Python suite (parity
 # against the installed onnxruntime):
-#   1. the build and test tools (requirements-dev.txt: maturin, pytest, hypothesis, matplotlib);
+#   1. the build and test tools (requirements-dev.txt: maturin, pytest, pytest-timeout, hypothesis, matplotlib);
 #   2. histocal itself, editable, built from this checkout (with its runtime dependencies).
 # numpy, onnx and onnxruntime are the parity reference, so they are never changed silently:
 # the versions already installed are pinned for both installs (pip fails rather than replace

@@ -157,77 +157,77 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     _default_error_model(args)
     quantization = quantization_arguments(args)
 
-    staging = tempfile.TemporaryDirectory(prefix="histocal.")
-    if args.auto_exclude:
-        args.method = args.method or "minmax"
-        ranges, model, quantization = auto_exclude(args, model, quantization, Path(staging.name))
-    elif args.state is not None:
-        given = args.state
-        ranges = ranges_from_state(args, _state_of(model, args.state, quantization))
-    elif args.data is None:  # --cache alone: reuse it
-        if cache is None:
-            raise UsageError("give --data, --cache or --state")
-        if not cache.is_file():
-            raise CliError(f"{cache}: no such calibration cache" if not cache.exists() else f"{cache}: not a file")
-        ranges = load_tensors_data(cache)
-        given = str(cache)
-        cached = method_key(ranges.calibration_method)
-        if args.method is None:
-            args.method = cached if cached in METHODS else "minmax"
-        elif args.method != cached:
-            raise CliError(f"{cache}: cache made with {ranges.calibration_method}, not --method {args.method}")
-    else:
-        args.method = args.method or "minmax"
-        data = open_data(args, model)
-        ranges = check_cache(cache, method_enum(args.method), False) if cache is not None else None
-        if ranges is not None:
-            logger.info("reusing calibration cache %s", cache)
+    # removed however the command ends (an error included)
+    with tempfile.TemporaryDirectory(prefix="histocal.") as staging:
+        if args.auto_exclude:
+            args.method = args.method or "minmax"
+            ranges, model, quantization = auto_exclude(args, model, quantization, Path(staging))
+        elif args.state is not None:
+            given = args.state
+            ranges = ranges_from_state(args, _state_of(model, args.state, quantization))
+        elif args.data is None:  # --cache alone: reuse it
+            if cache is None:
+                raise UsageError("give --data, --cache or --state")
+            if not cache.is_file():
+                raise CliError(f"{cache}: no such calibration cache" if not cache.exists() else f"{cache}: not a file")
+            ranges = load_tensors_data(cache)
             given = str(cache)
-        elif _model_level_auto(args):
-            ranges = _select_auto(args, model, data, quantization)
-            write_cache = cache is not None
+            cached = method_key(ranges.calibration_method)
+            if args.method is None:
+                args.method = cached if cached in METHODS else "minmax"
+            elif args.method != cached:
+                raise CliError(f"{cache}: cache made with {ranges.calibration_method}, not --method {args.method}")
         else:
-            ranges, _ = run_calibrator(
-                args, _model_to_calibrate(model, quantization, staging.name), data, want_state=False
-            )
-            write_cache = cache is not None
-    if not args.auto_exclude:
-        for flag, value in (
-            ("--target-sqnr", args.target_sqnr),
-            ("--max-excluded-fraction", args.max_excluded_fraction),
-        ):
-            if value is not None:
-                logger.warning("option %s applies only to --auto-exclude; ignored", flag)
-    if (args.method != "auto" or args.data is None or args.per_tensor_estimate) and not args.auto_exclude:
-        for flag, value in (
-            ("--eval-samples", args.eval_samples),
-            ("--folds", args.folds),
-            ("--per-tensor-estimate", args.per_tensor_estimate or None),
-        ):
-            if value is not None:
-                logger.warning("option %s applies only to --method auto with --data; ignored", flag)
+            args.method = args.method or "minmax"
+            data = open_data(args, model)
+            ranges = check_cache(cache, method_enum(args.method), False) if cache is not None else None
+            if ranges is not None:
+                logger.info("reusing calibration cache %s", cache)
+                given = str(cache)
+            elif _model_level_auto(args):
+                ranges = _select_auto(args, model, data, quantization)
+                write_cache = cache is not None
+            else:
+                ranges, _ = run_calibrator(
+                    args, _model_to_calibrate(model, quantization, staging), data, want_state=False
+                )
+                write_cache = cache is not None
+        if not args.auto_exclude:
+            for flag, value in (
+                ("--target-sqnr", args.target_sqnr),
+                ("--max-excluded-fraction", args.max_excluded_fraction),
+            ):
+                if value is not None:
+                    logger.warning("option %s applies only to --auto-exclude; ignored", flag)
+        if (args.method != "auto" or args.data is None or args.per_tensor_estimate) and not args.auto_exclude:
+            for flag, value in (
+                ("--eval-samples", args.eval_samples),
+                ("--folds", args.folds),
+                ("--per-tensor-estimate", args.per_tensor_estimate or None),
+            ):
+                if value is not None:
+                    logger.warning("option %s applies only to --method auto with --data; ignored", flag)
 
-    if given is not None:
-        try:
-            check_ranges_fit(model, ranges, given, **quantization.keywords())
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
-        staged = Path(tmp, "out", output.name)
-        staged.parent.mkdir()
-        quantize_with_ranges(model, staged, ranges, quantization)
-        # Side files (external data) first, the model last: a reader never sees a model
-        # without its data. The check above knows the external-data file onnxruntime names; any
-        # other side file is checked here, before anything (the cache too) is written.
-        written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
-        side = [("side file", output.parent / f.name) for f in written if f.name != output.name]
-        refuse_overwriting([s for s in side if s[1] not in {p for _, p in outputs}], [*inputs, *outputs])
-        if write_cache:
-            write_outputs(ranges, cache, None, None)
-        for f in written:
-            os.replace(f, output.parent / f.name)
-    staging.cleanup()
+        if given is not None:
+            try:
+                check_ranges_fit(model, ranges, given, **quantization.keywords())
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
+            staged = Path(tmp, "out", output.name)
+            staged.parent.mkdir()
+            quantize_with_ranges(model, staged, ranges, quantization)
+            # Side files (external data) first, the model last: a reader never sees a model
+            # without its data. The check above knows the external-data file onnxruntime names; any
+            # other side file is checked here, before anything (the cache too) is written.
+            written = sorted(staged.parent.iterdir(), key=lambda f: f.name == output.name)
+            side = [("side file", output.parent / f.name) for f in written if f.name != output.name]
+            refuse_overwriting([s for s in side if s[1] not in {p for _, p in outputs}], [*inputs, *outputs])
+            if write_cache:
+                write_outputs(ranges, cache, None, None)
+            for f in written:
+                os.replace(f, output.parent / f.name)
     logger.info("wrote %s", output)
     how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
     sys.stdout.write(

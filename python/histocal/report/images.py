@@ -255,6 +255,8 @@ def render_all(jobs: list[tuple[dict[str, Any], str]], workers: int) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
 
 
 def _feed(proc: subprocess.Popen[str], text: str) -> None:
