@@ -40,6 +40,7 @@ SMOKE_ARGS = {
     # arguments are checked here (it imports Quark once it runs).
     "bench_quark013.py": ["--help"],
     "bench_search_time.py": ["--smoke", "--skip-ort"],
+    "bench_setup.py": ["--sizes", "20", "--models", ""],
     "bench_state.py": ["--tensors", "4", "--bins", "128", "--streaming-bins", "256", "--runs", "1"],
 }
 
