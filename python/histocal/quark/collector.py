@@ -120,6 +120,8 @@ class _Histogram:
     def copy(self) -> _Histogram:
         new = _Histogram(self.histogram.num_bins)
         new.histogram = self.histogram.copy()
+        if hasattr(self, "qtype"):  # the type of the batches added (int8 before any)
+            new.qtype = self.qtype
         return new
 
     def add(self, x: np.ndarray, qtype: str) -> None:
