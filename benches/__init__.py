@@ -21,6 +21,7 @@ BENCHES = [
     "speed",
     "memory",
     "floor",
+    "setup",
     "per_channel",
     "auto_diagnose",
     "model_matrix",

@@ -277,6 +277,45 @@ def test_nan_is_an_error_naming_the_tensor_and_keeps_earlier_batches():
         c.collect({"u": [np.arange(3, dtype=np.int32)]})
 
 
+COLLECTOR_MODES = [
+    dict(minmse_mode="All", num_bins=0),
+    dict(minmse_mode="All", num_bins=0, symmetric=False),
+    dict(minmse_mode="All", num_bins=64),
+    dict(minmse_mode="MostCommon", num_bins=0),
+    dict(minmse_mode="Percentile", num_bins=0),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(batches_st, min_size=2, max_size=4),
+    st.sampled_from(COLLECTOR_MODES),
+    st.sampled_from(("int8", "int16")),
+    st.integers(0, 3),
+)
+def test_a_failed_call_leaves_every_tensor_as_before(tensors, options, qtype, bad_at):
+    """A call that fails on one tensor, after others were added to (or created), leaves the
+    collection as if the call had not been made: every tensor's result, and no new tensor."""
+    items = [(f"t{i}", [b * 3 for b in batches]) for i, batches in enumerate(tensors)]
+    failing = dict([*items[:bad_at], ("bad", [np.arange(3, dtype=np.int32)]), *items[bad_at:]])
+    failing["new"] = [np.ones(4, np.float32)]
+    kept = quark.PowOfTwoCollector(activation_type=qtype_enum(qtype), **options)
+    clean = quark.PowOfTwoCollector(activation_type=qtype_enum(qtype), **options)
+    for c in (kept, clean):
+        c.collect({f"t{i}": batches for i, batches in enumerate(tensors)})
+    with pytest.raises(ValueError, match="'bad'.*int32"):
+        kept.collect(failing)
+    with np.errstate(all="ignore"):
+        expected, got = clean.compute_collection_result(), kept.compute_collection_result()
+    assert set(got) == set(expected)
+    for name, ref in expected.items():
+        assert_range(got[name], ref, name)
+    for c in (kept, clean):  # and both go on the same
+        c.collect({"t0": [np.linspace(-5, 5, 9, dtype=np.float32)]})
+    with np.errstate(all="ignore"):
+        assert_range(kept.compute_collection_result()["t0"], clean.compute_collection_result()["t0"], "after")
+
+
 def test_infinities_choose_quarks_default_position():
     x = np.array([1.0, np.inf, -2.0], np.float32)
     ours = collector_result([x[:2], x[2:]], "int8", True, "All")

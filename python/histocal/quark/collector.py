@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +35,11 @@ class _MostCommon:
 
     def __init__(self) -> None:
         self.votes: dict[float, list[Any]] = {}
+
+    def copy(self) -> _MostCommon:
+        new = _MostCommon()
+        new.votes = {scale: list(vote) for scale, vote in self.votes.items()}  # a vote changes in place
+        return new
 
     def add(self, x: np.ndarray, qtype: str) -> None:
         pos, zero_point = pof2.min_mse(x, qtype, True)
@@ -96,6 +100,11 @@ class _AllSymmetric:
     def __init__(self, qtype: str) -> None:
         self.errors = pof2.SymmetricErrors(qtype)
 
+    def copy(self) -> _AllSymmetric:
+        new = _AllSymmetric.__new__(_AllSymmetric)
+        new.errors = self.errors.copy()
+        return new
+
     def add(self, x: np.ndarray, qtype: str) -> None:
         self.errors.add(x)
 
@@ -111,6 +120,8 @@ class _Histogram:
     def copy(self) -> _Histogram:
         new = _Histogram(self.histogram.num_bins)
         new.histogram = self.histogram.copy()
+        if hasattr(self, "qtype"):  # the type of the batches added (int8 before any)
+            new.qtype = self.qtype
         return new
 
     def add(self, x: np.ndarray, qtype: str) -> None:
@@ -194,7 +205,10 @@ class PowOfTwoCollector(CalibrationDataCollector):
         in the histogram MinMSE (as in Quark 0.13) and is an error naming the tensor elsewhere
         (Quark: 'NaN detected'); after an error nothing of this call is kept.
         ``PowOfTwoCalibrater`` first replaces non-finite outputs as Quark 0.13's calibrator does."""
-        saved = self.snapshot()
+        # the state before this call of each tensor it changes (None: a tensor it adds), copied
+        # as the call first touches it, not the whole collection: a call that fails puts back
+        # only those (a batch of many tiny tensors cost a deep copy of every state before)
+        touched: dict[str, Any] = {}
         try:
             for name, batches in name_to_arr.items():
                 arrays = [np.asarray(b) for b in (batches if isinstance(batches, (list, tuple)) else [batches])]
@@ -202,9 +216,12 @@ class PowOfTwoCollector(CalibrationDataCollector):
                     if x.dtype not in (np.float32, np.float16):
                         raise ValueError(f"tensor {name!r}: values of type {x.dtype} (float32 or float16 expected)")
                 qtype = self.tensor_qtype(name)
-                if name not in self._tensors:
-                    self._tensors[name] = self._new(qtype)
-                histogram = isinstance(self._tensors[name], _Histogram)
+                tensor = self._tensors.get(name)
+                if name not in touched:
+                    touched[name] = None if tensor is None else tensor.copy()
+                if tensor is None:
+                    tensor = self._tensors[name] = self._new(qtype)
+                histogram = isinstance(tensor, _Histogram)
                 if histogram and len(arrays) > 1:
                     # Quark 0.13 merges one call's arrays into the histogram at once
                     if len({x.dtype for x in arrays}) > 1:
@@ -215,18 +232,20 @@ class PowOfTwoCollector(CalibrationDataCollector):
                     if not histogram and np.isnan(x).any():
                         raise ValueError(f"tensor {name!r}: NaN in the values (Quark: 'NaN detected')")
                     try:
-                        self._tensors[name].add(x, qtype)
+                        tensor.add(x, qtype)
                     except ValueError as e:
                         raise ValueError(f"tensor {name!r}: {e}") from None
         except BaseException:
-            self._tensors = saved
+            for name, before in touched.items():
+                if before is None:
+                    self._tensors.pop(name, None)
+                else:
+                    self._tensors[name] = before
             raise
 
     def snapshot(self) -> dict[str, Any]:
         """What has been collected, for :meth:`restore` (kept values are shared, not copied)."""
-        return {
-            k: v.copy() if isinstance(v, (_Values, _Histogram)) else copy.deepcopy(v) for k, v in self._tensors.items()
-        }
+        return {name: tensor.copy() for name, tensor in self._tensors.items()}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         self._tensors = snapshot

@@ -29,6 +29,7 @@ position a batch could be asked about is added up as the batch comes (see its do
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,25 +125,38 @@ def error_sum(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: s
     return float(np.sum(squared_errors(x, scale, zero_point, qtype), dtype=np.float64))
 
 
-def error_sums(x: np.ndarray, positions: range, zero_point: np.ndarray, qtype: str) -> dict[int, float]:
+@functools.lru_cache(maxsize=4096)
+def _scale(pos: int, dtype: str) -> float:
+    """``position_to_scale`` as a Python float (0.0 or inf where the type cannot hold it)."""
+    return float(position_to_scale(pos, np.dtype(dtype)))
+
+
+@functools.lru_cache(maxsize=16)
+def symmetric_zero_point(qtype: str, dtype: Any) -> np.ndarray:
+    """The zero point of every symmetric range of ``qtype`` (0, or 128 for uint8): read-only."""
+    one = np.array(1.0, dtype=dtype)
+    zero_point, _ = power_of_two(-one, one, qtype, True)
+    zero_point.flags.writeable = False
+    return zero_point
+
+
+def error_sums(
+    x: np.ndarray, positions: range, zero_point: np.ndarray, qtype: str, finite: bool | None = None
+) -> dict[int, float]:
     """:func:`error_sum` at each position, in one pass of histocal's kernel where the values and
     scales are finite (the same float32 terms; numpy's arithmetic for infinities and scales the
-    values' type cannot hold)."""
+    values' type cannot hold). ``finite``: whether every value is finite, when known."""
     x = np.ravel(x)
-    scales = [position_to_scale(pos, x.dtype) for pos in positions]
-    finite = x.size > 0 and all(np.isfinite(s) and s != 0 for s in scales)
-    if finite:
+    scales = [_scale(pos, x.dtype.str) for pos in positions]
+    ok = x.size > 0 and all(math.isfinite(s) and s != 0 for s in scales)
+    if ok and finite is None:
         with np.errstate(invalid="ignore"):
             finite = bool(np.isfinite(x.min()) and np.isfinite(x.max()))
-    if not finite:
-        return {pos: error_sum(x, s, zero_point, qtype) for pos, s in zip(positions, scales)}
+    if not (ok and finite):
+        return {pos: error_sum(x, position_to_scale(pos, x.dtype), zero_point, qtype) for pos in positions}
     qmin, qmax = qrange(qtype, True)
     sums = quark_pow2_error_sums(
-        np.ascontiguousarray(x, dtype=np.float32),
-        [float(s) for s in scales],
-        float(zero_point),
-        float(qmin),
-        float(qmax),
+        np.ascontiguousarray(x, dtype=np.float32), scales, float(zero_point), float(qmin), float(qmax)
     )
     return dict(zip(positions, sums))
 
@@ -183,6 +197,15 @@ def min_mse(x: np.ndarray, qtype: str, symmetric: bool) -> tuple[int, np.ndarray
     return choose(errors, pos), zero_point
 
 
+def _extended(bound: np.ndarray | None, new: np.ndarray, pick: Any) -> np.ndarray:
+    """``pick(bound, new)`` (np.minimum or np.maximum: a NaN wins), ``bound`` itself where it
+    stays, so that an unchanged range is the same object."""
+    if bound is None:
+        return new
+    picked = pick(bound, new)
+    return bound if picked == bound else np.asarray(picked)
+
+
 @dataclass
 class SymmetricErrors:
     """Step 3's error sums of a symmetric MinMSE over all batches, without keeping the values
@@ -205,6 +228,16 @@ class SymmetricErrors:
     zeros_below: dict[int, float] = field(default_factory=dict)  # lo_b -> sum(x^2) of its batches
     highest: int | None = None  # the least p_run + 3
 
+    # the top of the window for the range (low, high) it was computed for: most batches leave
+    # the range as it was, and its position is then not computed again
+    _top_for: tuple[Any, Any, int] | None = None
+
+    def copy(self) -> SymmetricErrors:
+        """An independent copy (the range's 0-d arrays are replaced, never changed, so shared)."""
+        new = SymmetricErrors(self.qtype, self.dtype, self.low, self.high, dict(self.sums), dict(self.zeros_below))
+        new.highest, new._top_for = self.highest, self._top_for
+        return new
+
     def add(self, x: np.ndarray) -> None:
         x = np.ravel(x)
         if self.dtype is None:
@@ -212,22 +245,32 @@ class SymmetricErrors:
         elif x.dtype != self.dtype:
             raise ValueError(f"values of type {x.dtype} after values of type {self.dtype}")
         rmin, rmax = data_range(x)
-        self.low = rmin if self.low is None else np.minimum(self.low, rmin)
-        self.high = rmax if self.high is None else np.maximum(self.high, rmax)
-        one = np.array(1.0, dtype=x.dtype)
-        zero_point, _ = power_of_two(-one, one, self.qtype, True)
+        low, high = _extended(self.low, rmin, np.minimum), _extended(self.high, rmax, np.maximum)
+        zero_point = symmetric_zero_point(self.qtype, x.dtype)
         # the position of all batches so far, without the fallback to scale 1 (which would break
         # p <= p_b): at most the batch's own, and at least the final p
-        _, scale = float_scale(self.low, self.high, self.qtype, True, fallback=False)
-        top = scale_to_position(scale.item()) + CANDIDATES[-1]
-        self.highest = top if self.highest is None else min(self.highest, top)
+        if self._top_for is not None and self._top_for[0] is low and self._top_for[1] is high:
+            top = self._top_for[2]
+        else:
+            _, scale = float_scale(low, high, self.qtype, True, fallback=False)
+            top = scale_to_position(scale.item()) + CANDIDATES[-1]
         absmax = max(abs(float(rmin)), abs(float(rmax)))
         with np.errstate(over="ignore"):
             squares = float(np.sum(np.square(x.astype(np.float32)), dtype=np.float64))
         # below bottom (absmax 2^pos < 0.5) every value rounds to 0; 0 or inf: nothing to sum
         bottom = -math.frexp(absmax)[1] if 0.0 < absmax < math.inf else top + 1
+        sums = error_sums(
+            x,
+            range(bottom, top + 1),
+            zero_point,
+            self.qtype,
+            finite=math.isfinite(float(rmin)) and math.isfinite(float(rmax)),
+        )
+        # every step that can fail is done: the state changes from here on
+        self.low, self.high, self._top_for = low, high, (low, high, top)
+        self.highest = top if self.highest is None else min(self.highest, top)
         self.zeros_below[bottom] = self.zeros_below.get(bottom, 0.0) + squares
-        for pos, e in error_sums(x, range(bottom, top + 1), zero_point, self.qtype).items():
+        for pos, e in sums.items():
             self.sums[pos] = self.sums.get(pos, 0.0) + e
 
     def result(self) -> tuple[int, np.ndarray]:
