@@ -23,6 +23,7 @@ BENCHES = [
     "floor",
     "per_channel",
     "auto_diagnose",
+    "recipe",
     "model_matrix",
     "state_files",
     "limits",
