@@ -31,7 +31,9 @@ def classifier(opset: int = 11, seed: int = 0) -> onnx.ModelProto:
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value.astype(np.float32), name))
 
     nodes = [
-        constant("W1", rng.normal(0, 0.5, (8, 3, 3, 3)) * rng.uniform(0.05, 2, (8, 1, 1, 1))),  # channels of very different scales
+        constant(
+            "W1", rng.normal(0, 0.5, (8, 3, 3, 3)) * rng.uniform(0.05, 2, (8, 1, 1, 1))
+        ),  # channels of very different scales
         constant("W2", rng.normal(0, 0.5, (8, 4))),
         helper.make_node("Conv", ["X", "W1"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["conv", "gamma", "beta", "mean", "var"], ["bn"], name="bn"),
@@ -81,6 +83,7 @@ def opset11(tmp_path):
     return path
 
 
+@pytest.mark.parity
 def test_recipe_best_prepares_the_model_and_never_loses_to_the_default(opset11, tmp_path):
     calibration, held = feeds(12, 1), feeds(6, 2)
     default, best = tmp_path / "default.onnx", tmp_path / "best.onnx"

@@ -136,9 +136,15 @@ def _refuse_with_recipe(args: argparse.Namespace) -> None:
     """What --recipe best decides itself or cannot take: a UsageError naming the option."""
     if args.data is None:
         raise UsageError("--recipe best calibrates: give --data")
-    for flag, value in (("--state", args.state), ("--cache", args.cache), ("--auto-exclude", args.auto_exclude or None)):
+    for flag, value in (
+        ("--state", args.state),
+        ("--cache", args.cache),
+        ("--auto-exclude", args.auto_exclude or None),
+    ):
         if value is not None:
-            raise UsageError(f"--recipe best prepares the model (its ranges name the prepared model's tensors): no {flag}")
+            raise UsageError(
+                f"--recipe best prepares the model (its ranges name the prepared model's tensors): no {flag}"
+            )
     if args.method not in (None, "auto"):
         raise UsageError(f"--recipe best chooses the method (auto): no --method {args.method}")
     if args.per_tensor_estimate:
@@ -246,7 +252,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         ):
             if value is not None:
                 logger.warning("option %s applies only to --auto-exclude; ignored", flag)
-    if (args.method != "auto" or args.data is None or args.per_tensor_estimate) and not args.auto_exclude and not recipe:
+    if (
+        (args.method != "auto" or args.data is None or args.per_tensor_estimate)
+        and not args.auto_exclude
+        and not recipe
+    ):
         for flag, value in (
             ("--eval-samples", args.eval_samples),
             ("--folds", args.folds),

@@ -68,8 +68,8 @@ def fold_candidates(
         calibrator.collect_data(iter(feeds))  # an iterator: streaming, like the pass over the reader
         fold_states.append(calibrator.state)
     if len(fold_feeds) >= 2:
-        candidates, per_fold = selection.cross_validation_candidates(rest, fold_states, qtype, symmetric)
-        return Folds(candidates, list(zip(per_fold, fold_feeds)), True)
+        lazy, per_fold = selection.cross_validation_candidates(rest, fold_states, qtype, symmetric)
+        return Folds(lazy, list(zip(per_fold, fold_feeds)), True)
     states = [s for s in [rest, *fold_states] if s is not None]
     candidates = selection.state_candidates(merge_states(*states), qtype, symmetric)
     return Folds(candidates, [(candidates, kept)], False)

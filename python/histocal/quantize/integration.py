@@ -12,11 +12,10 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,6 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from .. import calibrators, methods
 from ..io.cache import check_cache, save_tensors_data
-from ..io.readers import DataSource
 from ..methods.settings import (
     METHOD_OPTIONS_KEY,
     METHOD_OVERRIDES_KEY,
@@ -37,7 +35,6 @@ from ..methods.settings import (
     settings_for,
 )
 from ..methods.table import TABLE
-from ..state import merge_states
 from . import selection
 from .folds import collect_unless_empty, fold_candidates, withholding_first
 from .ort import (
@@ -478,7 +475,9 @@ def _refuse_with_recipe(
     """What ``recipe="best"`` decides or cannot take: a ValueError naming it."""
     name = methods.canonical_name(calibrate_method)
     if name not in ("minmax", "auto"):
-        raise ValueError(f'recipe="best" chooses the method (auto); calibrate_method {name!r} cannot be combined with it')
+        raise ValueError(
+            f'recipe="best" chooses the method (auto); calibrate_method {name!r} cannot be combined with it'
+        )
     if tensors_range is not None or calibration_cache_path is not None:
         raise ValueError(
             'recipe="best" prepares the model, so its ranges name the prepared model\'s tensors: '

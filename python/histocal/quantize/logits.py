@@ -19,7 +19,9 @@ def logits_model(model: onnx.ModelProto) -> onnx.ModelProto | None:
     heads = {
         o.name: producer[o.name]
         for o in model.graph.output
-        if o.name in producer and producer[o.name].op_type in SATURATING_HEADS and producer[o.name].domain in ("", "ai.onnx")
+        if o.name in producer
+        and producer[o.name].op_type in SATURATING_HEADS
+        and producer[o.name].domain in ("", "ai.onnx")
     }
     if not heads:
         return None

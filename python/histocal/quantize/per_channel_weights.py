@@ -9,7 +9,6 @@ quantized per tensor as activations, so the flag is silently a no-op. Every rout
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -17,9 +16,7 @@ from .preparation import PER_CHANNEL_OPSET, constant_weights
 
 # The operators onnxruntime's QDQ quantizer gives per-channel weights (input 1).
 PER_CHANNEL_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-_HOW = (
-    'quantize with recipe="best" (histocal quantize --recipe best), which prepares the model, or without per_channel'
-)
+_HOW = 'quantize with recipe="best" (histocal quantize --recipe best), which prepares the model, or without per_channel'
 
 
 def check_per_channel_weights(

@@ -241,4 +241,11 @@ def constant_weights(model: onnx.ModelProto, op_types: Sequence[str]) -> list[st
     ]
 
 
-__all__ = ["PER_CHANNEL_OPSET", "Preparation", "check_same_outputs", "constant_weights", "default_opset", "prepare_model"]
+__all__ = [
+    "PER_CHANNEL_OPSET",
+    "Preparation",
+    "check_same_outputs",
+    "constant_weights",
+    "default_opset",
+    "prepare_model",
+]

@@ -168,15 +168,25 @@ def best_recipe(
     scoring = prepared if on_logits is None else _save(on_logits, tmp / "scoring.onnx")
     # The placement first, on the default candidate's ranges (one scoring run per placement), then
     # auto's method for the chosen placement only: the choices interact little, and this halves the cost.
-    default = {DEFAULT_CANDIDATE: scored.candidates[DEFAULT_CANDIDATE]} if DEFAULT_CANDIDATE in scored.candidates else None
+    default = (
+        {DEFAULT_CANDIDATE: scored.candidates[DEFAULT_CANDIDATE]} if DEFAULT_CANDIDATE in scored.candidates else None
+    )
     scores: dict[str, tuple[Placement, QuantizationArgs, Any]] = {}
     found = placements(preparation.model, quantization.op_types_to_quantize)
     for placement in found if default is not None and len(found) > 1 else found[:1]:
         placed = replace(quantization, op_types_to_quantize=placement.op_types_to_quantize)
-        folds = [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds] if default else scored.folds
-        chosen = selection.select(scoring, folds, default or scored.candidates, providers, placed, scored.cross_validated)
+        placement_folds = (
+            [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds]
+            if default
+            else scored.folds
+        )
+        chosen = selection.select(
+            scoring, placement_folds, default or scored.candidates, providers, placed, scored.cross_validated
+        )
         scores[placement.label] = (placement, placed, chosen)
-        logger.info("recipe: placement %r (%s): %s, %.2f dB", placement.label, placement.pattern, chosen.label, _sqnr(chosen))
+        logger.info(
+            "recipe: placement %r (%s): %s, %.2f dB", placement.label, placement.pattern, chosen.label, _sqnr(chosen)
+        )
     label = _chosen(scores)
     placement, placed, _ = scores[label]
     chosen = selection.select(scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated)
