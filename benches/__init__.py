@@ -24,6 +24,7 @@ BENCHES = [
     "setup",
     "per_channel",
     "auto_diagnose",
+    "recipe",
     "model_matrix",
     "state_files",
     "limits",

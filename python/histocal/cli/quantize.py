@@ -132,6 +132,50 @@ def _state_of(model: Path, path: str, quantization: QuantizationArgs) -> Any:
     return state
 
 
+def _refuse_with_recipe(args: argparse.Namespace) -> None:
+    """What --recipe best decides itself or cannot take: a UsageError naming the option."""
+    if args.data is None:
+        raise UsageError("--recipe best calibrates: give --data")
+    for flag, value in (
+        ("--state", args.state),
+        ("--cache", args.cache),
+        ("--auto-exclude", args.auto_exclude or None),
+    ):
+        if value is not None:
+            raise UsageError(
+                f"--recipe best prepares the model (its ranges name the prepared model's tensors): no {flag}"
+            )
+    if args.method not in (None, "auto"):
+        raise UsageError(f"--recipe best chooses the method (auto): no --method {args.method}")
+    if args.per_tensor_estimate:
+        raise UsageError("--recipe best scores the candidates on the model: no --per-tensor-estimate")
+
+
+def _best_recipe(args: argparse.Namespace, model: Path, quantization: QuantizationArgs, tmp: Path) -> Any:
+    """``recipe="best"`` (histocal.quantize.recipe) on the command line's data: the prepared model
+    (in ``tmp``), its ranges and quantization arguments."""
+    from .. import methods
+    from ..quantize.integration import default_method_options
+    from ..quantize.recipe import RECIPE_EVAL_SAMPLES, best_recipe
+
+    args.method = "auto"
+    options, settings = calibrator_options(args)
+    extra = dict(quantization.extra_options or {})
+    auto_options = methods.check_options(
+        "auto", default_method_options("auto", options.get(METHOD_OPTIONS_KEY), quantization.activation_type, extra)
+    )
+    return best_recipe(
+        model,
+        open_data(args, model),
+        quantization,
+        settings.replace(show_progress=False if args.no_progress else None),
+        tmp,
+        auto_options=auto_options,
+        eval_samples=args.eval_samples or RECIPE_EVAL_SAMPLES,
+        folds=args.folds or methods.AUTO_SELECTION_OPTIONS["folds"],
+    )
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ..io.cache import check_cache, load_tensors_data
     from ..quantize.ort import check_ranges_fit, quantize_with_ranges
@@ -156,10 +200,20 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     given = None  # the file the ranges come from, when not calibrated here
     _default_error_model(args)
     quantization = quantization_arguments(args)
+    if args.recipe == "best":
+        _refuse_with_recipe(args)
+    else:
+        from ..quantize.ort import check_per_channel
+
+        check_per_channel(model, quantization)  # before calibrating
 
     # removed however the command ends (an error included)
     with tempfile.TemporaryDirectory(prefix="histocal.") as staging:
-        if args.auto_exclude:
+        recipe = None
+        if args.recipe == "best":
+            recipe = _best_recipe(args, model, quantization, Path(staging))
+            ranges, model, quantization = recipe.ranges, recipe.model, recipe.quantization
+        elif args.auto_exclude:
             args.method = args.method or "minmax"
             ranges, model, quantization = auto_exclude(args, model, quantization, Path(staging))
         elif args.state is not None:
@@ -199,7 +253,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             ):
                 if value is not None:
                     logger.warning("option %s applies only to --auto-exclude; ignored", flag)
-        if (args.method != "auto" or args.data is None or args.per_tensor_estimate) and not args.auto_exclude:
+        if (
+            (args.method != "auto" or args.data is None or args.per_tensor_estimate)
+            and not args.auto_exclude
+            and not recipe
+        ):
             for flag, value in (
                 ("--eval-samples", args.eval_samples),
                 ("--folds", args.folds),
@@ -230,6 +288,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                 os.replace(f, output.parent / f.name)
     logger.info("wrote %s", output)
     how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
+    if recipe is not None:
+        how = f"recipe best: {recipe.method} ranges, placement {recipe.placement}, per-channel weights"
     sys.stdout.write(
         f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"
@@ -260,6 +320,15 @@ def register(sub: Any) -> None:
         default_help="with --data minmax; with --cache or --state the method they were made with",
     )
     add_quantization_options(p)
+    p.add_argument(
+        "--recipe",
+        choices=["ort", "best"],
+        default="ort",
+        help="ort (default): onnxruntime's quantization with the options as given; best: the best int8 model "
+        "histocal finds: the model prepared (Constant weights to initializers, opset 13, onnxruntime's "
+        "pre-processing, outputs checked), symmetric per-channel weights, placement and method (auto) chosen "
+        "on the calibration data (docs/methods.md, 'The recipe')",
+    )
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument(
         "--eval-samples",

@@ -52,8 +52,9 @@ from .. import calibrators, methods
 from ..io.models import load_model
 from ..io.readers import DataSource
 from ..methods.settings import CollectionSettings
-from ..quantize.integration import collect_unless_empty, default_method_options, withholding_first
-from ..quantize.ort import QUANTIZE_ARGUMENTS, QuantizationArgs, model_file
+from ..quantize.folds import collect_unless_empty, withholding_first
+from ..quantize.integration import default_method_options
+from ..quantize.ort import QUANTIZE_ARGUMENTS, QuantizationArgs, check_per_channel, model_file
 from ..state import CalibrationState
 from .findings import RangeFinding
 from .report_text import summary_text
@@ -287,6 +288,7 @@ def diagnose(
     if unknown:
         raise TypeError(f"diagnose: unknown quantize_static arguments {unknown}")
     quantization = QuantizationArgs(**quantize_kwargs)
+    check_per_channel(model_input, quantization)  # before calibrating: per_channel that cannot work
     settings = CollectionSettings.from_keywords(streaming_bins=streaming_bins, show_progress=show_progress)
     max_excluded_fraction = _check_fraction(max_excluded_fraction)
     for label, value in (

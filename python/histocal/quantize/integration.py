@@ -12,11 +12,10 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,6 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from .. import calibrators, methods
 from ..io.cache import check_cache, save_tensors_data
-from ..io.readers import DataSource
 from ..methods.settings import (
     METHOD_OPTIONS_KEY,
     METHOD_OVERRIDES_KEY,
@@ -37,11 +35,12 @@ from ..methods.settings import (
     settings_for,
 )
 from ..methods.table import TABLE
-from ..state import merge_states
 from . import selection
+from .folds import collect_unless_empty, fold_candidates, withholding_first
 from .ort import (
     SMOOTH_QUANT_NEEDS_ORT,
     QuantizationArgs,
+    check_per_channel,
     check_ranges_fit,
     model_file,
     model_ort_quantizes,
@@ -50,6 +49,7 @@ from .ort import (
     refuse_overwriting_weights,
 )
 from .patch import patch_onnxruntime
+from .recipe import RECIPE_EVAL_SAMPLES, Recipe, best_recipe, check_recipe
 from .selection import Selection
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
@@ -157,26 +157,6 @@ def _collect(calibrator: Any, reader: Any, stride: int | None, collect: Callable
         collect(reader)
 
 
-def withholding_first(data: Any, kept: list[dict[str, np.ndarray]], limit: int) -> Iterator[Any]:
-    """The feeds of one read of ``data`` except the first ``limit`` (over all reads), which are
-    copied into ``kept`` instead: the reader's own buffers may be reused for its next feed."""
-    for feed in DataSource(data).read():
-        if len(kept) < limit and isinstance(feed, Mapping):
-            kept.append({name: np.array(value, copy=True) for name, value in feed.items()})
-        else:
-            yield feed
-
-
-def collect_unless_empty(calibrator: Any, feeds: Iterator[Any]) -> bool:
-    """``calibrator.collect_data(feeds)`` unless ``feeds`` is empty (then it would raise); whether it collected."""
-    end = object()
-    first = next(feeds, end)
-    if first is end:
-        return False
-    calibrator.collect_data(itertools.chain([first], feeds))
-    return True
-
-
 def calibrate_and_select(
     model_input: str | Path | onnx.ModelProto,
     calibration_data_reader: Any,
@@ -240,6 +220,7 @@ def choose_by_model(
     method_options: dict[str, Any] | None = None,
 ) -> Selection:
     """``calibrate_and_select`` on its arguments built and checked once (``quantize_static``'s)."""
+    check_per_channel(model_input, quantization)
     select = methods.check_selection_options({"eval_samples": eval_samples, "folds": folds})
     eval_samples, folds = select["eval_samples"], select["folds"]
     extra = dict(quantization.extra_options or {})
@@ -280,33 +261,15 @@ def choose_by_model(
                 collect_unless_empty(calibrator, withholding_first(data, kept, eval_samples))
             ),
         )
-        if not kept and not any(rest_collected):
-            raise ValueError("No data is collected.")
-        rest = calibrator.state if any(rest_collected) else None
-        fold_feeds = [kept[k :: min(folds, len(kept))] for k in range(min(folds, len(kept)))]
-        fold_states = []
-        for feeds in fold_feeds:
-            calibrator.restart()
-            calibrator.collect_data(iter(feeds))  # an iterator: streaming, like the pass over the reader
-            fold_states.append(calibrator.state)
+        scored = fold_candidates(calibrator, any(rest_collected), kept, folds, options["qtype"], options["symmetric"])
         calibrator = None  # its session's memory, before the candidates' sessions
-
-        cross_validate = len(fold_feeds) >= 2
-        qtype, symmetric = options["qtype"], options["symmetric"]
-        candidates: Mapping[str, TensorsData]
-        if cross_validate:
-            candidates, fold_candidates = selection.cross_validation_candidates(rest, fold_states, qtype, symmetric)
-            cv_folds = list(zip(fold_candidates, fold_feeds))
-        else:
-            states = [s for s in [rest, *fold_states] if s is not None]
-            candidates = selection.state_candidates(merge_states(*states), qtype, symmetric)
-            cv_folds = []
+        candidates, cross_validate = scored.candidates, scored.cross_validated
         if not candidates:
             raise ValueError("auto: no candidate range set could be computed from the calibration data")
         logger.info(
             "auto: calibrated and computed %d candidates (and %d folds' candidates) in %.2f s",
             len(candidates),
-            len(cv_folds),
+            len(scored.folds) if cross_validate else 0,
             time.perf_counter() - start,
         )
         providers = quantization.calibration_providers
@@ -316,8 +279,7 @@ def choose_by_model(
                 "sample, on the feed they were fitted on (which favours tight clipping)",
                 len(kept),
             )
-            return selection.select(model_input, [(candidates, kept)], candidates, providers, quantization, False)
-        return selection.select(model_input, cv_folds, candidates, providers, quantization, True)
+        return selection.select(model_input, scored.folds, candidates, providers, quantization, cross_validate)
 
 
 def quantize_static(
@@ -346,6 +308,7 @@ def quantize_static(
     method_options: dict[str, Any] | None = None,
     tensors_range: TensorsData | None = None,
     memory_budget: int | str | None = None,
+    recipe: str = "ort",
 ) -> None:
     """ORT's ``quantize_static`` with histocal calibration, without patching anything.
 
@@ -376,6 +339,13 @@ def quantize_static(
         tensors_range: skip calibration and quantize with these ranges (e.g.
             ``CalibrationState.compute(...)``).
         memory_budget: exact mode's budget (bytes, or e.g. ``"2GiB"``).
+        recipe: ``"ort"`` (default): onnxruntime's quantization with the arguments as given.
+            ``"best"``: the best int8 model histocal finds (docs/methods.md, "The recipe"): the
+            model prepared (Constant weights to initializers, opset 13, onnxruntime's
+            pre-processing, outputs checked), symmetric per-channel weights, the placement and
+            auto's method chosen on the calibration feeds; ``calibrate_method`` must be left at
+            its default or be ``"auto"`` (``method_options``: auto's), with no
+            ``tensors_range`` or ``calibration_cache_path``.
 
     Returns:
         None; the quantized model is written to ``model_output``.
@@ -390,6 +360,11 @@ def quantize_static(
         MemoryError: calibration would not fit the memory the process can take.
     """
     refuse_overwriting_weights(model_input, model_output, use_external_data_format, calibration_cache_path)
+    if check_recipe(recipe) == "best":
+        _refuse_with_recipe(calibrate_method, tensors_range, calibration_cache_path, extra_options)
+        calibrate_method = "auto"
+        given_select = {k: v for k, v in (method_options or {}).items() if k in methods.AUTO_SELECTION_OPTIONS}
+        recipe_select = methods.check_selection_options({"eval_samples": RECIPE_EVAL_SAMPLES, **given_select})
     extra = dict(extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     method_arg: CalibrationMethod | str = calibrate_method
@@ -427,6 +402,14 @@ def quantize_static(
         calibration_providers=calibration_providers,
         extra_options=extra,
     )
+    if recipe == "best":
+        if calibration_data_reader is None:
+            raise ValueError('recipe="best" needs a calibration_data_reader')
+        _quantize_best(
+            model_input, model_output, calibration_data_reader, quantization, settings, method_options, recipe_select
+        )
+        return
+    check_per_channel(model_input, quantization)
     if smooth_quant:
         # SmoothQuant rewrites the model before calibrating inside ORT: calibrate there.
         with patch_onnxruntime():
@@ -484,6 +467,49 @@ def quantize_static(
             if calibration_cache_path is not None:
                 save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth_quant)
     quantize_with_ranges(model_input, model_output, ranges, quantization, calibrate_method=calibrate_method)
+
+
+def _refuse_with_recipe(
+    calibrate_method: Any, tensors_range: Any, calibration_cache_path: Any, extra_options: dict[str, Any] | None
+) -> None:
+    """What ``recipe="best"`` decides or cannot take: a ValueError naming it."""
+    name = methods.canonical_name(calibrate_method)
+    if name not in ("minmax", "auto"):
+        raise ValueError(
+            f'recipe="best" chooses the method (auto); calibrate_method {name!r} cannot be combined with it'
+        )
+    if tensors_range is not None or calibration_cache_path is not None:
+        raise ValueError(
+            'recipe="best" prepares the model, so its ranges name the prepared model\'s tensors: '
+            "no tensors_range or calibration_cache_path"
+        )
+    if (extra_options or {}).get("SmoothQuant", False):
+        raise ValueError('recipe="best" does not apply SmoothQuant (it recalibrates inside onnxruntime)')
+
+
+def _quantize_best(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    calibration_data_reader: Any,
+    quantization: QuantizationArgs,
+    settings: CollectionSettings,
+    method_options: dict[str, Any] | None,
+    select: dict[str, Any],
+) -> Recipe:
+    """``recipe="best"``: the recipe's choice, quantized through ``quantize_with_ranges``."""
+    extra = dict(quantization.extra_options or {})
+    options = methods.check_options(
+        "auto", default_method_options("auto", method_options, quantization.activation_type, extra)
+    )
+    with tempfile.TemporaryDirectory(prefix="histocal.recipe.") as tmp:
+        chosen = best_recipe(
+            model_input, calibration_data_reader, quantization, settings, Path(tmp),
+            auto_options=options, eval_samples=select["eval_samples"], folds=select["folds"],
+        )  # fmt: skip
+        quantize_with_ranges(
+            chosen.model, model_output, chosen.ranges, chosen.quantization, calibrate_method=CalibrationMethod.MinMax
+        )
+    return chosen
 
 
 def default_method_options(

@@ -22,6 +22,7 @@ from ..calibrators.range_checks import check_quantized_ranges, check_ranges_befo
 from ..io.cache import save_tensors_data
 from ..io.models import load_model
 from ..io.outputs import external_data_output, model_files, refuse_overwriting
+from .per_channel_weights import check_per_channel_weights
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,30 @@ def _upgrades_opset(model: onnx.ModelProto, weight_type: Any, activation_type: A
 
 def _opset_options(extra: dict[str, Any]) -> dict[str, Any]:
     return {"tensor_quant_overrides": extra.get("TensorQuantOverrides"), "block_size": extra.get("BlockSize", 0)}
+
+
+def quantizing_opset(model: onnx.ModelProto, weight_type: Any, activation_type: Any, extra: dict[str, Any]) -> int:
+    """The default-domain opset of the model ORT's quantize_static quantizes (after the conversion it
+    makes for the types, decided on an empty graph with the model's opsets)."""
+    from onnxruntime.quantization.quant_utils import update_opset_version
+
+    probe = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    probe.graph.name = "opset-probe"
+    with _quiet_opset_warning():
+        return _default_opset(update_opset_version(probe, weight_type, activation_type, **_opset_options(extra)))
+
+
+def check_per_channel(model_input: str | Path | onnx.ModelProto, quantization: QuantizationArgs) -> None:
+    """With ``quantization.per_channel``: ValueError when the model cannot get per-channel weights
+    (opset below 13, weights in Constant nodes; ``per_channel_weights``), naming why. Every route
+    checks it before calibrating, and ``quantize_with_ranges`` again."""
+    if not quantization.per_channel:
+        return
+    header = _header(model_input)
+    extra = dict(quantization.extra_options or {})
+    opset = quantizing_opset(header, quantization.weight_type, quantization.activation_type, extra)
+    shown = "the model" if isinstance(model_input, onnx.ModelProto) else str(model_input)
+    check_per_channel_weights(header, opset, quantization.op_types_to_quantize, shown)
 
 
 def model_ort_quantizes(
@@ -301,10 +326,12 @@ def quantize_with_ranges(
 
     Raises:
         TypeError: a keyword that is no quantization argument.
-        ValueError: per-channel ranges, SmoothQuant without a method of ORT's, or a range ORT
-            cannot quantize with (naming the tensor).
+        ValueError: per-channel ranges, SmoothQuant without a method of ORT's, a range ORT
+            cannot quantize with (naming the tensor), or ``per_channel`` on a model that cannot get
+            per-channel weights (``check_per_channel``).
     """
     quantization = replace(quantization or QuantizationArgs(), **keywords)
+    check_per_channel(model_input, quantization)
     extra = dict(quantization.extra_options or {})
     smooth_quant = bool(extra.get("SmoothQuant", False))
     _check_one_range_per_tensor(ranges)

@@ -1,0 +1,161 @@
+"""What does ``recipe="best"`` gain over onnxruntime's default, and what does it cost?
+
+``histocal.quantize_static(..., recipe="best")`` (preparation, symmetric per-channel weights,
+placement and auto's method chosen on the calibration feeds; docs/methods.md, "The recipe") against
+onnxruntime's own ``quantize_static`` with its defaults (MinMax, per-tensor, every operator),
+interleaved: the time of each, and the output SQNR of each int8 QDQ model against the float model on
+held-back feeds the calibration never saw (the recipe's choices use only the calibration feeds).
+NNCF and AIMET run in their own environments, never here: their figures, where measured, are in
+benches/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benches.support import models
+from benches.support.harness import ListReader, Run, interleave, quiet, timed
+from benches.support.report import fmt, table
+
+TITLE = "The recipe"
+QUESTION = (
+    'How much held-back output SQNR does recipe="best" gain over onnxruntime\'s default quantize_static, '
+    "and at what multiple of its time?"
+)
+ORT = "onnxruntime MinMax (default)"
+BEST = 'histocal recipe="best"'
+SIZES = {
+    "smoke": {"models": ["cnn32"], "samples": 4, "held": 2, "repeat": 1},
+    "quick": {"models": ["mtcnn_onet", "minilm", "ddddocr"], "samples": 16, "held": 8, "repeat": 2},
+    "full": {
+        "models": ["mtcnn_onet", "minilm", "ddddocr", "captcha_crnn", "nudenet"],
+        "samples": 32,
+        "held": 16,
+        "repeat": 3,
+    },
+}
+
+
+def model_and_feeds(name: str, samples: int, held: int, folder: Path) -> tuple[str, list[Any], list[Any]]:
+    if name.startswith("cnn"):
+        size = int(name[3:])
+        return models.save_cnn(folder, size), models.cnn_feeds(size, samples, 1), models.cnn_feeds(size, held, 2)
+    from benches.support import real_models
+
+    real = real_models.MODELS[name]
+    path = str(real_models.prepare(real, folder))
+    return path, real.feeds(np.random.default_rng(1), samples), real.feeds(np.random.default_rng(2), held)
+
+
+def sqnr(model: str, quantized: str, feeds: list[Any]) -> float:
+    """Output SQNR (dB) of the quantized model against the float model over every float output and feed."""
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for p in (model, quantized)]
+    signal = noise = 0.0
+    for feed in feeds:
+        for a, b in zip(*(s.run(None, feed) for s in sessions)):
+            if np.asarray(a).dtype.kind != "f":
+                continue
+            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            if not np.isfinite(b64).all():
+                return -math.inf
+            signal += float((a64 * a64).sum())
+            noise += float(((a64 - b64) ** 2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
+
+
+def run(run: Run, settings: dict[str, Any]) -> None:
+    import onnxruntime.quantization as oq
+
+    import histocal
+
+    logging.getLogger("root").setLevel(logging.ERROR)  # onnxruntime's pre-processing advice
+    chosen: list[str] = []
+
+    class Remember(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("recipe: placement") and "ranges" in record.getMessage():
+                chosen.append(record.getMessage())
+
+    recipe_log = logging.getLogger("histocal.quantize.recipe")
+    recipe_log.setLevel(logging.INFO)
+    recipe_log.addHandler(handler := Remember())
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_recipe.") as tmp:
+            folder = Path(tmp)
+            for name in settings["models"]:
+                model, feeds, held = model_and_feeds(name, settings["samples"], settings["held"], folder)
+                ort_out, best_out = str(folder / f"{name}_ort.onnx"), str(folder / f"{name}_best.onnx")
+
+                def ort_default() -> None:
+                    with quiet():
+                        oq.quantize_static(model, ort_out, ListReader(feeds))
+
+                def best() -> None:
+                    histocal.quantize_static(model, best_out, feeds, recipe="best")
+
+                runs = {ORT: lambda: timed(ort_default), BEST: lambda: timed(best)}
+                rounds = interleave(runs, settings["repeat"], warmup=0)
+                case = {"model": name, "samples": len(feeds), "held_back": len(held)}
+                for subject, out in zip(runs, (ort_out, best_out)):
+                    run.add(subject, case, seconds=rounds.seconds[subject], median_s=rounds.median(subject),
+                            sqnr_db=round(sqnr(model, out, held), 2))  # fmt: skip
+                run.add("recipe vs onnxruntime", case, x_time=rounds.ratio(BEST, ORT),
+                        choice=chosen[-1].removeprefix("recipe: ") if chosen else "")  # fmt: skip
+    finally:
+        recipe_log.removeHandler(handler)
+
+
+def _by(result: dict[str, Any], model: str) -> dict[str, dict[str, Any]]:
+    return {r["subject"]: r for r in result["records"] if r["case"]["model"] == model}
+
+
+def section(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for model in dict.fromkeys(r["case"]["model"] for r in result["records"]):
+        by = _by(result, model)
+        ort_, best = by[ORT], by[BEST]
+        vs = by["recipe vs onnxruntime"]
+        rows.append([model, fmt(ort_["sqnr_db"]), fmt(best["sqnr_db"]), f"{best['sqnr_db'] - ort_['sqnr_db']:+.2f}",
+                     f"{ort_['median_s']:.2f} s", f"{best['median_s']:.2f} s", fmt(vs["x_time"]), vs["choice"]])  # fmt: skip
+    return [
+        "Output SQNR (dB) of each int8 QDQ model against the float model on held-back feeds; times are medians of the "
+        "interleaved rounds, x: the recipe's time over onnxruntime's per round.",
+        "",
+        *table(
+            [
+                "model",
+                "onnxruntime default",
+                'recipe="best"',
+                "gain",
+                "onnxruntime time",
+                "recipe time",
+                "x",
+                "recipe's choice",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
+    models_ = list(dict.fromkeys(r["case"]["model"] for r in result["records"]))
+    gains, times = [], []
+    for model in models_:
+        by = _by(result, model)
+        gains.append(f"{by[BEST]['sqnr_db'] - by[ORT]['sqnr_db']:+.1f}")
+        times.append(fmt(by["recipe vs onnxruntime"]["x_time"]))
+    return [
+        (
+            f'recipe="best", {" / ".join(models_)}',
+            f"{' / '.join(gains)} dB over ORT's default; {' / '.join(times)}x its time",
+        )
+    ]

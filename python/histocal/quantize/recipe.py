@@ -1,0 +1,215 @@
+"""``recipe="best"``: the best int8 QDQ model histocal can find, in onnxruntime's own format.
+
+The steps (docs/methods.md, "The recipe"), each a measurement on the calibration feeds only:
+
+1. **Keep** the first ``eval_samples`` calibration feeds in memory (auto's evidence).
+2. **Prepare** the model (``preparation``): Constant-node weights to initializers, opset 13,
+   onnxruntime's pre-processing (BatchNorm folded), its outputs checked against the float model's
+   on the kept feeds.
+3. **Calibrate** the prepared model once (one streaming pass over the rest of the reader, one per
+   fold of the kept feeds), giving auto's candidates (``folds``).
+4. **Score** every candidate under every placement (``placement``: onnxruntime's, and the compute
+   operators' inputs), with symmetric per-channel weights, cross-validated on the kept feeds, on
+   the pre-activation logits where the outputs are Softmax or Sigmoid (``logits``). Per placement
+   auto's rule chooses the method (never below minmax without evidence); a placement other than
+   onnxruntime's is kept only if its choice beats onnxruntime's by ``MIN_GAIN_DB`` pooled.
+
+The result (the prepared model, the ranges, the quantization arguments) goes to
+``quantize_with_ranges`` like every other route's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnxruntime.quantization.calibrate import TensorsData
+
+from .. import calibrators
+from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
+from . import selection
+from .folds import fold_candidates, withholding_first
+from .logits import logits_model
+from .ort import QuantizationArgs
+from .placement import Placement, placements
+from .preparation import Preparation, prepare_model
+from .rule import DEFAULT_CANDIDATE, MIN_GAIN_DB
+
+logger = logging.getLogger(__name__)
+
+RECIPES = ("ort", "best")  # "ort": onnxruntime's quantization as given (the default)
+# Calibration feeds kept for scoring when the caller gives no eval_samples: half of auto's 16, so
+# the recipe's scoring stays within a few times onnxruntime's quantize_static (BENCHMARKS.md).
+RECIPE_EVAL_SAMPLES = 8
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What ``recipe="best"`` chose.
+
+    Attributes:
+        model: the prepared model's file (the one quantized).
+        ranges: the chosen ranges (from all the calibration data).
+        quantization: the quantization arguments the model is quantized with.
+        preparation: what preparing the model did.
+        placement: the chosen placement's label.
+        method: auto's chosen candidate under it.
+        sqnr_db: per placement, the default candidate's (minmax) cross-validated SQNR on the kept
+            feeds (dB), and under ``"chosen"`` the chosen method's under the chosen placement.
+        scored_on_logits: whether the scores are on the pre-activation logits.
+    """
+
+    model: Path
+    ranges: TensorsData
+    quantization: QuantizationArgs
+    preparation: Preparation
+    placement: str
+    method: str
+    sqnr_db: dict[str, float]
+    scored_on_logits: bool
+
+
+def check_recipe(recipe: str) -> str:
+    """``recipe`` if it is one of ``RECIPES``; ValueError otherwise."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe {recipe!r}: expected one of {', '.join(map(repr, RECIPES))}")
+    return recipe
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save_model(model, path.as_posix(), save_as_external_data=True, location=path.name + ".data")
+    return path
+
+
+def _chosen(scores: Mapping[str, tuple[Placement, QuantizationArgs, Any]]) -> str:
+    """onnxruntime's placement (the first) unless another's choice beats it by ``MIN_GAIN_DB``."""
+    labels = list(scores)
+    best = labels[0]
+    for label in labels[1:]:
+        if _sqnr(scores[label][2]) > _sqnr(scores[best][2]) + MIN_GAIN_DB:
+            best = label
+    return best
+
+
+def _sqnr(chosen: Any) -> float:
+    value = chosen.sqnr_db.get(chosen.label, float("nan"))
+    return -float("inf") if np.isnan(value) else value
+
+
+def best_recipe(
+    model_input: str | Path | onnx.ModelProto,
+    calibration_data_reader: Any,
+    quantization: QuantizationArgs,
+    settings: CollectionSettings,
+    tmp: Path,
+    *,
+    auto_options: dict[str, Any],
+    eval_samples: int,
+    folds: int,
+) -> Recipe:
+    """The recipe's choice for ``model_input`` (module docstring); the prepared model is written
+    into ``tmp``, which must outlive the quantization.
+
+    Args:
+        model_input: the float model (path or ModelProto).
+        calibration_data_reader: the calibration data (read once).
+        quantization: the caller's quantization arguments (per_channel is set on).
+        settings: the collection settings.
+        tmp: a folder for the prepared and scoring models.
+        auto_options: auto's checked ``qtype`` and ``symmetric``.
+        eval_samples: calibration feeds kept for scoring (and for the preparation's check).
+        folds: cross-validation folds over them.
+
+    Returns:
+        The ``Recipe``.
+
+    Raises:
+        ValueError: no data, a preparation that changes the outputs, or no candidate.
+    """
+    start = time.perf_counter()
+    extra = dict(quantization.extra_options or {})
+    extra.setdefault("WeightSymmetric", True)
+    quantization = replace(quantization, per_channel=True, extra_options=extra)
+    kept: list[dict[str, np.ndarray]] = []
+    rest = withholding_first(calibration_data_reader, kept, eval_samples)
+    end = object()
+    first = next(rest, end)  # reads until the kept feeds are in memory
+    if not kept:
+        raise ValueError("recipe: no calibration data (the recipe needs calibration feeds)")
+    providers = quantization.calibration_providers
+    preparation = prepare_model(model_input, kept, per_channel=True, providers=providers)
+    prepared = _save(preparation.model, tmp / "prepared.onnx")
+    calibrator = calibrators.create_calibrator(
+        prepared,
+        None,  # every tensor: the placements quantize different sets
+        augmented_model_path=(tmp / "augmented_model.onnx").as_posix(),
+        calibrate_method="auto",
+        use_external_data_format=quantization.use_external_data_format,
+        providers=providers,
+        extra_options={METHOD_OPTIONS_KEY: auto_options},
+        settings=settings,
+    )
+    if first is not end:
+        calibrator.collect_data(itertools.chain([first], rest))
+    scored = fold_candidates(
+        calibrator, first is not end, kept, folds, auto_options["qtype"], auto_options["symmetric"]
+    )
+    calibrator = None  # its session's memory, before the candidates' sessions
+    if not scored.candidates:
+        raise ValueError("recipe: no candidate range set could be computed from the calibration data")
+    on_logits = logits_model(preparation.model)
+    scoring = prepared if on_logits is None else _save(on_logits, tmp / "scoring.onnx")
+    # The placement first, on the default candidate's ranges (one scoring run per placement), then
+    # auto's method for the chosen placement only: the choices interact little, and this halves the cost.
+    default = (
+        {DEFAULT_CANDIDATE: scored.candidates[DEFAULT_CANDIDATE]} if DEFAULT_CANDIDATE in scored.candidates else None
+    )
+    scores: dict[str, tuple[Placement, QuantizationArgs, Any]] = {}
+    found = placements(preparation.model, quantization.op_types_to_quantize)
+    for placement in found if default is not None and len(found) > 1 else found[:1]:
+        placed = replace(quantization, op_types_to_quantize=placement.op_types_to_quantize)
+        placement_folds = (
+            [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds]
+            if default
+            else scored.folds
+        )
+        chosen = selection.select(
+            scoring, placement_folds, default or scored.candidates, providers, placed, scored.cross_validated
+        )
+        scores[placement.label] = (placement, placed, chosen)
+        logger.info(
+            "recipe: placement %r (%s): %s, %.2f dB", placement.label, placement.pattern, chosen.label, _sqnr(chosen)
+        )
+    label = _chosen(scores)
+    placement, placed, _ = scores[label]
+    chosen = selection.select(scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated)
+    recipe = Recipe(
+        prepared,
+        chosen.ranges,
+        placed,
+        preparation,
+        label,
+        chosen.label,
+        {**{k: _sqnr(v[2]) for k, v in scores.items()}, "chosen": _sqnr(chosen)},
+        on_logits is not None,
+    )
+    logger.info(
+        "recipe: placement %r, ranges %s, per-channel symmetric weights (%.2f dB %s on %d kept feeds, %.1f s)",
+        label,
+        chosen.label,
+        recipe.sqnr_db["chosen"],
+        "on the pre-activation logits" if on_logits is not None else "on the outputs",
+        len(kept),
+        time.perf_counter() - start,
+    )
+    return recipe
+
+
+__all__ = ["RECIPES", "RECIPE_EVAL_SAMPLES", "Recipe", "best_recipe", "check_recipe"]
