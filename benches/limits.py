@@ -193,7 +193,6 @@ def section(result: dict[str, Any]) -> list[str]:
 
 
 def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
-    vs = next(r for r in result["records"] if r["subject"] == "histocal vs onnxruntime")
     ns = [
         r["ns_per_evaluation"]
         for r in _records(result, "search")
@@ -208,13 +207,8 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
     )
     return [
         (
-            "entropy search, per bin evaluation",
-            f"{fmt(min(ns))}-{fmt(max(ns))} ns; onnxruntime {fmt(ort['ns_per_evaluation'])} ns "
-            f"({fmt(vs['speedup'])}x at {vs['case']['bins']:,} bins)",
-        ),
-        (
-            f"search refusal; long streams, {first:,} -> {last:,} batches",
-            f"float16 outlier ({refusal['evaluations']:.2g} evaluations) {refusal['outcome']} in {refusal['ms']:.1f} ms; "
-            f"long stream peak {growth:+.1f} MB",
+            "entropy search; float16 outlier; long streams",
+            f"{fmt(min(ns))}-{fmt(max(ns))} ns per bin evaluation (onnxruntime {fmt(ort['ns_per_evaluation'])} ns); "
+            f"outlier {refusal['outcome']} in {refusal['ms']:.1f} ms; {first:,} -> {last:,} batches: peak {growth:+.1f} MB",
         ),
     ]
