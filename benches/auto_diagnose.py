@@ -16,8 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benches.support import models
 from benches.support.harness import ListReader, Run, interleave, quiet, timed
 from benches.support.report import fmt, table
@@ -35,33 +33,6 @@ SIZES = {
 ORT_METHODS = ["MinMax", "Entropy", "Percentile"]
 
 
-def model_and_feeds(name: str, samples: int, held: int, folder: Path) -> tuple[str, list[Any], list[Any]]:
-    if name.startswith("cnn"):
-        size = int(name[3:])
-        return models.save_cnn(folder, size), models.cnn_feeds(size, samples, 1), models.cnn_feeds(size, held, 2)
-    from benches.support import real_models
-
-    real = real_models.MODELS[name]
-    path = str(real_models.prepare(real, folder))
-    return path, real.feeds(np.random.default_rng(1), samples), real.feeds(np.random.default_rng(2), held)
-
-
-def sqnr(model: str, quantized: str, feeds: list[Any]) -> float:
-    """Output SQNR (dB) of the quantized model against the float model over every output and feed."""
-    import onnxruntime as ort
-
-    sessions = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for p in (model, quantized)]
-    signal = noise = 0.0
-    for feed in feeds:
-        for a, b in zip(*(s.run(None, feed) for s in sessions)):
-            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-            if not np.isfinite(b64).all():
-                return -math.inf
-            signal += float((a64 * a64).sum())
-            noise += float(((a64 - b64) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
-
-
 def run(run: Run, settings: dict[str, Any]) -> None:
     import onnxruntime.quantization as oq
 
@@ -77,7 +48,8 @@ def run(run: Run, settings: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_auto.") as tmp:
         folder = Path(tmp)
         for name in settings["models"]:
-            model, feeds, held = model_and_feeds(name, settings["samples"], settings["held"], folder)
+            model, feeds, _ = models.model_and_feeds(name, folder, settings["samples"], seed=1)
+            held = models.model_and_feeds(name, folder, settings["held"], seed=2)[1]
             failed: dict[str, str] = {}
 
             def ort_run(method: str) -> float:
@@ -113,7 +85,7 @@ def run(run: Run, settings: dict[str, Any]) -> None:
                 else:
                     values["median_s"] = rounds.median(subject)
                     if subject in quantized:
-                        values["sqnr_db"] = round(sqnr(model, str(folder / quantized[subject]), held), 2)
+                        values["sqnr_db"] = round(models.output_sqnr(model, str(folder / quantized[subject]), held), 2)
                 run.add(subject, case, **values)
             d = diagnoses[-1]
             run.add("diagnose result", case, sqnr_db=round(d.sqnr_db, 2), sqnr_excluded_db=round(d.sqnr_excluded_db, 2),

@@ -42,15 +42,6 @@ MODES = {
 ORT_HISTOGRAMS = {"onnxruntime Entropy": ("ort", "Entropy", {}, True)}
 
 
-def model_and_feeds(name: str, samples: int, folder: Path) -> tuple[str, list[dict[str, Any]]]:
-    if name.startswith("cnn"):
-        return models.save_cnn(folder, int(name[3:])), models.cnn_feeds(int(name[3:]), samples)
-    from benches.support import real_models
-
-    real = real_models.MODELS[name]
-    return str(real_models.prepare(real, folder)), real.feeds(np.random.default_rng(0), samples)
-
-
 def run(run: Run, settings: dict[str, Any]) -> None:
     from onnxruntime.quantization import CalibrationMethod
 
@@ -59,7 +50,7 @@ def run(run: Run, settings: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_floor.") as tmp:
         folder = Path(tmp)
         for name in settings["models"]:
-            path, feeds = model_and_feeds(name, settings["samples"], folder)
+            path, feeds, _ = models.model_and_feeds(name, folder, settings["samples"])
             augmented = str(folder / "floor.onnx")
             histocal.create_calibrator(path, augmented_model_path=augmented, calibrate_method=CalibrationMethod.Entropy)
             floor = Floor(augmented, feeds)

@@ -12,12 +12,9 @@ benches/NOTES.md.
 from __future__ import annotations
 
 import logging
-import math
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from benches.support import models
 from benches.support.harness import ListReader, Run, interleave, quiet, timed
@@ -42,35 +39,6 @@ SIZES = {
 }
 
 
-def model_and_feeds(name: str, samples: int, held: int, folder: Path) -> tuple[str, list[Any], list[Any]]:
-    if name.startswith("cnn"):
-        size = int(name[3:])
-        return models.save_cnn(folder, size), models.cnn_feeds(size, samples, 1), models.cnn_feeds(size, held, 2)
-    from benches.support import real_models
-
-    real = real_models.MODELS[name]
-    path = str(real_models.prepare(real, folder))
-    return path, real.feeds(np.random.default_rng(1), samples), real.feeds(np.random.default_rng(2), held)
-
-
-def sqnr(model: str, quantized: str, feeds: list[Any]) -> float:
-    """Output SQNR (dB) of the quantized model against the float model over every float output and feed."""
-    import onnxruntime as ort
-
-    sessions = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for p in (model, quantized)]
-    signal = noise = 0.0
-    for feed in feeds:
-        for a, b in zip(*(s.run(None, feed) for s in sessions)):
-            if np.asarray(a).dtype.kind != "f":
-                continue
-            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-            if not np.isfinite(b64).all():
-                return -math.inf
-            signal += float((a64 * a64).sum())
-            noise += float(((a64 - b64) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
-
-
 def run(run: Run, settings: dict[str, Any]) -> None:
     import onnxruntime.quantization as oq
 
@@ -91,7 +59,8 @@ def run(run: Run, settings: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix="bench_recipe.") as tmp:
             folder = Path(tmp)
             for name in settings["models"]:
-                model, feeds, held = model_and_feeds(name, settings["samples"], settings["held"], folder)
+                model, feeds, _ = models.model_and_feeds(name, folder, settings["samples"], seed=1)
+                held = models.model_and_feeds(name, folder, settings["held"], seed=2)[1]
                 ort_out, best_out = str(folder / f"{name}_ort.onnx"), str(folder / f"{name}_best.onnx")
 
                 def ort_default() -> None:
@@ -106,7 +75,7 @@ def run(run: Run, settings: dict[str, Any]) -> None:
                 case = {"model": name, "samples": len(feeds), "held_back": len(held)}
                 for subject, out in zip(runs, (ort_out, best_out)):
                     run.add(subject, case, seconds=rounds.seconds[subject], median_s=rounds.median(subject),
-                            sqnr_db=round(sqnr(model, out, held), 2))  # fmt: skip
+                            sqnr_db=round(models.output_sqnr(model, out, held), 2))  # fmt: skip
                 run.add("recipe vs onnxruntime", case, x_time=rounds.ratio(BEST, ORT),
                         choice=chosen[-1].removeprefix("recipe: ") if chosen else "")  # fmt: skip
     finally:

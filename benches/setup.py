@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benches.support import models
 from benches.support.harness import Run, interleave, quiet
 from benches.support.report import fmt, table
@@ -111,15 +109,7 @@ def end_to_end(run: Run, settings: dict[str, Any], folder: Path) -> None:
     from onnxruntime.quantization import CalibrationMethod
 
     for name in settings["models"]:
-        if name.startswith("cnn"):
-            size = int(name[3:])
-            path, feeds = models.save_cnn(folder, size), models.cnn_feeds(size, settings["samples"])
-        else:
-            from benches.support import real_models
-
-            real = real_models.MODELS[name]
-            path = str(real_models.prepare(real, folder))
-            feeds = real.feeds(np.random.default_rng(0), settings["samples"])
+        path, feeds, _ = models.model_and_feeds(name, folder, settings["samples"])
         runs = {}
         for library in ("histocal", "ort"):
             augmented = str(folder / f"{library}.onnx")

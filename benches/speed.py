@@ -43,18 +43,6 @@ def methods_at(bins: int, first: bool) -> list[str]:
     return [m for m in METHODS if (m != "MinMax" or first) and (m != "Distribution" or bins >= 512)]
 
 
-def model_and_feeds(name: str, samples: int, folder: Path) -> tuple[str, list[dict[str, np.ndarray]], str]:
-    """(model file, feeds, description): ``cnnN`` is the synthetic CNN at NxN, else a real model."""
-    if name.startswith("cnn"):
-        size = int(name[3:])
-        return models.save_cnn(folder, size), models.cnn_feeds(size, samples), f"synthetic CNN {size}x{size}"
-    from benches.support import real_models
-
-    real = real_models.MODELS[name]
-    path = real_models.prepare(real, folder)
-    return str(path), real.feeds(np.random.default_rng(0), samples), real.what
-
-
 def run(run: Run, settings: dict[str, Any]) -> None:
     from onnxruntime.quantization import CalibrationMethod
 
@@ -63,7 +51,7 @@ def run(run: Run, settings: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_speed.") as tmp:
         folder = Path(tmp)
         for name in settings["models"]:
-            path, feeds, what = model_and_feeds(name, settings["samples"], folder)
+            path, feeds, what = models.model_and_feeds(name, folder, settings["samples"])
             augmented = str(folder / "floor.onnx")
             histocal.create_calibrator(path, augmented_model_path=augmented, calibrate_method=CalibrationMethod.Entropy)
             floor = Floor(augmented, feeds)

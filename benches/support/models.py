@@ -129,3 +129,37 @@ def same_ranges(a: Any, b: Any) -> tuple[int, int]:
         and np.array_equal(np.asarray(ra[name].range_value[1]), np.asarray(rb[name].range_value[1]))
     )
     return same, len(ra.keys() | rb.keys())
+
+
+def model_and_feeds(name: str, folder: Path, samples: int, seed: int = 0) -> tuple[str, list[Feed], str]:
+    """(model file, ``samples`` feeds drawn with ``seed``, description) of a benchmark's model:
+    ``cnnN`` is the synthetic CNN at NxN, any other name a real model (``real_models.MODELS``).
+    Feeds of one model and seed are the same in every benchmark; another seed gives held-back ones."""
+    if name.startswith("cnn"):
+        size = int(name[3:])
+        return save_cnn(folder, size), cnn_feeds(size, samples, seed), f"synthetic CNN {size}x{size}"
+    from benches.support import real_models
+
+    real = real_models.MODELS[name]
+    return str(real_models.prepare(real, folder)), real.feeds(np.random.default_rng(seed), samples), real.what
+
+
+def output_sqnr(model: str, quantized: str, feeds: list[Feed]) -> float:
+    """Output SQNR (dB) of the quantized model against the float model over every float output and
+    feed (-inf where the quantized model gives a non-finite value)."""
+    import math
+
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for p in (model, quantized)]
+    signal = noise = 0.0
+    for feed in feeds:
+        for a, b in zip(*(s.run(None, feed) for s in sessions)):
+            if np.asarray(a).dtype.kind != "f":
+                continue
+            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            if not np.isfinite(b64).all():
+                return -math.inf
+            signal += float((a64 * a64).sum())
+            noise += float(((a64 - b64) ** 2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
