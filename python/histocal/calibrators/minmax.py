@@ -12,13 +12,13 @@ import numpy as np
 import onnx
 import onnxruntime
 from onnxruntime.quantization import calibrate as ort_calibrate
-from onnxruntime.quantization.calibrate import TensorData
+from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
 from ..io.readers import DataSource, FeedChecker, progress, run_session
 from ..methods.settings import CollectionSettings
 from .common import PrivateShapeInference, augmented_path_for, one_call_at_a_time
 from .cores import CalibrationThreads, calibration_threads, session_options_for
-from .reduce_outputs import add_reduce_min_max, names_collide
+from .reduce_outputs import GatheredOutputs, add_reduce_min_max, names_collide
 
 logger = logging.getLogger(__name__)
 
@@ -165,18 +165,31 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         split = calibration_threads(num_threads)
         self.threads = CalibrationThreads(split.total, split.total, split.ort_spinning, 0)
         self.session_options = session_options
+        self._gathered: GatheredOutputs | None = None  # how the session returns per-tensor outputs
 
     @one_call_at_a_time
     def augment_graph(self) -> None:
-        """ORT's augmented model (a ReduceMin and a ReduceMax of every calibrated tensor as graph
-        outputs: the same nodes, outputs and order), built in time linear in the graph where ORT's
-        is quadratic (histocal.calibrators.reduce_outputs), except that per channel a scalar's reduce over
-        every axis (none) instead of ORT's axis 0, which onnxruntime cannot load for a rank-0
-        tensor: the scalar gets its range as one channel, as a 1-D tensor does in ORT."""
+        """ORT's augmented model as ``self.model`` (a ReduceMin and a ReduceMax of every calibrated
+        tensor as graph outputs: the same nodes, outputs and order), built in time linear in the
+        graph where ORT's is quadratic (histocal.calibrators.reduce_outputs), except that per
+        channel a scalar's reduce over every axis (none) instead of ORT's axis 0, which onnxruntime
+        cannot load for a rank-0 tensor: the scalar gets its range as one channel, as a 1-D tensor
+        does in ORT.
+
+        The file the session loads (``augmented_model_path``) gathers the per-tensor outputs into
+        one per element type (``reduce_outputs.GatheredOutputs``): onnxruntime builds a session in
+        time quadratic in the graph's outputs. Per channel, and for a model whose names collide
+        with the added ones, it is ORT's model."""
         tensors, value_infos = self.select_tensors_to_calibrate(self.model)
         if not names_collide(tensors):
             add_reduce_min_max(self.model, tensors, value_infos, bool(self.per_channel))
-            onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
+            # per channel, an output's length is the channel count, known only at run time
+            self._gathered = None if self.per_channel else GatheredOutputs.of(self.model.graph, self.num_model_outputs)
+            if self._gathered is None:
+                onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
+                return
+            with self._gathered.applied(self.model, self.num_model_outputs):
+                onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
             return
         logger.info(
             "tensor names like the outputs MinMax adds: onnxruntime's augment_graph (quadratic) builds the model"
@@ -206,7 +219,9 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         Raises:
             ValueError: nothing collected yet.
         """
-        return super().compute_data()  # ORT's class (the module's name may be patched to a subclass of this one)
+        if self._gathered is None or not self.intermediate_outputs:
+            return super().compute_data()  # ORT's class (the module's name may be patched to a subclass of this one)
+        return self._compute_gathered(self._gathered)
 
     @one_call_at_a_time
     def clear_collected_data(self) -> None:
@@ -237,14 +252,23 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         source = DataSource(data_reader)
         session = self.infer_session
         checker = FeedChecker(session)
-        outputs = [o.name for o in session.get_outputs()]
-        fetch = outputs[self.num_model_outputs :]
+        if self._gathered is not None:
+            fetch = list(self._gathered.names)
+        else:
+            fetch = [o.name for o in session.get_outputs()][self.num_model_outputs :]
         head = [None] * self.num_model_outputs
         # per channel: each tensor's channel count (its reduced outputs' length), which every
         # batch must keep (numpy's stacking fails on the first that does not, naming nothing)
         channels = self._channel_counts(fetch) if self.per_channel else {}
         for i, feed in enumerate(progress(source.read(), "histocal collect", self.show_progress)):
             reduced = run_session(session, fetch, checker.check(feed, i), i)
+            if self._gathered is not None:
+                for name, value, members in zip(fetch, reduced, self._gathered.members, strict=True):
+                    if np.shape(value) != (len(members),):
+                        raise ValueError(
+                            f"batch {i}: the gathered MinMax output {name!r} has shape "
+                            f"{np.shape(value)}, not ({len(members)},): the augmented model was changed"
+                        )
             if self.per_channel:
                 for name, value in zip(fetch, reduced, strict=True):
                     tensor = name.rpartition("_")[0]
@@ -263,6 +287,46 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
             raise ValueError("No data is collected.")
         self.compute_data()
         self.clear_collected_data()
+
+    def _compute_gathered(self, gathered: GatheredOutputs) -> Any:
+        """ORT's ``compute_data`` on the gathered outputs: each tensor's NaN-ignoring min and max
+        (or ORT's moving average) over the batches, symmetric as ORT makes it, merged into the
+        ranges so far. A min or max picks one of the values, so taking it over a batch-by-tensor
+        array gives ORT's result; the mean is taken per tensor over the same (batches, 1) array
+        as ORT's, so it sums in the same order."""
+        first = len(self.intermediate_outputs[0]) - len(gathered.names)
+        lows: dict[str, np.ndarray] = {}
+        highs: dict[str, np.ndarray] = {}
+        for k, members in enumerate(gathered.members):
+            values = np.stack([batch[first + k] for batch in self.intermediate_outputs])
+            low_names, high_names = members[0::2], members[1::2]
+            if self.moving_average:
+                low = [
+                    np.nanmean(np.ascontiguousarray(values[:, i : i + 1]), axis=0) for i in range(0, len(members), 2)
+                ]
+                high = [
+                    np.nanmean(np.ascontiguousarray(values[:, i : i + 1]), axis=0) for i in range(1, len(members), 2)
+                ]
+            else:
+                low_all, high_all = np.nanmin(values[:, 0::2], axis=0), np.nanmax(values[:, 1::2], axis=0)
+                low = [low_all[i : i + 1].copy() for i in range(len(low_all))]
+                high = [high_all[i : i + 1].copy() for i in range(len(high_all))]
+            lows.update(zip(low_names, low, strict=True))
+            highs.update(zip(high_names, high, strict=True))
+        pairs = {}
+        for i in range(0, len(gathered.order), 2):
+            low, high = lows[gathered.order[i]], highs[gathered.order[i + 1]]
+            if self.symmetric:
+                bound = np.nanmax([np.abs(low), np.abs(high)], axis=0)
+                pairs[gathered.order[i].rpartition("_")[0]] = (-bound, bound)
+            else:
+                pairs[gathered.order[i].rpartition("_")[0]] = (low, high)
+        ranges = TensorsData(ort_calibrate.CalibrationMethod.MinMax, pairs)
+        if self.calibrate_tensors_range:
+            self.calibrate_tensors_range = self.merge_range(self.calibrate_tensors_range, ranges)
+        else:
+            self.calibrate_tensors_range = ranges
+        return self.calibrate_tensors_range
 
     def _channel_counts(self, fetch: list[str]) -> dict[str, int]:
         """The channel counts of the tensors that earlier calls gave ranges to."""
