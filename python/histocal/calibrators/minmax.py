@@ -315,12 +315,12 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
             highs.update(zip(high_names, high, strict=True))
         pairs = {}
         for i in range(0, len(gathered.order), 2):
-            low, high = lows[gathered.order[i]], highs[gathered.order[i + 1]]
+            tensor_low, tensor_high = lows[gathered.order[i]], highs[gathered.order[i + 1]]
             if self.symmetric:
-                bound = np.nanmax([np.abs(low), np.abs(high)], axis=0)
+                bound = np.nanmax([np.abs(tensor_low), np.abs(tensor_high)], axis=0)
                 pairs[gathered.order[i].rpartition("_")[0]] = (-bound, bound)
             else:
-                pairs[gathered.order[i].rpartition("_")[0]] = (low, high)
+                pairs[gathered.order[i].rpartition("_")[0]] = (tensor_low, tensor_high)
         ranges = TensorsData(ort_calibrate.CalibrationMethod.MinMax, pairs)
         if self.calibrate_tensors_range:
             self.calibrate_tensors_range = self.merge_range(self.calibrate_tensors_range, ranges)
