@@ -18,7 +18,7 @@ import histocal
 from histocal.cli import main
 from histocal.diagnose import diagnose
 from histocal.quantize.logits import logits_model
-from histocal.quantize.placement import COMPUTE_PLACEMENT, attention_scores, placements
+from histocal.quantize.placement import COMPUTE_PLACEMENT, TRANSFORMER_PLACEMENT, attention_scores, placements
 from histocal.quantize.preparation import check_same_outputs, lift_constants, prepare_model
 
 
@@ -197,8 +197,8 @@ def test_scoring_on_logits_and_placements():
     block = models.transformer()
     assert attention_scores(block) == 1
     found = placements(block, None)
-    assert [p.label for p in found] == ["onnxruntime", COMPUTE_PLACEMENT]
-    assert found[1].op_types_to_quantize == ["MatMul"] and "transformer" in found[1].pattern
+    assert [p.label for p in found] == ["onnxruntime", COMPUTE_PLACEMENT, TRANSFORMER_PLACEMENT]
+    assert found[1].op_types_to_quantize == found[2].op_types_to_quantize == ["MatMul"]
     assert [p.label for p in placements(block, ["MatMul"])] == ["given"]
 
 

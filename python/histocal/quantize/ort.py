@@ -23,6 +23,7 @@ from ..io.cache import save_tensors_data
 from ..io.models import load_model
 from ..io.outputs import external_data_output, model_files, refuse_overwriting
 from .per_channel_weights import check_per_channel_weights
+from .placement import read_float
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,7 @@ def quantize_with_ranges(
             calibration_cache_path=cache,
             **replace(quantization, extra_options=extra).keywords(),
         )
+        read_float(staged, quantization)  # a placement's float operators read float tensors
         check_quantized_ranges(staged, ranges)
         for written in sorted(Path(staging).iterdir(), key=lambda f: f.name == output.name):
             os.replace(written, output.parent / written.name)

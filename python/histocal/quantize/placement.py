@@ -1,24 +1,54 @@
 """Which tensors the recipe quantizes (its placement candidates), from patterns of the graph.
 
 onnxruntime's quantizer puts Q/DQ around every tensor of every operator it supports: residual
-Adds, additive attention masks, Softmax outputs and LayerNormalization included. NNCF's
-``model_type=TRANSFORMER`` (and its default placement on convolutional models) quantizes the
-inputs of the compute operators (Conv, Gemm, MatMul) and leaves the rest in float: on a MiniLM
-encoder 48 quantized activations against onnxruntime's 111, and +9 dB of output SQNR. Which of the
-two is better for a model is a measurement: the recipe scores both on calibration feeds and keeps
-onnxruntime's unless the other wins (``recipe``).
+Adds, additive attention masks, Softmax and LayerNormalization outputs, and the outputs of the
+compute operators: 118 activations on paraphrase-MiniLM-L3. The candidates besides it:
+
+- **compute operators**: onnxruntime told to quantize only Conv, ConvTranspose, Gemm and MatMul.
+  It still quantizes their outputs (and every consumer of a quantized tensor reads the dequantized
+  value), so on a transformer the residual stream is rounded at every MatMul and LayerNorm (48
+  activations on MiniLM).
+- **transformer** (offered where a Softmax reads attention scores): NNCF 3.4's ONNX placement for
+  ``model_type=TRANSFORMER``, which ignores Add, Sub, Mul, Div, Pow, Sqrt, reductions and
+  comparisons, and the MatMul that reads a Softmax (its ``MULTIHEAD_ATTENTION_OUTPUT`` pattern):
+  the inputs of the compute operators only, never their outputs, and an operator left in float
+  reads the float tensor even where a quantized one reads the same tensor (NNCF puts Q/DQ on the
+  edge). On the MiniLM encoder both quantize the same 18 activations; NNCF without SmoothQuant
+  gives 22.0 dB held-back output SQNR, this placement with minmax ranges 22.8 dB, "compute
+  operators" 11.0 dB (docs/methods.md, "The recipe").
+
+Which is best for a model is a measurement: the recipe scores them on calibration feeds and keeps
+onnxruntime's unless another wins (``recipe``). The edge placement is not one of onnxruntime's
+options: the model onnxruntime writes is rewired after it (``read_float``), under the
+``FLOAT_CONSUMERS_KEY`` extra option, on every route through ``quantize_with_ranges``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import onnx
+
+if TYPE_CHECKING:
+    from .ort import QuantizationArgs
+
+logger = logging.getLogger(__name__)
 
 # Operators whose inputs (weights and activations) NNCF's placement quantizes.
 COMPUTE_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 ORT_PLACEMENT = "onnxruntime"
 COMPUTE_PLACEMENT = "compute operators"
+TRANSFORMER_PLACEMENT = "transformer"
+# extra_options key (histocal's, onnxruntime ignores it): after onnxruntime quantizes, operators it
+# was not told to quantize read the float tensor instead of the dequantized one.
+FLOAT_CONSUMERS_KEY = "FloatConsumersReadFloat"
+# What may sit between a Softmax and the MatMul reading it in NNCF's MULTIHEAD_ATTENTION_OUTPUT
+# pattern (nncf/onnx/quantization/ignored_patterns.py).
+_SOFTMAX_TO_MATMUL = ("Reshape",)
 
 
 @dataclass(frozen=True)
@@ -26,21 +56,39 @@ class Placement:
     """One placement candidate.
 
     Attributes:
-        label: ``"onnxruntime"`` (every operator ORT quantizes) or ``"compute operators"``.
+        label: ``ORT_PLACEMENT``, ``COMPUTE_PLACEMENT``, ``TRANSFORMER_PLACEMENT`` or ``"given"``.
         op_types_to_quantize: onnxruntime's ``op_types_to_quantize`` for it (None: all).
         pattern: why it is a candidate, for the log and the docs.
+        nodes_to_exclude: nodes it leaves in float (added to the caller's).
+        extra_options: onnxruntime extra options it sets (over the caller's).
     """
 
     label: str
     op_types_to_quantize: list[str] | None
     pattern: str
+    nodes_to_exclude: tuple[str, ...] = ()
+    extra_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def arguments(self, quantization: QuantizationArgs) -> QuantizationArgs:
+        """``quantization`` under this placement."""
+        excluded = [*(quantization.nodes_to_exclude or []), *self.nodes_to_exclude]
+        return replace(
+            quantization,
+            op_types_to_quantize=self.op_types_to_quantize,
+            nodes_to_exclude=excluded or None,
+            extra_options={**(quantization.extra_options or {}), **self.extra_options},
+        )
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
 
 
 def attention_scores(model: onnx.ModelProto) -> int:
     """How many Softmax nodes read attention scores: a MatMul of two activations, possibly through
     a scaling (Div, Mul) and an additive mask (Add, Where)."""
     initializers = {i.name for i in model.graph.initializer}
-    producer = {out: node for node in model.graph.node for out in node.output}
+    producer = _producers(model)
     found = 0
     for node in model.graph.node:
         if node.op_type != "Softmax":
@@ -58,25 +106,140 @@ def attention_scores(model: onnx.ModelProto) -> int:
     return found
 
 
+def attention_outputs(model: onnx.ModelProto) -> list[str]:
+    """The MatMul/Gemm nodes NNCF's MULTIHEAD_ATTENTION_OUTPUT pattern leaves in float: one input a
+    Softmax's output (directly or through a Reshape), the other an activation (the values).
+    NNCF also asks the values to come from a Reshape, Transpose, Split, Gather, Squeeze or Concat,
+    which every multi-head export has; a single-head graph reads them from their projection, and
+    is the same attention. Quantizing the probabilities costs the most where a few dominate a row.
+    Empty where such a node has no name (onnxruntime excludes nodes by name; the recipe's
+    preparation names them)."""
+    producer = _producers(model)
+    initializers = {i.name for i in model.graph.initializer}
+
+    def op(tensor: str) -> str:
+        return producer[tensor].op_type if tensor in producer else ""
+
+    def from_softmax(tensor: str) -> bool:
+        return op(tensor) == "Softmax" or (
+            op(tensor) in _SOFTMAX_TO_MATMUL and op(producer[tensor].input[0]) == "Softmax"
+        )
+
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        a, b = node.input[0], node.input[1]
+        if (from_softmax(a) and b not in initializers) or (from_softmax(b) and a not in initializers):
+            found.append(node.name)
+    if any(not name for name in found):  # onnxruntime excludes nodes by name
+        return []
+    return found
+
+
 def placements(model: onnx.ModelProto, op_types_to_quantize: list[str] | None) -> list[Placement]:
     """The placement candidates for ``model``: onnxruntime's first (the default), then the compute
-    operators' inputs where the model has other quantizable operators. A caller's
-    ``op_types_to_quantize`` is the only candidate."""
+    operators' inputs where the model has other quantizable operators, then NNCF's transformer
+    placement where a Softmax reads attention scores. A caller's ``op_types_to_quantize`` is the
+    only candidate."""
     if op_types_to_quantize:
         return [Placement("given", list(op_types_to_quantize), "the caller's op_types_to_quantize")]
     present = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}
     compute = [t for t in COMPUTE_OP_TYPES if t in present]
     found = [Placement(ORT_PLACEMENT, None, "every operator onnxruntime quantizes")]
-    if compute:
-        heads = attention_scores(model)
-        pattern = (
-            f"transformer ({heads} attention Softmax): residual Adds, masked scores, Softmax outputs and "
-            "normalisations in float"
-            if heads
-            else "the inputs of the compute operators only"
+    if not compute:
+        return found
+    found.append(Placement(COMPUTE_PLACEMENT, compute, "onnxruntime on the compute operators only"))
+    heads = attention_scores(model)
+    if heads:
+        excluded = attention_outputs(model)
+        found.append(
+            Placement(
+                TRANSFORMER_PLACEMENT,
+                compute,
+                f"NNCF's TRANSFORMER ({heads} attention Softmax, {len(excluded)} attention-output MatMuls in float): "
+                "compute operators' inputs only; residual Adds, masked scores, Softmax and normalisations read float",
+                tuple(excluded),
+                # The compute operators' outputs are left to their consumers: a float consumer
+                # (a residual Add, a bias Add) reads them unrounded.
+                {"OpTypesToExcludeOutputQuantization": compute, FLOAT_CONSUMERS_KEY: True},
+            )
         )
-        found.append(Placement(COMPUTE_PLACEMENT, compute, pattern))
     return found
 
 
-__all__ = ["COMPUTE_OP_TYPES", "COMPUTE_PLACEMENT", "ORT_PLACEMENT", "Placement", "attention_scores", "placements"]
+def _quantized_consumer(node: onnx.NodeProto, quantization: QuantizationArgs) -> bool:
+    """Whether onnxruntime was told to quantize ``node`` (its type, its name)."""
+    if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        return True
+    types, only = quantization.op_types_to_quantize, quantization.nodes_to_quantize
+    return (
+        (not types or node.op_type in types)
+        and node.name not in (quantization.nodes_to_exclude or ())
+        and (not only or node.name in only)
+    )
+
+
+def rewire_float_consumers(model: onnx.ModelProto, quantization: QuantizationArgs) -> int:
+    """In a QDQ model onnxruntime wrote, make every operator it was not told to quantize read the
+    float tensor where it reads an activation's DequantizeLinear output; Q/DQ pairs left unread are
+    removed. Returns how many inputs were rewired."""
+    graph = model.graph
+    initializers = {i.name for i in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    float_of: dict[str, str] = {}  # DQ output -> the float tensor its Q reads
+    quantize_input = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in quantize_input:
+            source = quantize_input[node.input[0]]
+            if source not in initializers:
+                float_of[node.output[0]] = source
+    rewired = 0
+    for node in graph.node:
+        if _quantized_consumer(node, quantization):
+            continue
+        for i, name in enumerate(node.input):
+            if name in float_of:
+                node.input[i] = float_of[name]
+                rewired += 1
+    _drop_unread(graph, outputs | {i for n in graph.node for i in n.input})
+    return rewired
+
+
+def _drop_unread(graph: onnx.GraphProto, read: Collection[str]) -> None:
+    """Remove the DequantizeLinear nodes no one reads, then the QuantizeLinear nodes that fed only them."""
+    unread = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.output[0] not in read]
+    if not unread:
+        return
+    for node in unread:
+        graph.node.remove(node)
+    still = {o.name for o in graph.output} | {i for n in graph.node for i in n.input}
+    for node in [n for n in graph.node if n.op_type == "QuantizeLinear" and n.output[0] not in still]:
+        graph.node.remove(node)
+
+
+def read_float(path: Path, quantization: QuantizationArgs) -> None:
+    """``rewire_float_consumers`` on the model file at ``path`` when ``quantization`` asks for it
+    (``FLOAT_CONSUMERS_KEY``); external data files are left as they are."""
+    if not (quantization.extra_options or {}).get(FLOAT_CONSUMERS_KEY, False):
+        return
+    model = onnx.load(path.as_posix(), load_external_data=False)
+    rewired = rewire_float_consumers(model, quantization)
+    if rewired:
+        onnx.save_model(model, path.as_posix())
+    logger.debug("placement: %d float operator inputs read the float tensor in %s", rewired, path.name)
+
+
+__all__ = [
+    "COMPUTE_OP_TYPES",
+    "COMPUTE_PLACEMENT",
+    "FLOAT_CONSUMERS_KEY",
+    "ORT_PLACEMENT",
+    "TRANSFORMER_PLACEMENT",
+    "Placement",
+    "attention_outputs",
+    "attention_scores",
+    "placements",
+    "read_float",
+    "rewire_float_consumers",
+]

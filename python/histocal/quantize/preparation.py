@@ -192,6 +192,7 @@ def prepare_model(
     with tempfile.TemporaryDirectory(prefix="histocal.prepare.") as tmp:
         folder = Path(tmp)
         prepared = _pre_process(model, folder)
+        name_nodes(prepared)  # placements leave nodes in float by name (onnxruntime's nodes_to_exclude)
         original = folder / "float.onnx"
         onnx.save_model(
             _copy(model_input) if isinstance(model_input, onnx.ModelProto) else load_model(model_input),
@@ -226,6 +227,24 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every unnamed node of ``model`` a unique name (``<op type>_<index>``), in place;
+    returns how many were named."""
+    taken = {n.name for n in model.graph.node if n.name}
+    named = 0
+    for i, node in enumerate(model.graph.node):
+        if node.name:
+            continue
+        name, k = f"{node.op_type}_{i}", 0
+        while name in taken:
+            k += 1
+            name = f"{node.op_type}_{i}_{k}"
+        node.name = name
+        taken.add(name)
+        named += 1
+    return named
+
+
 def constant_weights(model: onnx.ModelProto, op_types: Sequence[str]) -> list[str]:
     """Nodes of ``op_types`` whose weight (input 1) is a Constant node's output rather than an
     initializer: onnxruntime quantizes such a weight as an activation (per tensor)."""
@@ -247,5 +266,6 @@ __all__ = [
     "check_same_outputs",
     "constant_weights",
     "default_opset",
+    "name_nodes",
     "prepare_model",
 ]

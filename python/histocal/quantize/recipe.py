@@ -8,11 +8,13 @@ The steps (docs/methods.md, "The recipe"), each a measurement on the calibration
    on the kept feeds.
 3. **Calibrate** the prepared model once (one streaming pass over the rest of the reader, one per
    fold of the kept feeds), giving auto's candidates (``folds``).
-4. **Score** every candidate under every placement (``placement``: onnxruntime's, and the compute
-   operators' inputs), with symmetric per-channel weights, cross-validated on the kept feeds, on
-   the pre-activation logits where the outputs are Softmax or Sigmoid (``logits``). Per placement
-   auto's rule chooses the method (never below minmax without evidence); a placement other than
-   onnxruntime's is kept only if its choice beats onnxruntime's by ``MIN_GAIN_DB`` pooled.
+4. **Score** every candidate under every placement (``placement``: onnxruntime's, the compute
+   operators', and NNCF's transformer placement where a Softmax reads attention scores), with
+   symmetric per-channel weights, cross-validated on the kept feeds, on the pre-activation logits
+   where the outputs are Softmax or Sigmoid (``logits``). Per placement auto's rule chooses the
+   method (never below minmax without evidence); a placement other than onnxruntime's is kept only
+   if its choice beats the one kept so far (onnxruntime's first, in ``placements``' order) by
+   ``MIN_GAIN_DB`` pooled.
 
 The result (the prepared model, the ranges, the quantization arguments) goes to
 ``quantize_with_ranges`` like every other route's.
@@ -174,7 +176,7 @@ def best_recipe(
     scores: dict[str, tuple[Placement, QuantizationArgs, Any]] = {}
     found = placements(preparation.model, quantization.op_types_to_quantize)
     for placement in found if default is not None and len(found) > 1 else found[:1]:
-        placed = replace(quantization, op_types_to_quantize=placement.op_types_to_quantize)
+        placed = placement.arguments(quantization)
         placement_folds = (
             [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds]
             if default
