@@ -168,6 +168,7 @@ def test_merge_per_batch_for_every_histogram_method(cnn_path, tmp_path, module, 
     assert_tensors_same(ort.td, ours, f"{module.__name__} {method}", ort_run=ort)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("module", [quark, v0_9], ids=lambda m: m.__name__)
 @pytest.mark.parametrize("extra", [{}, {"symmetric": True, "moving_average": True}])
 def test_minmax_ignores_merge_per_batch(cnn_path, tmp_path, module, extra):
@@ -188,7 +189,9 @@ def test_minmax_ignores_merge_per_batch(cnn_path, tmp_path, module, extra):
         lambda p, e: v0_9.create_calibrator_power_of_two(p, method="MinMSE", extra_options=e),
         lambda p, e: quark.create_calibrator_power_of_two(p, method="MinMSE", extra_options={"num_bins": 0, **e}),
         lambda p, e: quark.create_calibrator_power_of_two(p, method="MinMSE", extra_options=e),
-        lambda p, e: quark.create_calibrator_power_of_two(p, method="MinMSE", extra_options={"minmse_mode": "MostCommon", **e}),
+        lambda p, e: quark.create_calibrator_power_of_two(
+            p, method="MinMSE", extra_options={"minmse_mode": "MostCommon", **e}
+        ),
     ],
 )
 def test_power_of_two_ignores_merge_per_batch(cnn_path, make):
@@ -202,6 +205,7 @@ def test_power_of_two_ignores_merge_per_batch(cnn_path, make):
     assert ranges[0] == ranges[1] == ranges[2] and ranges[0]
 
 
+@pytest.mark.parity
 @settings(max_examples=12, deadline=None)
 @given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=4), seed=st.integers(0, 2**16))
 def test_v0_9_entropy_is_onnxruntimes_per_call(tmp_path_factory, sizes, seed):
@@ -305,7 +309,12 @@ def _collector_values_ranges(cnn_path, qtype, symmetric=True):
 )
 def test_v0_9_min_mse_is_on_the_values_with_0_9s_types(cnn_path, given_type, as_type):
     cal = v0_9.create_calibrator_power_of_two(
-        cnn_path, None, None, given_type, "MinMSE", extra_options={"num_bins": 2048}  # num_bins: not read
+        cnn_path,
+        None,
+        None,
+        given_type,
+        "MinMSE",
+        extra_options={"num_bins": 2048},  # num_bins: not read
     )
     cal.collect_data(RewindReader(FEEDS))
     got = {k: (float(v[0]), float(v[1])) for k, v in cal.compute_range().items()}

@@ -40,7 +40,7 @@ def _installed() -> Any:
     try:
         calibrate = importlib.import_module("quark.onnx.calibrate")
         version = importlib.import_module("quark.version").__version__
-    except Exception:  # noqa: BLE001 - any failure means: not usable here
+    except Exception:
         _forget_namespace()
         return None
     return calibrate if str(version).startswith("0.9") else None
@@ -78,7 +78,7 @@ def _from_wheel(root: str) -> Any:
         onnx.reference.custom_element_types = cet  # type: ignore[attr-defined]
     try:
         return importlib.import_module("quark.onnx.calibrate")
-    except Exception:  # noqa: BLE001
+    except Exception:
         unload()
         return None
 

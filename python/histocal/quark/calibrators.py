@@ -129,7 +129,8 @@ class MinMaxCalibrater(_QuarkCalibrator, hc.MinMaxCalibrater):
 class _PerBatch(_QuarkCalibrator):
     """Quark 0.13's histogram calibrators add each batch to the histograms as it comes (ORT's
     merge rule between batches); ``merge_per_batch=False`` collects each call's batches at once
-    (Quark 0.9, onnxruntime). Streaming mode treats all batches as one data set either way."""
+    (onnxruntime; Quark 0.9's Entropy and Distribution, while its Percentile too adds one batch at
+    a time: :mod:`histocal.quark.v0_9`). Streaming mode treats all batches as one data set either way."""
 
     mode: str
     merge_per_batch: bool
@@ -480,7 +481,8 @@ def create_calibrator_float_scale(
     """Quark 0.13's factory for float scales: onnxruntime's four calibrators with Quark's
     ``extra_options`` keys and defaults, plus histocal's ``CollectionMode``, ``StreamingBins`` and
     ``MergePerBatch`` (default True: Quark 0.13 adds each batch to the histograms as it comes;
-    False: each call's batches at once, as Quark 0.9 and onnxruntime). ``activation_type`` (used
+    False: each call's batches at once, as onnxruntime and Quark 0.9's Entropy and Distribution;
+    Quark 0.9's own defaults: :mod:`histocal.quark.v0_9`). ``activation_type`` (used
     by Quark only for LayerWisePercentile, not supported here), ``optimize_mem`` and
     ``worker_num`` have no effect on the result. ``settings``: histocal's callers' collection
     settings as one object, instead of the ``CollectionMode`` and ``StreamingBins`` keys."""
@@ -496,7 +498,7 @@ def create_calibrator_float_scale(
         settings = CollectionSettings.from_extra_options(opts, QUARK_SETTINGS)
     histocal = {
         "settings": settings,
-        # False collects each call's batches at once (Quark 0.9, onnxruntime), not one at a time (0.13)
+        # False collects each call's batches at once (onnxruntime), not one at a time (Quark 0.13)
         "merge_per_batch": opts.get("MergePerBatch", True),
         "optimize_mem": opts.get("optimize_mem", True),
         "worker_num": opts.get("worker_num", 1),

@@ -311,7 +311,10 @@ def create_calibrator_float_scale(
         settings = CollectionSettings.from_extra_options(opts, QUARK_SETTINGS)
     method = types.calibration_method(calibrate_method)
     args = (model_input, op_types_to_calibrate, augmented_model_path, use_external_data_format)
-    histocal = {"settings": settings, "merge_per_batch": opts.get("MergePerBatch", MERGE_PER_BATCH.get(method))}
+    histocal: dict[str, Any] = {
+        "settings": settings,
+        "merge_per_batch": opts.get("MergePerBatch", MERGE_PER_BATCH.get(method)),
+    }
     calibrator: MinMaxCalibrater | EntropyCalibrater | PercentileCalibrater | DistributionCalibrater
     if method == CalibrationMethod.MinMax:
         calibrator = MinMaxCalibrater(
