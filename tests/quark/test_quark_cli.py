@@ -82,3 +82,29 @@ def test_quark_usage_errors(work, tmp_path, capsys):
     assert "--quark takes --method" in capsys.readouterr().err
     assert main([*base, "--method", "pow2", "--state", str(tmp_path / "s.hcs")]) == 1
     assert "keeps no histocal state" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, factory, kwargs",
+    [
+        (["--method", "entropy"], "create_calibrator_float_scale", {"calibrate_method": "Entropy"}),
+        (["--method", "pow2", "--pow2-method", "MinMSE"], "create_calibrator_power_of_two", {"method": "MinMSE"}),
+        (
+            ["--method", "pow2", "--pow2-method", "MinMSE", "--no-symmetric", "--qtype", "int16"],
+            "create_calibrator_power_of_two",
+            {"method": "MinMSE", "activation_type": "QInt16", "extra_options": {"symmetric": False}},
+        ),
+    ],
+)
+def test_quark_version_0_9(work, tmp_path, args, factory, kwargs):
+    """--quark-version 0.9: histocal.quark.v0_9's factories (Quark 0.9's merging and MinMSE)."""
+    from histocal.quark import v0_9
+
+    ours = cli_ranges(work, tmp_path, "--quark-version", "0.9", *args)
+    assert_same(ours, api_ranges(work, getattr(v0_9, factory), **kwargs))
+
+
+def test_quark_version_needs_quark(work, tmp_path, capsys):
+    rc = main(["calibrate", str(work / "cnn.onnx"), "--data", str(work / "npy"), "--quark-version", "0.9",
+               "--cache", str(tmp_path / "c.json")])  # fmt: skip
+    assert rc == 2 and "--quark-version applies to --quark only" in capsys.readouterr().err

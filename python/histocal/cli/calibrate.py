@@ -23,6 +23,7 @@ from .options import (
     display,
     method_key,
 )
+from .quark import QUARK_VERSIONS
 from .same_file import inputs, refuse_overwriting
 
 logger = logging.getLogger("histocal.cli")
@@ -214,6 +215,12 @@ def register_calibrate(sub: Any) -> None:
         help="AMD Quark's calibrators (histocal.quark): minmax, entropy, percentile, distribution with "
         f"Quark's defaults, or pow2 with Quark's power-of-two (--pow2-method, default {NON_OVERFLOW}; "
         "--minmse-mode, --symmetric, --qtype); writes --cache only",
+    )
+    p.add_argument(
+        "--quark-version",
+        choices=QUARK_VERSIONS,
+        help="with --quark: the Quark version whose defaults and results to reproduce "
+        "(0.13: histocal.quark, the default; 0.9: histocal.quark.v0_9)",
     )
     g = p.add_argument_group("outputs (at least one)")
     g.add_argument("--cache", metavar="ORT_CACHE.json", help="write ONNX Runtime's calibration cache here")

@@ -63,6 +63,8 @@ def run_calibrator(args: argparse.Namespace, model: Path, data: Any, *, want_sta
     from .. import calibrators
 
     quark = getattr(args, "quark", False)
+    if getattr(args, "quark_version", None) and not quark:
+        raise UsageError("--quark-version applies to --quark only")
     if quark and want_state:
         raise CliError("--state: --quark calibration keeps no histocal state; write --cache")
     options, settings = calibrator_options(args) if not (quark and args.method == "pow2") else ({}, None)

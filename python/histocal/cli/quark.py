@@ -12,6 +12,7 @@ from ..methods.table import NON_OVERFLOW
 logger = logging.getLogger("histocal.cli")
 
 QUARK_METHODS = ("minmax", "entropy", "percentile", "distribution", "pow2")
+QUARK_VERSIONS = ("0.13", "0.9")
 _QUANT_TYPES = {"int8": "QInt8", "uint8": "QUInt8", "int16": "QInt16", "uint16": "QUInt16"}
 # options Quark's calibrators do not have
 _NOT_IN_QUARK = ("max_intermediate_outputs",)
@@ -25,10 +26,16 @@ def quark_calibrator(
     as the activation type; ``--num-bins``, default Quark 0.13's 2048, or 0 with ``--no-symmetric``), the others -> ``create_calibrator_float_scale`` with ``options``
     (the ``extra_options`` histocal's own calibrator would get) and the collection settings Quark's
     factory reads (``settings``: histocal's calibrator's). ``args.method`` is one of
-    ``QUARK_METHODS`` (the caller checks)."""
-    from .. import quark
+    ``QUARK_METHODS`` (the caller checks). ``--quark-version 0.9``: Quark 0.9's factories
+    (``histocal.quark.v0_9``: its per-method batch merging, MinMSE on the values, so
+    ``--num-bins`` does not apply to pow2)."""
+    from .. import quark as quark_013
     from ..methods.settings import PER_CHANNEL, CollectionSettings
+    from ..quark import v0_9
     from ..quark.calibrators import QUARK_SETTINGS
+
+    old = getattr(args, "quark_version", None) == "0.9"
+    quark: Any = v0_9 if old else quark_013
 
     if args.method == "pow2":
         extra: dict[str, Any] = {}
@@ -36,7 +43,10 @@ def quark_calibrator(
             extra["symmetric"] = args.symmetric
         if args.minmse_mode is not None:
             extra["minmse_mode"] = args.minmse_mode
-        if getattr(args, "num_bins", None) is not None:
+        if old:
+            if getattr(args, "num_bins", None) is not None:
+                logger.warning("option --num-bins does not apply to --method pow2 of Quark 0.9; ignored")
+        elif getattr(args, "num_bins", None) is not None:
             extra["num_bins"] = args.num_bins
         elif args.symmetric is False:
             # Quark 0.13's histogram mode (its default) is symmetric only: asymmetric All is
@@ -46,8 +56,8 @@ def quark_calibrator(
             model,
             args.op_types,
             augmented,
-            activation_type=_QUANT_TYPES[args.qtype or "int8"],
-            calibrate_method=args.pow2_method or NON_OVERFLOW,
+            _QUANT_TYPES[args.qtype or "int8"],
+            args.pow2_method or NON_OVERFLOW,  # Quark 0.9 names it method, 0.13 calibrate_method
             execution_providers=args.providers,
             extra_options=extra,
         )

@@ -35,6 +35,7 @@ from ..io.readers import DataSource
 from ..methods.settings import MODE, STREAMING_BINS, CollectionSettings
 from . import types
 from .collector import PowOfTwoCollector
+from .outputs import sanitize_first_batch, sanitized
 from .types import CalibrationMethodLike, Pow2MethodLike, PowerOfTwoMethod, QuantTypeLike
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,12 @@ class _QuarkCalibrator:
 
 class MinMaxCalibrater(_QuarkCalibrator, hc.MinMaxCalibrater):
     """Quark's ``MinMaxCalibrater`` (onnxruntime's MinMax): histocal's, with Quark 0.13's
-    arguments. ``optimize_mem`` is accepted and has no effect on the result."""
+    arguments and its clean-up of each call's first batch (a tensor with no elements gets
+    (0, 0), not onnxruntime's (inf, -inf): :func:`~histocal.quark.outputs.sanitize_first_batch`).
+    ``optimize_mem`` is accepted and has no effect on the result."""
+
+    # Quark 0.13 sanitizes the first buffered batch before onnxruntime's compute_data; 0.9 does not
+    sanitize_outputs: bool = True
 
     def __init__(
         self,
@@ -112,11 +118,19 @@ class MinMaxCalibrater(_QuarkCalibrator, hc.MinMaxCalibrater):
         self._adopt(proto)
         self.optimize_mem = optimize_mem
 
+    def compute_data(self) -> TensorsData:
+        with self._lock:
+            if self.sanitize_outputs and self.intermediate_outputs:
+                names = [o.name for o in self.infer_session.get_outputs()]
+                sanitize_first_batch(self.intermediate_outputs, names)
+            return super().compute_data()
+
 
 class _PerBatch(_QuarkCalibrator):
     """Quark 0.13's histogram calibrators add each batch to the histograms as it comes (ORT's
     merge rule between batches); ``merge_per_batch=False`` collects each call's batches at once
-    (Quark 0.9, onnxruntime). Streaming mode treats all batches as one data set either way."""
+    (onnxruntime; Quark 0.9's Entropy and Distribution, while its Percentile too adds one batch at
+    a time: :mod:`histocal.quark.v0_9`). Streaming mode treats all batches as one data set either way."""
 
     mode: str
     merge_per_batch: bool
@@ -259,6 +273,9 @@ class PowOfTwoCalibrater(_QuarkCalibrator, PrivateShapeInference):
     Quark 0.9's dict, ``compute_data()`` the same as onnxruntime ``TensorsData`` (MinMax kind, as
     Quark wraps it)."""
 
+    # Quark 0.13 replaces non-finite outputs (sanitize_model_outputs); 0.9 takes them as they are
+    sanitize_outputs: bool = True
+
     def __init__(
         self,
         model_input: ModelInput,
@@ -339,7 +356,9 @@ class PowOfTwoCalibrater(_QuarkCalibrator, PrivateShapeInference):
                     self,
                     DataSource(data_reader),
                     fetch,
-                    lambda _, items: collector.collect({name: sanitized(name, v) for name, v in items}),
+                    lambda _, items: collector.collect(
+                        {name: sanitized(name, v) if self.sanitize_outputs else v for name, v in items}
+                    ),
                     "histocal pow2",
                 )
                 if n == 0:
@@ -370,23 +389,6 @@ class PowOfTwoCalibrater(_QuarkCalibrator, PrivateShapeInference):
 
     def compute_data(self) -> TensorsData:
         return TensorsData(CalibrationMethod.MinMax, self.compute_range())
-
-
-def sanitized(name: str, batches: Any) -> Any:
-    """Quark 0.13's ``sanitize_model_outputs`` on a tensor's outputs: with non-finite values, NaN
-    becomes 0 and +-inf the largest / smallest value (NaN aside, so infinities stay: Quark's
-    arithmetic); with no finite value at all, every value 0."""
-    out = []
-    for x in batches if isinstance(batches, (list, tuple)) else [batches]:
-        x = np.asarray(x)
-        if x.dtype.kind == "f" and x.size and not np.isfinite(x).all():
-            logger.warning("tensor %r: non-finite values replaced as Quark 0.13 does (NaN by 0)", name)
-            if np.isfinite(x).any():
-                x = np.nan_to_num(x, nan=0.0, posinf=np.nanmax(x), neginf=np.nanmin(x))
-            else:
-                x = np.zeros_like(x)
-        out.append(x)
-    return out
 
 
 _Calibrator = TypeVar("_Calibrator", bound=ort_calibrate.CalibraterBase)
@@ -479,7 +481,8 @@ def create_calibrator_float_scale(
     """Quark 0.13's factory for float scales: onnxruntime's four calibrators with Quark's
     ``extra_options`` keys and defaults, plus histocal's ``CollectionMode``, ``StreamingBins`` and
     ``MergePerBatch`` (default True: Quark 0.13 adds each batch to the histograms as it comes;
-    False: each call's batches at once, as Quark 0.9 and onnxruntime). ``activation_type`` (used
+    False: each call's batches at once, as onnxruntime and Quark 0.9's Entropy and Distribution;
+    Quark 0.9's own defaults: :mod:`histocal.quark.v0_9`). ``activation_type`` (used
     by Quark only for LayerWisePercentile, not supported here), ``optimize_mem`` and
     ``worker_num`` have no effect on the result. ``settings``: histocal's callers' collection
     settings as one object, instead of the ``CollectionMode`` and ``StreamingBins`` keys."""
@@ -495,7 +498,7 @@ def create_calibrator_float_scale(
         settings = CollectionSettings.from_extra_options(opts, QUARK_SETTINGS)
     histocal = {
         "settings": settings,
-        # False collects each call's batches at once (Quark 0.9, onnxruntime), not one at a time (0.13)
+        # False collects each call's batches at once (onnxruntime), not one at a time (Quark 0.13)
         "merge_per_batch": opts.get("MergePerBatch", True),
         "optimize_mem": opts.get("optimize_mem", True),
         "worker_num": opts.get("worker_num", 1),

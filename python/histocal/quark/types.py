@@ -96,3 +96,26 @@ def minmse_mode(value: Any) -> str:
     if value not in MINMSE_MODES:
         raise ValueError(f"minmse_mode must be one of {MINMSE_MODES}, got {value!r}")
     return str(value)
+
+
+def _is_ort_quant_type(value: Any) -> bool:
+    return isinstance(value, QuantType)
+
+
+def is_listed_qtype_0_9(value: Any) -> bool:
+    """Quark 0.9's ``calib_quant_type`` list: onnxruntime's ``QuantType.QInt8`` / ``QUInt8`` and
+    Quark's ``ExtendedQuantType.QInt16`` / ``QUInt16`` / ``QInt32`` / ``QUInt32`` (any other enum of
+    those names counts as Quark's; a name counts as listed). Enum members compare by identity, so
+    onnxruntime's ``QuantType.QInt16`` and Quark's ``ExtendedQuantType.QInt8`` are not listed."""
+    name = _name(value)
+    if isinstance(value, str):
+        return name in QTYPE_NAMES or name in UNSUPPORTED_QTYPE_NAMES
+    if _is_ort_quant_type(value):
+        return name in ("QInt8", "QUInt8")
+    return name in ("QInt16", "QUInt16", *UNSUPPORTED_QTYPE_NAMES)
+
+
+def factory_activation_0_9(value: Any) -> Any:
+    """Quark 0.9's ``create_calibrator_power_of_two``: an activation type outside its list is
+    ``QuantType.QInt8``, silently."""
+    return value if is_listed_qtype_0_9(value) else QuantType.QInt8
