@@ -1,7 +1,8 @@
 """AMD Quark 0.9's ``quark.onnx.calibrate`` for the live comparison tests, or None.
 
 Quark 0.9 as installed (``amd-quark==0.9`` with torch), or, without torch, from an unpacked
-``amd-quark==0.9`` wheel named by ``HISTOCAL_QUARK09_SRC`` (the folder holding ``quark/``):
+``amd-quark==0.9`` wheel: the folder holding ``quark/`` named by ``HISTOCAL_QUARK09_SRC``, else
+the wheel pip-downloaded from PyPI into the model cache:
 its calibration code needs neither torch nor Quark's compiled custom ops, so the package
 ``__init__`` files and the custom-ops module (torch's C++ builder) are replaced by stand-ins, and
 onnx's removed ``onnx.reference.custom_element_types`` by ml_dtypes' types. Only this test
@@ -11,9 +12,19 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
+import tempfile
 import types
+import zipfile
+from pathlib import Path
 from typing import Any
+
+
+def cache_dir() -> Path:
+    """The real models' cache (benches/support/real_models.py's, same variable)."""
+    return Path(os.environ.get("HISTOCAL_MODEL_CACHE", Path.home() / ".cache" / "histocal-models"))
+
 
 CUSTOM_OPS = {
     "_COP_DOMAIN": "com.amd.quark",
@@ -83,10 +94,34 @@ def _from_wheel(root: str) -> Any:
         return None
 
 
+def unpacked_wheel() -> str:
+    """The folder of the unpacked ``amd-quark==0.9`` wheel (pip-downloaded once into the model
+    cache, as the real models are; 0.9 MB). A failed download raises, naming the package."""
+    folder = cache_dir() / "amd-quark-0.9-unpacked"
+    done = folder / ".unpacked"
+    if not done.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            r = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, "amd-quark==0.9"],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            wheels = list(Path(tmp).glob("amd_quark-0.9-*.whl"))
+            if r.returncode != 0 or not wheels:
+                raise RuntimeError(f"pip download amd-quark==0.9 failed: {r.stderr.strip()[-500:]}")
+            folder.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(wheels[0]) as z:
+                z.extractall(folder)
+        done.touch()
+    return str(folder)
+
+
 def load() -> Any:
-    """Quark 0.9's ``quark.onnx.calibrate`` module, or None where it cannot be loaded."""
-    root = os.environ.get("HISTOCAL_QUARK09_SRC")
-    return _installed() or (_from_wheel(root) if root else None)
+    """Quark 0.9's ``quark.onnx.calibrate`` module: installed, or from the unpacked wheel named by
+    ``HISTOCAL_QUARK09_SRC``, or else from the wheel downloaded from PyPI (None where that one
+    cannot be loaded; a failed download raises)."""
+    return _installed() or _from_wheel(os.environ.get("HISTOCAL_QUARK09_SRC") or unpacked_wheel())
 
 
 def unload() -> None:

@@ -200,6 +200,12 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
             # use_external_data_format, written then, so this save writes only the graph.
             onnx.save(self.model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
 
+    @property
+    def gathered_outputs(self) -> GatheredOutputs | None:
+        """How the session returns the per-tensor ReduceMin/ReduceMax outputs, gathered by element
+        type (None: as ORT's outputs, per channel or where names collide)."""
+        return self._gathered
+
     @one_call_at_a_time
     def create_inference_session(self) -> None:
         """ORT's session (graph optimizations off), with ``self.threads``' intra-op threads, or

@@ -122,7 +122,7 @@ class MinMaxCalibrater(_QuarkCalibrator, hc.MinMaxCalibrater):
         with self._lock:
             if self.sanitize_outputs and self.intermediate_outputs:
                 names = [o.name for o in self.infer_session.get_outputs()]
-                sanitize_first_batch(self.intermediate_outputs, names)
+                sanitize_first_batch(self.intermediate_outputs, names, self.gathered_outputs)
             return super().compute_data()
 
 

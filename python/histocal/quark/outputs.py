@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..calibrators.reduce_outputs import GatheredOutputs
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,16 +30,31 @@ def sanitized(name: str, batches: Any) -> Any:
     return out
 
 
-def sanitize_first_batch(intermediate_outputs: list[Any], names: list[str]) -> None:
+def sanitize_first_batch(
+    intermediate_outputs: list[Any], names: list[str], gathered: GatheredOutputs | None = None
+) -> None:
     """Quark 0.13's MinMax calibrator: ``sanitize_model_outputs`` on the first batch a
     ``collect_data`` call buffered (only that one, in place), before onnxruntime's
     ``compute_data``. The batch's ReduceMin / ReduceMax outputs hold one value each (per tensor),
     so a non-finite one becomes 0: a tensor with no elements (ReduceMin +inf, ReduceMax -inf)
     gets the range (0, 0), and an infinity or NaN in the first batch's extremes counts as 0.
-    ``names``: the outputs' names, for the warning (``None`` entries are left alone)."""
+    ``names``: the outputs' names, for the warning (``None`` entries are left alone);
+    ``gathered``: how the session gathered the per-tensor outputs, if it did (each element then
+    one output's value)."""
     if not intermediate_outputs:
         return
     first = intermediate_outputs[0]
+    if gathered is not None:
+        # each element is one tensor's ReduceMin or ReduceMax, as ORT's one-value outputs
+        start = len(first) - len(gathered.names)
+        for k, members in enumerate(gathered.members):
+            value = np.asarray(first[start + k])
+            bad = ~np.isfinite(value)
+            if bad.any():
+                for j in np.flatnonzero(bad):
+                    logger.warning("tensor %r: non-finite values replaced as Quark 0.13 does (NaN by 0)", members[j])
+                first[start + k] = np.where(bad, np.zeros((), value.dtype), value)
+        return
     for i, value in enumerate(first):
         if value is not None:
             first[i] = sanitized(names[i] if i < len(names) else str(i), [value])[0]
