@@ -4,7 +4,8 @@ Growth: ``create_calibrator(MinMax)`` on chains of N unary ops (N + 1 calibrated
 histocal and by onnxruntime, and histocal's two parts apart: the augmented graph (ORT's
 ReduceMin/ReduceMax outputs, built in one pass) and the inference session onnxruntime builds of it.
 Microseconds per tensor show what grows faster than the graph. onnxruntime's set-up is quadratic,
-so it is timed only up to ``ort_max`` tensors.
+so it is timed once and only up to ``ort_max`` tensors; histocal's parts are the median of
+``repeat`` runs.
 
 Real models: MinMax whole (create_calibrator, collect_data over the feeds, compute_data) and the
 set-up alone, histocal and onnxruntime interleaved in rotating order; ratios are medians of the
@@ -13,6 +14,7 @@ per-round ratios, and the ranges are compared bit for bit.
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -81,15 +83,19 @@ def growth(run: Run, settings: dict[str, Any], folder: Path) -> None:
     augmented = str(folder / "aug.onnx")
     for n in settings["chains"]:
         path = save_chain(n, folder / f"chain{n}.onnx")
-        calibrator = MinMaxCalibrater(path, augmented_model_path=augmented)
-        parts = {"augment": seconds(calibrator.augment_graph), "session": seconds(calibrator.create_inference_session)}
-        del calibrator
-        parts["create_calibrator"] = seconds(
-            lambda p=path: histocal.create_calibrator(p, augmented_model_path=augmented)
-        )
+        parts: dict[str, list[float]] = {"augment": [], "session": [], "create_calibrator": []}
+        for _ in range(settings["repeat"]):  # the median of a few: one run on a loaded machine misleads
+            calibrator = MinMaxCalibrater(path, augmented_model_path=augmented)
+            parts["augment"].append(seconds(calibrator.augment_graph))
+            parts["session"].append(seconds(calibrator.create_inference_session))
+            del calibrator
+            parts["create_calibrator"].append(
+                seconds(lambda p=path: histocal.create_calibrator(p, augmented_model_path=augmented))
+            )
         case = {"tensors": n + 1}
-        for part, s in parts.items():
-            run.add(f"histocal {part}", case, seconds=s, us_per_tensor=1e6 * s / (n + 1))
+        for part, runs in parts.items():
+            s = statistics.median(runs)
+            run.add(f"histocal {part}", case, seconds=s, runs=runs, us_per_tensor=1e6 * s / (n + 1))
         if n + 1 <= settings["ort_max"] + 1:
             s = seconds(lambda p=path: ort_calibrate.create_calibrator(p, augmented_model_path=augmented))
             run.add("ort create_calibrator", case, seconds=s, us_per_tensor=1e6 * s / (n + 1))
@@ -150,7 +156,10 @@ def section(result: dict[str, Any]) -> list[str]:
         r = row.get(subject)
         return "" if r is None else f"{fmt(r['seconds'])} s ({r['us_per_tensor']:.0f} µs)"
 
-    lines = ["Chains of unary ops, one run each: seconds (µs per tensor).", ""]
+    lines = [
+        "Chains of unary ops: seconds (µs per tensor); histocal's the median of the runs, onnxruntime's one run.",
+        "",
+    ]
     lines += table(
         [
             "tensors",
