@@ -43,6 +43,7 @@ from .ort import QuantizationArgs
 from .placement import Placement, placements
 from .preparation import Preparation, prepare_model
 from .rule import DEFAULT_CANDIDATE, MIN_GAIN_DB
+from .scorer import SharedScoring
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,10 @@ def best_recipe(
         {DEFAULT_CANDIDATE: scored.candidates[DEFAULT_CANDIDATE]} if DEFAULT_CANDIDATE in scored.candidates else None
     )
     scores: dict[str, tuple[Placement, QuantizationArgs, Any]] = {}
+    # One float session and float outputs per fold, one scoring model per placement, for every
+    # selection below (``scorer.SharedScoring``): the chosen placement's is built once.
+    (tmp / "shared").mkdir()
+    shared = SharedScoring(scoring, list(providers) if providers else ["CPUExecutionProvider"], tmp / "shared")
     found = placements(preparation.model, quantization.op_types_to_quantize)
     for placement in found if default is not None and len(found) > 1 else found[:1]:
         placed = placement.arguments(quantization)
@@ -183,7 +188,7 @@ def best_recipe(
             else scored.folds
         )
         chosen = selection.select(
-            scoring, placement_folds, default or scored.candidates, providers, placed, scored.cross_validated
+            scoring, placement_folds, default or scored.candidates, providers, placed, scored.cross_validated, shared
         )
         scores[placement.label] = (placement, placed, chosen)
         logger.info(
@@ -191,7 +196,10 @@ def best_recipe(
         )
     label = _chosen(scores)
     placement, placed, _ = scores[label]
-    chosen = selection.select(scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated)
+    shared.keep_only(placed)  # the other placements' sessions' memory
+    chosen = selection.select(
+        scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated, shared
+    )
     recipe = Recipe(
         prepared,
         chosen.ranges,

@@ -230,6 +230,11 @@ def _inputs_model(
             logger.info("auto: QuantizeLinear %r has parameters %r, %r not named by ORT's rule", n.name, scale, zp)
             return None
         tensor = scale[: -len(_SCALE + which)]
+        if not which and zp == tensor + _ZERO_POINT and tensor in float_init and tensor not in ranges.data:
+            # A weight's own parameters, shared by an operator's output (a Gather of an embedding
+            # table quantizes its output as its input): computed from the weight alone, the same
+            # for every range set, so they stay initializers.
+            continue
         if zp != tensor + _ZERO_POINT + which or tensor not in ranges.data:
             logger.info("auto: activation parameters %r have no range of their own", scale)
             return None

@@ -34,25 +34,20 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 from onnxruntime.quantization.calibrate import TensorsData
 
 from ..io.readers import Feed
-from . import runs
 from .candidates import LazyCandidates, cross_validation_candidates, state_candidates
-from .ort import QUANTIZE_ARGUMENTS, QuantizationArgs, model_file, quantize_with_ranges
+from .ort import QUANTIZE_ARGUMENTS, QuantizationArgs, model_file
 from .rule import (
     ALL_DATA_CANDIDATES,
     DEFAULT_CANDIDATE,
@@ -72,7 +67,7 @@ from .rule import (
     range_widths,
     sign_test_p,
 )
-from .scoring import ScoringModel, build_scoring_model
+from .scorer import SharedScoring
 
 logger = logging.getLogger(__name__)
 
@@ -243,9 +238,12 @@ def select(
     providers: Sequence[Any] | None,
     quantization: QuantizationArgs,
     cross_validated: bool,
+    shared: SharedScoring | None = None,
 ) -> Selection:
     """``select_ranges``'s and ``select_ranges_cross_validated``'s selection, with the quantization
-    arguments checked (``selection_arguments``): ``folds`` are (candidates, feeds) pairs."""
+    arguments checked (``selection_arguments``): ``folds`` are (candidates, feeds) pairs.
+    ``shared``: what selections on the same float model share (``scorer.SharedScoring``, whose
+    model ``model_input`` then is); None: this selection's own."""
     if not candidates:
         raise ValueError("select_ranges needs at least one candidate range set")
     providers = list(providers) if providers else ["CPUExecutionProvider"]
@@ -254,9 +252,11 @@ def select(
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
     n = sum(len(feeds) for _, feeds in folds)
     default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
-    with tempfile.TemporaryDirectory(prefix="histocal.select.") as tmp:
-        model_path = model_file(model_input, Path(tmp))
-        scorer = _Scorer(model_path, candidates, providers, quantization, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="histocal.select.") if shared is None else nullcontext() as tmp:
+        if shared is None:
+            shared = SharedScoring(model_file(model_input, Path(tmp)), providers, Path(tmp))
+        scorer = shared.scorer(candidates, quantization)
+        quantizations = scorer.quantizations  # a shared scorer's are counted by the selection that built it
         scored = 0
         for fold_candidates, feeds in folds:
             # Cross-validated, a candidate that fails the sign test whatever the feeds left say is
@@ -326,7 +326,7 @@ def select(
         feed_sqnr,
         widths,
         reason,
-        scorer.quantizations,
+        scorer.quantizations - quantizations,
         {label: len(per_feed[label]) for label in candidates if label not in failures and len(per_feed[label]) < n},
     )
     logger.info(
@@ -339,118 +339,6 @@ def select(
         selection.table(),
     )
     return selection
-
-
-class _Scorer:
-    """Scores candidate range sets on feeds: on one ``scoring.ScoringModel`` session (the QDQ
-    model with its range-dependent initializers as inputs, built once from the first candidate)
-    where it can, else by one ``quantize_static`` per candidate (``quantizations`` counts them)."""
-
-    def __init__(
-        self,
-        model_path: Path,
-        candidates: Mapping[str, TensorsData],
-        providers: list[Any],
-        quantization: QuantizationArgs,
-        tmp: Path,
-    ) -> None:
-        self.model_path = model_path
-        self.providers = providers
-        self.quantization = quantization
-        self.tmp = tmp
-        self.quantizations = 0
-        self.float_session: Any = None
-        self.lock = threading.Lock()
-        base = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
-        workdir = tmp / "scoring"
-        workdir.mkdir()
-        self.model: ScoringModel | None = None
-        self.session: Any = None
-        self.weights: dict[str, np.ndarray] = {}
-        try:
-            self.model = build_scoring_model(model_path, candidates[base], workdir, quantization)
-            self.quantizations += 1
-            if self.model is not None:
-                self.session = runs.session(self.model.path, providers, quantized=True)
-                self.weights = self.model.weights
-        except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
-            logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
-            self.model = None
-
-    def energies(
-        self,
-        feeds: list[Feed],
-        candidates: Mapping[str, TensorsData],
-        hopeless: Callable[[str, list[tuple[float, float]], Any], bool] | None = None,
-    ) -> dict[str, list[tuple[float, float]] | BaseException | None]:
-        """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed; the exception if its model
-        failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
-        Candidates whose ranges equal an earlier one's are scored once. ``hopeless(label, its
-        energies so far, the first candidate's)``: stop scoring it on the rest of the feeds
-        (its list is then shorter). The runs go on ``runs.run_threads()`` threads: the first
-        candidate's feeds at once, then the others side by side, each over its feeds in order,
-        so that where it stops depends on its own energies and the first's alone."""
-        threads = runs.run_threads()
-        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
-            if self.float_session is None:  # one float session for every fold
-                self.float_session = runs.session(self.model_path, self.providers)
-            reference = runs.ReferenceOutputs(self.float_session, feeds, pool)
-            distinct: dict[str, tuple[int, TensorsData]] = {}
-            same_as: dict[str, str] = {}
-            seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
-            for i, (label, ranges) in enumerate(candidates.items()):
-                key = _ranges_key(ranges)
-                same = next((other for k, other in seen if k == key), None)
-                if same is not None:
-                    logger.debug("auto: candidate %r has the ranges of %r", label, same)
-                    same_as[label] = same
-                else:
-                    seen.append((key, label))
-                    distinct[label] = (i, ranges)
-            done: dict[str, list[tuple[float, float]] | BaseException | None] = {}
-            first_label = next(iter(distinct), None)
-            if first_label is not None:  # never stopped: there is no first candidate to compare it with
-                done[first_label] = self._score(reference, first_label, *distinct[first_label], None, pool)
-            first = done.get(first_label) if first_label is not None else None
-            rest = [label for label in distinct if label != first_label]
-
-            def score(label: str) -> list[tuple[float, float]] | BaseException | None:
-                def until(scores: list[tuple[float, float]]) -> bool:
-                    return hopeless is not None and hopeless(label, scores, first if isinstance(first, list) else None)
-
-                return self._score(reference, label, *distinct[label], until, None)
-
-            done.update(zip(rest, runs.run_all(pool, lambda k: score(rest[k]), len(rest))))
-        return {label: done[same_as.get(label, label)] for label in candidates}
-
-    def _score(
-        self,
-        reference: runs.ReferenceOutputs,
-        label: str,
-        i: int,
-        ranges: TensorsData,
-        until: Callable[[list[tuple[float, float]]], bool] | None,
-        pool: Executor | None,
-    ) -> list[tuple[float, float]] | BaseException | None:
-        try:
-            with self.lock:  # the parameter arithmetic and onnxruntime's quantizer are not thread-safe
-                parameters = self.model.parameters(ranges) if self.model is not None else None
-                if parameters is None:
-                    workdir = self.tmp / f"candidate{i}"
-                    workdir.mkdir(exist_ok=True)
-                    try:
-                        quantized = workdir / "model.onnx"
-                        quantize_with_ranges(self.model_path, quantized, ranges, self.quantization)
-                        self.quantizations += 1
-                        session = runs.session(quantized, self.providers, quantized=True)
-                    finally:
-                        shutil.rmtree(workdir, ignore_errors=True)  # disk: the session holds the model
-            if parameters is not None:
-                return reference.feed_energies(self.session, {**parameters, **self.weights}, until, pool)
-            return reference.feed_energies(session, {}, until, pool)
-        except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
-            logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
-            return exc
 
 
 def _computable(candidates: Mapping[str, TensorsData], labels: Sequence[str]) -> dict[str, TensorsData]:
@@ -492,15 +380,6 @@ def selection_arguments(quantize_kwargs: Mapping[str, Any]) -> QuantizationArgs:
     if unknown:
         raise TypeError(f"auto's model-level choice: unknown quantize_static arguments {unknown}")
     return QuantizationArgs(**quantize_kwargs)
-
-
-def _ranges_key(ranges: TensorsData) -> tuple:
-    """What the quantizer reads from a TensorsData: the method and each tensor's lowest/highest."""
-    items = []
-    for name in sorted(ranges.data):
-        d = ranges.data[name]
-        items.append((name, *(np.asarray(getattr(d, a, np.nan)).tobytes() for a in ("lowest", "highest"))))
-    return (str(ranges.calibration_method), tuple(items))
 
 
 __all__ = [

@@ -1,0 +1,195 @@
+"""Scoring candidate range sets on feeds (``selection``'s runs), and what several selections on
+one float model share.
+
+A ``Scorer`` scores on one ``scoring.ScoringModel`` session (the QDQ model with its range-dependent
+initializers as inputs, built once from the base candidate) where it can, else by one
+``quantize_static`` per candidate.
+
+``SharedScoring`` is what the recipe's selections share (issue 37): it scores every placement on
+the default candidate, then every candidate under the chosen placement, all on the same float model
+and the same folds. Each of those selections used to build its own scoring model (one
+``quantize_static`` of the whole model, per-channel weights included: most of the recipe's time on
+MiniLM) and run the float model on every fold again. Shared, the float session and its outputs on
+each set of feeds are computed once, and a scorer is built once per (quantization arguments, base
+ranges): the chosen placement's scorer from its placement pass scores its other candidates. The
+scores are the same: the scorer for a key is the one a selection would build itself (the same
+quantization of the same ranges), and the float outputs of a feed are the same run to run.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnxruntime.quantization.calibrate import TensorsData
+
+from ..io.readers import Feed
+from . import runs
+from .ort import QuantizationArgs, quantize_with_ranges
+from .rule import DEFAULT_CANDIDATE
+from .scoring import ScoringModel, build_scoring_model
+
+logger = logging.getLogger(__name__)
+
+Energies = list[tuple[float, float]]
+
+
+class SharedScoring:
+    """The float model's session, its outputs per set of feeds, and the scorers, shared by the
+    selections on ``model_path`` (module docstring). ``tmp`` must outlive it."""
+
+    def __init__(self, model_path: Path, providers: list[Any], tmp: Path) -> None:
+        self.model_path = model_path
+        self.providers = providers
+        self.tmp = tmp
+        self._float_session: Any = None
+        # Keyed by the feeds' identities; the feeds are kept with their outputs, so that an
+        # identity is never reused while its entry lives.
+        self._references: dict[tuple[int, ...], tuple[list[Feed], runs.ReferenceOutputs]] = {}
+        self._scorers: dict[tuple[str, tuple], Scorer] = {}
+
+    def reference(self, feeds: list[Feed], pool: Executor | None) -> runs.ReferenceOutputs:
+        """The float model's outputs on ``feeds`` (run once per set of feeds)."""
+        key = tuple(id(f) for f in feeds)
+        if key not in self._references:
+            if self._float_session is None:
+                self._float_session = runs.session(self.model_path, self.providers)
+            self._references[key] = (feeds, runs.ReferenceOutputs(self._float_session, feeds, pool))
+        return self._references[key][1]
+
+    def scorer(self, candidates: Mapping[str, TensorsData], quantization: QuantizationArgs) -> Scorer:
+        """The scorer of ``quantization`` whose scoring model is built on ``candidates``' base
+        candidate (the default, else the first): built on first use."""
+        base = _base(candidates)
+        key = (repr(quantization), ranges_key(candidates[base]))
+        if key not in self._scorers:
+            workdir = self.tmp / f"scorer{len(self._scorers)}"
+            workdir.mkdir()
+            self._scorers[key] = Scorer(self, candidates[base], quantization, workdir)
+        return self._scorers[key]
+
+    def keep_only(self, quantization: QuantizationArgs) -> None:
+        """Drops the scorers of other quantization arguments (their sessions' memory)."""
+        self._scorers = {k: v for k, v in self._scorers.items() if k[0] == repr(quantization)}
+
+
+class Scorer:
+    """Scores candidate range sets on feeds: on one ``scoring.ScoringModel`` session where it can,
+    else by one ``quantize_static`` per candidate (``quantizations`` counts them all)."""
+
+    def __init__(self, shared: SharedScoring, base: TensorsData, quantization: QuantizationArgs, tmp: Path) -> None:
+        self.shared = shared
+        self.quantization = quantization
+        self.tmp = tmp
+        self.quantizations = 0
+        self.lock = threading.Lock()
+        workdir = tmp / "scoring"
+        workdir.mkdir()
+        self.model: ScoringModel | None = None
+        self.session: Any = None
+        self.weights: dict[str, np.ndarray] = {}
+        try:
+            self.model = build_scoring_model(shared.model_path, base, workdir, quantization)
+            self.quantizations += 1
+            if self.model is not None:
+                self.session = runs.session(self.model.path, shared.providers, quantized=True)
+                self.weights = self.model.weights
+        except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
+            logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
+            self.model = None
+
+    def energies(
+        self,
+        feeds: list[Feed],
+        candidates: Mapping[str, TensorsData],
+        hopeless: Callable[[str, Energies, Any], bool] | None = None,
+    ) -> dict[str, Energies | BaseException | None]:
+        """Per candidate, (sum y^2, sum (y - y_q)^2) of each feed; the exception if its model
+        failed to build or run; None if its outputs cannot be compared (see ``squared_sums``).
+        Candidates whose ranges equal an earlier one's are scored once. ``hopeless(label, its
+        energies so far, the first candidate's)``: stop scoring it on the rest of the feeds
+        (its list is then shorter). The runs go on ``runs.run_threads()`` threads: the first
+        candidate's feeds at once, then the others side by side, each over its feeds in order,
+        so that where it stops depends on its own energies and the first's alone."""
+        threads = runs.run_threads()
+        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+            reference = self.shared.reference(feeds, pool)
+            distinct: dict[str, tuple[int, TensorsData]] = {}
+            same_as: dict[str, str] = {}
+            seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+            for i, (label, ranges) in enumerate(candidates.items()):
+                key = ranges_key(ranges)
+                same = next((other for k, other in seen if k == key), None)
+                if same is not None:
+                    logger.debug("auto: candidate %r has the ranges of %r", label, same)
+                    same_as[label] = same
+                else:
+                    seen.append((key, label))
+                    distinct[label] = (i, ranges)
+            done: dict[str, Energies | BaseException | None] = {}
+            first_label = next(iter(distinct), None)
+            if first_label is not None:  # never stopped: there is no first candidate to compare it with
+                done[first_label] = self._score(reference, first_label, *distinct[first_label], None, pool)
+            first = done.get(first_label) if first_label is not None else None
+            rest = [label for label in distinct if label != first_label]
+
+            def score(label: str) -> Energies | BaseException | None:
+                def until(scores: Energies) -> bool:
+                    return hopeless is not None and hopeless(label, scores, first if isinstance(first, list) else None)
+
+                return self._score(reference, label, *distinct[label], until, None)
+
+            done.update(zip(rest, runs.run_all(pool, lambda k: score(rest[k]), len(rest))))
+        return {label: done[same_as.get(label, label)] for label in candidates}
+
+    def _score(
+        self,
+        reference: runs.ReferenceOutputs,
+        label: str,
+        i: int,
+        ranges: TensorsData,
+        until: Callable[[Energies], bool] | None,
+        pool: Executor | None,
+    ) -> Energies | BaseException | None:
+        try:
+            with self.lock:  # the parameter arithmetic and onnxruntime's quantizer are not thread-safe
+                parameters = self.model.parameters(ranges) if self.model is not None else None
+                if parameters is None:
+                    workdir = self.tmp / f"candidate{i}"
+                    workdir.mkdir(exist_ok=True)
+                    try:
+                        quantized = workdir / "model.onnx"
+                        quantize_with_ranges(self.shared.model_path, quantized, ranges, self.quantization)
+                        self.quantizations += 1
+                        session = runs.session(quantized, self.shared.providers, quantized=True)
+                    finally:
+                        shutil.rmtree(workdir, ignore_errors=True)  # disk: the session holds the model
+            if parameters is not None:
+                return reference.feed_energies(self.session, {**parameters, **self.weights}, until, pool)
+            return reference.feed_energies(session, {}, until, pool)
+        except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
+            logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
+            return exc
+
+
+def _base(candidates: Mapping[str, TensorsData]) -> str:
+    return DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
+
+
+def ranges_key(ranges: TensorsData) -> tuple:
+    """What the quantizer reads from a TensorsData: the method and each tensor's lowest/highest."""
+    items = []
+    for name in sorted(ranges.data):
+        d = ranges.data[name]
+        items.append((name, *(np.asarray(getattr(d, a, np.nan)).tobytes() for a in ("lowest", "highest"))))
+    return (str(ranges.calibration_method), tuple(items))
+
+
+__all__ = ["Scorer", "SharedScoring", "ranges_key"]
