@@ -51,6 +51,7 @@ from .ort import (
 from .patch import patch_onnxruntime
 from .recipe import RECIPE_EVAL_SAMPLES, Recipe, best_recipe, check_recipe
 from .selection import Selection
+from .weight_memo import shared_weight_quantization
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
     from typing_extensions import Unpack
@@ -501,7 +502,9 @@ def _quantize_best(
     options = methods.check_options(
         "auto", default_method_options("auto", method_options, quantization.activation_type, extra)
     )
-    with tempfile.TemporaryDirectory(prefix="histocal.recipe.") as tmp:
+    # The weights' quantization, the same in every quantize_static of the prepared model (the
+    # scoring models' and the chosen one's), computed once (``weight_memo``).
+    with tempfile.TemporaryDirectory(prefix="histocal.recipe.") as tmp, shared_weight_quantization():
         chosen = best_recipe(
             model_input, calibration_data_reader, quantization, settings, Path(tmp),
             auto_options=options, eval_samples=select["eval_samples"], folds=select["folds"],

