@@ -252,7 +252,7 @@ def select(
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
     n = sum(len(feeds) for _, feeds in folds)
     default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
-    with tempfile.TemporaryDirectory(prefix="histocal.select.") if shared is None else nullcontext() as tmp:
+    with tempfile.TemporaryDirectory(prefix="histocal.select.") if shared is None else nullcontext("") as tmp:
         if shared is None:
             shared = SharedScoring(model_file(model_input, Path(tmp)), providers, Path(tmp))
         scorer = shared.scorer(candidates, quantization)

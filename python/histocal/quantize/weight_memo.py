@@ -84,14 +84,54 @@ def _copy_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return out
 
 
+def _channel_params(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``compute_data_quant_params`` memoized, its common call (one small weight channel, no
+    overrides: tens of thousands a model) keyed at the cost of one tuple; other calls as
+    ``_memoized``'s."""
+    generic = _memoized("compute_data_quant_params", original, _copy_pair)
+
+    def channel_params(
+        data: Any,
+        quant_type: Any,
+        symmetric: Any,
+        reduce_range: Any = False,
+        min_real_range: Any = None,
+        rmin_override: Any = None,
+        rmax_override: Any = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if (
+            rmin_override is not None
+            or rmax_override is not None
+            or not isinstance(data, np.ndarray)
+            or data.nbytes > _SMALL
+            or not all(isinstance(v, (bool, int, float, type(None))) for v in (symmetric, reduce_range, min_real_range))
+        ):
+            return generic(data, quant_type, symmetric, reduce_range, min_real_range, rmin_override, rmax_override)
+        key = (
+            "channel",
+            data.dtype.str,
+            data.shape,
+            data.tobytes(),
+            quant_type,
+            symmetric,
+            reduce_range,
+            min_real_range,
+        )
+        with _memo_lock:
+            hit = _memo.get(key)
+        if hit is None:
+            hit = original(data, quant_type, symmetric, reduce_range=reduce_range, min_real_range=min_real_range)
+            with _memo_lock:
+                _memo[key] = hit
+        return _copy_pair(hit)
+
+    return channel_params
+
+
 def _replacements() -> list[Replacement]:
     module = importlib.import_module(_QDQ_MODULE)
     return [
-        (
-            module,
-            "compute_data_quant_params",
-            _memoized("compute_data_quant_params", module.compute_data_quant_params, _copy_pair),
-        ),
+        (module, "compute_data_quant_params", _channel_params(module.compute_data_quant_params)),
         (
             module,
             "quantize_onnx_initializer",
