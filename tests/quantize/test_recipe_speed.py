@@ -146,7 +146,8 @@ def test_bias_scale_prefilter_agrees_with_onnxruntime():
         input_scale = np.array(10.0 ** rng.uniform(-8, 0), np.float32)
         if rng.random() < 0.3:  # right at onnxruntime's threshold
             qrange = np.float64(2**31 - 1) + np.float64(2**31 - 1)
-            weight_scale = (1.0001 * 2 * np.abs(bias.astype(np.float64)) / qrange / float(input_scale)).astype(np.float32)
+            threshold = 1.0001 * 2 * np.abs(bias.astype(np.float64)) / qrange / float(input_scale)
+            weight_scale = threshold.astype(np.float32)
         adjusted, _ = QDQQuantizer._adjust_weight_scale_for_int32_bias(
             None, input_scale, weight_scale.copy(), "w", numpy_helper.from_array(bias, "b"), True
         )
