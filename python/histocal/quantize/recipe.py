@@ -191,12 +191,12 @@ def best_recipe(
             scoring, placement_folds, default or scored.candidates, providers, placed, scored.cross_validated, shared
         )
         scores[placement.label] = (placement, placed, chosen)
+        shared.keep_only(scores[_chosen(scores)][1])  # memory: at most the best so far and the next
         logger.info(
             "recipe: placement %r (%s): %s, %.2f dB", placement.label, placement.pattern, chosen.label, _sqnr(chosen)
         )
     label = _chosen(scores)
     placement, placed, _ = scores[label]
-    shared.keep_only(placed)  # the other placements' sessions' memory
     chosen = selection.select(
         scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated, shared
     )

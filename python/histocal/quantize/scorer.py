@@ -54,6 +54,7 @@ class SharedScoring:
         # identity is never reused while its entry lives.
         self._references: dict[tuple[int, ...], tuple[list[Feed], runs.ReferenceOutputs]] = {}
         self._scorers: dict[tuple[str, tuple], Scorer] = {}
+        self._built = 0
 
     def reference(self, feeds: list[Feed], pool: Executor | None) -> runs.ReferenceOutputs:
         """The float model's outputs on ``feeds`` (run once per set of feeds)."""
@@ -70,14 +71,18 @@ class SharedScoring:
         base = _base(candidates)
         key = (repr(quantization), ranges_key(candidates[base]))
         if key not in self._scorers:
-            workdir = self.tmp / f"scorer{len(self._scorers)}"
+            self._built += 1
+            workdir = self.tmp / f"scorer{self._built}"
             workdir.mkdir()
             self._scorers[key] = Scorer(self, candidates[base], quantization, workdir)
         return self._scorers[key]
 
     def keep_only(self, quantization: QuantizationArgs) -> None:
-        """Drops the scorers of other quantization arguments (their sessions' memory)."""
-        self._scorers = {k: v for k, v in self._scorers.items() if k[0] == repr(quantization)}
+        """Drops the scorers of other quantization arguments (their sessions' and dequantized
+        weights' memory: the recipe keeps the best placement's so far, so at most two are held),
+        and their files."""
+        for key in [k for k in self._scorers if k[0] != repr(quantization)]:
+            shutil.rmtree(self._scorers.pop(key).tmp, ignore_errors=True)
 
 
 class Scorer:

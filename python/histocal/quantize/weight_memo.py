@@ -8,11 +8,12 @@ issue 37), though they depend only on the weight and the settings, never on the 
 
 ``shared_weight_quantization()`` memoizes, while it is held, the two functions onnxruntime's QDQ
 quantizer calls for that, ``compute_data_quant_params`` and ``quantize_onnx_initializer``, by the
-value of every argument (array arguments by dtype, shape and their bytes, or a 128-bit BLAKE2
-digest of them): both are pure functions of their arguments, so a call answered from the memo returns what
+value of every argument (array arguments by dtype, shape and a 128-bit BLAKE2 digest of their
+bytes): both are pure functions of their arguments, so a call answered from the memo returns what
 the call would compute, and a model quantized meanwhile is byte for byte the one onnxruntime
-writes without it (tests/quantize/test_recipe_speed.py checks both). The memo is emptied when the
-last use ends.
+writes without it (tests/quantize/test_recipe_speed.py checks both). Memory while held: a digest
+per weight channel, its parameters, and each quantized weight (a quarter of the float weights at
+int8); the memo is emptied when the last use ends.
 """
 
 from __future__ import annotations
@@ -34,12 +35,6 @@ _memo: dict[tuple, Any] = {}
 _memo_lock = threading.Lock()
 
 
-# Arrays up to this size are keyed by their bytes (hashing them is cheaper than digesting
-# them: most calls are one weight channel's), larger ones by a digest (their bytes would double
-# the memory the weights take).
-_SMALL = 1 << 14
-
-
 def _digest(data: bytes | memoryview) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
@@ -49,8 +44,8 @@ def _key(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return (type(value), value)  # typed: 1 and True and 1.0 stay apart
     if isinstance(value, np.ndarray):
-        content = value.tobytes() if value.nbytes <= _SMALL else _digest(np.ascontiguousarray(value).data)
-        return ("ndarray", value.dtype.str, value.shape, content)
+        # A digest, not the bytes: kept as a key, the bytes would double the weights' memory.
+        return ("ndarray", value.dtype.str, value.shape, _digest(np.ascontiguousarray(value).data))
     if isinstance(value, onnx.TensorProto):
         # The whole message: name, type, dims and data (raw or typed fields) alike.
         return ("TensorProto", _digest(value.SerializeToString()))
@@ -85,8 +80,8 @@ def _copy_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def _channel_params(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``compute_data_quant_params`` memoized, its common call (one small weight channel, no
-    overrides: tens of thousands a model) keyed at the cost of one tuple; other calls as
+    """``compute_data_quant_params`` memoized, its common call (one weight channel, no overrides:
+    tens of thousands a model) keyed at the cost of one digest and one tuple; other calls as
     ``_memoized``'s."""
     generic = _memoized("compute_data_quant_params", original, _copy_pair)
 
@@ -103,7 +98,6 @@ def _channel_params(original: Callable[..., Any]) -> Callable[..., Any]:
             rmin_override is not None
             or rmax_override is not None
             or not isinstance(data, np.ndarray)
-            or data.nbytes > _SMALL
             or not all(isinstance(v, (bool, int, float, type(None))) for v in (symmetric, reduce_range, min_real_range))
         ):
             return generic(data, quant_type, symmetric, reduce_range, min_real_range, rmin_override, rmax_override)
@@ -111,7 +105,7 @@ def _channel_params(original: Callable[..., Any]) -> Callable[..., Any]:
             "channel",
             data.dtype.str,
             data.shape,
-            data.tobytes(),
+            _digest(np.ascontiguousarray(data).data),
             quant_type,
             symmetric,
             reduce_range,
