@@ -128,7 +128,10 @@ def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path):
         assert memo > 0
         quantize_with_ranges(path, tmp_path / "second.onnx", ranges, quantization)
         assert len(weight_memo._memo) == memo  # every call answered from the memo
+        bound = qdq_quantizer.compute_data_quant_params
     assert qdq_quantizer.compute_data_quant_params is original and not weight_memo._memo
+    bound(np.ones(3, np.float32), onnx.TensorProto.INT8, True)  # bound while patched: onnxruntime's own now
+    assert not weight_memo._memo
     plain = (tmp_path / "plain.onnx").read_bytes()
     assert (tmp_path / "first.onnx").read_bytes() == plain == (tmp_path / "second.onnx").read_bytes()
 

@@ -124,12 +124,15 @@ def _channel_params(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _replacements() -> list[Replacement]:
     module = importlib.import_module(_QDQ_MODULE)
+    params, initializer = module.compute_data_quant_params, module.quantize_onnx_initializer
+    # Routed: a name bound while patched goes back to onnxruntime's own (and the memo fills no
+    # more) once the last use ends.
     return [
-        (module, "compute_data_quant_params", _channel_params(module.compute_data_quant_params)),
+        (module, "compute_data_quant_params", _PATCH.route(_channel_params(params), params)),
         (
             module,
             "quantize_onnx_initializer",
-            _memoized("quantize_onnx_initializer", module.quantize_onnx_initializer, _copy_tensor),
+            _PATCH.route(_memoized("quantize_onnx_initializer", initializer, _copy_tensor), initializer),
         ),
     ]
 
