@@ -15,15 +15,14 @@ from onnx import TensorProto, helper, numpy_helper
 from support import models
 
 import histocal
+from histocal.quantize.float_reads import FLOAT_CONSUMERS_KEY, rewire_float_consumers
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.placement import (
     COMPUTE_PLACEMENT,
-    FLOAT_CONSUMERS_KEY,
     ORT_PLACEMENT,
     TRANSFORMER_PLACEMENT,
     attention_outputs,
     placements,
-    rewire_float_consumers,
 )
 from histocal.quantize.preparation import name_nodes
 

@@ -19,6 +19,8 @@ from support.calibrator_runs import RewindReader
 import histocal.quark
 from histocal.quark import v0_9
 
+pytestmark = pytest.mark.subprocess  # pip downloads Quark 0.9's wheel when it is not installed
+
 
 @pytest.fixture(scope="module")
 def q09():

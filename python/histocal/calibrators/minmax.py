@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,26 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
         ranges so far. A min or max picks one of the values, so taking it over a batch-by-tensor
         array gives ORT's result; the mean is taken per tensor over the same (batches, 1) array
         as ORT's, so it sums in the same order."""
+        with warnings.catch_warnings():
+            # numpy's bare "All-NaN slice" / "Mean of empty slice": the tensors are named below
+            warnings.filterwarnings("ignore", r"(All-NaN|Mean of empty)", RuntimeWarning)
+            pairs = self._gathered_pairs(gathered)
+        no_values = [name for name, (low, high) in pairs.items() if np.isnan(low).any() or np.isnan(high).any()]
+        if no_values:
+            logger.warning(
+                "MinMax: %d tensor(s) had only NaN in every batch, so their range is NaN, as in onnxruntime: %s",
+                len(no_values),
+                ", ".join(repr(n) for n in no_values[:10]) + (" ..." if len(no_values) > 10 else ""),
+            )
+        ranges = TensorsData(ort_calibrate.CalibrationMethod.MinMax, pairs)
+        if self.calibrate_tensors_range:
+            self.calibrate_tensors_range = self.merge_range(self.calibrate_tensors_range, ranges)
+        else:
+            self.calibrate_tensors_range = ranges
+        return self.calibrate_tensors_range
+
+    def _gathered_pairs(self, gathered: GatheredOutputs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each tensor's (low, high) from the buffered batches, as ORT's ``compute_data`` pairs them."""
         first = len(self.intermediate_outputs[0]) - len(gathered.names)
         lows: dict[str, np.ndarray] = {}
         highs: dict[str, np.ndarray] = {}
@@ -319,7 +340,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
                 high = [high_all[i : i + 1].copy() for i in range(len(high_all))]
             lows.update(zip(low_names, low, strict=True))
             highs.update(zip(high_names, high, strict=True))
-        pairs = {}
+        pairs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for i in range(0, len(gathered.order), 2):
             tensor_low, tensor_high = lows[gathered.order[i]], highs[gathered.order[i + 1]]
             if self.symmetric:
@@ -327,12 +348,7 @@ class MinMaxCalibrater(ort_calibrate.MinMaxCalibrater, PrivateShapeInference):
                 pairs[gathered.order[i].rpartition("_")[0]] = (-bound, bound)
             else:
                 pairs[gathered.order[i].rpartition("_")[0]] = (tensor_low, tensor_high)
-        ranges = TensorsData(ort_calibrate.CalibrationMethod.MinMax, pairs)
-        if self.calibrate_tensors_range:
-            self.calibrate_tensors_range = self.merge_range(self.calibrate_tensors_range, ranges)
-        else:
-            self.calibrate_tensors_range = ranges
-        return self.calibrate_tensors_range
+        return pairs
 
     def _channel_counts(self, fetch: list[str]) -> dict[str, int]:
         """The channel counts of the tensors that earlier calls gave ranges to."""

@@ -22,8 +22,8 @@ from ..calibrators.range_checks import check_quantized_ranges, check_ranges_befo
 from ..io.cache import save_tensors_data
 from ..io.models import load_model
 from ..io.outputs import external_data_output, model_files, refuse_overwriting
+from .float_reads import read_float
 from .per_channel_weights import check_per_channel_weights
-from .placement import read_float
 
 
 @dataclass(frozen=True)

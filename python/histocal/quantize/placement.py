@@ -19,19 +19,20 @@ compute operators: 118 activations on paraphrase-MiniLM-L3. The candidates besid
 
 Which is best for a model is a measurement: the recipe scores them on calibration feeds and keeps
 onnxruntime's unless another wins (``recipe``). The edge placement is not one of onnxruntime's
-options: the model onnxruntime writes is rewired after it (``read_float``), under the
-``FLOAT_CONSUMERS_KEY`` extra option, on every route through ``quantize_with_ranges``.
+options: the model onnxruntime writes is rewired after it (``float_reads.read_float``), under
+the ``FLOAT_CONSUMERS_KEY`` extra option, on every route through ``quantize_with_ranges``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
+
+from .float_reads import FLOAT_CONSUMERS_KEY
 
 if TYPE_CHECKING:
     from .ort import QuantizationArgs
@@ -45,7 +46,6 @@ COMPUTE_PLACEMENT = "compute operators"
 TRANSFORMER_PLACEMENT = "transformer"
 # extra_options key (histocal's, onnxruntime ignores it): after onnxruntime quantizes, operators it
 # was not told to quantize read the float tensor instead of the dequantized one.
-FLOAT_CONSUMERS_KEY = "FloatConsumersReadFloat"
 # What may sit between a Softmax and the MatMul reading it in NNCF's MULTIHEAD_ATTENTION_OUTPUT
 # pattern (nncf/onnx/quantization/ignored_patterns.py).
 _SOFTMAX_TO_MATMUL = ("Reshape",)
@@ -168,78 +168,13 @@ def placements(model: onnx.ModelProto, op_types_to_quantize: list[str] | None) -
     return found
 
 
-def _quantized_consumer(node: onnx.NodeProto, quantization: QuantizationArgs) -> bool:
-    """Whether onnxruntime was told to quantize ``node`` (its type, its name)."""
-    if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-        return True
-    types, only = quantization.op_types_to_quantize, quantization.nodes_to_quantize
-    return (
-        (not types or node.op_type in types)
-        and node.name not in (quantization.nodes_to_exclude or ())
-        and (not only or node.name in only)
-    )
-
-
-def rewire_float_consumers(model: onnx.ModelProto, quantization: QuantizationArgs) -> int:
-    """In a QDQ model onnxruntime wrote, make every operator it was not told to quantize read the
-    float tensor where it reads an activation's DequantizeLinear output; Q/DQ pairs left unread are
-    removed. Returns how many inputs were rewired."""
-    graph = model.graph
-    initializers = {i.name for i in graph.initializer}
-    outputs = {o.name for o in graph.output}
-    float_of: dict[str, str] = {}  # DQ output -> the float tensor its Q reads
-    quantize_input = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    for node in graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in quantize_input:
-            source = quantize_input[node.input[0]]
-            if source not in initializers:
-                float_of[node.output[0]] = source
-    rewired = 0
-    for node in graph.node:
-        if _quantized_consumer(node, quantization):
-            continue
-        for i, name in enumerate(node.input):
-            if name in float_of:
-                node.input[i] = float_of[name]
-                rewired += 1
-    _drop_unread(graph, outputs | {i for n in graph.node for i in n.input})
-    return rewired
-
-
-def _drop_unread(graph: onnx.GraphProto, read: Collection[str]) -> None:
-    """Remove the DequantizeLinear nodes no one reads, then the QuantizeLinear nodes that fed only them."""
-    unread = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.output[0] not in read]
-    if not unread:
-        return
-    for node in unread:
-        graph.node.remove(node)
-    still = {o.name for o in graph.output} | {i for n in graph.node for i in n.input}
-    for node in [n for n in graph.node if n.op_type == "QuantizeLinear" and n.output[0] not in still]:
-        graph.node.remove(node)
-
-
-def read_float(path: Path, quantization: QuantizationArgs) -> None:
-    """``rewire_float_consumers`` on the model file at ``path`` when ``quantization`` asks for it
-    (``FLOAT_CONSUMERS_KEY``); external data files are left as they are."""
-    if not (quantization.extra_options or {}).get(FLOAT_CONSUMERS_KEY, False):
-        return
-    model = onnx.load(path.as_posix(), load_external_data=False)
-    rewired = rewire_float_consumers(model, quantization)
-    if rewired:
-        onnx.save_model(model, path.as_posix())
-    logger.debug("placement: %d float operator inputs read the float tensor in %s", rewired, path.name)
-
-
 __all__ = [
     "COMPUTE_OP_TYPES",
     "COMPUTE_PLACEMENT",
-    "FLOAT_CONSUMERS_KEY",
     "ORT_PLACEMENT",
     "TRANSFORMER_PLACEMENT",
     "Placement",
     "attention_outputs",
     "attention_scores",
     "placements",
-    "read_float",
-    "rewire_float_consumers",
 ]
