@@ -75,11 +75,21 @@ def run(run: Run, settings: dict[str, Any]) -> None:
                 case = {"model": name, "samples": len(feeds), "held_back": len(held)}
                 for subject, out in zip(runs, (ort_out, best_out)):
                     run.add(subject, case, seconds=rounds.seconds[subject], median_s=rounds.median(subject),
-                            sqnr_db=round(models.output_sqnr(model, out, held), 2))  # fmt: skip
+                            sqnr_db=round(models.output_sqnr(model, out, held), 2), task=task(name, out))  # fmt: skip
+                run.add("float model", case, task=task(name, model))
                 run.add("recipe vs onnxruntime", case, x_time=rounds.ratio(BEST, ORT),
                         choice=chosen[-1].removeprefix("recipe: ") if chosen else "")  # fmt: skip
     finally:
         recipe_log.removeHandler(handler)
+
+
+def task(name: str, path: str) -> str:
+    """The real model's task check on ``path`` (real_models' check: rendered captchas read, face
+    against texture probability, paraphrase against unrelated cosine), "" for a synthetic model."""
+    from benches.support import real_models
+
+    spec = real_models.MODELS.get(name)
+    return "" if spec is None else spec.check(Path(path))[1]
 
 
 def _by(result: dict[str, Any], model: str) -> dict[str, dict[str, Any]]:
@@ -111,6 +121,24 @@ def section(result: dict[str, Any]) -> list[str]:
             ],
             rows,
         ),
+        "",
+        *_tasks(result),
+    ]
+
+
+def _tasks(result: dict[str, Any]) -> list[str]:
+    """The task checks of the float and both int8 models, where the model has one."""
+    rows = []
+    for model in dict.fromkeys(r["case"]["model"] for r in result["records"]):
+        by = _by(result, model)
+        if by.get("float model", {}).get("task"):
+            rows.append([model, by["float model"]["task"], by[ORT]["task"], by[BEST]["task"]])
+    if not rows:
+        return []
+    return [
+        "The task checks (benches/support/real_models.py) on held-out rendered inputs:",
+        "",
+        *table(["model", "float model", "onnxruntime default", 'recipe="best"'], rows),
         "",
     ]
 

@@ -263,7 +263,7 @@ def check_ddddocr(path: Path, original: Path) -> str:
         idx = s.run(None, ocr_feed(img))[0][:, 0, :].argmax(-1)
         read = "".join(charset[i] for j, i in enumerate(idx) if i != 0 and (j == 0 or i != idx[j - 1]))
         right += read.lower() == text.lower()
-    return f"float model reads {right}/20 rendered captchas exactly (case-insensitive)"
+    return f"reads {right}/20 rendered captchas exactly (case-insensitive)"
 
 
 def check_minilm(path: Path, original: Path) -> str:

@@ -207,7 +207,7 @@ def ddddocr_feeds(rng: np.random.Generator, n: int) -> list[Feed]:
 
 def check_ddddocr(path: Path) -> tuple[bool, str]:
     text = real.check_ddddocr(path, path)
-    right = int(text.split()[3].split("/")[0])
+    right = int(text.split()[1].split("/")[0])
     return right >= 10, text
 
 
