@@ -27,7 +27,7 @@ def quark_calibrator(
     (the ``extra_options`` histocal's own calibrator would get) and the collection settings Quark's
     factory reads (``settings``: histocal's calibrator's). ``args.method`` is one of
     ``QUARK_METHODS`` (the caller checks). ``--quark-version 0.9``: Quark 0.9's factories
-    (``histocal.quark.v0_9``: its per-method batch merging, MinMSE on the values, so
+    (``histocal.quark.v0_9``: its per-method batch merging, the mean-squared-error search on the values, so
     ``--num-bins`` does not apply to pow2)."""
     from .. import quark as quark_013
     from ..methods.settings import PER_CHANNEL, CollectionSettings
