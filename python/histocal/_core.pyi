@@ -40,6 +40,7 @@ __all__ = [
     "nanmean_pairwise",
     "nanmean_sequential",
     "pow2_error",
+    "quark_histogram_counts",
     "quark_pow2_error_sums",
     "scale_zero_point",
     "set_caller_threads",
@@ -329,3 +330,9 @@ def quark_pow2_error_sums(
     qmin: float,
     qmax: float,
 ) -> list[float]: ...
+def quark_histogram_counts(
+    values: np.ndarray,
+    num_bins: int,
+    first: float,
+    last: float,
+) -> np.ndarray: ...

@@ -145,6 +145,31 @@ def test_histogram_min_mse_is_quark_013s(batches, qtype, dtype):
     assert low.dtype == ref[0].dtype
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(width=32, allow_infinity=False), max_size=300),
+    num_bins=st.integers(1, 5000),
+    ends=st.lists(st.floats(-1e30, 1e30), min_size=2, max_size=2, unique=True).map(sorted),
+    near=st.booleans(),
+)
+def test_histogram_counts_kernel_is_numpys_equal_bins(values, num_bins, ends, near):
+    """histocal's counting kernel: numpy's equal-bins histogram of the values as float64."""
+    from histocal._core import quark_histogram_counts
+
+    x = np.array(values, np.float32)
+    if near and np.isfinite(x).any():  # the range of the values themselves, as the collector asks
+        lo, hi = float(np.nanmin(x)), float(np.nanmax(x))
+        ends = [lo - 0.5, hi + 0.5] if lo == hi else [lo, hi]
+    try:
+        with np.errstate(invalid="ignore"):
+            want = np.histogram(x.astype(np.float64), bins=num_bins, range=tuple(ends))[0]
+    except ValueError:  # numpy: "Too many bins for data range" (edges not increasing)
+        with pytest.raises(ValueError, match="Too many bins"):
+            quark_histogram_counts(x, num_bins, *ends)
+        return
+    assert np.array_equal(quark_histogram_counts(x, num_bins, *ends), want)
+
+
 def test_one_collect_calls_arrays_are_one_histogram_update():
     parts = [np.array([0.5, -0.25], np.float32), np.array([[40.0, -3.0]], np.float32)]
     c = quark.PowOfTwoCollector(num_bins=16)

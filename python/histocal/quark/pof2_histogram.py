@@ -16,15 +16,19 @@ nothing (Quark 0.13 fails on it); a tensor with none at all gets Quark 0.9's Min
 
 Every set of edges is ``linspace`` of its two ends, so counting with ``np.histogram(bins=n,
 range=(lo, hi))`` (numpy's equal-bins path, O(n)) gives the counts of Quark's
-``np.histogram(bins=edges)`` (which sorts each batch): numpy defines the two as equal.
+``np.histogram(bins=edges)`` (which sorts each batch): numpy defines the two as equal. histocal
+counts with its Rust kernel of numpy's equal-bins path (``_core.quark_histogram_counts``, on the
+float32 values widened to float64 as Quark's ``astype``: the same counts, bit for bit).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
+from .._core import quark_histogram_counts
 from . import pof2
 
 # Quark widens the histogram by as many bins as a far outlier needs; past this it would take
@@ -59,12 +63,15 @@ class MinMSEHistogram:
         self.dtype = x.dtype
         if x.size == 0:  # nothing to count (Quark 0.13 fails on it)
             return
-        data = np.nan_to_num(np.ravel(x).astype(np.float32), nan=0.0).astype(np.float64)
-        new_min, new_max = data.min(), data.max()
+        data = np.ascontiguousarray(np.ravel(x), dtype=np.float32)
+        new_min, new_max = float(data.min()), float(data.max())
+        if not (math.isfinite(new_min) and math.isfinite(new_max)):  # NaN as 0, +-inf as +-float32 max
+            data = np.nan_to_num(data, nan=0.0)
+            new_min, new_max = float(data.min()), float(data.max())
         rmin, rmax = np.array(new_min, dtype=x.dtype), np.array(new_max, dtype=x.dtype)
         if self.hist is None:
             lo, hi = (new_min - 0.5, new_max + 0.5) if new_min == new_max else (new_min, new_max)
-            self.hist = np.histogram(data, bins=self.num_bins, range=(lo, hi))[0]
+            self.hist = quark_histogram_counts(data, self.num_bins, lo, hi)
             self.lo, self.hi, self.rmin, self.rmax = float(lo), float(hi), rmin, rmax
             return
         assert self.rmin is not None and self.rmax is not None
@@ -82,7 +89,7 @@ class MinMSEHistogram:
             grown[left : left + n] = self.hist
             self.hist, self.lo, self.hi = grown, self.lo - left * width, self.hi + right * width
             n = len(grown)
-        self.hist = self.hist + np.histogram(data, bins=n, range=(self.lo, self.hi))[0]
+        self.hist = self.hist + quark_histogram_counts(data, n, self.lo, self.hi)
         self.rmin, self.rmax = np.minimum(self.rmin, rmin), np.maximum(self.rmax, rmax)
 
     def result(self, qtype: str) -> tuple[Any, Any]:

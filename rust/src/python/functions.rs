@@ -14,6 +14,8 @@ use crate::methods::range_method::*;
 use crate::numeric::fallible::{self};
 use crate::numeric::float::Float;
 use crate::numeric::scan::{scan, Scan};
+use crate::numeric::view::View;
+use crate::ort::histogram::{HistError, UniformBins};
 use crate::ort::minmax;
 use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -211,6 +213,41 @@ pub(crate) fn quark_pow2_error_sums(
             return Err(PyValueError::new_err(format!("scales must be finite and non-zero, got {s}")));
         }
         Ok(run(py, || quark_pow2::error_sums(values, &scales, zero_point, qmin, qmax)))
+    })
+}
+
+/// Quark 0.13's histogram MinMSE counting: `np.histogram(values.astype(np.float64), bins=num_bins,
+/// range=(first, last))[0]` of a 1-D float32 array (numpy's equal-bins path, bit for bit: see
+/// `ort::histogram::UniformBins`); NaN and values outside the range are not counted.
+#[pyfunction]
+pub(crate) fn quark_histogram_counts<'py>(
+    py: Python<'py>,
+    values: Bound<'py, PyAny>,
+    num_bins: usize,
+    first: f64,
+    last: f64,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    guard(|| {
+        let values = values
+            .cast::<PyArray1<f32>>()
+            .map_err(|_| PyValueError::new_err("values must be a 1-D numpy array of float32"))?
+            .readonly();
+        let values = values.as_slice().map_err(|_| PyValueError::new_err("values must be contiguous"))?;
+        if num_bins == 0 || first > last {
+            return Err(PyValueError::new_err(format!("bad bins: {num_bins} over [{first}, {last}]")));
+        }
+        // numpy's +-0.5 around a single value, and its error where that leaves no room for the
+        // bins (UniformBins widens instead, for ORT's float64 fallback: not numpy's result)
+        let (first, last) = if first == last { (first - 0.5, last + 0.5) } else { (first, last) };
+        let bins = if first < last {
+            UniformBins::<f64>::new(first, last, num_bins)
+        } else {
+            Err(HistError::TooManyBins(num_bins))
+        }
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut counts: Vec<i64> = fallible::zeroed(num_bins);
+        run(py, || bins.count(&View::from_slice(values), false, &mut counts));
+        Ok(PyArray1::from_vec(py, counts))
     })
 }
 

@@ -49,5 +49,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scale_zero_point, m)?)?;
     m.add_function(wrap_pyfunction!(pow2_error, m)?)?;
     m.add_function(wrap_pyfunction!(quark_pow2_error_sums, m)?)?;
+    m.add_function(wrap_pyfunction!(quark_histogram_counts, m)?)?;
     Ok(())
 }
