@@ -298,12 +298,14 @@ def summary(result: dict[str, Any]) -> list[tuple[str, str]]:
     if pairs:  # one row (the summary has at most 15): Quark itself
         speed = [1 / o["x_quark"] for _, o in pairs]
         same = sum(o["identical"] for _, o in pairs), sum(t["case"]["tensors"] for t, _ in pairs)
+        fails = sorted({t["case"]["model"] for t, _ in quark_pairs(result) if "error" in t})
         return [
             (
                 f"Quark {pairs[0][0]['case']['quark']}'s power-of-two MinMSE All, {len({o['case']['model'] for _, o in pairs})} "
                 "real models, int8 / int16",
                 f"{fmt(min(speed))}-{fmt(max(speed))}x Quark's speed; ranges identical {same[0]}/{same[1]}; "
-                f"one tensor, 32 batches: {' / '.join(fmt(r['peak_mib']) for r in ours)} MiB",
+                f"one tensor, 32 batches: {' / '.join(fmt(r['peak_mib']) for r in ours)} MiB"
+                + (f"; Quark fails on {', '.join(fails)}" if fails else ""),
             )
         ]
     theirs = [r for r in result["records"] if r["subject"] == SYNTHETIC[0]]
