@@ -19,6 +19,7 @@ from histocal.quantize.float_reads import FLOAT_CONSUMERS_KEY, rewire_float_cons
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.placement import (
     COMPUTE_PLACEMENT,
+    INPUTS_PLACEMENT,
     ORT_PLACEMENT,
     TRANSFORMER_PLACEMENT,
     attention_outputs,
@@ -141,7 +142,24 @@ def test_attention_outputs_follow_nncf_pattern():
         node.name = ""
     assert attention_outputs(unnamed) == []
     without_attention = models.cnn()
-    assert TRANSFORMER_PLACEMENT not in [p.label for p in placements(without_attention, None)]
+    found = {p.label: p for p in placements(without_attention, None)}
+    assert list(found) == [ORT_PLACEMENT, COMPUTE_PLACEMENT, INPUTS_PLACEMENT]
+    inputs = found[INPUTS_PLACEMENT]
+    assert inputs.nodes_to_exclude == () and inputs.extra_options[FLOAT_CONSUMERS_KEY]
+    assert inputs.extra_options["OpTypesToExcludeOutputQuantization"] == inputs.op_types_to_quantize
+
+
+def test_compute_inputs_placement_quantizes_only_what_convolutions_read(tmp_path):
+    """NNCF's default placement on a CNN: the activations the Convs read are quantized, no Conv
+    output is, only the Convs read dequantized values, and the written model runs."""
+    model = models.cnn()
+    feeds = models.cnn_feeds(4)
+    out = quantize(model, tmp_path, INPUTS_PLACEMENT, feeds)
+    assert quantized_activations(out) == {"X", "pool"}
+    assert dequantized_readers(out) == {"Conv"}
+    ort.InferenceSession(out.as_posix(), providers=["CPUExecutionProvider"]).run(None, feeds[0])
+    # onnxruntime on the compute operators rounds the Conv outputs too
+    assert {"conv1", "conv2"} <= quantized_activations(quantize(model, tmp_path, COMPUTE_PLACEMENT, feeds))
 
 
 def test_float_consumers_drop_unread_pairs(tmp_path):

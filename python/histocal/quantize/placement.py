@@ -44,6 +44,7 @@ COMPUTE_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 ORT_PLACEMENT = "onnxruntime"
 COMPUTE_PLACEMENT = "compute operators"
 TRANSFORMER_PLACEMENT = "transformer"
+INPUTS_PLACEMENT = "compute inputs"
 # extra_options key (histocal's, onnxruntime ignores it): after onnxruntime quantizes, operators it
 # was not told to quantize read the float tensor instead of the dequantized one.
 # What may sit between a Softmax and the MatMul reading it in NNCF's MULTIHEAD_ATTENTION_OUTPUT
@@ -56,7 +57,8 @@ class Placement:
     """One placement candidate.
 
     Attributes:
-        label: ``ORT_PLACEMENT``, ``COMPUTE_PLACEMENT``, ``TRANSFORMER_PLACEMENT`` or ``"given"``.
+        label: ``ORT_PLACEMENT``, ``COMPUTE_PLACEMENT``, ``INPUTS_PLACEMENT``, ``TRANSFORMER_PLACEMENT``
+            or ``"given"``.
         op_types_to_quantize: onnxruntime's ``op_types_to_quantize`` for it (None: all).
         pattern: why it is a candidate, for the log and the docs.
         nodes_to_exclude: nodes it leaves in float (added to the caller's).
@@ -138,10 +140,10 @@ def attention_outputs(model: onnx.ModelProto) -> list[str]:
 
 
 def placements(model: onnx.ModelProto, op_types_to_quantize: list[str] | None) -> list[Placement]:
-    """The placement candidates for ``model``: onnxruntime's first (the default), then the compute
-    operators' inputs where the model has other quantizable operators, then NNCF's transformer
-    placement where a Softmax reads attention scores. A caller's ``op_types_to_quantize`` is the
-    only candidate."""
+    """The placement candidates for ``model``: onnxruntime's first (the default), then onnxruntime on
+    the compute operators where the model has them, then NNCF's: its transformer placement where a
+    Softmax reads attention scores, else its default (the compute operators' inputs only). A
+    caller's ``op_types_to_quantize`` is the only candidate."""
     if op_types_to_quantize:
         return [Placement("given", list(op_types_to_quantize), "the caller's op_types_to_quantize")]
     present = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}
@@ -151,6 +153,18 @@ def placements(model: onnx.ModelProto, op_types_to_quantize: list[str] | None) -
         return found
     found.append(Placement(COMPUTE_PLACEMENT, compute, "onnxruntime on the compute operators only"))
     heads = attention_scores(model)
+    if not heads:
+        found.append(
+            Placement(
+                INPUTS_PLACEMENT,
+                compute,
+                "NNCF's default: the compute operators' inputs only; their outputs and every other operator read "
+                "float (onnxruntime's CPU provider then runs a Conv in float: no QLinearConv without a quantized output)",
+                (),
+                {"OpTypesToExcludeOutputQuantization": compute, FLOAT_CONSUMERS_KEY: True},
+            )
+        )
+        return found
     if heads:
         excluded = attention_outputs(model)
         found.append(
@@ -171,6 +185,7 @@ def placements(model: onnx.ModelProto, op_types_to_quantize: list[str] | None) -
 __all__ = [
     "COMPUTE_OP_TYPES",
     "COMPUTE_PLACEMENT",
+    "INPUTS_PLACEMENT",
     "ORT_PLACEMENT",
     "TRANSFORMER_PLACEMENT",
     "Placement",
