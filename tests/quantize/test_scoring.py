@@ -44,8 +44,27 @@ def _gemm_feeds(n: int) -> list[dict]:
     return [{"X": rng.normal(0, 2, (4, 6)).astype(np.float32)} for _ in range(n)]
 
 
+def _shared_bias(seed: int = 0) -> onnx.ModelProto:
+    """X[N,3,6,6] -Conv(B)-> Relu -Conv(B)-> Y: one bias read by two Convs, which onnxruntime
+    quantizes as two int32 copies, one per input scale."""
+    g = GraphBuilder(seed)
+    g.const(g.rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "W1")
+    g.const(g.rng.normal(0, 0.3, (4, 4, 1, 1)).astype(np.float32), "W2")
+    g.const(g.rng.normal(0, 0.3, (4,)).astype(np.float32), "B")
+    g.node("Conv", ["X", "W1", "B"], output="h", name="conv1", pads=[1, 1, 1, 1])
+    g.node("Relu", ["h"], output="r", name="relu")
+    g.node("Conv", ["r", "W2", "B"], output="Y", name="conv2")
+    return g.model("shared_bias", [tensor("X", ["N", 3, 6, 6])], [tensor("Y", ["N", 4, 6, 6])], 17)
+
+
+def _shared_bias_feeds(n: int) -> list[dict]:
+    rng = np.random.default_rng(4)
+    return [{"X": rng.normal(0, 1, (2, 3, 6, 6)).astype(np.float32)} for _ in range(n)]
+
+
 MODELS = {
     "cnn": (cnn, lambda: cnn_feeds(3)),
+    "shared_bias": (_shared_bias, lambda: _shared_bias_feeds(3)),
     "gemm": (_gemm, lambda: _gemm_feeds(3)),
     "transformer": (transformer, lambda: transformer_feeds([4, 5, 6], fill=-30.0)),
 }

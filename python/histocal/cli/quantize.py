@@ -289,7 +289,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     logger.info("wrote %s", output)
     how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
     if recipe is not None:
-        how = f"recipe best: {recipe.method} ranges, placement {recipe.placement}, per-channel weights"
+        corrected = ", biases corrected" if recipe.bias_correction.biases else ""
+        how = f"recipe best: {recipe.method} ranges, placement {recipe.placement}, per-channel weights{corrected}"
     sys.stdout.write(
         f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"

@@ -15,6 +15,9 @@ The steps (docs/methods.md, "The recipe"), each a measurement on the calibration
    method (never below minmax without evidence); a placement other than onnxruntime's is kept only
    if its choice beats the one kept so far (onnxruntime's first, in ``placements``' order) by
    ``MIN_GAIN_DB`` pooled.
+5. **Correct the biases** (``bias_correction``): each Conv, ConvTranspose and Gemm's own mean output
+   error under the chosen placement and ranges moved into its bias, kept only if auto's evidence
+   rule prefers it on the held-out folds.
 
 The result (the prepared model, the ranges, the quantization arguments) goes to
 ``quantize_with_ranges`` like every other route's.
@@ -37,6 +40,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import calibrators
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
 from . import selection
+from .bias_correction import BiasCorrection, correct_biases, write_corrected
 from .folds import fold_candidates, withholding_first
 from .logits import logits_model
 from .ort import QuantizationArgs
@@ -58,7 +62,8 @@ class Recipe:
     """What ``recipe="best"`` chose.
 
     Attributes:
-        model: the prepared model's file (the one quantized).
+        model: the prepared model's file (the one quantized), its biases corrected where
+            ``bias_correction`` says so.
         ranges: the chosen ranges (from all the calibration data).
         quantization: the quantization arguments the model is quantized with.
         preparation: what preparing the model did.
@@ -67,6 +72,7 @@ class Recipe:
         sqnr_db: per placement, the default candidate's (minmax) cross-validated SQNR on the kept
             feeds (dB), and under ``"chosen"`` the chosen method's under the chosen placement.
         scored_on_logits: whether the scores are on the pre-activation logits.
+        bias_correction: whether the biases were corrected, and why.
     """
 
     model: Path
@@ -77,6 +83,7 @@ class Recipe:
     method: str
     sqnr_db: dict[str, float]
     scored_on_logits: bool
+    bias_correction: BiasCorrection
 
 
 def check_recipe(recipe: str) -> str:
@@ -200,6 +207,19 @@ def best_recipe(
     chosen = selection.select(
         scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated, shared
     )
+    (tmp / "bias").mkdir()
+    correction = correct_biases(
+        shared.scorer(scored.candidates, placed), chosen.label, chosen.ranges, scored.folds, tmp / "bias"
+    )
+    logger.info(
+        "recipe: bias correction of %d layers: %s (%s)",
+        correction.layers,
+        "applied" if correction.biases else "not applied",
+        correction.reason,
+    )
+    del shared  # the scoring sessions' memory
+    if correction.biases:
+        prepared = write_corrected(prepared, correction.biases, tmp / "corrected.onnx")
     recipe = Recipe(
         prepared,
         chosen.ranges,
@@ -209,11 +229,13 @@ def best_recipe(
         chosen.label,
         {**{k: _sqnr(v[2]) for k, v in scores.items()}, "chosen": _sqnr(chosen)},
         on_logits is not None,
+        correction,
     )
     logger.info(
-        "recipe: placement %r, ranges %s, per-channel symmetric weights (%.2f dB %s on %d kept feeds, %.1f s)",
+        "recipe: placement %r, ranges %s, per-channel symmetric weights%s (%.2f dB %s on %d kept feeds, %.1f s)",
         label,
         chosen.label,
+        ", biases corrected" if correction.biases else "",
         recipe.sqnr_db["chosen"],
         "on the pre-activation logits" if on_logits is not None else "on the outputs",
         len(kept),

@@ -169,6 +169,24 @@ class Scorer:
             done.update(zip(rest, runs.run_all(pool, lambda k: score(rest[k]), len(rest))))
         return {label: done[same_as.get(label, label)] for label in candidates}
 
+    def biased_energies(
+        self, feeds: list[Feed], ranges: TensorsData, biases: Mapping[str, np.ndarray] | None
+    ) -> Energies | None:
+        """Per feed, (sum y^2, sum (y - y_q)^2) of the model quantized with ``ranges`` and float
+        biases ``biases`` (by initializer name; the others the model's) in place of its own, on the
+        scoring model; None where it cannot express them (no scoring model, a weight scale onnxruntime
+        would enlarge, outputs that cannot be compared)."""
+        if self.model is None:
+            return None
+        with self.lock:
+            parameters = self.model.parameters(ranges, biases)
+        if parameters is None:
+            return None
+        threads = runs.run_threads()
+        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+            reference = self.shared.reference(feeds, pool)
+            return reference.feed_energies(self.session, {**parameters, **self.weights}, None, pool)
+
     def _score(
         self,
         reference: runs.ReferenceOutputs,

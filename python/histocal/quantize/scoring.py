@@ -67,6 +67,8 @@ class _Bias:
     weight: str
     beta: float
     per_channel: bool
+    node: str  # the node reading it
+    source: str  # the float model's initializer it quantizes (``_float_bias``)
 
 
 class ScoringModel:
@@ -97,9 +99,29 @@ class ScoringModel:
     def input_names(self) -> list[str]:
         return list(self._dtypes)
 
-    def parameters(self, ranges: TensorsData) -> dict[str, np.ndarray] | None:
+    @property
+    def float_biases(self) -> dict[str, np.ndarray]:
+        """The float biases onnxruntime quantized to int32, by initializer name."""
+        return dict(self._float_biases)
+
+    @property
+    def bias_inputs(self) -> dict[str, str]:
+        """Per float bias, the name of the graph input its int32 values are fed by."""
+        return {b.name: b.quantized for b in self._biases}
+
+    @property
+    def bias_readers(self) -> dict[str, tuple[str, str]]:
+        """Per float bias, the node that reads it and the float model's initializer it quantizes
+        (another name where onnxruntime gave each of several readers its own copy)."""
+        return {b.name: (b.node, b.source) for b in self._biases}
+
+    def parameters(
+        self, ranges: TensorsData, biases: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray] | None:
         """The values of every range-dependent initializer of ``quantize_static`` on ``ranges``,
-        by name; None when this range set changes more than those (see module docstring)."""
+        by name; None when this range set changes more than those (see module docstring).
+        ``biases``: float bias values to quantize instead of the model's (by initializer name;
+        bias correction's), as ``quantize_static`` would quantize a model holding them."""
         # The ranges as ORT reads them back from the calibration cache they travel through.
         params = self._quantizer_params(ranges)
         out: dict[str, np.ndarray] = {}
@@ -116,9 +138,9 @@ class ScoringModel:
         for b in self._biases:
             input_scale = out[b.input_scale]
             weight_scale = b.weight_scale.copy()
-            if self._weight_adjusted(b, input_scale, weight_scale):
+            data = (biases or {}).get(b.name, self._float_biases[b.name])
+            if self._weight_adjusted(b, input_scale, weight_scale, data):
                 return None
-            data = self._float_biases[b.name]
             # quantize_bias_static_impl's arithmetic, value for value.
             bias_scale = input_scale * weight_scale * b.beta
             q = np.asarray(data, np.float64) / np.asarray(bias_scale, np.float64)
@@ -132,13 +154,13 @@ class ScoringModel:
         q.tensors_range = TensorsData(ranges.calibration_method, dict(ranges.data))  # adjusted in place
         return q.calc_graph_quant_params()
 
-    def _weight_adjusted(self, b: _Bias, input_scale: np.ndarray, weight_scale: np.ndarray) -> bool:
+    def _weight_adjusted(self, b: _Bias, input_scale: np.ndarray, weight_scale: np.ndarray, bias: np.ndarray) -> bool:
         q = self._quantizer
         if q.qdq_disable_weight_adjust_for_int32_bias or np.asarray(weight_scale).dtype.kind != "f":
             return False
-        if b.per_channel and _bias_scales_clearly_valid(input_scale, weight_scale, self._float_biases[b.name]):
+        if b.per_channel and _bias_scales_clearly_valid(input_scale, weight_scale, bias):
             return False
-        bias_tp = numpy_helper.from_array(self._float_biases[b.name], b.name)
+        bias_tp = numpy_helper.from_array(bias, b.name)
         updated, _ = q._adjust_weight_scale_for_int32_bias(input_scale, weight_scale, b.weight, bias_tp, b.per_channel)
         return bool(updated)
 
@@ -289,10 +311,14 @@ def _inputs_model(
         quantized = n.input[0]
         bias = quantized[: -len(_BIAS)] if quantized.endswith(_BIAS) else None
         users = readers.get(n.output[0], [])
-        if bias is None or bias not in float_init or len(users) != 1 or len(users[0].input) < 3:
+        if bias is None or len(users) != 1 or len(users[0].input) < 3:
             logger.info("auto: int32 initializer %r is not a bias by ORT's rule", quantized)
             return None
         node = users[0]
+        source = _float_bias(bias, float_init, float_nodes.get(node.name))
+        if source is None:
+            logger.info("auto: int32 initializer %r is not a bias by ORT's rule", quantized)
+            return None
         x_dq, w_dq = producer.get(node.input[0]), producer.get(node.input[1])
         if (
             x_dq is None
@@ -312,9 +338,20 @@ def _inputs_model(
             beta = next((a.f for a in original.attribute if a.name == "beta"), 1.0)
         weight_scale = numpy_helper.to_array(init[w_dq.input[1]])
         biases.append(
-            _Bias(bias, quantized, n.input[1], x_dq.input[1], weight_scale, w_dq.input[0], beta, weight_scale.ndim > 0)
+            _Bias(
+                bias,
+                quantized,
+                n.input[1],
+                x_dq.input[1],
+                weight_scale,
+                w_dq.input[0],
+                beta,
+                weight_scale.ndim > 0,
+                node.name,
+                source,
+            )
         )
-        float_biases[bias] = numpy_helper.to_array(float_init[bias])
+        float_biases[bias] = numpy_helper.to_array(float_init[source])
 
     names = set(activations) | {s[: -len(_SCALE + w)] + _ZERO_POINT + w for s, (_, w) in activations.items()}
     names |= {b.quantized for b in biases} | {b.scale for b in biases}
@@ -331,6 +368,19 @@ def _inputs_model(
     path = workdir / "scoring.onnx"
     onnx.save_model(qdq, path.as_posix(), save_as_external_data=qdq.ByteSize() > 1 << 30)
     return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes, weights)
+
+
+def _float_bias(bias: str, float_init: Mapping[str, Any], original: onnx.NodeProto | None) -> str | None:
+    """The float model's initializer that ORT's bias ``bias`` quantizes: itself, or where several
+    nodes read one bias, the one ``original`` (the float node) reads, which ORT copied under the name
+    ``bias`` for that node (``QDQQuantizer._dup_initializer``: the name and a number), its values
+    unchanged."""
+    if bias in float_init:
+        return bias
+    if original is None or len(original.input) < 3 or original.input[2] not in float_init:
+        return None
+    read = original.input[2]
+    return read if bias.startswith(read) and bias[len(read) :].isdigit() else None
 
 
 def _dequantized_weights(qdq: onnx.ModelProto, inputs: set[str]) -> dict[str, np.ndarray]:
