@@ -45,6 +45,7 @@ from . import runs
 from .rule import decide
 from .scorer import Energies, Scorer
 from .scoring import ScoringModel
+from .selection import sqnr_db
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +91,8 @@ class BiasCorrection:
             corrected), each with the node reading it and the float model's initializer it replaces.
         reason: why, in words.
         layers: how many layers it could measure.
-        sqnr_db: the cross-validated output SQNR (dB) without and with the correction (NaN where not
-            scored).
+        sqnr_db: the cross-validated output SQNR (dB) with the correction, pooled over the folds
+            (empty where not scored).
     """
 
     biases: dict[str, tuple[str, str, np.ndarray]]
@@ -211,14 +212,11 @@ def corrected_biases(float_biases: Mapping[str, np.ndarray], shifts: Mapping[str
 
 
 def _feed_sqnr(energies: Energies | None) -> list[float] | None:
-    if energies is None:
-        return None
-    return [np.inf if n == 0 else (-np.inf if not np.isfinite(n) else 10 * np.log10(s / n)) for s, n in energies]
+    return None if energies is None else [sqnr_db(signal, noise) for signal, noise in energies]
 
 
 def _pooled(energies: list[tuple[float, float]]) -> float:
-    signal, noise = sum(e[0] for e in energies), sum(e[1] for e in energies)
-    return float("inf") if noise == 0 else float(10 * np.log10(signal / noise))
+    return sqnr_db(sum(e[0] for e in energies), sum(e[1] for e in energies))
 
 
 def correct_biases(
@@ -227,10 +225,13 @@ def correct_biases(
     ranges: TensorsData,
     folds: Sequence[tuple[Mapping[str, TensorsData], Sequence[Feed]]],
     workdir: Path,
+    uncorrected: Sequence[float] | None = None,
 ) -> BiasCorrection:
     """The bias correction of the model ``scorer`` scores, under the chosen candidate ``label``
     whose ranges from all the data are ``ranges``, decided on ``folds`` (each fold's candidates
-    fitted without its feeds), as the module docstring says. ``workdir`` takes the twin model."""
+    fitted without its feeds), as the module docstring says. ``workdir`` takes the twin model.
+    ``uncorrected``: the candidate's per-feed SQNR on the folds (in fold order) where the selection
+    has scored it on this scorer already (the same runs: not repeated)."""
     model = scorer.model
     if model is None or not model.bias_inputs:
         why = "no bias quantized to int32" if model is not None else "no shared scoring model"
@@ -250,21 +251,25 @@ def correct_biases(
     errors = LayerErrors(twin, session, {**parameters, **scorer.weights}, feeds)
     session = None
     float_biases = model.float_biases
-    scores: dict[str, list[float]] = {UNCORRECTED: [], CORRECTED: []}
-    energies: dict[str, list[tuple[float, float]]] = {UNCORRECTED: [], CORRECTED: []}
+    known = uncorrected is not None and len(uncorrected) == len(feeds) and not np.isnan(uncorrected).any()
+    scores: dict[str, list[float]] = {UNCORRECTED: list(uncorrected) if known else [], CORRECTED: []}
+    energies: list[tuple[float, float]] = []
     start = 0
     for candidates, fold in folds:
         held = range(start, start + len(fold))
         start += len(fold)
         shifts = errors.shifts([i for i in range(len(feeds)) if i not in held], float_biases)
         for which, biases in ((UNCORRECTED, None), (CORRECTED, corrected_biases(float_biases, shifts))):
+            if which == UNCORRECTED and known:
+                continue
             got = scorer.biased_energies(list(fold), candidates[label], biases)
             sqnr = _feed_sqnr(got)
             if got is None or sqnr is None:
                 return BiasCorrection({}, "not corrected: the scoring model cannot score it", len(twin.layers), {})
             scores[which].extend(sqnr)
-            energies[which].extend(got)
-    pooled = {which: _pooled(e) for which, e in energies.items()}
+            if which == CORRECTED:
+                energies.extend(got)
+    pooled = {CORRECTED: _pooled(energies)}
     decision = decide(scores, default=UNCORRECTED)
     if decision.label != CORRECTED:
         return BiasCorrection({}, decision.reason, len(twin.layers), pooled)
@@ -313,6 +318,8 @@ def _unused_name(name: str, taken: Mapping[str, Any]) -> str:
 
 __all__ = [
     "BIASED_OP_TYPES",
+    "CORRECTED",
+    "UNCORRECTED",
     "BiasCorrection",
     "LayerErrors",
     "Twin",

@@ -40,7 +40,7 @@ from onnxruntime.quantization.calibrate import TensorsData
 from .. import calibrators
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
 from . import selection
-from .bias_correction import BiasCorrection, correct_biases, write_corrected
+from .bias_correction import CORRECTED, BiasCorrection, correct_biases, write_corrected
 from .folds import fold_candidates, withholding_first
 from .logits import logits_model
 from .ort import QuantizationArgs
@@ -209,13 +209,19 @@ def best_recipe(
     )
     (tmp / "bias").mkdir()
     correction = correct_biases(
-        shared.scorer(scored.candidates, placed), chosen.label, chosen.ranges, scored.folds, tmp / "bias"
+        shared.scorer(scored.candidates, placed),
+        chosen.label,
+        chosen.ranges,
+        scored.folds,
+        tmp / "bias",
+        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
     )
     logger.info(
-        "recipe: bias correction of %d layers: %s (%s)",
+        "recipe: bias correction of %d layers: %s (%s; %.2f dB corrected, cross-validated)",
         correction.layers,
         "applied" if correction.biases else "not applied",
         correction.reason,
+        correction.sqnr_db.get(CORRECTED, float("nan")),
     )
     del shared  # the scoring sessions' memory
     if correction.biases:

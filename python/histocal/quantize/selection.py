@@ -286,7 +286,7 @@ def select(
     sqnr = {
         label: -math.inf
         if label in failures
-        else _sqnr_db(sum(s for s, _ in per_feed[label]), sum(e for _, e in per_feed[label]))
+        else sqnr_db(sum(s for s, _ in per_feed[label]), sum(e for _, e in per_feed[label]))
         if per_feed[label]
         else math.nan
         for label in candidates
@@ -295,7 +295,7 @@ def select(
     feed_sqnr = {
         label: (-math.inf,) * n
         if label in failures
-        else tuple(_sqnr_db(s, e) for s, e in per_feed[label]) + (math.nan,) * (n - len(per_feed[label]))
+        else tuple(sqnr_db(s, e) for s, e in per_feed[label]) + (math.nan,) * (n - len(per_feed[label]))
         for label in candidates
     }
     raised = {label: exc for label, exc in failures.items() if exc is not None}
@@ -355,13 +355,14 @@ def _computable(candidates: Mapping[str, TensorsData], labels: Sequence[str]) ->
 def _cannot_qualify(scores: list[tuple[float, float]], default: list[tuple[float, float]], remaining: int) -> bool:
     """``rule.cannot_qualify`` on a candidate's (signal, noise) per feed so far against the default's."""
     gains = feed_gains_db(
-        {"default": [_sqnr_db(*e) for e in default[: len(scores)]], "candidate": [_sqnr_db(*e) for e in scores]},
+        {"default": [sqnr_db(*e) for e in default[: len(scores)]], "candidate": [sqnr_db(*e) for e in scores]},
         "default",
     )["candidate"]
     return cannot_qualify(gains, remaining)
 
 
-def _sqnr_db(signal: float, noise: float) -> float:
+def sqnr_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise): +inf without noise, -inf without signal."""
     if noise == 0.0:
         return math.inf
     if signal == 0.0:
@@ -404,5 +405,6 @@ __all__ = [
     "select_ranges",
     "select_ranges_cross_validated",
     "sign_test_p",
+    "sqnr_db",
     "state_candidates",
 ]
