@@ -251,8 +251,10 @@ def correct_biases(
     errors = LayerErrors(twin, session, {**parameters, **scorer.weights}, feeds)
     session = None
     float_biases = model.float_biases
-    known = uncorrected is not None and len(uncorrected) == len(feeds) and not np.isnan(uncorrected).any()
-    scores: dict[str, list[float]] = {UNCORRECTED: list(uncorrected) if known else [], CORRECTED: []}
+    known = list(uncorrected) if uncorrected is not None else []
+    if len(known) != len(feeds) or np.isnan(known).any():
+        known = []
+    scores: dict[str, list[float]] = {UNCORRECTED: known, CORRECTED: []}
     energies: list[tuple[float, float]] = []
     start = 0
     for candidates, fold in folds:
@@ -260,7 +262,7 @@ def correct_biases(
         start += len(fold)
         shifts = errors.shifts([i for i in range(len(feeds)) if i not in held], float_biases)
         for which, biases in ((UNCORRECTED, None), (CORRECTED, corrected_biases(float_biases, shifts))):
-            if which == UNCORRECTED and known:
+            if which == UNCORRECTED and known:  # scored by the selection
                 continue
             got = scorer.biased_energies(list(fold), candidates[label], biases)
             sqnr = _feed_sqnr(got)
