@@ -19,7 +19,9 @@ Features (setting ``features``; full size: all):
   a fraction of the range width, is shown);
 * ``mse``, ``kl``, ``pow2``, ``isotone``: histocal's methods (calibrator, then quantized with the
   ranges: output SQNR on the held-back batches); ``auto``: ``histocal.quantize_static(...,
-  calibrate_method="auto")`` (model-level, 2 folds over 4 kept batches);
+  calibrate_method="auto")`` (model-level, 2 folds over 4 kept batches); ``recipe``:
+  ``histocal.quantize_static(..., recipe="best")`` beside onnxruntime's default ``quantize_static``
+  (output SQNR of both on the held-back batches);
 * ``per_channel``: Percentile per-channel histograms (axis 1; the transformer's: -1, its hidden
   features); ``per_channel_minmax``: MinMax per channel (axis 1) against onnxruntime's;
 * ``quantize_patch`` (Entropy, int8, ``histocal.patch_onnxruntime`` + onnxruntime's
@@ -74,6 +76,7 @@ FEATURES = [
     "pow2",
     "isotone",
     "auto",
+    "recipe",
     "per_channel",
     "per_channel_minmax",
     "quantize_patch",
@@ -334,6 +337,25 @@ def feature(name: str, c: Cell) -> tuple[Callable[[], str], Callable[[], Any] | 
             return f"SQNR {c.sqnr(out):.1f} dB"
 
         return auto, None
+    if name == "recipe":
+
+        def recipe() -> str:
+            import histocal
+
+            out = c.work / "recipe.onnx"
+            histocal.quantize_static(c.model, out, c.feeds, recipe="best")
+            return f"SQNR {c.sqnr(out):.1f} dB"
+
+        def ort_default() -> None:
+            from onnxruntime.quantization import quantize_static
+
+            quantize_static(c.model.as_posix(), (c.work / "ort_default.onnx").as_posix(), c.reader())
+
+        def ours() -> str:
+            got, default = recipe(), c.work / "ort_default.onnx"
+            return f"{got}, onnxruntime's default {c.sqnr(default):.1f} dB" if default.exists() else got
+
+        return ours, ort_default
     if name == "per_channel":
         # onnxruntime has per-channel ranges for MinMax only (per_channel_minmax): no counterpart here
         axis = {"per_channel": True, "channel_axis": c.channel_axis}
