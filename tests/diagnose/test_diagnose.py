@@ -18,7 +18,7 @@ from support.models import padding_feeds, transformer, transformer_feeds
 import histocal
 from histocal.cli.main import main
 from histocal.diagnose import DEFAULTS, diagnose, name_nodes, range_findings
-from histocal.diagnose.switches import SWITCH_INPUT, SwitchedSession, quantized_nodes, switched_model
+from histocal.quantize.switches import SWITCH_INPUT, SwitchedSession, quantized_nodes, switched_model
 
 
 def _state(model, feeds, tmp_path):

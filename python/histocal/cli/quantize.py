@@ -290,7 +290,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
     if recipe is not None:
         corrected = ", biases corrected" if recipe.bias_correction.biases else ""
-        how = f"recipe best: {recipe.method} ranges, placement {recipe.placement}, per-channel weights{corrected}"
+        in_float = f", {len(recipe.left_in_float)} nodes in float" if recipe.left_in_float else ""
+        how = f"recipe best: {recipe.method} ranges, placement {recipe.placement}, per-channel weights{in_float}{corrected}"
     sys.stdout.write(
         f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"

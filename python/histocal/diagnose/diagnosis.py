@@ -52,14 +52,14 @@ from .. import calibrators, methods
 from ..io.models import load_model
 from ..io.readers import DataSource
 from ..methods.settings import CollectionSettings
+from ..quantize.exclusion import DiagnosisRun, TensorImpact
+from ..quantize.findings import RangeFinding
 from ..quantize.folds import collect_unless_empty, withholding_first
 from ..quantize.integration import default_method_options
 from ..quantize.ort import QUANTIZE_ARGUMENTS, QuantizationArgs, check_per_channel, model_file
+from ..quantize.switches import model_ort_converts, name_nodes
 from ..state import CalibrationState
-from .findings import RangeFinding
 from .report_text import summary_text
-from .search import DiagnosisRun, TensorImpact
-from .switches import model_ort_converts, name_nodes
 
 logger = logging.getLogger(__name__)
 

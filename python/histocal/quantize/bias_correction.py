@@ -267,10 +267,9 @@ def correct_biases(
     errors = LayerErrors(twin, session, {**parameters, **scorer.weights}, feeds)
     session = None
     float_biases = model.float_biases
-    known = list(uncorrected) if uncorrected is not None else []
-    if len(known) != len(feeds) or np.isnan(known).any():
-        known = []
-    scores: dict[str, list[float]] = {UNCORRECTED: known, CORRECTED: []}
+    given = list(uncorrected) if uncorrected is not None else []
+    known = len(given) == len(feeds) and not np.isnan(given).any()
+    scores: dict[str, list[float]] = {UNCORRECTED: given if known else [], CORRECTED: []}
     energies: list[tuple[float, float]] = []
     start = 0
     for candidates, fold in folds:

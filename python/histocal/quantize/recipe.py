@@ -15,7 +15,11 @@ The steps (docs/methods.md, "The recipe"), each a measurement on the calibration
    method (never below minmax without evidence); a placement other than onnxruntime's is kept only
    if its choice beats the one kept so far (onnxruntime's first, in ``placements``' order) by
    ``MIN_GAIN_DB`` pooled.
-5. **Correct the biases** (``bias_correction``): each Conv, ConvTranspose and Gemm's own mean output
+5. **Leave in float** the few nodes whose quantization costs most (``exclusion``, diagnose's search,
+   on the kept feeds, under the chosen placement and ranges): each group of nodes must gain
+   ``EXCLUSION_MIN_GAIN_DB`` on the switched model and all of them together on onnxruntime's model,
+   at most ``EXCLUSION_MAX_FRACTION`` of the quantized nodes.
+6. **Correct the biases** (``bias_correction``): each Conv, ConvTranspose and Gemm's own mean output
    error under the chosen placement and ranges moved into its bias, kept only if auto's evidence
    rule prefers it on the held-out folds.
 
@@ -38,9 +42,11 @@ import onnx
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import calibrators
+from ..io.models import load_model
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
 from . import selection
 from .bias_correction import CORRECTED, BiasCorrection, correct_biases, write_corrected
+from .exclusion import DiagnosisRun
 from .folds import fold_candidates, withholding_first
 from .logits import logits_model
 from .ort import QuantizationArgs
@@ -55,6 +61,16 @@ RECIPES = ("ort", "best")  # "ort": onnxruntime's quantization as given (the def
 # Calibration feeds kept for scoring when the caller gives no eval_samples: half of auto's 16, so
 # the recipe's scoring stays within a few times onnxruntime's quantize_static (BENCHMARKS.md).
 RECIPE_EVAL_SAMPLES = 8
+# The evidence step (``_left_in_float``): a group of nodes stays float only for a clear gain of its
+# own, half a decibel (leaving an operator in float gives up its int8 weights and kernel: five times
+# auto's MIN_GAIN_DB), for few nodes, on a short screen (a dominant tensor is found in about
+# log2(n) runs).
+EXCLUSION_MIN_GAIN_DB = 0.5
+EXCLUSION_MAX_FRACTION = 0.05
+EXCLUSION_SCREEN_SAMPLES = 2
+EXCLUSION_SCREEN_RUNS = 32
+EXCLUSION_CHECKS = 8
+EXCLUSION_EXACT_CHECKS = 2
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,8 @@ class Recipe:
         sqnr_db: per placement, the default candidate's (minmax) cross-validated SQNR on the kept
             feeds (dB), and under ``"chosen"`` the chosen method's under the chosen placement.
         scored_on_logits: whether the scores are on the pre-activation logits.
+        left_in_float: the nodes the evidence step leaves in float (also in
+            ``quantization.nodes_to_exclude``).
         bias_correction: whether the biases were corrected, and why.
     """
 
@@ -83,6 +101,7 @@ class Recipe:
     method: str
     sqnr_db: dict[str, float]
     scored_on_logits: bool
+    left_in_float: tuple[str, ...]
     bias_correction: BiasCorrection
 
 
@@ -111,6 +130,45 @@ def _chosen(scores: Mapping[str, tuple[Placement, QuantizationArgs, Any]]) -> st
 def _sqnr(chosen: Any) -> float:
     value = chosen.sqnr_db.get(chosen.label, float("nan"))
     return -float("inf") if np.isnan(value) else value
+
+
+def _left_in_float(
+    scoring: Path,
+    ranges: TensorsData,
+    kept: list[dict[str, np.ndarray]],
+    providers: Any,
+    placed: QuantizationArgs,
+    workdir: Path,
+) -> list[str]:
+    """The nodes the exclusion search (``exclusion``, diagnose's) leaves in float under the chosen
+    placement and ranges, on the kept feeds: each group of nodes must gain ``EXCLUSION_MIN_GAIN_DB``
+    on the switched model and the whole onnxruntime's quantized model, at most
+    ``EXCLUSION_MAX_FRACTION`` of the quantized nodes."""
+    workdir.mkdir()
+    run = DiagnosisRun(
+        scoring, load_model(scoring), ranges, kept, list(providers or ["CPUExecutionProvider"]), placed, workdir
+    )
+    _, excluded, sqnr, sqnr_excluded, counts, *_ = run.diagnose(
+        None,
+        screen_samples=EXCLUSION_SCREEN_SAMPLES,
+        max_screen_runs=EXCLUSION_SCREEN_RUNS,
+        max_checks=EXCLUSION_CHECKS,
+        max_exact_checks=EXCLUSION_EXACT_CHECKS,
+        min_gain_db=EXCLUSION_MIN_GAIN_DB,
+        target=None,
+        max_fraction=EXCLUSION_MAX_FRACTION,
+        seconds={},
+    )
+    logger.info(
+        "recipe: %d of %d quantized nodes left in float by evidence (%.2f -> %.2f dB on %d kept feeds)%s",
+        len(excluded),
+        counts["nodes"],
+        sqnr,
+        sqnr_excluded,
+        len(kept),
+        f": {', '.join(excluded)}" if excluded else "",
+    )
+    return list(excluded)
 
 
 def best_recipe(
@@ -207,6 +265,9 @@ def best_recipe(
     chosen = selection.select(
         scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated, shared
     )
+    in_float = _left_in_float(scoring, chosen.ranges, kept, providers, placed, tmp / "exclusion")
+    if in_float:
+        placed = replace(placed, nodes_to_exclude=[*(placed.nodes_to_exclude or []), *in_float])
     (tmp / "bias").mkdir()
     correction = correct_biases(
         shared.scorer(scored.candidates, placed),
@@ -214,7 +275,7 @@ def best_recipe(
         chosen.ranges,
         scored.folds,
         tmp / "bias",
-        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
+        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated and not in_float else None,
     )
     logger.info(
         "recipe: bias correction of %d layers: %s (%s; %.2f dB corrected, cross-validated)",
@@ -235,12 +296,14 @@ def best_recipe(
         chosen.label,
         {**{k: _sqnr(v[2]) for k, v in scores.items()}, "chosen": _sqnr(chosen)},
         on_logits is not None,
+        tuple(in_float),
         correction,
     )
     logger.info(
-        "recipe: placement %r, ranges %s, per-channel symmetric weights%s (%.2f dB %s on %d kept feeds, %.1f s)",
+        "recipe: placement %r, ranges %s, per-channel symmetric weights%s%s (%.2f dB %s on %d kept feeds, %.1f s)",
         label,
         chosen.label,
+        f", {len(in_float)} nodes left in float" if in_float else "",
         ", biases corrected" if correction.biases else "",
         recipe.sqnr_db["chosen"],
         "on the pre-activation logits" if on_logits is not None else "on the outputs",

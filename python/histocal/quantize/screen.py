@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
-from ..quantize.runs import PreparedOutput, run_all, run_threads
+from .runs import PreparedOutput, run_all, run_threads
 
 logger = logging.getLogger(__name__)
 

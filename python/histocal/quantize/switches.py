@@ -38,8 +38,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..quantize import runs
-from ..quantize.ort import QuantizationArgs, model_ort_quantizes
+from . import runs
+from .ort import QuantizationArgs, model_ort_quantizes
 
 logger = logging.getLogger(__name__)
 

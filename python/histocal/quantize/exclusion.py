@@ -1,5 +1,7 @@
-"""The search of a diagnosis (steps 2-6 of ``diagnosis``'s module docstring): quantize, screen the
-quantized tensors on the switched model, check the candidates, measure, and the exact checks."""
+"""Which quantized nodes to leave in float, by evidence: the search of a diagnosis (steps 2-6 of
+``histocal.diagnose.diagnosis``'s module docstring): quantize, screen the quantized tensors on the
+switched model, check the candidates, measure, and the exact checks. ``histocal diagnose`` and the
+recipe (``recipe``, its evidence step) both run it."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ import onnx
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization.calibrate import TensorsData
 
-from ..quantize.ort import QuantizationArgs, quantize_with_ranges
 from ..state import CalibrationState
 from . import screen as _screen
 from .findings import range_findings
+from .ort import QuantizationArgs, quantize_with_ranges
 from .switches import SWITCH_INPUT, QuantizedTensor, SwitchedSession, quantized_nodes, switched_model
 
 # a diagnosis logs through one logger, diagnosis's
@@ -88,7 +90,7 @@ class DiagnosisRun:
 
     def diagnose(
         self,
-        state: CalibrationState,
+        state: CalibrationState | None,
         screen_samples: int,
         max_screen_runs: int,
         max_checks: int,
@@ -144,7 +146,8 @@ class DiagnosisRun:
         candidates: list[tuple[QuantizedTensor, float | None]] = [
             (tensors[i], result.gain_db(r)) for i, r in result.candidates
         ]
-        findings = range_findings(state, [x.name for x in tensors])
+        # Without a state (the recipe's call), no sentinel or outlier findings: the screen alone.
+        findings = range_findings(state, [x.name for x in tensors]) if state is not None else []
         # sentinel tensors the screen did not rank come after its candidates (their check decides)
         screened = {c.name for c, _ in candidates}
         by_name = {x.name: x for x in tensors}
