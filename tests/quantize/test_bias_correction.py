@@ -239,3 +239,12 @@ def test_too_few_kept_feeds_for_evidence(tmp_path, caplog, kept):
     with caplog.at_level(logging.INFO, logger="histocal.quantize.recipe"):
         histocal.quantize_static(path, tmp_path / "best.onnx", positive_feeds(kept, 1), recipe="best")
     assert "not applied" in caplog.text and "fewer than two kept feeds" in caplog.text
+
+
+def test_nodes_left_in_float_lose_their_correction():
+    values = np.zeros(4, np.float32)
+    correction = bias_correction.BiasCorrection(
+        {"B1": ("conv1", "B1", values), "B2": ("conv2", "B2", values + 1)}, "applied", 2, {}
+    )
+    assert list(correction.without(["conv1"]).biases) == ["B2"]
+    assert correction.without([]).biases.keys() == correction.biases.keys()

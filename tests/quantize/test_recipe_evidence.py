@@ -10,6 +10,7 @@ import math
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 from support.graphs import GraphBuilder, tensor
 
 import histocal
@@ -72,6 +73,12 @@ def test_the_dominant_tensor_s_reader_is_left_in_float_on_every_route(tmp_path, 
     line = next(r.getMessage() for r in caplog.records if "left in float by evidence" in r.getMessage())
     assert f"conv{OUTLIER + 1}" in line, line
     assert _reader_weight_is_float(best)
+    # A node left in float keeps its own bias: it has no quantization error to correct.
+    written = onnx.load(best.as_posix())
+    reader = next(n for n in written.graph.node if n.name == f"conv{OUTLIER + 1}")
+    bias = next(t for t in written.graph.initializer if t.name == reader.input[2])
+    original = next(t for t in onnx.load(path.as_posix()).graph.initializer if t.name == f"B{OUTLIER + 1}")
+    assert numpy_helper.to_array(bias).tobytes() == numpy_helper.to_array(original).tobytes()
     all_int8 = tmp_path / "all_int8.onnx"
     histocal.quantize_static(path, all_int8, calibration, per_channel=True, extra_options={"WeightSymmetric": True})
     assert sqnr(path, best, held) > sqnr(path, all_int8, held) + 3

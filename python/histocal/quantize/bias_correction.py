@@ -34,10 +34,10 @@ a few feeds' worth; measuring per fold would cost one pass of the kept feeds per
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,11 @@ class BiasCorrection:
     reason: str
     layers: int
     sqnr_db: dict[str, float]
+
+    def without(self, nodes: Collection[str]) -> BiasCorrection:
+        """This correction less the biases that ``nodes`` read (nodes left in float have no
+        quantization error to correct)."""
+        return replace(self, biases={k: v for k, v in self.biases.items() if v[0] not in nodes})
 
 
 def twin_model(float_model: onnx.ModelProto, scoring: onnx.ModelProto, model: ScoringModel) -> Twin:

@@ -15,13 +15,14 @@ The steps (docs/methods.md, "The recipe"), each a measurement on the calibration
    method (never below minmax without evidence); a placement other than onnxruntime's is kept only
    if its choice beats the one kept so far (onnxruntime's first, in ``placements``' order) by
    ``MIN_GAIN_DB`` pooled.
-5. **Leave in float** the few nodes whose quantization costs most (``exclusion``, diagnose's search,
-   on the kept feeds, under the chosen placement and ranges): each group of nodes must gain
-   ``EXCLUSION_MIN_GAIN_DB`` on the switched model and all of them together on onnxruntime's model,
-   at most ``EXCLUSION_MAX_FRACTION`` of the quantized nodes.
-6. **Correct the biases** (``bias_correction``): each Conv, ConvTranspose and Gemm's own mean output
+5. **Correct the biases** (``bias_correction``): each Conv, ConvTranspose and Gemm's own mean output
    error under the chosen placement and ranges moved into its bias, kept only if auto's evidence
    rule prefers it on the held-out folds.
+6. **Leave in float** the few nodes whose quantization still costs most (``exclusion``, diagnose's
+   search, on the kept feeds, on the corrected model under the chosen placement and ranges): each
+   group of nodes must gain ``EXCLUSION_MIN_GAIN_DB`` on the switched model and all of them together
+   on onnxruntime's model, at most ``EXCLUSION_MAX_FRACTION`` of the quantized nodes. A node left in
+   float keeps its own bias (it has no quantization error to correct).
 
 The result (the prepared model, the ranges, the quantization arguments) goes to
 ``quantize_with_ranges`` like every other route's.
@@ -265,9 +266,6 @@ def best_recipe(
     chosen = selection.select(
         scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated, shared
     )
-    in_float = _left_in_float(scoring, chosen.ranges, kept, providers, placed, tmp / "exclusion")
-    if in_float:
-        placed = replace(placed, nodes_to_exclude=[*(placed.nodes_to_exclude or []), *in_float])
     (tmp / "bias").mkdir()
     correction = correct_biases(
         shared.scorer(scored.candidates, placed),
@@ -275,7 +273,7 @@ def best_recipe(
         chosen.ranges,
         scored.folds,
         tmp / "bias",
-        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated and not in_float else None,
+        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
     )
     logger.info(
         "recipe: bias correction of %d layers: %s (%s; %.2f dB corrected, cross-validated)",
@@ -285,6 +283,13 @@ def best_recipe(
         correction.sqnr_db.get(CORRECTED, float("nan")),
     )
     del shared  # the scoring sessions' memory
+    searched = scoring
+    if correction.biases:
+        searched = write_corrected(scoring, correction.biases, tmp / "scoring_corrected.onnx")
+    in_float = _left_in_float(searched, chosen.ranges, kept, providers, placed, tmp / "exclusion")
+    if in_float:
+        placed = replace(placed, nodes_to_exclude=[*(placed.nodes_to_exclude or []), *in_float])
+        correction = correction.without(in_float)
     if correction.biases:
         prepared = write_corrected(prepared, correction.biases, tmp / "corrected.onnx")
     recipe = Recipe(
