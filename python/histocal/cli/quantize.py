@@ -329,7 +329,8 @@ def register(sub: Any) -> None:
         help="ort (default): onnxruntime's quantization with the options as given; best: the best int8 model "
         "histocal finds: the model prepared (Constant weights to initializers, opset 13, onnxruntime's "
         "pre-processing, outputs checked), symmetric per-channel weights, placement and method (auto) chosen "
-        "on the calibration data (docs/methods.md, 'The recipe')",
+        "on the calibration data, biases corrected and the few nodes whose quantization costs most left in "
+        "float, each where the evidence holds (docs/methods.md, 'The recipe')",
     )
     g = p.add_argument_group("auto (--method auto with --data)")
     g.add_argument(

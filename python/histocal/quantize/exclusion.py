@@ -71,6 +71,8 @@ class DiagnosisRun:
         self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
         self.checks = 0  # candidate checks on the switched model
         self.quantizations = 0  # onnxruntime quantizations beyond the first
+        # Per set of excluded nodes measured on onnxruntime's model (() : none), each feed's SQNR (dB).
+        self.feed_sqnr_db: dict[tuple[str, ...], list[float]] = {}
 
     def _quantize(self, path: Path, exclude: Sequence[str], **override: Any) -> None:
         excluded = [*self.user_excluded, *exclude] or None
@@ -83,9 +85,23 @@ class DiagnosisRun:
         self.quantizations += 1
         path = self.tmp / f"check{self.quantizations}.onnx"
         self._quantize(path, exclude)
-        noise = self.reference.noise(_screen.session(path, self.providers))
+        sqnr = self._measured(tuple(exclude), path)
         for f in self.tmp.glob(f"check{self.quantizations}.onnx*"):
             f.unlink()
+        return sqnr
+
+    def _measured(self, exclude: tuple[str, ...], path: Path) -> float:
+        """The output SQNR of the model at ``path`` (``exclude`` left in float), its per-feed SQNRs
+        kept in ``feed_sqnr_db``."""
+        noises = self.reference.output_noises(_screen.session(path, self.providers))
+        self.feed_sqnr_db[exclude] = self.reference.feed_sqnr_db(noises)
+        noise = 0.0
+        for parts in noises:  # in feed and output order, as ``Reference.noise``
+            if parts is None:
+                noise = math.inf
+                break
+            for part in parts:
+                noise += part
         return _screen.sqnr_db(self.reference.signal, noise)
 
     def diagnose(
@@ -115,9 +131,7 @@ class DiagnosisRun:
         switched, tensors, weights = switched_model(qdq, self.float_model)
         del qdq
         if self.quantization.quant_format == QuantFormat.QDQ:
-            sqnr = _screen.sqnr_db(
-                self.reference.signal, self.reference.noise(_screen.session(qdq_path, self.providers))
-            )
+            sqnr = self._measured((), qdq_path)
         else:
             sqnr = self.exact_sqnr(())
         switched_path = self.tmp / "switched.onnx"

@@ -344,7 +344,8 @@ def quantize_static(
             ``"best"``: the best int8 model histocal finds (docs/methods.md, "The recipe"): the
             model prepared (Constant weights to initializers, opset 13, onnxruntime's
             pre-processing, outputs checked), symmetric per-channel weights, the placement and
-            auto's method chosen on the calibration feeds; ``calibrate_method`` must be left at
+            auto's method chosen on the calibration feeds, the biases corrected and the few
+            nodes whose quantization costs most left in float where the evidence holds; ``calibrate_method`` must be left at
             its default or be ``"auto"`` (``method_options``: auto's), with no
             ``tensors_range`` or ``calibration_cache_path``.
 

@@ -53,7 +53,7 @@ from .logits import logits_model
 from .ort import QuantizationArgs
 from .placement import Placement, placements
 from .preparation import Preparation, prepare_model
-from .rule import DEFAULT_CANDIDATE, MIN_GAIN_DB
+from .rule import DEFAULT_CANDIDATE, MIN_GAIN_DB, decide
 from .scorer import SharedScoring
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ EXCLUSION_SCREEN_SAMPLES = 2
 EXCLUSION_SCREEN_RUNS = 32
 EXCLUSION_CHECKS = 8
 EXCLUSION_EXACT_CHECKS = 2
+QUANTIZED, IN_FLOAT = "quantized", "left in float"
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,9 @@ def _left_in_float(
     """The nodes the exclusion search (``exclusion``, diagnose's) leaves in float under the chosen
     placement and ranges, on the kept feeds: each group of nodes must gain ``EXCLUSION_MIN_GAIN_DB``
     on the switched model and the whole onnxruntime's quantized model, at most
-    ``EXCLUSION_MAX_FRACTION`` of the quantized nodes."""
+    ``EXCLUSION_MAX_FRACTION`` of the quantized nodes; then auto's rule (``rule.decide``: the sign
+    test over the feeds and the standard error) must prefer onnxruntime's model with them in float
+    to the one without, feed by feed."""
     workdir.mkdir()
     run = DiagnosisRun(
         scoring, load_model(scoring), ranges, kept, list(providers or ["CPUExecutionProvider"]), placed, workdir
@@ -160,14 +163,23 @@ def _left_in_float(
         max_fraction=EXCLUSION_MAX_FRACTION,
         seconds={},
     )
+    reason = ""
+    if excluded:
+        # Each feed on its own, as the recipe's other choices: auto's rule on onnxruntime's models.
+        measured = run.feed_sqnr_db
+        decision = decide({QUANTIZED: measured[()], IN_FLOAT: measured[tuple(excluded)]}, default=QUANTIZED)
+        reason = decision.reason.replace("held-out feeds", "kept feeds")  # scored in sample here
+        if decision.label != IN_FLOAT:
+            excluded, sqnr_excluded = [], sqnr
     logger.info(
-        "recipe: %d of %d quantized nodes left in float by evidence (%.2f -> %.2f dB on %d kept feeds)%s",
+        "recipe: %d of %d quantized nodes left in float by evidence (%.2f -> %.2f dB on %d kept feeds)%s%s",
         len(excluded),
         counts["nodes"],
         sqnr,
         sqnr_excluded,
         len(kept),
         f": {', '.join(excluded)}" if excluded else "",
+        f" ({reason})" if reason else "",
     )
     return list(excluded)
 

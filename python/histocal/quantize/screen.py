@@ -84,6 +84,19 @@ class Reference:
     def noise(self, model_session: Any, extra: Feed | None = None, limit: int | None = None) -> float:
         """sum (y - y_q)^2 of ``model_session``'s outputs over the first ``limit`` feeds (default
         all), each feed extended by ``extra``; inf when an output cannot be compared."""
+        total = 0.0
+        for parts in self.output_noises(model_session, extra, limit):  # in feed and output order
+            if parts is None:
+                return math.inf
+            for noise in parts:
+                total += noise
+        return total
+
+    def output_noises(
+        self, model_session: Any, extra: Feed | None = None, limit: int | None = None
+    ) -> list[list[float] | None]:
+        """Per feed (the first ``limit``), sum (y - y_q)^2 of each output of ``model_session``; None
+        for a feed whose outputs cannot be compared."""
         feeds = self.feeds[:limit]
 
         def noises_of(i: int) -> list[float] | None:
@@ -93,14 +106,16 @@ class Reference:
 
         threads = min(run_threads(), len(feeds))
         with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
-            noises = run_all(pool, noises_of, len(feeds))
-        total = 0.0
-        for parts in noises:  # in feed and output order, as one run after the other adds them
-            if parts is None:
-                return math.inf
-            for noise in parts:
-                total += noise
-        return total
+            return list(run_all(pool, noises_of, len(feeds)))
+
+    def feed_sqnr_db(self, output_noises: Sequence[list[float] | None]) -> list[float]:
+        """Per feed, the output SQNR (dB) of ``output_noises`` (``output_noises``'s result):
+        -inf for a feed whose outputs cannot be compared."""
+        out = []
+        for i, parts in enumerate(output_noises):
+            signal = float(sum(y.signal for y in self.outputs[i]))
+            out.append(-math.inf if parts is None else sqnr_db(signal, float(sum(parts))))
+        return out
 
     def signal_of(self, limit: int | None) -> float:
         return float(sum(y.signal for ys in self.outputs[:limit] for y in ys))
