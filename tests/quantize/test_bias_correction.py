@@ -6,7 +6,6 @@ of the recipe, and the evidence rule keeps it only where it wins on held-out fee
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import onnx
@@ -18,6 +17,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import TensorsData
 from support.graphs import GraphBuilder, tensor
 from support.profiles import examples
+from support.recipes import data_folder, output_sqnr
 
 import histocal
 from histocal.cli import main
@@ -196,12 +196,9 @@ def test_recipe_corrects_a_biased_layer_on_every_route(tmp_path, caplog, capsys)
 
     uncorrected = tmp_path / "uncorrected.onnx"
     histocal.quantize_static(path, uncorrected, calibration, per_channel=True, extra_options={"WeightSymmetric": True})
-    assert _sqnr(path, best, held) > _sqnr(path, uncorrected, held) + 10
+    assert output_sqnr(path, best, held) > output_sqnr(path, uncorrected, held) + 10
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for i, feed in enumerate(calibration):
-        np.save(data / f"{i:02d}.npy", feed["X"])
+    data = data_folder(tmp_path / "data", calibration)
     cli_out = tmp_path / "cli.onnx"
     assert main(["quantize", str(path), str(cli_out), "--data", str(data), "--recipe", "best", "--no-progress"]) == 0
     assert "biases corrected" in capsys.readouterr().out
@@ -220,16 +217,6 @@ def test_recipe_leaves_the_biases_where_the_correction_does_not_win(tmp_path, ca
     assert "of 2 layers" in line
     if "not applied" in line:
         assert "biases corrected" not in caplog.text
-
-
-def _sqnr(float_path, quantized_path, held) -> float:
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (float_path, quantized_path)]
-    signal = noise = 0.0
-    for feed in held:
-        for a, b in zip(*(s.run(None, feed) for s in sessions)):
-            signal += float((a.astype(np.float64) ** 2).sum())
-            noise += float(((a.astype(np.float64) - b) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
 
 
 @pytest.mark.parametrize("kept", [1])

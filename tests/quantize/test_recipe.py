@@ -4,8 +4,6 @@ opset-11 classifier whose weights are Constant nodes, with a BatchNormalization 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -13,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import quantize_static as ort_quantize_static
 from support import models
+from support.recipes import data_folder, output_sqnr
 
 import histocal
 from histocal.cli import main
@@ -66,16 +65,6 @@ def feeds(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     return [{"X": rng.normal(0, 1, (2, 3, 8, 8)).astype(np.float32)} for _ in range(n)]
 
 
-def sqnr(float_path, quantized_path, held) -> float:
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (float_path, quantized_path)]
-    signal = noise = 0.0
-    for feed in held:
-        for a, b in zip(*(s.run(None, feed) for s in sessions)):
-            signal += float((a.astype(np.float64) ** 2).sum())
-            noise += float(((a.astype(np.float64) - b) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
-
-
 @pytest.fixture
 def opset11(tmp_path):
     path = tmp_path / "classifier11.onnx"
@@ -99,7 +88,7 @@ def test_recipe_best_prepares_the_model_and_never_loses_to_the_default(opset11, 
     per_channel = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and scales.get(n.input[1]) is not None
                    and scales[n.input[1]].size == 8]  # fmt: skip
     assert per_channel
-    assert sqnr(opset11, best, held) >= sqnr(opset11, default, held) - 0.1
+    assert output_sqnr(opset11, best, held) >= output_sqnr(opset11, default, held) - 0.1
 
 
 def histocal_reader(data):
@@ -116,10 +105,7 @@ def histocal_reader(data):
 
 
 def test_recipe_best_from_the_command_line(opset11, tmp_path, capsys):
-    data = tmp_path / "data"
-    data.mkdir()
-    for i, feed in enumerate(feeds(10, 1)):
-        np.save(data / f"{i:02d}.npy", feed["X"])
+    data = data_folder(tmp_path / "data", feeds(10, 1))
     out = tmp_path / "best.onnx"
     assert main(["quantize", str(opset11), str(out), "--data", str(data), "--recipe", "best", "--no-progress"]) == 0
     assert "recipe best" in capsys.readouterr().out
@@ -227,4 +213,4 @@ def test_recipe_best_on_a_real_classifier_never_loses_to_the_default(tmp_path):
     q = onnx.load(best.as_posix())
     assert "QuantizeLinear" in {n.op_type for n in q.graph.node}
     assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 13
-    assert sqnr(path, best, held) >= sqnr(path, default, held)
+    assert output_sqnr(path, best, held) >= output_sqnr(path, default, held)

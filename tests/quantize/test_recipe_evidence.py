@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 from support.graphs import GraphBuilder, tensor
+from support.recipes import data_folder, output_sqnr
 
 import histocal
 from histocal.cli import main
@@ -46,16 +46,6 @@ def feeds(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     return [{"X": rng.normal(0, 1, (2, 4, 8, 8)).astype(np.float32)} for _ in range(n)]
 
 
-def sqnr(float_path, quantized_path, held) -> float:
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (float_path, quantized_path)]
-    signal = noise = 0.0
-    for feed in held:
-        for a, b in zip(*(s.run(None, feed) for s in sessions)):
-            signal += float((a.astype(np.float64) ** 2).sum())
-            noise += float(((a.astype(np.float64) - b) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
-
-
 def _reader_weight_is_float(path) -> bool:
     q = onnx.load(str(path))
     initializers = {t.name for t in q.graph.initializer}
@@ -81,12 +71,9 @@ def test_the_dominant_tensor_s_reader_is_left_in_float_on_every_route(tmp_path, 
     assert numpy_helper.to_array(bias).tobytes() == numpy_helper.to_array(original).tobytes()
     all_int8 = tmp_path / "all_int8.onnx"
     histocal.quantize_static(path, all_int8, calibration, per_channel=True, extra_options={"WeightSymmetric": True})
-    assert sqnr(path, best, held) > sqnr(path, all_int8, held) + 3
+    assert output_sqnr(path, best, held) > output_sqnr(path, all_int8, held) + 3
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for i, feed in enumerate(calibration):
-        np.save(data / f"{i:02d}.npy", feed["X"])
+    data = data_folder(tmp_path / "data", calibration)
     cli_out = tmp_path / "cli.onnx"
     assert main(["quantize", str(path), str(cli_out), "--data", str(data), "--recipe", "best", "--no-progress"]) == 0
     assert "nodes in float" in capsys.readouterr().out

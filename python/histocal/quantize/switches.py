@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from . import runs
+from . import preparation, runs
 from .ort import QuantizationArgs, model_ort_quantizes
 
 logger = logging.getLogger(__name__)
@@ -317,23 +317,11 @@ def name_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     Returns:
         ``(model with every node named, how many nodes were named)``.
     """
-    graph = model.graph
-    if all(n.name for n in graph.node):
+    if all(n.name for n in model.graph.node):
         return model, 0
     named = onnx.ModelProto()
     named.CopyFrom(model)
-    used = {n.name for n in named.graph.node if n.name}
-    count = 0
-    for i, n in enumerate(named.graph.node):
-        if n.name:
-            continue
-        name, k = f"{n.op_type}_{i}", 1
-        while name in used:
-            name, k = f"{n.op_type}_{i}_{k}", k + 1
-        n.name = name
-        used.add(name)
-        count += 1
-    return named, count
+    return named, preparation.name_nodes(named)
 
 
 def model_ort_converts(model: onnx.ModelProto, quantization: QuantizationArgs) -> onnx.ModelProto:
