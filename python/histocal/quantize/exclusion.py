@@ -95,14 +95,7 @@ class DiagnosisRun:
         kept in ``feed_sqnr_db``."""
         noises = self.reference.output_noises(_screen.session(path, self.providers))
         self.feed_sqnr_db[exclude] = self.reference.feed_sqnr_db(noises)
-        noise = 0.0
-        for parts in noises:  # in feed and output order, as ``Reference.noise``
-            if parts is None:
-                noise = math.inf
-                break
-            for part in parts:
-                noise += part
-        return _screen.sqnr_db(self.reference.signal, noise)
+        return _screen.sqnr_db(self.reference.signal, self.reference.total(noises))
 
     def diagnose(
         self,

@@ -167,8 +167,10 @@ def _left_in_float(
     if excluded:
         # Each feed on its own, as the recipe's other choices: auto's rule on onnxruntime's models.
         measured = run.feed_sqnr_db
-        decision = decide({QUANTIZED: measured[()], IN_FLOAT: measured[tuple(excluded)]}, default=QUANTIZED)
-        reason = decision.reason.replace("held-out feeds", "kept feeds")  # scored in sample here
+        decision = decide(
+            {QUANTIZED: measured[()], IN_FLOAT: measured[tuple(excluded)]}, default=QUANTIZED, feeds="kept feeds"
+        )
+        reason = decision.reason
         if decision.label != IN_FLOAT:
             excluded, sqnr_excluded = [], sqnr
     logger.info(
@@ -295,15 +297,21 @@ def best_recipe(
         correction.sqnr_db.get(CORRECTED, float("nan")),
     )
     del shared  # the scoring sessions' memory
-    searched = scoring
+    uncorrected, searched = prepared, scoring
     if correction.biases:
-        searched = write_corrected(scoring, correction.biases, tmp / "scoring_corrected.onnx")
+        prepared = write_corrected(uncorrected, correction.biases, tmp / "corrected.onnx")
+        searched = prepared if on_logits is None else write_corrected(scoring, correction.biases, tmp / "scored.onnx")
     in_float = _left_in_float(searched, chosen.ranges, kept, providers, placed, tmp / "exclusion")
     if in_float:
         placed = replace(placed, nodes_to_exclude=[*(placed.nodes_to_exclude or []), *in_float])
-        correction = correction.without(in_float)
-    if correction.biases:
-        prepared = write_corrected(prepared, correction.biases, tmp / "corrected.onnx")
+        kept_correction = correction.without(in_float)
+        if kept_correction.biases.keys() != correction.biases.keys():  # a corrected node is now float
+            correction = kept_correction
+            prepared = (
+                write_corrected(uncorrected, correction.biases, tmp / "corrected_kept.onnx")
+                if correction.biases
+                else uncorrected
+            )
     recipe = Recipe(
         prepared,
         chosen.ranges,

@@ -133,6 +133,7 @@ def decide(
     min_gain_db: float = MIN_GAIN_DB,
     alpha: float = SIGN_TEST_ALPHA,
     standard_errors: float = STANDARD_ERRORS,
+    feeds: str = "held-out feeds",
 ) -> Decision:
     """The cross-validated choice: the default candidate (``DEFAULT_CANDIDATE`` if it is one,
     else the first) unless another has evidence from enough held-out feeds. Per candidate and
@@ -145,7 +146,7 @@ def decide(
     no feed. Of the qualifying candidates the one of the highest bound ``mean - standard_errors *
     se`` is the best; with ``widths`` (``range_widths``), the widest of the qualifying
     candidates whose mean is within one standard error of the best's is chosen. The reason
-    says which held or failed."""
+    says which held or failed, calling the feeds ``feeds``."""
     if not feed_sqnr_db:
         raise ValueError("the choice needs at least one candidate")
     if default is None:
@@ -154,7 +155,7 @@ def decide(
     qualifying = {label: e for label, e in ev.items() if e.qualifies(alpha, standard_errors)}
     n = len(next(iter(feed_sqnr_db.values())))
     if not qualifying:
-        return Decision(default, _kept_reason(default, ev, n, min_gain_db, alpha), ev)
+        return Decision(default, _kept_reason(default, ev, n, min_gain_db, alpha, feeds), ev)
 
     def bound(label: str) -> float:
         return qualifying[label].mean_db - standard_errors * qualifying[label].se_db
@@ -168,14 +169,14 @@ def decide(
         chosen = max(near, key=lambda label: widths.get(label, -math.inf))
     e = ev[chosen]
     reason = (
-        f"{chosen} won on {e.wins} of the {e.informative} of {n} held-out feeds on which it differs from {default} "
+        f"{chosen} won on {e.wins} of the {e.informative} of {n} {feeds} on which it differs from {default} "
         f"by more than {min_gain_db:g} dB (sign test p = {e.p_value:.3g} <= {alpha:g}), mean gain "
         f"{e.mean_db:+.2f} dB (standard error {e.se_db:.2f})"
     )
     return Decision(chosen, reason, ev)
 
 
-def _kept_reason(default: str, ev: Mapping[str, Evidence], n: int, min_gain_db: float, alpha: float) -> str:
+def _kept_reason(default: str, ev: Mapping[str, Evidence], n: int, min_gain_db: float, alpha: float, feeds: str) -> str:
     if not ev:
         return f"kept {default}: no other candidate"
     top = max(ev, key=lambda label: (-ev[label].p_value, ev[label].mean_db))
@@ -185,7 +186,7 @@ def _kept_reason(default: str, ev: Mapping[str, Evidence], n: int, min_gain_db: 
         why = "it failed on a feed"
     elif e.informative < need:
         why = (
-            f"only {e.informative} of {n} held-out feeds tell it from {default} by more than {min_gain_db:g} dB "
+            f"only {e.informative} of {n} {feeds} tell it from {default} by more than {min_gain_db:g} dB "
             f"(the others score alike), and the sign test needs at least {need}"
         )
     elif e.p_value > alpha:

@@ -84,8 +84,14 @@ class Reference:
     def noise(self, model_session: Any, extra: Feed | None = None, limit: int | None = None) -> float:
         """sum (y - y_q)^2 of ``model_session``'s outputs over the first ``limit`` feeds (default
         all), each feed extended by ``extra``; inf when an output cannot be compared."""
+        return self.total(self.output_noises(model_session, extra, limit))
+
+    @staticmethod
+    def total(output_noises: Sequence[list[float] | None]) -> float:
+        """The sum of ``output_noises``'s result, in feed and output order (as one run after the
+        other adds them); inf when a feed's outputs cannot be compared."""
         total = 0.0
-        for parts in self.output_noises(model_session, extra, limit):  # in feed and output order
+        for parts in output_noises:
             if parts is None:
                 return math.inf
             for noise in parts:

@@ -112,6 +112,14 @@ pub(crate) fn with_batches<R>(
     Ok(f(&borrowed, &batches))
 }
 
+/// `values` as a read-only 1-D float32 array (the Quark kernels' values).
+pub(crate) fn float32_values<'py>(values: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, f32>> {
+    Ok(values
+        .cast::<PyArray1<f32>>()
+        .map_err(|_| PyValueError::new_err("values must be a 1-D numpy array of float32"))?
+        .readonly())
+}
+
 pub(crate) fn counts_array<'py>(counts: &Bound<'py, PyAny>) -> PyResult<numpy::PyReadonlyArray1<'py, u64>> {
     Ok(counts
         .cast::<PyArray1<u64>>()

@@ -17,7 +17,7 @@ use crate::numeric::scan::{scan, Scan};
 use crate::numeric::view::View;
 use crate::ort::histogram::{HistError, UniformBins};
 use crate::ort::minmax;
-use numpy::{Element, PyArray1, PyArrayMethods, PyReadonlyArrayDyn};
+use numpy::{Element, PyArray1, PyReadonlyArrayDyn};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -204,10 +204,7 @@ pub(crate) fn quark_pow2_error_sums(
     qmax: f32,
 ) -> PyResult<Vec<f64>> {
     guard(|| {
-        let values = values
-            .cast::<PyArray1<f32>>()
-            .map_err(|_| PyValueError::new_err("values must be a 1-D numpy array of float32"))?
-            .readonly();
+        let values = float32_values(&values)?;
         let values = values.as_slice().map_err(|_| PyValueError::new_err("values must be contiguous"))?;
         if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s != 0.0)) {
             return Err(PyValueError::new_err(format!("scales must be finite and non-zero, got {s}")));
@@ -228,10 +225,7 @@ pub(crate) fn quark_histogram_counts<'py>(
     last: f64,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
     guard(|| {
-        let values = values
-            .cast::<PyArray1<f32>>()
-            .map_err(|_| PyValueError::new_err("values must be a 1-D numpy array of float32"))?
-            .readonly();
+        let values = float32_values(&values)?;
         let values = values.as_slice().map_err(|_| PyValueError::new_err("values must be contiguous"))?;
         if num_bins == 0 || first > last {
             return Err(PyValueError::new_err(format!("bad bins: {num_bins} over [{first}, {last}]")));
