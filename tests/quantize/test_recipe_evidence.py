@@ -21,18 +21,18 @@ LAYERS = 40  # enough quantized nodes that EXCLUSION_MAX_FRACTION allows two in 
 OUTLIER = 10
 
 
-def outlier_channel(seed: int = 0) -> onnx.ModelProto:
+def outlier_channel(seed: int = 0, outlier: int | None = OUTLIER) -> onnx.ModelProto:
     """X[N,4,8,8] through a chain of ``LAYERS`` Convs (conv0 ... conv39, 4 channels each) to Y, where
     conv10's output channel 0 is 500x the others and conv11 reads it through weights 500x smaller:
     one int8 range for that tensor leaves its other channels a few steps, so its quantization (read
-    by conv11) carries most of the output's error."""
+    by conv11) carries most of the output's error. ``outlier`` None: no such channel."""
     g = GraphBuilder(seed)
     x = "X"
     for k in range(LAYERS):
         w = (g.rng.normal(0, 1, (4, 4, 3, 3)) / 6).astype(np.float32)
-        if k == OUTLIER:
+        if k == outlier:
             w[0] *= 500
-        if k == OUTLIER + 1:
+        if outlier is not None and k == outlier + 1:
             w[:, 0] /= 500
         g.const(w, f"W{k}")
         g.const(g.rng.normal(0, 0.1, (4,)).astype(np.float32), f"B{k}")
@@ -81,19 +81,33 @@ def test_the_dominant_tensor_s_reader_is_left_in_float_on_every_route(tmp_path, 
 
 
 def test_nothing_is_left_in_float_without_a_dominant_tensor(tmp_path, caplog):
-    g = GraphBuilder(1)
-    g.const(g.rng.normal(0, 0.5, (8, 4, 3, 3)).astype(np.float32), "W1")
-    g.const(g.rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32), "W2")
-    g.node("Conv", ["X", "W1"], output="h", name="conv1", pads=[1, 1, 1, 1])
-    g.node("Relu", ["h"], output="r", name="relu")
-    g.node("Conv", ["r", "W2"], output="Y", name="conv2", pads=[1, 1, 1, 1])
     path = tmp_path / "even.onnx"
-    onnx.save(g.model("even", [tensor("X", ["N", 4, 8, 8])], [tensor("Y", ["N", 8, 8, 8])], 13), path.as_posix())
+    onnx.save(outlier_channel(1, outlier=None), path.as_posix())
     with caplog.at_level(logging.INFO, logger="histocal.quantize.recipe"):
         histocal.quantize_static(path, tmp_path / "best.onnx", feeds(12, 1), recipe="best")
     line = next(r.getMessage() for r in caplog.records if "left in float by evidence" in r.getMessage())
     left = int(line.split("recipe: ")[1].split(" of ")[0])
     quantized = int(line.split(" of ")[1].split(" quantized")[0])
     assert left <= math.floor(EXCLUSION_MAX_FRACTION * quantized)  # never more than the bound
+    q = onnx.load((tmp_path / "best.onnx").as_posix())
+    assert any(n.op_type == "DequantizeLinear" for n in q.graph.node)
+
+
+def test_a_model_too_small_for_the_bound_is_not_searched(tmp_path, caplog):
+    """Under 1 / EXCLUSION_MAX_FRACTION quantized nodes the bound leaves none in float: the search
+    (a quantization, the screen's runs) is not run at all."""
+    g = GraphBuilder(1)
+    g.const(g.rng.normal(0, 0.5, (8, 4, 3, 3)).astype(np.float32), "W1")
+    g.const(g.rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32), "W2")
+    g.node("Conv", ["X", "W1"], output="h", name="conv1", pads=[1, 1, 1, 1])
+    g.node("Relu", ["h"], output="r", name="relu")
+    g.node("Conv", ["r", "W2"], output="Y", name="conv2", pads=[1, 1, 1, 1])
+    path = tmp_path / "small.onnx"
+    onnx.save(g.model("small", [tensor("X", ["N", 4, 8, 8])], [tensor("Y", ["N", 8, 8, 8])], 13), path.as_posix())
+    with caplog.at_level(logging.INFO, logger="histocal"):
+        histocal.quantize_static(path, tmp_path / "best.onnx", feeds(12, 1), recipe="best")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("recipe: no node left in float:") for m in messages), messages
+    assert not any(m.startswith("diagnose:") for m in messages)
     q = onnx.load((tmp_path / "best.onnx").as_posix())
     assert any(n.op_type == "DequantizeLinear" for n in q.graph.node)

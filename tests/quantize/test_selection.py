@@ -671,24 +671,37 @@ def test_a_candidate_the_state_cannot_give_is_left_out(tmp_path, caplog):
 
 
 def test_cross_validation_computes_only_the_candidates_it_scores(cnn, monkeypatch):
-    """Per fold, every candidate but minmax and distribution (scored with their all-data ranges);
-    from all the data, those two and then only the candidates the rule compares (the qualifying
-    ones) and the chosen one."""
+    """A fold's ranges only of the candidates scored on it, never of minmax and distribution
+    (scored with their all-data ranges); from all the data, only those two, the candidates the rule
+    compares (the qualifying ones) and the chosen one. Here every other candidate can no longer
+    qualify after two folds: the third fold merges no state and computes nothing."""
     from histocal.quantize import candidates as candidates_module
 
-    asked = []
-    original = candidates_module.candidate_ranges
-    monkeypatch.setattr(
-        candidates_module,
-        "candidate_ranges",
-        lambda state, requests: asked.append([m for m, _ in requests]) or original(state, requests),
-    )
-    chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=4, folds=2)
-    per_fold = [m for _, m, o in methods.model_candidate_options("int8", False) if m not in ("minmax", "distribution")]
-    assert asked[:2] == [per_fold, per_fold]
-    assert asked[2] == ["minmax", "distribution"]
-    later = [m for requests in asked[3:] for m in requests]
-    assert len(later) == len(chosen.range_widths)  # one per qualifying candidate, nothing else
+    asked: dict[int, list[str]] = {}  # per state memo, the candidates computed
+    by_request = {(m, repr(sorted(o.items()))): label for label, m, o in methods.model_candidate_options("int8", False)}
+    original = candidates_module.CandidateMemo.ranges
+
+    def recording(self, method, options):
+        asked.setdefault(id(self), []).append(by_request[(method, repr(sorted(dict(options).items())))])
+        return original(self, method, options)
+
+    monkeypatch.setattr(candidates_module.CandidateMemo, "ranges", recording)
+    chosen = histocal.calibrate_and_select(cnn["path"], cnn["feeds"], eval_samples=6, folds=3)
+    memos = list(asked.values())
+    full = memos[0]  # minmax's all-data ranges are the first asked for
+    assert full[:1] == ["minmax"]
+    # the folds in order; a fold where every candidate left is hopeless merges no state at all
+    fold_memos = memos[1:] + [[]] * (4 - len(memos))
+    assert not fold_memos[-1]
+    per_fold = {label for label, _, _ in methods.model_candidate_options("int8", False)} - {"minmax", "distribution"}
+    for k, computed in enumerate(fold_memos):
+        scored = {
+            label
+            for label, values in chosen.feed_sqnr_db.items()
+            if label in per_fold and not math.isnan(values[2 * k])  # fold k: feeds 2k and 2k + 1
+        }
+        assert sorted(computed) == sorted(scored), k
+    assert set(full) <= {"minmax", "distribution", chosen.label, *chosen.range_widths}
 
 
 def test_a_hopeless_candidate_stops_within_a_fold(cnn):

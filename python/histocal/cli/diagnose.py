@@ -173,10 +173,9 @@ def auto_exclude(
     """``quantize --auto-exclude``: the diagnosis's ranges, the model to quantize (the given one, or
     a copy whose unnamed nodes got the diagnosis's names), and ``quantization`` with the diagnosis's
     nodes_to_exclude added."""
-    import onnx
 
     from ..diagnose import name_nodes
-    from ..io.models import load_model
+    from ..io.models import load_model, save_model
 
     if args.data is None or args.state is not None or args.cache is not None:
         raise UsageError("--auto-exclude calibrates and measures on --data (not --cache or --state)")
@@ -188,7 +187,7 @@ def auto_exclude(
     named, count = name_nodes(load_model(model))
     if count:  # the names the diagnosis gave the unnamed nodes, on a copy
         copy = tmp / model.name
-        onnx.save_model(named, copy.as_posix(), save_as_external_data=True, location=f"{model.name}.data")
+        save_model(named, copy)
         model = copy
     excluded = [*(quantization.nodes_to_exclude or []), *diagnosis.nodes_to_exclude]
     quantization = dataclasses.replace(quantization, nodes_to_exclude=excluded)

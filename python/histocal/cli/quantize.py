@@ -97,8 +97,7 @@ def _select_auto(args: argparse.Namespace, model: Path, data: Any, quantization:
 def _model_to_calibrate(model: Path, quantization: QuantizationArgs, tmp: str) -> Path:
     """``model``, or the model onnxruntime converts it to (another opset) before it quantizes,
     saved in ``tmp``: ranges must name that model's tensors."""
-    import onnx
-
+    from ..io.models import save_model
     from ..quantize.ort import model_ort_quantizes
 
     converted = model_ort_quantizes(
@@ -108,7 +107,7 @@ def _model_to_calibrate(model: Path, quantization: QuantizationArgs, tmp: str) -
         return model
     path = Path(tmp, "converted", model.name)
     path.parent.mkdir()
-    onnx.save_model(converted, path.as_posix(), save_as_external_data=True)
+    save_model(converted, path)
     return path
 
 

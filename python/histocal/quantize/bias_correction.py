@@ -46,7 +46,7 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization.calibrate import TensorsData
 
-from ..io.models import load_model
+from ..io.models import INLINE_MODEL_BYTES, load_model, save_model
 from ..io.readers import Feed, run_session
 from . import runs
 from .rule import decide
@@ -266,7 +266,7 @@ def correct_biases(
     if not twin.layers:
         return BiasCorrection({}, "not corrected: no layer reads a quantized float tensor", 0, {})
     path = workdir / "twin.onnx"
-    onnx.save_model(twin.model, path.as_posix(), save_as_external_data=twin.model.ByteSize() > 1 << 30)
+    onnx.save_model(twin.model, path.as_posix(), save_as_external_data=twin.model.ByteSize() > INLINE_MODEL_BYTES)
     session = runs.session(path, scorer.shared.providers, quantized=True)
     feeds = [f for _, fold in folds for f in fold]
     errors = LayerErrors(twin, session, {**parameters, **scorer.weights}, feeds)
@@ -303,8 +303,8 @@ def correct_biases(
 
 
 def write_corrected(model_path: Path, biases: Mapping[str, tuple[str, str, np.ndarray]], out: Path) -> Path:
-    """``model_path``'s model with ``BiasCorrection.biases`` in place, saved to ``out`` (its tensors
-    in one external data file beside it): a bias only its node reads is replaced, one that other
+    """``model_path``'s model with ``BiasCorrection.biases`` in place, saved to ``out``
+    (``io.models.save_model``): a bias only its node reads is replaced, one that other
     nodes read too becomes that node's own initializer."""
     model = load_model(model_path)
     graph = model.graph
@@ -326,7 +326,7 @@ def write_corrected(model_path: Path, biases: Mapping[str, tuple[str, str, np.nd
         graph.initializer.append(initializers[own])
         node.input[2] = own
         readers[source] -= 1
-    onnx.save_model(model, out.as_posix(), save_as_external_data=True, location=out.name + ".data")
+    save_model(model, out)
     return out
 
 

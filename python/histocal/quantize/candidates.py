@@ -48,44 +48,52 @@ class _MemoStream:
         return getattr(self._stream, name)
 
 
-def candidate_ranges(state: Any, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[TensorsData | ValueError]:
-    """Per (method, options) of ``requests``, ``state.compute(method, **options)`` (or the
-    ValueError it raises), each shared part computed once. A per-channel state or one without
-    its streaming histogram is computed request by request."""
-    if state.channels is not None or state.stream is None:
-        return [_compute(lambda m=m, o=o: state.compute(m, **o)) for m, o in requests]
-    ort: dict[tuple, TensorsData] = {}
+class CandidateMemo:
+    """``state.compute(method, **options)`` for one state, each shared part computed once over
+    every call (``candidate_ranges``). A per-channel state or one without its streaming histogram
+    is computed request by request."""
 
-    def ort_ranges(method: str, settings: dict[str, Any]) -> TensorsData:
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self._ort: dict[tuple, TensorsData] = {}
+        self._stream = None if state.stream is None else _MemoStream(state.stream)
+        self._names = list(state.names)
+
+    def ranges(self, method: str, options: Mapping[str, Any]) -> TensorsData | ValueError:
+        """``state.compute(method, **options)``, or the ValueError it raises."""
+        state = self.state
+        if state.channels is not None or self._stream is None:
+            return _compute(lambda: state.compute(method, **options))
+        name = methods.canonical_name(method)
+        if name in methods.ORT_METHODS:
+            return _compute(lambda: self._ort_ranges(name, dict(options)))
+        return _compute(lambda: self._histocal_ranges(name, dict(options)))
+
+    def _ort_ranges(self, method: str, settings: dict[str, Any]) -> TensorsData:
         key = (method, tuple(sorted((k, repr(v)) for k, v in settings.items())))
-        if key not in ort:
-            ort[key] = state.compute(method, per_channel=False, **settings)
-        return ort[key]
+        if key not in self._ort:
+            self._ort[key] = self.state.compute(method, per_channel=False, **settings)
+        return self._ort[key]
 
-    stream = _MemoStream(state.stream)
-    names = list(state.names)
-    dtypes = {n: state.dtype(n) for n in names}
-
-    def histocal_ranges(name: str, options: dict[str, Any]) -> TensorsData:
+    def _histocal_ranges(self, name: str, options: dict[str, Any]) -> TensorsData:
+        state, names = self.state, self._names
         if name == state.method:  # as CalibrationState.method_ranges: the state's settings first
             allowed = methods.METHOD_OPTIONS.get(name, ())
             options = {**{k: state.settings[k] for k in allowed if k in state.settings}, **options}
         options = methods.check_options(name, options)
         if name == "auto":
-            ort = {label: ort_ranges(m, dict(settings)) for label, m, settings in ORT_AUTO_CANDIDATES}
-            pairs, _ = auto_ranges(stream, names, options, ort)
+            ort = {label: self._ort_ranges(m, dict(settings)) for label, m, settings in ORT_AUTO_CANDIDATES}
+            pairs, _ = auto_ranges(self._stream, names, options, ort)
         else:
-            pairs = methods.ranges(stream, names, name, options)
-        return methods.to_tensors_data(names, pairs, dtypes)
+            pairs = methods.ranges(self._stream, names, name, options)
+        return methods.to_tensors_data(names, pairs, {n: state.dtype(n) for n in names})
 
-    out: list[TensorsData | ValueError] = []
-    for method, options in requests:
-        name = methods.canonical_name(method)
-        if name in methods.ORT_METHODS:
-            out.append(_compute(lambda n=name, o=options: ort_ranges(n, dict(o))))
-        else:
-            out.append(_compute(lambda n=name, o=options: histocal_ranges(n, dict(o))))
-    return out
+
+def candidate_ranges(state: Any, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[TensorsData | ValueError]:
+    """Per (method, options) of ``requests``, ``state.compute(method, **options)`` (or the
+    ValueError it raises), each shared part computed once (``CandidateMemo``)."""
+    memo = CandidateMemo(state)
+    return [memo.ranges(method, options) for method, options in requests]
 
 
 def _compute(fn: Any) -> TensorsData | ValueError:
@@ -116,47 +124,79 @@ def state_candidates(
         The candidates' ranges by label.
     """
     out = {}
-    requested = [r for r in methods.model_candidate_options(qtype, symmetric) if labels is None or r[0] in labels]
-    computed = candidate_ranges(state, [(method, options) for _, method, options in requested])
-    for (label, _, _), td in zip(requested, computed):
+    for label, td in _candidates(state, qtype, symmetric, labels).items():
         if isinstance(td, ValueError):
             logger.warning("auto: candidate %r left out: %s", label, td)
             continue
-        out[label] = TensorsData(
-            CalibrationMethod.MinMax,
-            {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()},
-        )
+        out[label] = td
     return out
 
 
+def _candidates(
+    state: Any, qtype: str, symmetric: bool, labels: Collection[str] | None, memo: CandidateMemo | None = None
+) -> dict[str, TensorsData | ValueError]:
+    """``state_candidates``' ranges (through ``memo``, the state's, if given), or the ValueError
+    that says why the state cannot give one."""
+    requested = [r for r in methods.model_candidate_options(qtype, symmetric) if labels is None or r[0] in labels]
+    if memo is None:
+        computed = candidate_ranges(state, [(method, options) for _, method, options in requested])
+    else:
+        computed = [memo.ranges(method, options) for _, method, options in requested]
+    return {
+        label: td
+        if isinstance(td, ValueError)
+        else TensorsData(
+            CalibrationMethod.MinMax,
+            {name: TensorData(lowest=d.lowest, highest=d.highest) for name, d in td.data.items()},
+        )
+        for (label, _, _), td in zip(requested, computed)
+    }
+
+
 class LazyCandidates(Mapping[str, TensorsData]):
-    """auto's candidates of one state under the given labels, each computed when first asked
-    for: cross-validation needs the all-data ranges of ``ALL_DATA_CANDIDATES``, of the candidates
-    the rule compares by width and of the one chosen, not of every candidate. A candidate the
-    state cannot give raises the ValueError that says why."""
+    """auto's candidates under the given labels from the merge of some calibration states, each
+    computed when first asked for (the states merged then): cross-validation needs the all-data
+    ranges of ``ALL_DATA_CANDIDATES``, of the candidates the rule compares by width and of the one
+    chosen, not of every candidate, and a fold's ranges only of the candidates still scored on it
+    (one that can no longer qualify is not: on a YOLOv8 detector, most of the entropy and kl
+    candidates' per-fold histogram searches). ``shared``: candidates taken from it instead (a
+    fold's ``ALL_DATA_CANDIDATES``, the all-data ones). A candidate the data cannot give raises the
+    ValueError that says why."""
 
     def __init__(
         self,
-        state: Any,
+        states: Sequence[Any],
         qtype: str,
         symmetric: bool,
         labels: Sequence[str],
-        computed: Mapping[str, TensorsData] | None = None,
+        shared: Mapping[str, TensorsData] | None = None,
     ) -> None:
-        self._state = state
+        self._states = [s for s in states if s is not None]
+        self._memo: CandidateMemo | None = None
         self._qtype = qtype
         self._symmetric = symmetric
         self._labels = list(labels)
-        self._computed = {label: td for label, td in (computed or {}).items() if label in self._labels}
+        self._shared = shared if shared is not None else {}
+        self._computed: dict[str, TensorsData] = {}
+
+    def _state_memo(self) -> CandidateMemo:
+        """The merged state's memo: what candidates share (the per-tensor estimate computes
+        entropy, kl and mse itself) is computed once whichever is asked for first."""
+        if self._memo is None:
+            self._memo = CandidateMemo(merge_states(*self._states))
+        return self._memo
 
     def __getitem__(self, label: str) -> TensorsData:
         if label not in self._labels:
             raise KeyError(label)
+        if label in self._shared:
+            return self._shared[label]
         if label not in self._computed:
-            got = state_candidates(self._state, self._qtype, self._symmetric, [label])
-            if label not in got:
-                raise ValueError(f"auto: candidate {label!r} cannot be computed from all the calibration data")
-            self._computed[label] = got[label]
+            memo = self._state_memo()
+            got = _candidates(memo.state, self._qtype, self._symmetric, [label], memo)[label]
+            if isinstance(got, ValueError):
+                raise got
+            self._computed[label] = got
         return self._computed[label]
 
     def __contains__(self, label: object) -> bool:  # without computing it
@@ -171,31 +211,40 @@ class LazyCandidates(Mapping[str, TensorsData]):
 
 def cross_validation_candidates(
     rest: Any, fold_states: Sequence[Any], qtype: str, symmetric: bool
-) -> tuple[LazyCandidates, list[dict[str, TensorsData]]]:
+) -> tuple[LazyCandidates, list[LazyCandidates]]:
     """auto's candidates from all the calibration data (``rest``, the state of the feeds in no
-    fold, or None, and every fold's state; computed when asked for) and, per fold, from all the
-    data but that fold's feeds: only the candidates every fold can give. ``ALL_DATA_CANDIDATES``
-    are scored with their ranges from all the data in every fold (a range that only grows with
-    the data, fitted on a fold's fewer feeds, clips what the final ranges would not, and
-    cross-validation would underrate it), so they are not computed per fold."""
-    states = [s for s in (rest, *fold_states) if s is not None]
+    fold, or None, and every fold's state) and, per fold, from all the data but that fold's feeds,
+    each computed when asked for (``LazyCandidates``: one a fold cannot give raises ValueError
+    there, and ``selection.select`` leaves it out). ``ALL_DATA_CANDIDATES`` are scored with their
+    ranges from all the data in every fold (a range that only grows with the data, fitted on a
+    fold's fewer feeds, clips what the final ranges would not, and cross-validation would
+    underrate it), so they are not computed per fold."""
     everything = [label for label, _, _ in methods.model_candidate_options(qtype, symmetric)]
-    per_fold = [label for label in everything if label not in ALL_DATA_CANDIDATES]
-    folds = []
-    for k in range(len(fold_states)):
-        others = [rest, *fold_states[:k], *fold_states[k + 1 :]]
-        folds.append(state_candidates(merge_states(*[s for s in others if s is not None]), qtype, symmetric, per_fold))
-    full_state = merge_states(*states)
-    full = state_candidates(
-        full_state, qtype, symmetric, [label for label in everything if label in ALL_DATA_CANDIDATES]
-    )
-    common = [
-        label
-        for label in everything
-        if (label in full if label in ALL_DATA_CANDIDATES else all(label in f for f in folds))
+    candidates = LazyCandidates([rest, *fold_states], qtype, symmetric, everything)
+    shared = _AllData(candidates)
+    folds = [
+        LazyCandidates([rest, *fold_states[:k], *fold_states[k + 1 :]], qtype, symmetric, everything, shared)
+        for k in range(len(fold_states))
     ]
-    candidates = LazyCandidates(full_state, qtype, symmetric, common, full)
-    fold_candidates = [
-        {label: full[label] if label in ALL_DATA_CANDIDATES else fold[label] for label in common} for fold in folds
-    ]
-    return candidates, fold_candidates
+    return candidates, folds
+
+
+class _AllData(Mapping[str, TensorsData]):
+    """The all-data candidates of ``ALL_DATA_CANDIDATES``, as every fold scores them."""
+
+    def __init__(self, candidates: LazyCandidates) -> None:
+        self._candidates = candidates
+
+    def __getitem__(self, label: str) -> TensorsData:
+        if label not in ALL_DATA_CANDIDATES:
+            raise KeyError(label)
+        return self._candidates[label]
+
+    def __contains__(self, label: object) -> bool:
+        return label in ALL_DATA_CANDIDATES and label in self._candidates
+
+    def __iter__(self) -> Iterator[str]:
+        return (label for label in self._candidates if label in ALL_DATA_CANDIDATES)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -19,6 +19,7 @@ import onnx
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization.calibrate import TensorsData
 
+from ..io.models import save_model
 from ..state import CalibrationState
 from . import screen as _screen
 from .findings import range_findings
@@ -59,8 +60,13 @@ class DiagnosisRun:
         providers: list[Any],
         quantization: QuantizationArgs,
         tmp: Path,
+        quantized: onnx.ModelProto | None = None,
     ) -> None:
+        """``quantized``: onnxruntime's QDQ model of ``model_path`` with ``ranges`` and
+        ``quantization``, when the caller has it (the recipe's scoring model gives it without
+        quantizing again: ``ScoringModel.quantized_model``); None: quantized here."""
         self.model_path = model_path
+        self.quantized = quantized
         self.float_model = float_model
         self.ranges = ranges
         self.providers = providers
@@ -108,11 +114,18 @@ class DiagnosisRun:
         target: float | None,
         max_fraction: float,
         seconds: dict[str, float],
+        screen_min_share: float = SCREEN_MIN_SHARE,
     ) -> tuple[Any, ...]:
         t = time.perf_counter()
         qdq_path = self.tmp / "qdq.onnx"
-        self._quantize(qdq_path, (), quant_format=QuantFormat.QDQ, use_external_data_format=True)
-        qdq = onnx.load(qdq_path.as_posix())
+        if self.quantized is not None and self.quantization.quant_format == QuantFormat.QDQ:
+            qdq, self.quantized = self.quantized, None
+            written = onnx.ModelProto()
+            written.CopyFrom(qdq)  # the file for the sessions; ``qdq`` keeps its weights
+            save_model(written, qdq_path)
+        else:
+            self._quantize(qdq_path, (), quant_format=QuantFormat.QDQ, use_external_data_format=True)
+            qdq = onnx.load(qdq_path.as_posix())
         nodes = quantized_nodes(qdq)
         if not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qdq.graph.node):
             logger.warning("diagnose: onnxruntime quantizes nothing in this model: nothing to diagnose")
@@ -128,7 +141,7 @@ class DiagnosisRun:
         else:
             sqnr = self.exact_sqnr(())
         switched_path = self.tmp / "switched.onnx"
-        onnx.save_model(switched, switched_path.as_posix(), save_as_external_data=True, location="switched.data")
+        save_model(switched, switched_path)
         del switched
         seconds["quantization"] = time.perf_counter() - t
         logger.info(
@@ -145,7 +158,7 @@ class DiagnosisRun:
             limit=screen_samples,
             max_candidates=max(2 * max_checks, 8),
             max_runs=max_screen_runs,
-            min_share=SCREEN_MIN_SHARE,
+            min_share=screen_min_share,
         )
         seconds["screen"] = time.perf_counter() - t
 

@@ -20,7 +20,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from ..calibrators.range_checks import check_quantized_ranges, check_ranges_before_ort, scale_issue_named
 from ..io.cache import save_tensors_data
-from ..io.models import load_model
+from ..io.models import load_model, save_model
 from ..io.outputs import external_data_output, model_files, refuse_overwriting
 from .float_reads import read_float
 from .per_channel_weights import check_per_channel_weights
@@ -188,14 +188,13 @@ def model_ort_quantizes(
 
 
 def model_file(model_input: str | Path | onnx.ModelProto, tmp: Path) -> Path:
-    """The model's path: as given, or a ModelProto saved into ``tmp`` (its weights as external
-    data, so models over 2 GB work). The caller's ModelProto is left as it is: onnx moves the
-    weights of the proto it saves as external data out of it, so a copy is saved."""
+    """The model's path: as given, or a copy of a ModelProto saved into ``tmp``
+    (``io.models.save_model``; the caller's ModelProto is left as it is)."""
     if isinstance(model_input, onnx.ModelProto):
         path = tmp / "model_input.onnx"
         copy = onnx.ModelProto()
         copy.CopyFrom(model_input)
-        onnx.save_model(copy, path.as_posix(), save_as_external_data=True)
+        save_model(copy, path)
         return path
     return Path(model_input)
 

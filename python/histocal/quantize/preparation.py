@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..io.models import load_model
+from ..io.models import load_model, save_model
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _pre_process(model: onnx.ModelProto, tmp: Path) -> onnx.ModelProto:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     source, target = tmp / "prepare_in.onnx", tmp / "prepare_out.onnx"
-    onnx.save_model(model, source.as_posix(), save_as_external_data=True, location="prepare_in.onnx.data")
+    save_model(model, source)  # not read after: its weights may move out
     try:
         # onnx's shape inference: symbolic shape inference needs sympy and adds nothing the quantizer reads
         quant_pre_process(source.as_posix(), target.as_posix(), skip_symbolic_shape=True, save_as_external_data=True)
@@ -194,17 +194,14 @@ def prepare_model(
         prepared = _pre_process(model, folder)
         name_nodes(prepared)  # placements leave nodes in float by name (onnxruntime's nodes_to_exclude)
         original = folder / "float.onnx"
-        onnx.save_model(
-            _copy(model_input) if isinstance(model_input, onnx.ModelProto) else load_model(model_input),
-            original.as_posix(),
-            save_as_external_data=True,
-            location="float.onnx.data",
-        )
+        if isinstance(model_input, onnx.ModelProto):
+            save_model(_copy(model_input), original)
+        else:
+            original = Path(model_input)  # already checked by load_model
         checked = folder / "prepared.onnx"
-        onnx.save_model(prepared, checked.as_posix(), save_as_external_data=True, location="prepared.onnx.data")
+        save_model(_copy(prepared), checked)
         names = [o.name for o in prepared.graph.output]
         worst = check_same_outputs(original, checked, feeds, names, providers)
-        prepared = onnx.load_model(checked.as_posix())
     done = Preparation(
         prepared, lifted, opset_from, default_opset(prepared), nodes_before, len(prepared.graph.node), worst
     )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -43,7 +44,7 @@ import onnx
 from onnxruntime.quantization.calibrate import TensorsData
 
 from .. import calibrators
-from ..io.models import load_model
+from ..io.models import load_model, save_model
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
 from . import selection
 from .bias_correction import CORRECTED, BiasCorrection, correct_biases, write_corrected
@@ -54,7 +55,8 @@ from .ort import QuantizationArgs
 from .placement import Placement, placements
 from .preparation import Preparation, prepare_model
 from .rule import DEFAULT_CANDIDATE, MIN_GAIN_DB, decide
-from .scorer import SharedScoring
+from .scorer import Scorer, SharedScoring
+from .switches import quantized_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,11 @@ EXCLUSION_SCREEN_SAMPLES = 2
 EXCLUSION_SCREEN_RUNS = 32
 EXCLUSION_CHECKS = 8
 EXCLUSION_EXACT_CHECKS = 2
+# The screen splits only groups whose quantization noise could still hold such a gain: leaving one
+# tensor in float removes its share f of the noise, -10 log10(1 - f) dB, which reaches
+# EXCLUSION_MIN_GAIN_DB at f = 11%; half of that, since a node left in float also returns its
+# neighbouring tensors to float. diagnose ranks tensors down to 0.2% (``exclusion.SCREEN_MIN_SHARE``).
+EXCLUSION_SCREEN_MIN_SHARE = (1 - 10 ** (-EXCLUSION_MIN_GAIN_DB / 10)) / 2
 QUANTIZED, IN_FLOAT = "quantized", "left in float"
 
 
@@ -115,7 +122,7 @@ def check_recipe(recipe: str) -> str:
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:
-    onnx.save_model(model, path.as_posix(), save_as_external_data=True, location=path.name + ".data")
+    save_model(model, path)
     return path
 
 
@@ -136,23 +143,44 @@ def _sqnr(chosen: Any) -> float:
 
 def _left_in_float(
     scoring: Path,
+    float_model: onnx.ModelProto,
     ranges: TensorsData,
     kept: list[dict[str, np.ndarray]],
     providers: Any,
     placed: QuantizationArgs,
     workdir: Path,
+    quantized: onnx.ModelProto | None,
 ) -> list[str]:
     """The nodes the exclusion search (``exclusion``, diagnose's) leaves in float under the chosen
     placement and ranges, on the kept feeds: each group of nodes must gain ``EXCLUSION_MIN_GAIN_DB``
     on the switched model and the whole onnxruntime's quantized model, at most
     ``EXCLUSION_MAX_FRACTION`` of the quantized nodes; then auto's rule (``rule.decide``: the sign
     test over the feeds and the standard error) must prefer onnxruntime's model with them in float
-    to the one without, feed by feed."""
+    to the one without, feed by feed. ``float_model``: ``scoring``'s model, loaded.
+    ``quantized``: onnxruntime's QDQ model of ``scoring`` under
+    ``placed`` and ``ranges`` if known (``DiagnosisRun``'s), which also tells when the bound leaves
+    nothing to search."""
+    if quantized is not None:
+        nodes = len(quantized_nodes(quantized))
+        if math.floor(EXCLUSION_MAX_FRACTION * nodes + 1e-9) == 0:
+            logger.info(
+                "recipe: no node left in float: %d quantized nodes, %.0f%% of them less than one",
+                nodes,
+                100 * EXCLUSION_MAX_FRACTION,
+            )
+            return []
     workdir.mkdir()
     run = DiagnosisRun(
-        scoring, load_model(scoring), ranges, kept, list(providers or ["CPUExecutionProvider"]), placed, workdir
+        scoring,
+        float_model,
+        ranges,
+        kept,
+        list(providers or ["CPUExecutionProvider"]),
+        placed,
+        workdir,
+        quantized,
     )
-    _, excluded, sqnr, sqnr_excluded, counts, *_ = run.diagnose(
+    _, excluded, sqnr, sqnr_excluded, counts, screen_runs, *_ = run.diagnose(
         None,
         screen_samples=EXCLUSION_SCREEN_SAMPLES,
         max_screen_runs=EXCLUSION_SCREEN_RUNS,
@@ -162,6 +190,7 @@ def _left_in_float(
         target=None,
         max_fraction=EXCLUSION_MAX_FRACTION,
         seconds={},
+        screen_min_share=EXCLUSION_SCREEN_MIN_SHARE,
     )
     reason = ""
     if excluded:
@@ -174,16 +203,36 @@ def _left_in_float(
         if decision.label != IN_FLOAT:
             excluded, sqnr_excluded = [], sqnr
     logger.info(
-        "recipe: %d of %d quantized nodes left in float by evidence (%.2f -> %.2f dB on %d kept feeds)%s%s",
+        "recipe: %d of %d quantized nodes left in float by evidence (%.2f -> %.2f dB on %d kept feeds, %d screen runs)"
+        "%s%s",
         len(excluded),
         counts["nodes"],
         sqnr,
         sqnr_excluded,
         len(kept),
+        screen_runs,
         f": {', '.join(excluded)}" if excluded else "",
         f" ({reason})" if reason else "",
     )
     return list(excluded)
+
+
+def _quantized_model(
+    scorer: Scorer, ranges: TensorsData, correction: BiasCorrection, searched: onnx.ModelProto
+) -> onnx.ModelProto | None:
+    """onnxruntime's QDQ model of ``searched`` (the scorer's model with ``correction`` written in)
+    under the scorer's quantization and ``ranges``, from the scorer's scoring model
+    (``ScoringModel.quantized_model``); None where it cannot give it: no scoring model, or a
+    corrected bias that ``write_corrected`` gave its own initializer (one other nodes read too),
+    which onnxruntime's model of ``searched`` names otherwise."""
+    if scorer.model is None:
+        return None
+    nodes = {n.name: n for n in searched.graph.node if n.name}
+    for name, (node, _, _) in correction.biases.items():
+        reader = nodes.get(node)
+        if reader is None or len(reader.input) < 3 or reader.input[2] != name:
+            return None
+    return scorer.model.quantized_model(ranges, {name: values for name, (_, _, values) in correction.biases.items()})
 
 
 def best_recipe(
@@ -296,12 +345,16 @@ def best_recipe(
         correction.reason,
         correction.sqnr_db.get(CORRECTED, float("nan")),
     )
-    del shared  # the scoring sessions' memory
     uncorrected, searched = prepared, scoring
     if correction.biases:
         prepared = write_corrected(uncorrected, correction.biases, tmp / "corrected.onnx")
         searched = prepared if on_logits is None else write_corrected(scoring, correction.biases, tmp / "scored.onnx")
-    in_float = _left_in_float(searched, chosen.ranges, kept, providers, placed, tmp / "exclusion")
+    searched_model = load_model(searched)
+    quantized = _quantized_model(shared.scorer(scored.candidates, placed), chosen.ranges, correction, searched_model)
+    del shared  # the scoring sessions' memory
+    in_float = _left_in_float(
+        searched, searched_model, chosen.ranges, kept, providers, placed, tmp / "exclusion", quantized
+    )
     if in_float:
         placed = replace(placed, nodes_to_exclude=[*(placed.nodes_to_exclude or []), *in_float])
         kept_correction = correction.without(in_float)

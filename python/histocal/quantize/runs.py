@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..io.models import save_model
 from ..io.readers import Feed, run_session
 from ..threads import get_num_threads
 
@@ -84,7 +85,7 @@ def dequantized(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     with tempfile.TemporaryDirectory(prefix="histocal.dequantized.") as tmp:
         path = Path(tmp) / "weights.onnx"  # a file: the weights may pass protobuf's 2 GB
-        onnx.save_model(tiny, path.as_posix(), save_as_external_data=True, location="weights.data")
+        save_model(tiny, path)
         session = ort.InferenceSession(path.as_posix(), options, providers=["CPUExecutionProvider"])
         return dict(zip([n.output[0] for n in nodes], session.run(None, {})))
 

@@ -45,7 +45,7 @@ from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization.calibrate import TensorsData
 
 from ..io.cache import round_trip
-from ..io.models import load_model
+from ..io.models import INLINE_MODEL_BYTES, load_model
 from .ort import QuantizationArgs, quantize_with_ranges
 from .runs import dequantized
 
@@ -85,8 +85,10 @@ class ScoringModel:
         float_biases: dict[str, np.ndarray],
         dtypes: dict[str, Any],
         weights: dict[str, np.ndarray] | None = None,
+        qdq_path: Path | None = None,
     ) -> None:
         self.path = path
+        self.qdq_path = qdq_path  # onnxruntime's QDQ model of the base ranges it was built from
         self._quantizer = quantizer
         self._activations = activations  # scale initializer -> (tensor, which params: "" or "_convert")
         self._biases = biases
@@ -148,6 +150,23 @@ class ScoringModel:
             out[b.quantized] = q.astype(np.int32).reshape(data.shape)
             out[b.scale] = np.asarray(bias_scale, data.dtype).reshape(-1)
         return out
+
+    def quantized_model(
+        self, ranges: TensorsData, biases: Mapping[str, np.ndarray] | None = None
+    ) -> onnx.ModelProto | None:
+        """The QDQ model ``quantize_static`` writes for ``ranges`` (and the float biases
+        ``biases``, as ``parameters``), without quantizing again: the base ranges' QDQ model with
+        its range-dependent initializers set to ``parameters``' values, the only ones a range set
+        changes (module docstring). None where ``parameters`` is."""
+        parameters = self.parameters(ranges, biases)
+        if parameters is None or self.qdq_path is None:
+            return None
+        model = load_model(self.qdq_path)
+        for tensor in model.graph.initializer:
+            if tensor.name in parameters:
+                value = np.asarray(parameters[tensor.name]).reshape(tuple(tensor.dims))
+                tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+        return model
 
     def _quantizer_params(self, ranges: TensorsData) -> dict[str, Any]:
         q = self._quantizer
@@ -211,7 +230,7 @@ def build_scoring_model(
     float_model = load_model(model_path)
     quantizer = _quantizer(_shape_inferred(model_path, workdir), ranges, quantization)
     expected = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
-    scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir)
+    scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir, qdq_path)
     if scoring is None:
         return None
     # Self-check: the base ranges must give back the QDQ model's own initializer values.
@@ -269,7 +288,12 @@ def _quantizer(float_model: onnx.ModelProto, ranges: TensorsData, quantization: 
 
 
 def _inputs_model(
-    qdq: onnx.ModelProto, float_model: onnx.ModelProto, quantizer: Any, ranges: TensorsData, workdir: Path
+    qdq: onnx.ModelProto,
+    float_model: onnx.ModelProto,
+    quantizer: Any,
+    ranges: TensorsData,
+    workdir: Path,
+    qdq_path: Path,
 ) -> ScoringModel | None:
     graph = qdq.graph
     init = {t.name: t for t in graph.initializer}
@@ -366,8 +390,8 @@ def _inputs_model(
     del graph.initializer[:]
     graph.initializer.extend(kept)
     path = workdir / "scoring.onnx"
-    onnx.save_model(qdq, path.as_posix(), save_as_external_data=qdq.ByteSize() > 1 << 30)
-    return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes, weights)
+    onnx.save_model(qdq, path.as_posix(), save_as_external_data=qdq.ByteSize() > INLINE_MODEL_BYTES)
+    return ScoringModel(path, quantizer, activations, biases, float_biases, dtypes, weights, qdq_path)
 
 
 def _float_bias(bias: str, float_init: Mapping[str, Any], original: onnx.NodeProto | None) -> str | None:

@@ -250,6 +250,7 @@ def select(
     start = time.perf_counter()
     per_feed: dict[str, list[tuple[float, float]]] = {label: [] for label in candidates}  # (signal, noise)
     failures: dict[str, BaseException | None] = {}  # None: quantized, but its outputs cannot be compared
+    left_out: set[str] = set()  # a fold's data cannot give it (``LazyCandidates``): as if never a candidate
     n = sum(len(feeds) for _, feeds in folds)
     default = DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
     with tempfile.TemporaryDirectory(prefix="histocal.select.") if shared is None else nullcontext("") as tmp:
@@ -269,12 +270,18 @@ def select(
                 done = per_feed[label] + fold_scores
                 return _cannot_qualify(done, per_feed[default] + fold_default, n - before - len(fold_scores))
 
-            active = {default: fold_candidates[default]} if default in fold_candidates else {}
-            active.update(
-                (label, ranges)
-                for label, ranges in fold_candidates.items()
-                if label != default and label not in failures and not hopeless(label, [], [])
-            )
+            # A fold's ranges are computed only for the candidates scored on it (``LazyCandidates``).
+            active = {}
+            for label in [default, *(label for label in fold_candidates if label != default)]:
+                if label not in fold_candidates or label in failures or label in left_out:
+                    continue
+                if label != default and hopeless(label, [], []):
+                    continue
+                try:
+                    active[label] = fold_candidates[label]
+                except ValueError as not_given:
+                    logger.warning("auto: candidate %r left out: %s", label, not_given)
+                    left_out.add(label)
             # One fold's float outputs at a time: memory is that of the largest fold.
             energies = scorer.energies(list(feeds), active, hopeless)
             scored += len(feeds)
@@ -283,20 +290,21 @@ def select(
                     per_feed[label].extend(energy)
                 elif failures.get(label) is None:  # an exception, if any, is the one to report
                     failures[label] = energy
+    labels = [label for label in candidates if label not in left_out]
     sqnr = {
         label: -math.inf
         if label in failures
         else sqnr_db(sum(s for s, _ in per_feed[label]), sum(e for _, e in per_feed[label]))
         if per_feed[label]
         else math.nan
-        for label in candidates
+        for label in labels
     }
     # NaN: a feed a candidate was not scored on (it could no longer qualify): no evidence either way.
     feed_sqnr = {
         label: (-math.inf,) * n
         if label in failures
         else tuple(sqnr_db(s, e) for s, e in per_feed[label]) + (math.nan,) * (n - len(per_feed[label]))
-        for label in candidates
+        for label in labels
     }
     raised = {label: exc for label, exc in failures.items() if exc is not None}
     if len(raised) == len(sqnr):
@@ -326,7 +334,7 @@ def select(
         widths,
         reason,
         scorer.new_quantizations(),  # a shared scorer's build: by the selection that built it
-        {label: len(per_feed[label]) for label in candidates if label not in failures and len(per_feed[label]) < n},
+        {label: len(per_feed[label]) for label in labels if label not in failures and len(per_feed[label]) < n},
     )
     logger.info(
         "auto: output SQNR of each candidate, %s on %d evaluation feeds (chosen: %s, %.1f s: %s)\n%s",
