@@ -22,6 +22,7 @@ from .. import methods
 from ..methods.table import TABLE
 from ..state import merge_states
 from ..state.auto import ORT_AUTO_CANDIDATES, auto_ranges
+from ..state.results import results_of
 from .rule import ALL_DATA_CANDIDATES
 
 logger = logging.getLogger(__name__)
@@ -48,12 +49,39 @@ class _MemoStream:
         return getattr(self._stream, name)
 
 
+class _Tensors:
+    """Some tensors of a calibration state that holds streaming histograms only (no exact, no
+    per-channel ones): what ``results_of`` reads, for those tensors. Each tensor's ranges are its
+    own histogram's, so they are the state's own for those tensors."""
+
+    exact = None
+    channels = None
+    exact_kind_and_bins = (None, None)
+
+    def __init__(self, state: Any, names: Collection[str]) -> None:
+        wanted = set(names)
+        self._state = state
+        self.names = [n for n in state.names if n in wanted]
+        self.stream = state.stream
+        self.method = state.method
+        self.settings = state.settings
+
+    def dtype(self, name: str) -> str:
+        return str(self._state.dtype(name))
+
+    def compute(self, method: Any, *, per_channel: bool | None = None, **settings: Any) -> TensorsData:
+        return results_of(self, method, per_channel, settings)
+
+
 class CandidateMemo:
     """``state.compute(method, **options)`` for one state, each shared part computed once over
-    every call (``candidate_ranges``). A per-channel state or one without its streaming histogram
-    is computed request by request."""
+    every call (``candidate_ranges``); only for ``names`` if given, where the state holds
+    streaming histograms only (``_Tensors``; otherwise every tensor). A per-channel state or one
+    without its streaming histogram is computed request by request."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, names: Collection[str] | None = None) -> None:
+        if names is not None and state.exact is None and state.channels is None and state.stream is not None:
+            state = _Tensors(state, names)
         self.state = state
         self._ort: dict[tuple, TensorsData] = {}
         self._stream = None if state.stream is None else _MemoStream(state.stream)
@@ -165,13 +193,15 @@ class LazyCandidates(Mapping[str, TensorsData]):
 
     def __init__(
         self,
-        states: Sequence[Any],
+        states: Sequence[Any] | _Merged,
         qtype: str,
         symmetric: bool,
         labels: Sequence[str],
         shared: Mapping[str, TensorsData] | None = None,
+        names: Collection[str] | None = None,
     ) -> None:
-        self._states = [s for s in states if s is not None]
+        self._merged = states if isinstance(states, _Merged) else _Merged(states)
+        self._names = names
         self._memo: CandidateMemo | None = None
         self._qtype = qtype
         self._symmetric = symmetric
@@ -179,11 +209,26 @@ class LazyCandidates(Mapping[str, TensorsData]):
         self._shared = shared if shared is not None else {}
         self._computed: dict[str, TensorsData] = {}
 
+    def restricted(self, names: Collection[str]) -> LazyCandidates:
+        """The same candidates computed only for the tensors ``names`` (those a placement quantizes:
+        the recipe's chosen one reads a third of MiniLM's), on the same merged state, where the
+        state allows it (``CandidateMemo``). The ``ALL_DATA_CANDIDATES`` keep every tensor, as
+        computed: the scorer built on them is the placement pass's, and ``rule.range_widths``
+        compares candidates on the tensors they share."""
+        return LazyCandidates(
+            self._merged,
+            self._qtype,
+            self._symmetric,
+            self._labels,
+            self._shared if self._shared else _AllData(self),
+            names,
+        )
+
     def _state_memo(self) -> CandidateMemo:
         """The merged state's memo: what candidates share (the per-tensor estimate computes
         entropy, kl and mse itself) is computed once whichever is asked for first."""
         if self._memo is None:
-            self._memo = CandidateMemo(merge_states(*self._states))
+            self._memo = CandidateMemo(self._merged.state, self._names)
         return self._memo
 
     def __getitem__(self, label: str) -> TensorsData:
@@ -227,6 +272,20 @@ def cross_validation_candidates(
         for k in range(len(fold_states))
     ]
     return candidates, folds
+
+
+class _Merged:
+    """Calibration states merged when first needed (``merge_states``), once for every view."""
+
+    def __init__(self, states: Sequence[Any]) -> None:
+        self._states = [s for s in states if s is not None]
+        self._state: Any = None
+
+    @property
+    def state(self) -> Any:
+        if self._state is None:
+            self._state = merge_states(*self._states)
+        return self._state
 
 
 class _AllData(Mapping[str, TensorsData]):

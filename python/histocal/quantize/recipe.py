@@ -48,8 +48,9 @@ from ..io.models import load_model, save_model
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
 from . import selection
 from .bias_correction import CORRECTED, BiasCorrection, correct_biases, write_corrected
+from .candidates import LazyCandidates
 from .exclusion import DiagnosisRun
-from .folds import fold_candidates, withholding_first
+from .folds import Folds, fold_candidates, withholding_first
 from .logits import logits_model
 from .ort import QuantizationArgs
 from .placement import Placement, placements
@@ -235,6 +236,18 @@ def _quantized_model(
     return scorer.model.quantized_model(ranges, {name: values for name, (_, _, values) in correction.biases.items()})
 
 
+def _placement_candidates(scored: Folds, scorer: Scorer) -> tuple[Mapping[str, TensorsData], list[Any]]:
+    """``scored``'s candidates and folds, computed only for the tensors whose ranges the chosen
+    placement's parameters come from (``ScoringModel.range_tensors``; a placement other than
+    onnxruntime's quantizes a fraction of them) where the scorer has a scoring model and the
+    candidates are computed when asked for (cross-validated)."""
+    if scorer.model is None or not isinstance(scored.candidates, LazyCandidates):
+        return scored.candidates, list(scored.folds)
+    tensors = scorer.model.range_tensors
+    folds = [(c.restricted(tensors) if isinstance(c, LazyCandidates) else c, feeds) for c, feeds in scored.folds]
+    return scored.candidates.restricted(tensors), folds
+
+
 def best_recipe(
     model_input: str | Path | onnx.ModelProto,
     calibration_data_reader: Any,
@@ -326,15 +339,14 @@ def best_recipe(
         )
     label = _chosen(scores)
     placement, placed, _ = scores[label]
-    chosen = selection.select(
-        scoring, scored.folds, scored.candidates, providers, placed, scored.cross_validated, shared
-    )
+    candidates, chosen_folds = _placement_candidates(scored, shared.scorer(scored.candidates, placed))
+    chosen = selection.select(scoring, chosen_folds, candidates, providers, placed, scored.cross_validated, shared)
     (tmp / "bias").mkdir()
     correction = correct_biases(
         shared.scorer(scored.candidates, placed),
         chosen.label,
         chosen.ranges,
-        scored.folds,
+        chosen_folds,
         tmp / "bias",
         chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
     )

@@ -210,11 +210,17 @@ def choose_robust(
 def range_widths(candidates: Mapping[str, TensorsData]) -> dict[str, float]:
     """Per candidate, how wide its ranges are: the mean over tensors of ``log2(max(high, 0) -
     min(low, 0))`` (the span a quantizer's range must cover, zero included), over the tensors
-    whose span is finite and positive. Comparable between candidates of the same tensors."""
+    every candidate has (the recipe computes some only for the tensors its placement quantizes)
+    whose span is finite and positive."""
     out = {}
+    shared: set[str] | None = None
+    for ranges in candidates.values():
+        shared = set(ranges.data) if shared is None else shared & set(ranges.data)
     for label, ranges in candidates.items():
         logs = []
-        for d in ranges.data.values():
+        for name, d in ranges.data.items():
+            if shared is None or name not in shared:
+                continue
             low, high = float(np.min(d.lowest)), float(np.max(d.highest))
             span = max(high, 0.0) - min(low, 0.0)
             if 0.0 < span < math.inf:

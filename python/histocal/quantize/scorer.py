@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -139,8 +139,12 @@ class Scorer:
             same_as: dict[str, str] = {}
             seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
             keys: dict[str, Any] = {}
+            # Compared on the tensors the scoring model reads: the recipe computes some candidates
+            # only for those (``LazyCandidates.restricted``), and one equal to another there is
+            # the same quantized model.
+            tensors = self.model.range_tensors if self.model is not None else None
             for i, (label, ranges) in enumerate(candidates.items()):
-                key = keys[label] = ranges_key(ranges)
+                key = keys[label] = ranges_key(ranges, tensors)
                 same = next((other for k, other in seen if k == key), None)
                 if same is not None:
                     logger.debug("auto: candidate %r has the ranges of %r", label, same)
@@ -221,10 +225,13 @@ def _base(candidates: Mapping[str, TensorsData]) -> str:
     return DEFAULT_CANDIDATE if DEFAULT_CANDIDATE in candidates else next(iter(candidates))
 
 
-def ranges_key(ranges: TensorsData) -> tuple:
-    """What the quantizer reads from a TensorsData: the method and each tensor's lowest/highest."""
+def ranges_key(ranges: TensorsData, tensors: Collection[str] | None = None) -> tuple:
+    """What the quantizer reads from a TensorsData: the method and each tensor's lowest/highest
+    (of ``tensors`` only, if given: those a scoring model's parameters come from)."""
     items = []
     for name in sorted(ranges.data):
+        if tensors is not None and name not in tensors:
+            continue
         d = ranges.data[name]
         items.append((name, *(np.asarray(getattr(d, a, np.nan)).tobytes() for a in ("lowest", "highest"))))
     return (str(ranges.calibration_method), tuple(items))

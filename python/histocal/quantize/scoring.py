@@ -32,6 +32,7 @@ slightly differently (measured by the former real-model auto benchmark: benches/
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +101,18 @@ class ScoringModel:
     @property
     def input_names(self) -> list[str]:
         return list(self._dtypes)
+
+    @functools.cached_property
+    def range_tensors(self) -> frozenset[str]:
+        """The tensors whose ranges its parameters come from: the quantized activations, and the
+        Relu or Clip input or output whose range onnxruntime gives the other
+        (``adjust_tensor_ranges``). Ranges of other tensors change nothing."""
+        tensors = {tensor for tensor, _ in self._activations.values()}
+        for node in self._quantizer.model.nodes():
+            adjusted = node.op_type in ("Clip", "Relu") and node.input and node.output
+            if adjusted and (node.input[0] in tensors or node.output[0] in tensors):
+                tensors |= {node.input[0], node.output[0]}
+        return frozenset(tensors)
 
     @property
     def float_biases(self) -> dict[str, np.ndarray]:
