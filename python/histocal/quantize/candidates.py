@@ -3,11 +3,13 @@
 The per-tensor estimate (``state.auto.auto_ranges``) computes minmax, percentile, ORT
 entropy, kl and mse itself, and several of them are model-level candidates of their own with the
 same options: computed one after the other through ``CalibrationState.compute``, the costliest
-(entropy, kl, mse) ran twice per state. ``candidate_ranges`` routes every candidate through one
-memo: ORT methods by (method, settings) through ``state.compute``, histocal methods by
+(entropy, kl, mse) ran twice per state. ``CandidateMemo`` routes every candidate of one state
+through one memo: ORT methods by (method, settings) through ``state.compute``, histocal methods by
 (method, tensors, options) on the state's streaming histogram. Every call is one the state would
 make itself with the same arguments, so each candidate equals ``state.compute(method, **options)``
-(tests/test_selection.py checks them value for value).
+(tests/quantize/test_candidate_memo.py checks them value for value); computed for some tensors
+only (``LazyCandidates.restricted``), each tensor's ranges are still its own histogram's, the
+state's for that tensor.
 """
 
 from __future__ import annotations
