@@ -90,7 +90,8 @@ class Recipe:
     Attributes:
         model: the prepared model's file (the one quantized), its biases corrected where
             ``bias_correction`` says so.
-        ranges: the chosen ranges (from all the calibration data).
+        ranges: the chosen ranges (from all the calibration data), of the tensors the chosen
+            placement's parameters come from (minmax and distribution: of every tensor).
         quantization: the quantization arguments the model is quantized with.
         preparation: what preparing the model did.
         placement: the chosen placement's label.
