@@ -24,7 +24,7 @@ from .. import methods
 from ..methods.table import TABLE
 from ..state import merge_states
 from ..state.auto import ORT_AUTO_CANDIDATES, auto_ranges
-from ..state.results import results_of
+from ..state.results import StreamingPart, results_of
 from .rule import ALL_DATA_CANDIDATES
 
 logger = logging.getLogger(__name__)
@@ -51,39 +51,17 @@ class _MemoStream:
         return getattr(self._stream, name)
 
 
-class _Tensors:
-    """Some tensors of a calibration state that holds streaming histograms only (no exact, no
-    per-channel ones): what ``results_of`` reads, for those tensors. Each tensor's ranges are its
-    own histogram's, so they are the state's own for those tensors."""
-
-    exact = None
-    channels = None
-    exact_kind_and_bins = (None, None)
-
-    def __init__(self, state: Any, names: Collection[str]) -> None:
-        wanted = set(names)
-        self._state = state
-        self.names = [n for n in state.names if n in wanted]
-        self.stream = state.stream
-        self.method = state.method
-        self.settings = state.settings
-
-    def dtype(self, name: str) -> str:
-        return str(self._state.dtype(name))
-
-    def compute(self, method: Any, *, per_channel: bool | None = None, **settings: Any) -> TensorsData:
-        return results_of(self, method, per_channel, settings)
-
-
 class CandidateMemo:
     """``state.compute(method, **options)`` for one state, each shared part computed once over
     every call (``candidate_ranges``); only for ``names`` if given, where the state holds
-    streaming histograms only (``_Tensors``; otherwise every tensor). A per-channel state or one
+    streaming histograms only (``results.StreamingPart``: each tensor's ranges are its own
+    histogram's, so they are the state's own for those tensors; otherwise every tensor). A per-channel state or one
     without its streaming histogram is computed request by request."""
 
     def __init__(self, state: Any, names: Collection[str] | None = None) -> None:
         if names is not None and state.exact is None and state.channels is None and state.stream is not None:
-            state = _Tensors(state, names)
+            wanted = set(names)
+            state = StreamingPart([n for n in state.names if n in wanted], state.stream, state.method, state.settings)
         self.state = state
         self._ort: dict[tuple, TensorsData] = {}
         self._stream = None if state.stream is None else _MemoStream(state.stream)
@@ -102,7 +80,7 @@ class CandidateMemo:
     def _ort_ranges(self, method: str, settings: dict[str, Any]) -> TensorsData:
         key = (method, tuple(sorted((k, repr(v)) for k, v in settings.items())))
         if key not in self._ort:
-            self._ort[key] = self.state.compute(method, per_channel=False, **settings)
+            self._ort[key] = results_of(self.state, method, False, settings)
         return self._ort[key]
 
     def _histocal_ranges(self, name: str, options: dict[str, Any]) -> TensorsData:

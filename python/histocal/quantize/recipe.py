@@ -144,7 +144,7 @@ def _sqnr(chosen: Any) -> float:
 
 
 def _left_in_float(
-    scoring: Path,
+    searched: Path,
     float_model: onnx.ModelProto,
     ranges: TensorsData,
     kept: list[dict[str, np.ndarray]],
@@ -158,8 +158,8 @@ def _left_in_float(
     on the switched model and the whole onnxruntime's quantized model, at most
     ``EXCLUSION_MAX_FRACTION`` of the quantized nodes; then auto's rule (``rule.decide``: the sign
     test over the feeds and the standard error) must prefer onnxruntime's model with them in float
-    to the one without, feed by feed. ``float_model``: ``scoring``'s model, loaded.
-    ``quantized``: onnxruntime's QDQ model of ``scoring`` under
+    to the one without, feed by feed. ``searched``: the model searched (biases corrected, if so);
+    ``float_model``: its model, loaded. ``quantized``: onnxruntime's QDQ model of ``searched`` under
     ``placed`` and ``ranges`` if known (``DiagnosisRun``'s), which also tells when the bound leaves
     nothing to search."""
     if quantized is not None:
@@ -173,7 +173,7 @@ def _left_in_float(
             return []
     workdir.mkdir()
     run = DiagnosisRun(
-        scoring,
+        searched,
         float_model,
         ranges,
         kept,
