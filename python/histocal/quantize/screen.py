@@ -27,8 +27,6 @@ import heapq
 import logging
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
-from .runs import PreparedOutput, run_all, run_threads
+from .runs import PreparedOutput, run_all, run_pool
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +108,7 @@ class Reference:
             parts = [y.sums(yq) for y, yq in zip(self.outputs[i], got)]
             return None if any(part is None for part in parts) else [part[1] for part in parts if part is not None]
 
-        threads = min(run_threads(), len(feeds))
-        with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
-            return list(run_all(pool, noises_of, len(feeds)))
+        return list(run_all(run_pool(), noises_of, len(feeds)))
 
     def feed_sqnr_db(self, output_noises: Sequence[list[float] | None]) -> list[float]:
         """Per feed, the output SQNR (dB) of ``output_noises`` (``output_noises``'s result):
