@@ -16,10 +16,11 @@ import pytest
 from onnx import numpy_helper
 from onnxruntime.quantization import qdq_quantizer
 from support.graphs import GraphBuilder, tensor
+from support.models import cnn, cnn_feeds, transformer, transformer_feeds
 from test_recipe import classifier, feeds
 
 import histocal
-from histocal.quantize import scorer, scoring, selection, weight_memo
+from histocal.quantize import recipe, scorer, scoring, selection, weight_memo
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.placement import placements
 from histocal.quantize.preparation import prepare_model
@@ -223,3 +224,44 @@ def test_initializer_parameters_memo_writes_onnxruntime_s_bytes_under_every_plac
     assert {key[1] for key in every} == {key[1] for key in first}
     for k in range(len(runs)):
         assert (tmp_path / f"memo{k}.onnx").read_bytes() == (tmp_path / f"plain{k}.onnx").read_bytes(), runs[k]
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external data"])
+@pytest.mark.parametrize(
+    "make, data, large",
+    [
+        (cnn, lambda: cnn_feeds(12, seed=3), False),
+        (lambda: transformer(d=32, ff=64), lambda: transformer_feeds([2, 3, 4, 5] * 3, d=32, seed=3), True),
+    ],
+    ids=["cnn", "transformer"],
+)
+def test_the_evidence_step_s_model_is_written_as_onnxruntime_writes_it(
+    make, data, large, external, tmp_path, monkeypatch
+):
+    """Scored on its outputs with no node left in float, the recipe writes the evidence step's model
+    (the chosen scorer's: no quantization again), byte for byte, external data included, what
+    onnxruntime's quantize_static writes for the same model, ranges and arguments. (``large``: a
+    model with weights of 1 KiB or more, which onnxruntime writes as external data when asked.)"""
+    path = tmp_path / "model.onnx"
+    onnx.save(make(), path.as_posix())
+    written: list[tuple[Path, Path]] = []
+
+    def and_onnxruntime_s(model, output, ranges, quantization, *, calibrate_method, quantized):
+        quantize_with_ranges(
+            model, output, ranges, quantization, calibrate_method=calibrate_method, quantized=quantized
+        )
+        if quantized is not None:
+            theirs = tmp_path / "onnxruntime" / Path(output).name
+            quantize_with_ranges(model, theirs, ranges, quantization, calibrate_method=calibrate_method)
+            written.append((Path(output), theirs))
+
+    monkeypatch.setattr(recipe, "quantize_with_ranges", and_onnxruntime_s)
+    out = tmp_path / "out" / "best.onnx"
+    histocal.quantize_static(str(path), out, data(), recipe="best", use_external_data_format=external)
+    assert written, "the model was quantized again"
+    ours, theirs = written[0]
+    assert ours.read_bytes() == theirs.read_bytes()
+    data_files = sorted(f.name for f in ours.parent.iterdir()), sorted(f.name for f in theirs.parent.iterdir())
+    assert data_files[0] == data_files[1] and len(data_files[0]) == (2 if external and large else 1)
+    for name in data_files[0]:
+        assert (ours.parent / name).read_bytes() == (theirs.parent / name).read_bytes(), name

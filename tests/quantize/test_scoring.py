@@ -157,7 +157,9 @@ def test_parameters_are_ort_s_initializers_and_outputs_match(
 
 
 def _assert_same_model(got: onnx.ModelProto | None, want: onnx.ModelProto) -> None:
-    """The same graph: nodes, inputs and outputs as they are, initializers by name, type, shape and bytes."""
+    """The same graph: nodes, inputs and outputs as they are, initializers by name, type, shape and
+    bytes; then the same model, serialized byte for byte (each initializer stored as onnxruntime
+    stores it)."""
     assert got is not None
     assert [n.SerializeToString() for n in got.graph.node] == [n.SerializeToString() for n in want.graph.node]
     assert list(got.graph.input) == list(want.graph.input) and list(got.graph.output) == list(want.graph.output)
@@ -165,6 +167,7 @@ def _assert_same_model(got: onnx.ModelProto | None, want: onnx.ModelProto) -> No
     for t, u in zip(got.graph.initializer, want.graph.initializer):
         v, w = numpy_helper.to_array(t), numpy_helper.to_array(u)
         assert t.data_type == u.data_type and v.shape == w.shape and v.tobytes() == w.tobytes(), t.name
+    assert got.SerializeToString() == want.SerializeToString()
 
 
 @settings(max_examples=examples(10))

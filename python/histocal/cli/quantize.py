@@ -150,12 +150,12 @@ def _refuse_with_recipe(args: argparse.Namespace) -> None:
         raise UsageError("--recipe best scores the candidates on the model: no --per-tensor-estimate")
 
 
-def _best_recipe(args: argparse.Namespace, model: Path, quantization: QuantizationArgs, tmp: Path) -> Any:
-    """``recipe="best"`` (histocal.quantize.recipe) on the command line's data: the prepared model
-    (in ``tmp``), its ranges and quantization arguments."""
+def _best_recipe(args: argparse.Namespace, model: Path, quantization: QuantizationArgs, output: Path) -> Any:
+    """``recipe="best"`` (``histocal.quantize.recipe.quantize_best``) on the command line's data,
+    its model written to ``output``: the ``Recipe``."""
     from .. import methods
     from ..quantize.integration import default_method_options
-    from ..quantize.recipe import RECIPE_EVAL_SAMPLES, best_recipe
+    from ..quantize.recipe import RECIPE_EVAL_SAMPLES, quantize_best
 
     args.method = "auto"
     options, settings = calibrator_options(args)
@@ -163,12 +163,12 @@ def _best_recipe(args: argparse.Namespace, model: Path, quantization: Quantizati
     auto_options = methods.check_options(
         "auto", default_method_options("auto", options.get(METHOD_OPTIONS_KEY), quantization.activation_type, extra)
     )
-    return best_recipe(
+    return quantize_best(
         model,
+        output,
         open_data(args, model),
         quantization,
         settings.replace(show_progress=False if args.no_progress else None),
-        tmp,
         auto_options=auto_options,
         eval_samples=args.eval_samples or RECIPE_EVAL_SAMPLES,
         folds=args.folds or methods.AUTO_SELECTION_OPTIONS["folds"],
@@ -210,8 +210,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="histocal.") as staging:
         recipe = None
         if args.recipe == "best":
-            recipe = _best_recipe(args, model, quantization, Path(staging))
-            ranges, model, quantization = recipe.ranges, recipe.model, recipe.quantization
+            ranges = None  # the recipe calibrates, and writes its model itself (below)
         elif args.auto_exclude:
             args.method = args.method or "minmax"
             ranges, model, quantization = auto_exclude(args, model, quantization, Path(staging))
@@ -255,7 +254,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         if (
             (args.method != "auto" or args.data is None or args.per_tensor_estimate)
             and not args.auto_exclude
-            and not recipe
+            and args.recipe != "best"
         ):
             for flag, value in (
                 ("--eval-samples", args.eval_samples),
@@ -274,7 +273,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
             staged = Path(tmp, "out", output.name)
             staged.parent.mkdir()
-            quantize_with_ranges(model, staged, ranges, quantization)
+            if args.recipe == "best":
+                recipe = _best_recipe(args, model, quantization, staged)
+            else:
+                quantize_with_ranges(model, staged, ranges, quantization)
             # Side files (external data) first, the model last: a reader never sees a model
             # without its data. The check above knows the external-data file onnxruntime names; any
             # other side file is checked here, before anything (the cache too) is written.

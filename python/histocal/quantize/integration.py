@@ -49,9 +49,8 @@ from .ort import (
     refuse_overwriting_weights,
 )
 from .patch import patch_onnxruntime
-from .recipe import RECIPE_EVAL_SAMPLES, Recipe, best_recipe, check_recipe
+from .recipe import RECIPE_EVAL_SAMPLES, Recipe, check_recipe, quantize_best
 from .selection import Selection
-from .weight_memo import shared_weight_quantization
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
     from typing_extensions import Unpack
@@ -498,22 +497,15 @@ def _quantize_best(
     method_options: dict[str, Any] | None,
     select: dict[str, Any],
 ) -> Recipe:
-    """``recipe="best"``: the recipe's choice, quantized through ``quantize_with_ranges``."""
+    """``recipe="best"`` with quantize_static's arguments (``recipe.quantize_best``)."""
     extra = dict(quantization.extra_options or {})
     options = methods.check_options(
         "auto", default_method_options("auto", method_options, quantization.activation_type, extra)
     )
-    # The weights' quantization, the same in every quantize_static of the prepared model (the
-    # scoring models' and the chosen one's), computed once (``weight_memo``).
-    with tempfile.TemporaryDirectory(prefix="histocal.recipe.") as tmp, shared_weight_quantization():
-        chosen = best_recipe(
-            model_input, calibration_data_reader, quantization, settings, Path(tmp),
-            auto_options=options, eval_samples=select["eval_samples"], folds=select["folds"],
-        )  # fmt: skip
-        quantize_with_ranges(
-            chosen.model, model_output, chosen.ranges, chosen.quantization, calibrate_method=CalibrationMethod.MinMax
-        )
-    return chosen
+    return quantize_best(
+        model_input, model_output, calibration_data_reader, quantization, settings,
+        auto_options=options, eval_samples=select["eval_samples"], folds=select["folds"],
+    )  # fmt: skip
 
 
 def default_method_options(

@@ -311,6 +311,7 @@ def quantize_with_ranges(
     quantization: QuantizationArgs | None = None,
     *,
     calibrate_method: CalibrationMethod | str | None = None,
+    quantized: onnx.ModelProto | None = None,
     **keywords: Any,
 ) -> None:
     """ORT's quantize_static on ``ranges`` (no calibration).
@@ -321,6 +322,10 @@ def quantize_with_ranges(
         ranges: the activation ranges, one per tensor.
         quantization: ORT's quantization arguments (default: ORT's defaults).
         calibrate_method: what ORT is told the ranges are (default: ``ranges.calibration_method``).
+        quantized: the model ORT's quantize_static builds from these arguments, when the caller
+            already has it (the recipe: ``ScoringModel.quantized_model``, which tests check byte
+            for byte against ORT's): written by ORT's own save (``ONNXModel.save_model_to_file``)
+            instead of quantizing again. Every check runs on the file as on ORT's.
         **keywords: quantization arguments by name (fields of ``QuantizationArgs``), over
             ``quantization``'s.
 
@@ -350,17 +355,30 @@ def quantize_with_ranges(
         tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as staging,
         scale_issue_named(model_input),  # ORT's "scale issue" from a weight holding NaN/Inf names none
     ):
-        cache = Path(tmp, "ranges.json")
-        save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
         staged = Path(staging, output.name)
-        ort_quantize_static(
-            model_input,
-            staged,
-            calibrate_method=calibrate_method,
-            calibration_cache_path=cache,
-            **replace(quantization, extra_options=extra).keywords(),
-        )
+        if quantized is not None:
+            _save_as_onnxruntime(quantized, staged, quantization.use_external_data_format)
+        else:
+            cache = Path(tmp, "ranges.json")
+            save_tensors_data(ranges, cache, smooth_quant=smooth_quant)
+            ort_quantize_static(
+                model_input,
+                staged,
+                calibrate_method=calibrate_method,
+                calibration_cache_path=cache,
+                **replace(quantization, extra_options=extra).keywords(),
+            )
         read_float(staged, quantization)  # a placement's float operators read float tensors
         check_quantized_ranges(staged, ranges)
         for written in sorted(Path(staging).iterdir(), key=lambda f: f.name == output.name):
             os.replace(written, output.parent / written.name)
+
+
+def _save_as_onnxruntime(model: onnx.ModelProto, path: Path, use_external_data_format: bool) -> None:
+    """``model`` written as ORT's quantize_static writes its result (a copy: ORT's save moves the
+    weights out into external data)."""
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    ONNXModel(copy).save_model_to_file(path.as_posix(), use_external_data_format)

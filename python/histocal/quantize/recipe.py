@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnxruntime.quantization.calibrate import TensorsData
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 
 from .. import calibrators
 from ..io.models import load_model, save_model
@@ -52,12 +53,13 @@ from .candidates import LazyCandidates
 from .exclusion import DiagnosisRun
 from .folds import Folds, fold_candidates, withholding_first
 from .logits import logits_model
-from .ort import QuantizationArgs
+from .ort import QuantizationArgs, quantize_with_ranges
 from .placement import Placement, placements
 from .preparation import Preparation, prepare_model
 from .rule import DEFAULT_CANDIDATE, MIN_GAIN_DB, decide
 from .scorer import Scorer, SharedScoring
 from .switches import quantized_nodes
+from .weight_memo import shared_weight_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +261,7 @@ def best_recipe(
     auto_options: dict[str, Any],
     eval_samples: int,
     folds: int,
-) -> Recipe:
+) -> tuple[Recipe, onnx.ModelProto | None]:
     """The recipe's choice for ``model_input`` (module docstring); the prepared model is written
     into ``tmp``, which must outlive the quantization.
 
@@ -274,7 +276,8 @@ def best_recipe(
         folds: cross-validation folds over them.
 
     Returns:
-        The ``Recipe``.
+        The ``Recipe``, and onnxruntime's QDQ model of it where the recipe already has it (scored
+        on the outputs and no node left in float: the evidence step's), else None.
 
     Raises:
         ValueError: no data, a preparation that changes the outputs, or no candidate.
@@ -401,7 +404,41 @@ def best_recipe(
         len(kept),
         time.perf_counter() - start,
     )
+    # The evidence step's model is the one to write where the file (``searched``) and the nodes are.
+    return recipe, quantized if on_logits is None and not in_float else None
+
+
+def quantize_best(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    calibration_data_reader: Any,
+    quantization: QuantizationArgs,
+    settings: CollectionSettings,
+    *,
+    auto_options: dict[str, Any],
+    eval_samples: int,
+    folds: int,
+) -> Recipe:
+    """``recipe="best"`` from the float model to the int8 QDQ model written to ``model_output``:
+    the one route of the Python API and the CLI. The weights' quantization is computed once over
+    the recipe's ``quantize_static`` calls and the last one (``weight_memo``); the model is written
+    by ``quantize_with_ranges``, from the evidence step's model where it is the one to write (the
+    scorer's ``quantized_model``, onnxruntime's bytes) instead of quantizing again. Arguments as
+    ``best_recipe``'s; the returned ``Recipe.model`` names a file removed once written."""
+    with tempfile.TemporaryDirectory(prefix="histocal.recipe.") as tmp, shared_weight_quantization():
+        recipe, quantized = best_recipe(
+            model_input, calibration_data_reader, quantization, settings, Path(tmp),
+            auto_options=auto_options, eval_samples=eval_samples, folds=folds,
+        )  # fmt: skip
+        quantize_with_ranges(
+            recipe.model,
+            model_output,
+            recipe.ranges,
+            recipe.quantization,
+            calibrate_method=CalibrationMethod.MinMax,
+            quantized=quantized,
+        )
     return recipe
 
 
-__all__ = ["RECIPES", "RECIPE_EVAL_SAMPLES", "Recipe", "best_recipe", "check_recipe"]
+__all__ = ["RECIPES", "RECIPE_EVAL_SAMPLES", "Recipe", "best_recipe", "check_recipe", "quantize_best"]

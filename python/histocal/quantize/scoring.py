@@ -170,15 +170,15 @@ class ScoringModel:
         """The QDQ model ``quantize_static`` writes for ``ranges`` (and the float biases
         ``biases``, as ``parameters``), without quantizing again: the base ranges' QDQ model with
         its range-dependent initializers set to ``parameters``' values, the only ones a range set
-        changes (module docstring). None where ``parameters`` is."""
+        changes (module docstring), each stored as onnxruntime stored it, so that the model
+        serializes to onnxruntime's bytes. None where ``parameters`` is."""
         parameters = self.parameters(ranges, biases)
         if parameters is None or self.qdq_path is None:
             return None
         model = load_model(self.qdq_path)
         for tensor in model.graph.initializer:
             if tensor.name in parameters:
-                value = np.asarray(parameters[tensor.name]).reshape(tuple(tensor.dims))
-                tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+                tensor.CopyFrom(_stored_like(tensor, parameters[tensor.name]))
         return model
 
     def _quantizer_params(self, ranges: TensorsData) -> dict[str, Any]:
@@ -195,6 +195,16 @@ class ScoringModel:
         bias_tp = numpy_helper.from_array(bias, b.name)
         updated, _ = q._adjust_weight_scale_for_int32_bias(input_scale, weight_scale, b.weight, bias_tp, b.per_channel)
         return bool(updated)
+
+
+def _stored_like(tensor: onnx.TensorProto, value: np.ndarray) -> onnx.TensorProto:
+    """``value`` as an initializer of ``tensor``'s name, type and shape, stored as ``tensor`` is:
+    in raw bytes (as onnxruntime stores a quantized bias) or in the typed field (``make_tensor``, as
+    it stores a scale or a zero point)."""
+    value = np.asarray(value).reshape(tuple(tensor.dims))
+    if tensor.HasField("raw_data"):
+        return numpy_helper.from_array(value, tensor.name)
+    return helper.make_tensor(tensor.name, tensor.data_type, tuple(tensor.dims), value.ravel().tolist())
 
 
 # A margin well above the float32 roundings by which onnxruntime's smallest valid bias scale can
