@@ -18,6 +18,8 @@ from onnxruntime.quantization import qdq_quantizer
 from support.graphs import GraphBuilder, tensor
 from support.models import cnn, cnn_feeds, transformer, transformer_feeds
 from test_recipe import classifier, feeds
+from test_recipe_evidence import feeds as outlier_feeds
+from test_recipe_evidence import outlier_channel
 
 import histocal
 from histocal.quantize import recipe, scorer, scoring, selection, weight_memo
@@ -232,16 +234,18 @@ def test_initializer_parameters_memo_writes_onnxruntime_s_bytes_under_every_plac
     [
         (cnn, lambda: cnn_feeds(12, seed=3), False),
         (lambda: transformer(d=32, ff=64), lambda: transformer_feeds([2, 3, 4, 5] * 3, d=32, seed=3), True),
+        (outlier_channel, lambda: outlier_feeds(12, 1), False),
     ],
-    ids=["cnn", "transformer"],
+    ids=["cnn", "transformer", "a node left in float"],
 )
 def test_the_evidence_step_s_model_is_written_as_onnxruntime_writes_it(
     make, data, large, external, tmp_path, monkeypatch
 ):
-    """Scored on its outputs with no node left in float, the recipe writes the evidence step's model
-    (the chosen scorer's: no quantization again), byte for byte, external data included, what
-    onnxruntime's quantize_static writes for the same model, ranges and arguments. (``large``: a
-    model with weights of 1 KiB or more, which onnxruntime writes as external data when asked.)"""
+    """Scored on its outputs, the recipe writes the evidence step's model (the chosen scorer's, or
+    with nodes left in float the exact check's: no quantization again), byte for byte, external data
+    included, what onnxruntime's quantize_static writes for the same model, ranges and arguments.
+    (``large``: a model with weights of 1 KiB or more, which onnxruntime writes as external data
+    when asked.)"""
     path = tmp_path / "model.onnx"
     onnx.save(make(), path.as_posix())
     written: list[tuple[Path, Path]] = []

@@ -77,6 +77,9 @@ class DiagnosisRun:
         self.reference = _screen.Reference(_screen.session(model_path, providers), feeds)
         self.checks = 0  # candidate checks on the switched model
         self.quantizations = 0  # onnxruntime quantizations beyond the first
+        # onnxruntime's model of each exact check that may still be the result, by its excluded
+        # nodes (the best accepted one: at most two files at once, in ``tmp``)
+        self._checked: dict[tuple[str, ...], Path] = {}
         # Per set of excluded nodes measured on onnxruntime's model (() : none), each feed's SQNR (dB).
         self.feed_sqnr_db: dict[tuple[str, ...], list[float]] = {}
 
@@ -91,10 +94,20 @@ class DiagnosisRun:
         self.quantizations += 1
         path = self.tmp / f"check{self.quantizations}.onnx"
         self._quantize(path, exclude)
-        sqnr = self._measured(tuple(exclude), path)
-        for f in self.tmp.glob(f"check{self.quantizations}.onnx*"):
-            f.unlink()
-        return sqnr
+        self._checked[tuple(exclude)] = path
+        return self._measured(tuple(exclude), path)
+
+    def checked_model(self, exclude: Sequence[str]) -> Path | None:
+        """The file of onnxruntime's quantized model with ``exclude`` left in float, if an exact
+        check quantized it and it is the search's result (else None). Removed with ``tmp``."""
+        return self._checked.get(tuple(exclude))
+
+    def _keep_only(self, exclude: Sequence[str]) -> None:
+        """Remove the exact checks' models but ``exclude``'s (the search's result so far)."""
+        for key in [k for k in self._checked if k != tuple(exclude)]:
+            path = self._checked.pop(key)
+            for f in path.parent.glob(f"{path.name}*"):
+                f.unlink()
 
     def _measured(self, exclude: tuple[str, ...], path: Path) -> float:
         """The output SQNR of the model at ``path`` (``exclude`` left in float), its per-feed SQNRs
@@ -188,6 +201,7 @@ class DiagnosisRun:
                 )
                 impacts = [dataclasses.replace(i, accepted=False) for i in impacts]
                 excluded, sqnr_excluded = [], sqnr
+            self._keep_only(excluded)
         sentinels = {f.tensor for f in findings if f.kind == "sentinel"}
         impacts, excluded, sqnr_excluded = self._exact(
             impacts, by_name, sentinels, excluded, sqnr_excluded, len(nodes), max_exact_checks, min_gain_db,
@@ -247,6 +261,7 @@ class DiagnosisRun:
             if accepted:
                 excluded = [*excluded, *new]
                 current = got
+            self._keep_only(excluded)
         return out, excluded, current
 
     def _greedy(

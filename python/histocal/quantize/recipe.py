@@ -154,7 +154,7 @@ def _left_in_float(
     placed: QuantizationArgs,
     workdir: Path,
     quantized: onnx.ModelProto | None,
-) -> list[str]:
+) -> tuple[list[str], Path | None]:
     """The nodes the exclusion search (``exclusion``, diagnose's) leaves in float under the chosen
     placement and ranges, on the kept feeds: each group of nodes must gain ``EXCLUSION_MIN_GAIN_DB``
     on the switched model and the whole onnxruntime's quantized model, at most
@@ -163,7 +163,8 @@ def _left_in_float(
     to the one without, feed by feed. ``searched``: the model searched (biases corrected, if so);
     ``float_model``: its model, loaded. ``quantized``: onnxruntime's QDQ model of ``searched`` under
     ``placed`` and ``ranges`` if known (``DiagnosisRun``'s), which also tells when the bound leaves
-    nothing to search."""
+    nothing to search. Returns the nodes, and the file of onnxruntime's model of ``searched``
+    with them in float where the search quantized it (removed with ``workdir``)."""
     if quantized is not None:
         nodes = len(quantized_nodes(quantized))
         if math.floor(EXCLUSION_MAX_FRACTION * nodes + 1e-9) == 0:
@@ -172,7 +173,7 @@ def _left_in_float(
                 nodes,
                 100 * EXCLUSION_MAX_FRACTION,
             )
-            return []
+            return [], None
     workdir.mkdir()
     run = DiagnosisRun(
         searched,
@@ -218,7 +219,7 @@ def _left_in_float(
         f": {', '.join(excluded)}" if excluded else "",
         f" ({reason})" if reason else "",
     )
-    return list(excluded)
+    return list(excluded), run.checked_model(excluded) if excluded else None
 
 
 def _quantized_model(
@@ -368,14 +369,14 @@ def best_recipe(
     searched_model = load_model(searched)
     quantized = _quantized_model(shared.scorer(scored.candidates, placed), chosen.ranges, correction, searched_model)
     del shared  # the scoring sessions' memory
-    in_float = _left_in_float(
+    in_float, checked = _left_in_float(
         searched, searched_model, chosen.ranges, kept, providers, placed, tmp / "exclusion", quantized
     )
     if in_float:
         placed = replace(placed, nodes_to_exclude=[*(placed.nodes_to_exclude or []), *in_float])
         kept_correction = correction.without(in_float)
         if kept_correction.biases.keys() != correction.biases.keys():  # a corrected node is now float
-            correction = kept_correction
+            correction, checked = kept_correction, None  # ``checked`` is of another file
             prepared = (
                 write_corrected(uncorrected, correction.biases, tmp / "corrected_kept.onnx")
                 if correction.biases
@@ -404,8 +405,12 @@ def best_recipe(
         len(kept),
         time.perf_counter() - start,
     )
-    # The evidence step's model is the one to write where the file (``searched``) and the nodes are.
-    return recipe, quantized if on_logits is None and not in_float else None
+    # onnxruntime's model of the recipe, where the evidence step has it: scored on the outputs (the
+    # file searched is the one written), the scorer's if no node is left in float, else the check's.
+    known = None
+    if on_logits is None:
+        known = load_model(checked) if checked is not None else None if in_float else quantized
+    return recipe, known
 
 
 def quantize_best(
