@@ -269,3 +269,36 @@ def test_the_evidence_step_s_model_is_written_as_onnxruntime_writes_it(
     assert data_files[0] == data_files[1] and len(data_files[0]) == (2 if external and large else 1)
     for name in data_files[0]:
         assert (ours.parent / name).read_bytes() == (theirs.parent / name).read_bytes(), name
+
+
+def test_a_placement_with_another_s_qdq_model_is_scored_by_it(tmp_path):
+    """Where a placement's base QDQ model is another's byte for byte (on a Conv chain onnxruntime's
+    and the compute operators' placements give the same graph), its base ranges' scores are the
+    other's and no scoring model is built for it; asked for other ranges, it builds its own, and
+    scores them as a scorer of its own does."""
+    model = outlier_channel(outlier=None)
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path.as_posix())
+    data = outlier_feeds(6, 1)
+    base = {"minmax": histocal.calibrate(path, data)}
+    other = {"percentile": histocal.calibrate(path, data, "percentile")}
+    quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
+    onnxruntime_s, compute = (p.arguments(quantization) for p in placements(model, None)[:2])
+    assert onnxruntime_s != compute
+    providers = ["CPUExecutionProvider"]
+    (tmp_path / "shared").mkdir()
+    shared = scorer.SharedScoring(path, providers, tmp_path / "shared")
+    first = shared.scorer(base, onnxruntime_s)
+    second = shared.scorer(base, compute)
+    assert second.twin is first and first.twin is None and not second._built
+    feeds = data[:4]
+    assert second.energies(feeds, base) == first.energies(feeds, base)
+    assert not second._built  # the base ranges never needed its own scoring model
+    (tmp_path / "own").mkdir()
+    own = scorer.SharedScoring(path, providers, tmp_path / "own").scorer(base, compute)
+    assert own.twin is None
+    got = second.energies(feeds, other)
+    assert second._built and got == own.energies(feeds, other)
+    # a placement whose graph differs (the compute operators' inputs only) has its own model
+    inputs = shared.scorer(base, placements(model, None)[2].arguments(quantization))
+    assert inputs.twin is None and inputs._built

@@ -18,6 +18,7 @@ quantization of the same ranges), and the float outputs of a feed are the same r
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import threading
@@ -33,7 +34,7 @@ from ..io.readers import Feed
 from . import runs
 from .ort import QuantizationArgs, quantize_with_ranges
 from .rule import DEFAULT_CANDIDATE
-from .scoring import ScoringModel, build_scoring_model
+from .scoring import ScoringModel, build_scoring_model, quantize_base
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,21 @@ class SharedScoring:
             self._scorers[key] = Scorer(self, candidates[base], quantization, workdir)
         return self._scorers[key]
 
+    def built_twin(self, scorer: Scorer) -> Scorer | None:
+        """A scorer already built (its scoring model made) on ``scorer``'s base ranges whose base
+        QDQ model's files are ``scorer``'s, byte for byte; None if none is."""
+        return next(
+            (
+                other
+                for other in self._scorers.values()
+                if other.twin is None
+                and other.base_digest is not None
+                and other.base_key == scorer.base_key
+                and other.base_digest == scorer.base_digest
+            ),
+            None,
+        )
+
     def keep_only(self, quantization: QuantizationArgs) -> None:
         """Drops the scorers of other quantization arguments (their sessions' and dequantized
         weights' memory: the recipe keeps the best placement's so far, so at most two are held),
@@ -86,7 +102,13 @@ class SharedScoring:
 
 class Scorer:
     """Scores candidate range sets on feeds: on one ``scoring.ScoringModel`` session where it can,
-    else by one ``quantize_static`` per candidate (``quantizations`` counts them all)."""
+    else by one ``quantize_static`` per candidate (``quantizations`` counts them all).
+
+    Its base QDQ model (onnxruntime's, under the base ranges) is written first. Where it is, byte
+    for byte, the base QDQ model of a scorer already built on the same base ranges (a placement
+    whose operator types change nothing on this model: on MTCNN's ONet onnxruntime's and the compute
+    operators' placements give the same graph), the base ranges' scores are that scorer's, and the
+    scoring model and its session are built only if other ranges are asked for."""
 
     def __init__(self, shared: SharedScoring, base: TensorsData, quantization: QuantizationArgs, tmp: Path) -> None:
         self.shared = shared
@@ -98,20 +120,63 @@ class Scorer:
         # The energies of a first candidate, by its ranges and the feeds' identities (which the
         # shared references keep alive).
         self._complete: dict[tuple[Any, tuple[int, ...]], Energies | BaseException | None] = {}
-        workdir = tmp / "scoring"
-        workdir.mkdir()
-        self.model: ScoringModel | None = None
-        self.session: Any = None
-        self.weights: dict[str, np.ndarray] = {}
+        self._workdir = tmp / "scoring"
+        self._workdir.mkdir()
+        self._base = base
+        self.base_key = ranges_key(base)
+        self.base_digest: bytes | None = None  # of the base QDQ model's files
+        self._qdq: Path | None = None
+        self._model: ScoringModel | None = None
+        self._session: Any = None
+        self._weights: dict[str, np.ndarray] = {}
+        self._built = False
+        self.twin: Scorer | None = None
         try:
-            self.model = build_scoring_model(shared.model_path, base, workdir, quantization)
+            self._qdq = quantize_base(shared.model_path, base, self._workdir, quantization)
             self.quantizations += 1
-            if self.model is not None:
-                self.session = runs.session(self.model.path, shared.providers, quantized=True)
-                self.weights = self.model.weights
         except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
             logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
-            self.model = None
+            self._built = True
+            return
+        if self._qdq is not None:
+            self.base_digest = _files_digest(self._qdq)
+            self.twin = shared.built_twin(self)
+        if self.twin is None:
+            self._build()
+
+    def _build(self) -> None:
+        """The scoring model and its session, on first need."""
+        if self._built:
+            return
+        self._built = True
+        try:
+            self._model = build_scoring_model(
+                self.shared.model_path, self._base, self._workdir, self.quantization, self._qdq
+            )
+            if self._model is not None:
+                self._session = runs.session(self._model.path, self.shared.providers, quantized=True)
+                self._weights = self._model.weights
+        except Exception as exc:
+            logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
+            self._model = None
+
+    @property
+    def model(self) -> ScoringModel | None:
+        """The scoring model (None: every candidate quantized on its own)."""
+        self._build()
+        return self._model
+
+    @property
+    def session(self) -> Any:
+        """The scoring model's session."""
+        self._build()
+        return self._session
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The scoring model's dequantized weights, fed with every run."""
+        self._build()
+        return self._weights
 
     def new_quantizations(self) -> int:
         """The ``quantize_static`` calls made since the last time this was asked."""
@@ -130,7 +195,14 @@ class Scorer:
         energies so far, the first candidate's)``: stop scoring it on the rest of the feeds
         (its list is then shorter). The runs go on ``runs.run_threads()`` threads: the first
         candidate's feeds at once, then the others side by side, each over its feeds in order,
-        so that where it stops depends on its own energies and the first's alone."""
+        so that where it stops depends on its own energies and the first's alone. Only the base
+        ranges, on a scorer whose base model is a twin's: the twin's scores (class docstring)."""
+        if (
+            self.twin is not None
+            and not self._built
+            and all(ranges_key(r) == self.base_key for r in candidates.values())
+        ):
+            return self.twin.energies(feeds, candidates, hopeless)
         pool = runs.run_pool()
         reference = self.shared.reference(feeds, pool)
         distinct: dict[str, tuple[int, TensorsData]] = {}
@@ -216,6 +288,14 @@ class Scorer:
         except Exception as exc:  # ORT's quantizer or session on this candidate's ranges
             logger.warning("auto: candidate %r failed, it cannot be chosen: %s", label, exc)
             return exc
+
+
+def _files_digest(model: Path) -> bytes:
+    """SHA-256 over a model file and the files beside it that start with its name (its external data)."""
+    digest = hashlib.sha256()
+    for path in sorted(model.parent.glob(f"{model.name}*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.digest()
 
 
 def _base(candidates: Mapping[str, TensorsData]) -> str:

@@ -227,8 +227,23 @@ def _bias_scales_clearly_valid(input_scale: np.ndarray, weight_scale: np.ndarray
     return bool(np.all((candidate <= 0.0) | (candidate >= smallest * (1.0 + _BIAS_MARGIN))))
 
 
+def quantize_base(model_path: Path, ranges: TensorsData, workdir: Path, quantization: QuantizationArgs) -> Path | None:
+    """onnxruntime's QDQ model of ``model_path`` under ``ranges`` (as onnxruntime reads them back
+    from its calibration cache) and ``quantization``, written to ``workdir``/qdq.onnx: a scoring
+    model's base. None in QOperator format (no scoring model)."""
+    if quantization.quant_format not in (QuantFormat.QDQ, "QDQ"):
+        return None
+    qdq_path = workdir / "qdq.onnx"
+    quantize_with_ranges(model_path, qdq_path, round_trip(ranges), quantization)
+    return qdq_path
+
+
 def build_scoring_model(
-    model_path: Path, ranges: TensorsData, workdir: Path, quantization: QuantizationArgs
+    model_path: Path,
+    ranges: TensorsData,
+    workdir: Path,
+    quantization: QuantizationArgs,
+    qdq_path: Path | None = None,
 ) -> ScoringModel | None:
     """Quantize ``model_path`` once with ``ranges`` and make its range-dependent initializers
     inputs; None (with the reason logged) where the model or the arguments need one
@@ -239,6 +254,7 @@ def build_scoring_model(
         ranges: the base candidate's ranges.
         workdir: where the models are written.
         quantization: ``quantize_static``'s quantization arguments.
+        qdq_path: ``quantize_base``'s model for these arguments, if already written.
 
     Returns:
         The scoring model, or None.
@@ -246,9 +262,9 @@ def build_scoring_model(
     if quantization.quant_format not in (QuantFormat.QDQ, "QDQ"):
         logger.info("auto: QOperator format: every candidate is quantized on its own")
         return None
-    qdq_path = workdir / "qdq.onnx"
+    qdq_path = qdq_path or quantize_base(model_path, ranges, workdir, quantization)
+    assert qdq_path is not None  # QDQ format
     ranges = round_trip(ranges)  # as ORT reads them back from the calibration cache
-    quantize_with_ranges(model_path, qdq_path, ranges, quantization)
     qdq = onnx.load(qdq_path.as_posix())
     float_model = load_model(model_path)
     quantizer = _quantizer(_shape_inferred(model_path, workdir), ranges, quantization)
