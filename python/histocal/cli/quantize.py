@@ -288,13 +288,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             for f in written:
                 os.replace(f, output.parent / f.name)
     logger.info("wrote %s", output)
-    how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "")
+    how = display(args.method) + (f" ({args.auto_choice})" if getattr(args, "auto_choice", None) else "") + " ranges"
     if recipe is not None:
         corrected = ", biases corrected" if recipe.bias_correction.biases else ""
         in_float = f", {len(recipe.left_in_float)} nodes in float" if recipe.left_in_float else ""
         how = f"recipe best: {recipe.method} ranges, placement {recipe.placement}, per-channel weights{in_float}{corrected}"
     sys.stdout.write(
-        f"quantized {shown} -> {output} ({how} ranges, {args.format}, "
+        f"quantized {shown} -> {output} ({how}, {args.format}, "
         f"activations {args.activation_type}, weights {args.weight_type})\n"
     )
     return 0
