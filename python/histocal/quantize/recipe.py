@@ -408,8 +408,10 @@ def best_recipe(
     # onnxruntime's model of the recipe, where the evidence step has it: scored on the outputs (the
     # file searched is the one written), the scorer's if no node is left in float, else the check's.
     known = None
-    if on_logits is None:
-        known = load_model(checked) if checked is not None else None if in_float else quantized
+    if on_logits is None and not in_float:
+        known = quantized
+    elif on_logits is None and checked is not None:
+        known = load_model(checked)
     return recipe, known
 
 

@@ -131,9 +131,11 @@ class Scorer:
         self._weights: dict[str, np.ndarray] = {}
         self._built = False
         self.twin: Scorer | None = None
+        self._build_lock = threading.Lock()  # not ``lock``: ``_score`` holds that one when it asks
         try:
             self._qdq = quantize_base(shared.model_path, base, self._workdir, quantization)
-            self.quantizations += 1
+            if self._qdq is not None:  # QOperator: no scoring model, nothing quantized yet
+                self.quantizations += 1
         except Exception as exc:  # the base candidate's quantization: each candidate gets its own try
             logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
             self._built = True
@@ -146,19 +148,20 @@ class Scorer:
 
     def _build(self) -> None:
         """The scoring model and its session, on first need."""
-        if self._built:
-            return
-        self._built = True
-        try:
-            self._model = build_scoring_model(
-                self.shared.model_path, self._base, self._workdir, self.quantization, self._qdq
-            )
-            if self._model is not None:
-                self._session = runs.session(self._model.path, self.shared.providers, quantized=True)
-                self._weights = self._model.weights
-        except Exception as exc:
-            logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
-            self._model = None
+        with self._build_lock:
+            if self._built:
+                return
+            try:
+                self._model = build_scoring_model(
+                    self.shared.model_path, self._base, self._workdir, self.quantization, self._qdq
+                )
+                if self._model is not None:
+                    self._session = runs.session(self._model.path, self.shared.providers, quantized=True)
+                    self._weights = self._model.weights
+            except Exception as exc:
+                logger.warning("auto: no shared scoring model (%s): every candidate is quantized on its own", exc)
+                self._model = None
+            self._built = True
 
     @property
     def model(self) -> ScoringModel | None:
