@@ -84,10 +84,11 @@ class SharedScoring:
             (
                 other
                 for other in self._scorers.values()
-                if other.twin is None
-                and other.base_digest is not None
+                if other is not scorer
+                and other.twin is None
                 and other.base_key == scorer.base_key
-                and other.base_digest == scorer.base_digest
+                and other.base_digest() is not None
+                and other.base_digest() == scorer.base_digest()
             ),
             None,
         )
@@ -124,7 +125,7 @@ class Scorer:
         self._workdir.mkdir()
         self._base = base
         self.base_key = ranges_key(base)
-        self.base_digest: bytes | None = None  # of the base QDQ model's files
+        self._base_digest: bytes | None = None
         self._qdq: Path | None = None
         self._model: ScoringModel | None = None
         self._session: Any = None
@@ -141,10 +142,16 @@ class Scorer:
             self._built = True
             return
         if self._qdq is not None:
-            self.base_digest = _files_digest(self._qdq)
             self.twin = shared.built_twin(self)
         if self.twin is None:
             self._build()
+
+    def base_digest(self) -> bytes | None:
+        """SHA-256 of the base QDQ model's files (None: none written), read when first asked: only
+        where another scorer has the same base ranges."""
+        if self._base_digest is None and self._qdq is not None:
+            self._base_digest = _files_digest(self._qdq)
+        return self._base_digest
 
     def _build(self) -> None:
         """The scoring model and its session, on first need."""

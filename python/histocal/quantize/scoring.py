@@ -233,8 +233,12 @@ def quantize_base(model_path: Path, ranges: TensorsData, workdir: Path, quantiza
     model's base. None in QOperator format (no scoring model)."""
     if quantization.quant_format not in (QuantFormat.QDQ, "QDQ"):
         return None
+    return _quantized_base(model_path, round_trip(ranges), workdir, quantization)
+
+
+def _quantized_base(model_path: Path, rounded: TensorsData, workdir: Path, quantization: QuantizationArgs) -> Path:
     qdq_path = workdir / "qdq.onnx"
-    quantize_with_ranges(model_path, qdq_path, round_trip(ranges), quantization)
+    quantize_with_ranges(model_path, qdq_path, rounded, quantization)
     return qdq_path
 
 
@@ -262,9 +266,9 @@ def build_scoring_model(
     if quantization.quant_format not in (QuantFormat.QDQ, "QDQ"):
         logger.info("auto: QOperator format: every candidate is quantized on its own")
         return None
-    qdq_path = qdq_path or quantize_base(model_path, ranges, workdir, quantization)
-    assert qdq_path is not None  # QDQ format
     ranges = round_trip(ranges)  # as ORT reads them back from the calibration cache
+    if qdq_path is None:
+        qdq_path = _quantized_base(model_path, ranges, workdir, quantization)
     qdq = onnx.load(qdq_path.as_posix())
     float_model = load_model(model_path)
     quantizer = _quantizer(_shape_inferred(model_path, workdir), ranges, quantization)
