@@ -34,7 +34,7 @@ a few feeds' worth; measuring per fold would cost one pass of the kept feeds per
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -238,6 +238,29 @@ def _pooled(energies: list[tuple[float, float]]) -> float:
     return sqnr_db(sum(e[0] for e in energies), sum(e[1] for e in energies))
 
 
+@dataclass(frozen=True)
+class TwinSession:
+    """The twin model of a scorer's model (``twin_model``) and its session (None: no layer to
+    measure); it does not depend on the ranges, so the recipe builds it while it chooses them."""
+
+    twin: Twin
+    session: Any
+
+
+def twin_session(scorer: Scorer, workdir: Path) -> TwinSession | None:
+    """The twin model of the model ``scorer`` scores, written into ``workdir``, and its session;
+    None where ``scorer`` has no scoring model or it quantizes no bias to int32."""
+    model = scorer.model
+    if model is None or not model.bias_inputs:
+        return None
+    twin = twin_model(load_model(scorer.shared.model_path), onnx.load(model.path.as_posix()), model)
+    if not twin.layers:
+        return TwinSession(twin, None)
+    path = workdir / "twin.onnx"
+    onnx.save_model(twin.model, path.as_posix(), save_as_external_data=twin.model.ByteSize() > INLINE_MODEL_BYTES)
+    return TwinSession(twin, runs.session(path, scorer.shared.providers, quantized=True))
+
+
 def correct_biases(
     scorer: Scorer,
     label: str,
@@ -245,12 +268,15 @@ def correct_biases(
     folds: Sequence[tuple[Mapping[str, TensorsData], Sequence[Feed]]],
     workdir: Path,
     uncorrected: Sequence[float] | None = None,
+    twin: Callable[[], TwinSession | None] | None = None,
 ) -> BiasCorrection:
     """The bias correction of the model ``scorer`` scores, under the chosen candidate ``label``
     whose ranges from all the data are ``ranges``, decided on ``folds`` (each fold's candidates
     fitted without its feeds), as the module docstring says. ``workdir`` takes the twin model.
     ``uncorrected``: the candidate's per-feed SQNR on the folds (in fold order) where the selection
-    has scored it on this scorer already (the same runs: not repeated)."""
+    has scored it on this scorer already (the same runs: not repeated). ``twin``: a function giving
+    ``twin_session``'s result for ``scorer`` (the recipe's makes it in the background, while it
+    chooses the ranges), called only where needed; None: made here."""
     model = scorer.model
     if model is None or not model.bias_inputs:
         why = "no bias quantized to int32" if model is not None else "no shared scoring model"
@@ -260,15 +286,13 @@ def correct_biases(
     parameters = model.parameters(ranges)
     if parameters is None:
         return BiasCorrection({}, "not corrected: the scoring model cannot express the chosen ranges", 0, {})
-    twin = twin_model(load_model(scorer.shared.model_path), onnx.load(model.path.as_posix()), model)
-    if not twin.layers:
+    made = twin() if twin is not None else twin_session(scorer, workdir)
+    if made is None or made.session is None:
         return BiasCorrection({}, "not corrected: no layer reads a quantized float tensor", 0, {})
-    path = workdir / "twin.onnx"
-    onnx.save_model(twin.model, path.as_posix(), save_as_external_data=twin.model.ByteSize() > INLINE_MODEL_BYTES)
-    session = runs.session(path, scorer.shared.providers, quantized=True)
+    session, measured = made.session, made.twin
     feeds = [f for _, fold in folds for f in fold]
-    errors = LayerErrors(twin, session, {**parameters, **scorer.weights}, feeds)
-    session = None
+    errors = LayerErrors(measured, session, {**parameters, **scorer.weights}, feeds)
+    session = made = None  # the twin session's memory
     float_biases = model.float_biases
     given = list(uncorrected) if uncorrected is not None else []
     known = len(given) == len(feeds) and not np.isnan(given).any()
@@ -285,18 +309,18 @@ def correct_biases(
             got = scorer.biased_energies(list(fold), candidates[label], biases)
             sqnr = _feed_sqnr(got)
             if got is None or sqnr is None:
-                return BiasCorrection({}, "not corrected: the scoring model cannot score it", len(twin.layers), {})
+                return BiasCorrection({}, "not corrected: the scoring model cannot score it", len(measured.layers), {})
             scores[which].extend(sqnr)
             if which == CORRECTED:
                 energies.extend(got)
     pooled = {CORRECTED: _pooled(energies)}
     decision = decide(scores, default=UNCORRECTED)
     if decision.label != CORRECTED:
-        return BiasCorrection({}, decision.reason, len(twin.layers), pooled)
+        return BiasCorrection({}, decision.reason, len(measured.layers), pooled)
     biases = corrected_biases(float_biases, errors.shifts(range(len(feeds)), float_biases))
     readers = model.bias_readers
     return BiasCorrection(
-        {name: (*readers[name], value) for name, value in biases.items()}, decision.reason, len(twin.layers), pooled
+        {name: (*readers[name], value) for name, value in biases.items()}, decision.reason, len(measured.layers), pooled
     )
 
 
@@ -344,8 +368,10 @@ __all__ = [
     "BiasCorrection",
     "LayerErrors",
     "Twin",
+    "TwinSession",
     "correct_biases",
     "corrected_biases",
     "twin_model",
+    "twin_session",
     "write_corrected",
 ]

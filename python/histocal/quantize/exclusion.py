@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -147,15 +148,25 @@ class DiagnosisRun:
             )
             seconds["quantization"] = time.perf_counter() - t
             return [], [], sqnr, sqnr, {"nodes": 0, "tensors": [], "checks": 0}, 0, 0, [], []
-        switched, tensors, weights = switched_model(qdq, self.float_model)
-        del qdq
-        if self.quantization.quant_format == QuantFormat.QDQ:
-            sqnr = self._measured((), qdq_path)
-        else:
-            sqnr = self.exact_sqnr(())
         switched_path = self.tmp / "switched.onnx"
-        save_model(switched, switched_path)
-        del switched
+        # The QDQ model's runs (onnxruntime, the GIL released) while the switched model is built
+        # and written (Python).
+        with ThreadPoolExecutor(1, thread_name_prefix="histocal-diagnose") as ahead:
+            measured = (
+                ahead.submit(self._measured, (), qdq_path)
+                if self.quantization.quant_format == QuantFormat.QDQ
+                else None
+            )
+            try:
+                switched, tensors, weights = switched_model(qdq, self.float_model)
+                del qdq
+                save_model(switched, switched_path)
+                del switched
+            except BaseException:
+                if measured is not None:
+                    measured.cancel()
+                raise
+            sqnr = measured.result() if measured is not None else self.exact_sqnr(())
         seconds["quantization"] = time.perf_counter() - t
         logger.info(
             "diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr

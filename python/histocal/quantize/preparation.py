@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..io.models import load_model, save_model
+from .runs import run_all, run_pool
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,12 @@ def _outputs(model_path: Path, feeds: Sequence[Mapping[str, Any]], providers: li
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1  # the feeds go on histocal's threads instead (``runs``)
     session = ort.InferenceSession(model_path.as_posix(), options, providers=providers)
     names = {i.name for i in session.get_inputs()}
-    return [session.run(None, {k: v for k, v in feed.items() if k in names}) for feed in feeds]
+    return list(
+        run_all(run_pool(), lambda i: session.run(None, {k: v for k, v in feeds[i].items() if k in names}), len(feeds))
+    )
 
 
 def check_same_outputs(

@@ -36,6 +36,7 @@ import math
 import tempfile
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from .. import calibrators
 from ..io.models import load_model, save_model
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
 from . import selection
-from .bias_correction import CORRECTED, BiasCorrection, correct_biases, write_corrected
+from .bias_correction import CORRECTED, BiasCorrection, correct_biases, twin_session, write_corrected
 from .candidates import LazyCandidates
 from .exclusion import DiagnosisRun
 from .folds import Folds, fold_candidates, withholding_first
@@ -327,34 +328,65 @@ def best_recipe(
     (tmp / "shared").mkdir()
     shared = SharedScoring(scoring, list(providers) if providers else ["CPUExecutionProvider"], tmp / "shared")
     found = placements(preparation.model, quantization.op_types_to_quantize)
-    for placement in found if default is not None and len(found) > 1 else found[:1]:
-        placed = placement.arguments(quantization)
-        placement_folds = (
-            [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds]
-            if default
-            else scored.folds
-        )
-        chosen = selection.select(
-            scoring, placement_folds, default or scored.candidates, providers, placed, scored.cross_validated, shared
-        )
-        scores[placement.label] = (placement, placed, chosen)
-        shared.keep_only(scores[_chosen(scores)][1])  # memory: at most the best so far and the next
-        logger.info(
-            "recipe: placement %r (%s): %s, %.2f dB", placement.label, placement.pattern, chosen.label, _sqnr(chosen)
-        )
+    scored_placements = found if default is not None and len(found) > 1 else found[:1]
+    placement_candidates = default or scored.candidates
+    placement_folds = (
+        [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds] if default else scored.folds
+    )
+    # Each placement's scorer (a quantize_static and its scoring model: Python, one core) is built
+    # in the background while the one before is scored (onnxruntime's runs, the GIL released): the
+    # same scorers, built one after the other in placement order, each before its placement's
+    # selection asks for it, and none while ``keep_only`` runs.
+    with ThreadPoolExecutor(1, thread_name_prefix="histocal-recipe") as ahead:
+        built = shared.scorer(placement_candidates, scored_placements[0].arguments(quantization))
+        for k, placement in enumerate(scored_placements):
+            placed = placement.arguments(quantization)  # ``built``'s
+            following = (
+                ahead.submit(shared.scorer, placement_candidates, scored_placements[k + 1].arguments(quantization))
+                if k + 1 < len(scored_placements)
+                else None
+            )
+            try:
+                chosen = selection.select(
+                    scoring, placement_folds, placement_candidates, providers, placed, scored.cross_validated, shared
+                )
+            finally:
+                built = following.result() if following is not None else built
+            scores[placement.label] = (placement, placed, chosen)
+            # memory: at most the best so far, the next and the one after it
+            shared.keep_only(scores[_chosen(scores)][1], built.quantization)
+            logger.info(
+                "recipe: placement %r (%s): %s, %.2f dB",
+                placement.label,
+                placement.pattern,
+                chosen.label,
+                _sqnr(chosen),
+            )
     label = _chosen(scores)
     placement, placed, _ = scores[label]
-    candidates, chosen_folds = _placement_candidates(scored, shared.scorer(scored.candidates, placed))
-    chosen = selection.select(scoring, chosen_folds, candidates, providers, placed, scored.cross_validated, shared)
+    chosen_scorer = shared.scorer(scored.candidates, placed)
+    candidates, chosen_folds = _placement_candidates(scored, chosen_scorer)
     (tmp / "bias").mkdir()
-    correction = correct_biases(
-        shared.scorer(scored.candidates, placed),
-        chosen.label,
-        chosen.ranges,
-        chosen_folds,
-        tmp / "bias",
-        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
-    )
+    # The bias correction's twin model does not depend on the ranges: made while they are chosen.
+    with ThreadPoolExecutor(1, thread_name_prefix="histocal-recipe") as ahead:
+        twin = ahead.submit(twin_session, chosen_scorer, tmp / "bias")
+        try:
+            chosen = selection.select(
+                scoring, chosen_folds, candidates, providers, placed, scored.cross_validated, shared
+            )
+        except BaseException:
+            twin.cancel()
+            raise
+        correction = correct_biases(
+            chosen_scorer,
+            chosen.label,
+            chosen.ranges,
+            chosen_folds,
+            tmp / "bias",
+            chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
+            twin.result,
+        )
+        del twin  # the twin session's memory
     logger.info(
         "recipe: bias correction of %d layers: %s (%s; %.2f dB corrected, cross-validated)",
         correction.layers,

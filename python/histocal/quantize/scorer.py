@@ -93,11 +93,12 @@ class SharedScoring:
             None,
         )
 
-    def keep_only(self, quantization: QuantizationArgs) -> None:
-        """Drops the scorers of other quantization arguments (their sessions' and dequantized
-        weights' memory: the recipe keeps the best placement's so far, so at most two are held),
-        and their files."""
-        for key in [k for k in self._scorers if k[0] != repr(quantization)]:
+    def keep_only(self, *quantizations: QuantizationArgs) -> None:
+        """Drops the scorers of other quantization arguments than ``quantizations`` (their sessions'
+        and dequantized weights' memory: the recipe keeps the best placement's so far and the next
+        ones'), and their files."""
+        kept = {repr(q) for q in quantizations}
+        for key in [k for k in self._scorers if k[0] not in kept]:
             shutil.rmtree(self._scorers.pop(key).tmp, ignore_errors=True)
 
 

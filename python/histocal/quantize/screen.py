@@ -67,8 +67,10 @@ class Reference:
         names = [o.name for o in float_session.get_outputs()]
         self.outputs: list[list[PreparedOutput]] = []
         numeric: list[str] | None = None
-        for i, feed in enumerate(feeds):
-            arrays = dict(zip(names, run_session(float_session, names, feed, i)))
+        runs = run_all(
+            run_pool(), lambda i: dict(zip(names, run_session(float_session, names, feeds[i], i))), len(feeds)
+        )
+        for arrays in runs:
             if numeric is None:
                 # Float outputs only: integer outputs (ids echoed back, argmax) are not quantized,
                 # and their energy would inflate the SQNR.
