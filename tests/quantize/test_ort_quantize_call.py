@@ -44,3 +44,43 @@ def test_the_names_are_ort_parameters():
 def test_unknown_argument_is_a_type_error():
     with pytest.raises(TypeError, match="per_chanel"):
         ort_quantize_static("in.onnx", "out.onnx", calibrate_method=CalibrationMethod.MinMax, per_chanel=True)
+
+
+def test_calls_on_one_model_file_take_turns(tmp_path):
+    """onnxruntime's quantize_static writes ``<name>-inferred.onnx`` beside a model given by path
+    and removes it: calls on one file from several threads at once (the recipe builds a scorer
+    ahead while another quantizes) take turns, and each writes the model a call alone writes."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import onnx
+    from support.models import cnn, cnn_feeds
+
+    import histocal
+    from histocal.quantize.ort import quantize_with_ranges
+
+    path = tmp_path / "model.onnx"
+    onnx.save(cnn(), path.as_posix())
+    ranges = histocal.calibrate(path, cnn_feeds(4, seed=1))
+    quantize_with_ranges(path, tmp_path / "alone.onnx", ranges)
+    inside, most = [0], [0]
+    guard = threading.Lock()
+    original = ORT_QUANTIZE.quantize_static
+
+    def counted(*args, **kwargs):
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            return original(*args, **kwargs)
+        finally:
+            with guard:
+                inside[0] -= 1
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ORT_QUANTIZE, "quantize_static", counted)
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda k: quantize_with_ranges(path, tmp_path / f"q{k}.onnx", ranges), range(8)))
+    assert most[0] == 1
+    for k in range(8):
+        assert (tmp_path / f"q{k}.onnx").read_bytes() == (tmp_path / "alone.onnx").read_bytes()

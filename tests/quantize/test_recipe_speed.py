@@ -8,6 +8,7 @@ byte for byte the same."""
 from __future__ import annotations
 
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from test_recipe_evidence import feeds as outlier_feeds
 from test_recipe_evidence import outlier_channel
 
 import histocal
-from histocal.quantize import recipe, scorer, scoring, selection, weight_memo
+from histocal.quantize import exclusion, recipe, scorer, scoring, selection, weight_memo
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.placement import placements
 from histocal.quantize.preparation import prepare_model
@@ -302,3 +303,65 @@ def test_a_placement_with_another_s_qdq_model_is_scored_by_it(tmp_path):
     # a placement whose graph differs (the compute operators' inputs only) has its own model
     inputs = shared.scorer(base, placements(model, None)[2].arguments(quantization))
     assert inputs.twin is None and inputs._built
+
+
+class _Inline:
+    """A ThreadPoolExecutor that runs each task when it is submitted: nothing done ahead."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def submit(self, function, *args, **kwargs):
+        future = Future()
+        try:
+            future.set_result(function(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
+@pytest.mark.parametrize(
+    "make, data",
+    [(cnn, lambda: cnn_feeds(12, seed=3)), (outlier_channel, lambda: outlier_feeds(12, 1))],
+    ids=["cnn", "a node left in float"],
+)
+def test_work_done_ahead_changes_nothing(make, data, tmp_path, monkeypatch):
+    """The recipe builds the next placement's scorer while the one before is scored, and the bias
+    correction's twin model while the ranges are chosen; diagnose measures the QDQ model while it
+    builds the switched model. Done one after the other instead, every selection scores the same
+    and the same model is written, byte for byte."""
+    path = tmp_path / "model.onnx"
+    onnx.save(make(), path.as_posix())
+    ahead = _recipe(path, tmp_path / "ahead.onnx", data(), monkeypatch, slow=False)
+    with monkeypatch.context() as m:
+        m.setattr(recipe, "ThreadPoolExecutor", _Inline)
+        m.setattr(exclusion, "ThreadPoolExecutor", _Inline)
+        inline = _recipe(path, tmp_path / "inline.onnx", data(), monkeypatch, slow=False)
+    assert len(ahead) == len(inline) == len(placements(make(), None)) + 1
+    assert [(s.label, s.sqnr_db, s.feed_sqnr_db, s.stopped, s.quantizations) for s in ahead] == [
+        (s.label, s.sqnr_db, s.feed_sqnr_db, s.stopped, s.quantizations) for s in inline
+    ]
+    assert (tmp_path / "ahead.onnx").read_bytes() == (tmp_path / "inline.onnx").read_bytes()
+
+
+def test_keep_only_keeps_every_scorer_asked_for(tmp_path):
+    """``SharedScoring.keep_only`` drops the scorers of other quantization arguments only: the
+    recipe keeps the best placement's so far and the one built ahead."""
+    model = outlier_channel(outlier=None)
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path.as_posix())
+    base = {"minmax": histocal.calibrate(path, outlier_feeds(6, 1))}
+    quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
+    arguments = [p.arguments(quantization) for p in placements(model, None)]
+    (tmp_path / "shared").mkdir()
+    shared = scorer.SharedScoring(path, ["CPUExecutionProvider"], tmp_path / "shared")
+    built = [shared.scorer(base, a) for a in arguments]
+    shared.keep_only(arguments[0], arguments[2])
+    assert shared.scorer(base, arguments[0]) is built[0] and shared.scorer(base, arguments[2]) is built[2]
+    assert not built[1].tmp.exists() and built[0].tmp.exists()

@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -89,14 +90,31 @@ def ort_quantize_static(
     if unknown:
         raise TypeError(f"not quantize_static quantization arguments: {unknown}")
     # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
-    importlib.import_module("onnxruntime.quantization.quantize").quantize_static(
-        model_input,
-        model_output,
-        calibration_data_reader=calibration_data_reader,
-        calibrate_method=calibrate_method,
-        calibration_cache_path=calibration_cache_path,
-        **quantization,
-    )
+    with _model_file_lock(model_input):
+        importlib.import_module("onnxruntime.quantization.quantize").quantize_static(
+            model_input,
+            model_output,
+            calibration_data_reader=calibration_data_reader,
+            calibrate_method=calibrate_method,
+            calibration_cache_path=calibration_cache_path,
+            **quantization,
+        )
+
+
+_model_file_locks: dict[str, threading.Lock] = {}
+_model_file_locks_guard = threading.Lock()
+
+
+def _model_file_lock(model_input: str | Path | onnx.ModelProto) -> contextlib.AbstractContextManager[Any]:
+    """One lock per model file: onnxruntime's quantize_static writes the shape-inferred model beside
+    a model given by path (``<name>-inferred.onnx``) and removes it, so two calls on one file at
+    once (the recipe builds a placement's scorer while another quantizes) would read and remove
+    each other's."""
+    if isinstance(model_input, onnx.ModelProto):
+        return contextlib.nullcontext()
+    key = os.path.realpath(model_input)
+    with _model_file_locks_guard:
+        return _model_file_locks.setdefault(key, threading.Lock())
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
 from .. import calibrators
 from ..io.models import load_model, save_model
 from ..methods.settings import METHOD_OPTIONS_KEY, CollectionSettings
-from . import selection
+from . import runs, selection
 from .bias_correction import CORRECTED, BiasCorrection, correct_biases, twin_session, write_corrected
 from .candidates import LazyCandidates
 from .exclusion import DiagnosisRun
@@ -338,7 +338,14 @@ def best_recipe(
     # same scorers, built one after the other in placement order, each before its placement's
     # selection asks for it, and none while ``keep_only`` runs.
     with ThreadPoolExecutor(1, thread_name_prefix="histocal-recipe") as ahead:
-        built = shared.scorer(placement_candidates, scored_placements[0].arguments(quantization))
+        first = ahead.submit(shared.scorer, placement_candidates, scored_placements[0].arguments(quantization))
+        try:  # meanwhile the float model's outputs on every fold, which every selection scores against
+            for _, fold in placement_folds:
+                shared.reference(list(fold), runs.run_pool())
+        except BaseException:
+            first.cancel()
+            raise
+        built = first.result()
         for k, placement in enumerate(scored_placements):
             placed = placement.arguments(quantization)  # ``built``'s
             following = (
@@ -350,8 +357,11 @@ def best_recipe(
                 chosen = selection.select(
                     scoring, placement_folds, placement_candidates, providers, placed, scored.cross_validated, shared
                 )
-            finally:
-                built = following.result() if following is not None else built
+            except BaseException:
+                if following is not None:
+                    following.cancel()
+                raise
+            built = following.result() if following is not None else built
             scores[placement.label] = (placement, placed, chosen)
             # memory: at most the best so far, the next and the one after it
             shared.keep_only(scores[_chosen(scores)][1], built.quantization)
