@@ -363,7 +363,7 @@ def best_recipe(
                 raise
             built = following.result() if following is not None else built
             scores[placement.label] = (placement, placed, chosen)
-            # memory: at most the best so far, the next and the one after it
+            # memory: the best so far and the next (while a placement is scored: and the one after it)
             shared.keep_only(scores[_chosen(scores)][1], built.quantization)
             logger.info(
                 "recipe: placement %r (%s): %s, %.2f dB",
