@@ -87,6 +87,7 @@ class SharedScoring:
                 if other is not scorer
                 and other.twin is None
                 and other.base_key == scorer.base_key
+                and other.base_files() == scorer.base_files()  # sizes first: a digest reads every byte
                 and other.base_digest() is not None
                 and other.base_digest() == scorer.base_digest()
             ),
@@ -146,6 +147,10 @@ class Scorer:
             self.twin = shared.built_twin(self)
         if self.twin is None:
             self._build()
+
+    def base_files(self) -> tuple[tuple[str, int], ...]:
+        """The base QDQ model's files (name and size; none written: empty)."""
+        return () if self._qdq is None else tuple((f.name, f.stat().st_size) for f in _model_files(self._qdq))
 
     def base_digest(self) -> bytes | None:
         """SHA-256 of the base QDQ model's files (None: none written), read when first asked: only
@@ -301,10 +306,15 @@ class Scorer:
             return exc
 
 
+def _model_files(model: Path) -> list[Path]:
+    """A model file and the files beside it that start with its name (its external data), by name."""
+    return sorted(model.parent.glob(f"{model.name}*"))
+
+
 def _files_digest(model: Path) -> bytes:
-    """SHA-256 over a model file and the files beside it that start with its name (its external data)."""
+    """SHA-256 over ``_model_files(model)``, names and contents."""
     digest = hashlib.sha256()
-    for path in sorted(model.parent.glob(f"{model.name}*")):
+    for path in _model_files(model):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.digest()
 

@@ -270,8 +270,10 @@ def build_scoring_model(
     if qdq_path is None:
         qdq_path = _quantized_base(model_path, ranges, workdir, quantization)
     qdq = onnx.load(qdq_path.as_posix())
-    float_model = load_model(model_path)
-    quantizer = _quantizer(_shape_inferred(model_path, workdir), ranges, quantization)
+    # The float model as the quantizer reads it: its nodes and initializers are the file's (shape
+    # inference adds value infos), read here, not changed.
+    float_model = _shape_inferred(model_path, workdir)
+    quantizer = _quantizer(float_model, ranges, quantization)
     expected = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
     scoring = _inputs_model(qdq, float_model, quantizer, ranges, workdir, qdq_path)
     if scoring is None:
