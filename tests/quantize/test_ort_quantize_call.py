@@ -57,6 +57,7 @@ def test_calls_on_one_model_file_take_turns(tmp_path):
     from support.models import cnn, cnn_feeds
 
     import histocal
+    from histocal.quantize import ort as ort_module
     from histocal.quantize.ort import quantize_with_ranges
 
     path = tmp_path / "model.onnx"
@@ -82,5 +83,6 @@ def test_calls_on_one_model_file_take_turns(tmp_path):
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda k: quantize_with_ranges(path, tmp_path / f"q{k}.onnx", ranges), range(8)))
     assert most[0] == 1
+    assert not ort_module._model_file_locks  # no entry kept once every call has ended
     for k in range(8):
         assert (tmp_path / f"q{k}.onnx").read_bytes() == (tmp_path / "alone.onnx").read_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,8 @@ from test_recipe_evidence import feeds as outlier_feeds
 from test_recipe_evidence import outlier_channel
 
 import histocal
-from histocal.quantize import exclusion, recipe, scorer, scoring, selection, weight_memo
+from histocal.quantize import recipe, scorer, scoring, selection, weight_memo
+from histocal.quantize import runs as quantize_runs
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.placement import placements
 from histocal.quantize.preparation import prepare_model
@@ -305,25 +307,15 @@ def test_a_placement_with_another_s_qdq_model_is_scored_by_it(tmp_path):
     assert inputs.twin is None and inputs._built
 
 
-class _Inline:
-    """A ThreadPoolExecutor that runs each task when it is submitted: nothing done ahead."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def submit(self, function, *args, **kwargs):
-        future = Future()
-        try:
-            future.set_result(function(*args, **kwargs))
-        except BaseException as exc:
-            future.set_exception(exc)
-        return future
+@contextmanager
+def _in_turn(function, *args):
+    """``runs.ahead`` done in turn: the work runs when the block starts, nothing ahead."""
+    future = Future()
+    try:
+        future.set_result(function(*args))
+    except BaseException as exc:
+        future.set_exception(exc)
+    yield future
 
 
 @pytest.mark.parametrize(
@@ -340,8 +332,7 @@ def test_work_done_ahead_changes_nothing(make, data, tmp_path, monkeypatch):
     onnx.save(make(), path.as_posix())
     ahead = _recipe(path, tmp_path / "ahead.onnx", data(), monkeypatch, slow=False)
     with monkeypatch.context() as m:
-        m.setattr(recipe, "ThreadPoolExecutor", _Inline)
-        m.setattr(exclusion, "ThreadPoolExecutor", _Inline)
+        m.setattr(quantize_runs, "ahead", _in_turn)
         inline = _recipe(path, tmp_path / "inline.onnx", data(), monkeypatch, slow=False)
     assert len(ahead) == len(inline) == len(placements(make(), None)) + 1
     assert [(s.label, s.sqnr_db, s.feed_sqnr_db, s.stopped, s.quantizations) for s in ahead] == [

@@ -6,6 +6,7 @@ expected) nor an error further on about an empty graph (a 0-byte file parses as 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Union
 
 import onnx
@@ -49,6 +50,15 @@ def save_model(model: onnx.ModelProto, path: StrPath) -> None:
     needs them saves a copy."""
     name = os.fspath(path)
     onnx.save_model(model, name, save_as_external_data=True, location=os.path.basename(name) + ".data")
+
+
+def written_files(path: StrPath) -> list[Path]:
+    """A model file histocal wrote into a folder of its own (``save_model``, or onnxruntime's
+    ``quantize_static``) and the files beside it whose names start with its name (its external
+    data), by name: found without reading the model (``io.outputs.external_data_files`` reads it,
+    for a model anyone wrote)."""
+    model = Path(path)
+    return sorted(model.parent.glob(f"{model.name}*"))
 
 
 def load_model(path: StrPath, *, load_external_data: bool = True) -> onnx.ModelProto:

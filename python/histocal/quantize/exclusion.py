@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,9 @@ import onnx
 from onnxruntime.quantization import QuantFormat
 from onnxruntime.quantization.calibrate import TensorsData
 
-from ..io.models import save_model
+from ..io.models import save_model, written_files
 from ..state import CalibrationState
+from . import runs
 from . import screen as _screen
 from .findings import range_findings
 from .ort import QuantizationArgs, quantize_with_ranges
@@ -106,8 +107,7 @@ class DiagnosisRun:
     def _keep_only(self, exclude: Sequence[str]) -> None:
         """Remove the exact checks' models but ``exclude``'s (the search's result so far)."""
         for key in [k for k in self._checked if k != tuple(exclude)]:
-            path = self._checked.pop(key)
-            for f in path.parent.glob(f"{path.name}*"):
+            for f in written_files(self._checked.pop(key)):
                 f.unlink()
 
     def _measured(self, exclude: tuple[str, ...], path: Path) -> float:
@@ -151,22 +151,13 @@ class DiagnosisRun:
         switched_path = self.tmp / "switched.onnx"
         # The QDQ model's runs (onnxruntime, the GIL released) while the switched model is built
         # and written (Python).
-        with ThreadPoolExecutor(1, thread_name_prefix="histocal-diagnose") as ahead:
-            measured = (
-                ahead.submit(self._measured, (), qdq_path)
-                if self.quantization.quant_format == QuantFormat.QDQ
-                else None
-            )
-            try:
-                switched, tensors, weights = switched_model(qdq, self.float_model)
-                del qdq
-                save_model(switched, switched_path)
-                del switched
-            except BaseException:
-                if measured is not None:
-                    measured.cancel()
-                raise
-            sqnr = measured.result() if measured is not None else self.exact_sqnr(())
+        qdq_format = self.quantization.quant_format == QuantFormat.QDQ
+        with runs.ahead(self._measured, (), qdq_path) if qdq_format else nullcontext() as measured:
+            switched, tensors, weights = switched_model(qdq, self.float_model)
+            del qdq
+            save_model(switched, switched_path)
+            del switched
+        sqnr = measured.result() if measured is not None else self.exact_sqnr(())
         seconds["quantization"] = time.perf_counter() - t
         logger.info(
             "diagnose: %d quantized nodes, %d quantized tensors, output SQNR %.2f dB", len(nodes), len(tensors), sqnr

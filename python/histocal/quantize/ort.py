@@ -101,20 +101,35 @@ def ort_quantize_static(
         )
 
 
-_model_file_locks: dict[str, threading.Lock] = {}
+# Per model file being quantized: its lock and how many calls hold or wait for it (dropped at 0:
+# a long-lived process quantizing many files keeps none of their entries).
+_model_file_locks: dict[str, tuple[threading.Lock, int]] = {}
 _model_file_locks_guard = threading.Lock()
 
 
-def _model_file_lock(model_input: str | Path | onnx.ModelProto) -> contextlib.AbstractContextManager[Any]:
-    """One lock per model file: onnxruntime's quantize_static writes the shape-inferred model beside
-    a model given by path (``<name>-inferred.onnx``) and removes it, so two calls on one file at
-    once (the recipe builds a placement's scorer while another quantizes) would read and remove
-    each other's."""
+@contextlib.contextmanager
+def _model_file_lock(model_input: str | Path | onnx.ModelProto) -> Iterator[None]:
+    """Calls on one model file take turns: onnxruntime's quantize_static writes the shape-inferred
+    model beside a model given by path (``<name>-inferred.onnx``) and removes it, so two calls on
+    one file at once (the recipe builds a placement's scorer while another quantizes) would read
+    and remove each other's."""
     if isinstance(model_input, onnx.ModelProto):
-        return contextlib.nullcontext()
+        yield
+        return
     key = os.path.realpath(model_input)
     with _model_file_locks_guard:
-        return _model_file_locks.setdefault(key, threading.Lock())
+        lock, users = _model_file_locks.get(key, (threading.Lock(), 0))
+        _model_file_locks[key] = (lock, users + 1)
+    try:
+        with lock:
+            yield
+    finally:
+        with _model_file_locks_guard:
+            lock, users = _model_file_locks[key]
+            if users == 1:
+                del _model_file_locks[key]
+            else:
+                _model_file_locks[key] = (lock, users - 1)
 
 
 @contextlib.contextmanager

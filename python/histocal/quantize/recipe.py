@@ -36,7 +36,7 @@ import math
 import tempfile
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -334,69 +334,46 @@ def best_recipe(
         [({DEFAULT_CANDIDATE: c[DEFAULT_CANDIDATE]}, feeds) for c, feeds in scored.folds] if default else scored.folds
     )
     # Each placement's scorer (a quantize_static and its scoring model: Python, one core) is built
-    # in the background while the one before is scored (onnxruntime's runs, the GIL released): the
-    # same scorers, built one after the other in placement order, each before its placement's
-    # selection asks for it, and none while ``keep_only`` runs.
-    with ThreadPoolExecutor(1, thread_name_prefix="histocal-recipe") as ahead:
-        first = ahead.submit(shared.scorer, placement_candidates, scored_placements[0].arguments(quantization))
-        try:  # meanwhile the float model's outputs on every fold, which every selection scores against
-            for _, fold in placement_folds:
-                shared.reference(list(fold), runs.run_pool())
-        except BaseException:
-            first.cancel()
-            raise
-        built = first.result()
-        for k, placement in enumerate(scored_placements):
-            placed = placement.arguments(quantization)  # ``built``'s
-            following = (
-                ahead.submit(shared.scorer, placement_candidates, scored_placements[k + 1].arguments(quantization))
-                if k + 1 < len(scored_placements)
-                else None
+    # ahead, while the one before is scored (onnxruntime's runs, the GIL released): the same
+    # scorers, built one after the other in placement order, each before its placement's selection
+    # asks for it, and none while ``keep_only`` runs.
+    arguments = [p.arguments(quantization) for p in scored_placements]
+    with runs.ahead(shared.scorer, placement_candidates, arguments[0]) as first:
+        for _, fold in placement_folds:  # the float outputs every selection scores against
+            shared.reference(list(fold), runs.run_pool())
+    built = first.result()
+    for k, placement in enumerate(scored_placements):
+        placed = arguments[k]
+        more = k + 1 < len(arguments)
+        with runs.ahead(shared.scorer, placement_candidates, arguments[k + 1]) if more else nullcontext() as following:
+            chosen = selection.select(
+                scoring, placement_folds, placement_candidates, providers, placed, scored.cross_validated, shared
             )
-            try:
-                chosen = selection.select(
-                    scoring, placement_folds, placement_candidates, providers, placed, scored.cross_validated, shared
-                )
-            except BaseException:
-                if following is not None:
-                    following.cancel()
-                raise
-            built = following.result() if following is not None else built
-            scores[placement.label] = (placement, placed, chosen)
-            # memory: the best so far and the next (while a placement is scored: and the one after it)
-            shared.keep_only(scores[_chosen(scores)][1], built.quantization)
-            logger.info(
-                "recipe: placement %r (%s): %s, %.2f dB",
-                placement.label,
-                placement.pattern,
-                chosen.label,
-                _sqnr(chosen),
-            )
+        built = following.result() if following is not None else built
+        scores[placement.label] = (placement, placed, chosen)
+        # memory: the best so far and the next (while a placement is scored: and the one after it)
+        shared.keep_only(scores[_chosen(scores)][1], built.quantization)
+        logger.info(
+            "recipe: placement %r (%s): %s, %.2f dB", placement.label, placement.pattern, chosen.label, _sqnr(chosen)
+        )
     label = _chosen(scores)
     placement, placed, _ = scores[label]
     chosen_scorer = shared.scorer(scored.candidates, placed)
     candidates, chosen_folds = _placement_candidates(scored, chosen_scorer)
     (tmp / "bias").mkdir()
     # The bias correction's twin model does not depend on the ranges: made while they are chosen.
-    with ThreadPoolExecutor(1, thread_name_prefix="histocal-recipe") as ahead:
-        twin = ahead.submit(twin_session, chosen_scorer, tmp / "bias")
-        try:
-            chosen = selection.select(
-                scoring, chosen_folds, candidates, providers, placed, scored.cross_validated, shared
-            )
-        except BaseException:
-            twin.cancel()
-            raise
-        correction = correct_biases(
-            chosen_scorer,
-            chosen.label,
-            chosen.ranges,
-            chosen_folds,
-            tmp / "bias",
-            chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
-            twin.result,
-        )
-        del twin  # the twin session's memory
+    with runs.ahead(twin_session, chosen_scorer, tmp / "bias") as twin:
+        chosen = selection.select(scoring, chosen_folds, candidates, providers, placed, scored.cross_validated, shared)
+    correction = correct_biases(
+        chosen_scorer,
+        chosen.label,
+        chosen.ranges,
+        chosen_folds,
+        tmp / "bias",
+        chosen.feed_sqnr_db.get(chosen.label) if chosen.cross_validated else None,
+        twin.result,
+    )
+    del twin  # the twin session's memory
     logger.info(
         "recipe: bias correction of %d layers: %s (%s; %.2f dB corrected, cross-validated)",
         correction.layers,
@@ -409,8 +386,8 @@ def best_recipe(
         prepared = write_corrected(uncorrected, correction.biases, tmp / "corrected.onnx")
         searched = prepared if on_logits is None else write_corrected(scoring, correction.biases, tmp / "scored.onnx")
     searched_model = load_model(searched)
-    quantized = _quantized_model(shared.scorer(scored.candidates, placed), chosen.ranges, correction, searched_model)
-    del shared  # the scoring sessions' memory
+    quantized = _quantized_model(chosen_scorer, chosen.ranges, correction, searched_model)
+    del shared, chosen_scorer, built, first, following  # the scoring sessions' memory
     in_float, checked = _left_in_float(
         searched, searched_model, chosen.ranges, kept, providers, placed, tmp / "exclusion", quantized
     )

@@ -21,9 +21,10 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -34,6 +35,7 @@ from ..io.readers import Feed, run_session
 from ..threads import get_num_threads
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 # Each run holds its own intermediate tensors: at most this many at once, whatever the cores.
@@ -74,6 +76,21 @@ def run_pool() -> Executor | None:
         if threads not in _pools:
             _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="histocal-runs")
         return _pools[threads]
+
+
+@contextmanager
+def ahead(function: Callable[..., _T], *args: Any) -> Iterator[Future[_T]]:
+    """``function(*args)`` on a thread of its own while the block runs, for Python work whose
+    inputs are known while the block waits on runs (onnxruntime releases the GIL). The block gets
+    its future; the work has ended when the block has (on an exception in the block: cancelled if
+    not started, else waited for, and the block's exception raised)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="histocal-ahead") as thread:
+        future = thread.submit(function, *args)
+        try:
+            yield future
+        except BaseException:
+            future.cancel()
+            raise
 
 
 def session(path: Path, providers: Sequence[Any], *, quantized: bool = False) -> Any:

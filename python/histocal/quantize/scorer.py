@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from onnxruntime.quantization.calibrate import TensorsData
 
+from ..io.models import written_files
 from ..io.readers import Feed
 from . import runs
 from .ort import QuantizationArgs, quantize_with_ranges
@@ -150,7 +151,7 @@ class Scorer:
 
     def base_files(self) -> tuple[tuple[str, int], ...]:
         """The base QDQ model's files (name and size; none written: empty)."""
-        return () if self._qdq is None else tuple((f.name, f.stat().st_size) for f in _model_files(self._qdq))
+        return () if self._qdq is None else tuple((f.name, f.stat().st_size) for f in written_files(self._qdq))
 
     def base_digest(self) -> bytes | None:
         """SHA-256 of the base QDQ model's files (None: none written), read when first asked: only
@@ -306,15 +307,10 @@ class Scorer:
             return exc
 
 
-def _model_files(model: Path) -> list[Path]:
-    """A model file and the files beside it that start with its name (its external data), by name."""
-    return sorted(model.parent.glob(f"{model.name}*"))
-
-
 def _files_digest(model: Path) -> bytes:
-    """SHA-256 over ``_model_files(model)``, names and contents."""
+    """SHA-256 over ``written_files(model)``, names and contents."""
     digest = hashlib.sha256()
-    for path in _model_files(model):
+    for path in written_files(model):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.digest()
 
