@@ -7,6 +7,7 @@ byte for byte the same."""
 
 from __future__ import annotations
 
+import collections
 import sys
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -142,8 +143,15 @@ def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path, monkeyp
         quantize_with_ranges(path, tmp_path / "first.onnx", ranges, quantization)
         memo = len(weight_memo._memo)
         assert memo > 0
+        digested = collections.Counter()
+        tensor_key = weight_memo._tensor_key
+        monkeypatch.setattr(weight_memo, "_tensor_key", lambda t: digested.update([t.name]) or tensor_key(t))
         quantize_with_ranges(path, tmp_path / "second.onnx", ranges, quantization)
         assert len(weight_memo._memo) == memo  # every call answered from the memo
+        assert digested and not weight_memo._call_keys  # the call's keys go with it
+        # per initializer, a quantization digests each weight once (its quantize_onnx_initializer
+        # reuses the key of its parameters); per channel, the parameters need none
+        assert set(digested.values()) == {1}
         bound = qdq_quantizer.compute_data_quant_params
     assert qdq_quantizer.compute_data_quant_params is original and not weight_memo._memo
     assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is method

@@ -16,13 +16,19 @@ issue 37), though they depend only on the weight and the settings, never on the 
   1.32.0's, which are the same), per initializer without overrides, keyed by everything that
   source reads for it: the tensor's entry (type, axis, data type), the initializer (name, type,
   dims, data), and the quantizer's weight and activation types, their symmetry, ``reduce_range``,
-  ``MinimumRealRange`` and block size. With another source, the function that loop calls,
-  ``compute_data_quant_params``, is memoized instead, per channel (5 us a channel answered);
+  ``MinimumRealRange`` and block size. A per-channel float32 weight missing from the memo is
+  computed every channel at once (``channel_scales``, bit for bit the loop's) where the functions
+  the loop calls are sources that module was checked against, else by the method. With another
+  source of the method, the function that loop calls, ``compute_data_quant_params``, is memoized
+  instead, per channel (5 us a channel answered);
 - each quantized weight, ``quantize_onnx_initializer``'s result.
 
 Those two functions are pure: memoized by the value of every argument (array arguments by dtype,
-shape and a SHA-256 digest of their bytes), a call answered from the memo returns what the call
-would compute. A model quantized meanwhile is byte for byte the one onnxruntime writes without the
+shape and a SHA-256 digest of their bytes; a tensor by its fields and a digest of its raw data), a
+call answered from the memo returns what the call would compute. A weight is digested once a
+quantization: its parameters' key is kept for the duration of the ``quantize_model`` call, with the
+message it was computed from, and that call's ``quantize_onnx_initializer`` of the same message
+uses it (ddddocr's 33 MB head: 55 ms a digest). A model quantized meanwhile is byte for byte the one onnxruntime writes without the
 memo (tests/quantize/test_recipe_speed.py checks it, with and without the per-initializer memo).
 Memory while held: a digest per initializer (or weight channel), its parameters, and each quantized
 weight (a quarter of the float weights at int8); the memo is emptied when the last use ends.
@@ -43,10 +49,16 @@ import numpy as np
 import onnx
 
 from ..patching import CountedPatch, Replacement
+from . import channel_scales
 
 _QDQ_MODULE = "onnxruntime.quantization.qdq_quantizer"
+_QUANT_UTILS = "onnxruntime.quantization.quant_utils"
 _memo: dict[tuple, Any] = {}
 _memo_lock = threading.Lock()
+# Per thread, during one ``quantize_model`` call: each initializer's key as the per-initializer memo
+# computed it, with the message it was computed from, so that the call's quantize_onnx_initializer
+# of the same message needs no second digest (module docstring).
+_call_keys: dict[int, dict[str, tuple[onnx.TensorProto, tuple]]] = {}
 # SHA-256 of ``inspect.getsource(QDQQuantizer._calc_initializer_quant_params)`` in the onnxruntime
 # versions whose method the per-initializer memo's key was written from (module docstring).
 _KNOWN_INITIALIZER_PARAMS = frozenset({"1fcb03ec6e2665b1b47321c3b2ad22f7bc695bad3cb3864967aa366c846dbda5"})
@@ -65,11 +77,39 @@ def _key(value: Any) -> Any:
         # A digest, not the bytes: kept as a key, the bytes would double the weights' memory.
         return ("ndarray", value.dtype.str, value.shape, _digest(np.ascontiguousarray(value).data))
     if isinstance(value, onnx.TensorProto):
-        # The whole message: name, type, dims and data (raw or typed fields) alike.
-        return ("TensorProto", _digest(value.SerializeToString()))
+        with _memo_lock:
+            known = _call_keys.get(threading.get_ident(), {}).get(value.name)
+        # The same message (held by the entry, so never another at its address): its key.
+        return known[1] if known is not None and known[0] is value else _tensor_key(value)
     if isinstance(value, np.generic):
         return ("scalar", value.dtype.str, value.tobytes())
     return (type(value).__name__, repr(value))
+
+
+def _is_repeated(field: Any) -> bool:
+    is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 6; ``label`` before (gone in 7)
+    return bool(is_repeated) if is_repeated is not None else field.label == field.LABEL_REPEATED
+
+
+_RAW_TENSOR_FIELDS = ("name", "dims", "data_type", "raw_data")
+# Every other field of TensorProto, and whether it is repeated (set: not empty) or not (set: present).
+_OTHER_TENSOR_FIELDS = tuple(
+    (f.name, _is_repeated(f)) for f in onnx.TensorProto.DESCRIPTOR.fields if f.name not in _RAW_TENSOR_FIELDS
+)
+
+
+def _tensor_key(tensor: onnx.TensorProto) -> tuple:
+    """A tensor's key: everything the message holds. A tensor of only a name, dims, a type and
+    raw data (every weight onnx loads from a file) by those fields and a digest of the raw data:
+    a third cheaper than serializing it (one copy of the data, not a copy into a new message's
+    bytes: 55 ms for ddddocr's 33 MB head, not 85); any other tensor by its whole serialized
+    message. The two kinds of key never equal each other (a miss, never a wrong hit)."""
+    others = any(
+        len(getattr(tensor, name)) if repeated else tensor.HasField(name) for name, repeated in _OTHER_TENSOR_FIELDS
+    )
+    if tensor.HasField("raw_data") and not others:
+        return ("TensorProto", tensor.name, tuple(tensor.dims), tensor.data_type, _digest(tensor.raw_data))
+    return ("TensorProto", _digest(tensor.SerializeToString()))
 
 
 def _memoized(name: str, original: Callable[..., Any], copy: Callable[[Any], Any]) -> Callable[..., Any]:
@@ -140,10 +180,14 @@ def _channel_params(original: Callable[..., Any]) -> Callable[..., Any]:
     return channel_params
 
 
-def _initializer_params(original: Callable[[Any], dict[str, Any]]) -> Callable[[Any], dict[str, Any]]:
+def _initializer_params(
+    original: Callable[[Any], dict[str, Any]], module: Any, every_channel_at_once: bool
+) -> Callable[[Any], dict[str, Any]]:
     """``QDQQuantizer._calc_initializer_quant_params`` memoized per initializer (module docstring):
-    the method computes the entries the memo lacks, on the quantizer with only those tensors, and
-    the result lists every entry in the order the method gives them."""
+    the entries the memo lacks are computed by ``channel_scales`` where ``every_channel_at_once``
+    (onnxruntime's functions are sources it was checked against) and it computes them, the others
+    by the method, on the quantizer with only those tensors; the result lists every entry in the
+    order the method gives them. ``module``: onnxruntime's ``qdq_quantizer``."""
 
     def initializer_params(quantizer: Any) -> dict[str, Any]:
         overrides = quantizer.tensor_quant_overrides
@@ -165,18 +209,31 @@ def _initializer_params(original: Callable[[Any], dict[str, Any]]) -> Callable[[
         for tensor in quantizer.model.initializer():
             initializers.setdefault(tensor.name, tensor)  # the method's find_by_name takes the first
         keys = {}
+        tensors: dict[str, onnx.TensorProto] = {}
         for name, info in quantizer.tensors_to_quantize.items():
             tensor = initializers.get(name)
             if tensor is None or name in overrides:
                 continue  # no initializer: the method skips it; overrides: computed as given
             entry = (_key(info.tensor_type), _key(info.axis), _key(info.data_type))
             keys[name] = ("initializer params", name, entry, _key(tensor), settings)
+            tensors[name] = tensor
         with _memo_lock:
             hits = {name: _memo[key] for name, key in keys.items() if key in _memo}
+            calls = _call_keys.get(threading.get_ident())
+            if calls is not None:  # inside ``quantize_model``: for its quantize_onnx_initializer calls
+                calls.update({name: (tensors[name], key[3]) for name, key in keys.items()})
         every = quantizer.tensors_to_quantize
-        quantizer.tensors_to_quantize = {name: info for name, info in every.items() if name not in hits}
+        computed: dict[str, Any] = {}
+        if every_channel_at_once:
+            for name in keys.keys() - hits.keys():
+                params = channel_scales.quantizer_parameters(quantizer, every[name], tensors[name], module)
+                if params is not None:
+                    computed[name] = params
+        quantizer.tensors_to_quantize = {
+            name: info for name, info in every.items() if name not in hits and name not in computed
+        }
         try:
-            computed = original(quantizer)
+            computed.update(original(quantizer))
         finally:
             quantizer.tensors_to_quantize = every
         with _memo_lock:
@@ -192,23 +249,53 @@ def _initializer_params(original: Callable[[Any], dict[str, Any]]) -> Callable[[
     return initializer_params
 
 
+def _quantize_model(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``QDQQuantizer.quantize_model`` with its initializers' keys kept for the call's duration
+    (``_call_keys``): between ``_calc_initializer_quant_params`` and the weights'
+    ``quantize_onnx_initializer`` onnxruntime adds initializers but changes none."""
+
+    def quantize_model(quantizer: Any) -> Any:
+        thread = threading.get_ident()
+        with _memo_lock:
+            _call_keys[thread] = {}
+        try:
+            return original(quantizer)
+        finally:
+            with _memo_lock:
+                del _call_keys[thread]  # the messages (and so the model) are not held past the call
+
+    return quantize_model
+
+
 def _replacements() -> list[Replacement]:
     module = importlib.import_module(_QDQ_MODULE)
     params, initializer = module.compute_data_quant_params, module.quantize_onnx_initializer
     quantizer = module.QDQQuantizer
     method = quantizer._calc_initializer_quant_params
     known = hashlib.sha256(inspect.getsource(method).encode()).hexdigest() in _KNOWN_INITIALIZER_PARAMS
+    at_once = channel_scales.known_sources(module, importlib.import_module(_QUANT_UTILS))
     # Routed: a name bound while patched goes back to onnxruntime's own (and the memo fills no
     # more) once the last use ends.
     # Per initializer where its method's source is known, else per channel (each channel's call
     # to the pure function): with both, a first computation would pay the channel memo for nothing.
     computed = (
-        (quantizer, "_calc_initializer_quant_params", _PATCH.route(_initializer_params(method), method))
+        [
+            (
+                quantizer,
+                "_calc_initializer_quant_params",
+                _PATCH.route(_initializer_params(method, module, at_once), method),
+            ),
+            (
+                quantizer,
+                "quantize_model",
+                _PATCH.route(_quantize_model(quantizer.quantize_model), quantizer.quantize_model),
+            ),
+        ]
         if known
-        else (module, "compute_data_quant_params", _PATCH.route(_channel_params(params), params))
+        else [(module, "compute_data_quant_params", _PATCH.route(_channel_params(params), params))]
     )
     return [
-        computed,
+        *computed,
         (
             module,
             "quantize_onnx_initializer",

@@ -15,6 +15,8 @@ end in +inf too.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import _core
@@ -44,11 +46,20 @@ def check_compatible(a: Collection, b: Collection) -> None:
 
 def merge(a: Collection, b: Collection) -> Collection:
     """Two compatible collections merged (see the module; ``a`` and ``b`` are not changed)."""
-    stream = None
-    if a.stream is not None:
+    return _merged(a, b, a.stream.copy() if a.stream is not None else None)
+
+
+def merge_into(a: Collection, b: Collection) -> Collection:
+    """``merge(a, b)`` with ``a``'s streaming histograms merged in place: for a collection nothing
+    else holds (``merge_states``' running result), which saves copying them at every step."""
+    return _merged(a, b, a.stream)
+
+
+def _merged(a: Collection, b: Collection, stream: Any) -> Collection:
+    """``a`` and ``b`` merged, ``a``'s streaming histograms being ``stream`` (changed)."""
+    if stream is not None:
         if b.stream is None:
             raise ValueError("incompatible states: one holds streaming histograms, the other not")
-        stream = a.stream.copy()
         stream.merge(b.stream)
     exact = None
     if a.exact is not None:

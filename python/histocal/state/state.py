@@ -25,6 +25,7 @@ import io
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, BinaryIO, Union
 
 from .. import _core
@@ -37,7 +38,7 @@ from .file.header import check_fingerprint, plain_value
 from .file.read import read_state
 from .file.write import state_bytes
 from .fingerprint import model_fingerprint
-from .merge import check_compatible, merge
+from .merge import check_compatible, merge, merge_into
 from .results import StateResults
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CalibrationState", "merge_states", "model_fingerprint"]
@@ -243,10 +244,15 @@ class CalibrationState(StateResults):
             ValueError: incompatible states, or exact histograms that cannot be merged (naming
                 the tensor).
         """
+        return self._merged(other, merge)
+
+    def _merged(
+        self, other: CalibrationState, merged: Callable[[Collection, Collection], Collection]
+    ) -> CalibrationState:
         self.check_compatible(other)
         return replace(
             self,
-            collection=merge(self.collection, other.collection),
+            collection=merged(self.collection, other.collection),
             data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
             settings=dict(self.settings),
             histocal_version=_version(),
@@ -341,6 +347,7 @@ def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
         raise ValueError("merge_states needs at least one state")
     loaded = [s if isinstance(s, CalibrationState) else CalibrationState.load(s) for s in states]
     out = loaded[0]
-    for s in loaded[1:]:
-        out = out.merge(s)
+    for k, s in enumerate(loaded[1:]):
+        # From the second merge on, ``out`` is this function's own: merged into in place.
+        out = out._merged(s, merge_into if k else merge)
     return out
