@@ -17,7 +17,7 @@ issue 37), though they depend only on the weight and the settings, never on the 
   source reads for it: the tensor's entry (type, axis, data type), the initializer (name, type,
   dims, data), and the quantizer's weight and activation types, their symmetry, ``reduce_range``,
   ``MinimumRealRange`` and block size. A per-channel float32 weight missing from the memo is
-  computed every channel at once (``channel_scales``, bit for bit the loop's) where the functions
+  computed every channel at once (``channel_quantization``, bit for bit the loop's) where the functions
   the loop calls are sources that module was checked against, else by the method. With another
   source of the method, the function that loop calls, ``compute_data_quant_params``, is memoized
   instead, per channel (5 us a channel answered);
@@ -49,7 +49,7 @@ import numpy as np
 import onnx
 
 from ..patching import CountedPatch, Replacement
-from . import channel_scales
+from . import channel_quantization
 
 _QDQ_MODULE = "onnxruntime.quantization.qdq_quantizer"
 _QUANT_UTILS = "onnxruntime.quantization.quant_utils"
@@ -112,14 +112,24 @@ def _tensor_key(tensor: onnx.TensorProto) -> tuple:
     return ("TensorProto", _digest(tensor.SerializeToString()))
 
 
-def _memoized(name: str, original: Callable[..., Any], copy: Callable[[Any], Any]) -> Callable[..., Any]:
+def _memoized(
+    name: str,
+    original: Callable[..., Any],
+    copy: Callable[[Any], Any],
+    at_once: Callable[..., Any] | None = None,
+) -> Callable[..., Any]:
+    """``original`` memoized by its arguments' keys; ``at_once``: computes a miss where it can
+    (``channel_quantization``: the same result), None where ``original`` must."""
+
     def memoized(*args: Any, **kwargs: Any) -> Any:
         # Keywords in the caller's order: another order is another key (a miss, never a wrong hit).
         key = (name, tuple(map(_key, args)), tuple((k, _key(v)) for k, v in kwargs.items()))
         with _memo_lock:
             hit = _memo.get(key)
         if hit is None:
-            hit = original(*args, **kwargs)  # an exception is not kept: the next call raises it again
+            hit = at_once(*args, **kwargs) if at_once is not None else None
+            if hit is None:
+                hit = original(*args, **kwargs)  # an exception is not kept: the next call raises it again
             with _memo_lock:
                 _memo[key] = hit
         return copy(hit)  # the caller may keep or change what it gets
@@ -184,7 +194,7 @@ def _initializer_params(
     original: Callable[[Any], dict[str, Any]], module: Any, every_channel_at_once: bool
 ) -> Callable[[Any], dict[str, Any]]:
     """``QDQQuantizer._calc_initializer_quant_params`` memoized per initializer (module docstring):
-    the entries the memo lacks are computed by ``channel_scales`` where ``every_channel_at_once``
+    the entries the memo lacks are computed by ``channel_quantization`` where ``every_channel_at_once``
     (onnxruntime's functions are sources it was checked against) and it computes them, the others
     by the method, on the quantizer with only those tensors; the result lists every entry in the
     order the method gives them. ``module``: onnxruntime's ``qdq_quantizer``."""
@@ -226,7 +236,7 @@ def _initializer_params(
         computed: dict[str, Any] = {}
         if every_channel_at_once:
             for name in keys.keys() - hits.keys():
-                params = channel_scales.quantizer_parameters(quantizer, every[name], tensors[name], module)
+                params = channel_quantization.quantizer_parameters(quantizer, every[name], tensors[name], module)
                 if params is not None:
                     computed[name] = params
         quantizer.tensors_to_quantize = {
@@ -273,7 +283,7 @@ def _replacements() -> list[Replacement]:
     quantizer = module.QDQQuantizer
     method = quantizer._calc_initializer_quant_params
     known = hashlib.sha256(inspect.getsource(method).encode()).hexdigest() in _KNOWN_INITIALIZER_PARAMS
-    at_once = channel_scales.known_sources(module, importlib.import_module(_QUANT_UTILS))
+    at_once = channel_quantization.known_sources(module, importlib.import_module(_QUANT_UTILS))
     # Routed: a name bound while patched goes back to onnxruntime's own (and the memo fills no
     # more) once the last use ends.
     # Per initializer where its method's source is known, else per channel (each channel's call
@@ -299,7 +309,15 @@ def _replacements() -> list[Replacement]:
         (
             module,
             "quantize_onnx_initializer",
-            _PATCH.route(_memoized("quantize_onnx_initializer", initializer, _copy_tensor), initializer),
+            _PATCH.route(
+                _memoized(
+                    "quantize_onnx_initializer",
+                    initializer,
+                    _copy_tensor,
+                    channel_quantization.quantized_weight if at_once else None,
+                ),
+                initializer,
+            ),
         ),
     ]
 

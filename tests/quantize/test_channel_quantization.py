@@ -1,4 +1,4 @@
-"""``channel_scales``: onnxruntime's per-channel weight parameters, every channel at once, against
+"""``channel_quantization``: onnxruntime's per-channel weight parameters, every channel at once, against
 onnxruntime's own loop (``compute_data_quant_params`` channel by channel) on the same weights."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from onnx import numpy_helper
 from onnxruntime.quantization import qdq_quantizer, quant_utils
 from support.models import transformer, transformer_feeds
 from test_recipe import classifier, feeds
 
 import histocal
-from histocal.quantize import channel_scales, weight_memo
+from histocal.quantize import channel_quantization, weight_memo
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.preparation import prepare_model
 
@@ -40,7 +41,7 @@ def _same(got, expected):
 
 def test_the_sources_are_the_ones_checked():
     # Where this fails, onnxruntime's functions changed: read them again before adding their hashes.
-    assert channel_scales.known_sources(qdq_quantizer, quant_utils)
+    assert channel_quantization.known_sources(qdq_quantizer, quant_utils)
 
 
 magnitudes = st.sampled_from([0.0, 1e-44, 1e-39, 1e-30, 1e-8, 1e-3, 1.0, 1e3, 1e30, 3e38])
@@ -74,9 +75,47 @@ def test_every_channel_at_once_is_onnxruntime_s_loop(weight_axis, quant_type, re
     weight, axis = weight_axis
     with np.errstate(all="ignore"):
         expected = onnxruntime_loop(weight, axis, quant_type, reduce_range, min_real_range)
-    got = channel_scales.channel_parameters(weight, axis, quant_type, reduce_range, min_real_range, quant_utils)
+    got = channel_quantization.channel_parameters(weight, axis, quant_type, reduce_range, min_real_range, quant_utils)
     assert got is not None
     _same(got, expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(weights(), st.sampled_from(TYPES), st.booleans(), st.booleans())
+def test_every_channel_quantized_at_once_is_onnxruntime_s_loop(weight_axis, quant_type, reduce_range, negative_axis):
+    weight, axis = weight_axis
+    zero_points, scales = channel_quantization.channel_parameters(
+        weight, axis, quant_type, reduce_range, None, quant_utils
+    )
+    tensor = numpy_helper.from_array(weight, "w")
+    given_axis = axis - weight.ndim if negative_axis else axis
+    with np.errstate(all="ignore"):
+        expected = quant_utils.quantize_onnx_initializer(tensor, quant_type, zero_points, scales, given_axis)
+    got = channel_quantization.quantized_weight(tensor, quant_type, zero_points, scales, given_axis)
+    assert got is not None
+    assert got.SerializeToString() == expected.SerializeToString()
+    named = channel_quantization.quantized_weight(tensor, quant_type, zero_points, scales, axis, "q")
+    assert (
+        named.name
+        == "q"
+        == quant_utils.quantize_onnx_initializer(tensor, quant_type, zero_points, scales, axis, "q").name
+    )
+
+
+def test_a_weight_it_does_not_quantize_is_left_to_onnxruntime():
+    weight = numpy_helper.from_array(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), "w")
+    zero_points, scales = np.zeros(2, np.int8), np.ones(2, np.float32)
+    quantized = channel_quantization.quantized_weight
+    assert quantized(weight, onnx.TensorProto.INT8, zero_points, scales, None) is None  # per tensor
+    assert quantized(weight, onnx.TensorProto.INT8, zero_points, scales, 0, block_size=2) is None
+    assert quantized(weight, onnx.TensorProto.INT4, zero_points, scales, 0) is None
+    assert quantized(weight, onnx.TensorProto.INT8, zero_points, scales.astype(np.float16), 0) is None
+    assert quantized(weight, onnx.TensorProto.INT8, zero_points[:1], scales[:1], 0) is None
+    assert quantized(weight, onnx.TensorProto.INT8, zero_points, scales, 2) is None
+    nan = numpy_helper.from_array(np.array([[1.0, np.nan], [3.0, 4.0]], np.float32), "w")
+    assert quantized(nan, onnx.TensorProto.INT8, zero_points, scales, 0) is None
+    half = numpy_helper.from_array(np.ones((2, 2), np.float16), "w")
+    assert quantized(half, onnx.TensorProto.INT8, zero_points, scales, 0) is None
 
 
 @pytest.mark.parametrize(
@@ -91,7 +130,7 @@ def test_every_channel_at_once_is_onnxruntime_s_loop(weight_axis, quant_type, re
     ids=["NaN", "inf", "float16", "empty channels", "no channel"],
 )
 def test_what_it_does_not_compute_is_left_to_onnxruntime(weight):
-    assert channel_scales.channel_parameters(weight, 0, onnx.TensorProto.INT8, False, None, quant_utils) is None
+    assert channel_quantization.channel_parameters(weight, 0, onnx.TensorProto.INT8, False, None, quant_utils) is None
 
 
 @pytest.mark.parametrize(
@@ -104,7 +143,7 @@ def test_what_it_does_not_compute_is_left_to_onnxruntime(weight):
 )
 @pytest.mark.parametrize("extra", [{}, {"MinimumRealRange": 1e-4}, {"ActivationSymmetric": True}], ids=str)
 def test_the_quantizer_writes_onnxruntime_s_bytes(make, data, extra, tmp_path):
-    """A model quantized per channel while the weights' parameters come from ``channel_scales``
+    """A model quantized per channel while the weights' parameters come from ``channel_quantization``
     (the first quantization under ``shared_weight_quantization``) is onnxruntime's own, byte for
     byte; every per-channel weight was computed at once, and only those."""
     path = prepare_model(make(), data(), tmp_path, per_channel=True).path
@@ -112,7 +151,7 @@ def test_the_quantizer_writes_onnxruntime_s_bytes(make, data, extra, tmp_path):
     quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True, **extra})
     quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
     computed = []
-    parameters = channel_scales.quantizer_parameters
+    parameters = channel_quantization.quantizer_parameters
 
     def counted(quantizer, info, tensor, module):
         found = parameters(quantizer, info, tensor, module)
@@ -121,10 +160,22 @@ def test_the_quantizer_writes_onnxruntime_s_bytes(make, data, extra, tmp_path):
         computed.append((tensor.name, per_channel, found is not None))
         return found
 
+    quantized = []
+    weight = channel_quantization.quantized_weight
+
+    def counted_weight(*args, **kwargs):
+        found = weight(*args, **kwargs)
+        axis = args[4] if len(args) > 4 else kwargs.get("axis")
+        quantized.append((axis is not None, found is not None))
+        return found
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(channel_scales, "quantizer_parameters", counted)
+        patch.setattr(channel_quantization, "quantizer_parameters", counted)
+        patch.setattr(channel_quantization, "quantized_weight", counted_weight)
         with weight_memo.shared_weight_quantization():
             quantize_with_ranges(path, tmp_path / "memo.onnx", ranges, quantization)
     assert any(at_once for _, _, at_once in computed)
     assert all(at_once == per_channel for _, per_channel, at_once in computed), computed
+    assert any(at_once for _, at_once in quantized)
+    assert all(at_once == per_channel for per_channel, at_once in quantized), quantized
     assert (tmp_path / "memo.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()

@@ -1,11 +1,11 @@
-"""onnxruntime's per-channel weight parameters, every channel of a weight at once.
+"""onnxruntime's per-channel weight quantization, every channel of a weight at once.
 
-onnxruntime's QDQ quantizer (``_calc_initializer_quant_params``) computes a per-channel weight's
-scales and zero points one channel at a time, in Python (``compute_data_quant_params``, then
-``compute_scale_zp``): 26 us a channel, 0.33 s for ddddocr's 8,210-class head, 0.7 s for MiniLM, on
-the way to the recipe's first scoring model. For a float32 weight of finite values, without
-overrides or a block size, those functions compute for channel c (a per-channel weight is always
-symmetric):
+onnxruntime's QDQ quantizer quantizes a per-channel weight one channel at a time, in Python, twice
+over: its parameters (``_calc_initializer_quant_params``: ``compute_data_quant_params``, then
+``compute_scale_zp``; 26 us a channel, 0.33 s for ddddocr's 8,210-class head, 0.7 s for MiniLM),
+then its values (``quantize_onnx_initializer``: ``quantize_nparray`` per channel), on the way to
+the recipe's first scoring model. For a float32 weight of finite values, without overrides or a
+block size, those functions compute for channel c (a per-channel weight is always symmetric):
 
     rmin_c = min(min(w_c), 0)                     float32; rmax_c = max(max(w_c), 0)
     rmax_c = rmin_c + m   if rmin_c + m > rmax_c  (only with MinimumRealRange m; a float32 sum)
@@ -13,18 +13,22 @@ symmetric):
     s_c = (float64(a_c) - float64(-a_c)) / (float64(qmax) - float64(qmin))
     scale_c = 1, zero point 0                     where s_c < the smallest normal float32
     scale_c = float32(s_c), zero point round((qmin + qmax) / 2.0) in the quantized type, elsewhere
+    q = clip(round(w_c / scale_c) + zero_point_c, qmin, qmax)   float32 (round half to even), then
+                                                                the quantized type
 
-``channel_parameters`` does each step on every channel at once. It is the loop's result bit for
-bit: a minimum and a maximum are exact whatever the order of the reduction (a signed zero's sign
-is lost in the absolute value), so are the absolute value and the negation, and numpy's sum,
-subtraction, division and casts are correctly rounded IEEE operations, the same on an array as on
-a scalar. The zero point is the loop's own expression, computed once (it does not depend on the
-data). A weight outside that case (float16, a non-finite value, an empty channel, another type)
-is left to onnxruntime's loop.
+``channel_parameters`` and ``quantized_weight`` do each step on every channel at once. They are
+the loop's results bit for bit: a minimum and a maximum are exact whatever the order of the
+reduction (a signed zero's sign is lost in the absolute value), so are the absolute value, the
+negation and the rounding to an integer, and numpy's sum, subtraction, division and casts are
+correctly rounded IEEE operations, the same on an array as on a scalar. The zero point is the
+loop's own expression, computed once (it does not depend on the data). A weight outside that case
+(float16, a non-finite value, an empty channel, another type, blocks) is left to onnxruntime's
+loop.
 
 Used only where onnxruntime's functions are sources this module was checked against
 (``KNOWN_SOURCES``: onnxruntime 1.31.1's and 1.32.0's, whose ``compute_scale_zp`` differ for
-float16 only); tests/quantize/test_channel_scales.py compares it with the loop on random weights.
+float16 only); tests/quantize/test_channel_quantization.py compares both with the loop on random
+weights.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ KNOWN_SOURCES = {
         }
     ),
     "get_qmin_qmax_for_qType": frozenset({"8dda1ebb6621c82b991adb7500c2259986367a257a27b5f7a5124ddf968a6d2a"}),
+    "quantize_onnx_initializer": frozenset({"3474ff8220db56d1fa550b9abce8db32ef4efc20fbfe70b720bb09e33e0f8790"}),
+    "quantize_nparray": frozenset({"364007f802236d9b350b520ad858c84b3edbdd54d37b4ff2db08dd605489d7b2"}),
 }
 _INTEGER_TYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
 
@@ -60,6 +66,8 @@ def known_sources(quantizer_module: Any, quant_utils: Any) -> bool:
         "compute_data_quant_params": quantizer_module.compute_data_quant_params,
         "compute_scale_zp": quant_utils.compute_scale_zp,
         "get_qmin_qmax_for_qType": quant_utils.get_qmin_qmax_for_qType,
+        "quantize_onnx_initializer": quantizer_module.quantize_onnx_initializer,
+        "quantize_nparray": quant_utils.quantize_nparray,
     }
     return all(
         hashlib.sha256(inspect.getsource(functions[name]).encode()).hexdigest() in sources
@@ -123,4 +131,48 @@ def channel_parameters(
     return zero_points, scales
 
 
-__all__ = ["KNOWN_SOURCES", "channel_parameters", "known_sources", "quantizer_parameters"]
+def quantized_weight(
+    weight: onnx.TensorProto,
+    quant_type: int,
+    zero_point: np.ndarray,
+    scale: np.ndarray,
+    axis: int | None = None,
+    quant_weight_name: str | None = None,
+    block_size: int = 0,
+) -> onnx.TensorProto | None:
+    """``quantize_onnx_initializer``'s result (same arguments) for a per-channel float32 weight of
+    finite values and integer quantized type, every channel at once; None otherwise (the function's
+    own)."""
+    if axis is None or block_size or quant_type not in _INTEGER_TYPES or weight.data_type != onnx.TensorProto.FLOAT:
+        return None
+    quant_utils = importlib.import_module(_QUANT_UTILS)
+    data = quant_utils.tensor_proto_to_array(weight)
+    if data.ndim == 0 or not -data.ndim <= axis < data.ndim:
+        return None
+    channels = data.shape[axis]
+    if not (
+        isinstance(scale, np.ndarray)
+        and isinstance(zero_point, np.ndarray)
+        and scale.dtype == np.float32
+        and scale.shape == zero_point.shape == (channels,)
+        and data.size
+        and np.isfinite(data).all()
+    ):
+        return None
+    qmin, qmax = quant_utils.get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
+    rows = np.moveaxis(data, axis, 0).reshape(channels, -1)
+    values = np.asarray((rows.astype(np.float32) / scale[:, None]).round() + zero_point[:, None])
+    np.clip(values, qmin, qmax, out=values)
+    quantized = np.moveaxis(
+        values.astype(quant_utils.ONNX_TYPE_TO_NP_TYPE[quant_type]).reshape(
+            (channels, *(d for i, d in enumerate(data.shape) if i != (axis % data.ndim)))
+        ),
+        0,
+        axis,
+    )
+    name = quant_weight_name if quant_weight_name else f"{weight.name}{quant_utils.TENSOR_NAME_QUANT_SUFFIX}"
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(quant_type)
+    return onnx.numpy_helper.from_array(np.asarray(quantized, dtype=dtype).reshape(weight.dims), name)
+
+
+__all__ = ["KNOWN_SOURCES", "channel_parameters", "known_sources", "quantized_weight", "quantizer_parameters"]
