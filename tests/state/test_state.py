@@ -261,7 +261,6 @@ def test_streaming_shards_merge_to_one_run(model_path, tmp_path):
         _assert_same(merged.compute("percentile", symmetric=False), whole.compute_data())
 
 
-
 def test_merge_states_leaves_the_states_it_is_given_unchanged(model_path, tmp_path):
     # merge_states merges into its running result in place: never into a state it was given.
     states = [_calibrate("percentile", model_path, tmp_path, s, mode="streaming").state for s in SHARDS]
@@ -270,6 +269,7 @@ def test_merge_states_leaves_the_states_it_is_given_unchanged(model_path, tmp_pa
     assert [s.to_bytes() for s in states] == before
     assert merged.to_bytes() == states[0].merge(states[1]).merge(states[2]).to_bytes()
     assert merge_states(states[0]).to_bytes() == before[0]
+
 
 def _saved_state(state, path):
     state.save(path)
