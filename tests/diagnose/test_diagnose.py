@@ -4,6 +4,7 @@ every SQNR claim is checked against onnxruntime's own quantized model."""
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 
@@ -11,13 +12,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnxruntime.quantization import QuantFormat
+from onnxruntime.quantization import QuantFormat, qdq_quantizer, quant_utils
 from support.graphs import GraphBuilder, tensor
 from support.models import padding_feeds, transformer, transformer_feeds
 
 import histocal
 from histocal.cli.main import main
 from histocal.diagnose import DEFAULTS, diagnose, name_nodes, range_findings
+from histocal.quantize import channel_quantization
 from histocal.quantize.switches import SWITCH_INPUT, SwitchedSession, quantized_nodes, switched_model
 
 
@@ -141,6 +143,39 @@ def test_diagnose_finds_the_broken_tensor_and_its_exclusion_recovers_the_output(
     assert d.ranges.data.keys() == expected.data.keys()
     for name, data in expected.data.items():
         np.testing.assert_allclose(np.ravel(d.ranges.data[name].range_value), np.ravel(data.range_value))
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per tensor", "per channel"])
+def test_diagnose_quantizes_each_weight_once_over_its_quantizations(per_channel, tmp_path, monkeypatch):
+    """The QDQ model and the exact checks share the weights' quantization (``weight_memo``): each
+    weight's values are computed once, and the suggestion is the one without the memo."""
+    model = padded_mlp()
+    feeds = mlp_feeds(24)
+    kwargs = {"eval_samples": 8, "max_excluded_fraction": 0.5, "per_channel": per_channel}
+    alone = diagnose(model, feeds, **kwargs)
+    computed = collections.Counter()
+    quantize = quant_utils.quantize_onnx_initializer
+    at_once = channel_quantization.quantized_weight
+
+    def counted(weight, *args, **kwargs):
+        computed[weight.name] += 1
+        return quantize(weight, *args, **kwargs)
+
+    def counted_at_once(weight, *args, **kwargs):
+        found = at_once(weight, *args, **kwargs)
+        computed[weight.name] += found is not None
+        return found
+
+    monkeypatch.setattr(qdq_quantizer, "quantize_onnx_initializer", counted)
+    monkeypatch.setattr(channel_quantization, "quantized_weight", counted_at_once)
+    d = diagnose(model, feeds, **kwargs)
+    assert d.quantizations >= 1  # an exact check quantized the model again
+    assert computed and set(computed.values()) == {1}, computed
+    assert (d.nodes_to_exclude, d.sqnr_db, d.sqnr_excluded_db) == (
+        alone.nodes_to_exclude,
+        alone.sqnr_db,
+        alone.sqnr_excluded_db,
+    )
 
 
 def test_the_screen_ranks_the_masked_scores_of_a_padding_mask_transformer_first():

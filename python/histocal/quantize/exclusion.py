@@ -27,6 +27,7 @@ from . import screen as _screen
 from .findings import range_findings
 from .ort import QuantizationArgs, quantize_with_ranges
 from .switches import SWITCH_INPUT, QuantizedTensor, SwitchedSession, quantized_nodes, switched_model
+from .weight_memo import shared_weight_quantization
 
 # a diagnosis logs through one logger, diagnosis's
 logger = logging.getLogger("histocal.diagnose.diagnosis")
@@ -129,6 +130,28 @@ class DiagnosisRun:
         max_fraction: float,
         seconds: dict[str, float],
         screen_min_share: float = SCREEN_MIN_SHARE,
+    ) -> tuple[Any, ...]:
+        """The search (``histocal diagnose``'s and the recipe's evidence step's). Its quantizations
+        (the QDQ model, the exact checks) compute each weight's quantization once
+        (``weight_memo``)."""
+        with shared_weight_quantization():
+            return self._diagnosed(
+                state, screen_samples, max_screen_runs, max_checks, max_exact_checks, min_gain_db, target,
+                max_fraction, seconds, screen_min_share,
+            )  # fmt: skip
+
+    def _diagnosed(
+        self,
+        state: CalibrationState | None,
+        screen_samples: int,
+        max_screen_runs: int,
+        max_checks: int,
+        max_exact_checks: int,
+        min_gain_db: float,
+        target: float | None,
+        max_fraction: float,
+        seconds: dict[str, float],
+        screen_min_share: float,
     ) -> tuple[Any, ...]:
         t = time.perf_counter()
         qdq_path = self.tmp / "qdq.onnx"
