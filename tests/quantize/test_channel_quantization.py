@@ -3,6 +3,8 @@ onnxruntime's own loop (``compute_data_quant_params`` channel by channel) on the
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnx
 import pytest
@@ -16,10 +18,20 @@ from test_recipe import classifier, feeds
 
 import histocal
 from histocal.quantize import channel_quantization, weight_memo
+from histocal.quantize import ort as quantize_ort
 from histocal.quantize.ort import QuantizationArgs, quantize_with_ranges
 from histocal.quantize.preparation import prepare_model
 
 TYPES = [onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16]
+
+
+@contextlib.contextmanager
+def onnxruntime_s_own_loop():
+    """histocal's calls of quantize_static without ``every_channel_at_once``: onnxruntime's own
+    channel-by-channel loop, the reference the computation at once is compared with."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantize_ort, "every_channel_at_once", contextlib.nullcontext)
+        yield
 
 
 def onnxruntime_loop(weight, axis, quant_type, reduce_range, min_real_range):
@@ -149,7 +161,8 @@ def test_the_quantizer_writes_onnxruntime_s_bytes(make, data, extra, tmp_path):
     path = prepare_model(make(), data(), tmp_path, per_channel=True).path
     ranges = histocal.calibrate(path, data())
     quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True, **extra})
-    quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
+    with onnxruntime_s_own_loop():
+        quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
     computed = []
     parameters = channel_quantization.quantizer_parameters
 
@@ -179,3 +192,27 @@ def test_the_quantizer_writes_onnxruntime_s_bytes(make, data, extra, tmp_path):
     assert any(at_once for _, at_once in quantized)
     assert all(at_once == per_channel for per_channel, at_once in quantized), quantized
     assert (tmp_path / "memo.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+
+
+def test_every_route_to_quantize_static_computes_every_channel_at_once(tmp_path):
+    """The default route (``histocal.quantize_static`` with ``per_channel=True``) computes each
+    per-channel weight at once, keeps no memo, and writes the model onnxruntime's loop writes."""
+    path = prepare_model(classifier(13), feeds(4, 0), tmp_path, per_channel=True).path
+    ranges = histocal.calibrate(path, feeds(4, 0))
+    with onnxruntime_s_own_loop():
+        histocal.quantize_static(path, tmp_path / "loop.onnx", tensors_range=ranges, per_channel=True)
+    at_once = []
+    weight = channel_quantization.quantized_weight
+
+    def counted(*args, **kwargs):
+        found = weight(*args, **kwargs)
+        at_once.append(found is not None)
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(channel_quantization, "quantized_weight", counted)
+        histocal.quantize_static(path, tmp_path / "at_once.onnx", tensors_range=ranges, per_channel=True)
+    assert at_once and all(at_once)
+    assert not weight_memo._memo and not weight_memo._memo_uses
+    assert qdq_quantizer.quantize_onnx_initializer is quant_utils.quantize_onnx_initializer  # undone
+    assert (tmp_path / "at_once.onnx").read_bytes() == (tmp_path / "loop.onnx").read_bytes()

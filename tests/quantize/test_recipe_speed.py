@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import qdq_quantizer
 from support.graphs import GraphBuilder, tensor
 from support.models import cnn, cnn_feeds, transformer, transformer_feeds
+from test_channel_quantization import onnxruntime_s_own_loop
 from test_recipe import classifier, feeds
 from test_recipe_evidence import feeds as outlier_feeds
 from test_recipe_evidence import outlier_channel
@@ -132,7 +133,8 @@ def test_shared_weight_quantization_writes_onnxruntime_s_bytes(tmp_path, monkeyp
     quantization = QuantizationArgs(per_channel=True, extra_options={"WeightSymmetric": True})
     original = qdq_quantizer.compute_data_quant_params
     method = qdq_quantizer.QDQQuantizer._calc_initializer_quant_params
-    quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
+    with onnxruntime_s_own_loop():
+        quantize_with_ranges(path, tmp_path / "plain.onnx", ranges, quantization)
     with weight_memo.shared_weight_quantization():
         patched = (qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not method) + (
             qdq_quantizer.compute_data_quant_params is not original
@@ -222,7 +224,8 @@ def test_initializer_parameters_memo_writes_onnxruntime_s_bytes_under_every_plac
     ]
     assert len({repr(args) for _, _, args in runs}) >= 6
     for k, (i, _, args) in enumerate(runs):
-        quantize_with_ranges(path, tmp_path / f"plain{k}.onnx", ranges[i], args)
+        with onnxruntime_s_own_loop():
+            quantize_with_ranges(path, tmp_path / f"plain{k}.onnx", ranges[i], args)
     method = qdq_quantizer.QDQQuantizer._calc_initializer_quant_params
     with weight_memo.shared_weight_quantization():
         assert qdq_quantizer.QDQQuantizer._calc_initializer_quant_params is not method

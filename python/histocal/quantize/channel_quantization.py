@@ -33,9 +33,11 @@ weights.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -69,10 +71,14 @@ def known_sources(quantizer_module: Any, quant_utils: Any) -> bool:
         "quantize_onnx_initializer": quantizer_module.quantize_onnx_initializer,
         "quantize_nparray": quant_utils.quantize_nparray,
     }
-    return all(
-        hashlib.sha256(inspect.getsource(functions[name]).encode()).hexdigest() in sources
-        for name, sources in KNOWN_SOURCES.items()
-    )
+    return all(source_digest(functions[name]) in sources for name, sources in KNOWN_SOURCES.items())
+
+
+@functools.lru_cache(maxsize=64)
+def source_digest(function: Callable[..., Any]) -> str:
+    """SHA-256 of ``inspect.getsource(function)``, computed once per function object (reading and
+    tokenizing the sources takes milliseconds, against a small model's whole quantization)."""
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
 
 
 def quantizer_parameters(quantizer: Any, info: Any, tensor: onnx.TensorProto, module: Any) -> Any:
@@ -175,4 +181,11 @@ def quantized_weight(
     return onnx.numpy_helper.from_array(np.asarray(quantized, dtype=dtype).reshape(weight.dims), name)
 
 
-__all__ = ["KNOWN_SOURCES", "channel_parameters", "known_sources", "quantized_weight", "quantizer_parameters"]
+__all__ = [
+    "KNOWN_SOURCES",
+    "channel_parameters",
+    "known_sources",
+    "quantized_weight",
+    "quantizer_parameters",
+    "source_digest",
+]

@@ -25,6 +25,7 @@ from ..io.models import load_model, save_model
 from ..io.outputs import external_data_output, model_files, refuse_overwriting
 from .float_reads import read_float
 from .per_channel_weights import check_per_channel_weights
+from .weight_memo import every_channel_at_once
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def ort_quantize_static(
     if unknown:
         raise TypeError(f"not quantize_static quantization arguments: {unknown}")
     # `onnxruntime.quantization.quantize` is shadowed by a function of that name: go by module.
-    with _model_file_lock(model_input):
+    with _model_file_lock(model_input), every_channel_at_once():
         importlib.import_module("onnxruntime.quantization.quantize").quantize_static(
             model_input,
             model_output,

@@ -244,19 +244,7 @@ class CalibrationState(StateResults):
             ValueError: incompatible states, or exact histograms that cannot be merged (naming
                 the tensor).
         """
-        return self._merged(other, merge)
-
-    def _merged(
-        self, other: CalibrationState, merged: Callable[[Collection, Collection], Collection]
-    ) -> CalibrationState:
-        self.check_compatible(other)
-        return replace(
-            self,
-            collection=merged(self.collection, other.collection),
-            data_fingerprints=tuple(sorted(self.data_fingerprints + other.data_fingerprints)),
-            settings=dict(self.settings),
-            histocal_version=_version(),
-        )
+        return _merged(self, other, merge)
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -329,6 +317,21 @@ class CalibrationState(StateResults):
         return cls(collection, **provenance)
 
 
+def _merged(
+    a: CalibrationState, b: CalibrationState, merged: Callable[[Collection, Collection], Collection]
+) -> CalibrationState:
+    """``a.merge(b)``, the collections merged by ``merged`` (``merge``, or ``merge_into`` where
+    ``a`` is ``merge_states``' own running result)."""
+    a.check_compatible(b)
+    return replace(
+        a,
+        collection=merged(a.collection, b.collection),
+        data_fingerprints=tuple(sorted(a.data_fingerprints + b.data_fingerprints)),
+        settings=dict(a.settings),
+        histocal_version=_version(),
+    )
+
+
 def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
     """Merge states (or state files) left to right.
 
@@ -349,5 +352,5 @@ def merge_states(*states: CalibrationState | PathLike) -> CalibrationState:
     out = loaded[0]
     for k, s in enumerate(loaded[1:]):
         # From the second merge on, ``out`` is this function's own: merged into in place.
-        out = out._merged(s, merge_into if k else merge)
+        out = _merged(out, s, merge_into if k else merge)
     return out
