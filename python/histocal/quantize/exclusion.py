@@ -118,6 +118,9 @@ class DiagnosisRun:
         self.feed_sqnr_db[exclude] = self.reference.feed_sqnr_db(noises)
         return _screen.sqnr_db(self.reference.signal, self.reference.total(noises))
 
+    # Its quantizations (the QDQ model, the exact checks) compute each weight's quantization once
+    # (``weight_memo``; a context manager made by ``contextmanager`` decorates: held for each call).
+    @shared_weight_quantization()
     def diagnose(
         self,
         state: CalibrationState | None,
@@ -130,28 +133,6 @@ class DiagnosisRun:
         max_fraction: float,
         seconds: dict[str, float],
         screen_min_share: float = SCREEN_MIN_SHARE,
-    ) -> tuple[Any, ...]:
-        """The search (``histocal diagnose``'s and the recipe's evidence step's). Its quantizations
-        (the QDQ model, the exact checks) compute each weight's quantization once
-        (``weight_memo``)."""
-        with shared_weight_quantization():
-            return self._diagnosed(
-                state, screen_samples, max_screen_runs, max_checks, max_exact_checks, min_gain_db, target,
-                max_fraction, seconds, screen_min_share,
-            )  # fmt: skip
-
-    def _diagnosed(
-        self,
-        state: CalibrationState | None,
-        screen_samples: int,
-        max_screen_runs: int,
-        max_checks: int,
-        max_exact_checks: int,
-        min_gain_db: float,
-        target: float | None,
-        max_fraction: float,
-        seconds: dict[str, float],
-        screen_min_share: float,
     ) -> tuple[Any, ...]:
         t = time.perf_counter()
         qdq_path = self.tmp / "qdq.onnx"
