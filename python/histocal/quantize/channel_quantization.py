@@ -166,19 +166,14 @@ def quantized_weight(
     ):
         return None
     qmin, qmax = quant_utils.get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
-    rows = np.moveaxis(data, axis, 0).reshape(channels, -1)
-    values = np.asarray((rows.astype(np.float32) / scale[:, None]).round() + zero_point[:, None])
+    moved = np.moveaxis(data, axis, 0)
+    values = np.asarray((moved.reshape(channels, -1) / scale[:, None]).round() + zero_point[:, None])
     np.clip(values, qmin, qmax, out=values)
     quantized = np.moveaxis(
-        values.astype(quant_utils.ONNX_TYPE_TO_NP_TYPE[quant_type]).reshape(
-            (channels, *(d for i, d in enumerate(data.shape) if i != (axis % data.ndim)))
-        ),
-        0,
-        axis,
+        values.astype(onnx.helper.tensor_dtype_to_np_dtype(quant_type)).reshape(moved.shape), 0, axis
     )
     name = quant_weight_name if quant_weight_name else f"{weight.name}{quant_utils.TENSOR_NAME_QUANT_SUFFIX}"
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(quant_type)
-    return onnx.numpy_helper.from_array(np.asarray(quantized, dtype=dtype).reshape(weight.dims), name)
+    return onnx.numpy_helper.from_array(quantized.reshape(weight.dims), name)
 
 
 __all__ = [

@@ -46,7 +46,7 @@ import copy
 import hashlib
 import importlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -219,7 +219,6 @@ def _initializer_params(
     def initializer_params(quantizer: Any) -> dict[str, Any]:
         if not _memo_uses:
             return computed_by_either(quantizer)
-        overrides = quantizer.tensor_quant_overrides
         settings = tuple(
             map(
                 _key,
@@ -234,29 +233,19 @@ def _initializer_params(
                 ),
             )
         )
-        initializers: dict[str, onnx.TensorProto] = {}
-        for tensor in quantizer.model.initializer():
-            initializers.setdefault(tensor.name, tensor)  # the method's find_by_name takes the first
+        tensors = _initializers_computed(quantizer)
         keys = {}
-        tensors: dict[str, onnx.TensorProto] = {}
-        for name, info in quantizer.tensors_to_quantize.items():
-            tensor = initializers.get(name)
-            if tensor is None or name in overrides:
-                continue  # no initializer: the method skips it; overrides: computed as given
+        for name, tensor in tensors.items():
+            info = quantizer.tensors_to_quantize[name]
             entry = (_key(info.tensor_type), _key(info.axis), _key(info.data_type))
             keys[name] = ("initializer params", name, entry, _key(tensor), settings)
-            tensors[name] = tensor
         with _memo_lock:
             hits = {name: _memo[key] for name, key in keys.items() if key in _memo}
             calls = _call_keys.get(threading.get_ident())
             if calls is not None:  # inside ``quantize_model``: for its quantize_onnx_initializer calls
                 calls.update({name: (tensors[name], key[3]) for name, key in keys.items()})
         every = quantizer.tensors_to_quantize
-        quantizer.tensors_to_quantize = {name: info for name, info in every.items() if name not in hits}
-        try:
-            computed = computed_by_either(quantizer)
-        finally:
-            quantizer.tensors_to_quantize = every
+        computed = _without(quantizer, hits.keys(), computed_by_either)
         with _memo_lock:
             for name, key in keys.items():
                 if name in computed:
@@ -274,28 +263,42 @@ def _at_once(quantizer: Any, original: Callable[[Any], dict[str, Any]], module: 
     """``_calc_initializer_quant_params``'s result, its per-channel initializers without overrides
     computed by ``channel_quantization`` where it computes them and the others by the method, on the
     quantizer with only those tensors; in the method's order."""
-    overrides = quantizer.tensor_quant_overrides
-    initializers: dict[str, onnx.TensorProto] = {}
-    for tensor in quantizer.model.initializer():
-        initializers.setdefault(tensor.name, tensor)  # the method's find_by_name takes the first
     every = quantizer.tensors_to_quantize
     computed: dict[str, Any] = {}
-    for name, info in every.items():
-        tensor = initializers.get(name)
-        if tensor is not None and name not in overrides:
-            params = channel_quantization.quantizer_parameters(quantizer, info, tensor, module)
-            if params is not None:
-                computed[name] = params
+    for name, tensor in _initializers_computed(quantizer).items():
+        params = channel_quantization.quantizer_parameters(quantizer, every[name], tensor, module)
+        if params is not None:
+            computed[name] = params
     if not computed:
         return original(quantizer)
-    quantizer.tensors_to_quantize = {name: info for name, info in every.items() if name not in computed}
-    try:
-        rest = original(quantizer)
-    finally:
-        quantizer.tensors_to_quantize = every
+    rest = _without(quantizer, computed.keys(), original)
     return {
         name: computed[name] if name in computed else rest[name] for name in every if name in computed or name in rest
     }
+
+
+def _initializers_computed(quantizer: Any) -> dict[str, onnx.TensorProto]:
+    """The initializers among the quantizer's tensors to quantize whose parameters the method
+    computes (not given by overrides), by name, each the one its ``find_by_name`` takes (the first)."""
+    initializers: dict[str, onnx.TensorProto] = {}
+    for tensor in quantizer.model.initializer():
+        initializers.setdefault(tensor.name, tensor)
+    overrides = quantizer.tensor_quant_overrides
+    return {
+        name: initializers[name]
+        for name in quantizer.tensors_to_quantize
+        if name in initializers and name not in overrides
+    }
+
+
+def _without(quantizer: Any, names: Collection[str], method: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """``method(quantizer)`` on the quantizer with ``names`` left out of its tensors to quantize."""
+    every = quantizer.tensors_to_quantize
+    quantizer.tensors_to_quantize = {name: info for name, info in every.items() if name not in names}
+    try:
+        return method(quantizer)
+    finally:
+        quantizer.tensors_to_quantize = every
 
 
 def _quantize_model(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
