@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -498,6 +501,29 @@ def test_squared_sums_rules():
     yi = np.array([1.0, -np.inf, np.nan], np.float32)
     assert f(yi, np.array([0.0, -np.inf, np.nan], np.float32)) == (1.0, 1.0)
     assert f(yi, np.array([1.0, 0.0, np.nan], np.float32)) is None
+
+
+_SUMS_IN_A_PROCESS = """
+import numpy as np
+from histocal.quantize.runs import squared_sums
+rng = np.random.default_rng(7)
+y = rng.standard_normal(1_000_003).astype(np.float32)
+print(repr(squared_sums(y, y + rng.standard_normal(y.size).astype(np.float32) / 64)))
+"""
+
+
+@pytest.mark.parametrize("other_threads", ["2", "4"])
+def test_squared_sums_do_not_depend_on_blas_threads(other_threads):
+    # Every scoring run ends in these sums. BLAS's dot product (np.dot) splits a long one over
+    # OpenBLAS's threads, so its rounding followed the machine's core count, and its threads spun
+    # after each call, taking a core from the runs: the sums are numpy's own loop instead.
+    def sums(threads: str) -> str:
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        done = subprocess.run([sys.executable, "-c", _SUMS_IN_A_PROCESS], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert sums("1") == sums(other_threads)
 
 
 def test_errors_are_clear(cnn):

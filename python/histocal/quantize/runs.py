@@ -226,7 +226,7 @@ class PreparedOutput:
             self.nonfinite_values = y[self.nonfinite]
             y = y[finite]
         self.values = y
-        self.signal = float(np.dot(y, y))
+        self.signal = sum_of_squares(y)
 
     def sums(self, quantized: Any) -> tuple[float, float] | None:
         """``squared_sums`` of the reference and ``quantized``."""
@@ -239,10 +239,19 @@ class PreparedOutput:
                 return None
             yq = yq[~self.nonfinite]
         diff = np.subtract(self.values, yq, dtype=np.float64)
-        noise = float(np.dot(diff, diff))
+        noise = sum_of_squares(diff)
         if not math.isfinite(noise) and not np.isfinite(yq).all():
             return None  # a non-finite quantized value where the reference is finite
         return self.signal, noise
+
+
+def sum_of_squares(values: np.ndarray) -> float:
+    """sum x^2 of a 1-D float64 array, in numpy's own loop (``einsum``), not BLAS's ``ddot``
+    (``np.dot``): OpenBLAS splits a long dot product over its threads, whose count is the
+    machine's, and after each call they spin waiting for the next. Called after every run of
+    every scoring model, that spinning took a core from the runs (ddddocr's recipe: 4 of its
+    15 CPU seconds), and the sum's rounding depended on the core count."""
+    return float(np.einsum("i,i->", values, values))
 
 
 def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:

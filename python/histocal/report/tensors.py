@@ -91,7 +91,8 @@ def summarise(stream: Any, name: str) -> TensorRow:
     span = bins[lo_i:hi_i].astype(np.float64)
     centres = np.clip(-top + (np.arange(lo_i, hi_i) + 0.5) * width, fmin, fmax)
     total = span.sum()
-    t.mean_square = float(np.dot(span, centres * centres) / total)
+    # numpy's own loop, not BLAS's dot, whose rounding follows its thread count (the machine's)
+    t.mean_square = float(np.einsum("i,i,i->", span, centres, centres) / total)
     # outlier ratio: max|x| over the p99.99 of |x| (upper edge of the |x| bin reaching it)
     absolute = bins[half:][:half].astype(np.float64) + bins[:half][::-1]
     cum = np.cumsum(absolute)
