@@ -512,6 +512,7 @@ print(repr(squared_sums(y, y + rng.standard_normal(y.size).astype(np.float32) / 
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("other_threads", ["2", "4"])
 def test_squared_sums_do_not_depend_on_blas_threads(other_threads):
     # Every scoring run ends in these sums. BLAS's dot product (np.dot) splits a long one over

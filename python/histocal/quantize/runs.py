@@ -270,4 +270,5 @@ __all__ = [
     "run_threads",
     "session",
     "squared_sums",
+    "sum_of_squares",
 ]
