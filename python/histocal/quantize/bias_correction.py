@@ -48,9 +48,9 @@ from ..io.models import INLINE_MODEL_BYTES, load_model, save_model
 from ..io.readers import Feed, run_session
 from . import runs
 from .rule import decide
+from .runs import sqnr_db
 from .scorer import Energies, Scorer
 from .scoring import ScoringModel
-from .selection import sqnr_db
 
 logger = logging.getLogger(__name__)
 

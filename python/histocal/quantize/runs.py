@@ -254,6 +254,16 @@ def sum_of_squares(values: np.ndarray) -> float:
     return float(np.einsum("i,i->", values, values))
 
 
+def sqnr_db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise): +inf without noise, -inf without signal or with infinite noise
+    (outputs that cannot be compared)."""
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0 or math.isinf(noise):
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
 def squared_sums(reference: np.ndarray, quantized: Any) -> tuple[float, float] | None:
     """(sum y^2, sum (y - y_q)^2) over the finite values of the reference; None when the outputs
     cannot be compared: another shape, a non-finite quantized value where the reference is finite,
@@ -269,6 +279,7 @@ __all__ = [
     "run_all",
     "run_threads",
     "session",
+    "sqnr_db",
     "squared_sums",
     "sum_of_squares",
 ]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..io.readers import Feed, run_session
-from .runs import PreparedOutput, run_all, run_pool
+from .runs import PreparedOutput, run_all, run_pool, sqnr_db
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +48,6 @@ def session(path: Path, providers: list[Any]) -> Any:
     options.log_severity_level = 3
     options.intra_op_num_threads = 1
     return ort.InferenceSession(path.as_posix(), options, providers=providers)
-
-
-def sqnr_db(signal: float, noise: float) -> float:
-    if noise == 0.0:
-        return math.inf
-    if signal == 0.0 or math.isinf(noise):
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
 
 
 class Reference:

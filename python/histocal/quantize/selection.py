@@ -67,6 +67,7 @@ from .rule import (
     range_widths,
     sign_test_p,
 )
+from .runs import sqnr_db
 from .scorer import SharedScoring
 
 logger = logging.getLogger(__name__)
@@ -367,15 +368,6 @@ def _cannot_qualify(scores: list[tuple[float, float]], default: list[tuple[float
         "default",
     )["candidate"]
     return cannot_qualify(gains, remaining)
-
-
-def sqnr_db(signal: float, noise: float) -> float:
-    """10 log10(signal / noise): +inf without noise, -inf without signal."""
-    if noise == 0.0:
-        return math.inf
-    if signal == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
 
 
 def selection_arguments(quantize_kwargs: Mapping[str, Any]) -> QuantizationArgs:
